@@ -1,0 +1,192 @@
+"""`CompressedConfig`: every architectural axis the phase-sensitivity paper sweeps."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+COMPRESSION_KERNELS = ("gated", "deepseek")
+GATE_TYPES = ("scalar", "vector", "uniform")
+PAYLOADS = ("per_slot", "shared")
+POSITIONALS = ("rope", "none")
+MEMORY_POLICIES = ("local", "uncompressed_tail")
+
+
+def _choice(name: str, value: Any, options: tuple) -> None:
+    if value not in options:
+        raise ValueError(f"{name}={value!r} is not one of {options}")
+
+
+def _at_least(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name}={value!r} must be an integer >= {minimum}")
+
+
+@dataclass
+class CompressedConfig:
+    """A decoder-only transformer whose attention reads a chunk-compressed KV cache.
+
+    Backbone (Qwen3-style): pre-RMSNorm, SwiGLU MLP, RoPE, optional QK-norm,
+    grouped-query attention with ``n_kv_heads`` KV heads shared by
+    ``n_heads // n_kv_heads`` query heads each.
+
+    Compression (SCIENCE.md section 2): window ``window`` (W) tokens, a new window
+    every ``stride`` (S) tokens, one cache entry per window.
+
+    - ``compression``: ``"gated"`` (the paper's kernel: gate logits ``Z_i h + b_i``,
+      payload maps ``C_i``), ``"deepseek"`` (DeepSeek-V4's ``kv_proj`` +
+      ``gate_proj`` + per-slot ``position_bias``; W = S or the two-half layout W = 2S;
+      the compressed entry serves as both key and value), or ``None`` for the
+      full-attention baseline on the identical backbone.
+    - ``gate``: ``"scalar"`` (one logit per KV head and slot), ``"vector"`` (one per
+      channel), ``"uniform"`` (alpha = 1/W, no gate parameters).
+    - ``gate_bias``: learn ``b_i`` (otherwise b_i = 0).
+    - ``tie_kv_gates``: the K and V branches share one gate (Z, b).
+    - ``payload``: ``"per_slot"`` (one map C_i per slot, as in SCIENCE.md) or
+      ``"shared"`` (C_i = the per-token K/V projections for every slot).
+    - ``positional``/``rope_dims``: RoPE on the first ``rope_dims`` dims of each head
+      (``None`` = all of them) or no positional encoding.
+    - ``memory``: ``"local"`` (exact K/V of the last ``local_window`` tokens, the
+      query included) or ``"uncompressed_tail"`` (exact K/V only for tokens not yet
+      covered by a closed window).
+    """
+
+    d_vocab: int = 128
+    n_ctx: int = 256
+    d_model: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    d_head: int = 16
+    d_mlp: int = 256
+    compression: Optional[str] = "gated"
+    window: int = 4
+    stride: int = 4
+    gate: str = "scalar"
+    gate_bias: bool = True
+    tie_kv_gates: bool = False
+    payload: str = "per_slot"
+    positional: str = "rope"
+    rope_dims: Optional[int] = None
+    rope_base: float = 10000.0
+    qk_norm: bool = True
+    memory: str = "local"
+    local_window: int = 16
+    norm_eps: float = 1e-6
+    init_std: float = 0.02
+    use_attn_result: bool = False
+    seed: Optional[int] = 0
+    # Not part of the architecture: set by the model so TransformerLens utilities that
+    # read ``model.cfg.device`` allocate on the right device. Never serialized.
+    device: Optional[str] = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for name in ("d_vocab", "n_ctx", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_head", "d_mlp"):
+            _at_least(name, getattr(self, name), 1)
+        if self.n_heads % self.n_kv_heads != 0:
+            raise ValueError(
+                f"n_heads={self.n_heads} must be divisible by n_kv_heads={self.n_kv_heads} "
+                f"(valid n_kv_heads: divisors of {self.n_heads})"
+            )
+        _choice("positional", self.positional, POSITIONALS)
+        if self.rope_dims is not None:
+            if self.positional == "none":
+                raise ValueError(f"rope_dims={self.rope_dims} is set but positional='none'")
+            if (
+                isinstance(self.rope_dims, bool)
+                or not isinstance(self.rope_dims, int)
+                or not (2 <= self.rope_dims <= self.d_head)
+                or self.rope_dims % 2
+            ):
+                raise ValueError(
+                    f"rope_dims={self.rope_dims!r} must be an even integer in 2..{self.d_head} (d_head)"
+                )
+        if self.positional == "rope" and self.rotary_dims % 2:
+            raise ValueError(f"d_head={self.d_head} must be even for full RoPE; set rope_dims")
+        if not (isinstance(self.rope_base, (int, float)) and self.rope_base > 1):
+            raise ValueError(f"rope_base={self.rope_base!r} must be a number > 1")
+        if not (isinstance(self.norm_eps, (int, float)) and self.norm_eps > 0):
+            raise ValueError(f"norm_eps={self.norm_eps!r} must be > 0")
+        if self.compression is None:
+            return
+        _choice("compression", self.compression, COMPRESSION_KERNELS)
+        _at_least("stride", self.stride, 1)
+        _at_least("window", self.window, 1)
+        if self.window < self.stride:
+            raise ValueError(
+                f"window={self.window} must be >= stride={self.stride} (valid: window in {self.stride}..)"
+            )
+        _choice("gate", self.gate, GATE_TYPES)
+        _choice("payload", self.payload, PAYLOADS)
+        _choice("memory", self.memory, MEMORY_POLICIES)
+        if self.memory == "local":
+            _at_least("local_window", self.local_window, 1)
+        if self.compression == "deepseek":
+            if self.window not in (self.stride, 2 * self.stride):
+                raise ValueError(
+                    f"window={self.window} is not supported by the deepseek kernel with stride={self.stride} "
+                    f"(valid: window={self.stride} or window={2 * self.stride})"
+                )
+            if self.gate != "vector":
+                raise ValueError(f"gate={self.gate!r}: the deepseek kernel always uses per-channel ('vector') gates")
+            if self.payload != "shared" and self.payload != "per_slot":
+                raise ValueError(f"payload={self.payload!r} is not one of {PAYLOADS}")
+
+    # ----------------------------------------------------------------- derived
+    @property
+    def is_compressed(self) -> bool:
+        return self.compression is not None
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per KV head."""
+        return self.n_heads // self.n_kv_heads
+
+    @property
+    def n_key_value_heads(self) -> int:
+        """TransformerLens's name for ``n_kv_heads`` (read by ``transformer_lens.patching``)."""
+        return self.n_kv_heads
+
+    @property
+    def rotary_dims(self) -> int:
+        if self.positional == "none":
+            return 0
+        return self.d_head if self.rope_dims is None else self.rope_dims
+
+    @property
+    def n_halves(self) -> int:
+        """DeepSeek kernel: 2 when W = 2S (each token feeds two entries), else 1."""
+        return 2 if (self.compression == "deepseek" and self.window == 2 * self.stride) else 1
+
+    def kv_head_groups(self) -> dict[int, list[int]]:
+        """KV head -> the query heads that read it (query head q reads KV head q // group_size)."""
+        g = self.group_size
+        return {h: list(range(h * g, (h + 1) * g)) for h in range(self.n_kv_heads)}
+
+    @property
+    def label(self) -> str:
+        if not self.is_compressed:
+            return "full attention"
+        return f"W{self.window}/S{self.stride} {self.compression}"
+
+    # ------------------------------------------------------------ (de)serialize
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d.pop("device")
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "CompressedConfig":
+        known = {f.name for f in dataclasses.fields(cls)} - {"device"}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown CompressedConfig fields {sorted(unknown)}; valid fields: {sorted(known)}")
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    def replace(self, **changes: Any) -> "CompressedConfig":
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,15 @@
+"""Compressed-attention models: compressor, attention, the hooked transformer."""
+
+from phaseinterp.models.attention import CompressedAttention, KVCache, LayerCache
+from phaseinterp.models.compressor import Compressor, GateParameters
+from phaseinterp.models.transformer import CheckpointError, CompressedTransformer
+
+__all__ = [
+    "CheckpointError",
+    "CompressedAttention",
+    "CompressedTransformer",
+    "Compressor",
+    "GateParameters",
+    "KVCache",
+    "LayerCache",
+]

@@ -1,0 +1,312 @@
+"""`CompressedTransformer`: a hooked decoder-only transformer with a compressed KV cache.
+
+Qwen3-shaped backbone (pre-RMSNorm, SwiGLU, RoPE, optional QK-norm, GQA); attention in
+`phaseinterp.models.attention`, the compressor in `phaseinterp.models.compressor`.
+Built on TransformerLens's `HookedRootModule`, so ``run_with_cache``,
+``run_with_hooks`` and ``hooks()`` work unchanged. Hook names (TransformerLens's where
+the concept matches):
+
+    hook_embed                                         [batch, pos, d_model]
+    blocks.{l}.hook_resid_pre / hook_resid_mid / hook_resid_post
+    blocks.{l}.ln1.hook_normalized, blocks.{l}.ln2.hook_normalized
+    blocks.{l}.attn.hook_q                             [batch, pos, head, d_head]
+    blocks.{l}.attn.hook_k / hook_v                    [batch, pos, kv_head, d_head]  per token
+    blocks.{l}.attn.hook_rot_q / hook_rot_k            after QK-norm + RoPE
+    blocks.{l}.attn.compressor.hook_gate_logits_k/_v   [batch, window_idx, slot, kv_head(, d_head)]
+    blocks.{l}.attn.compressor.hook_gate_k/_v          alpha, same shape
+    blocks.{l}.attn.compressor.hook_k_compressed/_v_compressed  [batch, window_idx, kv_head, d_head]
+    blocks.{l}.attn.hook_attn_scores / hook_pattern    [batch, head, query_pos, key_slot]
+    blocks.{l}.attn.hook_z                             [batch, pos, head, d_head]
+    blocks.{l}.attn.hook_result                        [batch, pos, head, d_model] (use_attn_result)
+    blocks.{l}.hook_attn_out / hook_mlp_out            [batch, pos, d_model]
+    blocks.{l}.mlp.hook_pre / hook_post                [batch, pos, d_mlp]
+    ln_final.hook_normalized
+
+With an incremental cache, hooks see only the new positions (and the newly closed
+windows). Query head ``q`` reads KV head ``q // (n_heads // n_kv_heads)``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import einops
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from jaxtyping import Float, Int
+from torch import Tensor
+from transformer_lens.hook_points import HookPoint
+from transformer_lens.HookedRootModule import HookedRootModule
+
+from phaseinterp.config import CompressedConfig
+from phaseinterp.models.attention import CompressedAttention, KVCache
+from phaseinterp.models.compressor import GateParameters, RMSNorm
+
+CHECKPOINT_FORMAT = 1
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint directory is missing, truncated or corrupt."""
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, cfg: CompressedConfig):
+        super().__init__()
+        self.W_gate = nn.Parameter(torch.zeros(cfg.d_model, cfg.d_mlp))
+        self.W_in = nn.Parameter(torch.zeros(cfg.d_model, cfg.d_mlp))
+        self.W_out = nn.Parameter(torch.zeros(cfg.d_mlp, cfg.d_model))
+        self.hook_pre = HookPoint()
+        self.hook_post = HookPoint()
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        pre = self.hook_pre(x @ self.W_gate)
+        post = self.hook_post(F.silu(pre) * (x @ self.W_in))
+        return post @ self.W_out
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: CompressedConfig, layer: int):
+        super().__init__()
+        self.ln1 = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = CompressedAttention(cfg, layer)
+        self.ln2 = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mlp = SwiGLU(cfg)
+        self.hook_resid_pre = HookPoint()
+        self.hook_attn_out = HookPoint()
+        self.hook_resid_mid = HookPoint()
+        self.hook_mlp_out = HookPoint()
+        self.hook_resid_post = HookPoint()
+
+    def forward(self, resid, cache=None, start: int = 0):
+        resid = self.hook_resid_pre(resid)
+        attn_out, layer_cache = self.attn(self.ln1(resid), cache, start)
+        resid = self.hook_resid_mid(resid + self.hook_attn_out(attn_out))
+        resid = self.hook_resid_post(resid + self.hook_mlp_out(self.mlp(self.ln2(resid))))
+        return resid, layer_cache
+
+
+class CompressedTransformer(HookedRootModule):
+    """Decoder-only transformer whose attention reads a chunk-compressed KV cache.
+
+    ``model(tokens)`` returns logits ``[batch, pos, d_vocab]``; ``model(tokens,
+    cache=cache)`` extends ``cache`` (see `init_cache`) by the new tokens and returns
+    their logits only.
+    """
+
+    def __init__(self, cfg: CompressedConfig, device: Optional[Union[str, torch.device]] = None):
+        super().__init__()
+        if isinstance(cfg, dict):
+            cfg = CompressedConfig.from_dict(cfg)
+        if not isinstance(cfg, CompressedConfig):
+            raise TypeError(f"cfg must be a CompressedConfig, got {type(cfg).__name__}")
+        self.cfg = cfg.replace()
+        self.metadata: dict[str, Any] = {}
+        self.W_E = nn.Parameter(torch.zeros(cfg.d_vocab, cfg.d_model))
+        self.hook_embed = HookPoint()
+        self.blocks = nn.ModuleList([Block(self.cfg, layer) for layer in range(cfg.n_layers)])
+        self.ln_final = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.W_U = nn.Parameter(torch.zeros(cfg.d_model, cfg.d_vocab))
+        self.reset_parameters(seed=cfg.seed)
+        self.setup()
+        self.cfg.device = str(self.W_E.device)
+        if device is not None:
+            self.to(device)
+        self.eval()
+
+    # ----------------------------------------------------------------- set-up
+    def reset_parameters(self, seed: Optional[int] = 0) -> None:
+        """Deterministic initialisation (N(0, init_std); output maps scaled by 1/sqrt(2 n_layers))."""
+        gen = torch.Generator().manual_seed(0 if seed is None else seed)
+        std = self.cfg.init_std
+        with torch.no_grad():
+            self.W_E.normal_(0.0, 1.0, generator=gen)
+            self.W_U.normal_(0.0, std, generator=gen)
+            for block in self.blocks:
+                block.attn.reset_parameters(gen, std)
+                block.mlp.W_gate.normal_(0.0, std, generator=gen)
+                block.mlp.W_in.normal_(0.0, std, generator=gen)
+                block.mlp.W_out.normal_(0.0, std / (2 * self.cfg.n_layers) ** 0.5, generator=gen)
+
+    def _apply(self, fn, *args, **kwargs):
+        out = super()._apply(fn, *args, **kwargs)
+        self.cfg.device = str(self.W_E.device)
+        return out
+
+    @property
+    def device(self) -> torch.device:
+        return self.W_E.device
+
+    def init_cache(self) -> KVCache:
+        """An empty incremental-decoding cache."""
+        return KVCache(layers=[None] * self.cfg.n_layers, length=0)
+
+    # ---------------------------------------------------------------- forward
+    def _check_tokens(self, tokens: Tensor, start: int) -> None:
+        if not isinstance(tokens, Tensor) or tokens.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
+            raise TypeError(f"tokens must be an integer tensor [batch, pos], got {getattr(tokens, 'dtype', type(tokens))}")
+        if tokens.ndim != 2:
+            raise ValueError(f"tokens must have shape [batch, pos], got {tuple(tokens.shape)}")
+        if tokens.shape[1] == 0:
+            raise ValueError("tokens has no positions (shape [batch, 0])")
+        end = start + tokens.shape[1]
+        if end > self.cfg.n_ctx:
+            raise ValueError(
+                f"sequence length {end} exceeds n_ctx={self.cfg.n_ctx} (valid lengths: 1..{self.cfg.n_ctx})"
+            )
+        lo, hi = int(tokens.min()), int(tokens.max())
+        if lo < 0 or hi >= self.cfg.d_vocab:
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"token id {bad} is outside the vocabulary (valid ids: 0..{self.cfg.d_vocab - 1})")
+
+    def forward(
+        self,
+        tokens: Int[Tensor, "batch pos"],
+        *,
+        cache: Optional[KVCache] = None,
+        return_type: Optional[str] = "logits",
+    ) -> Optional[Tensor]:
+        """Logits ``[batch, pos, d_vocab]`` (``return_type="logits"``), the mean next-token
+        loss (``"loss"``) or nothing (``None``, for hooks only).
+
+        With ``cache``, ``tokens`` continue the cached prefix; the cache is extended in place.
+        """
+        if return_type not in ("logits", "loss", None):
+            raise ValueError(f"return_type={return_type!r} is not one of ('logits', 'loss', None)")
+        start = 0 if cache is None else cache.length
+        self._check_tokens(tokens, start)
+        if cache is not None and cache.length > 0 and cache.batch_size != tokens.shape[0]:
+            raise ValueError(f"tokens batch {tokens.shape[0]} does not match the cache's batch {cache.batch_size}")
+        tokens = tokens.to(self.W_E.device).long()
+        resid = self.hook_embed(self.W_E[tokens])
+        for layer, block in enumerate(self.blocks):
+            layer_cache = cache.layers[layer] if cache is not None else None
+            resid, new_layer_cache = block(resid, layer_cache, start)
+            if cache is not None:
+                cache.layers[layer] = new_layer_cache
+        if cache is not None:
+            cache.length = start + tokens.shape[1]
+        if return_type is None:
+            return None
+        logits = self.ln_final(resid) @ self.W_U
+        if return_type == "logits":
+            return logits
+        return F.cross_entropy(
+            einops.rearrange(logits[:, :-1], "b t v -> (b t) v"), einops.rearrange(tokens[:, 1:], "b t -> (b t)")
+        )
+
+    def run_with_cache(self, *model_args: Any, return_cache_object: bool = True, **kwargs: Any):
+        """TransformerLens's ``run_with_cache``; wraps the activations in an ``ActivationCache``
+        (``return_cache_object=False`` gives the plain dict)."""
+        out, cache_dict = super().run_with_cache(*model_args, **kwargs)
+        if not return_cache_object:
+            return out, cache_dict
+        from transformer_lens.ActivationCache import ActivationCache
+
+        return out, ActivationCache(cache_dict, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
+
+    # --------------------------------------------------------------- metadata
+    def kv_head_groups(self) -> dict[int, list[int]]:
+        """KV head -> the query heads that read it."""
+        return self.cfg.kv_head_groups()
+
+    def gate_parameters(self, layer: int, branch: str = "k") -> GateParameters:
+        """The per-slot gate parameters ``Z``, ``b`` of one layer and branch (see `GateParameters`)."""
+        self._check_layer(layer)
+        if not self.cfg.is_compressed:
+            raise ValueError("the full-attention model (compression=None) has no gates")
+        return self.blocks[layer].attn.compressor.gate_parameters(branch)
+
+    def _check_layer(self, layer: int) -> None:
+        n = self.cfg.n_layers
+        if isinstance(layer, bool) or not isinstance(layer, int) or not (0 <= layer < n):
+            raise ValueError(f"layer={layer!r} is out of range for a {n}-layer model (0..{n - 1})")
+
+    def key_slot_sources(self, layer: int, query_pos: int, n_key_slots: Optional[int] = None):
+        """``(kind, source positions)`` of each key slot of ``hook_pattern`` for one query."""
+        self._check_layer(layer)
+        return self.blocks[layer].attn.key_slot_sources(query_pos, n_key_slots)
+
+    def __repr__(self) -> str:
+        n_params = sum(p.numel() for p in self.parameters())
+        return f"CompressedTransformer({self.cfg.label}, layers={self.cfg.n_layers}, params={n_params:,})"
+
+    # ----------------------------------------------------------- checkpoints
+    def save_pretrained(self, directory: Union[str, Path], metadata: Optional[dict] = None) -> Path:
+        """Write ``model.safetensors`` + ``config.json`` atomically (temp file + rename).
+
+        The config records the weights' SHA-256, so a truncated or corrupt file is
+        reported on load instead of being loaded.
+        """
+        from safetensors.torch import save as save_bytes
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        tensors = {k: v.detach().to("cpu").contiguous() for k, v in self.state_dict().items()}
+        blob = save_bytes(tensors)
+        meta = dict(self.metadata)
+        meta.update(metadata or {})
+        config = {
+            "format": CHECKPOINT_FORMAT,
+            "model": self.cfg.to_dict(),
+            "weights_sha256": hashlib.sha256(blob).hexdigest(),
+            "weights_bytes": len(blob),
+            "metadata": meta,
+        }
+        _atomic_write(directory / WEIGHTS_FILE, blob)
+        _atomic_write(directory / CONFIG_FILE, json.dumps(config, indent=2, sort_keys=True).encode())
+        return directory
+
+    @classmethod
+    def from_pretrained(
+        cls, directory: Union[str, Path], device: Optional[Union[str, torch.device]] = None
+    ) -> "CompressedTransformer":
+        """Load a directory written by `save_pretrained`; verifies size and checksum first."""
+        from safetensors.torch import load as load_bytes
+
+        directory = Path(directory)
+        config_path, weights_path = directory / CONFIG_FILE, directory / WEIGHTS_FILE
+        for path in (config_path, weights_path):
+            if not path.is_file():
+                raise CheckpointError(f"{path} does not exist: not a phaseinterp checkpoint directory")
+        try:
+            config = json.loads(config_path.read_text())
+        except json.JSONDecodeError as err:
+            raise CheckpointError(f"{config_path} is not valid JSON (truncated or corrupt): {err}") from None
+        if config.get("format") != CHECKPOINT_FORMAT:
+            raise CheckpointError(f"{config_path}: unsupported checkpoint format {config.get('format')!r}")
+        blob = weights_path.read_bytes()
+        if len(blob) != config["weights_bytes"]:
+            raise CheckpointError(
+                f"{weights_path} has {len(blob)} bytes but the config records {config['weights_bytes']}: "
+                "the file is truncated or was replaced"
+            )
+        if hashlib.sha256(blob).hexdigest() != config["weights_sha256"]:
+            raise CheckpointError(f"{weights_path} does not match its recorded SHA-256: the file is corrupt")
+        model = cls(CompressedConfig.from_dict(config["model"]))
+        model.load_state_dict(load_bytes(blob))
+        model.metadata = dict(config.get("metadata", {}))
+        if device is not None:
+            model.to(device)
+        return model
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
