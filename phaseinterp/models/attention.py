@@ -35,7 +35,7 @@ from torch import Tensor
 from transformer_lens.hook_points import HookPoint
 
 from phaseinterp.config import CompressedConfig
-from phaseinterp.models.compressor import Compressor, RMSNorm
+from phaseinterp.models.compressor import Compressor, RMSNorm, rms_norm
 from phaseinterp.phase import n_visible_entries, tail_start
 
 
@@ -177,8 +177,8 @@ class CompressedAttention(nn.Module):
         idx = j[:, None] * S + torch.arange(W, device=device)[None, :]  # [win, slot]
         k_hat, v_hat = self.compressor(cache.h[:, idx], cache.k[:, idx], cache.v[:, idx])
         if cfg.compression == "deepseek":
-            k_hat = self.compressor.kv_norm.unhooked(k_hat)
-            v_hat = self.compressor.kv_norm.unhooked(v_hat)
+            k_hat = rms_norm(k_hat, self.compressor.kv_norm_weight, cfg.norm_eps)
+            v_hat = rms_norm(v_hat, self.compressor.kv_norm_weight, cfg.norm_eps)
         elif cfg.qk_norm:
             k_hat = self.k_norm.unhooked(k_hat)
         k_hat = self._rope(k_hat, j * S + W - S)

@@ -95,7 +95,7 @@ class Compressor(nn.Module):
             self.gate_proj = nn.Parameter(torch.zeros(halves, KV, dh, dm))
             # position_bias[i, half]: the bias of slot ``half * S + i`` (HF's ape).
             self.position_bias = nn.Parameter(torch.zeros(S, halves, KV, dh))
-            self.kv_norm = RMSNorm(dh, cfg.norm_eps)
+            self.kv_norm_weight = nn.Parameter(torch.ones(dh))  # HF's kv_norm (RMSNorm) weight
         self.hook_gate_logits_k = HookPoint()
         self.hook_gate_logits_v = HookPoint()
         self.hook_gate_k = HookPoint()

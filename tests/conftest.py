@@ -1,0 +1,22 @@
+"""Test set-up: jaxtyping runtime shape checks on every phaseinterp function, fixed seeds."""
+
+import os
+
+os.environ.setdefault("PHASEINTERP_NO_PROGRESS", "1")
+
+from jaxtyping import install_import_hook  # noqa: E402
+
+# Must run before anything imports phaseinterp: every annotated function is then checked.
+with install_import_hook("phaseinterp", "beartype.beartype"):
+    import phaseinterp  # noqa: F401
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+    yield

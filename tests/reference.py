@@ -1,0 +1,125 @@
+"""Slow, obviously-correct reference attention: one query at a time, explicit key lists.
+
+Shares no code with `phaseinterp.models.attention` beyond reading its parameters, so a
+match to 1e-5 checks the vectorized layout, masks and compressor maths.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def _rms(x, w, eps):
+    return x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps) * w
+
+
+def _rope(x, pos, dims, base):
+    """Rotate-half RoPE of one vector ``x`` [d] at integer position ``pos`` on its first ``dims`` dims."""
+    if dims == 0:
+        return x
+    out = x.clone()
+    half = dims // 2
+    for i in range(half):
+        theta = pos * base ** (-(2 * i) / dims)
+        c, s = math.cos(theta), math.sin(theta)
+        a, b = x[i], x[half + i]
+        out[i] = a * c - b * s
+        out[half + i] = b * c + a * s
+    return out
+
+
+def _entry(attn, h, k_tok, v_tok, j, head):
+    """Compressed (key, value) of window j for one KV head, straight from SCIENCE.md section 2."""
+    cfg = attn.cfg
+    comp = attn.compressor
+    W, S = cfg.window, cfg.stride
+    slots = [j * S + i for i in range(W)]
+    if cfg.compression == "deepseek":
+        logits, payloads = [], []
+        for i, p in enumerate(slots):
+            half = i // S
+            logits.append(comp.gate_proj[half, head] @ h[p] + comp.position_bias[i % S, half, head])
+            payloads.append(comp.kv_proj[half, head] @ h[p])
+        alpha = torch.softmax(torch.stack(logits), dim=0)  # [slot, d]
+        kv = (alpha * torch.stack(payloads)).sum(0)
+        kv = _rms(kv, comp.kv_norm_weight, cfg.norm_eps)
+        return kv, kv
+    out = []
+    for branch, tok in (("k", k_tok), ("v", v_tok)):
+        gb = "k" if cfg.tie_kv_gates else branch
+        logits = []
+        for i, p in enumerate(slots):
+            if cfg.gate == "uniform":
+                s = torch.zeros(())
+            elif cfg.gate == "scalar":
+                s = getattr(comp, f"Z_{gb}")[i, head] @ h[p]
+            else:
+                s = getattr(comp, f"Z_{gb}")[i, head] @ h[p]  # [d]
+            if cfg.gate != "uniform" and cfg.gate_bias:
+                s = s + getattr(comp, f"b_{gb}")[i, head]
+            logits.append(s)
+        alpha = torch.softmax(torch.stack(logits), dim=0)
+        entry = 0
+        for i, p in enumerate(slots):
+            payload = getattr(comp, f"C_{branch}")[i, head] @ h[p] if cfg.payload == "per_slot" else tok[p, head]
+            entry = entry + alpha[i] * payload
+        out.append(entry)
+    return out[0], out[1]
+
+
+@torch.no_grad()
+def reference_attention(attn, x):
+    """attn output ``[pos, d_model]`` for one sequence ``x`` ``[pos, d_model]`` (the attention input)."""
+    cfg = attn.cfg
+    T = x.shape[0]
+    W, S, L = cfg.window, cfg.stride, cfg.local_window
+    g = cfg.n_heads // cfg.n_kv_heads
+    dims = cfg.rotary_dims
+    q_w, k_w, v_w, o_w = attn.W_Q, attn.W_K, attn.W_V, attn.W_O
+    out = torch.zeros(T, cfg.d_model)
+    k_tok = torch.stack([torch.stack([x[p] @ k_w[kv] for kv in range(cfg.n_kv_heads)]) for p in range(T)])
+    v_tok = torch.stack([torch.stack([x[p] @ v_w[kv] for kv in range(cfg.n_kv_heads)]) for p in range(T)])
+    for t in range(T):
+        z_heads = []
+        for head in range(cfg.n_heads):
+            kv = head // g
+            q = x[t] @ q_w[head]
+            if cfg.qk_norm:
+                q = _rms(q, attn.q_norm.w, cfg.norm_eps)
+            q = _rope(q, t, dims, cfg.rope_base)
+            keys, values = [], []
+
+            def exact(p):
+                k = k_tok[p, kv]
+                if cfg.qk_norm:
+                    k = _rms(k, attn.k_norm.w, cfg.norm_eps)
+                keys.append(_rope(k, p, dims, cfg.rope_base))
+                values.append(v_tok[p, kv])
+
+            if not cfg.is_compressed:
+                for p in range(t + 1):
+                    exact(p)
+            else:
+                closed = [j for j in range(T) if j * S + W - 1 <= t]
+                if cfg.memory == "local":
+                    local = [p for p in range(t - L + 1, t + 1) if p >= 0]
+                else:
+                    covered = set(p for j in closed for p in range(j * S, j * S + W))
+                    start = max(covered) + 1 if covered else 0
+                    local = list(range(start, t + 1))
+                for p in local:
+                    exact(p)
+                for j in closed:
+                    k, v = _entry(attn, x, k_tok, v_tok, j, kv)
+                    if cfg.compression != "deepseek" and cfg.qk_norm:
+                        k = _rms(k, attn.k_norm.w, cfg.norm_eps)
+                    keys.append(_rope(k, j * S + W - S, dims, cfg.rope_base))
+                    values.append(v)
+            scores = torch.stack([q @ k for k in keys]) / math.sqrt(cfg.d_head)
+            p_attn = torch.softmax(scores, dim=0)
+            z_heads.append(sum(p_attn[i] * values[i] for i in range(len(values))))
+        for head in range(cfg.n_heads):
+            out[t] += z_heads[head] @ o_w[head]
+    return out

@@ -1,0 +1,398 @@
+"""The core model: faithfulness to SCIENCE.md section 2, hooks, caches, checkpoints, errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from phaseinterp import CheckpointError, CompressedConfig, CompressedTransformer
+from reference import reference_attention
+
+SMALL = dict(d_vocab=32, n_ctx=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_head=8, d_mlp=64, local_window=5)
+
+# The layouts the paper sweeps, plus every kernel / gate / memory / position option.
+NAMED_CONFIGS = {
+    "W4S4": dict(window=4, stride=4),
+    "W8S4": dict(window=8, stride=4),
+    "W8S6": dict(window=8, stride=6),
+    "W8S8": dict(window=8, stride=8),
+    "W12S12": dict(window=12, stride=12),
+    "vector": dict(window=4, stride=2, gate="vector"),
+    "uniform": dict(window=3, stride=3, gate="uniform"),
+    "no_bias_tied": dict(window=4, stride=4, gate_bias=False, tie_kv_gates=True),
+    "shared_payload": dict(window=6, stride=3, payload="shared"),
+    "deepseek_W8S4": dict(compression="deepseek", gate="vector", window=8, stride=4),
+    "deepseek_W4S4": dict(compression="deepseek", gate="vector", window=4, stride=4),
+    "tail": dict(window=4, stride=2, memory="uncompressed_tail"),
+    "partial_rope": dict(window=4, stride=4, rope_dims=4),
+    "no_rope": dict(window=4, stride=4, positional="none", qk_norm=False),
+    "full": dict(compression=None),
+}
+
+
+def make(seed: int = 0, **overrides) -> CompressedTransformer:
+    cfg = CompressedConfig(**{**SMALL, **overrides, "seed": seed})
+    model = CompressedTransformer(cfg)
+    # Random, non-trivial gate biases so every gate path is exercised.
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("b_k", "b_v", "position_bias")) or ".Z_" in name or "gate_proj" in name:
+                p.copy_(torch.randn(p.shape, generator=gen))
+    return model
+
+
+config_strategy = st.fixed_dictionaries(
+    {
+        "stride": st.integers(1, 5),
+        "extra": st.integers(0, 5),
+        "gate": st.sampled_from(["scalar", "vector", "uniform"]),
+        "gate_bias": st.booleans(),
+        "tie_kv_gates": st.booleans(),
+        "payload": st.sampled_from(["per_slot", "shared"]),
+        "memory": st.sampled_from(["local", "uncompressed_tail"]),
+        "positional": st.sampled_from(["rope", "none"]),
+        "qk_norm": st.booleans(),
+        "kernel": st.sampled_from(["gated", "gated", "deepseek", None]),
+        "seed": st.integers(0, 10_000),
+    }
+)
+
+
+def config_from(d) -> dict:
+    S = d["stride"]
+    if d["kernel"] == "deepseek":
+        return dict(compression="deepseek", gate="vector", window=S * (1 + d["extra"] % 2), stride=S,
+                    memory=d["memory"], positional=d["positional"], qk_norm=d["qk_norm"])
+    if d["kernel"] is None:
+        return dict(compression=None, positional=d["positional"], qk_norm=d["qk_norm"])
+    return dict(window=S + d["extra"], stride=S, gate=d["gate"], gate_bias=d["gate_bias"],
+                tie_kv_gates=d["tie_kv_gates"], payload=d["payload"], memory=d["memory"],
+                positional=d["positional"], qk_norm=d["qk_norm"])
+
+
+# ----------------------------------------------------------------- causality
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(d=config_strategy, t=st.integers(0, 30))
+def test_causality_property(d, t):
+    model = make(d["seed"], **config_from(d))
+    gen = torch.Generator().manual_seed(d["seed"])
+    tokens = torch.randint(0, 32, (2, 32), generator=gen)
+    changed = tokens.clone()
+    changed[:, t + 1:] = torch.randint(0, 32, changed[:, t + 1:].shape, generator=gen)
+    with torch.no_grad():
+        a, b = model(tokens), model(changed)
+    torch.testing.assert_close(a[:, : t + 1], b[:, : t + 1], rtol=0, atol=1e-6)
+
+
+# ------------------------------------------------------- reference attention
+@pytest.mark.parametrize("name", list(NAMED_CONFIGS))
+def test_vectorized_attention_equals_reference(name):
+    model = make(3, **NAMED_CONFIGS[name])
+    tokens = torch.randint(0, 32, (1, 26), generator=torch.Generator().manual_seed(5))
+    _, cache = model.run_with_cache(tokens)
+    for layer in range(model.cfg.n_layers):
+        x = cache[f"blocks.{layer}.ln1.hook_normalized"][0] * model.blocks[layer].ln1.w
+        ref = reference_attention(model.blocks[layer].attn, x)
+        torch.testing.assert_close(cache[f"blocks.{layer}.hook_attn_out"][0], ref, rtol=0, atol=1e-5)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(d=config_strategy)
+def test_vectorized_attention_equals_reference_random_configs(d):
+    model = make(d["seed"], **config_from(d))
+    tokens = torch.randint(0, 32, (1, 18), generator=torch.Generator().manual_seed(d["seed"]))
+    _, cache = model.run_with_cache(tokens)
+    x = cache["blocks.1.ln1.hook_normalized"][0] * model.blocks[1].ln1.w
+    ref = reference_attention(model.blocks[1].attn, x)
+    torch.testing.assert_close(cache["blocks.1.hook_attn_out"][0], ref, rtol=0, atol=1e-5)
+
+
+# ------------------------------------------------------ limiting cases
+def _plain_causal_logits(model, tokens):
+    """The model's own projections through torch's scaled_dot_product_attention."""
+    cfg = model.cfg
+    _, cache = model.run_with_cache(tokens)
+    g = cfg.n_heads // cfg.n_kv_heads
+    for layer in range(cfg.n_layers):
+        q = cache[f"blocks.{layer}.attn.hook_rot_q"].transpose(1, 2)
+        k = cache[f"blocks.{layer}.attn.hook_rot_k"].repeat_interleave(g, dim=2).transpose(1, 2)
+        v = cache[f"blocks.{layer}.attn.hook_v"].repeat_interleave(g, dim=2).transpose(1, 2)
+        z = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)
+        torch.testing.assert_close(cache[f"blocks.{layer}.attn.hook_z"], z, rtol=0, atol=1e-5)
+
+
+def test_full_attention_equals_plain_causal_attention():
+    model = make(1, compression=None)
+    _plain_causal_logits(model, torch.randint(0, 32, (2, 40)))
+
+
+@pytest.mark.parametrize("payload", ["per_slot", "shared"])
+def test_w1_s1_uncompressed_tail_equals_full_attention(payload):
+    full = make(2, compression=None)
+    comp = make(2, window=1, stride=1, memory="uncompressed_tail", payload=payload)
+    state = {k: v for k, v in full.state_dict().items()}
+    missing = comp.load_state_dict(state, strict=False)
+    assert not missing.unexpected_keys
+    if payload == "per_slot":
+        with torch.no_grad():
+            for block in comp.blocks:
+                c = block.attn.compressor
+                c.C_k.copy_(block.attn.W_K.transpose(1, 2)[None])
+                c.C_v.copy_(block.attn.W_V.transpose(1, 2)[None])
+    tokens = torch.randint(0, 32, (3, 48))
+    with torch.no_grad():
+        torch.testing.assert_close(comp(tokens), full(tokens), rtol=0, atol=1e-5)
+
+
+# ------------------------------------------------------------ incremental
+@pytest.mark.parametrize("name", ["W4S4", "W8S4", "W8S6", "deepseek_W8S4", "tail", "full", "shared_payload"])
+def test_incremental_decoding_equals_full_forward(name):
+    model = make(4, **NAMED_CONFIGS[name])
+    tokens = torch.randint(0, 32, (2, 40))
+    with torch.no_grad():
+        full = model(tokens)
+        cache = model.init_cache()
+        steps = [model(tokens[:, t : t + 1], cache=cache) for t in range(40)]
+        torch.testing.assert_close(torch.cat(steps, 1), full, rtol=0, atol=1e-5)
+        cache = model.init_cache()  # uneven chunks, including one that closes several windows
+        chunks = [model(tokens[:, a:b], cache=cache) for a, b in [(0, 7), (7, 8), (8, 21), (21, 40)]]
+        torch.testing.assert_close(torch.cat(chunks, 1), full, rtol=0, atol=1e-5)
+    assert cache.length == 40
+
+
+def test_cache_clone_and_repeat_are_independent():
+    model = make(0, window=4, stride=4)
+    tokens = torch.randint(0, 32, (2, 20))
+    with torch.no_grad():
+        cache = model.init_cache()
+        model(tokens[:, :19], cache=cache)
+        twin = cache.clone()
+        last = model(tokens[:, 19:], cache=cache)
+        rep = twin.repeat_batch(3)
+        last_rep = model(tokens[:, 19:].repeat_interleave(3, 0), cache=rep)
+    torch.testing.assert_close(last_rep, last.repeat_interleave(3, 0), rtol=0, atol=1e-6)
+    assert twin.length == 19 and cache.length == 20
+
+
+# ------------------------------------------------------------------ hooks
+def expected_hook_shapes(cfg: CompressedConfig, batch: int, T: int) -> dict[str, tuple]:
+    H, KV, dh, dm = cfg.n_heads, cfg.n_kv_heads, cfg.d_head, cfg.d_model
+    shapes = {"hook_embed": (batch, T, dm), "ln_final.hook_normalized": (batch, T, dm)}
+    for l in range(cfg.n_layers):
+        b = f"blocks.{l}"
+        for name in ("hook_resid_pre", "hook_resid_mid", "hook_resid_post", "hook_attn_out", "hook_mlp_out"):
+            shapes[f"{b}.{name}"] = (batch, T, dm)
+        shapes[f"{b}.mlp.hook_post"] = (batch, T, cfg.d_mlp)
+        shapes[f"{b}.attn.hook_q"] = (batch, T, H, dh)
+        shapes[f"{b}.attn.hook_k"] = (batch, T, KV, dh)
+        shapes[f"{b}.attn.hook_v"] = (batch, T, KV, dh)
+        shapes[f"{b}.attn.hook_z"] = (batch, T, H, dh)
+        if cfg.is_compressed:
+            n_win = (T - cfg.window) // cfg.stride + 1
+            band = cfg.local_window if cfg.memory == "local" else max(cfg.window - 1, cfg.stride - 1, 1)
+            gate = (batch, n_win, cfg.window, KV) + ((dh,) if cfg.gate == "vector" else ())
+            for br in ("k", "v"):
+                shapes[f"{b}.attn.compressor.hook_gate_logits_{br}"] = gate
+                shapes[f"{b}.attn.compressor.hook_gate_{br}"] = gate
+                shapes[f"{b}.attn.compressor.hook_{br}_compressed"] = (batch, n_win, KV, dh)
+            shapes[f"{b}.attn.hook_attn_scores"] = (batch, H, T, band + n_win)
+            shapes[f"{b}.attn.hook_pattern"] = (batch, H, T, band + n_win)
+        else:
+            shapes[f"{b}.attn.hook_pattern"] = (batch, H, T, T)
+    return shapes
+
+
+@pytest.mark.parametrize("name", ["W4S4", "W8S6", "vector", "deepseek_W8S4", "tail", "full"])
+def test_documented_hooks_have_documented_shapes(name):
+    model = make(0, **NAMED_CONFIGS[name])
+    _, cache = model.run_with_cache(torch.randint(0, 32, (2, 30)))
+    for hook, shape in expected_hook_shapes(model.cfg, 2, 30).items():
+        assert hook in cache.cache_dict, f"{hook} missing from run_with_cache"
+        assert tuple(cache[hook].shape) == shape, f"{hook}: {tuple(cache[hook].shape)} != {shape}"
+    pattern = cache["blocks.0.attn.hook_pattern"]
+    torch.testing.assert_close(pattern.sum(-1), torch.ones(pattern.shape[:-1]))
+
+
+def test_hook_result_on_request():
+    model = make(0, use_attn_result=True)
+    _, cache = model.run_with_cache(torch.randint(0, 32, (1, 12)))
+    result = cache["blocks.0.attn.hook_result"]
+    assert result.shape == (1, 12, 4, 32)
+    torch.testing.assert_close(result.sum(2), cache["blocks.0.hook_attn_out"])
+
+
+@pytest.mark.parametrize(
+    "hook",
+    ["blocks.0.attn.compressor.hook_gate_k", "blocks.0.attn.compressor.hook_v_compressed",
+     "blocks.1.attn.hook_z", "blocks.0.attn.hook_k", "blocks.1.attn.hook_pattern"],
+)
+def test_run_with_hooks_replacement_changes_output(hook):
+    model = make(0, window=4, stride=4)
+    tokens = torch.randint(0, 32, (2, 30))
+    clean = model(tokens)
+
+    def scramble(act, hook):
+        return act.flip(-1)
+
+    patched = model.run_with_hooks(tokens, fwd_hooks=[(hook, scramble)])
+    assert (patched - clean).abs().max() > 1e-4
+    torch.testing.assert_close(model(tokens), clean, rtol=0, atol=0)  # hooks removed afterwards
+
+
+def test_gate_hook_controls_compression():
+    """Forcing alpha one-hot on slot 0 makes every compressed key the slot-0 payload."""
+    model = make(0, window=4, stride=4, gate="scalar", payload="shared")
+
+    def one_hot(alpha, hook):
+        out = torch.zeros_like(alpha)
+        out[:, :, 0] = 1.0
+        return out
+
+    tokens = torch.randint(0, 32, (1, 24))
+    with model.hooks(fwd_hooks=[("blocks.0.attn.compressor.hook_gate_k", one_hot)]):
+        _, cache = model.run_with_cache(tokens)
+    k_tok = cache["blocks.0.attn.hook_k"][0]
+    torch.testing.assert_close(cache["blocks.0.attn.compressor.hook_k_compressed"][0], k_tok[0::4])
+
+
+def test_transformer_lens_patching_runs_unchanged():
+    from transformer_lens import patching
+
+    model = make(0, window=4, stride=4)
+    clean = torch.randint(0, 32, (2, 16))
+    corrupt = clean.clone()
+    corrupt[:, 8:] = torch.randint(0, 32, (2, 8))
+    _, clean_cache = model.run_with_cache(clean)
+
+    def metric(logits):
+        return logits[:, -1, 0].mean()
+
+    out = patching.get_act_patch_resid_pre(model, corrupt, clean_cache, metric)
+    assert out.shape == (2, 16)
+    # Where clean and corrupt agree the patch is a no-op; patching the last position of
+    # the last layer's input with the clean residual changes the metric.
+    torch.testing.assert_close(out[:, :8], torch.full((2, 8), metric(model(corrupt)).item()), rtol=0, atol=1e-5)
+    assert (out[1, -1] - metric(model(corrupt))).abs() > 1e-6
+    heads = patching.get_act_patch_attn_head_out_all_pos(model, corrupt, clean_cache, metric)
+    assert heads.shape == (2, 4)
+
+
+def test_kv_head_groups_and_key_slot_sources():
+    model = make(0, window=8, stride=4, n_heads=4, n_kv_heads=2)
+    assert model.kv_head_groups() == {0: [0, 1], 1: [2, 3]}
+    slots = model.key_slot_sources(0, query_pos=20)
+    local = [s for s in slots if s[0] == "local"]
+    assert [p for _, (p,) in local] == list(range(16, 21))
+    entries = [pos for kind, pos in slots if kind == "entry"]
+    assert entries == [list(range(j * 4, j * 4 + 8)) for j in range(4)]  # 3*4+7 = 19 <= 20 < 4*4+7
+    tail = make(0, window=4, stride=2, memory="uncompressed_tail")
+    kinds = tail.key_slot_sources(0, query_pos=9)  # window 3 (6..9) just closed: no tail
+    assert [p for kind, p in kinds if kind == "local"] == []
+    kinds = tail.key_slot_sources(0, query_pos=10)
+    assert [p for kind, p in kinds if kind == "local"] == [[10]]
+
+
+def test_gate_parameter_views():
+    model = make(0, window=4, stride=4)
+    gp = model.gate_parameters(1, "v")
+    assert gp.Z.shape == (4, 2, 32) and gp.b.shape == (4, 2)
+    assert gp.Z.data_ptr() == model.blocks[1].attn.compressor.Z_v.data_ptr()
+    ds = make(0, compression="deepseek", gate="vector", window=8, stride=4)
+    gp = ds.gate_parameters(0)
+    assert gp.Z.shape == (8, 2, 8, 32) and gp.b.shape == (8, 2, 8)
+    torch.testing.assert_close(gp.b[5], ds.blocks[0].attn.compressor.position_bias[1, 1])
+    with pytest.raises(ValueError, match="layer=7 is out of range for a 2-layer model"):
+        model.gate_parameters(7)
+
+
+# ------------------------------------------------------------ checkpoints
+def test_save_load_bit_identical(tmp_path):
+    model = make(7, compression="deepseek", gate="vector", window=8, stride=4)
+    tokens = torch.randint(0, 32, (2, 30))
+    model.save_pretrained(tmp_path / "ckpt", metadata={"note": "x"})
+    loaded = CompressedTransformer.from_pretrained(tmp_path / "ckpt")
+    assert torch.equal(model(tokens), loaded(tokens))
+    assert loaded.metadata["note"] == "x"
+    assert loaded.cfg == model.cfg
+    assert not list((tmp_path / "ckpt").glob("*.tmp"))
+
+
+def test_truncated_checkpoint_raises(tmp_path):
+    make(0).save_pretrained(tmp_path)
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    with pytest.raises(CheckpointError, match="truncated"):
+        CompressedTransformer.from_pretrained(tmp_path)
+
+
+def test_corrupt_checkpoint_raises(tmp_path):
+    make(0).save_pretrained(tmp_path)
+    weights = tmp_path / "model.safetensors"
+    blob = bytearray(weights.read_bytes())
+    blob[-5] ^= 0xFF
+    weights.write_bytes(bytes(blob))
+    with pytest.raises(CheckpointError, match="SHA-256"):
+        CompressedTransformer.from_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text("{\"format\": 1, ")
+    with pytest.raises(CheckpointError, match="not valid JSON"):
+        CompressedTransformer.from_pretrained(tmp_path)
+
+
+def test_config_round_trip():
+    cfg = CompressedConfig(window=12, stride=12, gate="vector", memory="uncompressed_tail")
+    assert CompressedConfig.from_dict(json.loads(cfg.to_json())) == cfg
+    with pytest.raises(ValueError, match="unknown CompressedConfig fields"):
+        CompressedConfig.from_dict({"windw": 4})
+
+
+# ------------------------------------------------------------ bad inputs
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(window=3, stride=4), "window=3 must be >= stride=4"),
+        (dict(stride=0, window=4), "stride=0 must be an integer >= 1"),
+        (dict(n_heads=4, n_kv_heads=3), "n_heads=4 must be divisible by n_kv_heads=3"),
+        (dict(gate="softmax"), "gate='softmax' is not one of"),
+        (dict(compression="lossy"), "compression='lossy' is not one of"),
+        (dict(memory="all"), "memory='all' is not one of"),
+        (dict(rope_dims=3), "rope_dims=3 must be an even integer in 2..16"),
+        (dict(compression="deepseek", gate="vector", window=12, stride=4), "window=12 is not supported by the deepseek kernel"),
+        (dict(compression="deepseek", gate="scalar"), "deepseek kernel always uses per-channel"),
+        (dict(local_window=0), "local_window=0 must be an integer >= 1"),
+        (dict(d_model=0), "d_model=0 must be an integer >= 1"),
+    ],
+)
+def test_bad_configs_raise(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        CompressedConfig(**kwargs)
+
+
+def test_bad_tokens_raise():
+    model = make(0)
+    with pytest.raises(ValueError, match=r"token id 32 is outside the vocabulary \(valid ids: 0..31\)"):
+        model(torch.tensor([[1, 2, 32]]))
+    with pytest.raises(ValueError, match="token id -1"):
+        model(torch.tensor([[-1, 2]]))
+    with pytest.raises(ValueError, match=r"sequence length 65 exceeds n_ctx=64"):
+        model(torch.zeros(1, 65, dtype=torch.long))
+    # The model's own check, or the jaxtyping annotation when runtime checking is on.
+    with pytest.raises(Exception, match=r"integer tensor|Int\[Tensor"):
+        model(torch.zeros(1, 5))
+    cache = model.init_cache()
+    model(torch.zeros(1, 60, dtype=torch.long), cache=cache)
+    with pytest.raises(ValueError, match="sequence length 65 exceeds"):
+        model(torch.zeros(1, 5, dtype=torch.long), cache=cache)
+
+
+def test_jaxtyping_runtime_checks_are_on():
+    from phaseinterp.models.attention import apply_rope
+
+    x = torch.zeros(1, 5, 2, 8)
+    with pytest.raises(Exception, match="pos|shape|dim|type"):
+        apply_rope(x, torch.zeros(6, 4), torch.zeros(5, 4), 8)
