@@ -269,6 +269,93 @@ class CompressedAttention(nn.Module):
             out = einops.einsum(z, self.W_O, "b t h d, h d m -> b t m")
         return out, cache
 
+    def forward_last(
+        self,
+        x: Float[Tensor, "batch variant d_model"],
+        cache: LayerCache,
+        z_override: Optional[tuple[Tensor, Tensor]] = None,
+    ) -> Float[Tensor, "batch variant d_model"]:
+        """Attention of ONE new token (position ``cache`` length) in several variants at once.
+
+        The fast path of mean ablation: every variant of the last token attends to the same
+        shared prefix ``cache`` (batch ``batch``, never copied); only the variants' own
+        K/V (and an entry the token closes) differ. ``z_override = (mask [variant, head],
+        z [head, d_head])`` replaces the chosen heads' z before the output projection.
+        Hook points other than the compressor's do not fire here; use `forward` for
+        hooked runs. Equals `forward` on the extended sequence (tested to 1e-5).
+        """
+        cfg = self.cfg
+        batch, n_var, _ = x.shape
+        pos = cache.h.shape[1]
+        where = torch.tensor([pos], device=x.device)
+        q = einops.einsum(x, self.W_Q, "b v m, h m d -> b v h d")
+        k = einops.einsum(x, self.W_K, "b v m, k m d -> b v k d")
+        v = einops.einsum(x, self.W_V, "b v m, k m d -> b v k d")
+        if cfg.qk_norm:
+            q, k_normed = self.q_norm.unhooked(q), self.k_norm.unhooked(k)
+        else:
+            k_normed = k
+        q_rot = self._rope(q, where.expand(n_var))
+        k_rot = self._rope(k_normed, where.expand(n_var))
+        qg = einops.rearrange(q_rot, "b v (k g) d -> b v k g d", k=cfg.n_kv_heads)
+        scale = cfg.d_head**-0.5
+        if not cfg.is_compressed:
+            prefix_keys, prefix_values = cache.k_rot, cache.v
+            entry_scores, entry_values = None, None
+        else:
+            W, S = cfg.window, cfg.stride
+            B = self.band_width
+            n_visible = (pos + 1 - W) // S + 1 if pos + 1 >= W else 0
+            lower = pos - B + 1
+            if cfg.memory == "uncompressed_tail":
+                lower = max(lower, (n_visible - 1) * S + W if n_visible > 0 else 0)
+            lo = max(lower, 0)
+            prefix_keys, prefix_values = cache.k_rot[:, lo:pos], cache.v[:, lo:pos]
+            # Entries: those closed by the prefix, plus the one this token closes (if any).
+            entry_k = cache.k_comp.unsqueeze(1).expand(-1, n_var, -1, -1, -1)
+            entry_v = cache.v_comp.unsqueeze(1).expand(-1, n_var, -1, -1, -1)
+            if n_visible > cache.k_comp.shape[1]:
+                j = n_visible - 1
+                idx = torch.arange(j * S, pos, device=x.device)
+                h_win = torch.cat([cache.h[:, idx].unsqueeze(1).expand(-1, n_var, -1, -1), x.unsqueeze(2)], 2)
+                k_win = torch.cat([cache.k[:, idx].unsqueeze(1).expand(-1, n_var, -1, -1, -1), k.unsqueeze(2)], 2)
+                v_win = torch.cat([cache.v[:, idx].unsqueeze(1).expand(-1, n_var, -1, -1, -1), v.unsqueeze(2)], 2)
+                flat = lambda t: einops.rearrange(t, "b v ... -> (b v) 1 ...")  # noqa: E731
+                k_hat, v_hat = self.compressor(flat(h_win), flat(k_win), flat(v_win))
+                if cfg.compression == "deepseek":
+                    k_hat = rms_norm(k_hat, self.compressor.kv_norm_weight, cfg.norm_eps)
+                    v_hat = rms_norm(v_hat, self.compressor.kv_norm_weight, cfg.norm_eps)
+                elif cfg.qk_norm:
+                    k_hat = self.k_norm.unhooked(k_hat)
+                k_hat = self._rope(k_hat, torch.tensor([j * S + W - S], device=x.device))
+                unflat = lambda t: einops.rearrange(t, "(b v) 1 k d -> b v 1 k d", b=batch)  # noqa: E731
+                entry_k = torch.cat([entry_k, unflat(k_hat)], 2)
+                entry_v = torch.cat([entry_v, unflat(v_hat)], 2)
+            entry_scores = einops.einsum(qg, entry_k, "b v k g d, b v j k d -> b v k g j") * scale
+            entry_values = entry_v
+            if cfg.memory == "uncompressed_tail" and lower > pos:
+                prefix_keys, prefix_values = cache.k_rot[:, :0], cache.v[:, :0]
+        s_prefix = einops.einsum(qg, prefix_keys, "b v k g d, b p k d -> b v k g p") * scale
+        s_own = einops.einsum(qg, k_rot, "b v k g d, b v k d -> b v k g")[..., None] * scale
+        own_ok = True
+        if cfg.is_compressed and cfg.memory == "uncompressed_tail" and lower > pos:
+            own_ok = False  # the token's own window just closed: it is read through its entry
+        parts = [s_prefix] + ([s_own] if own_ok else []) + ([entry_scores] if entry_scores is not None else [])
+        pattern = torch.cat(parts, -1).softmax(-1)
+        n_prefix = s_prefix.shape[-1]
+        z = einops.einsum(pattern[..., :n_prefix], prefix_values, "b v k g p, b p k d -> b v k g d")
+        offset = n_prefix
+        if own_ok:
+            z = z + pattern[..., offset : offset + 1] * v.unsqueeze(3)
+            offset += 1
+        if entry_scores is not None:
+            z = z + einops.einsum(pattern[..., offset:], entry_values, "b v k g j, b v j k d -> b v k g d")
+        z = einops.rearrange(z, "b v k g d -> b v (k g) d")
+        if z_override is not None:
+            mask, z_new = z_override
+            z = torch.where(mask[None, :, :, None], z_new[None, None].to(z.dtype), z)
+        return einops.einsum(z, self.W_O, "b v h d, h d m -> b v m")
+
     def reset_parameters(self, generator: torch.Generator, std: float) -> None:
         with torch.no_grad():
             for p in (self.W_Q, self.W_K, self.W_V):

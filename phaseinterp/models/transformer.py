@@ -93,6 +93,15 @@ class Block(nn.Module):
         return resid, layer_cache
 
 
+    def forward_last(self, resid, cache, z_override=None):
+        """One new token in several variants over a shared prefix cache (see
+        `CompressedAttention.forward_last`); ``resid`` is ``[batch, variant, d_model]``."""
+        attn_out = self.attn.forward_last(self.ln1.unhooked(resid), cache, z_override)
+        resid = resid + attn_out
+        mlp_in = self.ln2.unhooked(resid)
+        return resid + (F.silu(mlp_in @ self.mlp.W_gate) * (mlp_in @ self.mlp.W_in)) @ self.mlp.W_out
+
+
 class CompressedTransformer(HookedRootModule):
     """Decoder-only transformer whose attention reads a chunk-compressed KV cache.
 
@@ -211,6 +220,10 @@ class CompressedTransformer(HookedRootModule):
         from transformer_lens.ActivationCache import ActivationCache
 
         return out, ActivationCache(cache_dict, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
+
+    def unembed(self, resid: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_vocab"]:
+        """Final norm + unembedding (no hooks)."""
+        return self.ln_final.unhooked(resid) @ self.W_U
 
     # --------------------------------------------------------------- metadata
     def kv_head_groups(self) -> dict[int, list[int]]:
