@@ -1,0 +1,146 @@
+"""Shared plumbing for interventions: default tasks, prompt batches, result files."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+
+def resolve_task(model, task=None):
+    """``task`` if given, else the evaluation task stored with the model (zoo checkpoints)."""
+    if task is not None:
+        return task
+    stored = getattr(model, "metadata", {}).get("task")
+    if not isinstance(stored, dict):
+        raise ValueError(
+            "no task given and the model has no stored evaluation task (model.metadata['task']); "
+            "pass task=KeyValueRetrieval(...)"
+        )
+    from phaseinterp import tasks
+
+    kind = getattr(model, "metadata", {}).get("task_type", "KeyValueRetrieval")
+    cls = getattr(tasks, kind, None)
+    if cls is None or not hasattr(cls, "from_dict"):
+        raise ValueError(f"stored task type {kind!r} is not a phaseinterp task")
+    return cls.from_dict(stored)
+
+
+def model_device(model, device=None) -> torch.device:
+    if device is not None:
+        return torch.device(device)
+    return next(model.parameters()).device
+
+
+def check_layers(model, layer) -> list[int]:
+    n = model.cfg.n_layers
+    layers = list(range(n)) if layer is None else ([layer] if isinstance(layer, int) else list(layer))
+    for value in layers:
+        if isinstance(value, bool) or not isinstance(value, int) or not (0 <= value < n):
+            raise ValueError(f"layer={value!r} is out of range for a {n}-layer model (0..{n - 1})")
+    return layers
+
+
+def fixed_answer_position(batch) -> int:
+    positions = torch.as_tensor(batch.answer_pos)
+    if positions.numel() == 0:
+        raise ValueError("the task produced no prompts")
+    if not bool((positions == positions.flatten()[0]).all()):
+        raise ValueError("prompts must share one answer position (the task's fixed query position)")
+    return int(positions.flatten()[0])
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    from phaseinterp.models.transformer import _atomic_write
+
+    _atomic_write(Path(path), text.encode())
+
+
+def save_arrays(directory: Path, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> Path:
+    """``arrays.npz`` + ``meta.json``, each written atomically."""
+    import io
+
+    from phaseinterp.models.transformer import _atomic_write
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    _atomic_write(directory / "arrays.npz", buf.getvalue())
+    _atomic_write(directory / "meta.json", json.dumps(meta, indent=2, default=_json_default).encode())
+    return directory
+
+
+def load_arrays(directory: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    directory = Path(directory)
+    for name in ("arrays.npz", "meta.json"):
+        if not (directory / name).is_file():
+            raise FileNotFoundError(f"{directory / name} does not exist")
+    try:
+        with np.load(directory / "arrays.npz", allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+    except (ValueError, OSError, EOFError) as err:
+        raise ValueError(f"{directory / 'arrays.npz'} is truncated or corrupt: {err}") from None
+    return arrays, json.loads((directory / "meta.json").read_text())
+
+
+def _json_default(o):
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"{type(o).__name__} is not JSON serializable")
+
+
+def progress_bar(enabled: bool, total: int, desc: str):
+    if not enabled or os.environ.get("PHASEINTERP_NO_PROGRESS"):
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, leave=False)
+
+
+def paired_bootstrap_relative_change(
+    clean: np.ndarray, knocked: np.ndarray, groups: np.ndarray, n_groups: int, fold: Optional[int],
+    n_boot: int = 2000, seed: int = 0, confidence: float = 0.95,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Relative change ``100 (knockout - clean) / clean`` per group with percentile intervals.
+
+    ``clean`` ``[prompt]`` and ``knocked`` ``[prompt, unit]`` are 0/1 correctness; prompts
+    are resampled within each residue group, pairing clean and knockout. With ``fold``
+    the residue groups are pooled by ``group % fold`` (phases). Returns
+    ``(estimate, low, high)``, each ``[unit, group]``; NaN where clean accuracy is 0.
+    """
+    rng = np.random.default_rng(seed)
+    n_units = knocked.shape[1]
+    out_groups = fold if fold else n_groups
+    clean_sum = np.zeros((n_boot, out_groups))
+    ko_sum = np.zeros((n_boot, n_units, out_groups))
+    clean_pt = np.zeros(out_groups)
+    ko_pt = np.zeros((n_units, out_groups))
+    for g in range(n_groups):
+        idx = np.flatnonzero(groups == g)
+        if idx.size == 0:
+            continue
+        target = g % fold if fold else g
+        clean_pt[target] += clean[idx].sum()
+        ko_pt[:, target] += knocked[idx].sum(0)
+        draw = idx[rng.integers(0, idx.size, size=(n_boot, idx.size))]
+        clean_sum[:, target] += clean[draw].sum(1)
+        ko_sum[:, :, target] += knocked[draw].sum(1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        estimate = 100 * (ko_pt - clean_pt[None]) / clean_pt[None]
+        boot = 100 * (ko_sum - clean_sum[:, None]) / clean_sum[:, None]
+    alpha = (1 - confidence) / 2
+    low = np.nanquantile(boot, alpha, axis=0) if np.isfinite(boot).any() else np.full_like(estimate, np.nan)
+    high = np.nanquantile(boot, 1 - alpha, axis=0) if np.isfinite(boot).any() else np.full_like(estimate, np.nan)
+    estimate = np.where(clean_pt[None] > 0, estimate, np.nan)
+    return estimate, low, high

@@ -1,0 +1,368 @@
+"""Per-KV-head mean replacement across phases (SCIENCE.md section 2).
+
+For KV head ``h`` of layer ``l``: replace ``hook_z`` of every query head that reads ``h``,
+at the final (answer-predicting) position only, by its mean over a disjoint calibration
+split; report ``100 * (knockout - clean) / clean`` accuracy per residue and phase.
+
+Fast path: a knockout at the final position changes nothing at earlier positions, so
+the clean prefix is run once (with a KV cache) and only the final position is
+recomputed, for the layers at and after the knocked-out one, with every unit of a layer
+as one batch of variants over the shared cache (`CompressedAttention.forward_last`). It
+equals the naive path (a hooked full forward per unit, ``method="naive"``) to 1e-5.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence, Union
+
+import numpy as np
+import pandas as pd
+import torch
+
+from phaseinterp.interventions._common import (
+    check_layers,
+    fixed_answer_position,
+    load_arrays,
+    model_device,
+    paired_bootstrap_relative_change,
+    progress_bar,
+    resolve_task,
+    save_arrays,
+)
+
+
+@dataclass(frozen=True)
+class AblationResult:
+    """Clean and knockout correctness per prompt, and everything derived from it.
+
+    ``units`` lists the knockouts (layer, kv_head -- or -1 for a whole layer or a
+    custom head set -- and the query heads replaced). ``clean_correct`` is ``[prompt]``,
+    ``knockout_correct`` ``[prompt, unit]``; ``residue`` is each prompt's target residue.
+    """
+
+    units: pd.DataFrame
+    residue: np.ndarray
+    clean_correct: np.ndarray
+    knockout_correct: np.ndarray
+    residue_modulus: int
+    stride: int
+    scope: str
+    model_label: str = ""
+    n_calibration: int = 0
+    clean_logit_answer: Optional[np.ndarray] = None
+    knockout_logit_answer: Optional[np.ndarray] = None
+
+    # ---------------------------------------------------------------- numbers
+    @property
+    def clean(self) -> pd.Series:
+        """Clean accuracy per phase."""
+        frame = pd.DataFrame({"phase": self.residue % self.stride, "correct": self.clean_correct})
+        return frame.groupby("phase").correct.mean()
+
+    def _relative(self, fold: bool, n_boot: int = 2000, seed: int = 0):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return paired_bootstrap_relative_change(
+                self.clean_correct.astype(float), self.knockout_correct.astype(float), self.residue,
+                self.residue_modulus, self.stride if fold else None, n_boot=n_boot, seed=seed,
+            )
+
+    def _grid(self, values: np.ndarray, columns_name: str) -> pd.DataFrame:
+        index = pd.MultiIndex.from_frame(self.units[["layer", "kv_head"]])
+        frame = pd.DataFrame(values, index=index)
+        frame.columns.name = columns_name
+        return frame
+
+    @property
+    def relative_change(self) -> pd.DataFrame:
+        """``100 (knockout - clean) / clean`` per (layer, kv_head) x phase (pooled over residues)."""
+        est, _, _ = self._relative(fold=True, n_boot=1)
+        return self._grid(est, "phase")
+
+    @property
+    def relative_change_residue(self) -> pd.DataFrame:
+        """The same per (layer, kv_head) x residue."""
+        est, _, _ = self._relative(fold=False, n_boot=1)
+        return self._grid(est, "residue")
+
+    def to_frame(self, level: str = "phase", n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
+        """Tidy rows per (layer, kv_head, phase|residue): accuracies, relative change, 95% CI."""
+        if level not in ("phase", "residue"):
+            raise ValueError(f"level={level!r} is not one of ('phase', 'residue')")
+        fold = level == "phase"
+        est, low, high = self._relative(fold=fold, n_boot=n_boot, seed=seed)
+        groups = self.residue % self.stride if fold else self.residue
+        n_groups = self.stride if fold else self.residue_modulus
+        rows = []
+        for u, unit in self.units.reset_index(drop=True).iterrows():
+            for g in range(n_groups):
+                sel = groups == g
+                rows.append(dict(
+                    layer=int(unit.layer), kv_head=int(unit.kv_head), heads=unit.heads, **{level: g},
+                    n=int(sel.sum()), clean_accuracy=float(self.clean_correct[sel].mean()) if sel.any() else np.nan,
+                    knockout_accuracy=float(self.knockout_correct[sel, u].mean()) if sel.any() else np.nan,
+                    relative_change=est[u, g], ci_low=low[u, g], ci_high=high[u, g],
+                ))
+        return pd.DataFrame(rows)
+
+    def specialization(self, threshold: float = -50.0) -> pd.DataFrame:
+        """Per unit: the longest circular run of adjacent phases whose knockout change is
+        ``<= threshold`` (percent), its length, whether every hurt phase lies in it, and the
+        concentration: the share of the unit's total accuracy loss that falls on that run."""
+        rel = self.relative_change.to_numpy()
+        rows = []
+        for u, unit in self.units.reset_index(drop=True).iterrows():
+            hurt = np.nan_to_num(rel[u], nan=0.0) <= threshold
+            run = _longest_circular_run(hurt)
+            loss = np.clip(-np.nan_to_num(rel[u], nan=0.0), 0, None)
+            share = float(loss[run].sum() / loss.sum()) if loss.sum() > 0 else 0.0
+            rows.append(dict(
+                layer=int(unit.layer), kv_head=int(unit.kv_head), heads=unit.heads, phases=run,
+                n_phases=len(run), contiguous=bool(hurt.sum() == len(run)), concentration=share,
+                worst_change=float(np.nanmin(rel[u])) if np.isfinite(rel[u]).any() else np.nan,
+            ))
+        return pd.DataFrame(rows)
+
+    def summary(self) -> dict:
+        spec = self.specialization()
+        strong = spec[(spec.n_phases >= 1) & (spec.n_phases <= 3) & spec.contiguous]
+        return {
+            "model": self.model_label, "scope": self.scope, "n_prompts": int(self.residue.size),
+            "clean_accuracy": float(self.clean_correct.mean()),
+            "specialized_heads": [f"L{r.layer}H{r.kv_head}: phases {r.phases}" for r in strong.itertuples()],
+        }
+
+    def plot(self, **kwargs):
+        from phaseinterp.plot import specialization_heatmap
+
+        return specialization_heatmap(self, **kwargs)
+
+    # ------------------------------------------------------------------ files
+    def save(self, directory: Union[str, Path]) -> Path:
+        arrays = {"residue": self.residue, "clean_correct": self.clean_correct,
+                  "knockout_correct": self.knockout_correct}
+        if self.clean_logit_answer is not None:
+            arrays["clean_logit_answer"] = self.clean_logit_answer
+            arrays["knockout_logit_answer"] = self.knockout_logit_answer
+        meta = {"kind": "AblationResult", "units": self.units.to_dict(orient="list"),
+                "residue_modulus": self.residue_modulus, "stride": self.stride, "scope": self.scope,
+                "model_label": self.model_label, "n_calibration": self.n_calibration}
+        return save_arrays(Path(directory), arrays, meta)
+
+    @classmethod
+    def load(cls, directory: Union[str, Path]) -> "AblationResult":
+        arrays, meta = load_arrays(Path(directory))
+        if meta.get("kind") != "AblationResult":
+            raise ValueError(f"{directory} does not hold an AblationResult (kind={meta.get('kind')!r})")
+        units = pd.DataFrame(meta["units"])
+        units["heads"] = units["heads"].apply(tuple)
+        return cls(units=units, residue=arrays["residue"], clean_correct=arrays["clean_correct"],
+                   knockout_correct=arrays["knockout_correct"], residue_modulus=meta["residue_modulus"],
+                   stride=meta["stride"], scope=meta["scope"], model_label=meta["model_label"],
+                   n_calibration=meta["n_calibration"], clean_logit_answer=arrays.get("clean_logit_answer"),
+                   knockout_logit_answer=arrays.get("knockout_logit_answer"))
+
+
+def _longest_circular_run(mask: np.ndarray) -> list[int]:
+    n = len(mask)
+    if mask.all():
+        return list(range(n))
+    best: list[int] = []
+    for start in range(n):
+        if mask[start] and not mask[(start - 1) % n]:
+            run = []
+            i = start
+            while mask[i % n] and len(run) < n:
+                run.append(i % n)
+                i += 1
+            if len(run) > len(best):
+                best = run
+    return best
+
+
+def _units(model, layers: list[int], scope: str, heads: Optional[Sequence[Sequence[int]]]) -> pd.DataFrame:
+    cfg = model.cfg
+    rows = []
+    for layer in layers:
+        if heads is not None:
+            for i, group in enumerate(heads):
+                group = tuple(int(h) for h in group)
+                bad = [h for h in group if not (0 <= h < cfg.n_heads)]
+                if bad or not group:
+                    raise ValueError(f"heads={list(heads)}: query head ids must be in 0..{cfg.n_heads - 1}, got {group}")
+                rows.append(dict(layer=layer, kv_head=-1 - i, heads=group))
+        elif scope == "kv_head":
+            for kv, group in cfg.kv_head_groups().items():
+                rows.append(dict(layer=layer, kv_head=kv, heads=tuple(group)))
+        elif scope == "layer":
+            rows.append(dict(layer=layer, kv_head=-1, heads=tuple(range(cfg.n_heads))))
+        else:
+            raise ValueError(f"scope={scope!r} is not one of ('kv_head', 'layer')")
+    return pd.DataFrame(rows)
+
+
+@torch.inference_mode()
+def calibration_mean_z(model, tokens: torch.Tensor, answer_pos: int, batch_size: int = 64) -> torch.Tensor:
+    """Mean ``hook_z`` at ``answer_pos`` over calibration prompts: ``[layer, head, d_head]``."""
+    names = [f"blocks.{l}.attn.hook_z" for l in range(model.cfg.n_layers)]
+    total = None
+    for i in range(0, tokens.shape[0], batch_size):
+        chunk = tokens[i : i + batch_size, : answer_pos + 1].to(model_device(model))
+        _, cache = model.run_with_cache(chunk, names_filter=names, return_type=None, return_cache_object=False)
+        z = torch.stack([cache[n][:, answer_pos] for n in names], 0).sum(1)  # [layer, head, d_head]
+        total = z if total is None else total + z
+    return total / tokens.shape[0]
+
+
+@torch.inference_mode()
+def _fast_knockouts(model, tokens, answer_pos, answer, units, mean_z, batch_size, bar):
+    """(clean correct [N], knockout correct [N, U], clean answer logit [N], knockout answer logit [N, U])."""
+    cfg = model.cfg
+    device = model_device(model)
+    by_layer = {layer: grp.index.to_numpy() for layer, grp in units.groupby("layer")}
+    clean_ok, ko_ok, clean_logit, ko_logit = [], [], [], []
+    for i in range(0, tokens.shape[0], batch_size):
+        chunk = tokens[i : i + batch_size, : answer_pos + 1].to(device)
+        ans = answer[i : i + batch_size].to(device)
+        n = chunk.shape[0]
+        cache = model.init_cache()
+        if answer_pos > 0:
+            model(chunk[:, :answer_pos], cache=cache, return_type=None)
+        else:
+            cache.layers = [_empty_layer_cache(model, n, device) for _ in range(cfg.n_layers)]
+        resid = model.W_E[chunk[:, answer_pos]][:, None]
+        resid_pre = []
+        for layer, block in enumerate(model.blocks):
+            resid_pre.append(resid)
+            resid = block.forward_last(resid, cache.layers[layer])
+        logits = model.unembed(resid)[:, 0]
+        clean_ok.append((logits.argmax(-1) == ans).cpu())
+        clean_logit.append(logits.gather(1, ans[:, None])[:, 0].cpu())
+        out_ok = torch.zeros(n, len(units), dtype=torch.bool)
+        out_logit = torch.zeros(n, len(units))
+        for layer, unit_idx in by_layer.items():
+            mask = torch.zeros(len(unit_idx), cfg.n_heads, dtype=torch.bool, device=device)
+            for v, u in enumerate(unit_idx):
+                mask[v, list(units.heads.iloc[u])] = True
+            r = resid_pre[layer].expand(-1, len(unit_idx), -1)
+            r = model.blocks[layer].forward_last(r, cache.layers[layer], (mask, mean_z[layer]))
+            for later in range(layer + 1, cfg.n_layers):
+                r = model.blocks[later].forward_last(r, cache.layers[later])
+            lg = model.unembed(r)  # [n, variant, vocab]
+            out_ok[:, unit_idx] = (lg.argmax(-1) == ans[:, None]).cpu()
+            out_logit[:, unit_idx] = lg.gather(2, ans[:, None, None].expand(-1, len(unit_idx), 1))[..., 0].cpu()
+            if bar is not None:
+                bar.update(n * len(unit_idx))
+        ko_ok.append(out_ok)
+        ko_logit.append(out_logit)
+    return torch.cat(clean_ok), torch.cat(ko_ok), torch.cat(clean_logit), torch.cat(ko_logit)
+
+
+def _empty_layer_cache(model, n, device):
+    from phaseinterp.models.attention import LayerCache
+
+    cfg = model.cfg
+    z = lambda *s: torch.zeros(*s, device=device)  # noqa: E731
+    return LayerCache(z(n, 0, cfg.d_model), z(n, 0, cfg.n_kv_heads, cfg.d_head), z(n, 0, cfg.n_kv_heads, cfg.d_head),
+                      z(n, 0, cfg.n_kv_heads, cfg.d_head), z(n, 0, cfg.n_kv_heads, cfg.d_head),
+                      z(n, 0, cfg.n_kv_heads, cfg.d_head))
+
+
+@torch.inference_mode()
+def _naive_knockouts(model, tokens, answer_pos, answer, units, mean_z, batch_size, bar):
+    """One hooked full forward per unit (the obviously-correct reference for the fast path)."""
+    device = model_device(model)
+    clean_ok, ko_ok, clean_logit, ko_logit = [], [], [], []
+    for i in range(0, tokens.shape[0], batch_size):
+        chunk = tokens[i : i + batch_size, : answer_pos + 1].to(device)
+        ans = answer[i : i + batch_size].to(device)
+        logits = model(chunk)[:, answer_pos]
+        clean_ok.append((logits.argmax(-1) == ans).cpu())
+        clean_logit.append(logits.gather(1, ans[:, None])[:, 0].cpu())
+        oks, lgs = [], []
+        for unit in units.itertuples():
+            heads = list(unit.heads)
+
+            def replace(z, hook, layer=unit.layer, heads=heads):
+                z = z.clone()
+                z[:, answer_pos, heads] = mean_z[layer, heads].to(z.dtype)
+                return z
+
+            lg = model.run_with_hooks(chunk, fwd_hooks=[(f"blocks.{unit.layer}.attn.hook_z", replace)])[:, answer_pos]
+            oks.append((lg.argmax(-1) == ans).cpu())
+            lgs.append(lg.gather(1, ans[:, None])[:, 0].cpu())
+            if bar is not None:
+                bar.update(chunk.shape[0])
+        ko_ok.append(torch.stack(oks, 1))
+        ko_logit.append(torch.stack(lgs, 1))
+    return torch.cat(clean_ok), torch.cat(ko_ok), torch.cat(clean_logit), torch.cat(ko_logit)
+
+
+def mean_ablation(
+    model,
+    task=None,
+    *,
+    layer: Union[int, Sequence[int], None] = None,
+    scope: str = "kv_head",
+    heads: Optional[Sequence[Sequence[int]]] = None,
+    n_per_residue: int = 50,
+    n_calibration: int = 256,
+    seed: int = 0,
+    calibration_seed: int = 1,
+    batch_size: int = 64,
+    method: str = "fast",
+    device=None,
+    progress: bool = True,
+    prompts=None,
+) -> AblationResult:
+    """Per-KV-head (or per-layer, or custom head-set) mean replacement of ``hook_z`` at the
+    answer position; see the module docstring. ``layer=None`` sweeps every layer.
+
+    ``task`` defaults to the model's stored evaluation task. ``prompts`` may pass a
+    pre-generated batch (``task.generate(...)`` output) to reuse across calls.
+    """
+    if method not in ("fast", "naive"):
+        raise ValueError(f"method={method!r} is not one of ('fast', 'naive')")
+    if scope not in ("kv_head", "layer"):
+        raise ValueError(f"scope={scope!r} is not one of ('kv_head', 'layer')")
+    for name, value in (("n_per_residue", n_per_residue), ("n_calibration", n_calibration), ("batch_size", batch_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r} must be an integer >= 1")
+    if getattr(model, "training", False):
+        raise ValueError("mean_ablation needs the model in eval mode; call model.eval() first")
+    task = resolve_task(model, task)
+    layers = check_layers(model, layer)
+    units = _units(model, layers, scope, heads)
+    stride = model.cfg.stride
+    modulus = task.residue_modulus
+    if modulus % stride:
+        raise ValueError(f"residue_modulus={modulus} is not a multiple of the model's stride={stride}")
+    if device is not None:
+        model = model.to(device)
+    batch = prompts if prompts is not None else task.generate(n_per_residue, seed=seed)
+    answer_pos = fixed_answer_position(batch)
+    calib = task.calibration(n_calibration, seed=calibration_seed)
+    if fixed_answer_position(calib) != answer_pos:
+        raise ValueError("calibration prompts must share the evaluation prompts' answer position")
+    mean_z = calibration_mean_z(model, calib.tokens, answer_pos, batch_size)
+    bar = progress_bar(progress, batch.tokens.shape[0] * len(units), f"ablate ({method})")
+    run = _fast_knockouts if method == "fast" else _naive_knockouts
+    try:
+        clean_ok, ko_ok, clean_logit, ko_logit = run(
+            model, batch.tokens, answer_pos, torch.as_tensor(batch.answer), units, mean_z, batch_size, bar
+        )
+    finally:
+        if bar is not None:
+            bar.close()
+    return AblationResult(
+        units=units, residue=np.asarray(batch.meta["residue"].to_numpy(), dtype=np.int64),
+        clean_correct=clean_ok.numpy(), knockout_correct=ko_ok.numpy(), residue_modulus=modulus, stride=stride,
+        scope="custom" if heads is not None else scope, model_label=model.cfg.label, n_calibration=n_calibration,
+        clean_logit_answer=clean_logit.numpy(), knockout_logit_answer=ko_logit.numpy(),
+    )
+
+
+ablate = mean_ablation

@@ -1,0 +1,147 @@
+"""Gate statistics: where each compressor gate puts its weight, and how concentrated it is.
+
+``E[alpha]`` per layer x KV head x branch x slot over a task's windows; concentration
+(effective number of slots, SCIENCE.md section 2) static ``exp(H(E[alpha]))`` and per
+window ``E[exp(H(alpha))]`` (uniform = W, one-hot = 1); the gate from the static
+parameters alone (``softmax(b)``, or DeepSeek's ``position_bias``); and how a head's
+gate preference lines up with the phases where its knockout hurts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Union
+
+import numpy as np
+import pandas as pd
+import torch
+
+from phaseinterp.interventions._common import model_device, resolve_task
+
+
+def _entropy_exp(p: np.ndarray, axis: int) -> np.ndarray:
+    p = np.clip(p, 1e-30, None)
+    return np.exp(-(p * np.log(p)).sum(axis=axis))
+
+
+@dataclass(frozen=True)
+class GateProfile:
+    """Tidy gate statistics: one row per (layer, kv_head, branch, slot) in ``slots``, one row per
+    (layer, kv_head, branch) in ``heads``."""
+
+    slots: pd.DataFrame  # layer, kv_head, branch, slot, phase, mean_alpha, static_alpha
+    heads: pd.DataFrame  # layer, kv_head, branch, preferred_slot, static_concentration, window_concentration, ...
+    window: int
+    stride: int
+    model_label: str = ""
+
+    def mean_alpha(self, branch: str = "k") -> np.ndarray:
+        """``[layer, kv_head, slot]`` E[alpha] of one branch."""
+        sub = self.slots[self.slots.branch == branch]
+        layers, heads = sub.layer.max() + 1, sub.kv_head.max() + 1
+        return sub.sort_values(["layer", "kv_head", "slot"]).mean_alpha.to_numpy().reshape(layers, heads, self.window)
+
+    def alignment(self, ablation, branch: str = "k") -> pd.DataFrame:
+        """Per (layer, kv_head): Pearson correlation across phases between the head's gate
+        preference (E[alpha] folded to phases) and its knockout harm (``-relative change``,
+        clipped at 0), and whether the preferred phase is among the phases it hurts most.
+        The paper's claim is that static gate preferences align with where heads matter."""
+        rel = ablation.relative_change
+        rows = []
+        for (layer, kv), harm_row in rel.iterrows():
+            if kv < 0:
+                continue
+            sub = self.slots[(self.slots.layer == layer) & (self.slots.kv_head == kv) & (self.slots.branch == branch)]
+            if sub.empty:
+                continue
+            pref = sub.groupby("phase").mean_alpha.sum().reindex(range(self.stride), fill_value=0).to_numpy()
+            static = sub.groupby("phase").static_alpha.sum().reindex(range(self.stride), fill_value=0).to_numpy()
+            harm = np.clip(-np.nan_to_num(harm_row.to_numpy(dtype=float)), 0, None)
+            corr = float(np.corrcoef(pref, harm)[0, 1]) if pref.std() > 0 and harm.std() > 0 else np.nan
+            corr_static = float(np.corrcoef(static, harm)[0, 1]) if static.std() > 0 and harm.std() > 0 else np.nan
+            top = set(np.argsort(-harm)[: max(1, self.stride // 4)]) if harm.max() > 0 else set()
+            rows.append(dict(layer=int(layer), kv_head=int(kv), preferred_phase=int(pref.argmax()),
+                             worst_knockout_phase=int(harm.argmax()) if harm.max() > 0 else -1,
+                             correlation=corr, static_correlation=corr_static,
+                             preferred_in_hurt=int(pref.argmax()) in top, max_harm=float(harm.max())))
+        return pd.DataFrame(rows)
+
+    def to_frame(self) -> pd.DataFrame:
+        return self.slots.copy()
+
+    def plot(self, **kwargs):
+        from phaseinterp.plot import gate_profile_figure
+
+        return gate_profile_figure(self, **kwargs)
+
+    def save(self, directory: Union[str, Path]) -> Path:
+        from phaseinterp.interventions._common import atomic_write_text
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(directory / "gate_slots.csv", self.slots.to_csv(index=False))
+        atomic_write_text(directory / "gate_heads.csv", self.heads.to_csv(index=False))
+        return directory
+
+
+@torch.inference_mode()
+def gate_profile(model, task=None, *, n_per_residue: int = 8, seed: int = 0, batch_size: int = 64,
+                 prompts=None) -> GateProfile:
+    """Gate statistics of every layer, KV head and branch over the task's windows."""
+    cfg = model.cfg
+    if not cfg.is_compressed:
+        raise ValueError("gate_profile: the full-attention model (compression=None) has no gates")
+    task = resolve_task(model, task)
+    batch = prompts if prompts is not None else task.generate(n_per_residue, seed=seed)
+    W, S, L, KV = cfg.window, cfg.stride, cfg.n_layers, cfg.n_kv_heads
+    names = [f"blocks.{l}.attn.compressor.hook_gate_{br}" for l in range(L) for br in ("k", "v")]
+    sums = {n: 0.0 for n in names}
+    conc = {n: 0.0 for n in names}
+    count = {n: 0 for n in names}
+    device = model_device(model)
+    for i in range(0, batch.tokens.shape[0], batch_size):
+        _, cache = model.run_with_cache(batch.tokens[i : i + batch_size].to(device), names_filter=names,
+                                        return_type=None, return_cache_object=False)
+        for n in names:
+            alpha = cache[n].double()  # [b, win, slot, kv(, d)]
+            if alpha.ndim == 4:
+                alpha = alpha.unsqueeze(-1)  # scalar gates: one "channel"
+            a = alpha.cpu().numpy()
+            sums[n] = sums[n] + a.sum(axis=(0, 1)).mean(-1)  # [slot, kv]
+            conc[n] = conc[n] + _entropy_exp(a, axis=2).sum(axis=(0, 1)).mean(-1)  # [kv]
+            count[n] += a.shape[0] * a.shape[1]
+    slot_rows, head_rows = [], []
+    for l in range(L):
+        for br in ("k", "v"):
+            n = f"blocks.{l}.attn.compressor.hook_gate_{br}"
+            mean_alpha = sums[n] / count[n]  # [slot, kv]
+            window_conc = conc[n] / count[n]
+            static = _static_alpha(model, l, br)  # [slot, kv]
+            for kv in range(KV):
+                for s in range(W):
+                    slot_rows.append(dict(layer=l, kv_head=kv, branch=br, slot=s, phase=s % S,
+                                          mean_alpha=float(mean_alpha[s, kv]), static_alpha=float(static[s, kv])))
+                head_rows.append(dict(
+                    layer=l, kv_head=kv, branch=br, preferred_slot=int(mean_alpha[:, kv].argmax()),
+                    static_preferred_slot=int(static[:, kv].argmax()),
+                    static_concentration=float(_entropy_exp(mean_alpha[:, kv], 0)),
+                    window_concentration=float(window_conc[kv]),
+                    bias_concentration=float(_entropy_exp(static[:, kv], 0)),
+                ))
+    return GateProfile(slots=pd.DataFrame(slot_rows), heads=pd.DataFrame(head_rows), window=W, stride=S,
+                       model_label=cfg.label)
+
+
+def _static_alpha(model, layer: int, branch: str) -> np.ndarray:
+    """softmax over slots of the h-independent gate part (b, or position_bias), ``[slot, kv]``;
+    channel-wise gates are averaged over channels after the softmax."""
+    cfg = model.cfg
+    if cfg.gate == "uniform" and cfg.compression == "gated":
+        return np.full((cfg.window, cfg.n_kv_heads), 1.0 / cfg.window)
+    gp = model.gate_parameters(layer, branch)
+    b = gp.b.detach().double().cpu()
+    alpha = b.softmax(0)
+    if alpha.ndim == 3:
+        alpha = alpha.mean(-1)
+    return alpha.numpy()

@@ -1,0 +1,344 @@
+"""Long-context needle retrieval: thousands of multi-token key-value records, target near the middle."""
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from phaseinterp.tasks.retrieval import (
+    PADDINGS,
+    TargetPlacement,
+    TaskBatch,
+    _check_int,
+    _check_stride,
+    _feasible_index_range,
+    _gaps,
+    _lay_out,
+    _rng,
+    _SPLIT_PARITY,
+    _variance_interval,
+    match_target_moments,
+)
+from phaseinterp.tasks.vocab import FILLERS, Tokenizer, Vocab
+
+
+def _encode_piece(tokenizer: Any, text: str) -> list[int]:
+    """Ids without special tokens (HF tokenizers add BOS/EOS unless told not to)."""
+    try:
+        return list(tokenizer.encode(text, add_special_tokens=False))
+    except TypeError:
+        return list(tokenizer.encode(text))
+
+
+@dataclass(frozen=True)
+class TokenPools:
+    """Token ids a needle prompt is built from."""
+
+    key_ids: tuple[int, ...]
+    value_ids: tuple[int, ...]
+    filler_ids: tuple[int, ...]
+    head: tuple[int, ...]  # e.g. (<bos>,)
+    separator: tuple[int, ...]  # between the records and the demonstrations
+
+    @classmethod
+    def from_vocab(cls, vocab: Vocab) -> "TokenPools":
+        return cls(vocab.key_ids, vocab.value_ids, vocab.filler_ids, (vocab.bos_id,), (vocab.sep_id,))
+
+    @classmethod
+    def from_tokenizer(
+        cls,
+        tokenizer: Tokenizer,
+        key_pieces: tuple[str, ...],
+        value_pieces: tuple[str, ...],
+        filler_pieces: tuple[str, ...],
+        separator: str,
+    ) -> "TokenPools":
+        """Pieces that encode to exactly one token become the pools; the rest are dropped."""
+
+        def single(pieces: tuple[str, ...], name: str) -> tuple[int, ...]:
+            ids = [_encode_piece(tokenizer, p) for p in pieces]
+            kept = tuple(dict.fromkeys(i[0] for i in ids if len(i) == 1))
+            if len(kept) < 2:
+                raise ValueError(
+                    f"only {len(kept)} of the {len(pieces)} {name} encode to a single token with this tokenizer; "
+                    "pass pieces that do (e.g. words with a leading space)"
+                )
+            return kept
+
+        keys, values = single(key_pieces, "key_pieces"), single(value_pieces, "value_pieces")
+        fillers = single(filler_pieces, "filler_pieces")
+        overlap = set(keys) & set(values)
+        if overlap:
+            raise ValueError(f"key and value pieces share token ids {sorted(overlap)}")
+        sep = tuple(_encode_piece(tokenizer, separator))
+        if not sep:
+            raise ValueError(f"separator={separator!r} encodes to no tokens")
+        bos = getattr(tokenizer, "bos_token_id", None)
+        return cls(keys, values, fillers, () if bos is None else (int(bos),), sep)
+
+
+def _pair_parity(key_codes: np.ndarray, value_codes: np.ndarray) -> np.ndarray:
+    """A fixed pseudo-random bit per (key, value) pair (splitmix64 finalizer), summed mod 2 per mapping."""
+    x = key_codes.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) + value_codes.astype(np.uint64)
+    x ^= x >> np.uint64(30)
+    x *= np.uint64(0xBF58476D1CE4E5B9)
+    x ^= x >> np.uint64(27)
+    x *= np.uint64(0x94D049BB133111EB)
+    x ^= x >> np.uint64(31)
+    return ((x >> np.uint64(63)).astype(np.int64)).sum(axis=-1) % 2
+
+
+@dataclass(frozen=True)
+class NeedleRetrieval:
+    """Needle-in-a-haystack retrieval with multi-token records (DeepSeek style).
+
+    Prompt: ``[head] (fillers, record)* fillers [separator] demo-records target-key``; a
+    record is ``key_tokens`` key tokens then ``value_tokens`` value tokens (4 by default),
+    keys are distinct tuples, values random tuples. The target key (all its tokens) ends the
+    prompt at ``T - 1``. **Scoring**: ``answer`` is the *first* value token (full-vocabulary
+    top-1 at ``T - 1``); the whole value is in ``answer_tokens`` for multi-token scoring. With
+    the synthetic vocabulary several records can share a first value token, so chance is
+    ``1 / len(value_ids)``.
+
+    The target position ``p`` (its first key token) is moment-matched per residue group as in
+    :class:`~phaseinterp.tasks.retrieval.KeyValueRetrieval`, inside a band of
+    ``target_window`` positions centred on the middle of the prompt. ``n_records=None`` fills
+    the prompt, leaving ``filler_tokens`` fillers for the padding.
+
+    Tokens come from ``vocab`` or, when ``generate(tokenizer=...)`` is given, from the
+    ``*_pieces`` strings that the tokenizer encodes to one token each (default: the
+    vocabulary's words with a leading space).
+    """
+
+    seq_len: int = 8192
+    n_records: int | None = None
+    key_tokens: int = 2
+    value_tokens: int = 2
+    n_demos: int = 2
+    residue_modulus: int = 24
+    target_window: int = 120
+    padding: str = "in_sequence"
+    filler_tokens: int = 64
+    vocab: Vocab = field(default_factory=Vocab.default)
+    key_pieces: tuple[str, ...] | None = None
+    value_pieces: tuple[str, ...] | None = None
+    filler_pieces: tuple[str, ...] | None = None
+    separator: str = "\n\n"
+
+    def __post_init__(self) -> None:
+        _check_int("key_tokens", self.key_tokens, 1)
+        _check_int("value_tokens", self.value_tokens, 1)
+        _check_int("residue_modulus", self.residue_modulus, 1)
+        _check_int("n_demos", self.n_demos, 0)
+        _check_int("filler_tokens", self.filler_tokens, 0)
+        _check_int("target_window", self.target_window, 1)
+        if self.padding not in PADDINGS:
+            raise ValueError(f"padding={self.padding!r} is not one of {PADDINGS}")
+        _check_int("seq_len", self.seq_len, 1)
+        for name in ("key_pieces", "value_pieces", "filler_pieces"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, tuple(getattr(self, name)))
+        # Validate the geometry once with the vocabulary's pools.
+        self._geometry(TokenPools.from_vocab(self.vocab))
+
+    @property
+    def record_len(self) -> int:
+        return self.key_tokens + self.value_tokens
+
+    def pools(self, tokenizer: Tokenizer | None = None) -> TokenPools:
+        if tokenizer is None or isinstance(tokenizer, Vocab):
+            return TokenPools.from_vocab(self.vocab if tokenizer is None else tokenizer)
+        space = lambda words: tuple(" " + w for w in words)  # noqa: E731
+        return TokenPools.from_tokenizer(
+            tokenizer,
+            self.key_pieces or space(self.vocab.keys),
+            self.value_pieces or space(self.vocab.values),
+            self.filler_pieces or space(FILLERS),
+            self.separator,
+        )
+
+    def _geometry(self, pools: TokenPools) -> dict[str, int]:
+        """Record count, slack and the target band for these pools; raises when they cannot fit."""
+        L = self.record_len
+        fixed_without_records = len(pools.head) + len(pools.separator) + self.n_demos * L + self.key_tokens
+        if self.n_records is None:
+            n_records = (self.seq_len - fixed_without_records - self.filler_tokens) // L
+        else:
+            n_records = self.n_records
+        n_codes = len(pools.key_ids) ** self.key_tokens
+        if n_records < self.n_demos + 2 or n_records > n_codes:
+            raise ValueError(
+                f"n_records={n_records} is out of range ({self.n_demos + 2}..{n_codes}: distinct "
+                f"{self.key_tokens}-token keys from {len(pools.key_ids)} key tokens); "
+                "adjust seq_len, n_records or key_tokens"
+            )
+        slack = self.seq_len - fixed_without_records - n_records * L
+        if slack < 0:
+            raise ValueError(
+                f"seq_len={self.seq_len} is too short for {n_records} records of {L} tokens "
+                f"(needs >= {self.seq_len - slack})"
+            )
+        start = len(pools.head)
+        middle = self.seq_len // 2
+        lo = max(start, middle - self.target_window // 2)
+        hi = min(start + slack + L * (n_records - 1), middle + (self.target_window - 1) // 2)
+        var_lo, var_hi = _variance_interval(lo, hi, self.residue_modulus) if hi - lo + 1 >= self.residue_modulus else (1, 0)
+        if not var_lo < var_hi:
+            raise ValueError(
+                f"the target band {lo}..{hi} ({max(hi - lo + 1, 0)} positions) cannot realize every residue mod "
+                f"{self.residue_modulus} with matched moments; widen target_window (now {self.target_window}, "
+                f"about {2 * self.residue_modulus + 1}+ needed) or raise filler_tokens (slack is {slack}, "
+                f"needs >= {L - 1} to reach every position)"
+            )
+        return {"n_records": n_records, "slack": slack, "start": start, "lo": lo, "hi": hi}
+
+    def placement(self, n_per_residue: int, tokenizer: Tokenizer | None = None) -> TargetPlacement:
+        g = self._geometry(self.pools(tokenizer))
+        return match_target_moments(g["lo"], g["hi"], self.residue_modulus, n_per_residue)
+
+    def _build(
+        self, positions: np.ndarray, pools: TokenPools, geometry: dict[str, int], split: str, seed: int,
+        rng: np.random.Generator,
+    ) -> tuple[np.ndarray, np.ndarray, pd.DataFrame]:
+        batch, n, L, kt = len(positions), geometry["n_records"], self.record_len, self.key_tokens
+        slack, start = geometry["slack"], geometry["start"]
+        key_ids, value_ids = np.array(pools.key_ids), np.array(pools.value_ids)
+        n_key_codes = len(key_ids) ** kt
+        n_value_codes = len(value_ids) ** self.value_tokens
+        key_codes = np.stack([rng.choice(n_key_codes, size=n, replace=False) for _ in range(batch)])
+        value_codes = rng.integers(0, n_value_codes, size=(batch, n))
+        if split in _SPLIT_PARITY:
+            # Disjoint splits: redraw the last record's value until the mapping has the split's parity.
+            while len(bad := np.flatnonzero(_pair_parity(key_codes, value_codes) != _SPLIT_PARITY[split])):
+                value_codes[bad, -1] = rng.integers(0, n_value_codes, size=len(bad))
+
+        def digits(codes: np.ndarray, width: int, base: int) -> np.ndarray:
+            return (codes[..., None] // base ** np.arange(width - 1, -1, -1)) % base
+
+        records = np.concatenate(
+            [key_ids[digits(key_codes, kt, len(key_ids))], value_ids[digits(value_codes, self.value_tokens, len(value_ids))]],
+            axis=-1,
+        )
+        low, high = _feasible_index_range(positions, start, L, slack, n)
+        target = low + (rng.random(batch) * (high - low + 1)).astype(np.int64)
+        gaps = _gaps(target, positions - start - L * target, slack, n, self.padding, rng)
+        scores = rng.random((batch, n))
+        scores[np.arange(batch), target] = np.inf
+        demos = np.argsort(scores, axis=1)[:, : self.n_demos]
+        rows = np.arange(batch)
+        tail = np.concatenate(
+            [
+                np.broadcast_to(np.array(pools.separator), (batch, len(pools.separator))),
+                records[rows[:, None], demos].reshape(batch, -1),
+                records[rows, target, :kt],
+            ],
+            axis=1,
+        )
+        tokens, starts = _lay_out(records, gaps, tail, self.seq_len, np.array(pools.head, dtype=np.int64),
+                                  np.array(pools.filler_ids), rng)
+        assert np.array_equal(starts[rows, target], positions)
+        meta = pd.DataFrame(
+            {
+                "mapping_id": np.arange(batch),
+                "target_pos": positions,
+                "residue": positions % self.residue_modulus,
+                "distance": self.seq_len - 1 - positions,
+                "target_index": target,
+                "first_record_pos": starts[:, 0],
+                "padding": self.padding,
+                "n_records": n,
+                "split": split,
+                "seed": seed,
+            }
+        )
+        return tokens, records[rows, target, kt:], meta
+
+    def generate(
+        self,
+        n_per_residue: int,
+        seed: int = 0,
+        *,
+        tokenizer: Tokenizer | None = None,
+        stride: int | None = None,
+        residues: list[int] | None = None,
+    ) -> TaskBatch:
+        """``n_per_residue`` prompts per residue group (residue-major), moment-matched.
+
+        Each residue group draws from its own seed stream, so ``residues=[...]`` (to build a
+        long-context evaluation a few groups at a time) gives exactly those groups' prompts of
+        the full call. ``meta.mapping_id`` is unique per prompt within a group.
+        """
+        _check_int("n_per_residue", n_per_residue, 1)
+        _check_stride(stride, self.residue_modulus)
+        pools = self.pools(tokenizer)
+        geometry = self._geometry(pools)
+        placement = match_target_moments(geometry["lo"], geometry["hi"], self.residue_modulus, n_per_residue)
+        groups = list(range(self.residue_modulus)) if residues is None else list(residues)
+        for r in groups:
+            _check_int("residue", r, 0, self.residue_modulus - 1)
+        parts = []
+        for r in groups:
+            rng = _rng(seed, "eval", r)
+            parts.append(self._build(rng.permutation(placement.positions[r]), pools, geometry, "eval", seed, rng))
+        tokens = np.concatenate([p[0] for p in parts])
+        values = np.concatenate([p[1] for p in parts])
+        meta = pd.concat([p[2] for p in parts], ignore_index=True)
+        meta["mapping_id"] = meta["residue"] * n_per_residue + meta["mapping_id"]
+        if stride is not None:
+            meta.insert(meta.columns.get_loc("residue") + 1, "phase", meta["target_pos"] % stride)
+        moments = placement.moments()
+        return self._batch(tokens, values, meta, moments[moments["residue"].isin(groups)].reset_index(drop=True))
+
+    def calibration(self, n: int, seed: int = 0, *, tokenizer: Tokenizer | None = None) -> TaskBatch:
+        """``n`` prompts with mappings disjoint from every :meth:`generate` mapping (parity bit 1)."""
+        _check_int("n", n, 1)
+        pools = self.pools(tokenizer)
+        geometry = self._geometry(pools)
+        rng = _rng(seed, "calibration")
+        R, lo, hi = self.residue_modulus, geometry["lo"], geometry["hi"]
+        residues = np.arange(n) % R
+        firsts = lo + (residues - lo) % R
+        positions = firsts + R * (rng.random(n) * ((hi - firsts) // R + 1)).astype(np.int64)
+        tokens, values, meta = self._build(positions, pools, geometry, "calibration", seed, rng)
+        grouped = meta.groupby("residue")["target_pos"]
+        moments = pd.DataFrame({"n": grouped.size(), "mean": grouped.mean(), "std": grouped.std(ddof=0)}).reset_index()
+        return self._batch(tokens, values, meta, moments)
+
+    def _batch(self, tokens: np.ndarray, values: np.ndarray, meta: pd.DataFrame, moments: pd.DataFrame) -> TaskBatch:
+        values_t = torch.as_tensor(np.ascontiguousarray(values), dtype=torch.long)
+        meta["answer"] = values[:, 0]
+        return TaskBatch(
+            tokens=torch.as_tensor(tokens, dtype=torch.long),
+            answer=values_t[:, 0].clone(),
+            answer_pos=torch.full((len(tokens),), self.seq_len - 1, dtype=torch.long),
+            meta=meta,
+            moments=moments,
+            residue_modulus=self.residue_modulus,
+            answer_tokens=values_t,
+            task=self.to_dict(),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d["vocab"] = self.vocab.to_dict()
+        for name in ("key_pieces", "value_pieces", "filler_pieces"):
+            if d[name] is not None:
+                d[name] = list(d[name])
+        return {"kind": type(self).__name__, **d}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "NeedleRetrieval":
+        d = dict(d)
+        kind = d.pop("kind", cls.__name__)
+        if kind != cls.__name__:
+            raise ValueError(f"kind={kind!r} is not {cls.__name__!r}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown {cls.__name__} fields {sorted(unknown)}; valid fields: {sorted(known)}")
+        if "vocab" in d:
+            d["vocab"] = Vocab.from_dict(d["vocab"])
+        return cls(**d)
