@@ -160,15 +160,16 @@ def periodic_rows(
 
 def _batch(task, train_cfg: TrainConfig, step: int, seq_len: int, vocab_size: int):
     """The batch of ``step``: a pure function of (seed, step), which makes resume exact."""
-    gen = torch.Generator().manual_seed(train_cfg.seed * 1_000_003 + step)
+    step_seed = train_cfg.seed * 1_000_003 + step
+    gen = torch.Generator().manual_seed(step_seed)
     n_periodic = int(round(train_cfg.periodic_fraction * train_cfg.batch_size))
     n_task = train_cfg.batch_size - n_periodic
-    rows = task.sample_train(n_task, gen, **train_cfg.stage_at(step))
+    rows = task.sample_train(n_task, step_seed, **train_cfg.stage_at(step))
     mask = rows.value_mask if train_cfg.loss_on == "values" else rows.answer_mask
     tokens, targets = rows.tokens, rows.targets
     if n_periodic:
         p_tok, p_tgt, p_mask = periodic_rows(
-            n_periodic, seq_len, vocab_size, train_cfg.periodic_block, gen, low=task.vocab.content_start
+            n_periodic, seq_len, vocab_size, train_cfg.periodic_block, gen, low=len(task.vocab.specials)
         )
         tokens, targets, mask = torch.cat([tokens, p_tok]), torch.cat([targets, p_tgt]), torch.cat([mask, p_mask])
     return tokens, targets, mask, n_task
@@ -187,7 +188,7 @@ def _probe_curves(model, probe, device, stride: int, step: int) -> list[dict]:
     frame = pd.DataFrame({"residue": probe.meta["residue"].to_numpy(), "correct": correct.numpy()})
     rows = []
     for r, grp in frame.groupby("residue"):
-        rows.append(dict(step=step, residue=int(r), phase=int(r) % stride, accuracy=grp.correct.mean(), n=len(grp)))
+        rows.append(dict(step=step, residue=int(r), phase=int(r) % stride, accuracy=float(grp.correct.mean()), n=int(len(grp))))
     return rows
 
 
@@ -242,7 +243,7 @@ def train(
     model.metadata.update(run_meta)
 
     stride = config.stride
-    probe = task.generate(tc.probe_per_residue, seed=tc.probe_seed)
+    probe = task.generate(tc.probe_per_residue, seed=tc.probe_seed, strict=False)
     end = tc.steps if stop_after is None else min(tc.steps, start + stop_after)
     bar = _progress(progress, start, tc.steps)
     t0 = time.time()

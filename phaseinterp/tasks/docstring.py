@@ -2,17 +2,14 @@
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 import torch
-from jaxtyping import Int
-from torch import Tensor
 
+from phaseinterp.models.transformer import _atomic_write
 from phaseinterp.tasks.needle import _encode_piece
 from phaseinterp.tasks.vocab import Tokenizer, Vocab
 
@@ -206,42 +203,16 @@ class DocstringResult:
         return plot_docstring(self)
 
     def save(self, path: str | os.PathLike) -> Path:
+        """One JSON file (written atomically): label, candidates and the per-prompt frame."""
         path = Path(path)
-        payload = {"label": self.label, "right": self.right, "wrong": self.wrong, "frame": self.frame.to_dict(orient="list")}
-        _write_atomic(path, json.dumps(payload, indent=1, default=_json_default))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        payload = {"label": self.label, "right": self.right, "wrong": self.wrong, "frame": json.loads(self.frame.to_json(orient="split", index=False))}
+        _atomic_write(path, json.dumps(payload, indent=1).encode())
         return path
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "DocstringResult":
         payload = json.loads(Path(path).read_text())
-        return cls(frame=pd.DataFrame(payload["frame"]), label=payload["label"], right=payload["right"], wrong=payload["wrong"])
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, np.generic):
-        return value.item()
-    raise TypeError(f"cannot serialize {type(value).__name__}")
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Write via a temporary file in the same folder and ``os.replace`` (never a half-written file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def docstring_tokens(probe: DocstringProbe, tokenizer: Tokenizer) -> Int[Tensor, "prompt pos"]:
-    """The probe's prompts right-padded into one tensor (pad = tokenizer.pad_token_id or 0), for inspection."""
-    _, prompts, _, _ = probe.build(tokenizer)
-    pad = getattr(tokenizer, "pad_token_id", None) or 0
-    out = torch.full((len(prompts), max(len(p) for p in prompts)), int(pad), dtype=torch.long)
-    for i, p in enumerate(prompts):
-        out[i, : len(p)] = torch.tensor(p)
-    return out
+        split = payload["frame"]
+        frame = pd.DataFrame(split["data"], columns=split["columns"])
+        return cls(frame=frame, label=payload["label"], right=payload["right"], wrong=payload["wrong"])

@@ -195,9 +195,9 @@ class NeedleRetrieval:
             )
         return {"n_records": n_records, "slack": slack, "start": start, "lo": lo, "hi": hi}
 
-    def placement(self, n_per_residue: int, tokenizer: Tokenizer | None = None) -> TargetPlacement:
+    def placement(self, n_per_residue: int, tokenizer: Tokenizer | None = None, *, strict: bool = True) -> TargetPlacement:
         g = self._geometry(self.pools(tokenizer))
-        return match_target_moments(g["lo"], g["hi"], self.residue_modulus, n_per_residue)
+        return match_target_moments(g["lo"], g["hi"], self.residue_modulus, n_per_residue, strict=strict)
 
     def _build(
         self, positions: np.ndarray, pools: TokenPools, geometry: dict[str, int], split: str, seed: int,
@@ -264,18 +264,22 @@ class NeedleRetrieval:
         tokenizer: Tokenizer | None = None,
         stride: int | None = None,
         residues: list[int] | None = None,
+        strict: bool = True,
     ) -> TaskBatch:
         """``n_per_residue`` prompts per residue group (residue-major), moment-matched.
 
         Each residue group draws from its own seed stream, so ``residues=[...]`` (to build a
         long-context evaluation a few groups at a time) gives exactly those groups' prompts of
-        the full call. ``meta.mapping_id`` is unique per prompt within a group.
+        the full call. ``meta.mapping_id`` is unique per prompt. ``strict``: as in
+        ``KeyValueRetrieval.generate``.
         """
         _check_int("n_per_residue", n_per_residue, 1)
         _check_stride(stride, self.residue_modulus)
         pools = self.pools(tokenizer)
         geometry = self._geometry(pools)
-        placement = match_target_moments(geometry["lo"], geometry["hi"], self.residue_modulus, n_per_residue)
+        placement = match_target_moments(
+            geometry["lo"], geometry["hi"], self.residue_modulus, n_per_residue, strict=strict
+        )
         groups = list(range(self.residue_modulus)) if residues is None else list(residues)
         for r in groups:
             _check_int("residue", r, 0, self.residue_modulus - 1)

@@ -1,0 +1,243 @@
+"""Statistics for phase profiles: Wilson intervals, cluster bootstrap, folding, gaps, period and homogeneity tests."""
+
+import warnings
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+from einops import reduce
+from jaxtyping import Float
+from scipy import stats as scipy_stats
+
+# Inputs accepted wherever numpy would take them (scalars, arrays, lists, pandas Series).
+ArrayLike = int | float | np.number | np.ndarray | Sequence[Any] | pd.Series
+
+
+def _z(confidence: float) -> float:
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence={confidence} is out of range (0, 1)")
+    return float(scipy_stats.norm.ppf(0.5 + confidence / 2))
+
+
+def wilson_interval(
+    k: ArrayLike, n: ArrayLike, confidence: float = 0.95
+) -> tuple[np.ndarray, np.ndarray]:
+    """Wilson score interval for ``k`` successes in ``n`` trials (vectorized; numpy broadcasting).
+
+    ``(p + z^2/2n -+ z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n)`` with ``p = k/n`` and ``z``
+    the two-sided normal quantile. ``n = 0`` gives the uninformative ``(0, 1)``.
+    """
+    k_arr = np.asarray(k, dtype=np.float64)
+    n_arr = np.asarray(n, dtype=np.float64)
+    if np.any(n_arr < 0) or np.any(k_arr < 0) or np.any(k_arr > n_arr):
+        raise ValueError(f"need 0 <= k <= n (got k={k}, n={n})")
+    z = _z(confidence)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        p = k_arr / n_arr
+        denom = 1 + z * z / n_arr
+        center = (p + z * z / (2 * n_arr)) / denom
+        half = z * np.sqrt(p * (1 - p) / n_arr + z * z / (4 * n_arr * n_arr)) / denom
+        lower = np.where(n_arr > 0, np.clip(center - half, 0.0, 1.0), 0.0)
+        upper = np.where(n_arr > 0, np.clip(center + half, 0.0, 1.0), 1.0)
+    return lower, upper
+
+
+@dataclass(frozen=True, eq=False)
+class BootstrapInterval:
+    """Per-group point estimates (group means) and percentile intervals from a cluster bootstrap."""
+
+    estimate: Float[np.ndarray, " group"]
+    lower: Float[np.ndarray, " group"]
+    upper: Float[np.ndarray, " group"]
+    n_replicates: int
+    confidence: float
+
+
+def cluster_bootstrap(
+    values: ArrayLike,
+    clusters: ArrayLike,
+    groups: ArrayLike | None = None,
+    n_groups: int | None = None,
+    *,
+    n_replicates: int = 2000,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> BootstrapInterval:
+    """Percentile intervals for per-group means when observations share clusters.
+
+    Each replicate draws the clusters (e.g. key->value mappings) with replacement and
+    recomputes every group's mean (e.g. accuracy per residue) from all observations of the
+    drawn clusters, so correlation within a cluster widens the interval as it should.
+    ``groups`` are integer labels ``0..n_groups-1`` (default: one group). Groups left empty by
+    a replicate are ignored for that replicate.
+    """
+    x = np.asarray(values, dtype=np.float64).reshape(-1)
+    _, cluster_idx = np.unique(np.asarray(clusters).reshape(-1), return_inverse=True)
+    g = np.zeros(len(x), dtype=np.int64) if groups is None else np.asarray(groups, dtype=np.int64).reshape(-1)
+    if not len(x) == len(cluster_idx) == len(g):
+        raise ValueError(f"values ({len(x)}), clusters ({len(cluster_idx)}) and groups ({len(g)}) must have equal lengths")
+    if len(x) == 0:
+        raise ValueError("cluster_bootstrap needs at least one observation")
+    n_groups = int(g.max()) + 1 if n_groups is None else n_groups
+    if g.min() < 0 or g.max() >= n_groups:
+        raise ValueError(f"group labels must lie in 0..{n_groups - 1} (got {g.min()}..{g.max()})")
+    if n_replicates < 1:
+        raise ValueError(f"n_replicates={n_replicates} must be >= 1")
+    z_alpha = (1 - confidence) / 2
+    if not 0 < z_alpha < 0.5:
+        raise ValueError(f"confidence={confidence} is out of range (0, 1)")
+    n_clusters = int(cluster_idx.max()) + 1
+    sums = np.zeros((n_clusters, n_groups))
+    counts = np.zeros((n_clusters, n_groups))
+    np.add.at(sums, (cluster_idx, g), x)
+    np.add.at(counts, (cluster_idx, g), 1.0)
+    with np.errstate(invalid="ignore"):
+        estimate = sums.sum(0) / counts.sum(0)
+    rng = np.random.default_rng(seed)
+    replicates = np.empty((n_replicates, n_groups))
+    chunk = max(1, 2_000_000 // n_clusters)  # bounds the (replicates x clusters) weight matrix
+    for start in range(0, n_replicates, chunk):
+        size = min(chunk, n_replicates - start)
+        weights = rng.multinomial(n_clusters, np.full(n_clusters, 1 / n_clusters), size=size).astype(np.float64)
+        with np.errstate(invalid="ignore"):
+            replicates[start : start + size] = (weights @ sums) / (weights @ counts)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a group with no observations at all stays NaN
+        lower = np.nanquantile(replicates, z_alpha, axis=0)
+        upper = np.nanquantile(replicates, 1 - z_alpha, axis=0)
+    return BootstrapInterval(estimate, lower, upper, n_replicates, confidence)
+
+
+def fold_residues(values: ArrayLike, stride: int) -> np.ndarray:
+    """Fold a residue profile ``[..., R]`` to phases ``[..., S]``: phase ``s`` averages residues ``s, s+S, ...``."""
+    arr = np.asarray(values, dtype=np.float64)
+    if isinstance(stride, bool) or not isinstance(stride, (int, np.integer)) or stride < 1:
+        raise ValueError(f"stride={stride!r} must be an integer >= 1")
+    modulus = arr.shape[-1]
+    if modulus % stride:
+        divisors = [d for d in range(1, modulus + 1) if modulus % d == 0]
+        raise ValueError(f"cannot fold R={modulus} residues to stride={stride} phases (valid strides: {divisors})")
+    return reduce(arr, "... (repeat phase) -> ... phase", "mean", phase=stride)
+
+
+def gap(values: ArrayLike) -> float:
+    """Best minus worst: ``max - min`` (NaNs ignored)."""
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.size == 0 or np.all(np.isnan(arr)):
+        raise ValueError("gap needs at least one non-NaN value")
+    return float(np.nanmax(arr) - np.nanmin(arr))
+
+
+@dataclass(frozen=True, eq=False)
+class PeriodTest:
+    """Result of :func:`detect_period`: ``period`` is None unless ``p_value <= alpha``."""
+
+    period: int | None
+    best_period: int | None
+    p_value: float
+    statistic: float
+    f_statistics: dict[int, float]
+    power: Float[np.ndarray, " frequency"]
+    alpha: float
+
+
+def _period_f_statistics(profiles: np.ndarray, periods: list[int]) -> np.ndarray:
+    """F statistic per candidate period for each row of ``profiles [n, R]``.
+
+    The P-periodic part of a length-R profile lives on the DFT frequencies that are multiples
+    of R/P, so its sum of squares is the harmonic sum ``SS_P = (1/R) sum |X_k|^2`` over those
+    k != 0 (Parseval). ``F_P = (SS_P / (P-1)) / ((SS_total - SS_P) / (R-P))``: the variance
+    the folded profile explains per degree of freedom, against what it leaves.
+    """
+    R = profiles.shape[1]
+    power = np.abs(np.fft.fft(profiles, axis=1)) ** 2 / R
+    total = power[:, 1:].sum(axis=1)
+    out = np.empty((profiles.shape[0], len(periods)))
+    for i, P in enumerate(periods):
+        ss = power[:, np.arange(R // P, R, R // P)].sum(axis=1)
+        resid = np.maximum(total - ss, 0.0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            f = (ss / (P - 1)) / (resid / (R - P))
+        # A residual at round-off level means the profile is exactly P-periodic.
+        f = np.where(resid <= 1e-12 * np.maximum(total, 1e-300), np.inf, f)
+        out[:, i] = np.where(total <= 1e-24, 0.0, f)
+    return out
+
+
+def detect_period(
+    profile: ArrayLike,
+    *,
+    periods: list[int] | None = None,
+    n_permutations: int = 1999,
+    alpha: float = 0.05,
+    seed: int = 0,
+) -> PeriodTest:
+    """The dominant period of a residue profile and a permutation test of its significance.
+
+    Statistic: for every candidate period ``P`` (default: divisors of R with
+    ``2 <= P <= R/2``) the F statistic of the P-periodic DFT harmonics (see
+    ``_period_f_statistics``); the best period maximizes F (ties: the smallest, i.e. the
+    fundamental, since a 4-periodic profile is also 8- and 12-periodic). Test: the maximum F
+    over candidates against its distribution when the R profile values are randomly
+    permuted across residues (``n_permutations`` seeded permutations; ``p = (1 + #{perm >=
+    observed}) / (1 + n_permutations)``). This tests *periodic arrangement*, not mere
+    heterogeneity (use :func:`homogeneity_test` for that): a profile whose residues differ
+    without a period gets no period. A flat profile gives ``period=None, p_value=1``.
+    """
+    x = np.asarray(profile, dtype=np.float64).reshape(-1)
+    R = len(x)
+    if np.isnan(x).any():
+        raise ValueError("profile contains NaN (a residue without prompts?)")
+    if periods is None:
+        periods = [P for P in range(2, R // 2 + 1) if R % P == 0]
+    for P in periods:
+        if P < 2 or P >= R or R % P:
+            raise ValueError(f"candidate period {P} must divide R={R} and lie in 2..{R - 1}")
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha={alpha} is out of range (0, 1)")
+    power = np.abs(np.fft.rfft(x)) ** 2 / R
+    if not periods or np.ptp(x) <= 1e-12 * max(1.0, np.abs(x).max()):
+        return PeriodTest(None, None, 1.0, 0.0, {P: 0.0 for P in periods}, power, alpha)
+    observed = _period_f_statistics(x[None, :], periods)[0]
+    best = int(np.argmax(observed))  # argmax returns the first (smallest) period among ties
+    rng = np.random.default_rng(seed)
+    null = _period_f_statistics(rng.permuted(np.tile(x, (n_permutations, 1)), axis=1), periods).max(axis=1)
+    statistic = float(observed[best])
+    p_value = float((1 + np.sum(null >= statistic)) / (1 + n_permutations))
+    return PeriodTest(
+        period=periods[best] if p_value <= alpha else None,
+        best_period=periods[best],
+        p_value=p_value,
+        statistic=statistic,
+        f_statistics={P: float(f) for P, f in zip(periods, observed)},
+        power=power,
+        alpha=alpha,
+    )
+
+
+@dataclass(frozen=True)
+class ChiSquareTest:
+    statistic: float
+    dof: int
+    p_value: float
+
+
+def homogeneity_test(k: ArrayLike, n: ArrayLike) -> ChiSquareTest:
+    """Chi-square test that the success rate is the same in every group (``k`` of ``n`` each).
+
+    ``scipy.stats.chi2_contingency`` on the ``groups x (correct, wrong)`` table (no Yates
+    correction beyond scipy's 2x2 default). Groups with ``n = 0`` are dropped; when every
+    prompt is right (or every one wrong) the groups are trivially homogeneous: ``p = 1``.
+    """
+    k_arr = np.asarray(k, dtype=np.int64).reshape(-1)
+    n_arr = np.asarray(n, dtype=np.int64).reshape(-1)
+    if k_arr.shape != n_arr.shape or np.any(k_arr < 0) or np.any(k_arr > n_arr):
+        raise ValueError(f"need matching k and n with 0 <= k <= n (got k={k_arr}, n={n_arr})")
+    keep = n_arr > 0
+    table = np.stack([k_arr[keep], n_arr[keep] - k_arr[keep]], axis=1)
+    if table.shape[0] < 2 or np.any(table.sum(axis=0) == 0):
+        return ChiSquareTest(0.0, max(table.shape[0] - 1, 0), 1.0)
+    result = scipy_stats.chi2_contingency(table)
+    return ChiSquareTest(float(result.statistic), int(result.dof), float(result.pvalue))
+

@@ -1,0 +1,165 @@
+"""The model zoo: small compressed models and their full-attention twin, trained here, shipped here.
+
+``phaseinterp.zoo.available()`` lists them, ``phaseinterp.zoo.load(name)`` loads one
+(safetensors + JSON config inside the package; no download), and
+``phaseinterp zoo build NAME`` (or `build`) regenerates one from its recipe. Every entry
+uses ONE training recipe (`RECIPE`): the same backbone, task, curriculum, periodic-row
+mixture, optimiser and step count; only the attention's compression changes. A zoo
+entry is a documented snapshot of that run (``snapshot_step``), chosen so the phase
+weakness is measurable rather than trained into saturation (see README / RESULTS.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Union
+
+CHECKPOINT_DIR = Path(__file__).parent / "checkpoints"
+
+BACKBONE: dict[str, Any] = dict(
+    n_ctx=128, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_head=16, d_mlp=256, local_window=16,
+)
+
+TASK: dict[str, Any] = dict(seq_len=128, n_records=32, n_demos=4, residue_modulus=24, padding="in_sequence")
+
+TRAIN: dict[str, Any] = dict(
+    steps=1500, batch_size=32, lr=3e-3, warmup_steps=100, weight_decay=0.1, grad_clip=1.0, seed=0,
+    loss_on="answer", periodic_fraction=0.5, periodic_block=(2, 8),
+    curriculum=({"until": 0.6, "task": {"n_records": (4, 24), "query_distance": (2, 2), "n_queries": None}},
+                {"until": 1.0, "task": {"n_queries": 8}}),
+    eval_every=100, checkpoint_every=100, probe_per_residue=8,
+    snapshot_steps=tuple(range(100, 1501, 100)),
+)
+
+
+@dataclass(frozen=True)
+class ZooEntry:
+    """One zoo model: its architecture changes on the shared backbone, and which snapshot ships."""
+
+    name: str
+    description: str
+    compression: dict[str, Any]
+    snapshot_step: Optional[int] = None  # None: the final step
+    backbone: dict[str, Any] = field(default_factory=dict)  # overrides of BACKBONE (e.g. a deeper model)
+    train: dict[str, Any] = field(default_factory=dict)  # overrides of TRAIN
+    task: dict[str, Any] = field(default_factory=dict)  # overrides of TASK
+
+    def model_config(self, vocab_size: int):
+        from phaseinterp.config import CompressedConfig
+
+        return CompressedConfig(d_vocab=vocab_size, **{**BACKBONE, **self.backbone}, **self.compression)
+
+    def task_object(self):
+        from phaseinterp.tasks import KeyValueRetrieval
+
+        return KeyValueRetrieval(**{**TASK, **self.task})
+
+    def train_config(self):
+        from phaseinterp.train import TrainConfig
+
+        return TrainConfig(**{**TRAIN, **self.train})
+
+    @property
+    def command(self) -> str:
+        return f"phaseinterp zoo build {self.name}"
+
+
+ENTRIES: dict[str, ZooEntry] = {
+    e.name: e
+    for e in [
+        ZooEntry("w4s4", "compressed, non-overlapping W = S = 4, scalar gates, 2 KV heads",
+                 dict(compression="gated", window=4, stride=4, gate="scalar")),
+        ZooEntry("w8s8", "compressed, non-overlapping W = S = 8 (a second stride), scalar gates",
+                 dict(compression="gated", window=8, stride=8, gate="scalar")),
+        ZooEntry("w8s4-deepseek", "DeepSeek-V4 overlapping kernel W = 8, S = 4 (kv_proj, gate_proj, position_bias)",
+                 dict(compression="deepseek", window=8, stride=4, gate="vector")),
+        ZooEntry("full", "full-attention twin: the identical backbone and recipe, no compression (stride 4 "
+                 "is the reference for folding phases)", dict(compression=None, window=4, stride=4)),
+        ZooEntry("w4s4-1kv", "W = S = 4 with ONE KV head, scalar gates (for gate cycling)",
+                 dict(compression="gated", window=4, stride=4, gate="scalar"), backbone=dict(n_kv_heads=1)),
+    ]
+}
+
+
+def available() -> list[str]:
+    """Names of the zoo models whose checkpoints ship with this installation."""
+    return [name for name in ENTRIES if (CHECKPOINT_DIR / name / "config.json").is_file()]
+
+
+def entry(name: str) -> ZooEntry:
+    if name not in ENTRIES:
+        raise ValueError(f"unknown zoo model {name!r}; known: {sorted(ENTRIES)}")
+    return ENTRIES[name]
+
+
+def load(name: str, device=None):
+    """Load a shipped zoo model (``CompressedTransformer`` in eval mode, task in ``.metadata``)."""
+    from phaseinterp.models import CompressedTransformer
+
+    entry(name)
+    path = CHECKPOINT_DIR / name
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"zoo model {name!r} is known but its checkpoint is not in {path}; build it with "
+            f"`phaseinterp zoo build {name}`"
+        )
+    model = CompressedTransformer.from_pretrained(path, device=device)
+    model.eval()
+    return model
+
+
+def task_for(model):
+    """The evaluation task stored with a zoo model."""
+    from phaseinterp.interventions._common import resolve_task
+
+    return resolve_task(model)
+
+
+def build(name: str, out_dir: Union[str, Path, None] = None, *, device=None, progress: bool = True,
+          resume: bool = True, install: bool = True) -> Path:
+    """Train ``name`` with the zoo recipe and (``install=True``) copy its snapshot into the package.
+
+    The run (checkpoints, snapshots, logs, phase-resolved curves) lives in
+    ``out_dir`` (default ``runs/zoo/<name>``); rerunning resumes it.
+    """
+    from phaseinterp.models import CompressedTransformer
+    from phaseinterp.train import train
+
+    e = entry(name)
+    task = e.task_object()
+    tc = e.train_config()
+    run_dir = Path(out_dir) if out_dir is not None else Path("runs") / "zoo" / name
+    result = train(e.model_config(task.vocab.size), task, train_config=tc, device=device, out_dir=run_dir,
+                   resume=resume, progress=progress, metadata={"zoo_name": name, "command": e.command})
+    step = e.snapshot_step or tc.steps
+    source = run_dir / f"snapshot_{step:06d}"
+    if not (source / "config.json").is_file():
+        raise FileNotFoundError(f"snapshot {source} was not written; snapshot_steps must include {step}")
+    if install:
+        model = CompressedTransformer.from_pretrained(source)
+        model.metadata.update(result.model.metadata)
+        model.metadata.update({"step": step, "zoo_name": name, "description": e.description,
+                               "command": e.command})
+        target = CHECKPOINT_DIR / name
+        tmp = CHECKPOINT_DIR / f".{name}.tmp"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        model.save_pretrained(tmp)
+        result.curves.to_csv(tmp / "curves.csv", index=False)
+        if target.exists():
+            shutil.rmtree(target)
+        tmp.rename(target)
+    return source
+
+
+def recipe() -> dict[str, Any]:
+    """The shared recipe, as recorded with every checkpoint."""
+    return {"backbone": BACKBONE, "task": TASK, "train": json.loads(json.dumps(TRAIN, default=list))}
+
+
+__all__ = ["ENTRIES", "ZooEntry", "available", "build", "entry", "load", "recipe", "task_for"]
+_ = dataclasses
