@@ -38,8 +38,9 @@ def wilson_interval(
         denom = 1 + z * z / n_arr
         center = (p + z * z / (2 * n_arr)) / denom
         half = z * np.sqrt(p * (1 - p) / n_arr + z * z / (4 * n_arr * n_arr)) / denom
-        lower = np.where(n_arr > 0, np.clip(center - half, 0.0, 1.0), 0.0)
-        upper = np.where(n_arr > 0, np.clip(center + half, 0.0, 1.0), 1.0)
+        # k = 0 and k = n hit 0 and 1 exactly (the formula only up to round-off).
+        lower = np.where((n_arr > 0) & (k_arr > 0), np.clip(center - half, 0.0, 1.0), 0.0)
+        upper = np.where((n_arr > 0) & (k_arr < n_arr), np.clip(center + half, 0.0, 1.0), 1.0)
     return lower, upper
 
 

@@ -83,7 +83,7 @@ def load_arrays(directory: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]
     try:
         with np.load(directory / "arrays.npz", allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
-    except (ValueError, OSError, EOFError) as err:
+    except Exception as err:  # zipfile.BadZipFile, ValueError, OSError, EOFError ...
         raise ValueError(f"{directory / 'arrays.npz'} is truncated or corrupt: {err}") from None
     return arrays, json.loads((directory / "meta.json").read_text())
 

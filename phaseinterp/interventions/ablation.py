@@ -222,7 +222,7 @@ def _fast_knockouts(model, tokens, answer_pos, answer, units, mean_z, batch_size
     """(clean correct [N], knockout correct [N, U], clean answer logit [N], knockout answer logit [N, U])."""
     cfg = model.cfg
     device = model_device(model)
-    by_layer = {layer: grp.index.to_numpy() for layer, grp in units.groupby("layer")}
+    by_layer = {layer: [int(i) for i in grp.index] for layer, grp in units.groupby("layer")}
     clean_ok, ko_ok, clean_logit, ko_logit = [], [], [], []
     for i in range(0, tokens.shape[0], batch_size):
         chunk = tokens[i : i + batch_size, : answer_pos + 1].to(device)

@@ -122,11 +122,24 @@ def weak_spot(acc: np.ndarray, exclude: Sequence[int] = ()) -> float:
     return float((angle * S / (2 * np.pi)) % S)
 
 
+def displacement(acc0: np.ndarray, acc: np.ndarray) -> int:
+    """How far the phase profile moved: the circular shift ``k`` (signed, in (-S/2, S/2])
+    for which ``A_0((r - k) mod S)`` best matches ``acc`` (least squares) over the phases
+    that are neither the boundary ``S-1`` nor where the boundary maps to, ``(S-1+k) mod S``:
+    the boundary stays weak whatever the shift, so it must not vote."""
+    S = len(acc0)
+    errors = []
+    for k in range(S):
+        keep = [r for r in range(S) if r not in (S - 1, (S - 1 + k) % S)]
+        errors.append(np.mean((acc[keep] - np.roll(acc0, k)[keep]) ** 2) if keep else np.inf)
+    k = int(np.argmin(errors))
+    return k - S if k > S // 2 else k
+
+
 def _scores(acc0: np.ndarray, acc: dict[int, np.ndarray], S: int) -> dict:
     """Prediction scores of ``A_d(r) = A_0((r-d) mod S)`` for the given per-phase accuracies."""
     boundary = S - 1
     rows, pooled_pred, pooled_obs = [], [], []
-    w0 = weak_spot(acc0, exclude=[boundary])
     for d, a in acc.items():
         predicted = np.roll(acc0, d) - acc0  # A_0((r-d) mod S) - A_0(r)
         observed = a - acc0
@@ -134,8 +147,7 @@ def _scores(acc0: np.ndarray, acc: dict[int, np.ndarray], S: int) -> dict:
         interior = np.array([r for r in range(S) if r not in (boundary, (boundary + d) % S)])
         pooled_pred.append(predicted[not_boundary])
         pooled_obs.append(observed[not_boundary])
-        wd = weak_spot(a, exclude=[boundary])
-        disp = ((wd - w0 + S / 2) % S) - S / 2 if np.isfinite(wd) and np.isfinite(w0) else np.nan
+        disp = displacement(acc0, a)
         rows.append(dict(
             shift=d, r2=_r2(predicted[not_boundary], observed[not_boundary]), r2_all=_r2(predicted, observed),
             r2_interior=_r2(predicted[interior], observed[interior]) if len(interior) >= 3 else np.nan,

@@ -22,7 +22,7 @@ from phaseinterp.tasks.retrieval import (
     _variance_interval,
     match_target_moments,
 )
-from phaseinterp.tasks.vocab import FILLERS, Tokenizer, Vocab
+from phaseinterp.tasks.vocab import Tokenizer, Vocab
 
 
 def _encode_piece(tokenizer: Any, text: str) -> list[int]:
@@ -156,7 +156,7 @@ class NeedleRetrieval:
             tokenizer,
             self.key_pieces or space(self.vocab.keys),
             self.value_pieces or space(self.vocab.values),
-            self.filler_pieces or space(FILLERS),
+            self.filler_pieces or space(self.vocab.fillers),
             self.separator,
         )
 

@@ -518,9 +518,11 @@ def _draw_mappings(
         values[bad] = np.argsort(rng.random((len(bad), n_values)), axis=1)[:, :n_records]
 
 
-def mapping_split(keys: np.ndarray, values: np.ndarray, n_keys: int, n_values: int) -> np.ndarray:
-    """Parity bit of each mapping (rows of key/value *indices*): 0 = evaluation, 1 = calibration."""
-    return _pair_bits(n_keys, n_values)[keys, values].sum(axis=-1) % 2
+def mapping_split(
+    keys: Int[np.ndarray, "*batch record"], values: Int[np.ndarray, "*batch record"], n_keys: int, n_values: int
+) -> Int[np.ndarray, "*batch"]:
+    """Parity bit of each mapping (key/value *indices* of its records): 0 = evaluation, 1 = calibration."""
+    return np.asarray(_pair_bits(n_keys, n_values)[keys, values].sum(axis=-1) % 2)
 
 
 def _rng(seed: int, split: str, *extra: int) -> np.random.Generator:

@@ -1,0 +1,139 @@
+"""Figures for the mechanistic experiments: head x phase heatmaps, gate cycling, gate profiles, training curves."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+FONT = dict(family="Helvetica, Arial, sans-serif", size=13)
+PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2"]
+
+
+def style(fig: go.Figure, title: str | None = None, width: int = 760, height: int = 460) -> go.Figure:
+    """The house style: white template, one font, compact margins (paper-ready at 2x scale)."""
+    fig.update_layout(template="plotly_white", font=FONT, width=width, height=height,
+                      margin=dict(l=70, r=30, t=70 if title else 30, b=60),
+                      title=dict(text=title, x=0.02) if title else None,
+                      legend=dict(bgcolor="rgba(255,255,255,0.7)"))
+    return fig
+
+
+def specialization_heatmap(result, level: str = "phase", zmax: float | None = None, title: str | None = None) -> go.Figure:
+    """Relative change (%) of accuracy per (layer, KV head) x phase; diverging, centred on 0.
+
+    KV heads are labelled with the query heads that read them; a gap separates layers; the
+    boundary phase S-1 is marked.
+    """
+    rel = result.relative_change if level == "phase" else result.relative_change_residue
+    units = result.units.reset_index(drop=True)
+    labels = []
+    for u in units.itertuples():
+        head = "layer" if u.kv_head == -1 and len(u.heads) > 1 else (f"KV{u.kv_head}" if u.kv_head >= 0 else "set")
+        labels.append(f"L{u.layer} {head} (q{','.join(map(str, u.heads))})")
+    z = rel.to_numpy(dtype=float)
+    finite = np.abs(z[np.isfinite(z)])
+    bound = zmax if zmax is not None else (float(finite.max()) if finite.size else 100.0)
+    bound = max(bound, 1.0)
+    fig = go.Figure(go.Heatmap(
+        z=z, x=list(rel.columns), y=labels, zmin=-bound, zmax=bound, zmid=0, colorscale="RdBu",
+        colorbar=dict(title="Δ acc (%)"),
+        hovertemplate=level + " %{x}<br>%{y}<br>relative change %{z:.1f}%<extra></extra>",
+    ))
+    # Layer separators.
+    layers = units.layer.to_numpy()
+    for i in range(1, len(layers)):
+        if layers[i] != layers[i - 1]:
+            fig.add_hline(y=i - 0.5, line=dict(color="black", width=2))
+    if level == "phase":
+        boundary = result.stride - 1
+        fig.add_vrect(x0=boundary - 0.5, x1=boundary + 0.5, line=dict(color="black", width=2, dash="dot"),
+                      fillcolor="rgba(0,0,0,0)")
+        fig.add_annotation(x=boundary, y=1.02, yref="paper", text="boundary", showarrow=False, font=dict(size=11))
+    fig.update_xaxes(title=level, dtick=1)
+    fig.update_yaxes(autorange="reversed")
+    return style(fig, title or f"Mean replacement of z at the answer: {result.model_label}",
+                 height=max(320, 40 * len(labels) + 140))
+
+
+def gate_cycling_figure(result, title: str | None = None) -> go.Figure:
+    """Left: accuracy per phase for every gate shift. Right: predicted vs observed change, R²."""
+    acc = result.phase_accuracy()
+    tidy = result.to_frame()
+    scores = result.scores
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("accuracy by phase per shift",
+                                                        f"predicted vs observed change (R² excl. boundary "
+                                                        f"= {scores['r2_pooled']:.2f})"))
+    for i, d in enumerate(acc.index):
+        fig.add_trace(go.Scatter(x=list(acc.columns), y=acc.loc[d].to_numpy(), mode="lines+markers",
+                                 name=f"shift {d:+d}" if d else "unshifted",
+                                 line=dict(color=PALETTE[i % len(PALETTE)], width=3 if d == 0 else 1.5)),
+                      row=1, col=1)
+    base = tidy[tidy["shift"] == 0].set_index("phase")["accuracy"]
+    other = tidy[tidy["shift"] != 0].copy()
+    other["observed"] = other["accuracy"] - other["phase"].map(base)
+    other["pred_change"] = other["predicted"] - other["phase"].map(base)
+    boundary = result.stride - 1
+    for is_boundary, name, symbol in ((False, "non-boundary phases", "circle"), (True, "boundary phase", "x")):
+        sub = other[(other["phase"] == boundary) == is_boundary]
+        fig.add_trace(go.Scatter(x=sub["pred_change"], y=sub["observed"], mode="markers", name=name,
+                                 marker=dict(symbol=symbol, size=8, color="#444" if is_boundary else "#1f77b4"),
+                                 text=[f"shift {d:+d}, phase {r}" for d, r in zip(sub["shift"], sub["phase"])]),
+                      row=1, col=2)
+    lim = float(np.nanmax(np.abs(np.r_[other["observed"], other["pred_change"], 0.05]))) * 1.1
+    fig.add_trace(go.Scatter(x=[-lim, lim], y=[-lim, lim], mode="lines", line=dict(dash="dash", color="grey"),
+                             showlegend=False), row=1, col=2)
+    fig.update_xaxes(title_text="phase", dtick=1, row=1, col=1)
+    fig.update_yaxes(title_text="accuracy", range=[0, 1.02], row=1, col=1)
+    fig.update_xaxes(title_text="predicted change A₀((r−d) mod S) − A₀(r)", row=1, col=2)
+    fig.update_yaxes(title_text="observed change", row=1, col=2)
+    return style(fig, title or f"Gate cycling: {result.model_label}", width=1100, height=460)
+
+
+def gate_profile_figure(profile, branch: str = "k", title: str | None = None) -> go.Figure:
+    """Left: E[alpha] per slot for each (layer, KV head). Right: static vs per-window concentration."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=(f"E[alpha] per slot ({branch} branch)",
+                                                        "concentration (effective number of slots)"))
+    slots = profile.slots[profile.slots.branch == branch]
+    for i, ((layer, kv), grp) in enumerate(slots.groupby(["layer", "kv_head"])):
+        fig.add_trace(go.Scatter(x=grp.slot, y=grp.mean_alpha, mode="lines+markers", name=f"L{layer} KV{kv}",
+                                 line=dict(color=PALETTE[i % len(PALETTE)])), row=1, col=1)
+    fig.add_hline(y=1 / profile.window, line=dict(dash="dot", color="grey"), row=1, col=1)
+    heads = profile.heads
+    fig.add_trace(go.Scatter(
+        x=heads.static_concentration, y=heads.window_concentration, mode="markers",
+        marker=dict(size=9, color=[PALETTE[0] if b == "k" else PALETTE[1] for b in heads.branch]),
+        text=[f"L{r.layer} KV{r.kv_head} {r.branch}" for r in heads.itertuples()], name="heads (k blue, v red)",
+    ), row=1, col=2)
+    fig.add_trace(go.Scatter(x=[1, profile.window], y=[1, profile.window], mode="lines",
+                             line=dict(dash="dash", color="grey"), showlegend=False), row=1, col=2)
+    fig.update_xaxes(title_text="slot", dtick=1, row=1, col=1)
+    fig.update_yaxes(title_text="E[alpha]", row=1, col=1)
+    fig.update_xaxes(title_text="static exp(H(E[alpha]))", range=[0.9, profile.window + 0.1], row=1, col=2)
+    fig.update_yaxes(title_text="per-window E[exp(H(alpha))]", range=[0.9, profile.window + 0.1], row=1, col=2)
+    return style(fig, title or f"Gate statistics: {profile.model_label}", width=1100, height=460)
+
+
+def training_curves(curves: pd.DataFrame, log: pd.DataFrame | None = None, stride: int | None = None,
+                    title: str | None = None) -> go.Figure:
+    """Held-out accuracy per phase over training (the boundary phase is learned last), and the loss."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("held-out accuracy by phase", "training loss"))
+    if not curves.empty:
+        by_phase = curves.groupby(["step", "phase"]).accuracy.mean().reset_index()
+        n_phase = int(by_phase.phase.max()) + 1
+        for phase, grp in by_phase.groupby("phase"):
+            boundary = stride is not None and phase == stride - 1 or (stride is None and phase == n_phase - 1)
+            fig.add_trace(go.Scatter(x=grp.step, y=grp.accuracy, mode="lines+markers",
+                                     name=f"phase {phase}" + (" (boundary)" if boundary else ""),
+                                     line=dict(color=PALETTE[int(phase) % len(PALETTE)], width=3 if boundary else 1.5,
+                                               dash="dash" if boundary else "solid")), row=1, col=1)
+    if log is not None and not log.empty:
+        smooth = log.loss.rolling(20, min_periods=1).mean()
+        fig.add_trace(go.Scatter(x=log.step, y=smooth, mode="lines", name="loss (20-step mean)",
+                                 line=dict(color="#444")), row=1, col=2)
+    fig.update_xaxes(title_text="step", row=1, col=1)
+    fig.update_yaxes(title_text="accuracy", range=[0, 1.02], row=1, col=1)
+    fig.update_xaxes(title_text="step", row=1, col=2)
+    fig.update_yaxes(title_text="loss", row=1, col=2)
+    return style(fig, title or "Phase-resolved learning curves", width=1100, height=440)

@@ -1,0 +1,232 @@
+"""Interventions: fast ablation == naive, exact restoration, gate-shift algebra, statistics."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from phaseinterp import CompressedConfig, CompressedTransformer
+from phaseinterp.interventions import (
+    AblationResult,
+    CyclingResult,
+    cycle_gates,
+    gate_cycling,
+    gate_profile,
+    mean_ablation,
+    shifted_copy,
+)
+from phaseinterp.tasks import KeyValueRetrieval
+
+TASK = KeyValueRetrieval(seq_len=64, n_records=8, n_demos=2, min_distance=20, residue_modulus=8)
+BASE = dict(d_vocab=TASK.vocab.size, n_ctx=64, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, d_head=8,
+            d_mlp=64, local_window=6)
+
+
+def make(**kw) -> CompressedTransformer:
+    model = CompressedTransformer(CompressedConfig(**{**BASE, **kw}))
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("b_k", "b_v", "position_bias")):
+                p.copy_(torch.randn(p.shape, generator=gen))
+    return model
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return TASK.generate(3, seed=0, strict=False)
+
+
+def _state(model):
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def _assert_same_state(model, state):
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, state[k]), k
+
+
+# ------------------------------------------------------------- mean ablation
+@pytest.mark.parametrize("kw", [
+    dict(window=4, stride=4),
+    dict(window=8, stride=4, compression="deepseek", gate="vector"),
+    dict(window=4, stride=2, memory="uncompressed_tail"),
+    dict(compression=None),
+])
+@pytest.mark.parametrize("scope", ["kv_head", "layer"])
+def test_fast_ablation_equals_naive(kw, scope, prompts):
+    model = make(**kw)
+    fast = mean_ablation(model, TASK, prompts=prompts, scope=scope, n_calibration=16, progress=False)
+    naive = mean_ablation(model, TASK, prompts=prompts, scope=scope, n_calibration=16, method="naive",
+                          progress=False)
+    np.testing.assert_allclose(fast.clean_logit_answer, naive.clean_logit_answer, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(fast.knockout_logit_answer, naive.knockout_logit_answer, atol=1e-5, rtol=0)
+    assert (fast.knockout_correct == naive.knockout_correct).all()
+    # The knockout really changes something.
+    assert np.abs(fast.knockout_logit_answer - fast.clean_logit_answer[:, None]).max() > 1e-4
+
+
+def test_ablation_units_and_custom_heads(prompts):
+    model = make(window=4, stride=4)
+    res = mean_ablation(model, TASK, layer=1, prompts=prompts, n_calibration=8, progress=False)
+    assert res.units.to_dict(orient="list") == {"layer": [1, 1], "kv_head": [0, 1], "heads": [(0, 1), (2, 3)]}
+    assert res.relative_change.shape == (2, 4)
+    assert list(res.relative_change.columns) == [0, 1, 2, 3]
+    custom = mean_ablation(model, TASK, layer=[0, 2], heads=[[3]], prompts=prompts, n_calibration=8, progress=False)
+    assert list(custom.units.layer) == [0, 2] and list(custom.units.heads) == [(3,), (3,)]
+
+
+def test_ablation_bad_requests(prompts):
+    model = make(window=4, stride=4)
+    with pytest.raises(ValueError, match=r"layer=9 is out of range for a 3-layer model \(0..2\)"):
+        mean_ablation(model, TASK, layer=9, prompts=prompts, progress=False)
+    with pytest.raises(ValueError, match="scope='head' is not one of"):
+        mean_ablation(model, TASK, scope="head", prompts=prompts, progress=False)
+    with pytest.raises(ValueError, match="query head ids must be in 0..3"):
+        mean_ablation(model, TASK, heads=[[4]], prompts=prompts, progress=False)
+    with pytest.raises(ValueError, match="no stored evaluation task"):
+        mean_ablation(model, layer=0, progress=False)
+
+
+def _hand_made_ablation() -> AblationResult:
+    """2 units, stride 4, R = 8, 10 prompts per residue: unit 0 kills phases 1-2 only."""
+    residue = np.repeat(np.arange(8), 10)
+    clean = np.ones(residue.size, dtype=bool)
+    knocked = np.ones((residue.size, 2), dtype=bool)
+    knocked[np.isin(residue % 4, [1, 2]), 0] = False
+    knocked[(residue % 4 == 3) & (np.arange(residue.size) % 10 < 2), 1] = False
+    units = pd.DataFrame({"layer": [0, 0], "kv_head": [0, 1], "heads": [(0, 1), (2, 3)]})
+    return AblationResult(units=units, residue=residue, clean_correct=clean, knockout_correct=knocked,
+                          residue_modulus=8, stride=4, scope="kv_head", model_label="hand-made")
+
+
+def test_relative_change_folding_and_specialization():
+    res = _hand_made_ablation()
+    rel = res.relative_change
+    np.testing.assert_allclose(rel.loc[(0, 0)].to_numpy(), [0, -100, -100, 0])
+    np.testing.assert_allclose(rel.loc[(0, 1)].to_numpy(), [0, 0, 0, -20])
+    spec = res.specialization(threshold=-50).set_index("kv_head")
+    assert spec.loc[0, "phases"] == [1, 2] and spec.loc[0, "contiguous"] and spec.loc[0, "concentration"] == 1.0
+    assert spec.loc[1, "n_phases"] == 0
+    frame = res.to_frame(n_boot=200)
+    row = frame[(frame.kv_head == 0) & (frame.phase == 1)].iloc[0]
+    assert row.relative_change == -100 and row.ci_low == -100 and row.ci_high == -100
+
+
+def test_ablation_result_round_trip(tmp_path):
+    res = _hand_made_ablation()
+    res.save(tmp_path / "abl")
+    back = AblationResult.load(tmp_path / "abl")
+    pd.testing.assert_frame_equal(back.relative_change, res.relative_change)
+    (tmp_path / "abl" / "arrays.npz").write_bytes(b"PK\x03\x04 broken")
+    with pytest.raises(ValueError, match="truncated or corrupt"):
+        AblationResult.load(tmp_path / "abl")
+
+
+# --------------------------------------------------------------- gate cycling
+@pytest.mark.parametrize("kw", [dict(window=4, stride=4), dict(window=4, stride=4, gate="vector"),
+                                dict(window=4, stride=4, tie_kv_gates=True),
+                                dict(window=8, stride=4, compression="deepseek", gate="vector")])
+def test_cycle_gates_restores_exactly(kw):
+    model = make(**kw)
+    tokens = torch.randint(0, TASK.vocab.size, (2, 40))
+    state, logits = _state(model), model(tokens)
+    with cycle_gates(model, 1):
+        shifted = model(tokens)
+    assert (shifted - logits).abs().max() > 1e-5
+    _assert_same_state(model, state)
+    assert torch.equal(model(tokens), logits)
+    with pytest.raises(RuntimeError, match="boom"):
+        with cycle_gates(model, 2, layers=[0, 2]):
+            raise RuntimeError("boom")
+    _assert_same_state(model, state)
+    assert torch.equal(model(tokens), logits)
+
+
+def test_shift_algebra():
+    model = make(window=4, stride=4)
+    state = _state(model)
+    identity = shifted_copy(model, 4)
+    _assert_same_state(identity, state)
+    there_and_back = shifted_copy(shifted_copy(model, 3), -3)
+    _assert_same_state(there_and_back, state)
+    one = shifted_copy(model, 1, layers=0, branch="k")
+    Z, Z1 = model.blocks[0].attn.compressor.Z_k, one.blocks[0].attn.compressor.Z_k
+    for i in range(4):
+        assert torch.equal(Z1[i], Z[(i - 1) % 4])  # Z~_i = Z_{(i-d) mod W}
+    assert torch.equal(one.blocks[0].attn.compressor.C_k, model.blocks[0].attn.compressor.C_k)  # payload untouched
+    assert torch.equal(one.blocks[0].attn.compressor.Z_v, model.blocks[0].attn.compressor.Z_v)  # branch k only
+    assert torch.equal(one.blocks[1].attn.compressor.Z_k, model.blocks[1].attn.compressor.Z_k)
+    _assert_same_state(model, state)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(window=8, stride=4), "defined for W = S"),
+    (dict(window=4, stride=4, gate="uniform"), "no offset-specific gate parameters"),
+    (dict(compression=None), "no gates to shift"),
+    (dict(window=4, stride=4, tie_kv_gates=True), "tied"),
+])
+def test_cycle_gates_refuses_undefined_layouts(kw, match):
+    model = make(**kw)
+    branch = "k" if kw.get("tie_kv_gates") else "both"
+    with pytest.raises(ValueError, match=match):
+        with cycle_gates(model, 1, branch=branch):
+            pass
+
+
+def _synthetic_cycling(acc0: np.ndarray, n: int = 200) -> CyclingResult:
+    """Prompts whose accuracy under shift d is exactly A_0((r-d) mod S), boundary kept weak."""
+    S, R = len(acc0), 2 * len(acc0)
+    residue = np.repeat(np.arange(R), n)
+    shifts = (0, -1, 1, 2)
+    rows = []
+    for d in shifts:
+        acc = np.roll(acc0, d)
+        acc[S - 1] = acc0[S - 1]
+        k = np.round(acc[residue % S] * n).astype(int)
+        rows.append(np.concatenate([np.arange(n) < k[r * n] for r in range(R)]))
+    return CyclingResult(shifts=shifts, residue=residue, correct=np.stack(rows), residue_modulus=R, stride=S,
+                         n_boot=50)
+
+
+def test_cycling_scores_on_a_known_answer():
+    res = _synthetic_cycling(np.array([0.9, 0.4, 0.8, 0.2, 0.95, 0.85, 0.9, 0.1]))
+    s = res.scores
+    assert s["r2_pooled"] > 0.8
+    per = s["per_shift"].set_index("shift")
+    assert per.displacement.to_dict() == {-1: -1, 1: 1, 2: 2}
+    assert s["displacement_slope"] == pytest.approx(1.0) and s["displacement_r2"] == pytest.approx(1.0)
+    assert (per.boundary_rank == 0).all()  # the boundary stays the worst phase
+    ci = res.intervals()
+    assert 0.9 <= ci.loc["r2_pooled", "low"] <= ci.loc["r2_pooled", "high"] <= 1.0
+
+
+def test_gate_cycling_runs_and_round_trips(tmp_path, prompts):
+    model = make(window=4, stride=4)
+    res = gate_cycling(model, TASK, shifts=(1, -1), prompts=prompts, progress=False)
+    assert res.shifts == (0, 1, -1) and res.correct.shape == (3, len(prompts.answer))
+    res.save(tmp_path / "cyc")
+    back = CyclingResult.load(tmp_path / "cyc")
+    assert back.shifts == res.shifts and (back.correct == res.correct).all()
+
+
+# ---------------------------------------------------------------- gate stats
+def test_gate_profile_uniform_and_one_hot(prompts):
+    uniform = gate_profile(make(window=4, stride=4, gate="uniform"), TASK, prompts=prompts)
+    np.testing.assert_allclose(uniform.slots.mean_alpha, 0.25, atol=1e-6)
+    np.testing.assert_allclose(uniform.heads.window_concentration, 4.0, atol=1e-5)
+    model = make(window=4, stride=4, gate_bias=True)
+    with torch.no_grad():
+        for block in model.blocks:
+            for br in ("k", "v"):
+                getattr(block.attn.compressor, f"Z_{br}").zero_()
+                b = getattr(block.attn.compressor, f"b_{br}")
+                b.zero_()
+                b[2] = 50.0  # every head puts all weight on slot 2
+    prof = gate_profile(model, TASK, prompts=prompts)
+    assert (prof.heads.preferred_slot == 2).all() and (prof.heads.static_preferred_slot == 2).all()
+    np.testing.assert_allclose(prof.heads.window_concentration, 1.0, atol=1e-4)
+    np.testing.assert_allclose(prof.heads.static_concentration, 1.0, atol=1e-4)
+    assert prof.mean_alpha("k").shape == (3, 2, 4)

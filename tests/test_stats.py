@@ -1,0 +1,145 @@
+"""Statistics: Wilson intervals, cluster bootstrap, folding, gaps, period detection, homogeneity."""
+
+import numpy as np
+import pytest
+from scipy import stats as scipy_stats
+
+from phaseinterp import stats
+
+
+# ------------------------------------------------------------------ Wilson
+def wilson_closed_form(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
+    p = k / n
+    center = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return max(0.0, center - half), min(1.0, center + half)
+
+
+def test_wilson_matches_closed_form_and_scipy():
+    for n in (1, 5, 20, 250, 2560):
+        for k in sorted({0, 1, n // 3, n // 2, n - 1, n}):
+            lower, upper = stats.wilson_interval(k, n)
+            assert np.allclose((lower, upper), wilson_closed_form(k, n), atol=1e-12)
+            ci = scipy_stats.binomtest(k, n).proportion_ci(confidence_level=0.95, method="wilson")
+            assert np.allclose((lower, upper), (ci.low, ci.high), atol=1e-9)
+    ci = scipy_stats.binomtest(30, 80).proportion_ci(confidence_level=0.9, method="wilson")
+    assert np.allclose(stats.wilson_interval(30, 80, confidence=0.9), (ci.low, ci.high))
+
+
+def test_wilson_is_vectorized_and_handles_edges():
+    k, n = np.array([[0, 5], [10, 10]]), np.array([[10, 10], [10, 0 + 10]])
+    lower, upper = stats.wilson_interval(k, n)
+    assert lower.shape == (2, 2) and lower[0, 0] == 0 and upper[1, 1] == 1
+    assert (lower <= k / n).all() and (k / n <= upper).all()
+    assert stats.wilson_interval(0, 0) == (0.0, 1.0)
+    with pytest.raises(ValueError, match="0 <= k <= n"):
+        stats.wilson_interval(11, 10)
+    with pytest.raises(ValueError, match="confidence=1.5"):
+        stats.wilson_interval(1, 10, confidence=1.5)
+
+
+# ------------------------------------------------------------ fold and gap
+def test_fold_and_gap_on_hand_made_profiles():
+    profile = np.arange(24, dtype=float)
+    assert stats.fold_residues(profile, 4).tolist() == [10, 11, 12, 13]  # mean of s, s+4, ..., s+20
+    assert stats.fold_residues(profile, 24).tolist() == profile.tolist()
+    assert stats.fold_residues(profile, 1).tolist() == [11.5]
+    two = np.stack([profile, 2 * profile])
+    assert stats.fold_residues(two, 8).shape == (2, 8)
+    dip = np.tile([0.9, 0.8, 0.9, 0.1], 6)
+    assert np.allclose(stats.fold_residues(dip, 4), [0.9, 0.8, 0.9, 0.1])
+    assert stats.gap(dip) == pytest.approx(0.8)
+    assert stats.gap([0.5, np.nan, 0.25]) == 0.25
+    with pytest.raises(ValueError, match=r"cannot fold R=24 residues to stride=5 phases \(valid strides: \[1, 2, 3, 4, 6, 8, 12, 24\]\)"):
+        stats.fold_residues(profile, 5)
+    with pytest.raises(ValueError, match="at least one"):
+        stats.gap([np.nan])
+
+
+# ------------------------------------------------------------------ period
+def weak_phase_profile(period: int, seed: int, n: int = 250, R: int = 24) -> np.ndarray:
+    """Binomial noise around 70% accuracy with one weak phase (30%) and a half-weak neighbour."""
+    rng = np.random.default_rng(seed)
+    acc = np.full(period, 0.7)
+    weak = rng.integers(period)
+    acc[weak], acc[(weak + 1) % period] = 0.3, 0.5
+    return rng.binomial(n, np.tile(acc, R // period)) / n
+
+
+@pytest.mark.parametrize("period", [4, 6, 8, 12])
+def test_detect_period_finds_the_period_in_noisy_profiles(period):
+    for seed in range(5):
+        result = stats.detect_period(weak_phase_profile(period, seed), seed=seed)
+        assert result.period == period and result.p_value <= 0.01
+
+
+def test_detect_period_reports_no_period_on_flat_noisy_profiles():
+    rng = np.random.default_rng(0)
+    flat = [rng.binomial(250, 0.6, size=24) / 250 for _ in range(200)]
+    found = [stats.detect_period(p, seed=i, n_permutations=499).period for i, p in enumerate(flat)]
+    assert sum(f is not None for f in found) <= 20  # a 5% test: about 10 of 200 expected
+    assert all(stats.detect_period(p, seed=i).period is None for i, p in enumerate(flat[:50]) if found[i] is None)
+    constant = stats.detect_period(np.full(24, 0.6))
+    assert constant.period is None and constant.p_value == 1.0
+
+
+def test_detect_period_exact_profiles_and_errors():
+    exact = stats.detect_period(np.tile([1.0, 1.0, 1.0, 0.0], 6))
+    assert exact.period == 4 and exact.best_period == 4  # the fundamental, not 8 or 12
+    trend = stats.detect_period(np.linspace(0, 1, 24))  # structure, but not periodic
+    assert trend.period is None
+    assert len(stats.detect_period(np.random.default_rng(0).random(24)).power) == 13
+    with pytest.raises(ValueError, match="candidate period 5 must divide R=24"):
+        stats.detect_period(np.ones(24), periods=[5])
+    with pytest.raises(ValueError, match="NaN"):
+        stats.detect_period(np.array([np.nan] + [0.5] * 23))
+
+
+def test_detect_period_is_deterministic():
+    profile = weak_phase_profile(4, 0)
+    a, b = stats.detect_period(profile, seed=3), stats.detect_period(profile, seed=3)
+    assert a.p_value == b.p_value and a.f_statistics == b.f_statistics
+
+
+# --------------------------------------------------------------- bootstrap
+def test_cluster_bootstrap_widens_with_shared_clusters():
+    rng = np.random.default_rng(0)
+    n_clusters, reps = 400, 5
+    outcome = rng.random(n_clusters) < 0.6
+    groups = np.repeat(np.arange(n_clusters) % 4, reps)
+    # every prompt of a mapping (all in one group) gets the same outcome: fully correlated clusters
+    shared = stats.cluster_bootstrap(np.repeat(outcome, reps), np.repeat(np.arange(n_clusters), reps), groups, 4)
+    independent = stats.cluster_bootstrap(np.repeat(outcome, reps), np.arange(n_clusters * reps), groups, 4)
+    width_shared, width_indep = shared.upper - shared.lower, independent.upper - independent.lower
+    assert np.allclose(shared.estimate, independent.estimate)
+    assert (width_shared > 1.6 * width_indep).all()  # about sqrt(5) = 2.2 wider
+    assert ((shared.lower <= shared.estimate) & (shared.estimate <= shared.upper)).all()
+    assert shared.n_replicates == 2000
+
+
+def test_cluster_bootstrap_agrees_with_wilson_for_singletons_and_is_seeded():
+    rng = np.random.default_rng(1)
+    x = rng.random(2000) < 0.3
+    boot = stats.cluster_bootstrap(x, np.arange(2000), seed=5)
+    lower, upper = stats.wilson_interval(x.sum(), 2000)
+    assert abs(boot.lower[0] - lower) < 0.01 and abs(boot.upper[0] - upper) < 0.01
+    again = stats.cluster_bootstrap(x, np.arange(2000), seed=5)
+    assert boot.lower[0] == again.lower[0] and boot.upper[0] == again.upper[0]
+    with pytest.raises(ValueError, match="equal lengths"):
+        stats.cluster_bootstrap(x, np.arange(10))
+    with pytest.raises(ValueError, match=r"group labels must lie in 0..1"):
+        stats.cluster_bootstrap(x[:3], np.arange(3), [0, 1, 2], 2)
+
+
+# ------------------------------------------------------------ homogeneity
+def test_homogeneity_test_against_scipy_and_edge_cases():
+    k, n = np.array([120, 130, 125, 60]), np.array([250, 250, 250, 250])
+    table = np.stack([k, n - k], axis=1)
+    expected = scipy_stats.chi2_contingency(table)
+    result = stats.homogeneity_test(k, n)
+    assert result.p_value == pytest.approx(expected.pvalue) and result.dof == 3
+    assert result.p_value < 1e-6
+    assert stats.homogeneity_test([125, 123, 127, 124], [250] * 4).p_value > 0.5
+    assert stats.homogeneity_test([250, 250], [250, 250]).p_value == 1.0
+    with pytest.raises(ValueError, match="0 <= k <= n"):
+        stats.homogeneity_test([3], [2])
