@@ -231,10 +231,10 @@ def phase_profile(
         stride = getattr(cfg, "stride", None)
         if stride is None:
             raise ValueError("the model has no cfg.stride; pass stride= explicitly")
-    batch = task.generate(n_per_residue, seed=seed) if hasattr(task, "generate") else task
-    R = batch.residue_modulus
     if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
         raise ValueError(f"stride={stride!r} must be an integer >= 1")
+    batch = task.generate(n_per_residue, seed=seed) if hasattr(task, "generate") else task
+    R = batch.residue_modulus
     if R % stride:
         divisors = [d for d in range(1, R + 1) if R % d == 0]
         raise ValueError(
@@ -248,7 +248,8 @@ def phase_profile(
     if d_vocab is not None and top >= d_vocab:
         raise ValueError(f"token id {top} is out of range for d_vocab={d_vocab} (0..{d_vocab - 1})")
     if device is None:
-        device = next(model.parameters()).device
+        first = next(model.parameters(), None)
+        device = first.device if first is not None else torch.device("cpu")
     device = torch.device(device)
 
     n = len(batch)

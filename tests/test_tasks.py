@@ -3,6 +3,7 @@
 import itertools
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -19,7 +20,8 @@ from phaseinterp.tasks import (
 )
 from phaseinterp.tasks.retrieval import MEAN_TOLERANCE, STD_TOLERANCE, mapping_split
 
-FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# Derandomized, no example database: the same examples on every run.
+FAST = settings(max_examples=30, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 # ------------------------------------------------------------------ helpers
@@ -242,6 +244,8 @@ def test_calibration_mappings_are_disjoint_from_evaluation():
 
 def test_shared_mappings_for_cluster_bootstrap():
     task = KeyValueRetrieval()
+    fresh = task.generate(72, seed=0)
+    assert len({frozenset(records_of(task, row)) for row in fresh.tokens[:500]}) == 500  # random per prompt
     batch = task.generate(72, seed=0, n_mappings=30)
     assert batch.meta["mapping_id"].nunique() == 30
     for _, group in batch.meta.groupby("mapping_id"):
@@ -386,6 +390,6 @@ def test_docstring_probe_changes_only_the_docstring(tmp_path):
     assert per_length["right_first"].tolist() == [float(e) for e in expected]
     path = result.save(tmp_path / "doc.json")
     again = type(result).load(path)
-    assert again.to_frame().equals(result.to_frame()) or np.allclose(again.to_frame()["margin"], result.to_frame()["margin"])
+    pd.testing.assert_frame_equal(again.to_frame(), result.to_frame())
     with pytest.raises(ValueError, match="exactly once"):
         DocstringProbe(template="no placeholder")

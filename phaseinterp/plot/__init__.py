@@ -1,5 +1,30 @@
-"""Plotly figures for phaseinterp results (imported lazily by the results' ``plot()`` methods)."""
+"""Plotly figures for phaseinterp results (imported lazily by the results' ``plot()`` methods).
 
+Every function returns a ``plotly.graph_objects.Figure``; `save` writes HTML and, through
+kaleido and a local Chromium, PNG/SVG/PDF offline.
+"""
+
+from phaseinterp.plot import export
+from phaseinterp.plot.compare import profiles_figure
+from phaseinterp.plot.export import save
+from phaseinterp.plot.mechanisms import (
+    gate_cycling_figure,
+    gate_profile_figure,
+    specialization_heatmap,
+    style,
+    training_curves,
+)
 from phaseinterp.plot.profile import plot_docstring, plot_profile
 
-__all__ = ["plot_docstring", "plot_profile"]
+__all__ = [
+    "export",
+    "gate_cycling_figure",
+    "gate_profile_figure",
+    "plot_docstring",
+    "plot_profile",
+    "profiles_figure",
+    "save",
+    "specialization_heatmap",
+    "style",
+    "training_curves",
+]

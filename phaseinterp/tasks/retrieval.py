@@ -440,7 +440,9 @@ class TrainBatch:
 
 
 # ============================================================== layout helpers
-def _feasible_index_range(p: np.ndarray, start: int, record_len: int, slack: int, n_records: int):
+def _feasible_index_range(
+    p: Int[np.ndarray, " batch"], start: int, record_len: int, slack: int, n_records: int
+) -> tuple[Int[np.ndarray, " batch"], Int[np.ndarray, " batch"]]:
     """Record indices i that put a record's first token at p: ``G = p - start - L i`` in 0..slack."""
     low = np.maximum(0, -((slack - (p - start)) // record_len))  # ceil((p - start - slack) / L)
     high = np.minimum(n_records - 1, (p - start) // record_len)
@@ -448,8 +450,13 @@ def _feasible_index_range(p: np.ndarray, start: int, record_len: int, slack: int
 
 
 def _gaps(
-    target_index: np.ndarray, before: np.ndarray, slack: int, n_records: int, padding: str, rng: np.random.Generator
-) -> np.ndarray:
+    target_index: Int[np.ndarray, " batch"],
+    before: Int[np.ndarray, " batch"],
+    slack: int,
+    n_records: int,
+    padding: str,
+    rng: np.random.Generator,
+) -> Int[np.ndarray, "batch gap"]:
     """Filler counts in the ``n_records + 1`` gaps (before record 0, ..., after the last record).
 
     ``before`` fillers go before the target record, the rest after it. ``prefix``: all of
@@ -477,14 +484,14 @@ def _gaps(
 
 
 def _lay_out(
-    records: np.ndarray,
-    gaps: np.ndarray,
-    tail: np.ndarray,
+    records: Int[np.ndarray, "batch record token"],
+    gaps: Int[np.ndarray, "batch gap"],
+    tail: Int[np.ndarray, "batch tail"],
     seq_len: int,
-    head: np.ndarray,
-    filler_ids: np.ndarray,
+    head: Int[np.ndarray, " head"],
+    filler_ids: Int[np.ndarray, " filler"],
     rng: np.random.Generator,
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[Int[np.ndarray, "batch {seq_len}"], Int[np.ndarray, "batch record"]]:
     """Tokens ``head + (gap, record)* + gap + tail``; returns tokens and each record's first position."""
     batch, n_records, record_len = records.shape
     tokens = rng.choice(filler_ids, size=(batch, seq_len))
@@ -503,7 +510,7 @@ def _pair_bits(n_keys: int, n_values: int) -> np.ndarray:
 
 def _draw_mappings(
     count: int, n_records: int, n_keys: int, n_values: int, split: str, rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[Int[np.ndarray, "{count} {n_records}"], Int[np.ndarray, "{count} {n_records}"]]:
     """``count`` random injective mappings (key index, value index) with the split's parity bit."""
     keys = np.argsort(rng.random((count, n_keys)), axis=1)[:, :n_records]
     values = np.argsort(rng.random((count, n_values)), axis=1)[:, :n_records]
