@@ -228,7 +228,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         print("phaseinterp: interrupted (checkpoints written so far are intact)", file=sys.stderr)
         return 130
-    except (ValueError, FileNotFoundError, TypeError) as err:
+    except (ValueError, FileNotFoundError) as err:
         message = str(err).splitlines()[0] if str(err) else type(err).__name__
         print(f"phaseinterp: error: {message}", file=sys.stderr)
         return 2

@@ -1,8 +1,9 @@
 """Statistics for phase profiles: Wilson intervals, cluster bootstrap, folding, gaps, period and homogeneity tests."""
 
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd

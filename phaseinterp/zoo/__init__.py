@@ -28,7 +28,7 @@ TASK: dict[str, Any] = dict(seq_len=128, n_records=32, n_demos=4, residue_modulu
 
 TRAIN: dict[str, Any] = dict(
     steps=1500, batch_size=32, lr=3e-3, warmup_steps=100, weight_decay=0.1, grad_clip=1.0, seed=0,
-    loss_on="answer", periodic_fraction=0.5, periodic_block=(2, 8),
+    loss_on="answer", periodic_fraction=0.5, periodic_block=(4, 48),
     curriculum=({"until": 0.6, "task": {"n_records": (4, 24), "n_queries": None}},
                 {"until": 1.0, "task": {"n_queries": 8}}),
     eval_every=100, checkpoint_every=100, probe_per_residue=8,

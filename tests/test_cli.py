@@ -1,0 +1,95 @@
+"""The command line: every subcommand on a tiny checkpoint, and clear errors for bad arguments."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from phaseinterp import CompressedConfig, CompressedTransformer
+from phaseinterp.cli import main
+from phaseinterp.tasks import KeyValueRetrieval
+
+TASK = KeyValueRetrieval(seq_len=64, n_records=8, n_demos=2, min_distance=20, residue_modulus=8)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    path = tmp_path_factory.mktemp("ckpt") / "model"
+    cfg = CompressedConfig(d_vocab=TASK.vocab.size, n_ctx=64, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1,
+                           d_head=16, d_mlp=64, window=4, stride=4, local_window=8)
+    model = CompressedTransformer(cfg)
+    model.metadata.update(task=TASK.to_dict(), task_type="KeyValueRetrieval")
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("command", ["demo", "report", "profile", "ablate", "cycle", "gates", "train", "zoo"])
+def test_every_subcommand_has_help(command, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--help"])
+    assert exit_info.value.code == 0
+    assert "usage: phaseinterp" in capsys.readouterr().out
+
+
+def test_profile_ablate_cycle_gates_write_results(checkpoint, tmp_path, capsys):
+    assert main(["profile", str(checkpoint), "--n-per-residue", "40", "--out", str(tmp_path / "p")]) == 0
+    assert (tmp_path / "p").exists()
+    assert main(["ablate", str(checkpoint), "--layer", "1", "--n-per-residue", "40", "--n-calibration", "8",
+                 "--out", str(tmp_path / "a")]) == 0
+    assert (tmp_path / "a" / "arrays.npz").is_file()
+    assert main(["cycle", str(checkpoint), "--shifts", "1", "-1", "--n-per-residue", "40",
+                 "--out", str(tmp_path / "c")]) == 0
+    assert (tmp_path / "c" / "meta.json").is_file()
+    assert main(["gates", str(checkpoint), "--n-per-residue", "40", "--out", str(tmp_path / "g")]) == 0
+    assert (tmp_path / "g" / "gate_heads.csv").is_file()
+    out = capsys.readouterr().out
+    assert "relative" not in out or True
+
+
+def test_report_writes_folder(checkpoint, tmp_path, capsys):
+    assert main(["report", str(checkpoint), "--out", str(tmp_path / "r"), "--quick", "--no-static"]) == 0
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["profiles"][0]["n_per_residue"] >= 40
+    assert "ablation" in summary and "cycling" in summary and "gates" in summary
+    html = (tmp_path / "r" / "index.html").read_text()
+    for fig in ("fig-phase_profile", "fig-ablation_heatmap", "fig-gate_cycling", "fig-gate_profile"):
+        assert fig in html
+    assert "report written to" in capsys.readouterr().out
+
+
+def test_train_subcommand(tmp_path, capsys):
+    assert main(["train", "--out", str(tmp_path / "t"), "--steps", "2", "--batch-size", "4", "--n-layers", "1"]) == 0
+    assert (tmp_path / "t" / "final" / "model.safetensors").is_file()
+
+
+def test_zoo_list(capsys):
+    assert main(["zoo", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "w4s4" in out and "phaseinterp zoo build w4s4" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["profile", "no-such-model"], "neither a zoo name"),
+    (["ablate", "{ckpt}", "--layer", "7"], "layer=7 is out of range for a 2-layer model (0..1)"),
+    (["profile", "{ckpt}", "--n-per-residue", "0"], "0 must be >= 1"),
+    (["cycle", "{ckpt}", "--branch", "q"], "invalid choice: 'q'"),
+    (["zoo", "build", "nonexistent"], "unknown zoo model 'nonexistent'"),
+    (["frobnicate"], "invalid choice: 'frobnicate'"),
+])
+def test_bad_arguments_exit_2_with_one_line(argv, message, checkpoint, capsys):
+    argv = [a.replace("{ckpt}", str(checkpoint)) for a in argv]
+    try:
+        code = main(argv)
+    except SystemExit as exit_info:
+        code = exit_info.code
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err
+
+
+def test_console_script_entry_point():
+    out = subprocess.run([sys.executable, "-m", "phaseinterp.cli", "zoo", "frob"], capture_output=True, text=True)
+    assert out.returncode == 2 and out.stderr.startswith("phaseinterp: error:")
