@@ -110,8 +110,7 @@ def build_report(model, out_dir: Union[str, Path], *, twin=None, settings: Optio
         slug = _slug(p.label)
         atomic_write_text(out / "data" / f"profile_{slug}_residues.csv", p.residue_frame().to_csv(index=False))
         atomic_write_text(out / "data" / f"profile_{slug}_phases.csv", p.phase_frame().to_csv(index=False))
-        atomic_write_text(out / "data" / f"profile_{slug}_prompts.csv", p.to_frame.to_csv(index=False)
-                          if not callable(p.to_frame) else p.to_frame().to_csv(index=False))
+        atomic_write_text(out / "data" / f"profile_{slug}_prompts.csv", p.to_frame().to_csv(index=False))
     summary["profiles"] = [p.summary() for p in profiles]
     figures["phase_profile"] = profiles_figure(profiles)
 

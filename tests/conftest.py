@@ -7,7 +7,7 @@ os.environ.setdefault("PHASEINTERP_NO_PROGRESS", "1")
 from jaxtyping import install_import_hook  # noqa: E402
 
 # Must run before anything imports phaseinterp: every annotated function is then checked.
-with install_import_hook("phaseinterp", "beartype.beartype"):
+with install_import_hook("phaseinterp", "typecheck.typecheck"):
     import phaseinterp  # noqa: F401
 
 import pytest  # noqa: E402
