@@ -93,3 +93,37 @@ def test_bad_arguments_exit_2_with_one_line(argv, message, checkpoint, capsys):
 def test_console_script_entry_point():
     out = subprocess.run([sys.executable, "-m", "phaseinterp.cli", "zoo", "frob"], capture_output=True, text=True)
     assert out.returncode == 2 and out.stderr.startswith("phaseinterp: error:")
+
+
+def test_report_renders_in_headless_chromium(checkpoint, tmp_path):
+    """The report opens in a real browser: a full-page screenshot with the figures drawn."""
+    import shutil
+
+    from phaseinterp.report import ReportSettings, build_report
+
+    rep = build_report(str(checkpoint), tmp_path / "r", settings=ReportSettings.quick(), progress=False,
+                       log=lambda *_: None)
+    for name, fig in rep.figures.items():
+        assert fig.data, f"figure {name} has no traces"
+        assert any(getattr(t, "y", None) is not None and len(t.y) or getattr(t, "z", None) is not None
+                   for t in fig.data), f"figure {name} has no data"
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        import os
+
+        if os.environ.get("CI"):
+            pytest.fail("CI must provide chromium")
+        pytest.skip("chromium not installed")
+    shot = tmp_path / "shot.png"
+    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                    "--disable-component-update", "--no-first-run", "--hide-scrollbars",
+                    f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=8000",
+                    "--window-size=1200,2600", f"--screenshot={shot}", (tmp_path / "r" / "index.html").as_uri()],
+                   capture_output=True, timeout=120)
+    import numpy as np
+    from PIL import Image
+
+    pixels = np.asarray(Image.open(shot).convert("L"), dtype=float)
+    assert pixels.std() > 10, "the screenshot is blank"
+    # Plotly draws its SVG plot areas: many non-white pixels well below the header.
+    assert (pixels[600:] < 200).mean() > 0.01
