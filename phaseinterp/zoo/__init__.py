@@ -90,6 +90,10 @@ ENTRIES: dict[str, ZooEntry] = {
                  "is the reference for folding phases); ships step 800, the first snapshot whose mean is within "
                  "10 pp of w4s4's (at step 1500 it is at 99%)", dict(compression=None, window=4, stride=4),
                  snapshot_step=800),
+        ZooEntry("w8s8-vector", "compressed W = S = 8 with per-channel (vector) gates",
+                 dict(compression="gated", window=8, stride=8, gate="vector")),
+        ZooEntry("w6s6", "compressed, non-overlapping W = S = 6, scalar gates",
+                 dict(compression="gated", window=6, stride=6, gate="scalar")),
         ZooEntry("w4s4-1kv", "W = S = 4 with ONE KV head, scalar gates (for gate cycling)",
                  dict(compression="gated", window=4, stride=4, gate="scalar"), backbone=dict(n_kv_heads=1)),
     ]
