@@ -176,13 +176,18 @@ class CompressedAttention(nn.Module):
         j = torch.arange(n_before, n_after, device=device)
         idx = j[:, None] * S + torch.arange(W, device=device)[None, :]  # [win, slot]
         k_hat, v_hat = self.compressor(cache.h[:, idx], cache.k[:, idx], cache.v[:, idx])
+        return self._finish_entries(k_hat, v_hat, j)
+
+    def _finish_entries(self, k_hat: Tensor, v_hat: Tensor, j: Tensor) -> tuple[Tensor, Tensor]:
+        """Normalise compressed entries (DeepSeek's kv_norm, or QK-norm on keys) and rotate the
+        keys of windows ``j`` at position ``j*S + W - S``."""
+        cfg = self.cfg
         if cfg.compression == "deepseek":
             k_hat = rms_norm(k_hat, self.compressor.kv_norm_weight, cfg.norm_eps)
             v_hat = rms_norm(v_hat, self.compressor.kv_norm_weight, cfg.norm_eps)
         elif cfg.qk_norm:
             k_hat = self.k_norm.unhooked(k_hat)
-        k_hat = self._rope(k_hat, j * S + W - S)
-        return k_hat, v_hat
+        return self._rope(k_hat, j * cfg.stride + cfg.window - cfg.stride), v_hat
 
     def forward(
         self,
@@ -322,12 +327,7 @@ class CompressedAttention(nn.Module):
                 v_win = torch.cat([cache.v[:, idx].unsqueeze(1).expand(-1, n_var, -1, -1, -1), v.unsqueeze(2)], 2)
                 flat = lambda t: einops.rearrange(t, "b v ... -> (b v) 1 ...")  # noqa: E731
                 k_hat, v_hat = self.compressor(flat(h_win), flat(k_win), flat(v_win))
-                if cfg.compression == "deepseek":
-                    k_hat = rms_norm(k_hat, self.compressor.kv_norm_weight, cfg.norm_eps)
-                    v_hat = rms_norm(v_hat, self.compressor.kv_norm_weight, cfg.norm_eps)
-                elif cfg.qk_norm:
-                    k_hat = self.k_norm.unhooked(k_hat)
-                k_hat = self._rope(k_hat, torch.tensor([j * S + W - S], device=x.device))
+                k_hat, v_hat = self._finish_entries(k_hat, v_hat, torch.tensor([j], device=x.device))
                 unflat = lambda t: einops.rearrange(t, "(b v) 1 k d -> b v 1 k d", b=batch)  # noqa: E731
                 entry_k = torch.cat([entry_k, unflat(k_hat)], 2)
                 entry_v = torch.cat([entry_v, unflat(v_hat)], 2)

@@ -22,6 +22,7 @@ from phaseinterp.tasks.retrieval import (
     _variance_interval,
     match_target_moments,
 )
+from phaseinterp.tasks._serialize import task_from_fields
 from phaseinterp.tasks.vocab import Tokenizer, Vocab
 
 
@@ -335,14 +336,4 @@ class NeedleRetrieval:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "NeedleRetrieval":
-        d = dict(d)
-        kind = d.pop("kind", cls.__name__)
-        if kind != cls.__name__:
-            raise ValueError(f"kind={kind!r} is not {cls.__name__!r}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise ValueError(f"unknown {cls.__name__} fields {sorted(unknown)}; valid fields: {sorted(known)}")
-        if "vocab" in d:
-            d["vocab"] = Vocab.from_dict(d["vocab"])
-        return cls(**d)
+        return task_from_fields(cls, d)
