@@ -94,8 +94,18 @@ ENTRIES: dict[str, ZooEntry] = {
                  dict(compression="gated", window=8, stride=8, gate="vector")),
         ZooEntry("w6s6", "compressed, non-overlapping W = S = 6, scalar gates",
                  dict(compression="gated", window=6, stride=6, gate="scalar")),
-        ZooEntry("w4s4-1kv", "W = S = 4 with ONE KV head, scalar gates (for gate cycling)",
+        ZooEntry("w6s6-4kv", "compressed W = S = 6, scalar gates, FOUR KV heads (one per query head): enough "
+                 "(layer, KV head) units to cover the six phases",
+                 dict(compression="gated", window=6, stride=6, gate="scalar"), backbone=dict(n_kv_heads=4)),
+        ZooEntry("w8s8-4kv", "compressed W = S = 8, scalar gates, FOUR KV heads",
+                 dict(compression="gated", window=8, stride=8, gate="scalar"), backbone=dict(n_kv_heads=4)),
+        ZooEntry("w4s4-1kv", "W = S = 4 with ONE KV head, scalar gates, per-slot payload maps",
                  dict(compression="gated", window=4, stride=4, gate="scalar"), backbone=dict(n_kv_heads=1)),
+        ZooEntry("w4s4-1kv-shared", "W = S = 4, ONE KV head, scalar gates, payload shared across slots "
+                 "(C_i = the K/V projections): the gate-cycling model, since a shifted gate then still reads "
+                 "a payload map trained for every slot",
+                 dict(compression="gated", window=4, stride=4, gate="scalar", payload="shared"),
+                 backbone=dict(n_kv_heads=1)),
     ]
 }
 
