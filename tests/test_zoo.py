@@ -12,7 +12,8 @@ import pytest
 import phaseinterp as pi
 
 N_PER_RESIDUE = 250
-COMPRESSED_CORE = ["w4s4", "w8s8", "w8s4-deepseek"]
+COMPRESSED_CORE = ["w4s4", "w8s8-4kv", "w8s4-deepseek"]  # stride 4, a second stride (8), the DeepSeek kernel
+VARIANTS = ["w6s6", "w6s6-4kv", "w4s4-1kv-shared"]
 
 
 def _available(name):
@@ -73,3 +74,42 @@ def test_full_attention_twin_is_phase_flat():
     assert p.phase_gap <= 0.03
     if "w4s4" in pi.zoo.available():
         assert abs(p.mean - profile("w4s4").mean) <= 0.10
+
+
+def test_at_least_two_strides_ship():
+    strides = {pi.zoo.load(n).cfg.stride for n in pi.zoo.available() if pi.zoo.load(n).cfg.is_compressed}
+    assert len(strides) >= 2, strides
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_shipped_variants_learned_the_task(name):
+    if name not in pi.zoo.available():
+        pytest.skip(f"{name} not built")
+    p = profile(name)
+    assert p.mean >= 0.50, f"{name}: mean {p.mean:.3f}"
+
+
+@_available("w4s4")
+def test_w4s4_heads_specialize_on_single_phases():
+    """Issue 5: at least one KV head whose knockout (<= -50%) concentrates on <= 3 adjacent phases."""
+    model = pi.zoo.load("w4s4")
+    result = pi.ablate(model, n_per_residue=72, n_calibration=128, progress=False)
+    spec = result.specialization(threshold=-50)
+    strong = spec[(spec.n_phases >= 1) & (spec.n_phases <= 3) & spec.contiguous]
+    assert len(strong) >= 1, spec
+    assert (strong.worst_change <= -90).any()
+
+
+@_available("w4s4-1kv-shared")
+def test_gate_cycling_moves_the_weak_spots():
+    """Issue 5: R^2 (boundary excluded) >= 0.8 for shifts +-1 on a W = S model whose non-boundary
+    phases differ by >= 10 pp; the boundary phase stays among the two weakest under every shift."""
+    model = pi.zoo.load("w4s4-1kv-shared")
+    p = profile("w4s4-1kv-shared")
+    interior = p.phase_accuracy[:-1]
+    assert interior.max() - interior.min() >= 0.10
+    result = pi.gate_cycling(model, shifts=(-1, 1), n_per_residue=N_PER_RESIDUE, progress=False, n_boot=50)
+    per_shift = result.scores["per_shift"].set_index("shift")
+    assert per_shift.loc[1, "r2"] >= 0.8 and per_shift.loc[-1, "r2"] >= 0.8, per_shift
+    assert per_shift.loc[1, "displacement"] == 1 and per_shift.loc[-1, "displacement"] == -1
+    assert (per_shift.boundary_rank <= 1).all()
