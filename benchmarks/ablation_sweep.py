@@ -32,7 +32,7 @@ def main() -> None:
     parser.add_argument("--skip-naive", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    task = KeyValueRetrieval(seq_len=512, n_records=64, n_demos=4, min_distance=40)
+    task = KeyValueRetrieval(seq_len=512, n_records=48, n_demos=4, min_distance=40)
     cfg = CompressedConfig(d_vocab=task.vocab.size, n_ctx=512, d_model=128, n_layers=12, n_heads=8, n_kv_heads=4,
                            d_head=32, d_mlp=512, window=4, stride=4, local_window=16)
     model = CompressedTransformer(cfg)
