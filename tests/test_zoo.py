@@ -113,3 +113,14 @@ def test_gate_cycling_moves_the_weak_spots():
     assert per_shift.loc[1, "r2"] >= 0.8 and per_shift.loc[-1, "r2"] >= 0.8, per_shift
     assert per_shift.loc[1, "displacement"] == 1 and per_shift.loc[-1, "displacement"] == -1
     assert (per_shift.boundary_rank <= 1).all()
+
+
+@_available("w4s4")
+def test_one_line_calls_run_with_defaults():
+    """`phaseinterp.ablate(model, layer=...)` and friends run exactly as written on a zoo model."""
+    model = pi.zoo.load("w4s4")
+    result = pi.ablate(model, layer=1, progress=False)
+    assert result.relative_change.shape == (2, 4)
+    cycling = pi.gate_cycling(model, shifts=(1,), progress=False, n_boot=10)
+    assert cycling.correct.shape[0] == 2
+    assert len(pi.gate_profile(model).heads) == 2 * 2 * 2

@@ -308,7 +308,7 @@ def mean_ablation(
     layer: Union[int, Sequence[int], None] = None,
     scope: str = "kv_head",
     heads: Optional[Sequence[Sequence[int]]] = None,
-    n_per_residue: int = 50,
+    n_per_residue: int = 72,
     n_calibration: int = 256,
     seed: int = 0,
     calibration_seed: int = 1,

@@ -280,7 +280,7 @@ def gate_cycling(
     *,
     layers: Union[int, Sequence[int], None] = None,
     branch: str = "both",
-    n_per_residue: int = 50,
+    n_per_residue: int = 72,
     seed: int = 0,
     batch_size: int = 128,
     n_boot: int = 1000,
