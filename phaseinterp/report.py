@@ -53,6 +53,10 @@ class Report:
             lines.append(f"gate cycling: R^2 (boundary excluded, pooled) = {cyc['r2_pooled_excl_boundary']:.3f}; "
                          f"weak-spot displacement slope = {cyc['displacement_slope']:.2f} "
                          f"(R^2 {cyc['displacement_r2']:.2f})")
+            if self.summary.get("config", {}).get("payload") == "per_slot":
+                lines.append("  note: this model has a payload map per slot, so a shifted gate reads a map never "
+                             "trained for its slot; see the w4s4-1kv-shared zoo model (shared payload) for the "
+                             "paper's cycling experiment")
         elif self.summary.get("cycling_skipped"):
             lines.append(f"gate cycling skipped: {self.summary['cycling_skipped']}")
         return "\n".join(lines)
@@ -149,6 +153,9 @@ def build_report(model, out_dir: Union[str, Path], *, twin=None, settings: Optio
         summary["training_curves"] = curves
 
     static_ok = settings.export_static and export.static_export_available()
+    if settings.export_static and not static_ok:
+        log("      PNG export skipped: needs `pip install 'phaseinterp[export]'` and a Chromium "
+            "(apt-get install chromium); the report has interactive HTML figures and CSVs")
     for name, fig in figures.items():
         if static_ok:
             export.save(fig, out / f"{name}.png")
