@@ -108,11 +108,15 @@ class AblationResult:
                 ))
         return pd.DataFrame(rows)
 
-    def specialization(self, threshold: float = -50.0) -> pd.DataFrame:
+    def specialization(self, threshold: float = -50.0, min_clean: float = 0.10) -> pd.DataFrame:
         """Per unit: the longest circular run of adjacent phases whose knockout change is
         ``<= threshold`` (percent), its length, whether every hurt phase lies in it, and the
-        concentration: the share of the unit's total accuracy loss that falls on that run."""
-        rel = self.relative_change.to_numpy()
+        concentration: the share of the unit's total accuracy loss that falls on that run.
+
+        Phases whose clean accuracy is below ``min_clean`` are left out (set to no change):
+        a relative change on a near-zero baseline (a never-learned boundary phase) is noise."""
+        rel = self.relative_change.to_numpy().copy()
+        rel[:, self.clean.reindex(range(self.stride)).to_numpy() < min_clean] = np.nan
         rows = []
         for u, unit in self.units.reset_index(drop=True).iterrows():
             hurt = np.nan_to_num(rel[u], nan=0.0) <= threshold
