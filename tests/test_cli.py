@@ -127,3 +127,16 @@ def test_report_renders_in_headless_chromium(checkpoint, tmp_path):
     assert pixels.std() > 10, "the screenshot is blank"
     # Plotly draws its SVG plot areas: many non-white pixels well below the header.
     assert (pixels[600:] < 200).mean() > 0.01
+
+
+def test_demo_quick_on_the_shipped_models(tmp_path, capsys):
+    import phaseinterp as pi
+
+    if not {"w4s4", "full"} <= set(pi.zoo.available()):
+        pytest.skip("zoo checkpoints not built")
+    assert main(["demo", "--quick", "--no-static", "--out", str(tmp_path / "demo")]) == 0
+    out = capsys.readouterr().out
+    assert "| w4s4 (W4/S4 gated) |" in out and "| full (full attention) |" in out
+    summary = json.loads((tmp_path / "demo" / "summary.json").read_text())
+    assert [p["label"] for p in summary["profiles"]] == ["w4s4 (W4/S4 gated)", "full (full attention)"]
+    assert len(list((tmp_path / "demo" / "data").glob("*.csv"))) >= 10
