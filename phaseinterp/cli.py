@@ -122,6 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out-dir", default=None, help="run directory (default runs/zoo/NAME)")
     b.add_argument("--device", default=None)
     b.add_argument("--no-install", action="store_true")
+    b.add_argument("--threads", type=_positive, default=1,
+                   help="CPU threads (1 reproduces the shipped checkpoints bit for bit)")
     return parser
 
 
@@ -155,7 +157,8 @@ def _run(args) -> int:
                 print(f"{name:16s} {mark:10s} {e.description}\n{'':16s} rebuild: {e.command}")
             return 0
         zoo.entry(args.name)
-        source = zoo.build(args.name, args.out_dir, device=args.device, install=not args.no_install)
+        source = zoo.build(args.name, args.out_dir, device=args.device, install=not args.no_install,
+                           threads=args.threads)
         print(f"built {args.name}: snapshot {source}")
         return 0
     if args.command == "train":

@@ -145,14 +145,21 @@ def task_for(model):
 
 
 def build(name: str, out_dir: Union[str, Path, None] = None, *, device=None, progress: bool = True,
-          resume: bool = True, install: bool = True) -> Path:
+          resume: bool = True, install: bool = True, threads: Optional[int] = 1) -> Path:
     """Train ``name`` with the zoo recipe and (``install=True``) copy its snapshot into the package.
 
     The run (checkpoints, snapshots, logs, phase-resolved curves) lives in
-    ``out_dir`` (default ``runs/zoo/<name>``); rerunning resumes it.
+    ``out_dir`` (default ``runs/zoo/<name>``); rerunning resumes it. The shipped
+    checkpoints were trained on CPU with one thread (``threads=1``): CPU matmuls sum in a
+    thread-count-dependent order, so other settings train an equivalent, not bit-identical, model.
     """
+    import torch
+
     from phaseinterp.models import CompressedTransformer
     from phaseinterp.train import train
+
+    if threads is not None:
+        torch.set_num_threads(threads)
 
     e = entry(name)
     task = e.task_object()
