@@ -111,3 +111,10 @@ def test_bad_train_configs(kwargs, match):
 def test_train_rejects_mismatched_model():
     with pytest.raises(ValueError, match="d_vocab=10 is smaller than the task vocabulary"):
         train(CFG.replace(d_vocab=10), TASK, train_config=TC, progress=False)
+
+
+def test_training_curves_figure(tmp_path):
+    result = train(CFG, TASK, train_config=TC, progress=False)
+    fig = result.plot()
+    assert len(fig.data) == 4 + 1  # one line per phase, plus the loss
+    assert any("boundary" in t.name for t in fig.data)

@@ -117,8 +117,11 @@ def gate_profile_figure(profile, branch: str = "k", title: str | None = None) ->
 
 def training_curves(curves: pd.DataFrame, log: pd.DataFrame | None = None, stride: int | None = None,
                     title: str | None = None) -> go.Figure:
-    """Held-out accuracy per phase over training (the boundary phase is learned last), and the loss."""
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("held-out accuracy by phase", "training loss"))
+    """Held-out accuracy per phase over training (the boundary phase is learned last), and the
+    loss when a training log is given."""
+    with_loss = log is not None and not log.empty
+    fig = make_subplots(rows=1, cols=2 if with_loss else 1,
+                        subplot_titles=("held-out accuracy by phase", "training loss") if with_loss else None)
     if not curves.empty:
         by_phase = curves.groupby(["step", "phase"]).accuracy.mean().reset_index()
         n_phase = int(by_phase.phase.max()) + 1
@@ -128,12 +131,13 @@ def training_curves(curves: pd.DataFrame, log: pd.DataFrame | None = None, strid
                                      name=f"phase {phase}" + (" (boundary)" if boundary else ""),
                                      line=dict(color=PALETTE[int(phase) % len(PALETTE)], width=3 if boundary else 1.5,
                                                dash="dash" if boundary else "solid")), row=1, col=1)
-    if log is not None and not log.empty:
+    if with_loss:
         smooth = log.loss.rolling(20, min_periods=1).mean()
         fig.add_trace(go.Scatter(x=log.step, y=smooth, mode="lines", name="loss (20-step mean)",
                                  line=dict(color="#444")), row=1, col=2)
     fig.update_xaxes(title_text="step", row=1, col=1)
     fig.update_yaxes(title_text="accuracy", range=[0, 1.02], row=1, col=1)
-    fig.update_xaxes(title_text="step", row=1, col=2)
-    fig.update_yaxes(title_text="loss", row=1, col=2)
-    return style(fig, title or "Phase-resolved learning curves", width=1100, height=440)
+    if with_loss:
+        fig.update_xaxes(title_text="step", row=1, col=2)
+        fig.update_yaxes(title_text="loss", row=1, col=2)
+    return style(fig, title or "Phase-resolved learning curves", width=1100 if with_loss else 700, height=440)
