@@ -131,8 +131,6 @@ class CompressedConfig:
                 )
             if self.gate != "vector":
                 raise ValueError(f"gate={self.gate!r}: the deepseek kernel always uses per-channel ('vector') gates")
-            if self.payload != "shared" and self.payload != "per_slot":
-                raise ValueError(f"payload={self.payload!r} is not one of {PAYLOADS}")
 
     # ----------------------------------------------------------------- derived
     @property

@@ -13,18 +13,9 @@ from jaxtyping import Float, Int
 from tqdm.auto import tqdm
 
 from phaseinterp import stats
-from phaseinterp.models.transformer import _atomic_write
+from phaseinterp._files import atomic_write, json_default
 
 INTERVALS = ("auto", "wilson", "cluster_bootstrap")
-
-
-def json_default(value: Any) -> Any:
-    """``json.dumps(default=...)`` for numpy scalars and arrays."""
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    raise TypeError(f"cannot serialize {type(value).__name__}")
 
 
 @dataclass(frozen=True, eq=False)
@@ -171,8 +162,8 @@ class PhaseProfile:
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         payload = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "records"}
-        _atomic_write(path / "profile.json", json.dumps(payload, indent=1, default=json_default).encode())
-        _atomic_write(path / "records.csv", self.records.to_csv(index=False).encode())
+        atomic_write(path / "profile.json", json.dumps(payload, indent=1, default=json_default).encode())
+        atomic_write(path / "records.csv", self.records.to_csv(index=False).encode())
         return path
 
     @classmethod

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from phaseinterp.interventions._common import atomic_write_text, resolve_task
+from phaseinterp._files import atomic_write_text, json_default
+from phaseinterp.interventions._common import resolve_task
 
 
 @dataclass
@@ -62,26 +63,22 @@ class Report:
         return "\n".join(lines)
 
 
-def _load(model_or_name, device=None):
+def load_model(model_or_name, device=None):
+    """A model object, a zoo name or a checkpoint directory -> a model in eval mode."""
     from phaseinterp import zoo
     from phaseinterp.models import CompressedTransformer
 
     if not isinstance(model_or_name, (str, Path)):
-        return model_or_name
-    path = Path(model_or_name)
-    if (path / "config.json").is_file():
-        return CompressedTransformer.from_pretrained(path, device=device)
-    if str(model_or_name) in zoo.ENTRIES:
-        return zoo.load(str(model_or_name), device=device)
-    raise ValueError(
-        f"model {str(model_or_name)!r} is neither a zoo name ({', '.join(sorted(zoo.ENTRIES))}) "
-        "nor a checkpoint directory (with config.json)"
-    )
-
-
-def load_model(model_or_name, device=None):
-    """A model object, a zoo name or a checkpoint directory -> a model in eval mode."""
-    model = _load(model_or_name, device)
+        model = model_or_name
+    elif (Path(model_or_name) / "config.json").is_file():
+        model = CompressedTransformer.from_pretrained(Path(model_or_name), device=device)
+    elif str(model_or_name) in zoo.ENTRIES:
+        model = zoo.load(str(model_or_name), device=device)
+    else:
+        raise ValueError(
+            f"model {str(model_or_name)!r} is neither a zoo name ({', '.join(sorted(zoo.ENTRIES))}) "
+            "nor a checkpoint directory (with config.json)"
+        )
     model.eval()
     return model
 
@@ -148,9 +145,6 @@ def build_report(model, out_dir: Union[str, Path], *, twin=None, settings: Optio
         summary["gates"] = {"heads": gp.heads.to_dict(orient="records"),
                             "alignment_mean_correlation": float(align.correlation.mean()) if len(align) else None}
         figures["gate_profile"] = gp.plot()
-    curves = getattr(model, "metadata", {}).get("curves_csv")
-    if curves:
-        summary["training_curves"] = curves
 
     static_ok = settings.export_static and export.static_export_available()
     if settings.export_static and not static_ok:
@@ -161,7 +155,7 @@ def build_report(model, out_dir: Union[str, Path], *, twin=None, settings: Optio
             export.save(fig, out / f"{name}.png")
     summary["static_images"] = bool(static_ok)
     summary["seconds"] = time.time() - t0
-    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, default=_json))
+    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, default=json_default))
     atomic_write_text(out / "index.html", _html(summary, figures, static_ok))
     return Report(out_dir=out, summary=summary, figures=figures, seconds=summary["seconds"])
 
@@ -173,20 +167,6 @@ def _label(model) -> str:
 
 def _slug(text: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in text).strip("_").lower()
-
-
-def _json(o):
-    import numpy as np
-
-    if isinstance(o, (np.integer,)):
-        return int(o)
-    if isinstance(o, (np.floating,)):
-        return float(o)
-    if isinstance(o, (np.bool_,)):
-        return bool(o)
-    if isinstance(o, (np.ndarray, tuple, set)):
-        return list(o)
-    return str(o)
 
 
 def _html(summary: dict, figures: dict, static_ok: bool) -> str:
@@ -222,6 +202,6 @@ def _html(summary: dict, figures: dict, static_ok: bool) -> str:
             parts.append(f"<p><a href='{name}.png'>{name}.png</a></p>")
     if "cycling_skipped" in summary:
         parts.append(f"<p>Gate cycling skipped: {html.escape(summary['cycling_skipped'])}</p>")
-    parts.append(f"<h2>Raw summary</h2><pre>{html.escape(json.dumps(summary, indent=2, default=_json)[:20000])}</pre>")
+    parts.append(f"<h2>Raw summary</h2><pre>{html.escape(json.dumps(summary, indent=2, default=json_default)[:20000])}</pre>")
     parts.append("</body></html>")
     return "\n".join(parts)

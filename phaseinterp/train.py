@@ -26,7 +26,8 @@ from jaxtyping import Bool, Int
 from torch import Tensor
 
 from phaseinterp.config import CompressedConfig
-from phaseinterp.models.transformer import CompressedTransformer, _atomic_write
+from phaseinterp._files import atomic_write, progress_bar
+from phaseinterp.models.transformer import CompressedTransformer
 
 STATE_FILE = "train_state.json"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -245,7 +246,7 @@ def train(
     stride = config.stride
     probe = task.generate(tc.probe_per_residue, seed=tc.probe_seed, strict=False)
     end = tc.steps if stop_after is None else min(tc.steps, start + stop_after)
-    bar = _progress(progress, start, tc.steps)
+    bar = progress_bar(progress, tc.steps, "train", initial=start, leave=True)
     t0 = time.time()
     step = start
     updating = False  # True while parameters may be half-updated
@@ -299,8 +300,8 @@ def train(
     model.eval()
     log, curves = pd.DataFrame(log_rows), pd.DataFrame(curve_rows)
     if out is not None:
-        _atomic_write(out / LOG_FILE, log.to_csv(index=False).encode())
-        _atomic_write(out / CURVES_FILE, curves.to_csv(index=False).encode())
+        atomic_write(out / LOG_FILE, log.to_csv(index=False).encode())
+        atomic_write(out / CURVES_FILE, curves.to_csv(index=False).encode())
     return TrainResult(model=model, out_dir=out, log=log, curves=curves)
 
 
@@ -330,14 +331,14 @@ def _save_checkpoint(root: Path, model, optimizer, step: int, log_rows, curve_ro
     model.train(was_training)
     buf = io.BytesIO()
     torch.save(optimizer.state_dict(), buf)
-    _atomic_write(tmp / OPTIMIZER_FILE, buf.getvalue())
-    _atomic_write(tmp / STATE_FILE, json.dumps({"step": step, "log": log_rows, "curves": curve_rows}).encode())
+    atomic_write(tmp / OPTIMIZER_FILE, buf.getvalue())
+    atomic_write(tmp / STATE_FILE, json.dumps({"step": step, "log": log_rows, "curves": curve_rows}).encode())
     final = root / name
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
     previous = (root / "LATEST").read_text().strip() if (root / "LATEST").is_file() else None
-    _atomic_write(root / "LATEST", name.encode())
+    atomic_write(root / "LATEST", name.encode())
     for old in root.glob("step_*"):
         if old.name not in (name, previous):
             shutil.rmtree(old, ignore_errors=True)
@@ -361,10 +362,3 @@ def _load_checkpoint(ckpt: Path, tc: TrainConfig, device):
     optimizer.load_state_dict(torch.load(ckpt / OPTIMIZER_FILE, map_location=device, weights_only=True))
     return model, optimizer, state["step"], state["log"], state["curves"]
 
-
-def _progress(enabled: bool, start: int, total: int):
-    if not enabled or os.environ.get("PHASEINTERP_NO_PROGRESS"):
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, initial=start, desc="train", unit="step")

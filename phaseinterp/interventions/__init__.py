@@ -1,7 +1,7 @@
 """Interventions: per-KV-head mean replacement, cyclic gate shifts, gate statistics."""
 
 from phaseinterp.interventions.ablation import AblationResult, ablate, calibration_mean_z, mean_ablation
-from phaseinterp.interventions.gate_cycling import CyclingResult, cycle_gates, gate_cycling, shifted_copy, weak_spot
+from phaseinterp.interventions.gate_cycling import CyclingResult, cycle_gates, gate_cycling, shifted_copy
 from phaseinterp.interventions.gate_stats import GateProfile, gate_profile
 
 __all__ = [
@@ -15,5 +15,4 @@ __all__ = [
     "gate_profile",
     "mean_ablation",
     "shifted_copy",
-    "weak_spot",
 ]

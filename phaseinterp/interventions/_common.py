@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
 import torch
+
+from phaseinterp._files import atomic_write, json_default
 
 
 def resolve_task(model, task=None):
@@ -54,24 +55,16 @@ def fixed_answer_position(batch) -> int:
     return int(positions.flatten()[0])
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    from phaseinterp.models.transformer import _atomic_write
-
-    _atomic_write(Path(path), text.encode())
-
-
 def save_arrays(directory: Path, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> Path:
     """``arrays.npz`` + ``meta.json``, each written atomically."""
     import io
-
-    from phaseinterp.models.transformer import _atomic_write
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     buf = io.BytesIO()
     np.savez(buf, **arrays)
-    _atomic_write(directory / "arrays.npz", buf.getvalue())
-    _atomic_write(directory / "meta.json", json.dumps(meta, indent=2, default=_json_default).encode())
+    atomic_write(directory / "arrays.npz", buf.getvalue())
+    atomic_write(directory / "meta.json", json.dumps(meta, indent=2, default=json_default).encode())
     return directory
 
 
@@ -86,26 +79,6 @@ def load_arrays(directory: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]
     except Exception as err:  # zipfile.BadZipFile, ValueError, OSError, EOFError ...
         raise ValueError(f"{directory / 'arrays.npz'} is truncated or corrupt: {err}") from None
     return arrays, json.loads((directory / "meta.json").read_text())
-
-
-def _json_default(o):
-    if isinstance(o, (np.integer,)):
-        return int(o)
-    if isinstance(o, (np.floating,)):
-        return float(o)
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    if isinstance(o, Path):
-        return str(o)
-    raise TypeError(f"{type(o).__name__} is not JSON serializable")
-
-
-def progress_bar(enabled: bool, total: int, desc: str):
-    if not enabled or os.environ.get("PHASEINTERP_NO_PROGRESS"):
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, leave=False)
 
 
 def paired_bootstrap_relative_change(

@@ -22,13 +22,13 @@ import numpy as np
 import pandas as pd
 import torch
 
+from phaseinterp._files import progress_bar
 from phaseinterp.interventions._common import (
     check_layers,
     fixed_answer_position,
     load_arrays,
     model_device,
     paired_bootstrap_relative_change,
-    progress_bar,
     resolve_task,
     save_arrays,
 )

@@ -22,12 +22,12 @@ import numpy as np
 import pandas as pd
 import torch
 
+from phaseinterp._files import progress_bar
 from phaseinterp.interventions._common import (
     check_layers,
     fixed_answer_position,
     load_arrays,
     model_device,
-    progress_bar,
     resolve_task,
     save_arrays,
 )
@@ -108,18 +108,6 @@ def _r2(x: np.ndarray, y: np.ndarray) -> float:
     if len(x) < 3 or np.std(x) == 0 or np.std(y) == 0:
         return float("nan")
     return float(np.corrcoef(x, y)[0, 1] ** 2)
-
-
-def weak_spot(acc: np.ndarray, exclude: Sequence[int] = ()) -> float:
-    """Location (in phases, circular) of the accuracy deficit: the circular mean of the
-    phases weighted by ``max(acc) - acc``, ignoring ``exclude`` (the boundary phase)."""
-    S = len(acc)
-    keep = np.array([r for r in range(S) if r not in set(exclude)])
-    deficit = acc[keep].max() - acc[keep]
-    if deficit.sum() <= 0:
-        return float("nan")
-    angle = np.angle((deficit * np.exp(2j * np.pi * keep / S)).sum())
-    return float((angle * S / (2 * np.pi)) % S)
 
 
 def displacement(acc0: np.ndarray, acc: np.ndarray) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Union
+from typing import Union
 
 import numpy as np
 import pandas as pd
@@ -76,7 +76,7 @@ class GateProfile:
         return gate_profile_figure(self, **kwargs)
 
     def save(self, directory: Union[str, Path]) -> Path:
-        from phaseinterp.interventions._common import atomic_write_text
+        from phaseinterp._files import atomic_write_text
 
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)

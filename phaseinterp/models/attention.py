@@ -333,8 +333,6 @@ class CompressedAttention(nn.Module):
                 entry_v = torch.cat([entry_v, unflat(v_hat)], 2)
             entry_scores = einops.einsum(qg, entry_k, "b v k g d, b v j k d -> b v k g j") * scale
             entry_values = entry_v
-            if cfg.memory == "uncompressed_tail" and lower > pos:
-                prefix_keys, prefix_values = cache.k_rot[:, :0], cache.v[:, :0]
         s_prefix = einops.einsum(qg, prefix_keys, "b v k g d, b p k d -> b v k g p") * scale
         s_own = einops.einsum(qg, k_rot, "b v k g d, b v k d -> b v k g")[..., None] * scale
         own_ok = True

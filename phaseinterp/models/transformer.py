@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -44,6 +42,7 @@ from torch import Tensor
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.HookedRootModule import HookedRootModule
 
+from phaseinterp._files import atomic_write
 from phaseinterp.config import CompressedConfig
 from phaseinterp.models.attention import CompressedAttention, KVCache
 from phaseinterp.models.compressor import GateParameters, RMSNorm
@@ -273,8 +272,8 @@ class CompressedTransformer(HookedRootModule):
             "weights_bytes": len(blob),
             "metadata": meta,
         }
-        _atomic_write(directory / WEIGHTS_FILE, blob)
-        _atomic_write(directory / CONFIG_FILE, json.dumps(config, indent=2, sort_keys=True).encode())
+        atomic_write(directory / WEIGHTS_FILE, blob)
+        atomic_write(directory / CONFIG_FILE, json.dumps(config, indent=2, sort_keys=True).encode())
         return directory
 
     @classmethod
@@ -310,16 +309,3 @@ class CompressedTransformer(HookedRootModule):
             model.to(device)
         return model
 
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise

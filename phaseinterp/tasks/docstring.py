@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from phaseinterp.models.transformer import _atomic_write
+from phaseinterp._files import atomic_write
 from phaseinterp.tasks.needle import _encode_piece
 from phaseinterp.tasks.vocab import Tokenizer, Vocab
 
@@ -207,7 +207,7 @@ class DocstringResult:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         payload = {"label": self.label, "right": self.right, "wrong": self.wrong, "frame": json.loads(self.frame.to_json(orient="split", index=False))}
-        _atomic_write(path, json.dumps(payload, indent=1).encode())
+        atomic_write(path, json.dumps(payload, indent=1).encode())
         return path
 
     @classmethod

@@ -20,7 +20,6 @@ Why the recipe looks the way it does (measured here, one seed each):
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
 from dataclasses import dataclass, field
@@ -194,4 +193,3 @@ def recipe() -> dict[str, Any]:
 
 
 __all__ = ["ENTRIES", "ZooEntry", "available", "build", "entry", "load", "recipe", "task_for"]
-_ = dataclasses

@@ -1,0 +1,51 @@
+"""Small shared plumbing: atomic file writes, JSON for numpy values, progress bars."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to a temporary file beside ``path``, fsync, then rename over ``path``:
+    readers see the old file or the new one, never a truncated one."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write(Path(path), text.encode())
+
+
+def json_default(value: Any) -> Any:
+    """``json.dumps(default=...)`` for numpy scalars and arrays and paths."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    raise TypeError(f"cannot serialize {type(value).__name__}")
+
+
+def progress_bar(enabled: bool, total: int, desc: str, initial: int = 0, leave: bool = False):
+    """A tqdm bar, or None when ``enabled`` is false or ``PHASEINTERP_NO_PROGRESS`` is set."""
+    if not enabled or os.environ.get("PHASEINTERP_NO_PROGRESS"):
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, desc=desc, leave=leave)
