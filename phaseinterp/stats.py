@@ -2,7 +2,7 @@
 
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -133,7 +133,14 @@ def gap(values: ArrayLike) -> float:
 
 @dataclass(frozen=True, eq=False)
 class PeriodTest:
-    """Result of :func:`detect_period`: ``period`` is None unless ``p_value <= alpha``."""
+    """Result of :func:`detect_period`.
+
+    ``period`` is None unless the omnibus test (max F over candidates) has ``p_value <= alpha``;
+    it is then the fundamental (see :func:`detect_period`), which may be smaller than
+    ``best_period`` (the candidate with the largest F). ``p_values[P]`` is the permutation p of
+    ``F_P`` alone; ``harmonic_share[P] = SS_P / SS_total`` is the share of the profile's variance
+    across residues that the P-periodic harmonics carry.
+    """
 
     period: int | None
     best_period: int | None
@@ -142,6 +149,19 @@ class PeriodTest:
     f_statistics: dict[int, float]
     power: Float[np.ndarray, " frequency"]
     alpha: float
+    p_values: dict[int, float] = field(default_factory=dict)
+    harmonic_share: dict[int, float] = field(default_factory=dict)
+    min_share: float = 0.9
+
+
+def _harmonic_sums(profiles: np.ndarray, periods: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """``(SS_P [n, period], SS_total [n])``: the sum of squares of the P-periodic DFT harmonics
+    (frequencies that are multiples of R/P, k != 0) and of every non-constant harmonic."""
+    R = profiles.shape[1]
+    power = np.abs(np.fft.fft(profiles, axis=1)) ** 2 / R
+    total = power[:, 1:].sum(axis=1)
+    ss = np.stack([power[:, np.arange(R // P, R, R // P)].sum(axis=1) for P in periods], axis=1)
+    return ss, total
 
 
 def _period_f_statistics(profiles: np.ndarray, periods: list[int]) -> np.ndarray:
@@ -153,11 +173,10 @@ def _period_f_statistics(profiles: np.ndarray, periods: list[int]) -> np.ndarray
     the folded profile explains per degree of freedom, against what it leaves.
     """
     R = profiles.shape[1]
-    power = np.abs(np.fft.fft(profiles, axis=1)) ** 2 / R
-    total = power[:, 1:].sum(axis=1)
+    ss_all, total = _harmonic_sums(profiles, periods)
     out = np.empty((profiles.shape[0], len(periods)))
     for i, P in enumerate(periods):
-        ss = power[:, np.arange(R // P, R, R // P)].sum(axis=1)
+        ss = ss_all[:, i]
         resid = np.maximum(total - ss, 0.0)
         with np.errstate(divide="ignore", invalid="ignore"):
             f = (ss / (P - 1)) / (resid / (R - P))
@@ -173,19 +192,28 @@ def detect_period(
     periods: list[int] | None = None,
     n_permutations: int = 1999,
     alpha: float = 0.05,
+    min_share: float = 0.9,
     seed: int = 0,
 ) -> PeriodTest:
-    """The dominant period of a residue profile and a permutation test of its significance.
+    """The period of a residue profile (its fundamental) and a permutation test of its significance.
 
     Statistic: for every candidate period ``P`` (default: divisors of R with
     ``2 <= P <= R/2``) the F statistic of the P-periodic DFT harmonics (see
-    ``_period_f_statistics``); the best period maximizes F (ties: the smallest, i.e. the
-    fundamental, since a 4-periodic profile is also 8- and 12-periodic). Test: the maximum F
-    over candidates against its distribution when the R profile values are randomly
-    permuted across residues (``n_permutations`` seeded permutations; ``p = (1 + #{perm >=
-    observed}) / (1 + n_permutations)``). This tests *periodic arrangement*, not mere
-    heterogeneity (use :func:`homogeneity_test` for that): a profile whose residues differ
-    without a period gets no period. A flat profile gives ``period=None, p_value=1``.
+    ``_period_f_statistics``). Test: the maximum F over candidates against its distribution
+    when the R profile values are randomly permuted across residues (``n_permutations``
+    seeded permutations; ``p = (1 + #{perm >= observed}) / (1 + n_permutations)``). This
+    tests *periodic arrangement*, not mere heterogeneity (use :func:`homogeneity_test` for
+    that): a profile whose residues differ without a period gets no period. A flat profile
+    gives ``period=None, p_value=1``.
+
+    Which period: a 4-periodic profile is also 8-, 12- and 24-periodic, and the largest F can
+    fall on a multiple (``best_period``): with 100/100/100/1.5% phases the whole residual is
+    binomial noise on the six weak residues, which the 12-periodic fit absorbs in part, so
+    ``F_12 > F_4``. The reported ``period`` is the fundamental: the smallest divisor ``P`` of
+    ``best_period`` (itself included) whose harmonics carry at least ``min_share`` of what
+    the best period's carry (``SS_P >= min_share * SS_best``: the extra harmonics add little)
+    and whose own ``F_P`` is significant (per-candidate permutation ``p_values[P] <= alpha``).
+    A genuinely 12-periodic profile keeps 12: its 4-periodic part carries a small share.
     """
     x = np.asarray(profile, dtype=np.float64).reshape(-1)
     R = len(x)
@@ -193,28 +221,43 @@ def detect_period(
         raise ValueError("profile contains NaN (a residue without prompts?)")
     if periods is None:
         periods = [P for P in range(2, R // 2 + 1) if R % P == 0]
+    periods = sorted(int(P) for P in periods)
     for P in periods:
         if P < 2 or P >= R or R % P:
             raise ValueError(f"candidate period {P} must divide R={R} and lie in 2..{R - 1}")
     if not 0 < alpha < 1:
         raise ValueError(f"alpha={alpha} is out of range (0, 1)")
+    if not 0 < min_share <= 1:
+        raise ValueError(f"min_share={min_share} is out of range (0, 1]")
     power = np.abs(np.fft.rfft(x)) ** 2 / R
     if not periods or np.ptp(x) <= 1e-12 * max(1.0, np.abs(x).max()):
-        return PeriodTest(None, None, 1.0, 0.0, {P: 0.0 for P in periods}, power, alpha)
+        return PeriodTest(None, None, 1.0, 0.0, {P: 0.0 for P in periods}, power, alpha,
+                          {P: 1.0 for P in periods}, {P: 0.0 for P in periods}, min_share)
     observed = _period_f_statistics(x[None, :], periods)[0]
+    ss, total = _harmonic_sums(x[None, :], periods)
+    share = ss[0] / total[0]
     best = int(np.argmax(observed))  # argmax returns the first (smallest) period among ties
     rng = np.random.default_rng(seed)
-    null = _period_f_statistics(rng.permuted(np.tile(x, (n_permutations, 1)), axis=1), periods).max(axis=1)
+    null_f = _period_f_statistics(rng.permuted(np.tile(x, (n_permutations, 1)), axis=1), periods)
     statistic = float(observed[best])
-    p_value = float((1 + np.sum(null >= statistic)) / (1 + n_permutations))
+    p_value = float((1 + np.sum(null_f.max(axis=1) >= statistic)) / (1 + n_permutations))
+    p_each = (1 + (null_f >= observed[None, :]).sum(axis=0)) / (1 + n_permutations)
+    fundamental = periods[best]
+    for i, P in enumerate(periods):
+        if periods[best] % P == 0 and share[i] >= min_share * share[best] and p_each[i] <= alpha:
+            fundamental = P
+            break
     return PeriodTest(
-        period=periods[best] if p_value <= alpha else None,
+        period=fundamental if p_value <= alpha else None,
         best_period=periods[best],
         p_value=p_value,
         statistic=statistic,
         f_statistics={P: float(f) for P, f in zip(periods, observed)},
         power=power,
         alpha=alpha,
+        p_values={P: float(p) for P, p in zip(periods, p_each)},
+        harmonic_share={P: float(s) for P, s in zip(periods, share)},
+        min_share=min_share,
     )
 
 

@@ -95,6 +95,36 @@ def test_detect_period_exact_profiles_and_errors():
         stats.detect_period(np.array([np.nan] + [0.5] * 23))
 
 
+def test_detect_period_prefers_the_fundamental_over_a_harmonic():
+    """Issue 10: a w4s4-like profile (phases 100/100/100/1.5%) whose weak-phase noise happens to
+    line up mod 12 makes F_12 the largest F; the period reported is still 4."""
+    rng = np.random.default_rng(24)  # a binomial draw (250 prompts) on which F_12 > F_4
+    drawn = rng.binomial(250, np.tile([1.0, 1.0, 1.0, 0.015], 6)) / 250
+    seed_1_like = np.tile([1.0, 1.0, 1.0, 0.0], 6)
+    seed_1_like[3::4] = np.tile([0.012, 0.024, 0.009], 2)  # phase 3 at 1.5%, exactly 12-periodic
+    assert seed_1_like[3::4].mean() == pytest.approx(0.015)
+    for profile in (drawn, seed_1_like):
+        result = stats.detect_period(profile)
+        assert result.best_period == 12  # the old rule (argmax F) answered 12
+        assert result.period == 4 and result.p_values[4] <= 0.001
+        assert result.harmonic_share[4] >= 0.99 * result.harmonic_share[12]
+
+
+def test_detect_period_with_strong_12_harmonics_and_a_true_12_period():
+    arange = np.arange(24)
+    wiggle = 0.03 * (np.sin(2 * np.pi * arange / 12) + np.cos(2 * np.pi * 5 * arange / 12))  # 12-periodic
+    profile = np.tile([0.9, 0.9, 0.9, 0.1], 6) + wiggle + np.random.default_rng(0).normal(0, 0.002, 24)
+    result = stats.detect_period(profile)
+    assert result.best_period == 12 and result.f_statistics[12] > 10 * result.f_statistics[4]
+    assert result.period == 4
+    # A profile whose weak residue repeats every 12 (not every 4) keeps 12: its 4-periodic
+    # harmonics carry a small share of the variance.
+    twelve = stats.detect_period(np.tile([0.7] * 5 + [0.2, 0.45] + [0.7] * 5, 2))
+    assert twelve.period == 12 and twelve.harmonic_share[4] < 0.5 * twelve.harmonic_share[12]
+    with pytest.raises(ValueError, match="min_share=0"):
+        stats.detect_period(profile, min_share=0)
+
+
 def test_detect_period_is_deterministic():
     profile = weak_phase_profile(4, 0)
     a, b = stats.detect_period(profile, seed=3), stats.detect_period(profile, seed=3)
