@@ -5,25 +5,55 @@
     logits, cache = model.run_with_cache(tokens)     # TransformerLens hooks
     profile = pi.phase_profile(model, pi.zoo.task_for(model))
     result = pi.ablate(model, layer=1)               # per-KV-head mean replacement
+
+Names are imported on first use (``import phaseinterp`` itself loads neither torch nor
+plotly), so the command line answers ``--help`` at once.
 """
 
-from phaseinterp import phase, stats, tasks, zoo
-from phaseinterp.config import CompressedConfig
-from phaseinterp.evaluate import PhaseProfile, phase_profile
-from phaseinterp.interventions import (
-    AblationResult,
-    CyclingResult,
-    GateProfile,
-    ablate,
-    cycle_gates,
-    gate_cycling,
-    gate_profile,
-    mean_ablation,
-    shifted_copy,
-)
-from phaseinterp.models import CheckpointError, CompressedTransformer, KVCache
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
+
+_SUBMODULES = {"phase", "stats", "tasks", "zoo", "plot", "report", "results", "profile", "evaluate",
+               "interventions", "models", "config", "train", "theory", "cli"}
+_NAMES = {
+    "CompressedConfig": "phaseinterp.config",
+    "PhaseProfile": "phaseinterp.profile",
+    "phase_profile": "phaseinterp.profile",
+    "AblationResult": "phaseinterp.interventions",
+    "CyclingResult": "phaseinterp.interventions",
+    "GateProfile": "phaseinterp.interventions",
+    "ablate": "phaseinterp.interventions",
+    "cycle_gates": "phaseinterp.interventions",
+    "gate_cycling": "phaseinterp.interventions",
+    "gate_profile": "phaseinterp.interventions",
+    "mean_ablation": "phaseinterp.interventions",
+    "shifted_copy": "phaseinterp.interventions",
+    "CheckpointError": "phaseinterp.models",
+    "CompressedTransformer": "phaseinterp.models",
+    "KVCache": "phaseinterp.models",
+    "from_hf": "phaseinterp.models.hf",  # DeepSeek-V4 via transformers (optional extra [hf])
+    "load_hf": "phaseinterp.models.hf",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _NAMES:
+        value = getattr(importlib.import_module(_NAMES[name]), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f"phaseinterp.{name}")
+    else:
+        raise AttributeError(f"module 'phaseinterp' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_NAMES) | _SUBMODULES)
+
 
 __all__ = [
     "AblationResult",
@@ -33,9 +63,11 @@ __all__ = [
     "CyclingResult",
     "GateProfile",
     "KVCache",
+    "load_hf",
     "PhaseProfile",
     "ablate",
     "cycle_gates",
+    "from_hf",
     "gate_cycling",
     "gate_profile",
     "mean_ablation",

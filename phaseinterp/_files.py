@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
 
 import numpy as np
 
@@ -29,6 +29,27 @@ def atomic_write(path: Path, data: bytes) -> None:
 
 def atomic_write_text(path: Path, text: str) -> None:
     atomic_write(Path(path), text.encode())
+
+
+def check_output_dir(path: Union[str, os.PathLike]) -> Path:
+    """``path`` as a Path if a folder can be written there (it exists as a folder, or its nearest
+    existing ancestor is a writable folder); otherwise a ValueError naming it. Creates nothing,
+    so callers can check before any expensive work and leave no partial output."""
+    if isinstance(path, (bytes, bool)) or not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+        raise ValueError(f"output directory {path!r} must be a non-empty path")
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"output directory {str(path)!r} is an existing file, not a directory")
+    probe = path
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        raise ValueError(f"output directory {str(path)!r} cannot be created: {str(probe)!r} is a file")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ValueError(f"output directory {str(path)!r} is not writable ({str(probe)!r} denies write access)")
+    return path
 
 
 def json_default(value: Any) -> Any:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from phaseinterp.evaluate import PhaseProfile, phase_profile
+from phaseinterp.profile import PhaseProfile, phase_profile
 from phaseinterp.tasks import KeyValueRetrieval, Vocab
 
 TASK = KeyValueRetrieval()
@@ -108,7 +108,7 @@ def test_batching_and_training_mode_do_not_change_results():
     a = phase_profile(model, batch, batch_size=100, progress=False)
     b = phase_profile(model, batch, batch_size=1000, progress=False)
     assert model.training
-    assert a.to_frame().equals(b.to_frame()) and a.summary() == b.summary()
+    assert a.to_frame().equals(b.to_frame()) and a.to_dict() == b.to_dict() and a == b
 
 
 def test_bad_requests_raise_clear_errors():
@@ -133,9 +133,11 @@ def test_bad_requests_raise_clear_errors():
 def test_save_load_round_trip(tmp_path):
     profile = phase_profile(PhaseOracle(TASK.vocab, good={0, 1, 2}), TASK, 72, progress=False)
     path = profile.save(tmp_path / "profile")
-    assert sorted(p.name for p in path.iterdir()) == ["profile.json", "records.csv"]  # no temp files left
+    assert sorted(p.name for p in path.iterdir()) == ["arrays.npz", "meta.json"]  # no temp files left
     loaded = PhaseProfile.load(path)
-    assert loaded.summary() == profile.summary()
+    assert loaded.to_dict() == profile.to_dict() and loaded == profile
+    assert loaded == PhaseProfile.load(profile.save(tmp_path / "again"))  # two loaded copies compare equal
+    assert loaded.summary().equals(profile.summary())
     assert loaded.residue_frame().equals(profile.residue_frame())
     assert loaded.phase_frame().equals(profile.phase_frame())
     assert loaded.to_frame()["correct"].equals(profile.to_frame()["correct"])
@@ -145,5 +147,6 @@ def test_plot_is_a_plotly_figure_and_core_imports_stay_light():
     profile = phase_profile(PhaseOracle(TASK.vocab, good={0, 1, 2}), TASK, 72, progress=False)
     fig = profile.plot()
     assert type(fig).__name__ == "Figure" and len(fig.data) == 4 + 2  # 4 phases + line + phase bars
-    code = "import sys, phaseinterp.evaluate, phaseinterp.tasks, phaseinterp.stats; assert 'plotly' not in sys.modules"
+    code = ("import sys, phaseinterp.profile, phaseinterp.evaluate, phaseinterp.tasks, phaseinterp.stats, "
+            "phaseinterp.interventions; assert 'plotly' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)

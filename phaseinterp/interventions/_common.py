@@ -1,15 +1,11 @@
-"""Shared plumbing for interventions: default tasks, prompt batches, result files."""
+"""Shared plumbing for interventions: default tasks, layer checks, prompt batches, paired bootstrap."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 import torch
-
-from phaseinterp._files import atomic_write, json_default
 
 
 def resolve_task(model, task=None):
@@ -37,13 +33,29 @@ def model_device(model, device=None) -> torch.device:
     return next(model.parameters()).device
 
 
-def check_layers(model, layer) -> list[int]:
+def check_layers(model, layer, name: str = "layer") -> list[int]:
+    """``None`` (every layer), one layer index, or a non-empty sequence of distinct indices
+    in ``0..n_layers-1``; anything else is a ValueError naming the value."""
+    import numbers
+
     n = model.cfg.n_layers
-    layers = list(range(n)) if layer is None else ([layer] if isinstance(layer, int) else list(layer))
+    if layer is None:
+        return list(range(n))
+    if isinstance(layer, numbers.Integral) and not isinstance(layer, bool):
+        layers = [layer]
+    elif isinstance(layer, (list, tuple, range, np.ndarray, torch.Tensor)):
+        layers = list(layer.tolist() if hasattr(layer, "tolist") else layer)
+        if not layers:
+            raise ValueError(f"{name}={layer!r} is empty; pass layer indices in 0..{n - 1} or None for every layer")
+    else:
+        raise ValueError(f"{name}={layer!r} must be an integer layer index in 0..{n - 1}, a list of them, or None")
     for value in layers:
-        if isinstance(value, bool) or not isinstance(value, int) or not (0 <= value < n):
-            raise ValueError(f"layer={value!r} is out of range for a {n}-layer model (0..{n - 1})")
-    return layers
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not (0 <= value < n):
+            raise ValueError(f"{name}={value!r} is out of range for a {n}-layer model (0..{n - 1})")
+    repeated = sorted({int(v) for v in layers if layers.count(v) > 1})
+    if repeated:
+        raise ValueError(f"{name}={list(layer)!r} repeats layer(s) {repeated}; list each layer once")
+    return [int(v) for v in layers]
 
 
 def fixed_answer_position(batch) -> int:
@@ -53,32 +65,6 @@ def fixed_answer_position(batch) -> int:
     if not bool((positions == positions.flatten()[0]).all()):
         raise ValueError("prompts must share one answer position (the task's fixed query position)")
     return int(positions.flatten()[0])
-
-
-def save_arrays(directory: Path, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> Path:
-    """``arrays.npz`` + ``meta.json``, each written atomically."""
-    import io
-
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    buf = io.BytesIO()
-    np.savez(buf, **arrays)
-    atomic_write(directory / "arrays.npz", buf.getvalue())
-    atomic_write(directory / "meta.json", json.dumps(meta, indent=2, default=json_default).encode())
-    return directory
-
-
-def load_arrays(directory: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    directory = Path(directory)
-    for name in ("arrays.npz", "meta.json"):
-        if not (directory / name).is_file():
-            raise FileNotFoundError(f"{directory / name} does not exist")
-    try:
-        with np.load(directory / "arrays.npz", allow_pickle=False) as data:
-            arrays = {k: data[k] for k in data.files}
-    except Exception as err:  # zipfile.BadZipFile, ValueError, OSError, EOFError ...
-        raise ValueError(f"{directory / 'arrays.npz'} is truncated or corrupt: {err}") from None
-    return arrays, json.loads((directory / "meta.json").read_text())
 
 
 def paired_bootstrap_relative_change(

@@ -22,21 +22,26 @@ import numpy as np
 import pandas as pd
 import torch
 
+from phaseinterp._checks import MAX_PROMPTS, check_device, check_int, check_n_per_residue
 from phaseinterp._files import progress_bar
 from phaseinterp.interventions._common import (
     check_layers,
     fixed_answer_position,
-    load_arrays,
     model_device,
     paired_bootstrap_relative_change,
     resolve_task,
-    save_arrays,
 )
+from phaseinterp.results import Result
 
 
-@dataclass(frozen=True)
-class AblationResult:
-    """Clean and knockout correctness per prompt, and everything derived from it.
+@dataclass(frozen=True, eq=False, repr=False)
+class AblationResult(Result):
+    """Clean and knockout correctness per prompt, and everything derived from it (`ablate`'s result).
+
+    Units: ``relative_change`` and ``to_frame().relative_change`` are RELATIVE changes in
+    percent, ``100 * (knockout - clean) / clean`` (-100 = the phase's accuracy is wiped out),
+    not percentage points; accuracies are fractions in [0, 1]. ``summary()`` is the readable
+    table, ``to_dict()`` its numbers, ``save(dir)``/``load(dir)`` the shared result format.
 
     ``units`` lists the knockouts (layer, kv_head -- or -1 for a whole layer or a
     custom head set -- and the query heads replaced). ``clean_correct`` is ``[prompt]``,
@@ -130,7 +135,9 @@ class AblationResult:
             ))
         return pd.DataFrame(rows)
 
-    def summary(self) -> dict:
+    def to_dict(self) -> dict:
+        """Headline numbers: model, scope, prompt count, clean accuracy (fraction) and the
+        specialized units (knockout change <= -50% relative on 1..3 adjacent phases)."""
         spec = self.specialization()
         strong = spec[(spec.n_phases >= 1) & (spec.n_phases <= 3) & spec.contiguous]
         return {
@@ -143,31 +150,6 @@ class AblationResult:
         from phaseinterp.plot import specialization_heatmap
 
         return specialization_heatmap(self, **kwargs)
-
-    # ------------------------------------------------------------------ files
-    def save(self, directory: Union[str, Path]) -> Path:
-        arrays = {"residue": self.residue, "clean_correct": self.clean_correct,
-                  "knockout_correct": self.knockout_correct}
-        if self.clean_logit_answer is not None:
-            arrays["clean_logit_answer"] = self.clean_logit_answer
-            arrays["knockout_logit_answer"] = self.knockout_logit_answer
-        meta = {"kind": "AblationResult", "units": self.units.to_dict(orient="list"),
-                "residue_modulus": self.residue_modulus, "stride": self.stride, "scope": self.scope,
-                "model_label": self.model_label, "n_calibration": self.n_calibration}
-        return save_arrays(Path(directory), arrays, meta)
-
-    @classmethod
-    def load(cls, directory: Union[str, Path]) -> "AblationResult":
-        arrays, meta = load_arrays(Path(directory))
-        if meta.get("kind") != "AblationResult":
-            raise ValueError(f"{directory} does not hold an AblationResult (kind={meta.get('kind')!r})")
-        units = pd.DataFrame(meta["units"])
-        units["heads"] = units["heads"].apply(tuple)
-        return cls(units=units, residue=arrays["residue"], clean_correct=arrays["clean_correct"],
-                   knockout_correct=arrays["knockout_correct"], residue_modulus=meta["residue_modulus"],
-                   stride=meta["stride"], scope=meta["scope"], model_label=meta["model_label"],
-                   n_calibration=meta["n_calibration"], clean_logit_answer=arrays.get("clean_logit_answer"),
-                   knockout_logit_answer=arrays.get("knockout_logit_answer"))
 
 
 def _longest_circular_run(mask: np.ndarray) -> list[int]:
@@ -305,7 +287,7 @@ def _naive_knockouts(model, tokens, answer_pos, answer, units, mean_z, batch_siz
     return torch.cat(clean_ok), torch.cat(ko_ok), torch.cat(clean_logit), torch.cat(ko_logit)
 
 
-def mean_ablation(
+def ablate(
     model,
     task=None,
     *,
@@ -322,21 +304,48 @@ def mean_ablation(
     progress: bool = True,
     prompts=None,
 ) -> AblationResult:
-    """Per-KV-head (or per-layer, or custom head-set) mean replacement of ``hook_z`` at the
-    answer position; see the module docstring. ``layer=None`` sweeps every layer.
+    """Mean replacement per KV head: knock out each unit's ``hook_z`` at the answer position
+    and measure the accuracy change per residue and phase. ``mean_ablation`` is another name
+    for this same function.
 
-    ``task`` defaults to the model's stored evaluation task. ``prompts`` may pass a
-    pre-generated batch (``task.generate(...)`` output) to reuse across calls.
+    For each unit (layer, KV head) the per-head attention outputs ``hook_z`` of every query
+    head that reads the KV head are replaced, at the final (answer-predicting) position only,
+    by their mean over ``n_calibration`` calibration prompts whose mappings are disjoint from
+    the evaluation prompts (docs/science.md, "Mean replacement").
+
+    Parameters:
+        model: a `CompressedTransformer` in eval mode.
+        task: default: the evaluation task stored with the model (zoo checkpoints).
+        layer: None (default: every layer), one layer index, or a list of distinct indices in
+            ``0..n_layers-1``.
+        scope: ``"kv_head"`` (default: one unit per KV head and the query heads reading it) or
+            ``"layer"`` (one unit per layer, every head).
+        heads: instead of ``scope``, custom units: lists of query-head ids in ``0..n_heads-1``.
+        n_per_residue: evaluation prompts per residue (default 72, the smallest moment-matched
+            size for the zoo task; 77, 80 and every size from 86 also work; at most 500,000
+            prompts per call).
+        n_calibration: calibration prompts for the mean (default 256; minimum R, the task's
+            residue modulus, so every residue is in the mean at least once; fewer makes the
+            "mean" a few particular prompts and changes the result wholesale).
+        seed / calibration_seed: prompt seeds (defaults 0 and 1).
+        batch_size: prompts per forward pass (default 64).
+        method: ``"fast"`` (default: the clean prefix once, only the answer position recomputed;
+            equals ``"naive"`` to 1e-5) or ``"naive"`` (one hooked full forward per unit).
+        device: move the model there first (default: leave it where it is).
+        progress: show a progress bar (default True).
+        prompts: a pre-generated ``task.generate(...)`` batch to reuse across calls.
+
+    Returns an `AblationResult`; its ``relative_change`` is in RELATIVE percent
+    (``100 * (knockout - clean) / clean``), not percentage points.
     """
     if method not in ("fast", "naive"):
         raise ValueError(f"method={method!r} is not one of ('fast', 'naive')")
     if scope not in ("kv_head", "layer"):
         raise ValueError(f"scope={scope!r} is not one of ('kv_head', 'layer')")
-    for name, value in (("n_per_residue", n_per_residue), ("n_calibration", n_calibration), ("batch_size", batch_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}={value!r} must be an integer >= 1")
+    check_int("batch_size", batch_size, 1)
+    device = check_device(device)
     if getattr(model, "training", False):
-        raise ValueError("mean_ablation needs the model in eval mode; call model.eval() first")
+        raise ValueError("ablate needs the model in eval mode; call model.eval() first")
     task = resolve_task(model, task)
     layers = check_layers(model, layer)
     units = _units(model, layers, scope, heads)
@@ -344,6 +353,16 @@ def mean_ablation(
     modulus = task.residue_modulus
     if modulus % stride:
         raise ValueError(f"residue_modulus={modulus} is not a multiple of the model's stride={stride}")
+    if prompts is None:
+        check_n_per_residue(n_per_residue, modulus)
+    elif len(prompts) == 0:
+        raise ValueError("prompts holds 0 prompts")
+    if isinstance(n_calibration, bool) or not isinstance(n_calibration, int) or not (
+            modulus <= n_calibration <= MAX_PROMPTS):
+        raise ValueError(
+            f"n_calibration={n_calibration!r} is out of range ({modulus}..{MAX_PROMPTS}): the mean needs at least "
+            f"one calibration prompt per residue (R={modulus})"
+        )
     if device is not None:
         model = model.to(device)
     batch = prompts if prompts is not None else task.generate(n_per_residue, seed=seed)
@@ -369,4 +388,4 @@ def mean_ablation(
     )
 
 
-ablate = mean_ablation
+mean_ablation = ablate  # one function, two public names; `ablate` is the documented one

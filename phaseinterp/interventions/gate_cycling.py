@@ -12,25 +12,25 @@ W = 2S both halves move together, which shifts the preferred phase by ``d``).
 from __future__ import annotations
 
 import copy
+import functools
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Iterator, Optional, Sequence, Union
 
 import numpy as np
 import pandas as pd
 import torch
 
+from phaseinterp._checks import check_int, check_n_per_residue
 from phaseinterp._files import progress_bar
 from phaseinterp.interventions._common import (
     check_layers,
     fixed_answer_position,
-    load_arrays,
     model_device,
     resolve_task,
-    save_arrays,
 )
+from phaseinterp.results import Result
 
 
 def _shift_targets(model, layers: list[int], branch: str) -> list[tuple[torch.nn.Parameter, int]]:
@@ -74,9 +74,15 @@ def _check_shift(shift) -> int:
 
 @contextmanager
 def cycle_gates(model, shift: int, layers: Union[int, Sequence[int], None] = None, branch: str = "both") -> Iterator:
-    """Context manager: gates of ``layers`` circularly shifted by ``shift`` slots.
+    """Context manager (the intervention; `gate_cycling` is the experiment): inside the
+    ``with`` block the gates of ``layers`` are circularly shifted by ``shift`` slots.
 
-    Restores every parameter bit-exactly on exit, also when the body raises.
+    ``Z~_i = Z_{(i-d) mod W}``, ``b~_i = b_{(i-d) mod W}`` with ``d = shift`` (an integer,
+    any sign; payload maps untouched; docs/science.md, "Gate cycling"). ``layers``: None
+    (default: every layer), one index or a list of distinct indices. ``branch``: ``"both"``
+    (default), ``"k"`` or ``"v"`` (the DeepSeek kernel and tied gates allow only "both").
+    Defined for W = S gated models and the DeepSeek kernel. Restores every parameter
+    bit-exactly on exit, also when the body raises.
     """
     shift = _check_shift(shift)
     targets = _shift_targets(model, check_layers(model, layers), branch)
@@ -93,7 +99,8 @@ def cycle_gates(model, shift: int, layers: Union[int, Sequence[int], None] = Non
 
 
 def shifted_copy(model, shift: int, layers: Union[int, Sequence[int], None] = None, branch: str = "both"):
-    """A deep copy of ``model`` with its gates permanently shifted (the original is untouched)."""
+    """A deep copy of ``model`` with its gates permanently shifted by ``shift`` slots (the
+    original is untouched); ``layers`` and ``branch`` as in `cycle_gates`."""
     twin = copy.deepcopy(model)
     shift = _check_shift(shift)
     targets = _shift_targets(twin, check_layers(twin, layers), branch)
@@ -103,65 +110,196 @@ def shifted_copy(model, shift: int, layers: Union[int, Sequence[int], None] = No
     return twin
 
 
-# ---------------------------------------------------------------- the experiment
-def _r2(x: np.ndarray, y: np.ndarray) -> float:
-    if len(x) < 3 or np.std(x) == 0 or np.std(y) == 0:
+# ---------------------------------------------------------------- the scores
+def canonical_shifts(shifts: Sequence[int], period: int) -> tuple[int, ...]:
+    """Distinct nonzero shifts mod ``period``, each as its representative in (-period/2, period/2], sorted.
+
+    With W = S, rolling the gates by ``d`` and by ``d - S`` is one intervention: counting both
+    would score every observation twice."""
+    out = set()
+    for d in shifts:
+        d = _check_shift(d) % period
+        if d:
+            out.add(d - period if d > period // 2 else d)
+    return tuple(sorted(out))
+
+
+def coefficient_of_determination(predicted: np.ndarray, observed: np.ndarray) -> float:
+    """``1 - SS_res / SS_tot`` of a parameter-free prediction: ``SS_res = sum (obs - pred)^2``,
+    ``SS_tot = sum (obs - mean obs)^2``. 1 is a perfect prediction, 0 predicts no better than
+    the observations' mean, and a prediction of the wrong size or sign is negative (unbounded).
+    NaN with fewer than 2 points or when the observations do not vary."""
+    predicted, observed = np.asarray(predicted, float), np.asarray(observed, float)
+    ss_tot = float(((observed - observed.mean()) ** 2).sum()) if observed.size else 0.0
+    if observed.size < 2 or ss_tot <= 1e-12:
         return float("nan")
-    return float(np.corrcoef(x, y)[0, 1] ** 2)
+    return 1.0 - float(((observed - predicted) ** 2).sum()) / ss_tot
+
+
+def squared_correlation(predicted: np.ndarray, observed: np.ndarray) -> float:
+    """Squared Pearson correlation: the R^2 of a least-squares line ``obs ~ a + b pred`` (slope
+    and intercept fitted). Blind to scale and offset: a prediction 5x too large scores 1.
+    NaN with fewer than 3 points (two points always lie on a line) or without variation."""
+    predicted, observed = np.asarray(predicted, float), np.asarray(observed, float)
+    if observed.size < 3 or np.std(predicted) == 0 or np.std(observed) == 0:
+        return float("nan")
+    return float(np.corrcoef(predicted, observed)[0, 1] ** 2)
+
+
+def _hypothesis_scores(acc0: np.ndarray, acc: np.ndarray) -> np.ndarray:
+    """Headline score (coefficient of determination on the S-1 non-boundary phases) of every
+    hypothesised shift d' = 0..S-1 for one observed profile ``acc``: ``[S]``."""
+    S = len(acc0)
+    keep = np.arange(S - 1)
+    observed = (acc - acc0)[keep]
+    return np.array([coefficient_of_determination((np.roll(acc0, k) - acc0)[keep], observed) for k in range(S)])
 
 
 def displacement(acc0: np.ndarray, acc: np.ndarray) -> int:
-    """How far the phase profile moved: the circular shift ``k`` (signed, in (-S/2, S/2])
-    for which ``A_0((r - k) mod S)`` best matches ``acc`` (least squares) over the phases
-    that are neither the boundary ``S-1`` nor where the boundary maps to, ``(S-1+k) mod S``:
-    the boundary stays weak whatever the shift, so it must not vote."""
+    """How far the weak spots moved, estimated circularly: the hypothesised shift ``k`` whose
+    prediction ``A_0((r - k) mod S)`` best explains ``acc`` on the non-boundary phases (highest
+    coefficient of determination, i.e. least squares), as its representative in (-S/2, S/2].
+    Nothing pulls the estimate toward the shift that was applied (no unwrapping)."""
     S = len(acc0)
-    errors = []
-    for k in range(S):
-        keep = [r for r in range(S) if r not in (S - 1, (S - 1 + k) % S)]
-        errors.append(np.mean((acc[keep] - np.roll(acc0, k)[keep]) ** 2) if keep else np.inf)
-    k = int(np.argmin(errors))
+    scores = np.nan_to_num(_hypothesis_scores(np.asarray(acc0, float), np.asarray(acc, float)), nan=-np.inf)
+    k = int(np.argmax(scores))
     return k - S if k > S // 2 else k
 
 
-def _scores(acc0: np.ndarray, acc: dict[int, np.ndarray], S: int) -> dict:
-    """Prediction scores of ``A_d(r) = A_0((r-d) mod S)`` for the given per-phase accuracies."""
+def _permutation_p(acc0: np.ndarray, observed: dict[int, np.ndarray], n_permutations: int,
+                   seed: int) -> tuple[dict[int, float], float]:
+    """Permutation p-values of the applied shift's headline score, per shift and jointly.
+
+    Null: the shifted model's accuracies on the S-1 non-boundary phases are exchangeable (the
+    shift's effect has nothing to do with where the prediction puts the weak spots). Per
+    shift, the statistic is its score over every arrangement of its S-1 values ((S-1)! of
+    them: 6 at S = 4, so p >= 1/6); jointly, the mean score over shifts with independent
+    arrangements per shift (6^3 = 216 for three shifts at S = 4, so p >= 1/216). Exact
+    enumeration (p = share of arrangements scoring >= observed, the observed one included)
+    when the arrangements number at most ``n_permutations``; else seeded Monte Carlo with
+    ``p = (1 + #{>= observed}) / (1 + n_permutations)``."""
+    import itertools
+    import math
+
+    S = len(acc0)
+    keep = np.arange(S - 1)
+    shifts = list(observed)
+    rng = np.random.default_rng(seed)
+    exact_each = math.factorial(S - 1) <= n_permutations
+    rows = (np.array(list(itertools.permutations(range(S - 1)))) if exact_each
+            else np.stack([rng.permutation(S - 1) for _ in range(n_permutations)]))
+    null_by_shift, per_p, stats = {}, {}, {}
+    for d in shifts:
+        acc = observed[d]
+        pred = (np.roll(acc0, d % S) - acc0)[keep]
+        null = np.array([coefficient_of_determination(pred, acc[keep][row] - acc0[keep]) for row in rows])
+        null_by_shift[d] = np.nan_to_num(null, nan=-np.inf)
+        stats[d] = float(np.nan_to_num(coefficient_of_determination(pred, (acc - acc0)[keep]), nan=-np.inf))
+        hits = int(np.sum(null_by_shift[d] >= stats[d] - 1e-12))
+        per_p[d] = hits / len(rows) if exact_each else (1 + hits) / (1 + len(rows))
+    observed_mean = float(np.mean([stats[d] for d in shifts]))
+    if exact_each and len(rows) ** len(shifts) <= max(n_permutations, 1):
+        grids = np.meshgrid(*[null_by_shift[d] for d in shifts], indexing="ij")
+        joint = np.mean(np.stack([g.reshape(-1) for g in grids]), axis=0)
+        joint_p = float(np.mean(joint >= observed_mean - 1e-12))
+    else:
+        draws = np.stack([null_by_shift[d][rng.integers(0, len(rows), n_permutations)] for d in shifts])
+        joint_p = float((1 + np.sum(draws.mean(axis=0) >= observed_mean - 1e-12)) / (1 + n_permutations))
+    return per_p, joint_p
+
+
+def cycling_scores(acc0: np.ndarray, observed: dict[int, np.ndarray], *, n_permutations: int = 0,
+                   seed: int = 0) -> dict:
+    """How well ``A_d(r) = A_0((r-d) mod S)`` predicts the per-phase accuracies under each shift.
+
+    ``acc0`` is ``[S]`` (unshifted), ``observed[d]`` ``[S]`` for each applied shift ``d``
+    (distinct and nonzero mod S). Every score compares per-phase accuracy CHANGES from the
+    unshifted model: predicted ``A_0((r-d) mod S) - A_0(r)`` against observed
+    ``A_d(r) - A_0(r)``. Point counts are per shift, [in brackets for S = 4]: a score on 3
+    points or fewer is weak evidence alone, hence the identification test and pooled scores.
+
+    ``per_shift`` columns:
+      - ``r2`` (the headline): coefficient of determination of the parameter-free prediction on
+        the S-1 non-boundary phases [3 points]; a wrong prediction scores <= 0 and one of the
+        right shape but the wrong size scores low (a change 5x smaller than predicted: < 0);
+      - ``r2_all`` on all S phases [4]; ``r2_interior`` also without ``(S-1+d) mod S``, where
+        the boundary's weakness is predicted to land [2];
+      - ``corr2``, ``corr2_all``, ``corr2_interior``: the squared Pearson correlation (the paper's
+        comparable figure) on the same sets, with the fitted ``slope`` and ``intercept`` of
+        observed on predicted (non-boundary) [3, 4, 2 -> NaN: two points always fit a line];
+      - ``mae``: mean |observed - predicted| change on the non-boundary phases [3];
+      - ``mean_drop``: mean over all phases of ``A_0 - A_d``, the global damage [4];
+      - ``hypothesis_<k>``: the headline score of every hypothesised shift ``k = 0..S-1``
+        (``k = 0`` predicts no change); ``displacement``: the best ``k``, signed (the circular
+        estimate of where the weak spots went); ``identified``: it equals the applied shift
+        mod S; ``identification_p`` (with ``n_permutations > 0``): permutation p of the applied
+        shift's score (`_permutation_p`; >= 1/6 at S = 4);
+      - ``boundary_accuracy``, ``boundary_rank`` (0 = the weakest phase), ``n_points`` (S-1).
+
+    Pooled over shifts: ``r2_pooled`` and ``corr2_pooled`` on the (S-1) x shifts non-boundary
+    points [9 for three shifts]; ``n_identified`` of ``n_shifts``; ``identification_p``: the
+    joint permutation p of the mean headline score (>= 1/216 for three shifts at S = 4).
+    """
+    acc0 = np.asarray(acc0, float)
+    S = len(acc0)
     boundary = S - 1
+    not_boundary = np.arange(S - 1)
     rows, pooled_pred, pooled_obs = [], [], []
-    for d, a in acc.items():
-        predicted = np.roll(acc0, d) - acc0  # A_0((r-d) mod S) - A_0(r)
-        observed = a - acc0
-        not_boundary = np.array([r for r in range(S) if r != boundary])
+    for d, a in observed.items():
+        a = np.asarray(a, float)
+        predicted = np.roll(acc0, d % S) - acc0  # A_0((r-d) mod S) - A_0(r)
+        change = a - acc0
         interior = np.array([r for r in range(S) if r not in (boundary, (boundary + d) % S)])
         pooled_pred.append(predicted[not_boundary])
-        pooled_obs.append(observed[not_boundary])
-        disp = displacement(acc0, a)
-        rows.append(dict(
-            shift=d, r2=_r2(predicted[not_boundary], observed[not_boundary]), r2_all=_r2(predicted, observed),
-            r2_interior=_r2(predicted[interior], observed[interior]) if len(interior) >= 3 else np.nan,
-            mae=float(np.abs(predicted - observed).mean()), displacement=disp,
+        pooled_obs.append(change[not_boundary])
+        if np.std(predicted[not_boundary]) > 0:
+            slope, intercept = np.polyfit(predicted[not_boundary], change[not_boundary], 1)
+        else:
+            slope, intercept = np.nan, np.nan
+        hyp = _hypothesis_scores(acc0, a)
+        best = int(np.argmax(np.nan_to_num(hyp, nan=-np.inf)))
+        row = dict(
+            shift=int(d), r2=coefficient_of_determination(predicted[not_boundary], change[not_boundary]),
+            r2_all=coefficient_of_determination(predicted, change),
+            r2_interior=coefficient_of_determination(predicted[interior], change[interior]),
+            corr2=squared_correlation(predicted[not_boundary], change[not_boundary]),
+            corr2_all=squared_correlation(predicted, change),
+            corr2_interior=squared_correlation(predicted[interior], change[interior]),
+            slope=float(slope), intercept=float(intercept),
+            mae=float(np.abs(predicted - change)[not_boundary].mean()),
+            mean_drop=float(acc0.mean() - a.mean()),
+            displacement=best - S if best > S // 2 else best, identified=bool(best == d % S),
             boundary_accuracy=float(a[boundary]), boundary_rank=int((a < a[boundary]).sum()),
-        ))
+            n_points=S - 1,
+        )
+        row.update({f"hypothesis_{k}": float(v) for k, v in enumerate(hyp)})
+        rows.append(row)
     per_shift = pd.DataFrame(rows)
-    pooled = _r2(np.concatenate(pooled_pred), np.concatenate(pooled_obs)) if pooled_pred else np.nan
-    shifts = per_shift["shift"].to_numpy(dtype=float)
-    disp = per_shift["displacement"].to_numpy(dtype=float)
-    ok = np.isfinite(disp)
-    # Circular-linear fit: unwrap each displacement to the branch nearest the shift, then
-    # a least-squares line displacement ~ slope * shift + c.
-    unwrapped = disp[ok] + S * np.round((shifts[ok] - disp[ok]) / S)
-    if ok.sum() >= 3 and np.std(unwrapped) > 0:
-        slope, intercept = np.polyfit(shifts[ok], unwrapped, 1)
-        fit_r2 = _r2(shifts[ok], unwrapped)
+    out: dict = dict(per_shift=per_shift, n_shifts=len(rows),
+                     n_identified=int(per_shift["identified"].sum()) if rows else 0)
+    if rows:
+        pred, obs = np.concatenate(pooled_pred), np.concatenate(pooled_obs)
+        out["r2_pooled"] = coefficient_of_determination(pred, obs)
+        out["corr2_pooled"] = squared_correlation(pred, obs)
     else:
-        slope, intercept, fit_r2 = np.nan, np.nan, np.nan
-    return dict(per_shift=per_shift, r2_pooled=pooled, displacement_slope=float(slope),
-                displacement_intercept=float(intercept), displacement_r2=float(fit_r2))
+        out["r2_pooled"] = out["corr2_pooled"] = float("nan")
+    out["identification_p"] = float("nan")
+    if n_permutations > 0 and rows:
+        per_p, joint_p = _permutation_p(acc0, {d: np.asarray(a, float) for d, a in observed.items()},
+                                        n_permutations, seed)
+        per_shift["identification_p"] = [per_p[d] for d in per_shift["shift"]]
+        out["identification_p"] = joint_p
+    return out
 
+@dataclass(frozen=True, eq=False, repr=False)
+class CyclingResult(Result):
+    """`gate_cycling`'s result: per-prompt correctness under each gate shift (shift 0 = the unshifted model).
 
-@dataclass(frozen=True)
-class CyclingResult:
-    """Per-prompt correctness under each gate shift (shift 0 = the unshifted model)."""
+    Accuracies are fractions in [0, 1]; R² scores are coefficients of determination (1 is a
+    perfect prediction, 0 no better than the mean, negative worse). ``summary()`` is the
+    readable table, ``to_dict()`` its numbers (non-finite scores become None in JSON),
+    ``save(dir)``/``load(dir)`` the shared result format.
+    """
 
     shifts: tuple[int, ...]
     residue: np.ndarray
@@ -182,30 +320,58 @@ class CyclingResult:
         frame.columns.name = "phase"
         return frame
 
-    def _scores_for(self, index=None) -> dict:
-        acc = self.phase_accuracy(index)
-        return _scores(acc.loc[0].to_numpy(), {d: acc.loc[d].to_numpy() for d in self.shifts if d != 0}, self.stride)
-
     @property
+    def scored_shifts(self) -> tuple[int, ...]:
+        """The shifts that are scored: distinct and nonzero mod S (the first of ``d``, ``d - S``
+        listed counts; the other is the same intervention and would count its points twice)."""
+        seen: dict[int, int] = {}
+        for d in self.shifts:
+            if d % self.stride:
+                seen.setdefault(d % self.stride, d)
+        return tuple(seen.values())
+
+    def _scores_for(self, index=None, n_permutations: int = 0) -> dict:
+        acc = self.phase_accuracy(index)
+        return cycling_scores(acc.loc[0].to_numpy(), {d: acc.loc[d].to_numpy() for d in self.scored_shifts},
+                              n_permutations=n_permutations, seed=self.seed)
+
+    @functools.cached_property
     def scores(self) -> dict:
-        """Point estimates: ``per_shift`` table (R², all-phase R², interior R², MAE,
-        displacement, boundary accuracy and rank) and pooled R² (boundary excluded)."""
-        return self._scores_for()
+        """Point estimates (see `cycling_scores` for every column and how many points it rests
+        on): ``per_shift`` table (headline ``r2`` = coefficient of determination of the
+        parameter-free prediction on the S-1 non-boundary phases; ``corr2`` the squared
+        correlation; all-phase and interior versions; MAE; mean drop; the score of every
+        hypothesised shift, the circular displacement, identification and its permutation p),
+        pooled ``r2_pooled``/``corr2_pooled`` and the joint ``identification_p``."""
+        return self._scores_for(n_permutations=9999)
+
+    def identification(self) -> pd.DataFrame:
+        """Shift-identification table: rows = applied shift, columns = hypothesised shift
+        ``0..S-1``, values = headline score of that hypothesis (S-1 points each); plus the best
+        hypothesis, whether it is the applied one (mod S), and the permutation p."""
+        ps = self.scores["per_shift"].set_index("shift")
+        table = ps[[f"hypothesis_{k}" for k in range(self.stride)]].copy()
+        table.columns = pd.Index(range(self.stride), name="hypothesised shift")
+        table["best"] = [int(ps.loc[d, "displacement"]) % self.stride for d in ps.index]
+        table["identified"] = ps["identified"]
+        table["p"] = ps["identification_p"]
+        return table
 
     def intervals(self, confidence: float = 0.95) -> pd.DataFrame:
         """Bootstrap intervals (prompts resampled within residue groups, paired across shifts)."""
         rng = np.random.default_rng(self.seed)
         groups = [np.flatnonzero(self.residue == r) for r in range(self.residue_modulus)]
         samples = []
+        columns = ["r2", "r2_all", "r2_interior", "corr2", "mae", "mean_drop"]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             for _ in range(self.n_boot):
                 idx = np.concatenate([g[rng.integers(0, g.size, g.size)] for g in groups if g.size])
                 s = self._scores_for(idx)
-                row = s["per_shift"].set_index("shift")[["r2", "r2_all", "r2_interior", "mae", "displacement"]]
+                row = s["per_shift"].set_index("shift")[columns]
                 flat = {f"{c}[{d}]": row.loc[d, c] for d in row.index for c in row.columns}
-                flat.update(r2_pooled=s["r2_pooled"], displacement_r2=s["displacement_r2"],
-                            displacement_slope=s["displacement_slope"])
+                flat.update(r2_pooled=s["r2_pooled"], corr2_pooled=s["corr2_pooled"],
+                            n_identified=s["n_identified"])
                 samples.append(flat)
         boot = pd.DataFrame(samples)
         a = (1 - confidence) / 2
@@ -218,36 +384,36 @@ class CyclingResult:
         tidy["predicted"] = [acc0[(r - d) % self.stride] for d, r in zip(tidy["shift"], tidy["phase"])]
         return tidy
 
-    def summary(self) -> dict:
+    def to_dict(self) -> dict:
+        """Headline scores (see ``scores`` / `cycling_scores`); keys are JSON-ready. ``r2_*`` is
+        the coefficient of determination of the parameter-free prediction (boundary excluded;
+        S-1 points per shift), ``corr2_*`` the squared correlation (slope and intercept fitted)."""
         s = self.scores
         ps = s["per_shift"].set_index("shift")
+        by = lambda col, cast=float: {int(d): cast(ps.loc[d, col]) for d in ps.index}  # noqa: E731
         return {
             "model": self.model_label,
-            "r2_pooled_excl_boundary": s["r2_pooled"],
-            "r2_by_shift": {int(d): float(ps.loc[d, "r2"]) for d in ps.index},
-            "displacement_slope": s["displacement_slope"],
-            "displacement_r2": s["displacement_r2"],
-            "boundary_rank_by_shift": {int(d): int(ps.loc[d, "boundary_rank"]) for d in ps.index},
+            "shifts": [int(d) for d in ps.index],
+            "points_per_shift": self.stride - 1,
+            "r2_pooled": s["r2_pooled"],
+            "r2_by_shift": by("r2"),
+            "corr2_pooled": s["corr2_pooled"],
+            "corr2_by_shift": by("corr2"),
+            "r2_all_by_shift": by("r2_all"),
+            "r2_interior_by_shift": by("r2_interior"),
+            "mae_by_shift": by("mae"),
+            "mean_drop_by_shift": by("mean_drop"),
+            "displacement_by_shift": by("displacement", int),
+            "identified": f"{s['n_identified']} of {s['n_shifts']}",
+            "identification_p": s["identification_p"],
+            "identification_p_by_shift": by("identification_p") if "identification_p" in ps else {},
+            "boundary_rank_by_shift": by("boundary_rank", int),
         }
 
     def plot(self, **kwargs):
         from phaseinterp.plot import gate_cycling_figure
 
         return gate_cycling_figure(self, **kwargs)
-
-    def save(self, directory: Union[str, Path]) -> Path:
-        meta = {"kind": "CyclingResult", "shifts": list(self.shifts), "residue_modulus": self.residue_modulus,
-                "stride": self.stride, "model_label": self.model_label, "n_boot": self.n_boot, "seed": self.seed}
-        return save_arrays(Path(directory), {"residue": self.residue, "correct": self.correct}, meta)
-
-    @classmethod
-    def load(cls, directory: Union[str, Path]) -> "CyclingResult":
-        arrays, meta = load_arrays(Path(directory))
-        if meta.get("kind") != "CyclingResult":
-            raise ValueError(f"{directory} does not hold a CyclingResult (kind={meta.get('kind')!r})")
-        return cls(shifts=tuple(meta["shifts"]), residue=arrays["residue"], correct=arrays["correct"],
-                   residue_modulus=meta["residue_modulus"], stride=meta["stride"], model_label=meta["model_label"],
-                   n_boot=meta["n_boot"], seed=meta["seed"])
 
 
 @torch.inference_mode()
@@ -264,7 +430,7 @@ def _correct(model, batch, answer_pos: int, batch_size: int) -> np.ndarray:
 def gate_cycling(
     model,
     task=None,
-    shifts: Sequence[int] = (-3, -2, -1, 1, 2, 3),
+    shifts: Optional[Sequence[int]] = None,
     *,
     layers: Union[int, Sequence[int], None] = None,
     branch: str = "both",
@@ -275,11 +441,62 @@ def gate_cycling(
     progress: bool = True,
     prompts=None,
 ) -> CyclingResult:
-    """Accuracy per phase with the gates shifted by each of ``shifts`` (and unshifted)."""
+    """The gate-cycling experiment (`cycle_gates` is the context manager it uses): accuracy per
+    phase with the gates shifted by each of ``shifts``, plus the unshifted model (shift 0).
+
+    Tests the prediction ``A_d(r) = A_0((r - d) mod S)`` (docs/science.md, "Gate cycling").
+
+    Parameters:
+        model: a W = S gated model or a DeepSeek-kernel model, in eval mode.
+        task: default: the evaluation task stored with the model.
+        shifts: non-zero shifts in slots (default None: every distinct shift mod S, as its
+            representative in (-S/2, S/2], e.g. -1, 1, 2 for S = 4); each must differ from 0 mod S
+            and from the others mod S (a shift by S moves nothing). With S = 4 a per-shift score
+            rests on 3 phases; S = 8 models give firmer scores.
+        layers: None (default: every layer), one index or a list of distinct indices.
+        branch: ``"both"`` (default), ``"k"`` or ``"v"``.
+        n_per_residue: prompts per residue (default 72; for the zoo task 72, 77, 80 and every size
+            from 86 work; at most 500,000 prompts per call).
+        seed: prompt seed (default 0), also the bootstrap seed.
+        batch_size: prompts per forward pass (default 128).
+        n_boot: bootstrap replicates of ``CyclingResult.intervals`` (default 1000).
+        progress: show a progress bar (default True).
+        prompts: a pre-generated ``task.generate(...)`` batch to reuse across calls.
+
+    Returns a `CyclingResult`.
+    """
     task = resolve_task(model, task)
     layers_list = check_layers(model, layers)
     _shift_targets(model, layers_list, branch)  # validate before any work
-    shifts = tuple(dict.fromkeys([0] + [_check_shift(d) for d in shifts]))
+    check_int("batch_size", batch_size, 1)
+    check_int("n_boot", n_boot, 1)
+    S = model.cfg.stride
+    if shifts is None:
+        shifts = canonical_shifts(range(1, S), S)
+    if isinstance(shifts, (int, np.integer)) and not isinstance(shifts, bool):
+        shifts = [shifts]
+    if isinstance(shifts, (str, bytes)) or not hasattr(shifts, "__iter__"):
+        raise ValueError(f"shifts={shifts!r} must be a list of non-zero integer shifts")
+    shifts = list(shifts)
+    requested = [_check_shift(d) for d in shifts]
+    if not requested:
+        raise ValueError(f"shifts={list(shifts)!r} is empty; pass at least one shift in 1..{S - 1} (mod S={S})")
+    for d in requested:
+        if d % S == 0:
+            raise ValueError(
+                f"shift={d} is 0 mod S={S}: it moves nothing (the unshifted model is always measured); "
+                f"use shifts in 1..{S - 1} or their negatives"
+            )
+    seen: dict[int, int] = {}
+    for d in requested:
+        if d % S in seen and seen[d % S] != d:
+            raise ValueError(f"shifts {seen[d % S]} and {d} are the same shift mod S={S}; list each once")
+        seen.setdefault(d % S, d)
+    shifts = tuple(dict.fromkeys([0] + requested))
+    if prompts is None:
+        check_n_per_residue(n_per_residue, task.residue_modulus)
+    elif len(prompts) == 0:
+        raise ValueError("prompts holds 0 prompts")
     batch = prompts if prompts is not None else task.generate(n_per_residue, seed=seed)
     answer_pos = fixed_answer_position(batch)
     bar = progress_bar(progress, len(shifts), "gate cycling")

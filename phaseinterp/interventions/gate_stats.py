@@ -10,14 +10,13 @@ gate preference lines up with the phases where its knockout hurts.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Union
-
 import numpy as np
 import pandas as pd
 import torch
 
+from phaseinterp._checks import check_int, check_n_per_residue
 from phaseinterp.interventions._common import model_device, resolve_task
+from phaseinterp.results import Result
 
 
 def _entropy_exp(p, axis: int):
@@ -25,10 +24,16 @@ def _entropy_exp(p, axis: int):
     return np.exp(-(p * np.log(p)).sum(axis=axis))
 
 
-@dataclass(frozen=True)
-class GateProfile:
-    """Tidy gate statistics: one row per (layer, kv_head, branch, slot) in ``slots``, one row per
-    (layer, kv_head, branch) in ``heads``."""
+@dataclass(frozen=True, eq=False, repr=False)
+class GateProfile(Result):
+    """`gate_profile`'s result: one row per (layer, kv_head, branch, slot) in ``slots``, one row per
+    (layer, kv_head, branch) in ``heads``.
+
+    ``mean_alpha`` and ``static_alpha`` are gate weights (fractions summing to 1 over a window's
+    slots); concentrations are effective numbers of slots, from 1 (one-hot) to W (uniform).
+    ``summary()`` is the readable table (per head), ``to_dict()`` its numbers,
+    ``save(dir)``/``load(dir)`` the shared result format.
+    """
 
     slots: pd.DataFrame  # layer, kv_head, branch, slot, phase, mean_alpha, static_alpha
     heads: pd.DataFrame  # layer, kv_head, branch, preferred_slot, static_concentration, window_concentration, ...
@@ -68,31 +73,42 @@ class GateProfile:
         return pd.DataFrame(rows)
 
     def to_frame(self) -> pd.DataFrame:
+        """One row per (layer, kv_head, branch, slot): ``mean_alpha`` over windows and ``static_alpha``."""
         return self.slots.copy()
+
+    def to_dict(self) -> dict:
+        """Headline numbers: window, stride, and per (layer, KV head, branch) the preferred slot and
+        the per-window concentration (effective number of slots)."""
+        out = {"model": self.model_label, "window": self.window, "stride": self.stride}
+        for r in self.heads.itertuples():
+            out[f"L{r.layer} KV{r.kv_head} {r.branch}"] = (
+                f"slot {r.preferred_slot}, concentration {r.window_concentration:.2f} of {self.window}")
+        return out
 
     def plot(self, **kwargs):
         from phaseinterp.plot import gate_profile_figure
 
         return gate_profile_figure(self, **kwargs)
 
-    def save(self, directory: Union[str, Path]) -> Path:
-        from phaseinterp._files import atomic_write_text
-
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(directory / "gate_slots.csv", self.slots.to_csv(index=False))
-        atomic_write_text(directory / "gate_heads.csv", self.heads.to_csv(index=False))
-        return directory
-
 
 @torch.inference_mode()
 def gate_profile(model, task=None, *, n_per_residue: int = 8, seed: int = 0, batch_size: int = 64,
                  prompts=None) -> GateProfile:
-    """Gate statistics of every layer, KV head and branch over the task's windows."""
+    """Gate statistics of every layer, KV head and branch over the task's windows.
+
+    Parameters: ``model`` a compressed model (the full-attention twin has no gates);
+    ``task`` default: the model's stored task; ``n_per_residue`` prompts per residue (default
+    8; no moment matching is needed here, so any size >= 1 works, at most 500,000 prompts);
+    ``seed`` (default 0); ``batch_size`` (default 64); ``prompts`` a pre-generated batch.
+    Returns a `GateProfile` (E[alpha] per slot, static and per-window concentration).
+    """
     cfg = model.cfg
     if not cfg.is_compressed:
         raise ValueError("gate_profile: the full-attention model (compression=None) has no gates")
     task = resolve_task(model, task)
+    check_int("batch_size", batch_size, 1)
+    if prompts is None:
+        check_n_per_residue(n_per_residue, task.residue_modulus)
     # Gate statistics average over windows, not over targets: no moment matching needed.
     batch = prompts if prompts is not None else task.generate(n_per_residue, seed=seed, strict=False)
     W, S, L, KV = cfg.window, cfg.stride, cfg.n_layers, cfg.n_kv_heads

@@ -1,15 +1,12 @@
 """Docstring-length probe: a fixed code template whose only change is a decorative docstring's length."""
 
-import json
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import torch
 
-from phaseinterp._files import atomic_write
+from phaseinterp.results import Result
 from phaseinterp.tasks.needle import _encode_piece
 from phaseinterp.tasks.vocab import Tokenizer, Vocab
 
@@ -170,9 +167,11 @@ class DocstringProbe:
         return DocstringResult(frame=frame, label=label, right=self.right, wrong=self.wrong)
 
 
-@dataclass(frozen=True, eq=False)
-class DocstringResult:
-    """Per (family, length): log-probabilities of the two continuations and whether the right one wins."""
+@dataclass(frozen=True, eq=False, repr=False)
+class DocstringResult(Result):
+    """`DocstringProbe.run`'s result: per (family, length), the log-probabilities (nats) of the two
+    continuations and whether the right one wins. ``summary()`` is the readable table,
+    ``to_dict()`` its numbers, ``save(dir)``/``load(dir)`` the shared result format."""
 
     frame: pd.DataFrame
     label: str
@@ -187,7 +186,8 @@ class DocstringResult:
         g = self.frame.groupby("length")
         return pd.DataFrame({"margin": g["margin"].mean(), "right_first": g["right_first"].mean()}).reset_index()
 
-    def summary(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
+        """Headline numbers: share of prompts ranking ``right`` first, worst/best length by margin, margin gap (nats)."""
         per_length = self.by_length()
         return {
             "label": self.label,
@@ -201,18 +201,3 @@ class DocstringResult:
         from phaseinterp.plot.profile import plot_docstring
 
         return plot_docstring(self)
-
-    def save(self, path: str | os.PathLike) -> Path:
-        """One JSON file (written atomically): label, candidates and the per-prompt frame."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        payload = {"label": self.label, "right": self.right, "wrong": self.wrong, "frame": json.loads(self.frame.to_json(orient="split", index=False))}
-        atomic_write(path, json.dumps(payload, indent=1).encode())
-        return path
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> "DocstringResult":
-        payload = json.loads(Path(path).read_text())
-        split = payload["frame"]
-        frame = pd.DataFrame(split["data"], columns=split["columns"])
-        return cls(frame=frame, label=payload["label"], right=payload["right"], wrong=payload["wrong"])

@@ -1,0 +1,378 @@
+"""The phase profile: top-1 retrieval accuracy by target residue and phase, with intervals
+(docs/science.md, "Evaluation protocol"). ``phaseinterp.evaluate`` is an alias of this module."""
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float, Int
+from tqdm.auto import tqdm
+
+from phaseinterp import stats
+from phaseinterp._checks import check_device, check_int, check_n_per_residue
+from phaseinterp.results import Result
+
+INTERVALS = ("auto", "wilson", "cluster_bootstrap")
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class PhaseProfile(Result):
+    """Accuracy per residue (mod R) and per phase (mod S) with intervals, plus the per-prompt records.
+
+    Accuracies are fractions in [0, 1]; gaps (``gap``, ``phase_gap``) are differences of
+    fractions (x100 = percentage points). ``summary()`` is the readable table, ``to_dict()``
+    the same numbers unrounded, ``save(dir)``/``load(dir)`` the shared result format
+    (``meta.json`` + ``arrays.npz``; see `phaseinterp.results`).
+
+    Residue intervals are Wilson on the residue's counts, or a cluster bootstrap over
+    ``mapping_id`` when prompts share mappings (``interval_method``). Phase accuracy averages
+    the R/S residues of the phase; its interval uses the pooled counts. ``period`` is the
+    significant dominant period of the residue profile (:func:`phaseinterp.stats.detect_period`,
+    a permutation test; None when not significant at 0.05); ``homogeneity_p_value`` is the
+    chi-square test that every phase has the same accuracy.
+    """
+
+    label: str
+    modulus: int
+    stride: int
+    residue_correct: Int[np.ndarray, " residue"]
+    residue_n: Int[np.ndarray, " residue"]
+    residue_accuracy: Float[np.ndarray, " residue"]
+    residue_lower: Float[np.ndarray, " residue"]
+    residue_upper: Float[np.ndarray, " residue"]
+    phase_correct: Int[np.ndarray, " phase"]
+    phase_n: Int[np.ndarray, " phase"]
+    phase_accuracy: Float[np.ndarray, " phase"]
+    phase_lower: Float[np.ndarray, " phase"]
+    phase_upper: Float[np.ndarray, " phase"]
+    interval_method: str
+    confidence: float
+    period: int | None
+    best_period: int | None
+    period_p_value: float
+    homogeneity_p_value: float
+    records: pd.DataFrame
+
+    def __post_init__(self) -> None:
+        if len(self.residue_n) != self.modulus or len(self.phase_n) != self.stride:
+            raise ValueError(
+                f"expected {self.modulus} residues and {self.stride} phases, got {len(self.residue_n)} and {len(self.phase_n)}"
+            )
+
+    # ------------------------------------------------------------ headline
+    @property
+    def mean(self) -> float:
+        """Mean over residues (each residue weighted equally; equals pooled accuracy when balanced)."""
+        return float(np.nanmean(self.residue_accuracy))
+
+    @property
+    def worst_residue(self) -> int:
+        return int(np.nanargmin(self.residue_accuracy))
+
+    @property
+    def best_residue(self) -> int:
+        return int(np.nanargmax(self.residue_accuracy))
+
+    @property
+    def gap(self) -> float:
+        """Best minus worst residue accuracy."""
+        return stats.gap(self.residue_accuracy)
+
+    @property
+    def phase_gap(self) -> float:
+        """Best minus worst phase accuracy."""
+        return stats.gap(self.phase_accuracy)
+
+    @property
+    def worst_phases(self) -> tuple[int, ...]:
+        """Every phase tied (to 1e-12) with the lowest phase accuracy."""
+        low = np.nanmin(self.phase_accuracy)
+        return tuple(int(s) for s in np.flatnonzero(self.phase_accuracy <= low + 1e-12))
+
+    @property
+    def best_phase(self) -> int:
+        return int(np.nanargmax(self.phase_accuracy))
+
+    # -------------------------------------------------------------- frames
+    def to_frame(self) -> pd.DataFrame:
+        """One row per prompt: the task's metadata plus ``phase``, ``predicted``, ``correct``, ``answer_logprob``."""
+        return self.records.copy()
+
+    def residue_frame(self) -> pd.DataFrame:
+        r = np.arange(self.modulus)
+        return pd.DataFrame(
+            {
+                "residue": r,
+                "phase": r % self.stride,
+                "n": self.residue_n,
+                "correct": self.residue_correct,
+                "accuracy": self.residue_accuracy,
+                "lower": self.residue_lower,
+                "upper": self.residue_upper,
+            }
+        )
+
+    def phase_frame(self) -> pd.DataFrame:
+        s = np.arange(self.stride)
+        return pd.DataFrame(
+            {
+                "phase": s,
+                "n": self.phase_n,
+                "correct": self.phase_correct,
+                "accuracy": self.phase_accuracy,
+                "lower": self.phase_lower,
+                "upper": self.phase_upper,
+                "worst": np.isin(s, self.worst_phases),
+            }
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Headline numbers, full precision (accuracies as fractions, gaps as fraction differences)."""
+        return {
+            "label": self.label,
+            "modulus": self.modulus,
+            "stride": self.stride,
+            "n_prompts": int(self.residue_n.sum()),
+            "n_per_residue": int(self.residue_n.min()),
+            "mean": self.mean,
+            "worst_residue": self.worst_residue,
+            "worst_residue_accuracy": float(self.residue_accuracy[self.worst_residue]),
+            "best_residue": self.best_residue,
+            "best_residue_accuracy": float(self.residue_accuracy[self.best_residue]),
+            "gap": self.gap,
+            "worst_phases": list(self.worst_phases),
+            "worst_phase_accuracy": float(np.nanmin(self.phase_accuracy)),
+            "best_phase": self.best_phase,
+            "best_phase_accuracy": float(np.nanmax(self.phase_accuracy)),
+            "phase_gap": self.phase_gap,
+            "period": self.period,
+            "best_period": self.best_period,
+            "period_p_value": self.period_p_value,
+            "homogeneity_p_value": self.homogeneity_p_value,
+            "interval_method": self.interval_method,
+            "confidence": self.confidence,
+        }
+
+    def plot(self) -> Any:
+        """Plotly figure: accuracy vs residue with intervals, phases marked, and the folded phase profile."""
+        from phaseinterp.plot.profile import plot_profile  # plotting stays out of the core import path
+
+        return plot_profile(self)
+
+
+def _logits(output: Any) -> torch.Tensor:
+    # HF-style models return an object with .logits; the toolkit's models return the tensor.
+    return output.logits if hasattr(output, "logits") else output
+
+
+def phase_profile(
+    model: torch.nn.Module,
+    task: Any,
+    n_per_residue: int = 250,
+    *,
+    seed: int = 0,
+    batch_size: int = 256,
+    device: str | torch.device | None = None,
+    stride: int | None = None,
+    label: str | None = None,
+    confidence: float = 0.95,
+    interval: str = "auto",
+    n_bootstrap: int = 2000,
+    n_permutations: int = 1999,
+    progress: bool = True,
+) -> PhaseProfile:
+    """Top-1 accuracy of ``model`` on ``task`` by the target's residue mod R and phase mod S.
+
+    A prompt is correct when the argmax over the full vocabulary of the logits at
+    ``answer_pos`` is ``answer`` (docs/science.md, "Evaluation protocol").
+
+    Parameters:
+        model: any ``nn.Module`` mapping tokens ``[batch, pos]`` to logits ``[batch, pos, d_vocab]``
+            (or an object with ``.logits``), with a ``cfg`` holding ``d_vocab``, ``n_ctx`` and
+            ``stride`` (a full-attention twin keeps the reference stride there).
+        task: a task with ``generate(n_per_residue, seed)`` (e.g. ``KeyValueRetrieval``,
+            ``phaseinterp.zoo.task_for(model)``) or a ready ``TaskBatch``.
+        n_per_residue: prompts per residue group (default 250; total ``n_per_residue * R``).
+            Moment matching needs enough prompts: for the zoo task (T = 128, R = 24) 72, 77, 80
+            and every size from 86 work, other small sizes raise naming the nearest workable
+            one; at most ``MAX_PROMPTS // R`` (500,000 prompts per call). Ignored for a TaskBatch.
+        seed: prompt seed (default 0); also seeds the bootstrap and the permutation test.
+        batch_size: prompts per forward pass (default 256, >= 1).
+        device: where the prompts go (default: the model's device); must exist on this machine.
+        stride: fold residues to phases with this stride (default ``model.cfg.stride``); R must be
+            a multiple of it.
+        label: the profile's name in tables and figures (default ``model.cfg.label``).
+        confidence: interval level in (0, 1) (default 0.95).
+        interval: ``"wilson"``, ``"cluster_bootstrap"`` (over ``meta.mapping_id``,
+            ``n_bootstrap`` replicates, default 2000) or ``"auto"`` (default: bootstrap iff some
+            mapping is shared by several prompts).
+        n_permutations: permutations of the period test (default 1999).
+        progress: show a progress bar (default True; also off when ``PHASEINTERP_NO_PROGRESS`` is set).
+
+    Returns a `PhaseProfile` (accuracies are fractions in [0, 1]). The model runs in eval mode
+    under ``torch.inference_mode`` and its training flag is restored afterwards.
+    """
+    if interval not in INTERVALS:
+        raise ValueError(f"interval={interval!r} is not one of {INTERVALS}")
+    check_int("batch_size", batch_size, 1)
+    if not (isinstance(confidence, float) and 0 < confidence < 1):
+        raise ValueError(f"confidence={confidence!r} must be a float in (0, 1)")
+    if not (hasattr(task, "generate") or hasattr(task, "tokens")):
+        raise ValueError(
+            f"task={task!r} is neither a task (with .generate, e.g. KeyValueRetrieval) nor a TaskBatch; "
+            "see phaseinterp.zoo.task_for(model)"
+        )
+    device = check_device(device)
+    cfg = getattr(model, "cfg", None)
+    if stride is None:
+        stride = getattr(cfg, "stride", None)
+        if stride is None:
+            raise ValueError("the model has no cfg.stride; pass stride= explicitly")
+    if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
+        raise ValueError(f"stride={stride!r} must be an integer >= 1")
+    if hasattr(task, "generate"):
+        R = task.residue_modulus
+        if R % stride:
+            divisors = [d for d in range(1, R + 1) if R % d == 0]
+            raise ValueError(
+                f"residue_modulus R={R} is not a multiple of stride={stride}; residues cannot be folded to "
+                f"phases (strides that divide R: {divisors})"
+            )
+        check_n_per_residue(n_per_residue, R)
+        batch = task.generate(n_per_residue, seed=seed)
+    else:
+        batch = task
+    if len(batch) == 0:
+        raise ValueError("the batch holds 0 prompts; generate at least one per residue")
+    R = batch.residue_modulus
+    if R % stride:
+        divisors = [d for d in range(1, R + 1) if R % d == 0]
+        raise ValueError(
+            f"residue_modulus R={R} is not a multiple of stride={stride}; residues cannot be folded to phases "
+            f"(strides that divide R: {divisors})"
+        )
+    d_vocab, n_ctx = getattr(cfg, "d_vocab", None), getattr(cfg, "n_ctx", None)
+    if n_ctx is not None and batch.seq_len > n_ctx:
+        raise ValueError(f"prompts have {batch.seq_len} tokens but the model's n_ctx is {n_ctx}")
+    top = int(batch.tokens.max())
+    if d_vocab is not None and top >= d_vocab:
+        raise ValueError(f"token id {top} is out of range for d_vocab={d_vocab} (0..{d_vocab - 1})")
+    if device is None:
+        first = next(model.parameters(), None)
+        device = first.device if first is not None else torch.device("cpu")
+
+    n = len(batch)
+    predicted = torch.empty(n, dtype=torch.long)
+    answer_logprob = torch.empty(n, dtype=torch.float32)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            starts = range(0, n, batch_size)
+            quiet = not progress or len(starts) < 2 or bool(os.environ.get("PHASEINTERP_NO_PROGRESS"))
+            for start in tqdm(starts, desc="phase profile", disable=quiet):
+                stop = min(start + batch_size, n)
+                logits = _logits(model(batch.tokens[start:stop].to(device)))
+                if logits.ndim != 3 or logits.shape[:2] != (stop - start, batch.seq_len):
+                    raise ValueError(f"model returned logits of shape {tuple(logits.shape)}; expected [batch, pos, d_vocab]")
+                rows = torch.arange(stop - start, device=logits.device)
+                last = logits[rows, batch.answer_pos[start:stop].to(logits.device)].float()
+                predicted[start:stop] = last.argmax(dim=-1).cpu()
+                answer = batch.answer[start:stop].to(logits.device)
+                answer_logprob[start:stop] = torch.log_softmax(last, dim=-1)[rows, answer].cpu()
+    finally:
+        model.train(was_training)
+
+    records = batch.meta.copy()
+    residues = records["residue"].to_numpy()
+    if residues.min() < 0 or residues.max() >= R:
+        raise ValueError(f"meta.residue must lie in 0..{R - 1}")
+    records["phase"] = residues % stride
+    records["answer"] = batch.answer.numpy()
+    records["predicted"] = predicted.numpy()
+    records["correct"] = records["predicted"] == records["answer"]
+    records["answer_logprob"] = answer_logprob.numpy()
+    if label is None:
+        label = str(getattr(cfg, "label", type(model).__name__))
+    return profile_from_records(
+        records, R, stride, label=label, confidence=confidence, interval=interval, n_bootstrap=n_bootstrap,
+        n_permutations=n_permutations, seed=seed,
+    )
+
+
+def profile_from_records(
+    records: pd.DataFrame,
+    modulus: int,
+    stride: int,
+    *,
+    label: str = "",
+    confidence: float = 0.95,
+    interval: str = "auto",
+    n_bootstrap: int = 2000,
+    n_permutations: int = 1999,
+    seed: int = 0,
+) -> PhaseProfile:
+    """Aggregate per-prompt records (columns ``residue``, ``correct``; ``mapping_id`` optional) into a profile."""
+    if interval not in INTERVALS:
+        raise ValueError(f"interval={interval!r} is not one of {INTERVALS}")
+    if modulus % stride:
+        raise ValueError(f"modulus={modulus} is not a multiple of stride={stride}")
+    residues = records["residue"].to_numpy().astype(np.int64)
+    correct = records["correct"].to_numpy().astype(bool)
+    phases = residues % stride
+    residue_n = np.bincount(residues, minlength=modulus)
+    residue_k = np.bincount(residues, weights=correct, minlength=modulus).astype(np.int64)
+    phase_n = np.bincount(phases, minlength=stride)
+    phase_k = np.bincount(phases, weights=correct, minlength=stride).astype(np.int64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        residue_acc = residue_k / residue_n
+    phase_acc = stats.fold_residues(residue_acc, stride)
+
+    shared = "mapping_id" in records and records["mapping_id"].duplicated().any()
+    method = ("cluster_bootstrap" if shared else "wilson") if interval == "auto" else interval
+    if method == "cluster_bootstrap":
+        if "mapping_id" not in records:
+            raise ValueError("interval='cluster_bootstrap' needs a mapping_id column in the records")
+        clusters = records["mapping_id"].to_numpy()
+        by_residue = stats.cluster_bootstrap(
+            correct, clusters, residues, modulus, n_replicates=n_bootstrap, confidence=confidence, seed=seed
+        )
+        by_phase = stats.cluster_bootstrap(
+            correct, clusters, phases, stride, n_replicates=n_bootstrap, confidence=confidence, seed=seed
+        )
+        residue_lo, residue_hi = by_residue.lower, by_residue.upper
+        phase_lo, phase_hi = by_phase.lower, by_phase.upper
+    else:
+        residue_lo, residue_hi = stats.wilson_interval(residue_k, residue_n, confidence)
+        phase_lo, phase_hi = stats.wilson_interval(phase_k, phase_n, confidence)
+
+    if (residue_n > 0).all():
+        test = stats.detect_period(residue_acc, n_permutations=n_permutations, seed=seed)
+        period, best_period, p_period = test.period, test.best_period, test.p_value
+    else:  # a residue without prompts: no profile to test
+        period, best_period, p_period = None, None, float("nan")
+    return PhaseProfile(
+        label=label,
+        modulus=modulus,
+        stride=stride,
+        residue_correct=residue_k,
+        residue_n=residue_n.astype(np.int64),
+        residue_accuracy=residue_acc.astype(np.float64),
+        residue_lower=np.asarray(residue_lo, dtype=np.float64),
+        residue_upper=np.asarray(residue_hi, dtype=np.float64),
+        phase_correct=phase_k,
+        phase_n=phase_n.astype(np.int64),
+        phase_accuracy=np.asarray(phase_acc, dtype=np.float64),
+        phase_lower=np.asarray(phase_lo, dtype=np.float64),
+        phase_upper=np.asarray(phase_hi, dtype=np.float64),
+        interval_method=method,
+        confidence=confidence,
+        period=period,
+        best_period=best_period,
+        period_p_value=p_period,
+        homogeneity_p_value=stats.homogeneity_test(phase_k, phase_n).p_value,
+        records=records.reset_index(drop=True),
+    )

@@ -1,0 +1,326 @@
+"""One protocol for every result object, and one on-disk format.
+
+`PhaseProfile`, `AblationResult`, `CyclingResult`, `GateProfile` and `DocstringResult` are
+frozen dataclasses that inherit `Result`, so each has:
+
+- ``to_dict()``: the headline numbers, full precision, JSON-ready (each class defines it);
+- ``summary()``: the same numbers as a readable table (``pandas.DataFrame``, rounded);
+- ``to_frame()``: the tidy per-row data; ``plot()``: a plotly figure (each class);
+- ``save(dir)`` / ``cls.load(dir)``: a folder with ``meta.json`` (kind, format version and
+  every scalar field, strict JSON: no ``NaN`` tokens) and ``arrays.npz`` (every array and
+  every table column, no pickles), each written atomically;
+- a short ``repr`` (the summary table, never an array dump) and ``_repr_html_`` (the table
+  plus the figure) for Jupyter;
+- ``==`` that compares contents, so two loaded copies of one result are equal.
+
+This module sits below ``tasks`` and ``interventions`` in the layering: it imports only
+numpy, pandas and the file helpers; plotly is imported inside ``_repr_html_``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import io
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Union
+
+import numpy as np
+import pandas as pd
+
+from phaseinterp._files import atomic_write, check_output_dir
+
+FORMAT = 1
+META_FILE = "meta.json"
+ARRAYS_FILE = "arrays.npz"
+_REPR_ROWS = 14  # a repr shows at most this many summary rows
+_CELL_CHARS = 70  # ... and cuts longer cells
+
+
+class Result:
+    """Mixin for the frozen result dataclasses (declare them with ``eq=False, repr=False``)."""
+
+    def to_dict(self) -> dict[str, Any]:  # pragma: no cover - every subclass defines it
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------- reading
+    @property
+    def _title(self) -> str:
+        label = getattr(self, "label", None) or getattr(self, "model_label", None) or ""
+        return f"{type(self).__name__}: {label}" if label else type(self).__name__
+
+    def summary(self) -> pd.DataFrame:
+        """The headline numbers of ``to_dict()`` as a table: one row per quantity, values
+        rounded to 4 significant digits and lists joined for reading. ``to_dict()`` keeps
+        the full-precision values."""
+        rows = [(key, _readable(value)) for key, value in self.to_dict().items()]
+        frame = pd.DataFrame(rows, columns=["quantity", "value"]).set_index("quantity")
+        return frame
+
+    def __repr__(self) -> str:
+        table = self.summary()
+        more = len(table) - _REPR_ROWS
+        text = table.head(_REPR_ROWS).to_string(header=False)
+        lines = [f"<{self._title}>", text]
+        if more > 0:
+            lines.append(f"... {more} more rows: .summary()")
+        lines.append("(.summary() table, .to_frame() rows, .plot() figure, .save(dir))")
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        parts = [f"<div><b>{html.escape(self._title)}</b>", self.summary().to_html(border=0)]
+        try:
+            import plotly.io as pio
+
+            parts.append(pio.to_html(self.plot(), full_html=False, include_plotlyjs="cdn"))
+        except Exception as err:  # a figure is a bonus; the table must always render
+            parts.append(f"<p><i>figure unavailable: {html.escape(str(err))}</i></p>")
+        parts.append("</div>")
+        return "\n".join(parts)
+
+    # -------------------------------------------------------------- equality
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return all(_equal(getattr(self, f.name), getattr(other, f.name)) for f in dataclasses.fields(self))
+
+    __hash__ = None  # contents hold arrays: equal results need not hash alike
+
+    # ------------------------------------------------------------------ files
+    def save(self, directory: Union[str, os.PathLike]) -> Path:
+        """Write ``directory/meta.json`` + ``directory/arrays.npz`` (atomic writes); returns the folder.
+
+        ``directory`` must be a folder or not exist yet (a file there is a ValueError)."""
+        directory = check_output_dir(directory)
+        meta: dict[str, Any] = {"kind": type(self).__name__, "format": FORMAT, "fields": {}, "arrays": [],
+                                "frames": {}}
+        arrays: dict[str, np.ndarray] = {}
+        for f in dataclasses.fields(self):
+            if not f.init:
+                continue
+            value = getattr(self, f.name)
+            if isinstance(value, np.ndarray):
+                arrays[f.name] = _array_for_npz(value, f.name)
+                meta["arrays"].append(f.name)
+            elif isinstance(value, pd.DataFrame):
+                meta["frames"][f.name] = _frame_to_arrays(value, f.name, arrays)
+            else:
+                meta["fields"][f.name] = _encode(value)
+        directory.mkdir(parents=True, exist_ok=True)
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)
+        atomic_write(directory / ARRAYS_FILE, buf.getvalue())
+        atomic_write(directory / META_FILE, json.dumps(meta, indent=1, allow_nan=False).encode())
+        return directory
+
+    @classmethod
+    def load(cls, directory: Union[str, os.PathLike]):
+        """Read a folder written by ``save``; raises FileNotFoundError when a file is missing and
+        ValueError when it is truncated, corrupt or holds another kind of result."""
+        directory = Path(directory)
+        for name in (META_FILE, ARRAYS_FILE):
+            if not (directory / name).is_file():
+                raise FileNotFoundError(f"{directory / name} does not exist (not a saved {cls.__name__})")
+        try:
+            meta = json.loads((directory / META_FILE).read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise ValueError(f"{directory / META_FILE} is truncated or corrupt: {err}") from None
+        if not isinstance(meta, dict) or meta.get("kind") != cls.__name__:
+            kind = meta.get("kind") if isinstance(meta, dict) else None
+            raise ValueError(f"{directory} does not hold a {cls.__name__} (kind={kind!r})")
+        if meta.get("format") != FORMAT:
+            raise ValueError(f"{directory / META_FILE}: unsupported format {meta.get('format')!r} (expected {FORMAT})")
+        try:
+            with np.load(directory / ARRAYS_FILE, allow_pickle=False) as data:
+                stored = {k: data[k] for k in data.files}
+        except Exception as err:  # zipfile.BadZipFile, ValueError, OSError, EOFError ...
+            raise ValueError(f"{directory / ARRAYS_FILE} is truncated or corrupt: {err}") from None
+        kwargs: dict[str, Any] = {name: _decode(v) for name, v in meta["fields"].items()}
+        try:
+            for name in meta["arrays"]:
+                kwargs[name] = stored[name]
+            for name, spec in meta["frames"].items():
+                kwargs[name] = _frame_from_arrays(spec, name, stored)
+        except KeyError as err:
+            raise ValueError(f"{directory / ARRAYS_FILE} lacks the array {err}: truncated or corrupt") from None
+        known = {f.name for f in dataclasses.fields(cls) if f.init}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise ValueError(f"{directory} was saved by another version of {cls.__name__} (unknown fields {unknown})")
+        return cls(**kwargs)
+
+
+# ---------------------------------------------------------------- encoding
+def _readable(value: Any) -> Any:
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        value = float(value)
+        return value if not math.isfinite(value) or value == 0 else float(f"{value:.4g}")
+    if value is None:
+        return "none"
+    if isinstance(value, dict):
+        text = ", ".join(f"{k}: {_readable(v)}" for k, v in value.items())
+    elif isinstance(value, (list, tuple, np.ndarray)):
+        text = ", ".join(str(_readable(v)) for v in value) if len(value) else "none"
+    else:
+        text = str(value)
+    return text if len(text) <= _CELL_CHARS else text[: _CELL_CHARS - 3] + "..."
+
+
+def _encode(value: Any) -> Any:
+    """Strict-JSON form of a field value; tagged where JSON would lose the type."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        value = float(value)
+        return value if math.isfinite(value) else {"__float__": repr(value)}
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, tuple):
+        return {"__tuple__": [_encode(v) for v in value]}
+    if isinstance(value, list):
+        return [_encode(v) for v in value]
+    if isinstance(value, dict):
+        if all(isinstance(k, str) for k in value):
+            return {"__dict__": {k: _encode(v) for k, v in value.items()}}
+        return {"__items__": [[_encode(k), _encode(v)] for k, v in value.items()]}
+    if isinstance(value, np.ndarray):
+        return {"__ndarray__": [_encode(v) for v in value.tolist()], "dtype": str(value.dtype)}
+    raise TypeError(f"cannot store a {type(value).__name__} in meta.json")
+
+
+def _decode(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_decode(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if "__float__" in value:
+        return float(value["__float__"])
+    if "__tuple__" in value:
+        return tuple(_decode(v) for v in value["__tuple__"])
+    if "__dict__" in value:
+        return {k: _decode(v) for k, v in value["__dict__"].items()}
+    if "__items__" in value:
+        return {_decode(k): _decode(v) for k, v in value["__items__"]}
+    if "__ndarray__" in value:
+        return np.asarray(_decode(value["__ndarray__"]), dtype=value["dtype"])
+    raise ValueError(f"unknown tagged value in meta.json: {sorted(value)}")
+
+
+def _array_for_npz(value: np.ndarray, name: str) -> np.ndarray:
+    if value.dtype == object:
+        raise TypeError(f"field {name!r} is an object array; store it as a table or a numeric array")
+    return value
+
+
+def _frame_to_arrays(frame: pd.DataFrame, name: str, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Store each column as ``arrays['<name>/<i>']``; returns the column spec for meta.json."""
+    index_names = None
+    if not isinstance(frame.index, pd.RangeIndex) or frame.index.start != 0 or frame.index.step != 1:
+        index_names = [n if n is not None else f"level_{i}" for i, n in enumerate(frame.index.names)]
+        frame = frame.reset_index()
+        frame.columns = [*index_names, *frame.columns[len(index_names):]]
+    columns = []
+    for i, column in enumerate(frame.columns):
+        values = frame[column]
+        kind = "plain"
+        if isinstance(values.dtype, pd.CategoricalDtype):
+            values = values.astype(str)
+        if values.dtype.kind in "biufcmM":
+            data = values.to_numpy()
+        else:
+            cells = values.to_list()
+            if all(isinstance(c, str) for c in cells):
+                data, kind = np.asarray(cells, dtype=str), "str"
+            else:
+                kind = "tuple" if cells and all(isinstance(c, tuple) for c in cells) else "json"
+                data = np.asarray([json.dumps(_encode(c), allow_nan=False) for c in cells], dtype=str)
+        arrays[f"{name}/{i}"] = data.reshape(len(frame))
+        columns.append({"name": _encode(column), "kind": kind})
+    return {"columns": columns, "index": index_names, "columns_name": _encode(frame.columns.name)}
+
+
+def _frame_from_arrays(spec: dict[str, Any], name: str, stored: dict[str, np.ndarray]) -> pd.DataFrame:
+    data = {}
+    for i, column in enumerate(spec["columns"]):
+        values = stored[f"{name}/{i}"]
+        if column["kind"] == "str":
+            values = values.astype(object)
+        elif column["kind"] in ("json", "tuple"):
+            cells = [_decode(json.loads(c)) for c in values.tolist()]
+            if column["kind"] == "tuple":
+                cells = [tuple(c) for c in cells]
+            values = pd.Series(cells, dtype=object).to_numpy()
+        data[i] = values
+    frame = pd.DataFrame(data)
+    frame.columns = [_decode(c["name"]) for c in spec["columns"]]
+    if spec.get("index"):
+        frame = frame.set_index(spec["index"])
+    frame.columns.name = _decode(spec.get("columns_name"))
+    return frame
+
+
+def _equal(a: Any, b: Any) -> bool:
+    if isinstance(a, pd.DataFrame) or isinstance(b, pd.DataFrame):
+        if not (isinstance(a, pd.DataFrame) and isinstance(b, pd.DataFrame)):
+            return False
+        try:
+            pd.testing.assert_frame_equal(a, b, check_dtype=False, check_exact=True, check_column_type=False,
+                                          check_index_type=False)
+        except AssertionError:
+            return False
+        return True
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        a, b = np.asarray(a), np.asarray(b)
+        if a.shape != b.shape:
+            return False
+        if a.dtype.kind in "fc" or b.dtype.kind in "fc":
+            return bool(np.array_equal(a, b, equal_nan=True))
+        return bool(np.array_equal(a, b))
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    return bool(a == b)
+
+
+def strict_json(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by None (JSON ``null``), numpy values as Python
+    values: ``json.dumps(strict_json(x), allow_nan=False)`` never writes ``NaN``."""
+    if isinstance(value, dict):
+        return {str(k) if not isinstance(k, str) else k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return [strict_json(v) for v in value.tolist()]
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, pd.DataFrame):
+        return strict_json(value.to_dict(orient="records"))
+    return value
+
+
+def dumps(value: Any, **kwargs) -> str:
+    """Strict JSON text of ``value`` (see `strict_json`)."""
+    return json.dumps(strict_json(value), allow_nan=False, **kwargs)
+
+
+__all__ = ["FORMAT", "Result", "dumps", "strict_json"]
