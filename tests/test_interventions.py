@@ -17,6 +17,7 @@ from phaseinterp.interventions import (
     mean_ablation,
     shifted_copy,
 )
+from phaseinterp.interventions.gate_cycling import canonical_shifts, cycling_scores
 from phaseinterp.tasks import KeyValueRetrieval
 
 TASK = KeyValueRetrieval(seq_len=64, n_records=8, n_demos=2, min_distance=20, residue_modulus=8)
@@ -194,13 +195,70 @@ def _synthetic_cycling(acc0: np.ndarray, n: int = 200) -> CyclingResult:
 def test_cycling_scores_on_a_known_answer():
     res = _synthetic_cycling(np.array([0.9, 0.4, 0.8, 0.2, 0.95, 0.85, 0.9, 0.1]))
     s = res.scores
-    assert s["r2_pooled"] > 0.8
+    assert s["r2_pooled"] > 0.8 and s["corr2_pooled"] > 0.8
     per = s["per_shift"].set_index("shift")
     assert per.displacement.to_dict() == {-1: -1, 1: 1, 2: 2}
-    assert s["displacement_slope"] == pytest.approx(1.0) and s["displacement_r2"] == pytest.approx(1.0)
+    assert per.identified.all() and s["n_identified"] == 3
+    assert (per.n_points == 7).all()
     assert (per.boundary_rank == 0).all()  # the boundary stays the worst phase
     ci = res.intervals()
     assert 0.9 <= ci.loc["r2_pooled", "low"] <= ci.loc["r2_pooled", "high"] <= 1.0
+    table = res.identification()
+    assert list(table.columns[:8]) == list(range(8)) and table.identified.all()
+
+
+def _changes(acc0, d, scale=1.0):
+    """A profile whose change from acc0 is ``scale`` x the predicted change under shift d."""
+    return acc0 + scale * (np.roll(acc0, d) - acc0)
+
+
+def test_headline_r2_fails_a_prediction_of_the_wrong_size_that_correlation_forgives():
+    acc0 = np.array([0.9, 0.3, 0.7, 0.05])
+    exact = cycling_scores(acc0, {1: _changes(acc0, 1)})["per_shift"].iloc[0]
+    assert exact.r2 == pytest.approx(1.0) and exact.corr2 == pytest.approx(1.0)
+    small = cycling_scores(acc0, {1: _changes(acc0, 1, 0.2)})["per_shift"].iloc[0]
+    assert small.corr2 == pytest.approx(1.0)  # the squared correlation cannot see the scale
+    assert small.slope == pytest.approx(0.2)
+    assert small.r2 < 0.0  # 1 - SS_res/SS_tot: a change 5x smaller than predicted fails
+    assert small.mean_drop == pytest.approx(0.2 * exact.mean_drop)
+    # The issue's w4s4-1kv-shared profile: r2 0.23 for +1 while corr2 was 0.996.
+    base = np.array([0.886, 0.808, 0.990, 0.017])
+    plus_one = cycling_scores(base, {1: np.array([0.000, 0.574, 0.539, 0.001])})["per_shift"].iloc[0]
+    assert plus_one.r2 == pytest.approx(0.23, abs=0.01) and plus_one.corr2 > 0.99
+
+
+def test_shift_identification_picks_the_applied_shift_and_rejects_the_wrong_one():
+    acc0 = np.array([0.9, 0.4, 0.8, 0.2, 0.95, 0.85, 0.9, 0.1])
+    observed = {d: _changes(acc0, d) for d in (-1, 1, 2)}
+    s = cycling_scores(acc0, observed, n_permutations=999)
+    per = s["per_shift"].set_index("shift")
+    for d in (-1, 1, 2):
+        scores = per.loc[d, [f"hypothesis_{k}" for k in range(8)]].to_numpy(dtype=float)
+        assert int(np.argmax(scores)) == d % 8 and per.loc[d, "identified"]
+        assert scores[(d + 1) % 8] < scores[d % 8] - 0.5  # the wrong hypothesis loses clearly
+    assert s["identification_p"] < 0.01 and (per.identification_p < 0.05).all()
+    # Label the same observations with the wrong applied shift: identification fails.
+    wrong = cycling_scores(acc0, {2: observed[1], -1: observed[2]}, n_permutations=999)
+    wper = wrong["per_shift"].set_index("shift")
+    assert not wper.identified.any() and wrong["n_identified"] == 0
+    assert wper.displacement.to_dict() == {2: 1, -1: 2}
+    assert wrong["identification_p"] > 0.5 and (wper.r2 < 0).all()
+    # S = 4: per-shift p cannot go below 1/6 (3! arrangements), jointly 1/216.
+    acc4 = np.array([0.9, 0.3, 0.7, 0.05])
+    s4 = cycling_scores(acc4, {d: _changes(acc4, d) for d in (-1, 1, 2)}, n_permutations=999)
+    assert s4["per_shift"].identification_p.min() == pytest.approx(1 / 6)
+    assert s4["identification_p"] == pytest.approx(1 / 216)
+
+
+def test_shifts_are_counted_once_mod_s():
+    assert canonical_shifts((-3, -2, -1, 1, 2, 3), 4) == (-1, 1, 2)
+    assert canonical_shifts(range(1, 8), 8) == (-3, -2, -1, 1, 2, 3, 4)
+    acc0 = np.array([0.9, 0.4, 0.8, 0.2, 0.95, 0.85, 0.9, 0.1])
+    S, R, n = 8, 8, 50
+    residue = np.repeat(np.arange(R), n)
+    rows = [np.concatenate([np.arange(n) < round(a * n) for a in _changes(acc0, d)]) for d in (0, 1, -7)]
+    res = CyclingResult(shifts=(0, 1, -7), residue=residue, correct=np.stack(rows), residue_modulus=R, stride=S)
+    assert res.scored_shifts == (1,) and res.scores["n_shifts"] == 1
 
 
 def test_gate_cycling_runs_and_round_trips(tmp_path, prompts):
