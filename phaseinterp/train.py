@@ -226,6 +226,17 @@ def train(
         raise ValueError(f"config.n_ctx={config.n_ctx} is shorter than the task's seq_len={task.seq_len}")
     if resume and out_dir is None:
         raise ValueError("resume=True needs out_dir")
+    R = getattr(task, "residue_modulus", None)
+    if R is not None and R % config.stride:
+        divisors = [d for d in range(1, R + 1) if R % d == 0]
+        raise ValueError(
+            f"stride={config.stride} does not divide the task's residue modulus R={R}: the trained model could "
+            f"not be profiled by phase; use a stride in {divisors} or a task with R a multiple of {config.stride}"
+        )
+    if device is not None:
+        from phaseinterp._checks import check_device
+
+        check_device(device)
     device = torch.device(device) if device is not None else torch.device("cpu")
     out = Path(out_dir) if out_dir is not None else None
     ckpt = out / "checkpoints" if out is not None else None
@@ -235,6 +246,7 @@ def train(
     start, log_rows, curve_rows = 0, [], []
     if resume and ckpt is not None and latest_checkpoint(ckpt) is not None:
         model, optimizer, start, log_rows, curve_rows = _load_checkpoint(latest_checkpoint(ckpt), tc, device)
+        _check_same_run(model, config.replace(seed=tc.seed), tc, task, start, ckpt)
     run_meta = {
         "train_config": tc.to_dict(),
         "task": task.to_dict() if hasattr(task, "to_dict") else repr(task),
@@ -353,6 +365,37 @@ def latest_checkpoint(root: Union[str, Path]) -> Optional[Path]:
     if not (path / STATE_FILE).is_file():
         raise RuntimeError(f"{pointer} names {path}, which is not a complete checkpoint")
     return path
+
+
+def _check_same_run(model, config: CompressedConfig, tc: TrainConfig, task, start: int, ckpt: Path) -> None:
+    """A resume continues the same run: refuse a changed architecture, recipe or task, naming the field."""
+    saved, wanted = model.cfg.to_dict(), config.to_dict()
+    for key in sorted(set(saved) | set(wanted)):
+        if saved.get(key) != wanted.get(key):
+            raise ValueError(
+                f"resume: the run in {ckpt.parent} has {key}={saved.get(key)!r} but this call asks for "
+                f"{key}={wanted.get(key)!r}; a resume must keep the architecture (start a new --out instead)"
+            )
+    recorded = model.metadata.get("train_config")
+    if isinstance(recorded, dict):
+        current = json.loads(json.dumps(tc.to_dict(), default=list))
+        recorded = json.loads(json.dumps(recorded, default=list))
+        for key in sorted(set(recorded) | set(current)):
+            if recorded.get(key) != current.get(key):
+                raise ValueError(
+                    f"resume: the run in {ckpt.parent} was trained with {key}={recorded.get(key)!r} but this call "
+                    f"asks for {key}={current.get(key)!r}; a resume must keep the recipe (it is at step {start})"
+                )
+    stored_task = model.metadata.get("task")
+    if isinstance(stored_task, dict) and hasattr(task, "to_dict"):
+        now = json.loads(json.dumps(task.to_dict(), default=list))
+        stored_task = json.loads(json.dumps(stored_task, default=list))
+        for key in sorted(set(stored_task) | set(now)):
+            if stored_task.get(key) != now.get(key):
+                raise ValueError(f"resume: the run in {ckpt.parent} trained on a task with {key}="
+                                 f"{stored_task.get(key)!r}; this call passes {key}={now.get(key)!r}")
+    if start > tc.steps:
+        raise ValueError(f"resume: the run is at step {start}, beyond steps={tc.steps}")
 
 
 def _load_checkpoint(ckpt: Path, tc: TrainConfig, device):

@@ -65,9 +65,14 @@ class SwiGLU(nn.Module):
         self.hook_pre = HookPoint()
         self.hook_post = HookPoint()
 
-    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
-        pre = self.hook_pre(x @ self.W_gate)
-        post = self.hook_post(F.silu(pre) * (x @ self.W_in))
+    def forward(self, x: Float[Tensor, "batch pos d_model"], hooked: bool = True) -> Float[Tensor, "batch pos d_model"]:
+        """``(silu(x W_gate) * (x W_in)) W_out``; ``hooked=False`` skips the hook points."""
+        pre = x @ self.W_gate
+        if hooked:
+            pre = self.hook_pre(pre)
+        post = F.silu(pre) * (x @ self.W_in)
+        if hooked:
+            post = self.hook_post(post)
         return post @ self.W_out
 
 
@@ -91,14 +96,11 @@ class Block(nn.Module):
         resid = self.hook_resid_post(resid + self.hook_mlp_out(self.mlp(self.ln2(resid))))
         return resid, layer_cache
 
-
     def forward_last(self, resid, cache, z_override=None):
         """One new token in several variants over a shared prefix cache (see
         `CompressedAttention.forward_last`); ``resid`` is ``[batch, variant, d_model]``."""
-        attn_out = self.attn.forward_last(self.ln1.unhooked(resid), cache, z_override)
-        resid = resid + attn_out
-        mlp_in = self.ln2.unhooked(resid)
-        return resid + (F.silu(mlp_in @ self.mlp.W_gate) * (mlp_in @ self.mlp.W_in)) @ self.mlp.W_out
+        resid = resid + self.attn.forward_last(self.ln1.unhooked(resid), cache, z_override)
+        return resid + self.mlp(self.ln2.unhooked(resid), hooked=False)
 
 
 class CompressedTransformer(HookedRootModule):
@@ -164,6 +166,8 @@ class CompressedTransformer(HookedRootModule):
             raise ValueError(f"tokens must have shape [batch, pos], got {tuple(tokens.shape)}")
         if tokens.shape[1] == 0:
             raise ValueError("tokens has no positions (shape [batch, 0])")
+        if tokens.shape[0] == 0:
+            raise ValueError(f"tokens has no sequences (shape [0, {tokens.shape[1]}]); pass at least one row")
         end = start + tokens.shape[1]
         if end > self.cfg.n_ctx:
             raise ValueError(
@@ -259,7 +263,9 @@ class CompressedTransformer(HookedRootModule):
         """
         from safetensors.torch import save as save_bytes
 
-        directory = Path(directory)
+        from phaseinterp._files import check_output_dir
+
+        directory = check_output_dir(directory)  # a file there is a ValueError, before any writing
         directory.mkdir(parents=True, exist_ok=True)
         tensors = {k: v.detach().to("cpu").contiguous() for k, v in self.state_dict().items()}
         blob = save_bytes(tensors)
@@ -290,10 +296,15 @@ class CompressedTransformer(HookedRootModule):
                 raise CheckpointError(f"{path} does not exist: not a phaseinterp checkpoint directory")
         try:
             config = json.loads(config_path.read_text())
-        except json.JSONDecodeError as err:
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
             raise CheckpointError(f"{config_path} is not valid JSON (truncated or corrupt): {err}") from None
+        if not isinstance(config, dict):
+            raise CheckpointError(f"{config_path} holds a {type(config).__name__}, not a checkpoint config")
         if config.get("format") != CHECKPOINT_FORMAT:
             raise CheckpointError(f"{config_path}: unsupported checkpoint format {config.get('format')!r}")
+        missing = [k for k in ("model", "weights_bytes", "weights_sha256") if k not in config]
+        if missing:
+            raise CheckpointError(f"{config_path} lacks the field(s) {missing}: truncated or not written by save_pretrained")
         blob = weights_path.read_bytes()
         if len(blob) != config["weights_bytes"]:
             raise CheckpointError(
@@ -302,10 +313,21 @@ class CompressedTransformer(HookedRootModule):
             )
         if hashlib.sha256(blob).hexdigest() != config["weights_sha256"]:
             raise CheckpointError(f"{weights_path} does not match its recorded SHA-256: the file is corrupt")
-        model = cls(CompressedConfig.from_dict(config["model"]))
-        model.load_state_dict(load_bytes(blob))
+        try:
+            model = cls(CompressedConfig.from_dict(config["model"]))
+        except (TypeError, ValueError, KeyError) as err:
+            raise CheckpointError(f"{config_path}: invalid model config: {err}") from None
+        try:
+            model.load_state_dict(load_bytes(blob))
+        except RuntimeError as err:  # shapes or names disagree with the config
+            first = str(err).strip().splitlines()
+            detail = next((line.strip() for line in first[1:] if line.strip()), first[0] if first else "")
+            raise CheckpointError(
+                f"{weights_path} does not fit the model described by {config_path}: {detail}") from None
         model.metadata = dict(config.get("metadata", {}))
         if device is not None:
-            model.to(device)
+            from phaseinterp._checks import check_device
+
+            model.to(check_device(device))
         return model
 
