@@ -1,0 +1,404 @@
+"""Result objects of the idealized-model experiments: one flow, a sweep over seeds, a global search.
+
+All share the phaseinterp protocol: ``summary()`` (a dict), ``to_frame()`` (tidy pandas),
+``plot()`` (plotly, imported lazily), ``save(dir)`` / ``load(dir)``, a short repr and
+``_repr_html_``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Union
+
+import numpy as np
+import pandas as pd
+
+from phaseinterp._files import atomic_write, atomic_write_text, json_default
+
+KEY, VALUE = 0, 1
+
+
+def _save(directory, name: str, meta: dict, arrays: dict) -> Path:
+    import io
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    atomic_write(directory / f"{name}.npz", buffer.getvalue())
+    atomic_write_text(directory / f"{name}.json", json.dumps(meta, indent=1, default=json_default))
+    return directory
+
+
+def _load(directory, name: str) -> tuple[dict, dict]:
+    directory = Path(directory)
+    meta = json.loads((directory / f"{name}.json").read_text())
+    with np.load(directory / f"{name}.npz") as data:
+        arrays = {k: data[k] for k in data.files}
+    return meta, arrays
+
+
+def _html_table(title: str, summary: dict) -> str:
+    rows = "".join(f"<tr><th style='text-align:left'>{k}</th><td>{_fmt(v)}</td></tr>" for k, v in summary.items())
+    return f"<b>{title}</b><table>{rows}</table>"
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def effective_slots(p: np.ndarray) -> np.ndarray:
+    """``exp(H(p))`` over the last axis: uniform over S slots = S, one-hot = 1."""
+    p = np.clip(p, 1e-300, None)
+    return np.exp(-(p * np.log(p)).sum(-1))
+
+
+@dataclass(frozen=True)
+class FlowResult:
+    """One gradient-flow (or gradient-descent) run of the log-linear gates.
+
+    ``mean_p[i, h, b, r]``: population mean over chunks of p_h(r) for branch b (0 = key,
+    1 = value) at time ``t[i]``; ``min_p``: the same in the worst chunk of the population.
+    A head's *slot* r_h is the key slot with the largest ``min(p^K(r), p^V(r+1))`` at the end
+    (r in 0..S-2); it *reached* a threshold when ``p^K(r_h)`` and ``p^V(r_h+1)`` are both at or
+    above it in the worst chunk.
+    """
+
+    config: dict
+    method: str
+    settings: dict
+    t: np.ndarray
+    loss: np.ndarray
+    mean_p: np.ndarray
+    min_p: np.ndarray
+    gate_norm: np.ndarray
+    initial_gates: np.ndarray
+    final_gates: np.ndarray
+
+    @property
+    def heads(self) -> int:
+        return int(self.mean_p.shape[1])
+
+    @property
+    def S(self) -> int:
+        return int(self.mean_p.shape[3])
+
+    def _paired(self, p: np.ndarray) -> np.ndarray:
+        """``min(p^K(r), p^V(r+1))`` for r = 0..S-2: ``[..., head, S-1]``."""
+        return np.minimum(p[..., KEY, :-1], p[..., VALUE, 1:])
+
+    def slots(self) -> list[int]:
+        """Final key slot r_h chosen by each head."""
+        return [int(r) for r in self._paired(self.mean_p[-1]).argmax(-1)]
+
+    def final(self, worst_chunk: bool = True) -> pd.DataFrame:
+        """Per head: its slot, p^K(r_h) and p^V(r_h+1) at the end (worst chunk, or population mean)."""
+        p = (self.min_p if worst_chunk else self.mean_p)[-1]
+        rows = [dict(head=h, slot=r, p_key=float(p[h, KEY, r]), p_value=float(p[h, VALUE, r + 1]))
+                for h, r in enumerate(self.slots())]
+        return pd.DataFrame(rows)
+
+    def reached(self, threshold: float = 0.95) -> bool:
+        """Every head has ``p^K(r_h) >= threshold`` and ``p^V(r_h+1) >= threshold`` in the worst chunk."""
+        f = self.final()
+        return bool(((f.p_key >= threshold) & (f.p_value >= threshold)).all())
+
+    def time_to(self, threshold: float = 0.95) -> float:
+        """First recorded time at which every head reaches ``threshold`` on its final slot; nan if never."""
+        slots = self.slots()
+        paired = self._paired(self.min_p)  # [T, head, S-1]
+        ok = np.stack([paired[:, h, r] >= threshold for h, r in enumerate(slots)], -1).all(-1)
+        return float(self.t[ok.argmax()]) if ok.any() else math.nan
+
+    def choice_times(self, choose_at: float = 0.5) -> list[float]:
+        """Per head, the first time its population-mean ``min(p^K(r), p^V(r+1))`` exceeds
+        ``choose_at`` for some r (a slot is *chosen*); nan if never."""
+        paired = self._paired(self.mean_p).max(-1)  # [T, head]
+        return [float(self.t[(paired[:, h] > choose_at).argmax()]) if (paired[:, h] > choose_at).any() else math.nan
+                for h in range(self.heads)]
+
+    def slot_fixed(self, choose_at: float = 0.5) -> bool:
+        """Once chosen (`choice_times`), every head's leading key slot and leading value slot stay
+        r_h and r_h+1 at every later recorded time (and a head that never chose is not fixed)."""
+        slots = self.slots()
+        for h, t0 in enumerate(self.choice_times(choose_at)):
+            if math.isnan(t0):
+                return False
+            after = self.t >= t0
+            if not ((self.mean_p[after, h, KEY].argmax(-1) == slots[h]).all()
+                    and (self.mean_p[after, h, VALUE].argmax(-1) == slots[h] + 1).all()):
+                return False
+        return True
+
+    def collided(self) -> bool:
+        """Two or more heads ended on the same slot."""
+        return len(set(self.slots())) < self.heads
+
+    def max_loss_increase(self) -> float:
+        """Largest increase of the loss between consecutive records (<= 0: monotone)."""
+        return float(np.diff(self.loss).max()) if len(self.loss) > 1 else 0.0
+
+    def concentration(self) -> np.ndarray:
+        """``[time, head, branch]`` effective number of slots ``exp(H(mean p))``."""
+        return effective_slots(self.mean_p)
+
+    def summary(self) -> dict[str, Any]:
+        f = self.final()
+        return dict(method=self.method, **{k: self.config[k] for k in ("N", "S", "L", "heads", "eps", "gamma", "beta")},
+                    rho=self.settings.get("rho"), seed=self.settings.get("seed"), slots=self.slots(),
+                    min_p_key=float(f.p_key.min()), min_p_value=float(f.p_value.min()),
+                    reached_095=self.reached(0.95), time_to_095=self.time_to(0.95), slot_fixed=self.slot_fixed(),
+                    collided=self.collided(), loss_start=float(self.loss[0]), loss_end=float(self.loss[-1]),
+                    max_loss_increase=self.max_loss_increase(), t_end=float(self.t[-1]), records=len(self.t))
+
+    def to_frame(self) -> pd.DataFrame:
+        """Tidy: one row per (time, head, branch, slot) with mean and worst-chunk p, and the loss."""
+        T, H, B, S = self.mean_p.shape
+        idx = np.indices((T, H, B, S)).reshape(4, -1)
+        return pd.DataFrame(dict(
+            t=self.t[idx[0]], head=idx[1], branch=np.array(["key", "value"])[idx[2]], slot=idx[3],
+            mean_p=self.mean_p.reshape(-1), min_p=self.min_p.reshape(-1), loss=self.loss[idx[0]],
+        ))
+
+    def plot(self, **kwargs):
+        from phaseinterp.plot.theory import flow_figure
+
+        return flow_figure(self, **kwargs)
+
+    def save(self, directory: Union[str, Path]) -> Path:
+        arrays = {k: getattr(self, k) for k in ("t", "loss", "mean_p", "min_p", "gate_norm", "initial_gates",
+                                                 "final_gates")}
+        return _save(directory, "flow", dict(config=self.config, method=self.method, settings=self.settings), arrays)
+
+    @classmethod
+    def load(cls, directory: Union[str, Path]) -> "FlowResult":
+        meta, arrays = _load(directory, "flow")
+        return cls(config=meta["config"], method=meta["method"], settings=meta["settings"], **arrays)
+
+    def __repr__(self) -> str:
+        s = self.summary()
+        return (f"FlowResult({self.method}, N={s['N']} S={s['S']} L={s['L']} m={s['heads']}, seed={s['seed']}: "
+                f"slots={s['slots']}, min p^K={s['min_p_key']:.3f}, min p^V={s['min_p_value']:.3f}, "
+                f"loss {s['loss_start']:.4f} -> {s['loss_end']:.4f} at t={s['t_end']:.4g})")
+
+    def _repr_html_(self) -> str:
+        return _html_table("FlowResult", self.summary()) + self.final().to_html(index=False)
+
+
+def chance_collision(heads: int, slots: int) -> float:
+    """Probability that ``heads`` independent uniform choices among ``slots`` slots are not all distinct."""
+    distinct = 1.0
+    for i in range(heads):
+        distinct *= max(0.0, 1 - i / slots)
+    return 1 - distinct
+
+
+@dataclass(frozen=True)
+class FlowSweep:
+    """`gradient_flow` from many seeds: how often every head reaches ``threshold`` on one slot,
+    whether slots stay fixed, how often heads collide. Each fraction rests on ``len(seeds)``
+    runs; ``chance_collision`` is what heads picking slots independently and uniformly among
+    the S-1 non-boundary slots would give."""
+
+    runs: list
+    seeds: list
+    threshold: float = 0.95
+
+    def to_frame(self) -> pd.DataFrame:
+        rows = []
+        for seed, run in zip(self.seeds, self.runs):
+            f = run.final()
+            rows.append(dict(seed=seed, slots=tuple(run.slots()), reached=run.reached(self.threshold),
+                             min_p_key=float(f.p_key.min()), min_p_value=float(f.p_value.min()),
+                             time_to_threshold=run.time_to(self.threshold), slot_fixed=run.slot_fixed(),
+                             collided=run.collided(), loss_end=float(run.loss[-1]),
+                             max_loss_increase=run.max_loss_increase(), t_end=float(run.t[-1])))
+        return pd.DataFrame(rows)
+
+    def summary(self) -> dict[str, Any]:
+        df = self.to_frame()
+        cfg = self.runs[0].config
+        n = len(df)
+        return dict(**{k: cfg[k] for k in ("N", "S", "L", "heads", "eps", "kappa", "gamma", "beta")},
+                    rho=self.runs[0].settings.get("rho"), seeds=n, threshold=self.threshold,
+                    fraction_reached=float(df.reached.mean()), fraction_slot_fixed=float(df.slot_fixed.mean()),
+                    collision_frequency=float(df.collided.mean()),
+                    chance_collision=chance_collision(cfg["heads"], cfg["S"] - 1),
+                    monotone_fraction=float((df.max_loss_increase <= 1e-12).mean()),
+                    median_time_to_threshold=float(df.time_to_threshold.median()),
+                    slot_counts={int(r): int(c) for r, c in
+                                 pd.Series([r for s in df.slots for r in s]).value_counts().sort_index().items()})
+
+    def plot(self, **kwargs):
+        from phaseinterp.plot.theory import sweep_figure
+
+        return sweep_figure(self, **kwargs)
+
+    def save(self, directory: Union[str, Path]) -> Path:
+        directory = Path(directory)
+        for seed, run in zip(self.seeds, self.runs):
+            run.save(directory / f"seed{seed}")
+        atomic_write_text(directory / "sweep.json", json.dumps(dict(seeds=self.seeds, threshold=self.threshold)))
+        return directory
+
+    @classmethod
+    def load(cls, directory: Union[str, Path]) -> "FlowSweep":
+        directory = Path(directory)
+        meta = json.loads((directory / "sweep.json").read_text())
+        runs = [FlowResult.load(directory / f"seed{s}") for s in meta["seeds"]]
+        return cls(runs=runs, seeds=meta["seeds"], threshold=meta["threshold"])
+
+    def __repr__(self) -> str:
+        s = self.summary()
+        return (f"FlowSweep(N={s['N']} S={s['S']} L={s['L']} m={s['heads']}, {s['seeds']} seeds: "
+                f"reached {s['threshold']:g} in {s['fraction_reached']:.0%}, slot fixed {s['fraction_slot_fixed']:.0%}, "
+                f"collisions {s['collision_frequency']:.0%} (chance {s['chance_collision']:.0%}))")
+
+    def _repr_html_(self) -> str:
+        return _html_table("FlowSweep", self.summary()) + self.to_frame().to_html(index=False)
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """Theorem-1 search at one model (`phaseinterp.theory.global_search`).
+
+    ``one_hot``: exact loss of every one-hot assignment (rows up to relabelling heads), sorted;
+    ``refined``: where projected gradient descent ended from each start. The claim *holds*
+    when every one-hot assignment within ``tol`` of the best loss is of the claimed form
+    (``p^K_h = e_{r_h}``, ``p^V_h = e_{r_h+1}``, distinct r_h in 0..S-2) and no refined point is
+    lower than that by more than ``tol``. ``margin``: best non-claimed one-hot loss minus the
+    best claimed one (> 0 when the claimed form wins; a wrong form scores ``margin`` worse).
+    """
+
+    config: dict
+    population: str
+    n_sequences: int
+    tol: float
+    one_hot: pd.DataFrame
+    refined: pd.DataFrame
+    refined_p_key: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0))
+    refined_p_value: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0))
+
+    @property
+    def best_one_hot_loss(self) -> float:
+        return float(self.one_hot.loss.min())
+
+    @property
+    def best_refined_loss(self) -> float:
+        return float(self.refined.loss.min()) if len(self.refined) else math.inf
+
+    @property
+    def claimed_loss(self) -> float:
+        claimed = self.one_hot[self.one_hot.claimed_form]
+        return float(claimed.loss.min()) if len(claimed) else math.nan
+
+    @property
+    def margin(self) -> float:
+        other = self.one_hot[~self.one_hot.claimed_form]
+        return float(other.loss.min()) - self.claimed_loss if len(other) else math.inf
+
+    def minimizers(self) -> pd.DataFrame:
+        """One-hot assignments within ``tol`` of the best loss found (one-hot or refined)."""
+        best = min(self.best_one_hot_loss, self.best_refined_loss)
+        return self.one_hot[self.one_hot.loss <= best + self.tol]
+
+    def holds(self) -> bool:
+        mins = self.minimizers()
+        return bool(len(mins) > 0 and mins.claimed_form.all()
+                    and self.best_refined_loss >= self.best_one_hot_loss - self.tol)
+
+    def summary(self) -> dict[str, Any]:
+        mins = self.minimizers()
+        random = self.refined[self.refined.start == "random"] if len(self.refined) else self.refined
+        return dict(**{k: self.config[k] for k in ("N", "S", "L", "heads", "eps", "gamma", "beta")},
+                    population=self.population, one_hot_assignments=len(self.one_hot),
+                    best_loss=self.best_one_hot_loss, claimed_loss=self.claimed_loss, margin=self.margin,
+                    best_refined_loss=self.best_refined_loss, n_minimizers=len(mins),
+                    minimizer=f"K{list(mins.key_slots.iloc[0])} V{list(mins.value_slots.iloc[0])}" if len(mins) else "",
+                    random_starts=len(random),
+                    random_starts_reaching_best=int((random.loss <= self.best_one_hot_loss + 1e-6).sum())
+                    if len(random) else 0,
+                    holds=self.holds())
+
+    def to_frame(self) -> pd.DataFrame:
+        return self.one_hot.copy()
+
+    def plot(self, **kwargs):
+        from phaseinterp.plot.theory import search_figure
+
+        return search_figure(self, **kwargs)
+
+    def save(self, directory: Union[str, Path]) -> Path:
+        meta = dict(config=self.config, population=self.population, n_sequences=self.n_sequences, tol=self.tol,
+                    one_hot=self.one_hot.to_dict(orient="list"), refined=self.refined.to_dict(orient="list"))
+        return _save(directory, "search", meta, dict(refined_p_key=self.refined_p_key,
+                                                     refined_p_value=self.refined_p_value))
+
+    @classmethod
+    def load(cls, directory: Union[str, Path]) -> "SearchResult":
+        meta, arrays = _load(directory, "search")
+        frames = {}
+        for name in ("one_hot", "refined"):
+            df = pd.DataFrame(meta[name])
+            for col in ("key_slots", "value_slots"):
+                if col in df:
+                    df[col] = df[col].map(tuple)
+            frames[name] = df
+        return cls(config=meta["config"], population=meta["population"], n_sequences=meta["n_sequences"],
+                   tol=meta["tol"], **frames, **arrays)
+
+    def __repr__(self) -> str:
+        s = self.summary()
+        return (f"SearchResult(N={s['N']} S={s['S']} L={s['L']} m={s['heads']} eps={s['eps']:g}: "
+                f"minimizer {s['minimizer']} loss {s['best_loss']:.5f}, margin {s['margin']:.3g}, holds={s['holds']})")
+
+    def _repr_html_(self) -> str:
+        return _html_table("SearchResult", self.summary()) + self.one_hot.head(10).to_html(index=False)
+
+
+@dataclass(frozen=True)
+class SearchGrid:
+    """`SearchResult` at every (N, S, m) of a grid; one row each in ``to_frame()``."""
+
+    results: list
+
+    def to_frame(self) -> pd.DataFrame:
+        return pd.DataFrame([r.summary() for r in self.results])
+
+    def holds(self) -> bool:
+        return all(r.holds() for r in self.results)
+
+    def summary(self) -> dict[str, Any]:
+        df = self.to_frame()
+        return dict(grid_points=len(df), holds=int(df.holds.sum()), min_margin=float(df.margin.min()),
+                    all_hold=bool(df.holds.all()))
+
+    def plot(self, **kwargs):
+        from phaseinterp.plot.theory import search_grid_figure
+
+        return search_grid_figure(self, **kwargs)
+
+    def save(self, directory: Union[str, Path]) -> Path:
+        directory = Path(directory)
+        for i, r in enumerate(self.results):
+            r.save(directory / f"point{i}")
+        atomic_write_text(directory / "grid.json", json.dumps(dict(points=len(self.results))))
+        return directory
+
+    @classmethod
+    def load(cls, directory: Union[str, Path]) -> "SearchGrid":
+        directory = Path(directory)
+        n = json.loads((directory / "grid.json").read_text())["points"]
+        return cls(results=[SearchResult.load(directory / f"point{i}") for i in range(n)])
+
+    def __repr__(self) -> str:
+        s = self.summary()
+        return f"SearchGrid({s['grid_points']} points: claim holds at {s['holds']}, min margin {s['min_margin']:.3g})"
+
+    def _repr_html_(self) -> str:
+        return _html_table("SearchGrid", self.summary()) + self.to_frame().to_html(index=False)
