@@ -76,5 +76,6 @@ __all__ = [
     "shifted_copy",
     "stats",
     "tasks",
+    "theory",
     "zoo",
 ]
