@@ -450,8 +450,8 @@ def gate_cycling(
         model: a W = S gated model or a DeepSeek-kernel model, in eval mode.
         task: default: the evaluation task stored with the model.
         shifts: non-zero shifts in slots (default None: every distinct shift mod S, as its
-            representative in (-S/2, S/2], e.g. -1, 1, 2 for S = 4); each must differ from 0 mod S
-            and from the others mod S (a shift by S moves nothing). With S = 4 a per-shift score
+            representative in (-S/2, S/2], e.g. -1, 1, 2 for S = 4); each must be non-zero mod S (a
+            shift by S moves nothing); shifts equal mod S are measured but scored once. With S = 4 a per-shift score
             rests on 3 phases; S = 8 models give firmer scores.
         layers: None (default: every layer), one index or a list of distinct indices.
         branch: ``"both"`` (default), ``"k"`` or ``"v"``.
@@ -487,11 +487,6 @@ def gate_cycling(
                 f"shift={d} is 0 mod S={S}: it moves nothing (the unshifted model is always measured); "
                 f"use shifts in 1..{S - 1} or their negatives"
             )
-    seen: dict[int, int] = {}
-    for d in requested:
-        if d % S in seen and seen[d % S] != d:
-            raise ValueError(f"shifts {seen[d % S]} and {d} are the same shift mod S={S}; list each once")
-        seen.setdefault(d % S, d)
     shifts = tuple(dict.fromkeys([0] + requested))
     if prompts is None:
         check_n_per_residue(n_per_residue, task.residue_modulus)
