@@ -286,3 +286,81 @@ def homogeneity_test(k: ArrayLike, n: ArrayLike) -> ChiSquareTest:
     result = scipy_stats.chi2_contingency(table)
     return ChiSquareTest(float(result.statistic), int(result.dof), float(result.pvalue))
 
+
+
+# ----------------------------------------------------------- multiplicity
+def adjust_p_values(p_values: ArrayLike, method: str = "holm") -> np.ndarray:
+    """Multiplicity-adjusted p-values (same shape as ``p_values``; NaNs stay NaN and are not counted).
+
+    ``"holm"``: Holm's step-down, which controls the family-wise error rate:
+    ``p_adj_(i) = max_{j <= i} min(1, (m - j + 1) p_(j))`` over the ascending p's.
+    ``"bh"``: Benjamini-Hochberg, which controls the false discovery rate:
+    ``p_adj_(i) = min_{j >= i} min(1, m p_(j) / j)``. Reject where ``p_adj <= alpha``.
+    """
+    if method not in ("holm", "bh"):
+        raise ValueError(f"method={method!r} is not one of ('holm', 'bh')")
+    p = np.asarray(p_values, dtype=np.float64)
+    flat = p.reshape(-1)
+    out = np.full(flat.shape, np.nan)
+    ok = np.flatnonzero(np.isfinite(flat))
+    if np.any((flat[ok] < 0) | (flat[ok] > 1)):
+        raise ValueError("p-values must lie in [0, 1]")
+    m = ok.size
+    if m == 0:
+        return out.reshape(p.shape)
+    order = ok[np.argsort(flat[ok], kind="stable")]
+    sorted_p = flat[order]
+    ranks = np.arange(1, m + 1)
+    if method == "holm":
+        adjusted = np.maximum.accumulate(np.minimum(1.0, (m - ranks + 1) * sorted_p))
+    else:
+        adjusted = np.minimum.accumulate(np.minimum(1.0, m * sorted_p / ranks)[::-1])[::-1]
+    out[order] = adjusted
+    return out.reshape(p.shape)
+
+
+@dataclass(frozen=True, eq=False)
+class PairedChange:
+    """Exact paired test of a change in accuracy (McNemar) with a matching interval.
+
+    ``change = (gained - lost) / n`` (fraction; x100 for percentage points), where ``lost``
+    counts prompts right before and wrong after, ``gained`` the reverse. ``p_value``: exact
+    two-sided McNemar (binomial on the ``lost + gained`` discordant prompts, central method).
+    ``lower``/``upper``: Clopper-Pearson on the discordant split mapped to the change,
+    conditional on the discordant count, at level ``1 - alpha`` per element; it excludes zero
+    exactly when ``p_value <= alpha``."""
+
+    change: np.ndarray
+    lower: np.ndarray
+    upper: np.ndarray
+    p_value: np.ndarray
+    lost: np.ndarray
+    gained: np.ndarray
+    n: np.ndarray
+
+
+def paired_change(before: ArrayLike, after: ArrayLike, alpha: ArrayLike = 0.05) -> PairedChange:
+    """:class:`PairedChange` of 0/1 correctness ``before [prompt, ...]`` -> ``after [prompt, ...]``
+    (prompts on axis 0, any trailing shape; ``alpha`` broadcasts against the trailing shape)."""
+    b = np.asarray(before, dtype=bool)
+    a = np.asarray(after, dtype=bool)
+    if b.shape != a.shape:
+        raise ValueError(f"before {b.shape} and after {a.shape} must have the same shape")
+    alpha_arr = np.asarray(alpha, dtype=np.float64)
+    if np.any((alpha_arr <= 0) | (alpha_arr >= 1)):
+        raise ValueError(f"alpha={alpha} is out of range (0, 1)")
+    n = np.full(b.shape[1:], b.shape[0], dtype=np.int64)
+    lost = (b & ~a).sum(0)
+    gained = (~b & a).sum(0)
+    m = lost + gained
+    with np.errstate(invalid="ignore", divide="ignore"):
+        k = np.minimum(lost, gained)
+        p = np.where(m > 0, np.minimum(1.0, 2 * scipy_stats.binom.cdf(k, np.maximum(m, 1), 0.5)), 1.0)
+        alpha_b = np.broadcast_to(alpha_arr, m.shape)
+        lo_pi = np.where(gained > 0, scipy_stats.beta.ppf(alpha_b / 2, gained, m - gained + 1), 0.0)
+        hi_pi = np.where(gained < m, scipy_stats.beta.ppf(1 - alpha_b / 2, gained + 1, m - gained), 1.0)
+        nn = np.maximum(n, 1)
+        change = (gained - lost) / nn
+        lower = np.where(m > 0, m * (2 * np.nan_to_num(lo_pi) - 1) / nn, 0.0)
+        upper = np.where(m > 0, m * (2 * np.nan_to_num(hi_pi, nan=1.0) - 1) / nn, 0.0)
+    return PairedChange(change, lower, upper, p, lost, gained, n)

@@ -116,6 +116,38 @@ def test_relative_change_folding_and_specialization():
     assert row.relative_change == -100 and row.ci_low == -100 and row.ci_high == -100
 
 
+def test_specialization_needs_a_change_that_survives_the_multiplicity_correction():
+    """Unit 1 loses 7 of 60 prompts at phase 1 (-11.7%, 7 discordant pairs all one way): p = 0.016
+    alone, 0.16 after Holm over 3 units x 4 phases. With threshold -10% it is hurt only without
+    the correction; unit 0's wipe-out of phases 1-2 survives either correction."""
+    residue = np.repeat(np.arange(8), 30)  # 60 prompts per phase
+    clean = np.ones(residue.size, dtype=bool)
+    knocked = np.ones((residue.size, 3), dtype=bool)
+    knocked[np.isin(residue % 4, [1, 2]), 0] = False
+    knocked[np.flatnonzero(residue % 4 == 1)[:7], 1] = False
+    units = pd.DataFrame({"layer": [0, 0, 1], "kv_head": [0, 1, 0], "heads": [(0,), (1,), (0,)]})
+    res = AblationResult(units=units, residue=residue, clean_correct=clean, knockout_correct=knocked,
+                         residue_modulus=8, stride=4, scope="kv_head")
+    tests = res.phase_tests("holm").set_index(["layer", "kv_head", "phase"])
+    cell = tests.loc[(0, 1, 1)]
+    assert cell.change_pp == pytest.approx(-100 * 7 / 60) and cell.relative_change == pytest.approx(-100 * 7 / 60)
+    assert cell.p_value == pytest.approx(2 * 0.5 ** 7) and cell.p_value < 0.05
+    assert cell.p_adjusted == pytest.approx(10 * 2 * 0.5 ** 7) and not cell.significant  # Holm rank 3 of 12
+    assert cell.ci_low_pp < 0 < cell.ci_high_pp  # the adjusted interval includes zero
+    wiped = tests.loc[(0, 0, 1)]
+    assert wiped.significant and wiped.ci_high_pp < 0 and wiped.change_pp == -100
+    for method in ("holm", "bh"):
+        spec = res.specialization(threshold=-10, correction=method).set_index(["layer", "kv_head"])
+        assert spec.loc[(0, 0), "phases"] == [1, 2]
+        assert spec.loc[(0, 1), "n_phases"] == 0, method
+    # Every interval excludes zero exactly when the adjusted test rejects.
+    t = res.phase_tests("bh")
+    assert ((t.ci_high_pp < 0) | (t.ci_low_pp > 0)).tolist() == t.significant.tolist()
+    np.testing.assert_allclose(res.absolute_change.loc[(0, 1)].to_numpy(), [0, -100 * 7 / 60, 0, 0])
+    with pytest.raises(ValueError, match="method='bonferroni'"):
+        res.phase_tests("bonferroni")
+
+
 def test_ablation_result_round_trip(tmp_path):
     res = _hand_made_ablation()
     res.save(tmp_path / "abl")

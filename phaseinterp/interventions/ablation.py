@@ -109,41 +109,117 @@ class AblationResult(Result):
                     layer=int(unit.layer), kv_head=int(unit.kv_head), heads=unit.heads, **{level: g},
                     n=int(sel.sum()), clean_accuracy=float(self.clean_correct[sel].mean()) if sel.any() else np.nan,
                     knockout_accuracy=float(self.knockout_correct[sel, u].mean()) if sel.any() else np.nan,
+                    change_pp=100 * float(self.knockout_correct[sel, u].mean() - self.clean_correct[sel].mean())
+                    if sel.any() else np.nan,
                     relative_change=est[u, g], ci_low=low[u, g], ci_high=high[u, g],
                 ))
         return pd.DataFrame(rows)
 
-    def specialization(self, threshold: float = -50.0, min_clean: float = 0.10) -> pd.DataFrame:
-        """Per unit: the longest circular run of adjacent phases whose knockout change is
-        ``<= threshold`` (percent), its length, whether every hurt phase lies in it, and the
-        concentration: the share of the unit's total accuracy loss that falls on that run.
+    @property
+    def absolute_change(self) -> pd.DataFrame:
+        """``100 (knockout - clean)`` accuracy in percentage points per (layer, kv_head) x phase."""
+        phases = self.residue % self.stride
+        values = np.full((len(self.units), self.stride), np.nan)
+        for g in range(self.stride):
+            sel = phases == g
+            if sel.any():
+                values[:, g] = 100 * (self.knockout_correct[sel].mean(0) - self.clean_correct[sel].mean())
+        return self._grid(values, "phase")
 
-        Phases whose clean accuracy is below ``min_clean`` are left out (set to no change):
-        a relative change on a near-zero baseline (a never-learned boundary phase) is noise."""
-        rel = self.relative_change.to_numpy().copy()
-        rel[:, self.clean.reindex(range(self.stride)).to_numpy() < min_clean] = np.nan
+    def phase_tests(self, correction: str = "holm", alpha: float = 0.05) -> pd.DataFrame:
+        """Per (unit, phase): the knockout's change with a multiplicity-controlled test.
+
+        Each cell is an exact paired McNemar test of the change in accuracy (the same prompts
+        clean and knocked out; `phaseinterp.stats.paired_change`), and the p-values of all
+        units x phases are adjusted together (``correction``: ``"holm"``, family-wise error,
+        or ``"bh"``, false discovery rate; `phaseinterp.stats.adjust_p_values`).
+        ``ci_low_pp``/``ci_high_pp`` bound the change in percentage points at the cell's
+        adjusted level ``1 - alpha_effective`` (``alpha_effective = alpha * p / p_adjusted``:
+        about ``alpha / (m - rank + 1)`` for Holm, ``alpha * rank / m`` for BH), so the interval
+        excludes zero exactly when ``significant`` (``p_adjusted <= alpha``). ``change_pp`` is
+        the absolute change, ``relative_change`` the same change relative to the clean accuracy.
+        """
+        from phaseinterp import stats
+
+        if not 0 < alpha < 1:
+            raise ValueError(f"alpha={alpha} is out of range (0, 1)")
+        phases = self.residue % self.stride
+        U, S = len(self.units), self.stride
+        tests = [stats.paired_change(np.broadcast_to(self.clean_correct[phases == g, None],
+                                                     (int((phases == g).sum()), U)),
+                                     self.knockout_correct[phases == g]) for g in range(S)]
+        p = np.stack([t.p_value for t in tests], 1)  # [unit, phase]
+        p_adj = stats.adjust_p_values(p, correction)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            alpha_eff = np.where(p_adj > 0, alpha * p / p_adj, alpha / p.size)
+        alpha_eff = np.clip(np.nan_to_num(alpha_eff, nan=alpha / p.size), 1e-300, alpha)
+        rows = []
+        for g in range(S):
+            sel = phases == g
+            ci = stats.paired_change(np.broadcast_to(self.clean_correct[sel, None], (int(sel.sum()), U)),
+                                     self.knockout_correct[sel], alpha_eff[:, g])
+            clean = float(self.clean_correct[sel].mean()) if sel.any() else np.nan
+            for u, unit in enumerate(self.units.itertuples()):
+                change = 100 * float(ci.change[u])
+                rows.append(dict(
+                    layer=int(unit.layer), kv_head=int(unit.kv_head), phase=g, n=int(sel.sum()),
+                    clean_accuracy=clean, knockout_accuracy=clean + change / 100, change_pp=change,
+                    ci_low_pp=100 * float(ci.lower[u]), ci_high_pp=100 * float(ci.upper[u]),
+                    relative_change=100 * change / (100 * clean) if clean > 0 else np.nan,
+                    p_value=float(p[u, g]), p_adjusted=float(p_adj[u, g]), alpha_effective=float(alpha_eff[u, g]),
+                    significant=bool(p_adj[u, g] <= alpha),
+                ))
+        return pd.DataFrame(rows)
+
+    def specialization(self, threshold: float = -50.0, min_clean: float = 0.10, correction: str = "holm",
+                       alpha: float = 0.05) -> pd.DataFrame:
+        """Per unit: the phases where its knockout hurts, and how they are arranged.
+
+        A unit is *hurt* at a phase when all three hold: the change is significant after the
+        multiplicity correction over units x phases (`phase_tests`: its adjusted interval
+        excludes zero), the relative change is ``<= threshold`` (percent), and the phase's
+        clean accuracy is at least ``min_clean`` (a relative change on a near-zero baseline,
+        such as a never-learned boundary phase, is not a phase the unit serves). Columns:
+        ``phases`` the longest circular run of adjacent hurt phases, ``n_phases``, ``contiguous``
+        (every hurt phase lies in the run), ``concentration`` (share of the unit's total
+        relative loss on the run), ``worst_change`` (relative, %), ``worst_change_pp`` (absolute,
+        percentage points), ``hurt_phases`` (all of them). A unit with ``n_phases`` 0 is not
+        specialized; one hurt on several phases serves several."""
+        tests = self.phase_tests(correction, alpha)
+        U, S = len(self.units), self.stride
+        rel = tests.relative_change.to_numpy().reshape(S, U).T
+        pp = tests.change_pp.to_numpy().reshape(S, U).T
+        significant = tests.significant.to_numpy().reshape(S, U).T
+        clean_ok = self.clean.reindex(range(S)).to_numpy() >= min_clean
         rows = []
         for u, unit in self.units.reset_index(drop=True).iterrows():
-            hurt = np.nan_to_num(rel[u], nan=0.0) <= threshold
+            hurt = significant[u] & (np.nan_to_num(rel[u], nan=0.0) <= threshold) & clean_ok
             run = _longest_circular_run(hurt)
-            loss = np.clip(-np.nan_to_num(rel[u], nan=0.0), 0, None)
+            loss = np.clip(-np.where(clean_ok, np.nan_to_num(rel[u], nan=0.0), 0.0), 0, None)
             share = float(loss[run].sum() / loss.sum()) if loss.sum() > 0 else 0.0
             rows.append(dict(
                 layer=int(unit.layer), kv_head=int(unit.kv_head), heads=unit.heads, phases=run,
                 n_phases=len(run), contiguous=bool(hurt.sum() == len(run)), concentration=share,
-                worst_change=float(np.nanmin(rel[u])) if np.isfinite(rel[u]).any() else np.nan,
+                worst_change=float(np.nanmin(np.where(clean_ok, rel[u], np.nan))) if clean_ok.any() else np.nan,
+                worst_change_pp=float(np.nanmin(pp[u])) if np.isfinite(pp[u]).any() else np.nan,
+                hurt_phases=[int(g) for g in np.flatnonzero(hurt)],
             ))
         return pd.DataFrame(rows)
 
     def to_dict(self) -> dict:
-        """Headline numbers: model, scope, prompt count, clean accuracy (fraction) and the
-        specialized units (knockout change <= -50% relative on 1..3 adjacent phases)."""
+        """Headline numbers: model, scope, prompt count, clean accuracy (fraction), the
+        specialized units (knockout change <= -50% relative, significant after Holm's correction
+        over units x phases, on 1..3 adjacent phases) and the units hurt on several phases."""
         spec = self.specialization()
         strong = spec[(spec.n_phases >= 1) & (spec.n_phases <= 3) & spec.contiguous]
+        label = lambda r: f"L{r.layer}H{r.kv_head}" if r.kv_head >= 0 else f"L{r.layer}{list(r.heads)}"  # noqa: E731
         return {
             "model": self.model_label, "scope": self.scope, "n_prompts": int(self.residue.size),
             "clean_accuracy": float(self.clean_correct.mean()),
-            "specialized_heads": [f"L{r.layer}H{r.kv_head}: phases {r.phases}" for r in strong.itertuples()],
+            "specialized_heads": [f"{label(r)}: phases {r.phases}" for r in strong.itertuples()],
+            "multi_phase_units": [f"{label(r)}: phases {r.hurt_phases}" for r in spec.itertuples()
+                                  if len(r.hurt_phases) >= 2],
+            "test": "exact McNemar per unit x phase, Holm over all, alpha 0.05",
         }
 
     def plot(self, **kwargs):
@@ -372,7 +448,10 @@ def ablate(
         raise ValueError("calibration prompts must share the evaluation prompts' answer position")
     mean_z = calibration_mean_z(model, calib.tokens, answer_pos, batch_size)
     bar = progress_bar(progress, batch.tokens.shape[0] * len(units), f"ablate ({method})")
-    run = _fast_knockouts if method == "fast" else _naive_knockouts
+    # Wrapped HF models (phaseinterp.from_hf) have no incremental cache / forward_last: they take
+    # the hooked full-forward path, which the fast path is tested equal to (issue 12).
+    fast = method == "fast" and hasattr(model, "init_cache")
+    run = _fast_knockouts if fast else _naive_knockouts
     try:
         clean_ok, ko_ok, clean_logit, ko_logit = run(
             model, batch.tokens, answer_pos, torch.as_tensor(batch.answer), units, mean_z, batch_size, bar
