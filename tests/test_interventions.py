@@ -148,6 +148,24 @@ def test_specialization_needs_a_change_that_survives_the_multiplicity_correction
         res.phase_tests("bonferroni")
 
 
+def test_heatmap_shows_percentage_points_where_a_baseline_is_near_zero():
+    res = _hand_made_ablation()
+    assert res.plot().data[0].colorbar.title.text == "Δ acc (% of clean)"  # every baseline is 100%
+    clean = res.clean_correct.copy()
+    clean[(res.residue % 4 == 3) & (np.arange(res.residue.size) % 10 >= 1)] = False  # phase 3 at 10% -> 1 of 20
+    clean[(res.residue % 4 == 3)] = np.arange(int((res.residue % 4 == 3).sum())) == 0
+    low = AblationResult(units=res.units, residue=res.residue, clean_correct=clean,
+                         knockout_correct=res.knockout_correct & clean[:, None], residue_modulus=8, stride=4,
+                         scope="kv_head")
+    fig = low.plot()
+    assert fig.data[0].colorbar.title.text == "Δ acc (pp)"
+    np.testing.assert_allclose(fig.data[0].z, low.absolute_change.to_numpy())
+    assert [b.label for b in fig.layout.updatemenus[0].buttons] == ["Δ acc (pp)", "Δ acc (% of clean)"]
+    assert low.plot(value="relative").data[0].colorbar.title.text == "Δ acc (% of clean)"
+    with pytest.raises(ValueError, match="value='percent'"):
+        low.plot(value="percent")
+
+
 def test_ablation_result_round_trip(tmp_path):
     res = _hand_made_ablation()
     res.save(tmp_path / "abl")

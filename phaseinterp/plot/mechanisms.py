@@ -20,27 +20,63 @@ def style(fig: go.Figure, title: str | None = None, width: int = 760, height: in
     return fig
 
 
-def specialization_heatmap(result, level: str = "phase", zmax: float | None = None, title: str | None = None) -> go.Figure:
-    """Relative change (%) of accuracy per (layer, KV head) x phase; diverging, centred on 0.
+def specialization_heatmap(result, level: str = "phase", zmax: float | None = None, title: str | None = None,
+                           value: str = "auto", min_clean: float = 0.10) -> go.Figure:
+    """Knockout change of accuracy per (layer, KV head) x phase; diverging, centred on 0.
 
-    KV heads are labelled with the query heads that read them; a gap separates layers; the
-    boundary phase S-1 is marked.
+    ``value``: ``"pp"`` (absolute change, percentage points), ``"relative"`` (percent of the
+    clean accuracy) or ``"auto"`` (default): percentage points when any phase's clean accuracy
+    is below ``min_clean`` (on a 2% baseline a 1 pp change would read -50% relative), else
+    relative. Buttons above the figure switch between the two. At ``level="phase"`` cells
+    marked * are significant after Holm's correction over units x phases
+    (``result.phase_tests()``). KV heads are labelled with the query heads that read them; a
+    gap separates layers; the boundary phase S-1 is marked.
     """
+    if value not in ("auto", "pp", "relative"):
+        raise ValueError(f"value={value!r} is not one of ('auto', 'pp', 'relative')")
+    if level not in ("phase", "residue"):
+        raise ValueError(f"level={level!r} is not one of ('phase', 'residue')")
     rel = result.relative_change if level == "phase" else result.relative_change_residue
+    if level == "phase":
+        pp = result.absolute_change
+    else:
+        groups = result.residue
+        pp_values = np.stack([100 * (result.knockout_correct[groups == g].mean(0) - result.clean_correct[groups == g].mean())
+                              if (groups == g).any() else np.full(len(result.units), np.nan)
+                              for g in range(result.residue_modulus)], 1)
+        pp = pd.DataFrame(pp_values, index=rel.index, columns=rel.columns)
+    low_baseline = bool((result.clean.reindex(range(result.stride)).to_numpy() < min_clean).any())
+    shown = ("pp" if low_baseline else "relative") if value == "auto" else value
     units = result.units.reset_index(drop=True)
     labels = []
     for u in units.itertuples():
         head = "layer" if u.kv_head == -1 and len(u.heads) > 1 else (f"KV{u.kv_head}" if u.kv_head >= 0 else "set")
         labels.append(f"L{u.layer} {head} (q{','.join(map(str, u.heads))})")
-    z = rel.to_numpy(dtype=float)
-    finite = np.abs(z[np.isfinite(z)])
-    bound = zmax if zmax is not None else (float(finite.max()) if finite.size else 100.0)
-    bound = max(bound, 1.0)
+    marks = np.full(rel.shape, "", dtype=object)
+    if level == "phase":
+        tests = result.phase_tests()
+        sig = tests.significant.to_numpy().reshape(result.stride, len(units)).T
+        marks[sig] = "*"
+    z = {"relative": rel.to_numpy(dtype=float), "pp": pp.to_numpy(dtype=float)}
+    bounds = {}
+    for key, values in z.items():
+        finite = np.abs(values[np.isfinite(values)])
+        bounds[key] = max(zmax if zmax is not None else (float(finite.max()) if finite.size else 100.0), 1.0)
+    unit_label = {"relative": "Δ acc (% of clean)", "pp": "Δ acc (pp)"}
     fig = go.Figure(go.Heatmap(
-        z=z, x=list(rel.columns), y=labels, zmin=-bound, zmax=bound, zmid=0, colorscale="RdBu",
-        colorbar=dict(title="Δ acc (%)"),
-        hovertemplate=level + " %{x}<br>%{y}<br>relative change %{z:.1f}%<extra></extra>",
+        z=z[shown], x=list(rel.columns), y=labels, zmin=-bounds[shown], zmax=bounds[shown], zmid=0,
+        colorscale="RdBu", colorbar=dict(title=unit_label[shown]), text=marks, texttemplate="%{text}",
+        customdata=np.stack([z["pp"], z["relative"]], -1),
+        hovertemplate=level + " %{x}<br>%{y}<br>%{customdata[0]:.1f} pp (%{customdata[1]:.1f}% of clean)"
+        "<extra></extra>",
     ))
+    fig.update_layout(updatemenus=[dict(
+        type="buttons", direction="right", x=1.0, xanchor="right", y=1.12, yanchor="bottom", showactive=True,
+        active=0 if shown == "pp" else 1,
+        buttons=[dict(label=unit_label[key], method="restyle",
+                      args=[{"z": [z[key]], "zmin": [-bounds[key]], "zmax": [bounds[key]],
+                             "colorbar.title.text": unit_label[key]}]) for key in ("pp", "relative")],
+    )])
     # Layer separators.
     layers = units.layer.to_numpy()
     for i in range(1, len(layers)):
@@ -53,18 +89,24 @@ def specialization_heatmap(result, level: str = "phase", zmax: float | None = No
         fig.add_annotation(x=boundary, y=1.02, yref="paper", text="boundary", showarrow=False, font=dict(size=11))
     fig.update_xaxes(title=level, dtick=1)
     fig.update_yaxes(autorange="reversed")
-    return style(fig, title or f"Mean replacement of z at the answer: {result.model_label}",
-                 height=max(320, 40 * len(labels) + 140))
+    note = " (* significant, Holm over units x phases)" if level == "phase" else ""
+    return style(fig, title or f"Mean replacement of z at the answer: {result.model_label}{note}",
+                 height=max(340, 40 * len(labels) + 160))
 
 
 def gate_cycling_figure(result, title: str | None = None) -> go.Figure:
-    """Left: accuracy per phase for every gate shift. Right: predicted vs observed change, R²."""
+    """Left: accuracy per phase for every gate shift. Right: predicted vs observed change (the
+    dashed diagonal is the parameter-free prediction), with the headline R² (1 - SS_res/SS_tot,
+    no fitted slope or intercept), the squared correlation and how many shifts the
+    identification test recovers (see `phaseinterp.interventions.gate_cycling.cycling_scores`)."""
     acc = result.phase_accuracy()
     tidy = result.to_frame()
     scores = result.scores
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("accuracy by phase per shift",
-                                                        f"predicted vs observed change (R² excl. boundary "
-                                                        f"= {scores['r2_pooled']:.2f})"))
+    fig = make_subplots(rows=1, cols=2, subplot_titles=(
+        "accuracy by phase per shift",
+        f"predicted vs observed change, boundary excl.: R² {scores['r2_pooled']:.2f} (no fit), "
+        f"r² {scores['corr2_pooled']:.2f} (fitted line); {scores['n_identified']}/{scores['n_shifts']} "
+        f"shifts identified"))
     for i, d in enumerate(acc.index):
         fig.add_trace(go.Scatter(x=list(acc.columns), y=acc.loc[d].to_numpy(), mode="lines+markers",
                                  name=f"shift {d:+d}" if d else "unshifted",
@@ -92,27 +134,39 @@ def gate_cycling_figure(result, title: str | None = None) -> go.Figure:
 
 
 def gate_profile_figure(profile, branch: str = "k", title: str | None = None) -> go.Figure:
-    """Left: E[alpha] per slot for each (layer, KV head). Right: static vs per-window concentration."""
+    """Left: E[alpha] per slot for each (layer, KV head). Right: static vs per-window concentration.
+
+    One legend per panel, one meaning each: the left legend names the (layer, KV head) lines,
+    the right legend the branch (k or v) of each head's marker."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=(f"E[alpha] per slot ({branch} branch)",
                                                         "concentration (effective number of slots)"))
     slots = profile.slots[profile.slots.branch == branch]
     for i, ((layer, kv), grp) in enumerate(slots.groupby(["layer", "kv_head"])):
         fig.add_trace(go.Scatter(x=grp.slot, y=grp.mean_alpha, mode="lines+markers", name=f"L{layer} KV{kv}",
-                                 line=dict(color=PALETTE[i % len(PALETTE)])), row=1, col=1)
+                                 legend="legend", line=dict(color=PALETTE[i % len(PALETTE)])), row=1, col=1)
     fig.add_hline(y=1 / profile.window, line=dict(dash="dot", color="grey"), row=1, col=1)
     heads = profile.heads
-    fig.add_trace(go.Scatter(
-        x=heads.static_concentration, y=heads.window_concentration, mode="markers",
-        marker=dict(size=9, color=[PALETTE[0] if b == "k" else PALETTE[1] for b in heads.branch]),
-        text=[f"L{r.layer} KV{r.kv_head} {r.branch}" for r in heads.itertuples()], name="heads (k blue, v red)",
-    ), row=1, col=2)
+    for j, (br, symbol) in enumerate((("k", "circle"), ("v", "diamond"))):
+        sub = heads[heads.branch == br]
+        if sub.empty:
+            continue
+        fig.add_trace(go.Scatter(
+            x=sub.static_concentration, y=sub.window_concentration, mode="markers", name=f"{br} branch",
+            legend="legend2", marker=dict(size=9, symbol=symbol, color=PALETTE[j]),
+            text=[f"L{r.layer} KV{r.kv_head} {r.branch}" for r in sub.itertuples()],
+        ), row=1, col=2)
     fig.add_trace(go.Scatter(x=[1, profile.window], y=[1, profile.window], mode="lines",
                              line=dict(dash="dash", color="grey"), showlegend=False), row=1, col=2)
     fig.update_xaxes(title_text="slot", dtick=1, row=1, col=1)
     fig.update_yaxes(title_text="E[alpha]", row=1, col=1)
     fig.update_xaxes(title_text="static exp(H(E[alpha]))", range=[0.9, profile.window + 0.1], row=1, col=2)
     fig.update_yaxes(title_text="per-window E[exp(H(alpha))]", range=[0.9, profile.window + 0.1], row=1, col=2)
-    return style(fig, title or f"Gate statistics: {profile.model_label}", width=1100, height=460)
+    style(fig, title or f"Gate statistics: {profile.model_label}", width=1100, height=460)
+    fig.update_layout(
+        legend=dict(title=dict(text="(layer, KV head)"), x=0.45, y=1.0, xanchor="right"),
+        legend2=dict(title=dict(text="branch"), x=1.02, y=1.0, xanchor="left", bgcolor="rgba(255,255,255,0.7)"),
+    )
+    return fig
 
 
 def training_curves(curves: pd.DataFrame, log: pd.DataFrame | None = None, stride: int | None = None,
