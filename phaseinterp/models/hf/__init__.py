@@ -31,8 +31,9 @@ def from_hf(hf_model: Any, name: Optional[str] = None) -> HookedDeepseekV4:
     impl = getattr(hf_model.config, "_attn_implementation", "eager")
     if impl not in (None, "eager"):
         raise ValueError(f"from_hf: attention implementation {impl!r} is not supported (valid: 'eager')")
-    hf_model.eval()
-    return HookedDeepseekV4(hf_model, name=name)
+    model = HookedDeepseekV4(hf_model, name=name)
+    model.eval()  # the HF model too: experiments expect eval mode, as from_pretrained gives
+    return model
 
 
 def load_hf(path: Union[str, Path], device_map: Union[str, dict, None] = None, dtype: Any = None,

@@ -1,0 +1,373 @@
+"""DeepSeek-V4 through transformers: the wrapper equals HF's forward, hooks mean what they say,
+interventions restore exactly, loading works and fails clearly, experiments run unchanged."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+from transformers import DeepseekV4Config, DeepseekV4ForCausalLM  # noqa: E402
+
+import phaseinterp as pi  # noqa: E402
+from phaseinterp.interventions import cycle_gates, gate_cycling, gate_profile, mean_ablation  # noqa: E402
+from phaseinterp.models.hf import HookedDeepseekV4, from_hf, load_hf  # noqa: E402
+from phaseinterp.tasks import DocstringProbe, KeyValueRetrieval, NeedleRetrieval, Vocab  # noqa: E402
+
+CSA, HCA = "compressed_sparse_attention", "heavily_compressed_attention"
+S, R = 4, 8  # CSA and HCA rates of the test model
+TASK = KeyValueRetrieval(seq_len=64, n_records=8, n_demos=2, min_distance=20, residue_modulus=8)
+
+
+def hf_config(vocab_size: int = TASK.vocab.size, **kw) -> DeepseekV4Config:
+    base = dict(
+        vocab_size=vocab_size, hidden_size=32, moe_intermediate_size=32, num_hidden_layers=3, num_attention_heads=4,
+        head_dim=16, q_lora_rank=16, n_routed_experts=2, num_experts_per_tok=1, n_shared_experts=1,
+        layer_types=[CSA, HCA, CSA], compress_rates={CSA: S, HCA: R}, hc_mult=2, hc_sinkhorn_iters=3,
+        mlp_layer_types=["hash_moe", "moe", "moe"], sliding_window=6, o_groups=2, o_lora_rank=16,
+        index_n_heads=2, index_head_dim=8, index_topk=3, partial_rotary_factor=0.5, max_position_embeddings=1024,
+        attn_implementation="eager", bos_token_id=None, eos_token_id=None,
+    )
+    return DeepseekV4Config(**{**base, **kw})
+
+
+def make_hf(vocab_size: int = TASK.vocab.size, seed: int = 0, **kw) -> DeepseekV4ForCausalLM:
+    """A random tiny V4 whose gates, sinks and hash routes are not at their (degenerate) zero init."""
+    torch.manual_seed(seed)
+    model = DeepseekV4ForCausalLM(hf_config(vocab_size, **kw)).eval()
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("position_bias", "sinks")):
+                p.copy_(torch.randn(p.shape, generator=gen))
+        for name, buf in model.named_buffers():
+            if name.endswith("tid2eid"):
+                buf.copy_(torch.randint(0, 2, buf.shape, generator=gen))
+    return model
+
+
+@pytest.fixture(scope="module")
+def hf():
+    return make_hf()
+
+
+@pytest.fixture(scope="module")
+def model(hf):
+    return from_hf(hf)
+
+
+@pytest.fixture(scope="module")
+def tokens():
+    return torch.randint(0, TASK.vocab.size, (2, 37), generator=torch.Generator().manual_seed(0))
+
+
+def hf_logits(hf_model, tokens):
+    with torch.no_grad():
+        return hf_model(tokens, use_cache=False).logits
+
+
+# ------------------------------------------------------------------- numerics
+def test_wrapped_logits_equal_hf_forward(hf, model, tokens):
+    ref = hf_logits(hf, tokens)
+    with torch.no_grad():
+        out = model(tokens)
+        cached = hf(tokens).logits  # HF's default (DynamicCache) path: the same maths
+    assert out.shape == (2, 37, TASK.vocab.size)
+    torch.testing.assert_close(out, ref, atol=1e-6, rtol=0)
+    torch.testing.assert_close(cached, ref, atol=1e-6, rtol=0)
+
+
+def test_identity_hooks_change_nothing(hf, model, tokens):
+    ref = hf_logits(hf, tokens)
+    fired = []
+
+    def identity(t, hook):
+        fired.append(hook.name)
+        return t
+
+    with torch.no_grad():
+        out = model.run_with_hooks(tokens, fwd_hooks=[(lambda name: True, identity)])
+    torch.testing.assert_close(out, ref, atol=1e-6, rtol=0)
+    assert set(fired) == set(model.hook_dict)
+
+
+def test_weights_are_shared_not_copied(hf, model):
+    wrapped = {id(p) for p in model.parameters()}
+    assert wrapped == {id(p) for p in hf.parameters()}
+    assert model.position_bias(0) is hf.model.layers[0].self_attn.compressor.position_bias
+
+
+# ---------------------------------------------------------------------- hooks
+def expected_shapes(T: int, B: int = 2) -> dict[str, tuple]:
+    d, H, D, hc = 16, 4, 32, 2
+    n_csa, n_hca = T // S, T // R
+    shapes = {"hook_embed": (B, T, D), "hook_final": (B, T, D)}
+    for l, (kind, n, W) in enumerate([(CSA, n_csa, 2 * S), (HCA, n_hca, R), (CSA, n_csa, 2 * S)]):
+        p = f"blocks.{l}."
+        shapes.update({p + h: (B, T, hc, D) for h in ("hook_resid_pre", "hook_resid_mid", "hook_resid_post")})
+        shapes.update({p + h: (B, T, D) for h in ("hook_attn_in", "hook_attn_out", "hook_mlp_in", "hook_mlp_out")})
+        shapes.update({p + "attn.hook_q": (B, T, H, d), p + "attn.hook_rot_q": (B, T, H, d),
+                       p + "attn.hook_kv": (B, T, 1, d), p + "attn.hook_rot_kv": (B, T, 1, d),
+                       p + "attn.hook_attn_scores": (B, H, T, T + n), p + "attn.hook_pattern": (B, H, T, T + n),
+                       p + "attn.hook_z": (B, T, H, d)})
+        c = p + "attn.compressor."
+        halves = 2 if kind == CSA else 1
+        shapes.update({c + "hook_kv": (B, T, halves, d), c + "hook_token_gate_logits": (B, T, halves, d),
+                       c + "hook_compressed": (B, n, 1, d), c + "hook_rot_compressed": (B, n, 1, d)})
+        shapes.update({c + h: (B, n, W, 1, d) for h in ("hook_gate_logits_k", "hook_gate_logits_v",
+                                                         "hook_gate_k", "hook_gate_v")})
+        if kind == CSA:
+            i, di = c + "indexer.", 8
+            shapes.update({i + "hook_kv": (B, T, 2, di), i + "hook_token_gate_logits": (B, T, 2, di),
+                           i + "hook_gate_logits": (B, n, 2 * S, di), i + "hook_gate": (B, n, 2 * S, di),
+                           i + "hook_compressed": (B, n, di), i + "hook_rot_compressed": (B, n, di),
+                           i + "hook_q": (B, T, 2, di), i + "hook_scores": (B, T, n), i + "hook_selected": (B, T, 3)})
+    return shapes
+
+
+def test_every_documented_hook_fires_with_its_shape(model, tokens):
+    _, cache = model.run_with_cache(tokens, return_cache_object=False)
+    expected = expected_shapes(tokens.shape[1])
+    assert set(cache) == set(expected)
+    for name, shape in expected.items():
+        assert tuple(cache[name].shape) == shape, name
+    sel = cache["blocks.0.attn.compressor.indexer.hook_selected"]
+    assert sel.dtype == torch.int64 and int(sel[:, : S - 1].max()) == -1  # no entry closed before t = S - 1
+    alpha = cache["blocks.0.attn.compressor.hook_gate_k"]
+    torch.testing.assert_close(alpha.sum(2), torch.ones_like(alpha.sum(2)))
+    assert (alpha[:, 0, :S] == 0).all()  # HF's leading partial entry: newer half only
+    # The pattern (sink dropped) sums to < 1 and sits only on slots key_slot_sources calls visible.
+    pattern = cache["blocks.0.attn.hook_pattern"]
+    assert float(pattern.sum(-1).max()) <= 1 + 1e-6
+    T = tokens.shape[1]
+    for q in (0, 3, 20, T - 1):
+        kinds = [k for k, _ in model.key_slot_sources(0, q, n_key_slots=pattern.shape[-1])]
+        masked = torch.tensor([k == "masked" for k in kinds])
+        assert float(pattern[:, :, q, masked].abs().max()) == 0.0
+        assert kinds[q] == "local" and kinds.count("local") == min(q + 1, 6)
+        closed = [k for k in kinds[T:] if k == "entry"]
+        assert len(closed) == (q + 1) // S
+        hit = pattern[:, :, q, T:].sum((0, 1)) > 0
+        selected = set(cache["blocks.0.attn.compressor.indexer.hook_selected"][:, q].flatten().tolist()) - {-1}
+        assert {int(j) for j in torch.nonzero(hit).flatten()} <= selected
+
+
+def test_key_slot_sources_hf_layout(model):
+    sources = model.key_slot_sources(0, 11, seq_len=16)
+    assert len(sources) == 16 + 16 // S
+    assert sources[16] == ("entry", [0, 1, 2, 3])  # the leading partial entry
+    assert sources[17] == ("entry", list(range(0, 8)))
+    assert sources[18] == ("entry", list(range(4, 12)))  # closes at t = 11
+    assert sources[19] == ("masked", [])
+    hca = model.key_slot_sources(1, 15, seq_len=16)
+    assert hca[16:] == [("entry", list(range(8))), ("entry", list(range(8, 16)))]
+    with pytest.raises(ValueError, match="layer=3 is out of range"):
+        model.key_slot_sources(3, 0)
+    with pytest.raises(ValueError, match="query_pos=16 is out of range"):
+        model.key_slot_sources(0, 16, seq_len=16)
+
+
+def test_alpha_replacement_matches_hf_recomputation(tokens):
+    """One-hot alpha on newer slot i through the hook == HF with position_bias forcing that slot."""
+    hf_model = make_hf()
+    model = from_hf(hf_model)
+    i = 2
+    clean = hf_logits(hf_model, tokens)
+
+    def one_hot(alpha, hook):
+        out = torch.zeros_like(alpha)
+        out[:, :, S + i] = 1.0
+        return out
+
+    with torch.no_grad():
+        hooked = model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.attn.compressor.hook_gate_k", one_hot)])
+        bias = hf_model.model.layers[0].self_attn.compressor.position_bias
+        saved = bias.clone()
+        bias.fill_(-1e4)  # every slot off (older half included) ...
+        bias[i, 16:] = 1e4  # ... but newer slot i: softmax is exactly one-hot in float32
+        predicted = hf_logits(hf_model, tokens)
+        bias.copy_(saved)
+    torch.testing.assert_close(hooked, predicted, atol=1e-6, rtol=0)
+    assert float((hooked - clean).abs().max()) > 1e-3
+
+
+def test_compressed_entry_replacement_matches_hf_recomputation(tokens):
+    """Scaling the compressed entries (after kv_norm) == HF with kv_norm's weight scaled."""
+    hf_model = make_hf()
+    model = from_hf(hf_model)
+    clean = hf_logits(hf_model, tokens)
+    with torch.no_grad():
+        hooked = model.run_with_hooks(
+            tokens, fwd_hooks=[("blocks.2.attn.compressor.hook_compressed", lambda t, hook: 3.0 * t)])
+        weight = hf_model.model.layers[2].self_attn.compressor.kv_norm.weight
+        weight.mul_(3.0)
+        predicted = hf_logits(hf_model, tokens)
+        weight.div_(3.0)
+    torch.testing.assert_close(hooked, predicted, atol=1e-5, rtol=1e-5)
+    assert float((hooked - clean).abs().max()) > 1e-3
+
+
+def test_indexer_selection_hook_controls_attention(model, tokens):
+    """Selecting no entry leaves every compressed slot at zero probability (the block bias reads the hook)."""
+    names = "blocks.0.attn.hook_pattern"
+
+    def none_selected(sel, hook):
+        return torch.full_like(sel, -1)
+
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens, names_filter=names, return_cache_object=False)
+        model.add_hook("blocks.0.attn.compressor.indexer.hook_selected", none_selected)
+        try:
+            _, patched = model.run_with_cache(tokens, names_filter=names, return_cache_object=False)
+        finally:
+            model.reset_hooks()
+    T = tokens.shape[1]
+    assert float(cache[names][..., T:].sum()) > 0
+    assert float(patched[names][..., T:].abs().max()) == 0.0
+
+
+# ------------------------------------------------------------------ gates
+def test_gate_parameters_view_layout(model):
+    gp = model.gate_parameters(0)
+    bias = model.position_bias(0)
+    assert gp.b.shape == (2 * S, 1, 16) and gp.Z.shape == (2 * S, 1, 16, 32)
+    torch.testing.assert_close(gp.b[1, 0], bias[1, :16])  # older slot 1: half 0 (HF's Ca)
+    torch.testing.assert_close(gp.b[S + 1, 0], bias[1, 16:])  # newer slot 1: half 1 (Cb)
+    gate_w = model.hf.model.layers[0].self_attn.compressor.gate_proj.weight
+    torch.testing.assert_close(gp.Z[S + 3, 0], gate_w[16:])
+    assert model.gate_parameters(1).b.shape == (R, 1, 16)
+    with pytest.raises(ValueError, match="branch='q'"):
+        model.gate_parameters(0, "q")
+
+
+def test_cycle_gates_restores_and_slot_count_shift_is_identity(tokens):
+    hf_model = make_hf()
+    model = from_hf(hf_model)
+    state = {k: v.clone() for k, v in hf_model.state_dict().items()}
+    clean = hf_logits(hf_model, tokens)
+    with torch.no_grad():
+        with cycle_gates(model, 1, layers=[0, 2]):
+            torch.testing.assert_close(model.position_bias(0), torch.roll(state[
+                "model.layers.0.self_attn.compressor.position_bias"], 1, dims=0))
+            shifted = model(tokens)
+        assert float((shifted - clean).abs().max()) > 1e-4
+        with cycle_gates(model, S, layers=[0, 2]):  # CSA: S slots per half
+            same_csa = model(tokens)
+        with cycle_gates(model, R, layers=[1]):  # HCA: R slots
+            same_hca = model(tokens)
+        with pytest.raises(RuntimeError, match="boom"):
+            with cycle_gates(model, 3):
+                raise RuntimeError("boom")
+    torch.testing.assert_close(same_csa, clean, atol=0, rtol=0)
+    torch.testing.assert_close(same_hca, clean, atol=0, rtol=0)
+    for k, v in hf_model.state_dict().items():
+        assert torch.equal(v, state[k]), k
+
+
+def test_sliding_only_layers_have_no_gates(tokens):
+    model = from_hf(make_hf(layer_types=["sliding_attention", CSA, HCA]))
+    assert model.cfg.compressed_layers == [1, 2]
+    with pytest.raises(ValueError, match="layer 0 is a sliding-window-only layer"):
+        model.gate_parameters(0)
+    with pytest.raises(ValueError, match="layer 0 is a sliding-window-only layer"):
+        with cycle_gates(model, 1):
+            pass
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens), hf_logits(model.hf, tokens), atol=1e-6, rtol=0)
+
+
+# ----------------------------------------------------------------- loading
+def test_save_pretrained_round_trip_through_load_hf(tmp_path, model, tokens):
+    model.metadata["task"] = TASK.to_dict()
+    try:
+        model.save_pretrained(tmp_path / "ckpt")
+    finally:
+        model.metadata.pop("task")
+    loaded = load_hf(tmp_path / "ckpt")
+    assert isinstance(loaded, HookedDeepseekV4) and loaded.metadata["task"] == TASK.to_dict()
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(tokens), model(tokens), atol=1e-6, rtol=0)
+    auto = pi.load_hf(tmp_path / "ckpt", device_map="auto", dtype=torch.float32)
+    with torch.no_grad():
+        torch.testing.assert_close(auto(tokens), model(tokens), atol=1e-6, rtol=0)
+
+
+def test_load_hf_errors_name_the_path(tmp_path):
+    missing = tmp_path / "nope"
+    with pytest.raises(FileNotFoundError, match=str(missing)):
+        load_hf(missing)
+    (tmp_path / "file.txt").write_text("x")
+    with pytest.raises(ValueError, match="is not a directory"):
+        load_hf(tmp_path / "file.txt")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(FileNotFoundError, match=f"{empty}.*not a Hugging Face model directory"):
+        load_hf(empty)
+    wrong = tmp_path / "llama"
+    wrong.mkdir()
+    (wrong / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(ValueError, match=f"{wrong}: model_type='llama' is not supported"):
+        load_hf(wrong)
+    (wrong / "config.json").write_text(json.dumps({"model_type": "deepseek_v4"}))
+    with pytest.raises(FileNotFoundError, match="no weights"):
+        load_hf(wrong)
+    with pytest.raises(ValueError, match="model_type=None"):
+        from_hf(torch.nn.Linear(2, 2))
+
+
+def test_bad_tokens_raise(model):
+    with pytest.raises(ValueError, match=r"token id 500 is outside the vocabulary \(valid ids: 0\.\."):
+        model(torch.tensor([[1, 500]]))
+    with pytest.raises(ValueError, match="shape"):
+        model(torch.tensor([1, 2]))
+
+
+# ------------------------------------------------- experiments, unchanged
+def test_phase_profile_ablate_cycling_gate_profile_run(model):
+    prompts = TASK.generate(3, seed=0, strict=False)
+    profile = pi.phase_profile(model, prompts, stride=S, n_permutations=99, progress=False)
+    assert profile.stride == S and profile.residue_n.sum() == len(prompts)
+    ablation = mean_ablation(model, TASK, prompts=prompts, n_calibration=8, layer=[0, 2], progress=False)
+    assert list(ablation.units.kv_head) == [0, 0] and ablation.units.heads.iloc[0] == (0, 1, 2, 3)
+    assert np.abs(ablation.knockout_logit_answer - ablation.clean_logit_answer[:, None]).max() > 1e-4
+    groups = mean_ablation(model, TASK, prompts=prompts, n_calibration=8, layer=2, heads=model.o_group_heads(),
+                           progress=False)
+    assert list(groups.units.heads) == [(0, 1), (2, 3)]
+    cycling = gate_cycling(model, TASK, shifts=(1,), layers=[0, 2], prompts=prompts, n_boot=10, progress=False)
+    assert cycling.correct.shape == (2, len(prompts)) and tuple(cycling.shifts) == (0, 1)
+    gates = gate_profile(model, TASK, prompts=prompts)
+    assert set(gates.slots.layer) == {0, 1, 2}
+    assert gates.slots[(gates.slots.layer == 0) & (gates.slots.slot < S)].static_alpha.between(0, 1).all()
+
+
+def _word_tokenizer(tmp_path, words):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<bos>", "<unk>"]
+    vocab = {w: i for i, w in enumerate(specials + sorted(set(words)))}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", pad_token="<pad>", unk_token="<unk>")
+    fast.save_pretrained(tmp_path / "tokenizer")
+    return AutoTokenizer.from_pretrained(tmp_path / "tokenizer", local_files_only=True)
+
+
+def test_needle_and_docstring_with_a_pretrained_tokenizer(tmp_path):
+    vocab = Vocab.default()
+    tokenizer = _word_tokenizer(tmp_path, vocab.keys + vocab.values + vocab.fillers + ("|", "<sep>"))
+    assert tokenizer.encode(" " + vocab.keys[0], add_special_tokens=False) == [3 + sorted(
+        set(vocab.keys + vocab.values + vocab.fillers + ("|", "<sep>"))).index(vocab.keys[0])]
+    model = from_hf(make_hf(vocab_size=len(tokenizer)))
+    needle = NeedleRetrieval(seq_len=512, separator="|")
+    batch = needle.generate(1, seed=0, tokenizer=tokenizer, strict=False)
+    assert (batch.tokens[:, 0] == tokenizer.bos_token_id).all()
+    profile = pi.phase_profile(model, batch, stride=S, n_permutations=99, progress=False, batch_size=8)
+    assert profile.residue_n.sum() == len(batch)
+    probe = DocstringProbe.synthetic(vocab, lengths=(24, 25, 26, 27))
+    result = probe.run(model, tokenizer)
+    frame = result.to_frame()
+    assert len(frame) == 4 * len(probe.families) and np.isfinite(frame.margin).all()
