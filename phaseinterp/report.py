@@ -4,23 +4,26 @@ statistics, written as a self-contained folder (index.html, PNGs, CSVs, summary.
 from __future__ import annotations
 
 import html
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from phaseinterp._files import atomic_write_text, json_default
+from phaseinterp._files import atomic_write_text, check_output_dir
 from phaseinterp.interventions._common import resolve_task
+from phaseinterp.results import dumps
 
 
 @dataclass
 class ReportSettings:
+    """Prompt counts of each report section (per residue; the zoo task has R = 24 residues),
+    calibration prompts, gate shifts (None: every distinct shift mod S) and PNG export."""
+
     n_per_residue: int = 250
     ablation_per_residue: int = 72
     cycling_per_residue: int = 250
     n_calibration: int = 256
-    shifts: tuple[int, ...] = (-3, -2, -1, 1, 2, 3)
+    shifts: Optional[tuple[int, ...]] = None  # None: every distinct shift mod S
     gate_per_residue: int = 8
     export_static: bool = True
 
@@ -51,9 +54,10 @@ class Report:
             lines.append(f"\nspecialized KV heads (knockout <= -50% on <= 3 adjacent phases): {'; '.join(heads)}")
         cyc = self.summary.get("cycling")
         if cyc:
-            lines.append(f"gate cycling: R^2 (boundary excluded, pooled) = {cyc['r2_pooled_excl_boundary']:.3f}; "
-                         f"weak-spot displacement slope = {cyc['displacement_slope']:.2f} "
-                         f"(R^2 {cyc['displacement_r2']:.2f})")
+            lines.append(f"gate cycling (shifts {cyc.get('shifts')}, {cyc.get('points_per_shift')} points per shift): "
+                         f"R^2 of the prediction (boundary excluded, pooled) = {_num(cyc.get('r2_pooled'))}; "
+                         f"squared correlation = {_num(cyc.get('corr2_pooled'))}; "
+                         f"shift identified in {cyc.get('identified')}")
             if self.summary.get("config", {}).get("payload") == "per_slot":
                 lines.append("  note: this model has a payload map per slot, so a shifted gate reads a map never "
                              "trained for its slot; see the w4s4-1kv-shared zoo model (shared payload) for the "
@@ -63,44 +67,81 @@ class Report:
         return "\n".join(lines)
 
 
+def _num(value) -> str:
+    return "n/a" if value is None or value != value else f"{value:.3f}"
+
+
+def check_model_source(model_or_name) -> None:
+    """Raise a ValueError unless ``model_or_name`` is a model object, a checkpoint directory or
+    the name of a zoo model whose checkpoint ships (cheap: reads no weights)."""
+    from phaseinterp import zoo
+
+    if not isinstance(model_or_name, (str, Path)):
+        return
+    path = Path(model_or_name)
+    if (path / "config.json").is_file():
+        return
+    name = str(model_or_name)
+    shipped = zoo.available()
+    if name in shipped:
+        return
+    if name in zoo.ENTRIES:
+        raise ValueError(f"zoo model {name!r} is a recipe without a shipped checkpoint; build it with "
+                         f"`phaseinterp zoo build {name}` (shipped: {', '.join(shipped)})")
+    if path.is_dir():
+        raise ValueError(f"directory {name!r} is not a checkpoint (no config.json in it)")
+    if path.exists():
+        raise ValueError(f"model {name!r} is a file; pass a checkpoint directory or a zoo name")
+    raise ValueError(f"model {name!r} is neither a shipped zoo model ({', '.join(shipped)}) nor a checkpoint "
+                     "directory (with config.json)")
+
+
 def load_model(model_or_name, device=None):
     """A model object, a zoo name or a checkpoint directory -> a model in eval mode."""
     from phaseinterp import zoo
+    from phaseinterp._checks import check_device
     from phaseinterp.models import CompressedTransformer
 
+    device = check_device(device)
+    check_model_source(model_or_name)
     if not isinstance(model_or_name, (str, Path)):
         model = model_or_name
     elif (Path(model_or_name) / "config.json").is_file():
         model = CompressedTransformer.from_pretrained(Path(model_or_name), device=device)
-    elif str(model_or_name) in zoo.ENTRIES:
-        model = zoo.load(str(model_or_name), device=device)
     else:
-        raise ValueError(
-            f"model {str(model_or_name)!r} is neither a zoo name ({', '.join(sorted(zoo.ENTRIES))}) "
-            "nor a checkpoint directory (with config.json)"
-        )
+        model = zoo.load(str(model_or_name), device=device)
     model.eval()
     return model
 
 
 def build_report(model, out_dir: Union[str, Path], *, twin=None, settings: Optional[ReportSettings] = None,
                  task=None, device=None, progress: bool = True, log=print) -> Report:
-    """Run every experiment on ``model`` (and the phase profile on ``twin``) and write the folder."""
-    from phaseinterp.evaluate import phase_profile
-    from phaseinterp.interventions import gate_cycling, gate_profile, mean_ablation
+    """Run every experiment on ``model`` (and the phase profile on ``twin``) and write the folder.
+
+    ``model`` / ``twin``: model objects, shipped zoo names or checkpoint directories (``twin``
+    default None: no twin). ``out_dir``: a directory or a path that does not exist yet; it is
+    checked, and both models are loaded, before anything is computed or written. ``settings``
+    (default `ReportSettings()`; `ReportSettings.quick()` for a one-minute run) sets the prompt
+    counts. ``task`` default: the model's stored task. ``device``: as in `load_model`.
+    Returns a `Report`; the folder holds index.html, data/*.csv, summary.json (strict JSON) and,
+    when kaleido and a Chromium are present, one PNG per figure (the HTML says when and why not).
+    """
+    from phaseinterp.interventions import ablate, gate_cycling, gate_profile
     from phaseinterp.plot import export, profiles_figure
+    from phaseinterp.profile import phase_profile
 
     t0 = time.time()
     settings = settings or ReportSettings()
-    out = Path(out_dir)
-    (out / "data").mkdir(parents=True, exist_ok=True)
+    out = check_output_dir(out_dir)
     model = load_model(model, device)
     task = resolve_task(model, task)
     twin = load_model(twin, device) if twin is not None else None
+    (out / "data").mkdir(parents=True, exist_ok=True)
     figures: dict[str, Any] = {}
+    tables: dict[str, Any] = {}
     summary: dict[str, Any] = {"model": model.cfg.label, "config": model.cfg.to_dict(),
                                "task": task.to_dict() if hasattr(task, "to_dict") else repr(task),
-                               "settings": settings.__dict__ | {"shifts": list(settings.shifts)}}
+                               "settings": settings.__dict__ | {"shifts": list(settings.shifts or ())}}
 
     log(f"[1/4] phase profile: {settings.n_per_residue} prompts x {task.residue_modulus} residues")
     profiles = [phase_profile(model, task, settings.n_per_residue, label=_label(model), progress=progress)]
@@ -112,26 +153,30 @@ def build_report(model, out_dir: Union[str, Path], *, twin=None, settings: Optio
         atomic_write_text(out / "data" / f"profile_{slug}_residues.csv", p.residue_frame().to_csv(index=False))
         atomic_write_text(out / "data" / f"profile_{slug}_phases.csv", p.phase_frame().to_csv(index=False))
         atomic_write_text(out / "data" / f"profile_{slug}_prompts.csv", p.to_frame().to_csv(index=False))
-    summary["profiles"] = [p.summary() for p in profiles]
+    summary["profiles"] = [p.to_dict() for p in profiles]
     figures["phase_profile"] = profiles_figure(profiles)
 
     if model.cfg.is_compressed:
         log(f"[2/4] per-KV-head mean replacement: every layer, {settings.ablation_per_residue} prompts per residue")
-        abl = mean_ablation(model, task, n_per_residue=settings.ablation_per_residue,
-                            n_calibration=settings.n_calibration, progress=progress)
+        abl = ablate(model, task, n_per_residue=settings.ablation_per_residue,
+                     n_calibration=settings.n_calibration, progress=progress)
+        spec = abl.specialization()
         atomic_write_text(out / "data" / "ablation.csv", abl.to_frame().to_csv(index=False))
-        atomic_write_text(out / "data" / "ablation_specialization.csv", abl.specialization().to_csv(index=False))
-        summary["ablation"] = abl.summary()
+        atomic_write_text(out / "data" / "ablation_specialization.csv", spec.to_csv(index=False))
+        summary["ablation"] = abl.to_dict()
         figures["ablation_heatmap"] = abl.plot()
+        tables["ablation_heatmap"] = abl.summary().to_html(border=0)
+        tables["ablation_heatmap"] += _frame_html(spec, "Specialization per unit (relative change, %)")
 
-        log(f"[3/4] gate cycling: shifts {list(settings.shifts)}")
+        log(f"[3/4] gate cycling: shifts {list(settings.shifts) if settings.shifts else 'every shift mod S'}")
         try:
             cyc = gate_cycling(model, task, settings.shifts, n_per_residue=settings.cycling_per_residue,
                                progress=progress, n_boot=200)
             atomic_write_text(out / "data" / "cycling.csv", cyc.to_frame().to_csv(index=False))
             atomic_write_text(out / "data" / "cycling_scores.csv", cyc.scores["per_shift"].to_csv(index=False))
-            summary["cycling"] = cyc.summary()
+            summary["cycling"] = cyc.to_dict()
             figures["gate_cycling"] = cyc.plot()
+            tables["gate_cycling"] = cyc.summary().to_html(border=0)
         except ValueError as err:
             summary["cycling_skipped"] = str(err)
             log(f"      skipped: {err}")
@@ -145,19 +190,38 @@ def build_report(model, out_dir: Union[str, Path], *, twin=None, settings: Optio
         summary["gates"] = {"heads": gp.heads.to_dict(orient="records"),
                             "alignment_mean_correlation": float(align.correlation.mean()) if len(align) else None}
         figures["gate_profile"] = gp.plot()
+        tables["gate_profile"] = _frame_html(gp.heads, "Per head and branch")
 
-    static_ok = settings.export_static and export.static_export_available()
-    if settings.export_static and not static_ok:
-        log("      PNG export skipped: needs `pip install 'phaseinterp[export]'` and a Chromium "
-            "(apt-get install chromium); the report has interactive HTML figures and CSVs")
-    for name, fig in figures.items():
-        if static_ok:
-            export.save(fig, out / f"{name}.png")
-    summary["static_images"] = bool(static_ok)
+    static = _static_export(settings, figures, out, export)
+    if static["skipped"]:
+        log(f"      PNG export skipped: {static['skipped']}; the report has interactive HTML figures and CSVs")
+    summary["static_images"] = static["written"]
+    summary["static_skipped"] = static["skipped"]
     summary["seconds"] = time.time() - t0
-    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, default=json_default))
-    atomic_write_text(out / "index.html", _html(summary, figures, static_ok))
+    atomic_write_text(out / "summary.json", dumps(summary, indent=2))
+    atomic_write_text(out / "index.html", _html(summary, figures, tables, static))
     return Report(out_dir=out, summary=summary, figures=figures, seconds=summary["seconds"])
+
+
+def _static_export(settings: ReportSettings, figures: dict, out: Path, export) -> dict[str, Any]:
+    """Write one PNG per figure when possible; otherwise say why (never fail the report over PNGs)."""
+    if not settings.export_static:
+        return {"written": [], "skipped": "PNG export turned off (--no-static / export_static=False)"}
+    try:
+        import kaleido  # noqa: F401
+    except ImportError:
+        return {"written": [], "skipped": "kaleido is not installed (pip install 'phaseinterp[export]')"}
+    if export.find_browser() is None:
+        return {"written": [], "skipped": "no Chromium for kaleido was found (apt-get install chromium, or set "
+                                          "BROWSER_PATH)"}
+    written = []
+    for name, fig in figures.items():
+        try:
+            export.save(fig, out / f"{name}.png")
+        except export.ExportError as err:
+            return {"written": written, "skipped": f"kaleido failed: {' '.join(str(err).split())[:300]}"}
+        written.append(f"{name}.png")
+    return {"written": written, "skipped": None}
 
 
 def _label(model) -> str:
@@ -169,39 +233,76 @@ def _slug(text: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in text).strip("_").lower()
 
 
-def _html(summary: dict, figures: dict, static_ok: bool) -> str:
+def _frame_html(frame, caption: str, max_rows: int = 40) -> str:
+    shown = frame.head(max_rows)
+    more = f"<p>... {len(frame) - max_rows} more rows in the CSV</p>" if len(frame) > max_rows else ""
+    return f"<h3>{html.escape(caption)}</h3>" + shown.to_html(index=False, border=0, float_format=_fmt) + more
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.3g}"
+
+
+def _html(summary: dict, figures: dict, tables: dict, static: dict) -> str:
     import plotly.io as pio
     from plotly.offline import get_plotlyjs
 
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>phaseinterp report</title>",
         "<style>body{font-family:Helvetica,Arial,sans-serif;max-width:1150px;margin:24px auto;color:#222}"
-        "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}"
-        "h2{margin-top:36px}pre{background:#f6f6f6;padding:8px;overflow:auto}</style>",
+        "table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}"
+        "h2{margin-top:36px}.note{background:#fff6e0;border-left:4px solid #e0a000;padding:6px 10px}</style>",
         f"<script type='text/javascript'>{get_plotlyjs()}</script></head><body>",
         f"<h1>phaseinterp report: {html.escape(summary['model'])}</h1>",
         "<p>Accuracy by target phase (position mod stride) with position statistics held fixed, "
         "per-KV-head mean replacement, cyclic gate shifts and gate statistics. Every number is in "
         "<code>data/*.csv</code> and <code>summary.json</code>.</p>",
-        "<h2>Summary</h2><table><tr><th>model</th><th>mean</th><th>worst phase</th><th>phase gap</th>"
-        "<th>residue gap</th><th>period (p)</th></tr>",
     ]
+    if static.get("skipped"):
+        parts.append(f"<p class='note'>PNG figures were not written: {html.escape(static['skipped'])}. "
+                     "The interactive figures below and the CSVs hold everything.</p>")
+    parts.append("<h2>Summary</h2><table><tr><th>model</th><th>mean</th><th>worst phase</th><th>phase gap</th>"
+                 "<th>residue gap</th><th>period (p)</th></tr>")
     for p in summary["profiles"]:
+        worst = p["worst_phase_accuracy"]
+        period = p["period"] if p["period"] is not None else "none"
+        p_value = p["period_p_value"]
         parts.append(
             f"<tr><td style='text-align:left'>{html.escape(p['label'])}</td><td>{p['mean']:.3f}</td>"
-            f"<td>{','.join(map(str, p['worst_phases']))} ({p['worst_phase_accuracy']:.3f})</td>"
+            f"<td>{','.join(map(str, p['worst_phases']))} ({worst:.3f})</td>"
             f"<td>{100 * p['phase_gap']:.1f} pp</td><td>{100 * p['gap']:.1f} pp</td>"
-            f"<td>{p['period'] if p['period'] is not None else 'none'} ({p['period_p_value']:.3f})</td></tr>")
+            f"<td>{period} ({'n/a' if p_value is None or p_value != p_value else f'{p_value:.3f}'})</td></tr>")
     parts.append("</table>")
+    parts.append(_settings_html(summary))
     titles = {"phase_profile": "Accuracy by phase", "ablation_heatmap": "Head x phase specialization",
               "gate_cycling": "Gate cycling", "gate_profile": "Gate statistics"}
-    for i, (name, fig) in enumerate(figures.items()):
+    for name, fig in figures.items():
         parts.append(f"<h2>{titles.get(name, name)}</h2>")
         parts.append(pio.to_html(fig, include_plotlyjs=False, full_html=False, div_id=f"fig-{name}"))
-        if static_ok:
+        if name in tables:
+            parts.append(tables[name])
+        if f"{name}.png" in static.get("written", []):
             parts.append(f"<p><a href='{name}.png'>{name}.png</a></p>")
     if "cycling_skipped" in summary:
-        parts.append(f"<p>Gate cycling skipped: {html.escape(summary['cycling_skipped'])}</p>")
-    parts.append(f"<h2>Raw summary</h2><pre>{html.escape(json.dumps(summary, indent=2, default=json_default)[:20000])}</pre>")
+        parts.append(f"<h2>Gate cycling</h2><p class='note'>Skipped: {html.escape(summary['cycling_skipped'])}</p>")
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def _settings_html(summary: dict) -> str:
+    """Model, task and run settings as small tables (the task without its vocabulary)."""
+    rows = []
+    config = summary.get("config", {})
+    for key in ("compression", "window", "stride", "gate", "payload", "n_layers", "n_heads", "n_kv_heads", "d_model"):
+        if key in config:
+            rows.append(("model", key, config[key]))
+    task = summary.get("task")
+    if isinstance(task, dict):
+        for key, value in task.items():
+            if key != "vocab" and not isinstance(value, (dict, list)):
+                rows.append(("task", key, value))
+    for key, value in summary.get("settings", {}).items():
+        rows.append(("run", key, value))
+    body = "".join(f"<tr><td style='text-align:left'>{a}</td><td style='text-align:left'>{html.escape(str(b))}</td>"
+                   f"<td style='text-align:left'>{html.escape(str(c))}</td></tr>" for a, b, c in rows)
+    return f"<h3>Settings</h3><table><tr><th>what</th><th>setting</th><th>value</th></tr>{body}</table>"

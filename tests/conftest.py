@@ -7,15 +7,14 @@ os.environ.setdefault("PHASEINTERP_NO_PROGRESS", "1")
 from jaxtyping import install_import_hook  # noqa: E402
 
 # Must run before anything imports phaseinterp: every annotated function is then checked.
-# `import phaseinterp` is lazy, so import every submodule here, inside the hook.
+# `import phaseinterp` is lazy (the CLI's --help must not wait for torch), so import the core
+# modules here, inside the hook: the ones `import phaseinterp` used to load eagerly.
 with install_import_hook("phaseinterp", "typecheck.typecheck"):
     import importlib
-    import pkgutil
 
-    import phaseinterp
-
-    for _module in pkgutil.walk_packages(phaseinterp.__path__, "phaseinterp."):
-        importlib.import_module(_module.name)
+    for _module in ("config", "phase", "stats", "tasks", "results", "profile", "evaluate", "models",
+                    "interventions", "zoo"):
+        importlib.import_module(f"phaseinterp.{_module}")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -44,11 +44,16 @@ def test_profile_ablate_cycle_gates_write_results(checkpoint, tmp_path, capsys):
                  "--out", str(tmp_path / "c")]) == 0
     assert (tmp_path / "c" / "meta.json").is_file()
     assert main(["gates", str(checkpoint), "--n-per-residue", "40", "--out", str(tmp_path / "g")]) == 0
-    assert (tmp_path / "g" / "gate_heads.csv").is_file()
+    assert (tmp_path / "g" / "arrays.npz").is_file() and (tmp_path / "p" / "meta.json").is_file()
     out = capsys.readouterr().out
-    assert '"period_p_value"' in out  # profile summary
+    assert "period_p_value" in out and "homogeneity_p_value" in out  # profile summary table
     assert "kv_head" in out and "shift" in out  # ablation table, cycling table
     assert "window_concentration" in out  # gate statistics
+    from phaseinterp import AblationResult, CyclingResult, GateProfile, PhaseProfile
+
+    for cls, name in ((PhaseProfile, "p"), (AblationResult, "a"), (CyclingResult, "c"), (GateProfile, "g")):
+        loaded = cls.load(tmp_path / name)
+        assert loaded == cls.load(tmp_path / name)  # == on two loaded copies
 
 
 def test_report_writes_folder(checkpoint, tmp_path, capsys):
@@ -68,9 +73,52 @@ def test_train_subcommand(tmp_path, capsys):
 
 
 def test_zoo_list(capsys):
+    import phaseinterp as pi
+
     assert main(["zoo", "list"]) == 0
     out = capsys.readouterr().out
     assert "w4s4" in out and "phaseinterp zoo build w4s4" in out
+    for name in pi.zoo.ENTRIES:
+        line = next(row for row in out.splitlines() if row.split()[:1] == [name])
+        assert ("recipe only" in line) == (name not in pi.zoo.available()), line
+
+
+def test_readme_zoo_table_is_the_generated_one(capsys):
+    """README's zoo table is `phaseinterp zoo list --markdown`, so the two cannot drift apart."""
+    from pathlib import Path
+
+    from phaseinterp.cli import zoo_markdown
+
+    assert main(["zoo", "list", "--markdown"]) == 0
+    printed = capsys.readouterr().out.strip()
+    assert printed == zoo_markdown()
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert printed in readme, "regenerate README's zoo table with `phaseinterp zoo list --markdown`"
+
+
+def test_every_option_has_help():
+    import argparse
+
+    from phaseinterp.cli import build_parser
+
+    def walk(parser, path):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    yield from walk(sub, path + [name])
+            elif not isinstance(action, argparse._HelpAction):
+                yield path, action
+
+    missing = [(" ".join(p), a.dest) for p, a in walk(build_parser(), []) if not a.help]
+    assert not missing
+
+
+def test_help_does_not_import_torch_or_plotly():
+    code = ("import sys; from phaseinterp.cli import main\n"
+            "try:\n    main(['ablate', '--help'])\nexcept SystemExit:\n    pass\n"
+            "assert 'torch' not in sys.modules and 'plotly' not in sys.modules, sorted(sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
 
 
 @pytest.mark.parametrize("argv, message", [

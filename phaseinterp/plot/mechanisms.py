@@ -195,3 +195,43 @@ def training_curves(curves: pd.DataFrame, log: pd.DataFrame | None = None, strid
         fig.update_xaxes(title_text="step", row=1, col=2)
         fig.update_yaxes(title_text="loss", row=1, col=2)
     return style(fig, title or "Phase-resolved learning curves", width=1100 if with_loss else 700, height=440)
+
+
+def confirm_figure(result, title: str | None = None) -> go.Figure:
+    """`ConfirmResult` at a glance. Left: change of accuracy (pp) per unit x phase under each
+    ablation method (mean replacement, resample, norm-matched mean), * where significant after
+    the multiplicity correction. Right: gate-nominated (unit, phase) claims on the held-out
+    split, hit or miss, with the hit rate against chance."""
+    tests = result.ablation_tests
+    methods = list(dict.fromkeys(tests["method"]))
+    fig = make_subplots(rows=1, cols=len(methods) + 1, horizontal_spacing=0.06,
+                        subplot_titles=[f"{m} (pp)" for m in methods] + [
+                            f"nominated heads: {result.n_hits}/{result.n_nominated} confirmed "
+                            f"(chance {result.chance_rate:.0%}, p={result.nomination_p:.3g})"])
+    bound = max(float(np.nanmax(np.abs(tests.change_pp.to_numpy(dtype=float)))) if len(tests) else 1.0, 1.0)
+    for i, method in enumerate(methods):
+        sub = tests[tests.method == method]
+        grid = sub.pivot_table(index=["layer", "kv_head"], columns="phase", values="change_pp", aggfunc="first")
+        sig = sub.pivot_table(index=["layer", "kv_head"], columns="phase", values="significant", aggfunc="first")
+        labels = [f"L{layer} KV{kv}" for layer, kv in grid.index]
+        fig.add_trace(go.Heatmap(z=grid.to_numpy(dtype=float), x=list(grid.columns), y=labels, zmin=-bound, zmax=bound,
+                                 zmid=0, colorscale="RdBu", showscale=i == 0, colorbar=dict(title="Δ acc (pp)", x=-0.12),
+                                 text=np.where(sig.to_numpy(dtype=bool), "*", ""), texttemplate="%{text}",
+                                 hovertemplate="phase %{x}<br>%{y}<br>%{z:.1f} pp<extra>" + method + "</extra>"),
+                      row=1, col=i + 1)
+        fig.update_yaxes(autorange="reversed", showticklabels=i == 0, row=1, col=i + 1)
+        fig.update_xaxes(title_text="phase", dtick=1, row=1, col=i + 1)
+    nom = result.nominations
+    chosen = nom[nom.nominated] if len(nom) else nom
+    if len(chosen):
+        fig.add_trace(go.Scatter(
+            x=chosen.preferred_phase, y=[f"L{r.layer} KV{r.kv_head}" for r in chosen.itertuples()], mode="markers",
+            marker=dict(size=16, symbol=["circle" if h else "x" for h in chosen.hit],
+                        color=["#2ca02c" if h else "#d62728" for h in chosen.hit]),
+            text=[f"{r.change_pp:.1f} pp, adjusted p={r.p_adjusted:.2g}" for r in chosen.itertuples()],
+            hovertemplate="%{y} nominated for phase %{x}<br>%{text}<extra></extra>", showlegend=False),
+            row=1, col=len(methods) + 1)
+    fig.update_xaxes(title_text="nominated phase", dtick=1, range=[-0.5, result.stride - 0.5], row=1,
+                     col=len(methods) + 1)
+    fig.update_yaxes(autorange="reversed", row=1, col=len(methods) + 1)
+    return style(fig, title or f"Confirmatory tests: {result.model_label}", width=1250, height=440)
