@@ -12,6 +12,7 @@ GATE_TYPES = ("scalar", "vector", "uniform")
 PAYLOADS = ("per_slot", "shared")
 POSITIONALS = ("rope", "none")
 MEMORY_POLICIES = ("local", "uncompressed_tail")
+OFFSET_SHORTHANDS = ("staggered", "staggered_layers")
 
 
 def _choice(name: str, value: Any, options: tuple) -> None:
@@ -51,6 +52,14 @@ class CompressedConfig:
     - ``memory``: ``"local"`` (exact K/V of the last ``local_window`` tokens, the
       query included) or ``"uncompressed_tail"`` (exact K/V only for tokens not yet
       covered by a closed window).
+    - ``window_offsets``: staggered compression grids (issue 14). KV head ``h`` of layer
+      ``l`` compresses windows starting at ``j*S + o`` with ``o`` in ``0..S-1``: ``None``
+      (all 0: the paper's shared grid), a sequence of ``n_kv_heads`` offsets (per KV head,
+      every layer), ``n_layers`` sequences of ``n_kv_heads`` offsets (per layer and head),
+      ``"staggered"`` (``o_h = h*S // n_kv_heads``; for one-KV-head models per layer,
+      ``o_l = l*S // n_layers``) or ``"staggered_layers"`` (per layer, every head). Every
+      head keeps the same number of entries, so memory per token is unchanged; tokens
+      before a head's first window (``t < o``) are read only through the exact band.
     """
 
     d_vocab: int = 128
@@ -77,6 +86,7 @@ class CompressedConfig:
     norm_eps: float = 1e-6
     init_std: float = 0.02
     use_attn_result: bool = False
+    window_offsets: Any = None
     seed: Optional[int] = 0
     # Not part of the architecture: set by the model so TransformerLens utilities that
     # read ``model.cfg.device`` allocate on the right device. Never serialized.
@@ -110,6 +120,8 @@ class CompressedConfig:
         if not (isinstance(self.norm_eps, (int, float)) and self.norm_eps > 0):
             raise ValueError(f"norm_eps={self.norm_eps!r} must be > 0")
         if self.compression is None:
+            if self.window_offsets is not None:
+                raise ValueError(f"window_offsets={self.window_offsets!r} needs a compressed model (compression=None)")
             return
         _choice("compression", self.compression, COMPRESSION_KERNELS)
         _at_least("stride", self.stride, 1)
@@ -131,6 +143,30 @@ class CompressedConfig:
                 )
             if self.gate != "vector":
                 raise ValueError(f"gate={self.gate!r}: the deepseek kernel always uses per-channel ('vector') gates")
+        self._check_window_offsets()
+
+    def _check_window_offsets(self) -> None:
+        offsets = self.window_offsets
+        if offsets is None or isinstance(offsets, str):
+            if offsets is not None:
+                _choice("window_offsets", offsets, OFFSET_SHORTHANDS)
+            return
+        if not isinstance(offsets, (list, tuple)):
+            raise ValueError(f"window_offsets={offsets!r} must be None, one of {OFFSET_SHORTHANDS} or a sequence")
+        nested = len(offsets) > 0 and all(isinstance(o, (list, tuple)) for o in offsets)
+        rows = [tuple(o) for o in offsets] if nested else [tuple(offsets)]
+        if nested and len(rows) != self.n_layers:
+            raise ValueError(f"window_offsets has {len(rows)} per-layer rows; the model has n_layers={self.n_layers}")
+        for row in rows:
+            if len(row) != self.n_kv_heads:
+                raise ValueError(
+                    f"window_offsets {list(row)} has {len(row)} entries; need one per KV head (n_kv_heads="
+                    f"{self.n_kv_heads})"
+                )
+            for o in row:
+                if isinstance(o, bool) or not isinstance(o, int) or not (0 <= o < self.stride):
+                    raise ValueError(f"window offset {o!r} is out of range 0..{self.stride - 1} (stride={self.stride})")
+        self.window_offsets = tuple(rows) if nested else rows[0]
 
     # ----------------------------------------------------------------- derived
     @property
@@ -163,11 +199,26 @@ class CompressedConfig:
         g = self.group_size
         return {h: list(range(h * g, (h + 1) * g)) for h in range(self.n_kv_heads)}
 
+    def layer_window_offsets(self, layer: int) -> tuple[int, ...]:
+        """Window offset of each KV head in ``layer`` (see ``window_offsets``)."""
+        o, S, KV = self.window_offsets, self.stride, self.n_kv_heads
+        if o is None or not self.is_compressed:
+            return (0,) * KV
+        if o == "staggered" and KV > 1:
+            return tuple(h * S // KV for h in range(KV))
+        if o in OFFSET_SHORTHANDS:
+            return (layer * S // self.n_layers,) * KV
+        return tuple(o[layer]) if isinstance(o[0], tuple) else tuple(o)
+
+    @property
+    def is_staggered(self) -> bool:
+        return any(any(self.layer_window_offsets(layer)) for layer in range(self.n_layers))
+
     @property
     def label(self) -> str:
         if not self.is_compressed:
             return "full attention"
-        return f"W{self.window}/S{self.stride} {self.compression}"
+        return f"W{self.window}/S{self.stride} {self.compression}" + (" staggered" if self.is_staggered else "")
 
     # ------------------------------------------------------------ (de)serialize
     def to_dict(self) -> dict[str, Any]:

@@ -1,11 +1,15 @@
-"""Phase arithmetic: positions, residues, phases and compression windows (SCIENCE.md section 2).
+"""Phase arithmetic: compression windows, their closing times and boundaries (SCIENCE.md section 2).
 
-Window ``j`` covers positions ``j*S .. j*S + W - 1``; it is *closed* (its entry exists)
-once the sequence reaches its last token. A query at ``t`` sees entry ``j`` iff
-``j*S + W - 1 <= t``.
+Window ``j`` of a grid with offset ``o`` covers positions ``j*S + o .. j*S + o + W - 1``
+(``o = 0`` on the paper's shared grid; per-KV-head offsets stagger the grids). It is
+*closed* (its entry exists) once the sequence reaches its last token: a query at ``t``
+sees entry ``j`` iff ``j*S + o + W - 1 <= t``. The counting functions accept ints or
+integer tensors (broadcast against each other), so the attention masks use them too.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 def _check_ws(window: int, stride: int) -> None:
@@ -15,62 +19,54 @@ def _check_ws(window: int, stride: int) -> None:
         raise ValueError(f"window={window} must be >= stride={stride}")
 
 
-def phase(position: int, stride: int) -> int:
-    """``position mod S``: the position relative to the compression-window boundaries."""
+def _at_least_zero(x: Any) -> Any:
+    return x.clamp(min=0) if hasattr(x, "clamp") else max(x, 0)
+
+
+def check_residue_modulus(modulus: int, stride: int) -> None:
+    """Residues mod ``modulus`` fold to phases mod ``stride`` only when S divides R."""
+    if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
+        raise ValueError(f"stride={stride!r} must be an integer >= 1")
+    if modulus % stride:
+        divisors = [d for d in range(1, modulus + 1) if modulus % d == 0]
+        raise ValueError(
+            f"residue_modulus R={modulus} is not a multiple of stride={stride}, so residues cannot be folded "
+            f"to phases (valid strides: {divisors})"
+        )
+
+
+def boundary_phase(stride: int, offset: int = 0) -> int:
+    """The phase ``t mod S`` of a grid's window-closing positions: S - 1 on the shared grid.
+
+    With non-overlapping windows the next token falls into the next entry."""
     if stride < 1:
         raise ValueError(f"stride={stride} must be >= 1")
-    return position % stride
+    if not (0 <= offset < stride):
+        raise ValueError(f"offset={offset} is out of range 0..{stride - 1}")
+    return (offset + stride - 1) % stride
 
 
-def residue(position: int, modulus: int) -> int:
-    """``position mod R``, with R a multiple of the stride."""
-    if modulus < 1:
-        raise ValueError(f"modulus={modulus} must be >= 1")
-    return position % modulus
-
-
-def boundary_phase(stride: int) -> int:
-    """S - 1: with non-overlapping windows the next token falls into the next entry."""
-    if stride < 1:
-        raise ValueError(f"stride={stride} must be >= 1")
-    return stride - 1
-
-
-def window_positions(j: int, window: int, stride: int) -> range:
+def window_positions(j: int, window: int, stride: int, offset: int = 0) -> range:
     """Source positions covered by window ``j``."""
     _check_ws(window, stride)
     if j < 0:
         raise ValueError(f"window index j={j} must be >= 0")
-    return range(j * stride, j * stride + window)
+    return range(j * stride + offset, j * stride + offset + window)
 
 
-def n_closed_windows(length: int, window: int, stride: int) -> int:
+def n_closed_windows(length, window: int, stride: int, offset=0):
     """Number of windows whose last token lies inside a prefix of ``length`` tokens."""
     _check_ws(window, stride)
-    if length < window:
-        return 0
-    return (length - window) // stride + 1
+    return _at_least_zero((length - offset - window) // stride + 1)
 
 
-def n_visible_entries(query_pos: int, window: int, stride: int) -> int:
-    """Entries visible to a query at ``query_pos`` (those with ``jS + W - 1 <= t``)."""
-    return n_closed_windows(query_pos + 1, window, stride)
+def n_visible_entries(query_pos, window: int, stride: int, offset=0):
+    """Entries visible to a query at ``query_pos`` (those with ``jS + o + W - 1 <= t``)."""
+    return n_closed_windows(query_pos + 1, window, stride, offset)
 
 
-def windows_containing(position: int, window: int, stride: int) -> list[tuple[int, int]]:
-    """``(window j, slot i)`` pairs with ``j*S + i == position``; slot = offset inside the window."""
-    _check_ws(window, stride)
-    out = []
-    for j in range(max(0, (position - window) // stride), position // stride + 1):
-        i = position - j * stride
-        if j >= 0 and 0 <= i < window:
-            out.append((j, i))
-    return out
-
-
-def tail_start(query_pos: int, window: int, stride: int) -> int:
-    """First position not covered by any window closed at ``query_pos`` (the "uncompressed tail")."""
-    n = n_visible_entries(query_pos, window, stride)
-    if n == 0:
-        return 0
-    return (n - 1) * stride + window
+def tail_start(query_pos, window: int, stride: int, offset=0):
+    """First position after the last window closed at ``query_pos`` (the "uncompressed tail"
+    starts there; 0 before any window closes)."""
+    n = n_visible_entries(query_pos, window, stride, offset)
+    return (n > 0) * ((n - 1) * stride + offset + window)

@@ -5,19 +5,22 @@ Each query ``t`` runs ONE softmax over (SCIENCE.md section 2):
 (a) exact K/V of a band of recent tokens -- the last ``L = local_window`` tokens
     (``memory="local"``, the query included), or only the tokens not yet covered by a
     closed window (``memory="uncompressed_tail"``);
-(b) every compressed entry ``j`` whose window has closed: ``j*S + W - 1 <= t``.
+(b) every compressed entry ``j`` whose window has closed: ``j*S + o + W - 1 <= t``.
+
+``o`` is the KV head's window offset (`CompressedConfig.window_offsets`; 0 for the
+paper's shared grid): KV head ``h`` compresses windows starting at ``j*S + o_h``.
 
 Key-slot layout of ``hook_attn_scores`` / ``hook_pattern`` ``[batch, head, query_pos, key_slot]``:
 slots ``0 .. B-1`` are the band, oldest first (slot ``s`` of query ``t`` holds source
 position ``t - B + 1 + s``; slot ``B-1`` is the query itself), then slot ``B + j`` is
-compressed entry ``j``. ``B = band_width`` is ``L`` for local memory and
-``max(W, S) - 1`` (at least 1) for the uncompressed tail. Invalid slots (before the
-sequence start, outside the tail, entries not yet closed) hold ``-inf`` scores and zero
-probability. `CompressedAttention.key_slot_sources` maps slots back to positions. The
-full-attention baseline uses plain positions as key slots.
+compressed entry ``j`` (of the head's own grid). ``B = band_width`` is ``L`` for local
+memory and ``max(W, S) - 1`` (at least 1, plus the largest offset) for the uncompressed
+tail. Invalid slots (before the sequence start, outside the tail, entries not yet closed)
+hold ``-inf`` scores and zero probability. `CompressedAttention.key_slot_sources` maps
+slots back to positions. The full-attention baseline uses plain positions as key slots.
 
 Positions: queries and band keys are rotated at their own position; compressed keys at
-``j*S + W - S`` (DeepSeek-V4's convention: the first token of the window's newest
+``j*S + o + W - S`` (DeepSeek-V4's convention: the first token of the window's newest
 S-block; equals ``j`` when W = S = 1). QK-norm, when on, normalises queries, band keys
 and compressed keys alike. Values are never rotated.
 """
@@ -30,18 +33,22 @@ from typing import Optional
 import einops
 import torch
 import torch.nn as nn
-from jaxtyping import Float
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from transformer_lens.hook_points import HookPoint
 
 from phaseinterp.config import CompressedConfig
 from phaseinterp.models.compressor import Compressor, RMSNorm, rms_norm
-from phaseinterp.phase import n_visible_entries, tail_start
+from phaseinterp.phase import n_closed_windows, n_visible_entries, tail_start, window_positions
 
 
 @dataclass
 class LayerCache:
-    """Everything one layer needs to extend a prefix: per-token inputs and closed entries."""
+    """Everything one layer needs to extend a prefix: per-token inputs and compressed entries.
+
+    With staggered window offsets the last stored entry may not be closed yet for every
+    KV head (it is then masked, and recomputed once its window closes).
+    """
 
     h: Tensor  # [batch, pos, d_model]  attention input (after ln1): the compressor reads it
     k: Tensor  # [batch, pos, kv_head, d_head]  per-token K projection (hook_k)
@@ -89,13 +96,17 @@ def rotary_tables(cfg: CompressedConfig, device=None) -> tuple[Tensor, Tensor]:
 
 
 def apply_rope(
-    x: Float[Tensor, "batch pos head d_head"], cos: Float[Tensor, "pos half"], sin: Float[Tensor, "pos half"], dims: int
+    x: Float[Tensor, "batch pos head d_head"],
+    cos: Float[Tensor, "pos *head half"],
+    sin: Float[Tensor, "pos *head half"],
+    dims: int,
 ) -> Float[Tensor, "batch pos head d_head"]:
+    """Rotate-half RoPE; ``cos``/``sin`` per position, or per (position, head) for per-head grids."""
     if dims == 0:
         return x
     half = dims // 2
     x1, x2, rest = x[..., :half], x[..., half:dims], x[..., dims:]
-    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    c, s = (cos[None], sin[None]) if cos.ndim == 3 else (cos[None, :, None, :], sin[None, :, None, :])
     return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s, rest], dim=-1)
 
 
@@ -114,6 +125,9 @@ class CompressedAttention(nn.Module):
             self.q_norm = RMSNorm(dh, cfg.norm_eps)
             self.k_norm = RMSNorm(dh, cfg.norm_eps)
         self.compressor = Compressor(cfg) if cfg.is_compressed else None
+        # Window offset of each KV head (all 0 on the paper's shared grid).
+        self.window_offsets: tuple[int, ...] = tuple(cfg.layer_window_offsets(layer))
+        self.register_buffer("offsets", torch.tensor(self.window_offsets), persistent=False)
         cos, sin = rotary_tables(cfg)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -129,16 +143,23 @@ class CompressedAttention(nn.Module):
 
     # ----------------------------------------------------------------- layout
     @property
+    def staggered(self) -> bool:
+        return any(self.window_offsets)
+
+    @property
     def band_width(self) -> int:
         cfg = self.cfg
         if not cfg.is_compressed:
             return 0
         if cfg.memory == "local":
             return cfg.local_window
-        return max(cfg.window - 1, cfg.stride - 1, 1)
+        return max(cfg.window - 1, cfg.stride - 1, 1) + max(self.window_offsets)
 
-    def key_slot_sources(self, query_pos: int, n_key_slots: Optional[int] = None) -> list[tuple[str, list[int]]]:
-        """For a query at ``query_pos``: ``(kind, source positions)`` for every key slot.
+    def key_slot_sources(
+        self, query_pos: int, n_key_slots: Optional[int] = None, kv_head: int = 0
+    ) -> list[tuple[str, list[int]]]:
+        """For a query at ``query_pos`` reading KV head ``kv_head``: ``(kind, source positions)``
+        for every key slot.
 
         ``kind`` is ``"local"``, ``"entry"`` or ``"masked"`` (``"token"`` for full
         attention). Entries list the W positions of their window.
@@ -146,49 +167,152 @@ class CompressedAttention(nn.Module):
         cfg = self.cfg
         if query_pos < 0 or query_pos >= cfg.n_ctx:
             raise ValueError(f"query_pos={query_pos} is out of range 0..{cfg.n_ctx - 1}")
+        if not (0 <= kv_head < cfg.n_kv_heads):
+            raise ValueError(f"kv_head={kv_head} is out of range 0..{cfg.n_kv_heads - 1}")
         if not cfg.is_compressed:
             n = n_key_slots if n_key_slots is not None else query_pos + 1
             return [("token", [p]) if p <= query_pos else ("masked", []) for p in range(n)]
-        B = self.band_width
-        lower = query_pos - B + 1 if cfg.memory == "local" else tail_start(query_pos, cfg.window, cfg.stride)
+        W, S, o, B = cfg.window, cfg.stride, self.window_offsets[kv_head], self.band_width
+        lower = query_pos - B + 1 if cfg.memory == "local" else tail_start(query_pos, W, S, o)
         out: list[tuple[str, list[int]]] = []
         for s in range(B):
             p = query_pos - B + 1 + s
             out.append(("local", [p]) if p >= max(lower, 0) else ("masked", []))
-        n_entries = n_visible_entries(query_pos, cfg.window, cfg.stride)
+        n_entries = n_visible_entries(query_pos, W, S, o)
         total = n_key_slots - B if n_key_slots is not None else n_entries
         for j in range(total):
-            if j < n_entries:
-                out.append(("entry", list(range(j * cfg.stride, j * cfg.stride + cfg.window))))
-            else:
-                out.append(("masked", []))
+            out.append(("entry", list(window_positions(j, W, S, o))) if j < n_entries else ("masked", []))
         return out
 
-    # ---------------------------------------------------------------- forward
+    # ------------------------------------------------------------------ masks
+    def _band_allowed(
+        self, query_pos: Int[Tensor, " query"], key_pos: Int[Tensor, "*query key"]
+    ) -> Bool[Tensor, "kv_head query key"]:
+        """Exact token ``key_pos`` is in the band of query ``query_pos`` (per KV head: the
+        uncompressed tail starts after the head's last closed window)."""
+        cfg = self.cfg
+        if key_pos.ndim == 1:
+            key_pos = key_pos.expand(query_pos.shape[0], -1)
+        ok = (key_pos >= 0) & (key_pos <= query_pos[:, None])
+        if cfg.is_compressed and cfg.memory == "local":
+            ok = ok & (key_pos > query_pos[:, None] - cfg.local_window)
+        ok = ok[None].expand(cfg.n_kv_heads, -1, -1)
+        if cfg.is_compressed and cfg.memory == "uncompressed_tail":
+            lower = tail_start(query_pos[None, :], cfg.window, cfg.stride, self.offsets[:, None])  # [kv, t]
+            ok = ok & (key_pos[None] >= lower[..., None])
+        return ok
+
+    def _entry_allowed(
+        self, query_pos: Int[Tensor, " query"], entries: Int[Tensor, " entry"]
+    ) -> Bool[Tensor, "kv_head query entry"]:
+        """Entry ``j`` of KV head ``h`` is visible to query ``t`` iff ``j*S + o_h + W - 1 <= t``."""
+        cfg = self.cfg
+        visible = n_visible_entries(query_pos[None, :], cfg.window, cfg.stride, self.offsets[:, None])  # [kv, t]
+        return entries[None, None, :] < visible[..., None]
+
+    # ---------------------------------------------------------------- compress
     def _rope(self, x: Tensor, positions: Tensor) -> Tensor:
         return apply_rope(x, self.rope_cos[positions], self.rope_sin[positions], self.cfg.rotary_dims)
 
-    def _new_entries(self, cache: LayerCache, n_before: int, n_after: int) -> tuple[Tensor, Tensor]:
-        """Compress windows ``n_before .. n_after-1`` from the cached per-token inputs."""
+    def _compress(
+        self,
+        h: Float[Tensor, "batch pos d_model"],
+        k: Float[Tensor, "batch pos kv_head d_head"],
+        v: Float[Tensor, "batch pos kv_head d_head"],
+        first: int,
+        j: Int[Tensor, " win"],
+    ) -> tuple[Float[Tensor, "batch win kv_head d_head"], Float[Tensor, "batch win kv_head d_head"]]:
+        """Entries of windows ``j`` from per-token inputs whose index 0 is position ``first``.
+
+        The compressor maths is in `Compressor`; here: gather each window's tokens, then
+        normalise (DeepSeek's kv_norm, or QK-norm on keys) and rotate the keys at
+        ``j*S + o + W - S``. Slots past the given tokens (a window not yet closed for a
+        staggered head) read the last token; such entries are masked until recomputed.
+        """
         cfg = self.cfg
         W, S = cfg.window, cfg.stride
-        device = cache.h.device
-        j = torch.arange(n_before, n_after, device=device)
-        idx = j[:, None] * S + torch.arange(W, device=device)[None, :]  # [win, slot]
-        k_hat, v_hat = self.compressor(cache.h[:, idx], cache.k[:, idx], cache.v[:, idx])
-        return self._finish_entries(k_hat, v_hat, j)
-
-    def _finish_entries(self, k_hat: Tensor, v_hat: Tensor, j: Tensor) -> tuple[Tensor, Tensor]:
-        """Normalise compressed entries (DeepSeek's kv_norm, or QK-norm on keys) and rotate the
-        keys of windows ``j`` at position ``j*S + W - S``."""
-        cfg = self.cfg
+        start = j * S  # [win]
+        slots = torch.arange(W, device=h.device)
+        if self.staggered:  # per-head windows: token index [win, slot, kv_head]
+            idx = (start[:, None, None] + slots[None, :, None] + self.offsets - first).clamp(max=h.shape[1] - 1)
+            heads = torch.arange(cfg.n_kv_heads, device=h.device)
+            k_hat, v_hat = self.compressor(h[:, idx], k[:, idx, heads], v[:, idx, heads])
+            rot_pos = start[:, None] + self.offsets + W - S  # [win, kv_head]
+        else:
+            idx = start[:, None] + slots[None, :] - first  # [win, slot]
+            k_hat, v_hat = self.compressor(h[:, idx], k[:, idx], v[:, idx])
+            rot_pos = start + W - S
         if cfg.compression == "deepseek":
             k_hat = rms_norm(k_hat, self.compressor.kv_norm_weight, cfg.norm_eps)
             v_hat = rms_norm(v_hat, self.compressor.kv_norm_weight, cfg.norm_eps)
         elif cfg.qk_norm:
             k_hat = self.k_norm.unhooked(k_hat)
-        return self._rope(k_hat, j * cfg.stride + cfg.window - cfg.stride), v_hat
+        return self._rope(k_hat, rot_pos), v_hat
 
+    def _entry_range(self, before: int, after: int) -> tuple[int, int]:
+        """Entries to (re)compute when the sequence grows from ``before`` to ``after`` tokens:
+        from the first not closed for every head to the last closed for some head."""
+        W, S, o = self.cfg.window, self.cfg.stride, self.window_offsets
+        return n_closed_windows(before, W, S, max(o)), n_closed_windows(after, W, S, min(o))
+
+    # ----------------------------------------------------------------- attend
+    def _project(self, x: Tensor, positions: Tensor, hooked: bool = True) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """q (rotated), k, v, k (normalised, rotated) of new tokens at ``positions``."""
+        hook = self._hook if hooked else (lambda name, t: t)
+        q = hook("hook_q", einops.einsum(x, self.W_Q, "b t m, h m d -> b t h d"))
+        k = hook("hook_k", einops.einsum(x, self.W_K, "b t m, k m d -> b t k d"))
+        v = hook("hook_v", einops.einsum(x, self.W_V, "b t m, k m d -> b t k d"))
+        k_normed = k
+        if self.cfg.qk_norm:
+            q_norm, k_norm = (self.q_norm, self.k_norm) if hooked else (self.q_norm.unhooked, self.k_norm.unhooked)
+            q, k_normed = q_norm(q), k_norm(k)
+        q_rot = hook("hook_rot_q", self._rope(q, positions))
+        k_rot = hook("hook_rot_k", self._rope(k_normed, positions))
+        return q_rot, k, v, k_rot
+
+    def _hook(self, name: str, t: Tensor) -> Tensor:
+        return getattr(self, name)(t)
+
+    def _attend(
+        self,
+        q: Float[Tensor, "batch query head d_head"],
+        k_own: Float[Tensor, "batch query own kv_head d_head"],
+        v_own: Float[Tensor, "batch query own kv_head d_head"],
+        k_shared: Float[Tensor, "batch shared kv_head d_head"],
+        v_shared: Float[Tensor, "batch shared kv_head d_head"],
+        allowed: Bool[Tensor, "kv_head _query key_slot"],
+        hooked: bool = True,
+    ) -> Float[Tensor, "batch query head d_head"]:
+        """``z = pattern V``, ``pattern`` = the scores ``q.k / sqrt(d_head)`` of the allowed key
+        slots normalised over all slots ``[own | shared]`` at once. ``own`` keys belong to
+        one query (its band), ``shared`` keys to every query (entries, or all tokens for full
+        attention)."""
+        cfg = self.cfg
+        qg = einops.rearrange(q, "b t (k g) d -> b t k g d", k=cfg.n_kv_heads)
+        scores = torch.cat(
+            [
+                einops.einsum(qg, k_own, "b t k g d, b t s k d -> b k g t s"),
+                einops.einsum(qg, k_shared, "b t k g d, b j k d -> b k g t j"),
+            ],
+            dim=-1,
+        ) * cfg.d_head**-0.5
+        scores = einops.rearrange(scores, "b k g t s -> b (k g) t s")
+        allowed = einops.repeat(allowed, "k t s -> (k g) t s", g=cfg.group_size)
+        hook = self._hook if hooked else (lambda name, t: t)
+        scores = hook("hook_attn_scores", scores.masked_fill(~allowed, float("-inf")))
+        pattern = hook("hook_pattern", scores.softmax(dim=-1))
+        pattern = einops.rearrange(pattern, "b (k g) t s -> b k g t s", k=cfg.n_kv_heads)
+        n_own = k_own.shape[2]
+        z = einops.einsum(pattern[..., :n_own], v_own, "b k g t s, b t s k d -> b t k g d")
+        z = z + einops.einsum(pattern[..., n_own:], v_shared, "b k g t j, b j k d -> b t k g d")
+        return einops.rearrange(z, "b t k g d -> b t (k g) d")
+
+    def _output(self, z: Float[Tensor, "batch pos head d_head"]) -> Float[Tensor, "batch pos d_model"]:
+        if self.cfg.use_attn_result:
+            return self.hook_result(einops.einsum(z, self.W_O, "b t h d, h d m -> b t h m")).sum(dim=2)
+        return einops.einsum(z, self.W_O, "b t h d, h d m -> b t m")
+
+    # ---------------------------------------------------------------- forward
     def forward(
         self,
         x: Float[Tensor, "batch pos d_model"],
@@ -197,82 +321,39 @@ class CompressedAttention(nn.Module):
     ) -> tuple[Float[Tensor, "batch pos d_model"], LayerCache]:
         """Attention for the ``pos`` new tokens at positions ``start ..``, given the cached prefix."""
         cfg = self.cfg
-        batch, n, _ = x.shape
-        positions = torch.arange(start, start + n, device=x.device)
-        q = self.hook_q(einops.einsum(x, self.W_Q, "b t m, h m d -> b t h d"))
-        k = self.hook_k(einops.einsum(x, self.W_K, "b t m, k m d -> b t k d"))
-        v = self.hook_v(einops.einsum(x, self.W_V, "b t m, k m d -> b t k d"))
-        if cfg.qk_norm:
-            q, k_normed = self.q_norm(q), self.k_norm(k)
-        else:
-            k_normed = k
-        q_rot = self.hook_rot_q(self._rope(q, positions))
-        k_rot = self.hook_rot_k(self._rope(k_normed, positions))
+        positions = torch.arange(start, start + x.shape[1], device=x.device)
+        q_rot, k, v, k_rot = self._project(x, positions)
+        cache = self._extend(cache, x, k, v, k_rot, start)
+        if not cfg.is_compressed:  # every earlier token, as a shared key
+            k_own = v_own = x.new_zeros(x.shape[0], x.shape[1], 0, cfg.n_kv_heads, cfg.d_head)
+            k_shared, v_shared = cache.k_rot, cache.v
+            allowed = self._band_allowed(positions, torch.arange(k_shared.shape[1], device=x.device))
+        else:  # (a) the band, gathered per query; (b) the entries, shared
+            band = positions[:, None] - self.band_width + 1 + torch.arange(self.band_width, device=x.device)
+            k_own, v_own = cache.k_rot[:, band.clamp(min=0)], cache.v[:, band.clamp(min=0)]
+            k_shared, v_shared = cache.k_comp, cache.v_comp
+            entries = torch.arange(k_shared.shape[1], device=x.device)
+            allowed = torch.cat([self._band_allowed(positions, band), self._entry_allowed(positions, entries)], -1)
+        z = self.hook_z(self._attend(q_rot, k_own, v_own, k_shared, v_shared, allowed))
+        return self._output(z), cache
 
+    def _extend(self, cache: Optional[LayerCache], x, k, v, k_rot, start: int) -> LayerCache:
+        """The layer cache with the new tokens appended and newly closed windows compressed."""
         if cache is None:
-            empty_entries = x.new_zeros(batch, 0, cfg.n_kv_heads, cfg.d_head)
-            cache = LayerCache(x, k, v, k_rot, empty_entries, empty_entries.clone())
+            no_entries = x.new_zeros(x.shape[0], 0, self.cfg.n_kv_heads, self.cfg.d_head)
+            cache = LayerCache(x[:, :0], k[:, :0], v[:, :0], k_rot[:, :0], no_entries, no_entries)
+            grown = LayerCache(x, k, v, k_rot, no_entries, no_entries.clone())
         else:
-            cache = LayerCache(
-                torch.cat([cache.h, x], 1),
-                torch.cat([cache.k, k], 1),
-                torch.cat([cache.v, v], 1),
-                torch.cat([cache.k_rot, k_rot], 1),
-                cache.k_comp,
-                cache.v_comp,
-            )
-        total = start + n
-        q_grouped = einops.rearrange(q_rot, "b t (k g) d -> b t k g d", k=cfg.n_kv_heads)
-        scale = cfg.d_head**-0.5
-
-        if not cfg.is_compressed:
-            scores = einops.einsum(q_grouped, cache.k_rot, "b t k g d, b p k d -> b k g t p") * scale
-            scores = einops.rearrange(scores, "b k g t p -> b (k g) t p")
-            allowed = torch.arange(total, device=x.device)[None, :] <= positions[:, None]
-            scores = self.hook_attn_scores(scores.masked_fill(~allowed, float("-inf")))
-            pattern = self.hook_pattern(scores.softmax(dim=-1))
-            pattern_grouped = einops.rearrange(pattern, "b (k g) t p -> b k g t p", k=cfg.n_kv_heads)
-            z = einops.einsum(pattern_grouped, cache.v, "b k g t p, b p k d -> b t k g d")
-        else:
-            W, S = cfg.window, cfg.stride
-            n_before = cache.k_comp.shape[1]
-            n_after = (total - W) // S + 1 if total >= W else 0
-            if n_after > n_before:
-                k_new, v_new = self._new_entries(cache, n_before, n_after)
-                cache.k_comp = torch.cat([cache.k_comp, k_new], 1)
-                cache.v_comp = torch.cat([cache.v_comp, v_new], 1)
-            # (a) the band of exact tokens
-            B = self.band_width
-            band_pos = positions[:, None] - B + 1 + torch.arange(B, device=x.device)[None, :]  # [t, slot]
-            n_visible = torch.where(positions + 1 >= W, (positions + 1 - W) // S + 1, torch.zeros_like(positions))
-            if cfg.memory == "local":
-                lower = torch.zeros_like(positions)
-            else:
-                lower = torch.where(n_visible > 0, (n_visible - 1) * S + W, torch.zeros_like(positions))
-            band_ok = (band_pos >= 0) & (band_pos >= lower[:, None])
-            band_idx = band_pos.clamp(min=0)
-            k_band = cache.k_rot[:, band_idx]  # [b, t, slot, k, d]
-            v_band = cache.v[:, band_idx]
-            s_band = einops.einsum(q_grouped, k_band, "b t k g d, b t s k d -> b k g t s")
-            # (b) compressed entries whose window has closed
-            s_comp = einops.einsum(q_grouped, cache.k_comp, "b t k g d, b j k d -> b k g t j")
-            entry_ok = torch.arange(cache.k_comp.shape[1], device=x.device)[None, :] < n_visible[:, None]
-            allowed = torch.cat([band_ok, entry_ok], dim=1)  # [t, slot]
-            scores = torch.cat([s_band, s_comp], dim=-1) * scale
-            scores = einops.rearrange(scores, "b k g t s -> b (k g) t s")
-            scores = self.hook_attn_scores(scores.masked_fill(~allowed, float("-inf")))
-            pattern = self.hook_pattern(scores.softmax(dim=-1))
-            pattern_grouped = einops.rearrange(pattern, "b (k g) t s -> b k g t s", k=cfg.n_kv_heads)
-            z = einops.einsum(pattern_grouped[..., :B], v_band, "b k g t s, b t s k d -> b t k g d")
-            z = z + einops.einsum(pattern_grouped[..., B:], cache.v_comp, "b k g t j, b j k d -> b t k g d")
-
-        z = self.hook_z(einops.rearrange(z, "b t k g d -> b t (k g) d"))
-        if cfg.use_attn_result:
-            result = self.hook_result(einops.einsum(z, self.W_O, "b t h d, h d m -> b t h m"))
-            out = result.sum(dim=2)
-        else:
-            out = einops.einsum(z, self.W_O, "b t h d, h d m -> b t m")
-        return out, cache
+            cat = lambda old, new: torch.cat([old, new], 1)  # noqa: E731
+            grown = LayerCache(cat(cache.h, x), cat(cache.k, k), cat(cache.v, v), cat(cache.k_rot, k_rot),
+                               cache.k_comp, cache.v_comp)
+        if self.cfg.is_compressed:
+            first, last = self._entry_range(start, start + x.shape[1])
+            if last > first:
+                k_new, v_new = self._compress(grown.h, grown.k, grown.v, 0, torch.arange(first, last, device=x.device))
+                grown.k_comp = torch.cat([grown.k_comp[:, :first], k_new], 1)
+                grown.v_comp = torch.cat([grown.v_comp[:, :first], v_new], 1)
+        return grown
 
     def forward_last(
         self,
@@ -284,71 +365,40 @@ class CompressedAttention(nn.Module):
 
         The fast path of mean ablation: every variant of the last token attends to the same
         shared prefix ``cache`` (batch ``batch``, never copied); only the variants' own
-        K/V (and an entry the token closes) differ. ``z_override = (mask [variant, head],
-        z [head, d_head])`` replaces the chosen heads' z before the output projection.
-        Hook points other than the compressor's do not fire here; use `forward` for
-        hooked runs. Equals `forward` on the extended sequence (tested to 1e-5).
+        K/V and the entries whose window the token closes differ. The variants are the
+        queries of `_attend`. ``z_override = (mask [variant, head], z [head, d_head])``
+        replaces the chosen heads' z before the output projection. Only the compressor's
+        hook points fire here; use `forward` for hooked runs. Equals `forward` on the
+        extended sequence (tested to 1e-5).
         """
         cfg = self.cfg
         batch, n_var, _ = x.shape
         pos = cache.h.shape[1]
-        where = torch.tensor([pos], device=x.device)
-        q = einops.einsum(x, self.W_Q, "b v m, h m d -> b v h d")
-        k = einops.einsum(x, self.W_K, "b v m, k m d -> b v k d")
-        v = einops.einsum(x, self.W_V, "b v m, k m d -> b v k d")
-        if cfg.qk_norm:
-            q, k_normed = self.q_norm.unhooked(q), self.k_norm.unhooked(k)
-        else:
-            k_normed = k
-        q_rot = self._rope(q, where.expand(n_var))
-        k_rot = self._rope(k_normed, where.expand(n_var))
-        qg = einops.rearrange(q_rot, "b v (k g) d -> b v k g d", k=cfg.n_kv_heads)
-        scale = cfg.d_head**-0.5
-        if not cfg.is_compressed:
-            prefix_keys, prefix_values = cache.k_rot, cache.v
-            entry_scores, entry_values = None, None
-        else:
-            W, S = cfg.window, cfg.stride
-            B = self.band_width
-            n_visible = (pos + 1 - W) // S + 1 if pos + 1 >= W else 0
-            lower = pos - B + 1
-            if cfg.memory == "uncompressed_tail":
-                lower = max(lower, (n_visible - 1) * S + W if n_visible > 0 else 0)
-            lo = max(lower, 0)
-            prefix_keys, prefix_values = cache.k_rot[:, lo:pos], cache.v[:, lo:pos]
-            # Entries: those closed by the prefix, plus the one this token closes (if any).
-            entry_k = cache.k_comp.unsqueeze(1).expand(-1, n_var, -1, -1, -1)
-            entry_v = cache.v_comp.unsqueeze(1).expand(-1, n_var, -1, -1, -1)
-            if n_visible > cache.k_comp.shape[1]:
-                j = n_visible - 1
-                idx = torch.arange(j * S, pos, device=x.device)
-                h_win = torch.cat([cache.h[:, idx].unsqueeze(1).expand(-1, n_var, -1, -1), x.unsqueeze(2)], 2)
-                k_win = torch.cat([cache.k[:, idx].unsqueeze(1).expand(-1, n_var, -1, -1, -1), k.unsqueeze(2)], 2)
-                v_win = torch.cat([cache.v[:, idx].unsqueeze(1).expand(-1, n_var, -1, -1, -1), v.unsqueeze(2)], 2)
-                flat = lambda t: einops.rearrange(t, "b v ... -> (b v) 1 ...")  # noqa: E731
-                k_hat, v_hat = self.compressor(flat(h_win), flat(k_win), flat(v_win))
-                k_hat, v_hat = self._finish_entries(k_hat, v_hat, torch.tensor([j], device=x.device))
-                unflat = lambda t: einops.rearrange(t, "(b v) 1 k d -> b v 1 k d", b=batch)  # noqa: E731
-                entry_k = torch.cat([entry_k, unflat(k_hat)], 2)
-                entry_v = torch.cat([entry_v, unflat(v_hat)], 2)
-            entry_scores = einops.einsum(qg, entry_k, "b v k g d, b v j k d -> b v k g j") * scale
-            entry_values = entry_v
-        s_prefix = einops.einsum(qg, prefix_keys, "b v k g d, b p k d -> b v k g p") * scale
-        s_own = einops.einsum(qg, k_rot, "b v k g d, b v k d -> b v k g")[..., None] * scale
-        own_ok = True
-        if cfg.is_compressed and cfg.memory == "uncompressed_tail" and lower > pos:
-            own_ok = False  # the token's own window just closed: it is read through its entry
-        parts = [s_prefix] + ([s_own] if own_ok else []) + ([entry_scores] if entry_scores is not None else [])
-        pattern = torch.cat(parts, -1).softmax(-1)
-        n_prefix = s_prefix.shape[-1]
-        z = einops.einsum(pattern[..., :n_prefix], prefix_values, "b v k g p, b p k d -> b v k g d")
-        offset = n_prefix
-        if own_ok:
-            z = z + pattern[..., offset : offset + 1] * v.unsqueeze(3)
-            offset += 1
-        if entry_scores is not None:
-            z = z + einops.einsum(pattern[..., offset:], entry_values, "b v k g j, b v j k d -> b v k g d")
-        z = einops.rearrange(z, "b v k g d -> b v (k g) d")
+        query = torch.tensor([pos], device=x.device)
+        q_rot, k, v, k_rot = self._project(x, query.expand(n_var), hooked=False)
+        per_variant = lambda t: einops.rearrange(t, "b v ... -> b v 1 ...")  # noqa: E731
+        k_own, v_own = per_variant(k_rot), per_variant(v)  # the token itself
+        allowed = [self._band_allowed(query, query[None])]
+        lo = max(pos - self.band_width + 1, 0) if cfg.is_compressed else 0
+        k_shared, v_shared = cache.k_rot[:, lo:pos], cache.v[:, lo:pos]  # the prefix's band
+        allowed.append(self._band_allowed(query, torch.arange(lo, pos, device=x.device)))
+        if cfg.is_compressed:
+            first, last = self._entry_range(pos, pos + 1)
+            if last > first:  # entries that read the new token: one set per variant
+                j = torch.arange(first, last, device=x.device)
+                expand = lambda t: t[:, None].expand(-1, n_var, *t.shape[1:])  # noqa: E731
+                lo_win = first * cfg.stride
+                tokens = [torch.cat([expand(old[:, lo_win:]), new[:, :, None]], 2)
+                          for old, new in ((cache.h, x), (cache.k, k), (cache.v, v))]
+                flat = lambda t: einops.rearrange(t, "b v ... -> (b v) ...")  # noqa: E731
+                k_new, v_new = self._compress(*(flat(t) for t in tokens), lo_win, j)
+                unflat = lambda t: einops.rearrange(t, "(b v) ... -> b v ...", b=batch)  # noqa: E731
+                k_own, v_own = torch.cat([k_own, unflat(k_new)], 2), torch.cat([v_own, unflat(v_new)], 2)
+                allowed.insert(1, self._entry_allowed(query, j))
+            k_shared = torch.cat([k_shared, cache.k_comp[:, :first]], 1)
+            v_shared = torch.cat([v_shared, cache.v_comp[:, :first]], 1)
+            allowed.append(self._entry_allowed(query, torch.arange(first, device=x.device)))
+        z = self._attend(q_rot, k_own, v_own, k_shared, v_shared, torch.cat(allowed, -1), hooked=False)
         if z_override is not None:
             mask, z_new = z_override
             z = torch.where(mask[None, :, :, None], z_new[None, None].to(z.dtype), z)
