@@ -371,3 +371,37 @@ def test_needle_and_docstring_with_a_pretrained_tokenizer(tmp_path):
     result = probe.run(model, tokenizer)
     frame = result.to_frame()
     assert len(frame) == 4 * len(probe.families) and np.isfinite(frame.margin).all()
+
+
+# ------------------------------------------------------- phase through the indexer
+def test_indexer_phase_matches_hooks_and_ranks(model, tmp_path):
+    from phaseinterp.interventions.indexer import IndexerPhaseResult, indexer_phase
+
+    prompts = TASK.generate(3, seed=0, strict=False)
+    res = indexer_phase(model, TASK, prompts=prompts)
+    assert res.layers == [0, 2] and res.top_k == 3 and res.stride == S
+    rec = res.records
+    assert len(rec) == 2 * len(prompts)
+    # Direct check of one prompt against the selection hook.
+    answer_pos = int(prompts.answer_pos[0])
+    _, cache = model.run_with_cache(prompts.tokens[:1, : answer_pos + 1], return_cache_object=False)
+    chosen = set(cache["blocks.2.attn.compressor.indexer.hook_selected"][0, answer_pos].tolist()) - {-1}
+    v = int(prompts.meta.target_pos.iloc[0]) + 1
+    holding = {j for j in (v // S, v // S + 1) if j < (answer_pos + 1) // S}
+    row = rec[(rec.layer == 2) & (rec.prompt == 0)].iloc[0]
+    assert bool(row.value_selected) == bool(chosen & holding)
+    # Selected <=> the value's entry scores inside the top k (a tie at the k-th score may go either way).
+    assert (rec.value_margin[rec.value_selected] >= 0).all()
+    assert (rec.value_margin[~rec.value_selected & (rec.value_rank >= 0)] <= 0).all()
+    assert (res.rate_at(res.top_k).to_numpy() >= rec.groupby(["layer", "phase"]).value_selected.mean()
+            .unstack("phase").to_numpy()).all()
+    assert (res.rate_at(10**6).to_numpy() == 1).all()
+    frame = res.to_frame()
+    assert set(frame.columns) >= {"layer", "phase", "n", "rate", "lower", "upper"}
+    assert (frame.lower <= frame.rate).all() and (frame.rate <= frame.upper).all()
+    assert set(res.summary()["layers"]) == {0, 2}
+    assert "IndexerPhaseResult(" in repr(res) and "top-3" in repr(res)
+    again = IndexerPhaseResult.load(res.save(tmp_path / "idx"))
+    assert again.to_frame().equals(res.to_frame())
+    with pytest.raises(ValueError, match=r"layer=1 is not a CSA layer \(CSA layers: \[0, 2\]\)"):
+        indexer_phase(model, TASK, layers=[1], prompts=prompts)

@@ -1,0 +1,219 @@
+"""Phase through the Lightning Indexer: does top-k entry selection itself have a period?
+
+For every prompt and CSA layer of a wrapped DeepSeek-V4 (`phaseinterp.from_hf`), at the
+answer position: which compressed entries the indexer keeps (``hook_selected``) and how it
+ranks them (``hook_scores``), against the entries that hold the target. CSA entry ``j``
+covers positions ``(j-1)S .. jS+S-1`` (entry 0: ``0..S-1``), so a token at position ``v`` is
+in entries ``v // S`` (newer half) and ``v // S + 1`` (older half), when closed.
+
+Per prompt and layer: ``value_selected`` (an entry holding the target's value token — the
+answer, at ``target_pos + key_tokens`` — is selected), ``key_selected`` (the same for the
+target key at ``target_pos``), ``pair_selected`` (one selected entry holds both), and
+``value_rank`` (0 = the best entry holding the value is the indexer's top entry; among the
+closed entries; -1 when no entry holding it is closed) and ``value_margin`` (its score minus
+the k-th best score: >= 0 inside the top k, = 0 on a tie that top-k may break either way). Aggregated by target phase ``target_pos mod S`` with Wilson intervals and a
+chi-square test that every phase has the same selection rate.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence, Union
+
+import numpy as np
+import pandas as pd
+import torch
+
+from phaseinterp import stats
+from phaseinterp._files import atomic_write_text
+from phaseinterp.interventions._common import fixed_answer_position, model_device, resolve_task
+
+CSA = "compressed_sparse_attention"
+RATES = ("value_selected", "key_selected", "pair_selected")
+
+
+@dataclass(frozen=True, eq=False)
+class IndexerPhaseResult:
+    """Per (prompt, CSA layer) indexer outcomes at the answer position (``records``), by target phase.
+
+    Each phase's rate rests on that phase's prompts (``n`` per row of `to_frame`); the
+    homogeneity p-value tests the ``stride`` phase rates against one common rate (an indexer
+    blind to phase gives p ~ uniform, a phase-periodic one p -> 0 as prompts grow).
+    """
+
+    records: pd.DataFrame
+    stride: int
+    residue_modulus: int
+    top_k: int
+    model_label: str = ""
+    confidence: float = 0.95
+
+    @property
+    def layers(self) -> list[int]:
+        return sorted(int(l) for l in self.records.layer.unique())
+
+    def to_frame(self, level: str = "phase", metric: str = "value_selected") -> pd.DataFrame:
+        """One row per (layer, phase|residue): ``n``, the ``metric`` rate with its Wilson interval,
+        the other rates, the mean rank of the value's entry and the mean number of closed entries."""
+        if level not in ("phase", "residue"):
+            raise ValueError(f"level={level!r} is not one of ('phase', 'residue')")
+        if metric not in RATES:
+            raise ValueError(f"metric={metric!r} is not one of {RATES}")
+        g = self.records.groupby(["layer", level])
+        frame = g.agg(n=(metric, "size"), k=(metric, "sum"), **{f"{m}_rate": (m, "mean") for m in RATES},
+                      mean_value_rank=("value_rank", "mean"), mean_closed=("n_closed", "mean")).reset_index()
+        lo, hi = stats.wilson_interval(frame.k.to_numpy(), frame.n.to_numpy(), self.confidence)
+        frame.insert(4, "rate", frame.k / frame.n)
+        frame.insert(5, "lower", lo)
+        frame.insert(6, "upper", hi)
+        frame["metric"] = metric
+        return frame.drop(columns="k")
+
+    def rate_at(self, k: int) -> pd.DataFrame:
+        """Value-entry selection rate by (layer, phase) had the indexer kept its top ``k`` (from the ranks;
+        ties count as kept, so at the model's own k this can exceed ``value_selected``)."""
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"k={k!r} must be an integer >= 1")
+        hit = self.records.assign(hit=(self.records.value_rank >= 0) & (self.records.value_rank < k))
+        return hit.groupby(["layer", "phase"]).hit.mean().unstack("phase")
+
+    def summary(self, metric: str = "value_selected") -> dict[str, Any]:
+        frame = self.to_frame("phase", metric)
+        per_layer = {}
+        for layer, sub in frame.groupby("layer"):
+            sub = sub.sort_values("phase")
+            k = (sub.rate * sub.n).round().to_numpy().astype(int)
+            test = stats.homogeneity_test(k, sub.n.to_numpy())
+            per_layer[int(layer)] = {
+                "rate_by_phase": [round(float(r), 4) for r in sub.rate],
+                "worst_phase": int(sub.phase.iloc[int(np.argmin(sub.rate.to_numpy()))]),
+                "gap": float(sub.rate.max() - sub.rate.min()),
+                "homogeneity_p_value": float(test.p_value),
+                "mean_value_rank": float(sub.mean_value_rank.mean()),
+            }
+        return {"model": self.model_label, "metric": metric, "top_k": self.top_k, "stride": self.stride,
+                "n_prompts": int(self.records.prompt.nunique()), "layers": per_layer}
+
+    def plot(self, metric: str = "value_selected") -> Any:
+        """Selection rate by target phase, one line per CSA layer, with Wilson intervals."""
+        import plotly.graph_objects as go
+
+        frame = self.to_frame("phase", metric)
+        fig = go.Figure()
+        for layer, sub in frame.groupby("layer"):
+            fig.add_trace(go.Scatter(
+                x=sub.phase, y=sub.rate, mode="lines+markers", name=f"layer {layer}",
+                error_y=dict(type="data", symmetric=False, array=sub.upper - sub.rate, arrayminus=sub.rate - sub.lower)))
+        fig.update_layout(title=f"Indexer keeps the target's entry ({metric}, top-{self.top_k}) — {self.model_label}",
+                          xaxis_title=f"target phase (position mod {self.stride})", yaxis_title="selection rate",
+                          yaxis_range=[0, 1.02], template="plotly_white")
+        return fig
+
+    def save(self, directory: Union[str, Path]) -> Path:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        meta = {"kind": "IndexerPhaseResult", "stride": self.stride, "residue_modulus": self.residue_modulus,
+                "top_k": self.top_k, "model_label": self.model_label, "confidence": self.confidence}
+        atomic_write_text(directory / "records.csv", self.records.to_csv(index=False))
+        atomic_write_text(directory / "meta.json", json.dumps(meta, indent=2))
+        return directory
+
+    @classmethod
+    def load(cls, directory: Union[str, Path]) -> "IndexerPhaseResult":
+        directory = Path(directory)
+        for name in ("records.csv", "meta.json"):
+            if not (directory / name).is_file():
+                raise FileNotFoundError(f"{directory / name} does not exist")
+        meta = json.loads((directory / "meta.json").read_text())
+        if meta.pop("kind", None) != "IndexerPhaseResult":
+            raise ValueError(f"{directory} does not hold an IndexerPhaseResult")
+        return cls(records=pd.read_csv(directory / "records.csv"), **meta)
+
+    def __repr__(self) -> str:
+        rates = self.to_frame().groupby("layer").rate.apply(lambda r: "/".join(f"{x:.2f}" for x in r))
+        body = "; ".join(f"L{l}: {r}" for l, r in rates.items())
+        return f"IndexerPhaseResult({self.model_label}, top-{self.top_k}, value selected by phase {body})"
+
+    def _repr_html_(self) -> str:
+        return f"<p>{self!r}</p>" + self.to_frame().to_html(index=False, float_format="%.3f")
+
+
+def _holding(position: np.ndarray, S: int, n_closed: np.ndarray) -> np.ndarray:
+    """``[prompt, 2]`` entries holding ``position`` (newer half, older half); -1 where not closed."""
+    j = np.stack([position // S, position // S + 1], 1)
+    return np.where(j < n_closed[:, None], j, -1)
+
+
+@torch.inference_mode()
+def indexer_phase(model, task=None, *, layers: Optional[Sequence[int]] = None, n_per_residue: int = 72,
+                  seed: int = 0, batch_size: int = 32, prompts=None, confidence: float = 0.95) -> IndexerPhaseResult:
+    """How often each CSA layer's indexer keeps the entry holding the target, by target phase.
+
+    ``model``: a wrapped DeepSeek-V4 (`phaseinterp.from_hf`) with CSA layers; ``task`` defaults to
+    the model's stored task; ``layers`` defaults to every CSA layer. Prompts must share one answer
+    position. See the module docstring for the outcome columns.
+    """
+    layer_types = getattr(model.cfg, "layer_types", None)
+    if layer_types is None:
+        raise ValueError("indexer_phase needs a wrapped DeepSeek-V4 (phaseinterp.from_hf / load_hf)")
+    csa = [l for l, kind in enumerate(layer_types) if kind == CSA]
+    if not csa:
+        raise ValueError("the model has no CSA layer, hence no indexer")
+    layers = csa if layers is None else [layers] if isinstance(layers, int) else list(layers)
+    for layer in layers:
+        if layer not in csa:
+            raise ValueError(f"layer={layer!r} is not a CSA layer (CSA layers: {csa})")
+    task = resolve_task(model, task)
+    batch = prompts if prompts is not None else task.generate(n_per_residue, seed=seed)
+    answer_pos = fixed_answer_position(batch)
+    S = model.cfg.compress_rates[CSA]
+    key_tokens = int(getattr(task, "key_tokens", 1))
+    names = [f"blocks.{l}.attn.compressor.indexer.{h}" for l in layers for h in ("hook_scores", "hook_selected")]
+    device = model_device(model)
+    scores = {l: [] for l in layers}
+    selected = {l: [] for l in layers}
+    for i in range(0, batch.tokens.shape[0], batch_size):
+        chunk = batch.tokens[i : i + batch_size, : answer_pos + 1].to(device)
+        _, cache = model.run_with_cache(chunk, names_filter=names, return_type=None, return_cache_object=False)
+        for l in layers:
+            scores[l].append(cache[f"blocks.{l}.attn.compressor.indexer.hook_scores"][:, answer_pos].float().cpu())
+            selected[l].append(cache[f"blocks.{l}.attn.compressor.indexer.hook_selected"][:, answer_pos].cpu())
+    meta = batch.meta.reset_index(drop=True)
+    target = meta["target_pos"].to_numpy().astype(np.int64)
+    value = target + key_tokens
+    n = len(meta)
+    n_closed = np.full(n, (answer_pos + 1) // S)
+    top_k = 0
+    frames = []
+    for l in layers:
+        sc = torch.cat(scores[l]).numpy()  # [prompt, entry]
+        sel = torch.cat(selected[l]).numpy()  # [prompt, k]
+        top_k = max(top_k, sel.shape[1])
+        chosen = np.zeros(sc.shape, dtype=bool)
+        rows = np.repeat(np.arange(n), sel.shape[1])
+        keep = sel.reshape(-1) >= 0
+        chosen[rows[keep], sel.reshape(-1)[keep]] = True
+        hold_v, hold_k = _holding(value, S, n_closed), _holding(target, S, n_closed)
+
+        def any_chosen(hold):
+            return np.array([any(j >= 0 and chosen[p, j] for j in hold[p]) for p in range(n)])
+
+        pair = np.array([any(j >= 0 and chosen[p, j] and j in hold_k[p] for j in hold_v[p]) for p in range(n)])
+        finite = np.where(np.isfinite(sc), sc, -np.inf)
+        best = np.array([max((finite[p, j] for j in hold_v[p] if j >= 0), default=np.nan) for p in range(n)])
+        rank = np.array([int((finite[p] > best[p]).sum()) if np.isfinite(best[p]) else -1 for p in range(n)])
+        kth = -np.sort(-finite, axis=1)[:, min(sel.shape[1], finite.shape[1]) - 1] if finite.shape[1] else np.full(n, np.nan)
+        frames.append(pd.DataFrame({
+            "prompt": np.arange(n), "layer": l, "residue": meta["residue"].to_numpy(),
+            "phase": target % S, "target_pos": target, "value_pos": value,
+            "value_selected": any_chosen(hold_v), "key_selected": any_chosen(hold_k), "pair_selected": pair,
+            "value_rank": rank, "value_margin": best - kth, "n_closed": n_closed,
+        }))
+    return IndexerPhaseResult(records=pd.concat(frames, ignore_index=True), stride=S,
+                              residue_modulus=int(batch.residue_modulus), top_k=int(top_k),
+                              model_label=str(model.cfg.label), confidence=confidence)
+
+
+__all__ = ["IndexerPhaseResult", "indexer_phase"]
