@@ -33,7 +33,7 @@ class CompressedConfig:
     grouped-query attention with ``n_kv_heads`` KV heads shared by
     ``n_heads // n_kv_heads`` query heads each.
 
-    Compression (SCIENCE.md section 2): window ``window`` (W) tokens, a new window
+    Compression (docs/science.md section 2): window ``window`` (W) tokens, a new window
     every ``stride`` (S) tokens, one cache entry per window.
 
     - ``compression``: ``"gated"`` (the paper's kernel: gate logits ``Z_i h + b_i``,
@@ -45,7 +45,7 @@ class CompressedConfig:
       channel), ``"uniform"`` (alpha = 1/W, no gate parameters).
     - ``gate_bias``: learn ``b_i`` (otherwise b_i = 0).
     - ``tie_kv_gates``: the K and V branches share one gate (Z, b).
-    - ``payload``: ``"per_slot"`` (one map C_i per slot, as in SCIENCE.md) or
+    - ``payload``: ``"per_slot"`` (one map C_i per slot, as in docs/science.md) or
       ``"shared"`` (C_i = the per-token K/V projections for every slot).
     - ``positional``/``rope_dims``: RoPE on the first ``rope_dims`` dims of each head
       (``None`` = all of them) or no positional encoding.

@@ -1,4 +1,4 @@
-"""Phase arithmetic: compression windows, their closing times and boundaries (SCIENCE.md section 2).
+"""Phase arithmetic: compression windows, their closing times and boundaries (docs/science.md section 2).
 
 Window ``j`` of a grid with offset ``o`` covers positions ``j*S + o .. j*S + o + W - 1``
 (``o = 0`` on the paper's shared grid; per-KV-head offsets stagger the grids). It is

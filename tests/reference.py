@@ -31,7 +31,7 @@ def _rope(x, pos, dims, base):
 
 
 def _entry(attn, h, k_tok, v_tok, j, head):
-    """Compressed (key, value) of window j for one KV head, straight from SCIENCE.md section 2."""
+    """Compressed (key, value) of window j for one KV head, straight from docs/science.md section 2."""
     cfg = attn.cfg
     comp = attn.compressor
     W, S = cfg.window, cfg.stride

@@ -1,4 +1,4 @@
-"""The core model: faithfulness to SCIENCE.md section 2, hooks, caches, checkpoints, errors."""
+"""The core model: faithfulness to docs/science.md section 2, hooks, caches, checkpoints, errors."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Per-KV-head mean replacement across phases (SCIENCE.md section 2).
+"""Per-KV-head mean replacement across phases (docs/science.md section 2).
 
 For KV head ``h`` of layer ``l``: replace ``hook_z`` of every query head that reads ``h``,
 at the final (answer-predicting) position only, by its mean over a disjoint calibration

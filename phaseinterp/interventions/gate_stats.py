@@ -1,7 +1,7 @@
 """Gate statistics: where each compressor gate puts its weight, and how concentrated it is.
 
 ``E[alpha]`` per layer x KV head x branch x slot over a task's windows; concentration
-(effective number of slots, SCIENCE.md section 2) static ``exp(H(E[alpha]))`` and per
+(effective number of slots, docs/science.md section 2) static ``exp(H(E[alpha]))`` and per
 window ``E[exp(H(alpha))]`` (uniform = W, one-hot = 1); the gate from the static
 parameters alone (``softmax(b)``, or DeepSeek's ``position_bias``); and how a head's
 gate preference lines up with the phases where its knockout hurts.

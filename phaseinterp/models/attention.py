@@ -1,6 +1,6 @@
 """Grouped-query attention over exact local tokens plus compressed window entries.
 
-Each query ``t`` runs ONE softmax over (SCIENCE.md section 2):
+Each query ``t`` runs ONE softmax over (docs/science.md section 2):
 
 (a) exact K/V of a band of recent tokens -- the last ``L = local_window`` tokens
     (``memory="local"``, the query included), or only the tokens not yet covered by a

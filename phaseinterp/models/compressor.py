@@ -1,4 +1,4 @@
-"""The chunk compressor: one gated cache entry per window (SCIENCE.md section 2).
+"""The chunk compressor: one gated cache entry per window (docs/science.md section 2).
 
 For the hidden state ``h`` at slot ``i`` of window ``j`` (position ``jS + i``), per KV head:
 

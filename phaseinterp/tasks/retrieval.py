@@ -1,4 +1,4 @@
-"""Key-value retrieval with phase as the only variable: moment-matched target placement (SCIENCE.md s3)."""
+"""Key-value retrieval with phase as the only variable: moment-matched target placement (docs/science.md section 3)."""
 
 import dataclasses
 import math
@@ -553,7 +553,7 @@ def _check_stride(stride: int | None, modulus: int) -> None:
 # ========================================================== key-value retrieval
 @dataclass(frozen=True)
 class KeyValueRetrieval:
-    """Single-token key-value retrieval with phase as the only variable (SCIENCE.md section 3).
+    """Single-token key-value retrieval with phase as the only variable (docs/science.md section 3).
 
     Prompt (``T = seq_len`` tokens, fixed)::
 

@@ -1,4 +1,4 @@
-"""The idealized induction model (SCIENCE.md section 4) and checks of its two claims.
+"""The idealized induction model (docs/science.md section 4) and checks of its two claims.
 
     from phaseinterp import theory
     model = theory.IdealizedInductionModel(6, 3, 2, heads=2, eps=0.0, kappa=0.1, gamma=4.0, beta=4.0)
