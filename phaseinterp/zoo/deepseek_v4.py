@@ -282,6 +282,22 @@ def build(name: str, out_dir: Union[str, Path, None] = None, *, install: bool = 
     return source
 
 
+def load(name: str, device=None):
+    """A shipped tiny DeepSeek-V4 (`HookedDeepseekV4`, eval mode, evaluation task in ``.metadata``)."""
+    from phaseinterp.models.hf import load_hf
+
+    if name not in RECIPES:
+        raise ValueError(f"unknown tiny DeepSeek-V4 {name!r}; known: {sorted(RECIPES)}")
+    path = CHECKPOINT_DIR / name
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"zoo model {name!r} is known but its checkpoint is not in {path}; build it with "
+                                f"`{RECIPES[name].command}`")
+    model = load_hf(path, name=name)
+    if device is not None:
+        model.to(device)
+    return model
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("name", choices=sorted(RECIPES))
