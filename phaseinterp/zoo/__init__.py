@@ -126,7 +126,10 @@ ENTRIES["deep12-full"] = dataclasses.replace(  # the equal-training rule, in cod
 
 def available() -> list[str]:
     """Names of the zoo models whose checkpoints ship with this installation."""
-    return [name for name in ENTRIES if (CHECKPOINT_DIR / name / "config.json").is_file()]
+    from phaseinterp.zoo.deepseek_v4 import RECIPES as HF_RECIPES  # HF-format DeepSeek-V4 models (issue 12)
+
+    names = list(ENTRIES) + [name for name in HF_RECIPES if name not in ENTRIES]
+    return [name for name in names if (CHECKPOINT_DIR / name / "config.json").is_file()]
 
 
 def entry(name: str) -> ZooEntry:
@@ -138,7 +141,10 @@ def entry(name: str) -> ZooEntry:
 def load(name: str, device=None):
     """Load a shipped zoo model (``CompressedTransformer`` in eval mode, task in ``.metadata``)."""
     from phaseinterp.models import CompressedTransformer
+    from phaseinterp.zoo import deepseek_v4 as hf_zoo  # HF-format DeepSeek-V4 checkpoints (issue 12)
 
+    if name in hf_zoo.RECIPES:
+        return hf_zoo.load(name, device=device)
     entry(name)
     path = CHECKPOINT_DIR / name
     if not (path / "config.json").is_file():
