@@ -37,6 +37,8 @@ _NAMES = {
     "KVCache": "phaseinterp.models",
     "from_hf": "phaseinterp.models.hf",  # DeepSeek-V4 via transformers (optional extra [hf])
     "load_hf": "phaseinterp.models.hf",
+    "indexer_phase": "phaseinterp.interventions.indexer",
+    "IndexerPhaseResult": "phaseinterp.interventions.indexer",
 }
 
 
@@ -68,6 +70,8 @@ __all__ = [
     "ablate",
     "cycle_gates",
     "from_hf",
+    "indexer_phase",
+    "IndexerPhaseResult",
     "gate_cycling",
     "gate_profile",
     "mean_ablation",
