@@ -1,4 +1,4 @@
-"""Cyclic gate shifts (SCIENCE.md section 2): move the gates' slot preferences, watch the weak spots move.
+"""Cyclic gate shifts (docs/science.md section 2): move the gates' slot preferences, watch the weak spots move.
 
 In a W = S model, `cycle_gates` replaces the offset-specific gate parameters by their
 circular shift ``Z~_i = Z_{(i-d) mod W}``, ``b~_i = b_{(i-d) mod W}`` (payload maps
@@ -108,6 +108,29 @@ def shifted_copy(model, shift: int, layers: Union[int, Sequence[int], None] = No
         for p, axis in targets:
             p.copy_(torch.roll(p.detach().clone(), shifts=shift, dims=axis))
     return twin
+
+
+def cycling_fitness(model) -> tuple[bool, str]:
+    """Whether gate cycling is a meaningful experiment on ``model``, and why (one sentence).
+
+    It needs offset-specific gate parameters (W = S gated with scalar or vector gates, or the
+    DeepSeek kernel's ``position_bias``) AND payloads shared across slots: with a payload map
+    ``C_i`` per slot, a shifted gate weights maps never trained for that slot, so every phase
+    collapses and the scores measure that collapse, not the weak spots moving (docs/science.md,
+    "Gate cycling"). Such a run is a negative control, to be labelled as one."""
+    cfg = model.cfg
+    if not cfg.is_compressed:
+        return False, "full attention has no gates to shift"
+    if cfg.compression == "deepseek":
+        return True, "DeepSeek kernel: one kv_proj shared by every slot, gate preferences in position_bias"
+    if cfg.window != cfg.stride:
+        return False, f"W={cfg.window} != S={cfg.stride}: with overlapping gated windows a slot is not a phase"
+    if cfg.gate == "uniform":
+        return False, "uniform gates have no offset-specific parameters"
+    if getattr(cfg, "payload", "per_slot") != "shared":
+        return False, ("payload map per slot: a shifted gate reads maps never trained for its slot, so every "
+                       "phase collapses (a negative control, not a test of the prediction)")
+    return True, "W = S gates with one payload map shared by every slot (as DeepSeek's kv_proj)"
 
 
 # ---------------------------------------------------------------- the scores

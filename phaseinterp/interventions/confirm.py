@@ -1,0 +1,361 @@
+"""The confirmatory pipeline: one call that tests the mechanism claims the way a reviewer would.
+
+`confirm(model)` runs, on disjoint prompt splits (evaluation, calibration, nomination):
+
+1. per-KV-head **mean replacement** and two alternative ablations of the same ``hook_z``
+   at the answer position -- **resample** (z of a random calibration prompt) and
+   **norm-matched mean** (the calibration mean rescaled to each prompt's own norm) -- each
+   tested per unit x phase with an exact paired test and Holm's correction
+   (`AblationResult.phase_tests`), and their **agreement**;
+2. **held-out confirmation of gate-nominated heads**: `gate_profile` on the nomination split
+   names, for every unit whose gate is concentrated, the phase it prefers; the evaluation
+   split's mean replacement says whether the unit's knockout significantly hurts that phase;
+   the hit rate is compared with nominations of random (unit, phase) cells;
+3. **gate cycling**, where the experiment is defined and meaningful (`cycling_fitness`),
+   scored by `cycling_scores` (parameter-free R², identification test).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+import torch
+
+from phaseinterp._files import progress_bar
+from phaseinterp.interventions._common import fixed_answer_position, model_device, resolve_task
+from phaseinterp.results import Result
+
+ABLATIONS = ("mean", "resample", "norm_matched")
+
+
+# --------------------------------------------------------------- ablations
+@torch.inference_mode()
+def _answer_z(model, tokens: torch.Tensor, answer_pos: int, batch_size: int) -> torch.Tensor:
+    """``hook_z`` at ``answer_pos`` of every prompt: ``[prompt, layer, head, d_head]``."""
+    names = [f"blocks.{l}.attn.hook_z" for l in range(model.cfg.n_layers)]
+    out = []
+    for i in range(0, tokens.shape[0], batch_size):
+        chunk = tokens[i : i + batch_size, : answer_pos + 1].to(model_device(model))
+        _, cache = model.run_with_cache(chunk, names_filter=names, return_type=None, return_cache_object=False)
+        out.append(torch.stack([cache[n][:, answer_pos] for n in names], 1).cpu())
+    return torch.cat(out)
+
+
+@torch.inference_mode()
+def replacement_ablation(model, task=None, *, method: str = "resample", layer=None, n_per_residue: int = 72,
+                         n_calibration: int = 256, seed: int = 0, calibration_seed: int = 1,
+                         batch_size: int = 64, prompts=None, progress: bool = False):
+    """Per-KV-head ablation of ``hook_z`` at the answer position with another replacement than the mean.
+
+    ``method="resample"``: each prompt's z (the unit's query heads) is replaced by the z of a
+    random calibration prompt (seeded; a disjoint split), so the replacement is an activation
+    the model really produces, not an average of them. ``method="norm_matched"``: by the
+    calibration mean rescaled per prompt and head to the norm of the z it replaces,
+    ``z' = mean_z * |z| / |mean_z|`` (direction of the mean, size of the original), which
+    separates "lost the information" from "shrank the vector". ``method="mean"`` is
+    `mean_ablation`. Returns an `AblationResult` (one hooked forward per unit: the plain path).
+    """
+    from phaseinterp.interventions.ablation import AblationResult, _units, mean_ablation
+
+    if method not in ABLATIONS:
+        raise ValueError(f"method={method!r} is not one of {ABLATIONS}")
+    if method == "mean":
+        return mean_ablation(model, task, layer=layer, n_per_residue=n_per_residue, n_calibration=n_calibration,
+                             seed=seed, calibration_seed=calibration_seed, batch_size=batch_size, prompts=prompts,
+                             progress=progress)
+    from phaseinterp.interventions._common import check_layers
+
+    if getattr(model, "training", False):
+        raise ValueError("replacement_ablation needs the model in eval mode; call model.eval() first")
+    task = resolve_task(model, task)
+    units = _units(model, check_layers(model, layer), "kv_head", None)
+    batch = prompts if prompts is not None else task.generate(n_per_residue, seed=seed)
+    answer_pos = fixed_answer_position(batch)
+    calib = task.calibration(n_calibration, seed=calibration_seed)
+    if fixed_answer_position(calib) != answer_pos:
+        raise ValueError("calibration prompts must share the evaluation prompts' answer position")
+    calib_z = _answer_z(model, calib.tokens, answer_pos, batch_size)  # [cal, layer, head, d]
+    mean_z = calib_z.mean(0)
+    n = batch.tokens.shape[0]
+    donors = torch.as_tensor(np.random.default_rng(seed).integers(0, calib_z.shape[0], n))
+    device = model_device(model)
+    answer = torch.as_tensor(batch.answer)
+    clean_ok = np.zeros(n, dtype=bool)
+    ko_ok = np.zeros((n, len(units)), dtype=bool)
+    bar = progress_bar(progress, n * len(units), f"ablate ({method})")
+    try:
+        for i in range(0, n, batch_size):
+            chunk = batch.tokens[i : i + batch_size, : answer_pos + 1].to(device)
+            ans = answer[i : i + batch_size].to(device)
+            clean_ok[i : i + len(ans)] = (model(chunk)[:, answer_pos].argmax(-1) == ans).cpu().numpy()
+            donor_z = calib_z[donors[i : i + batch_size]].to(device)  # [b, layer, head, d]
+            for u, unit in enumerate(units.itertuples()):
+                heads = list(unit.heads)
+
+                def replace(z, hook, layer=unit.layer, heads=heads):
+                    z = z.clone()
+                    if method == "resample":
+                        z[:, answer_pos, heads] = donor_z[:, layer, heads].to(z.dtype)
+                    else:
+                        original = z[:, answer_pos, heads]  # [b, h, d]
+                        mean = mean_z[layer, heads].to(z.device, z.dtype)  # [h, d]
+                        scale = original.norm(dim=-1, keepdim=True) / mean.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+                        z[:, answer_pos, heads] = mean * scale
+                    return z
+
+                logits = model.run_with_hooks(chunk, fwd_hooks=[(f"blocks.{unit.layer}.attn.hook_z", replace)])
+                ko_ok[i : i + len(ans), u] = (logits[:, answer_pos].argmax(-1) == ans).cpu().numpy()
+                if bar is not None:
+                    bar.update(len(ans))
+    finally:
+        if bar is not None:
+            bar.close()
+    return AblationResult(units=units, residue=np.asarray(batch.meta["residue"].to_numpy(), dtype=np.int64),
+                          clean_correct=clean_ok, knockout_correct=ko_ok, residue_modulus=task.residue_modulus,
+                          stride=model.cfg.stride, scope="kv_head", model_label=model.cfg.label,
+                          n_calibration=n_calibration)
+
+
+def ablation_agreement(results: dict, correction: str = "holm", alpha: float = 0.05) -> pd.DataFrame:
+    """Pairwise agreement of ablation methods on the same prompts and units: Pearson correlation of
+    their unit x phase changes (pp), the share of unit x phase cells where their significance
+    calls (``phase_tests``) agree, and whether they name the same specialized units and phases."""
+    names = list(results)
+    tests = {m: results[m].phase_tests(correction, alpha) for m in names}
+    spec = {m: results[m].specialization(correction=correction, alpha=alpha) for m in names}
+    rows = []
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            pa, pb = tests[a].change_pp.to_numpy(), tests[b].change_pp.to_numpy()
+            ok = np.isfinite(pa) & np.isfinite(pb)
+            corr = float(np.corrcoef(pa[ok], pb[ok])[0, 1]) if ok.sum() > 2 and pa[ok].std() > 0 and pb[ok].std() > 0 \
+                else float("nan")
+            calls_a, calls_b = tests[a].significant.to_numpy(), tests[b].significant.to_numpy()
+            same_units = [list(x) for x in spec[a].phases] == [list(x) for x in spec[b].phases]
+            rows.append(dict(method_a=a, method_b=b, correlation_pp=corr,
+                             significance_agreement=float(np.mean(calls_a == calls_b)),
+                             both_significant=int(np.sum(calls_a & calls_b)),
+                             only_a=int(np.sum(calls_a & ~calls_b)), only_b=int(np.sum(~calls_a & calls_b)),
+                             same_specialization=bool(same_units),
+                             max_abs_difference_pp=float(np.nanmax(np.abs(pa - pb))) if ok.any() else float("nan")))
+    return pd.DataFrame(rows)
+
+
+# ------------------------------------------------------------- nomination
+def _poisson_binomial_tail(probabilities: np.ndarray, k: int) -> float:
+    """P(X >= k) for a sum of independent Bernoulli(p_i)."""
+    dist = np.array([1.0])
+    for p in probabilities:
+        dist = np.convolve(dist, [1 - p, p])
+    return float(dist[k:].sum()) if k < len(dist) else 0.0
+
+
+def nominate_heads(gates, max_concentration: Optional[float] = None, branch: str = "k") -> pd.DataFrame:
+    """Gate-nominated (unit, phase) claims from a `GateProfile`: for every (layer, KV head) whose
+    gate is concentrated (effective number of slots ``exp(H(E[alpha])) <= max_concentration``,
+    default W/2), the phase its E[alpha] prefers (slots folded to phases). The claim to confirm
+    elsewhere: knocking the unit out hurts that phase."""
+    limit = gates.window / 2 if max_concentration is None else float(max_concentration)
+    heads = gates.heads[gates.heads.branch == branch]
+    slots = gates.slots[gates.slots.branch == branch]
+    rows = []
+    for h in heads.itertuples():
+        sub = slots[(slots.layer == h.layer) & (slots.kv_head == h.kv_head)]
+        by_phase = sub.groupby("phase").mean_alpha.sum().reindex(range(gates.stride), fill_value=0.0)
+        rows.append(dict(layer=int(h.layer), kv_head=int(h.kv_head), preferred_phase=int(by_phase.to_numpy().argmax()),
+                         preferred_alpha=float(by_phase.max()), concentration=float(h.static_concentration),
+                         nominated=bool(h.static_concentration <= limit)))
+    return pd.DataFrame(rows)
+
+
+def confirm_nominations(nominations: pd.DataFrame, ablation, correction: str = "holm",
+                        alpha: float = 0.05) -> tuple[pd.DataFrame, dict]:
+    """Score gate nominations against an ablation on a DISJOINT split.
+
+    A nominated (unit, phase) is a *hit* when the unit's knockout lowers that phase's accuracy
+    significantly (``phase_tests``: exact paired test, ``correction`` over all units x phases).
+    Chance levels: ``p_value`` (random heads): the hypergeometric probability that as many
+    (unit, phase) cells drawn at random without replacement from all units x phases hit at
+    least as often (a cell hits when its knockout significantly hurts); ``p_same_units``: the
+    same units with a uniformly random phase each (exact Poisson-binomial)."""
+    from scipy import stats as scipy_stats
+
+    tests = ablation.phase_tests(correction, alpha)
+    hurt = tests.assign(hurt=tests.significant & (tests.change_pp < 0)).set_index(["layer", "kv_head", "phase"])
+    table = nominations.copy()
+    table["hit"] = [bool(hurt.loc[(r.layer, r.kv_head, r.preferred_phase), "hurt"]) for r in table.itertuples()]
+    table["change_pp"] = [float(hurt.loc[(r.layer, r.kv_head, r.preferred_phase), "change_pp"])
+                          for r in table.itertuples()]
+    table["p_adjusted"] = [float(hurt.loc[(r.layer, r.kv_head, r.preferred_phase), "p_adjusted"])
+                           for r in table.itertuples()]
+    chosen = table[table.nominated]
+    k, hits = len(chosen), int(chosen.hit.sum())
+    cells, hit_cells = len(hurt), int(hurt.hurt.sum())
+    per_unit = hurt.hurt.groupby(level=["layer", "kv_head"]).mean()
+    p_unit = np.array([per_unit.loc[(r.layer, r.kv_head)] for r in chosen.itertuples()])
+    stats = dict(
+        n_nominated=k, n_hits=hits, hit_rate=hits / k if k else float("nan"),
+        chance_rate=hit_cells / cells if cells else float("nan"),
+        p_value=float(scipy_stats.hypergeom.sf(hits - 1, cells, hit_cells, k)) if k else float("nan"),
+        chance_rate_same_units=float(p_unit.mean()) if k else float("nan"),
+        p_same_units=_poisson_binomial_tail(p_unit, hits) if k else float("nan"),
+    )
+    return table, stats
+
+
+def _row_keys(tokens: torch.Tensor) -> set:
+    return {bytes(row) for row in tokens.cpu().numpy().astype(np.int64)}
+
+
+# ----------------------------------------------------------------- result
+@dataclass(frozen=True, eq=False, repr=False)
+class ConfirmResult(Result):
+    """`confirm`'s result: every confirmatory test on one model, as tables.
+
+    ``ablation_tests``: `AblationResult.phase_tests` rows for each ablation ``method`` (change in
+    pp with multiplicity-adjusted intervals, relative change, adjusted p, significance).
+    ``specialization``: each method's `AblationResult.specialization` rows. ``agreement``:
+    `ablation_agreement`. ``nominations``: gate nominations and whether each was confirmed on the
+    disjoint split (`confirm_nominations`). ``cycling``: `cycling_scores`' per-shift table (empty
+    with ``cycling_note`` saying why when the experiment does not apply). Scalars: the
+    nomination hit rate, its chance rates and p-values, and the cycling headline numbers.
+    """
+
+    model_label: str
+    stride: int
+    phase_accuracy: np.ndarray  # clean accuracy per phase on the evaluation split
+    ablation_tests: pd.DataFrame
+    specialization: pd.DataFrame
+    agreement: pd.DataFrame
+    nominations: pd.DataFrame
+    cycling: pd.DataFrame
+    n_nominated: int = 0
+    n_hits: int = 0
+    hit_rate: float = float("nan")
+    chance_rate: float = float("nan")
+    nomination_p: float = float("nan")
+    chance_rate_same_units: float = float("nan")
+    nomination_p_same_units: float = float("nan")
+    cycling_note: str = ""
+    cycling_r2_pooled: float = float("nan")
+    cycling_corr2_pooled: float = float("nan")
+    cycling_identified: str = ""
+    cycling_identification_p: float = float("nan")
+    correction: str = "holm"
+    alpha: float = 0.05
+    n_prompts: int = 0
+    seeds: tuple = (0, 1, 2)
+
+    def to_dict(self) -> dict:
+        """Headline numbers: clean phase accuracies, units each ablation finds specialized, how the
+        ablations agree, the nomination hit rate against chance, and the gate-cycling scores."""
+        spec = {m: [f"L{r.layer}H{r.kv_head}: {list(r.hurt_phases)}" for r in grp.itertuples() if len(r.hurt_phases)]
+                for m, grp in self.specialization.groupby("method", sort=False)}
+        agree = {f"{r.method_a} vs {r.method_b}": f"r={r.correlation_pp:.3f}, calls agree {r.significance_agreement:.0%}"
+                 for r in self.agreement.itertuples()}
+        out = {
+            "model": self.model_label, "n_prompts": self.n_prompts,
+            "phase_accuracy": [float(a) for a in self.phase_accuracy],
+            "test": f"exact paired (McNemar) per unit x phase, {self.correction} over all, alpha {self.alpha}",
+            **{f"hurt_phases[{m}]": v for m, v in spec.items()},
+            **agree,
+            "nominated_confirmed": f"{self.n_hits} of {self.n_nominated}",
+            "hit_rate": self.hit_rate, "chance_rate": self.chance_rate, "nomination_p": self.nomination_p,
+            "nomination_p_same_units": self.nomination_p_same_units,
+        }
+        if len(self.cycling):
+            out.update(cycling_r2_pooled=self.cycling_r2_pooled, cycling_corr2_pooled=self.cycling_corr2_pooled,
+                       cycling_identified=self.cycling_identified,
+                       cycling_identification_p=self.cycling_identification_p)
+        else:
+            out["cycling"] = self.cycling_note or "not run"
+        return out
+
+    def to_frame(self) -> pd.DataFrame:
+        """The unit x phase tests of every ablation method (tidy rows)."""
+        return self.ablation_tests.copy()
+
+    def plot(self, **kwargs):
+        from phaseinterp.plot.mechanisms import confirm_figure
+
+        return confirm_figure(self, **kwargs)
+
+
+def confirm(model, task=None, *, n_per_residue: int = 72, n_calibration: int = 256, nominate_per_residue: int = 8,
+            seed: int = 0, calibration_seed: int = 1, nomination_seed: int = 2, correction: str = "holm",
+            alpha: float = 0.05, max_concentration: Optional[float] = None, methods=ABLATIONS,
+            cycling: bool = True, batch_size: int = 64, progress: bool = True, prompts=None,
+            nomination_prompts=None) -> ConfirmResult:
+    """Run the confirmatory pipeline on ``model`` (see the module docstring); returns a `ConfirmResult`.
+
+    Splits: evaluation prompts ``task.generate(n_per_residue, seed)``, calibration prompts
+    ``task.calibration(n_calibration, calibration_seed)`` (mean/donor activations; disjoint
+    mappings by construction) and nomination prompts ``task.generate(nominate_per_residue,
+    nomination_seed)`` for the gate statistics; the evaluation and nomination splits are
+    checked to share no prompt. ``correction`` (``"holm"`` or ``"bh"``) and ``alpha`` govern
+    every unit x phase call. ``cycling=False`` skips gate cycling. ``prompts`` /
+    ``nomination_prompts`` may pass pre-generated evaluation / nomination batches instead.
+    """
+    from phaseinterp.interventions.gate_cycling import cycling_fitness, gate_cycling
+    from phaseinterp.interventions.gate_stats import gate_profile
+
+    if correction not in ("holm", "bh"):
+        raise ValueError(f"correction={correction!r} is not one of ('holm', 'bh')")
+    methods = tuple(methods)
+    if "mean" not in methods or any(m not in ABLATIONS for m in methods):
+        raise ValueError(f"methods={methods!r} must include 'mean' and be drawn from {ABLATIONS}")
+    if len({seed, nomination_seed}) < 2:
+        raise ValueError(f"seed={seed} and nomination_seed={nomination_seed} must differ (disjoint splits)")
+    if not model.cfg.is_compressed:
+        raise ValueError("confirm: the full-attention model (compression=None) has no gates to nominate or shift")
+    task = resolve_task(model, task)
+    batch = prompts if prompts is not None else task.generate(n_per_residue, seed=seed)
+    nomination_batch = (nomination_prompts if nomination_prompts is not None
+                        else task.generate(nominate_per_residue, seed=nomination_seed, strict=False))
+    if _row_keys(batch.tokens) & _row_keys(nomination_batch.tokens):
+        raise ValueError(f"evaluation (seed={seed}) and nomination (seed={nomination_seed}) prompts overlap")
+    results = {}
+    for method in methods:
+        results[method] = replacement_ablation(model, task, method=method, n_calibration=n_calibration,
+                                               seed=seed, calibration_seed=calibration_seed, batch_size=batch_size,
+                                               prompts=batch, progress=progress)
+    tests = pd.concat([results[m].phase_tests(correction, alpha).assign(method=m) for m in methods], ignore_index=True)
+    spec = pd.concat([results[m].specialization(correction=correction, alpha=alpha).assign(method=m)
+                      for m in methods], ignore_index=True)
+    spec["heads"] = spec["heads"].apply(lambda h: [int(x) for x in h])
+    agreement = ablation_agreement(results, correction, alpha)
+    gates = gate_profile(model, task, prompts=nomination_batch, batch_size=batch_size)
+    nominations, nom = confirm_nominations(nominate_heads(gates, max_concentration), results["mean"],
+                                           correction, alpha)
+    cyc_table, note = pd.DataFrame(), ""
+    cyc_stats: dict = {}
+    fit, reason = cycling_fitness(model)
+    if not cycling:
+        note = "skipped (cycling=False)"
+    elif not fit:
+        note = f"not run: {reason}"
+    else:
+        cyc = gate_cycling(model, task, prompts=batch, progress=progress, seed=seed, batch_size=batch_size)
+        s = cyc.scores
+        cyc_table = s["per_shift"]
+        cyc_stats = dict(cycling_r2_pooled=s["r2_pooled"], cycling_corr2_pooled=s["corr2_pooled"],
+                         cycling_identified=f"{s['n_identified']} of {s['n_shifts']}",
+                         cycling_identification_p=s["identification_p"])
+        note = reason
+    clean = results["mean"].clean.reindex(range(model.cfg.stride)).to_numpy(dtype=float)
+    return ConfirmResult(
+        model_label=model.cfg.label, stride=model.cfg.stride, phase_accuracy=clean, ablation_tests=tests,
+        specialization=spec, agreement=agreement, nominations=nominations, cycling=cyc_table,
+        n_nominated=nom["n_nominated"], n_hits=nom["n_hits"], hit_rate=nom["hit_rate"],
+        chance_rate=nom["chance_rate"], nomination_p=nom["p_value"],
+        chance_rate_same_units=nom["chance_rate_same_units"], nomination_p_same_units=nom["p_same_units"],
+        cycling_note=note, correction=correction, alpha=alpha, n_prompts=int(batch.tokens.shape[0]),
+        seeds=(seed, calibration_seed, nomination_seed), **cyc_stats,
+    )
+
+
+__all__ = ["ABLATIONS", "ConfirmResult", "ablation_agreement", "confirm", "confirm_nominations", "nominate_heads",
+           "replacement_ablation"]
