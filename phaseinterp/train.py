@@ -369,31 +369,26 @@ def latest_checkpoint(root: Union[str, Path]) -> Optional[Path]:
 
 def _check_same_run(model, config: CompressedConfig, tc: TrainConfig, task, start: int, ckpt: Path) -> None:
     """A resume continues the same run: refuse a changed architecture, recipe or task, naming the field."""
-    saved, wanted = model.cfg.to_dict(), config.to_dict()
-    for key in sorted(set(saved) | set(wanted)):
-        if saved.get(key) != wanted.get(key):
-            raise ValueError(
-                f"resume: the run in {ckpt.parent} has {key}={saved.get(key)!r} but this call asks for "
-                f"{key}={wanted.get(key)!r}; a resume must keep the architecture (start a new --out instead)"
-            )
+    def differences(old: dict, new: dict) -> tuple[str, str]:
+        old, new = json.loads(json.dumps(old, default=list)), json.loads(json.dumps(new, default=list))
+        keys = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+        return (", ".join(f"{k}={old.get(k)!r}" for k in keys), ", ".join(f"{k}={new.get(k)!r}" for k in keys))
+
+    was, now = differences(model.cfg.to_dict(), config.to_dict())
+    if was:
+        raise ValueError(f"resume: the run in {ckpt.parent} has {was} but this call asks for {now}; a resume must "
+                         "keep the architecture (start a new out_dir instead)")
     recorded = model.metadata.get("train_config")
     if isinstance(recorded, dict):
-        current = json.loads(json.dumps(tc.to_dict(), default=list))
-        recorded = json.loads(json.dumps(recorded, default=list))
-        for key in sorted(set(recorded) | set(current)):
-            if recorded.get(key) != current.get(key):
-                raise ValueError(
-                    f"resume: the run in {ckpt.parent} was trained with {key}={recorded.get(key)!r} but this call "
-                    f"asks for {key}={current.get(key)!r}; a resume must keep the recipe (it is at step {start})"
-                )
+        was, now = differences(recorded, tc.to_dict())
+        if was:
+            raise ValueError(f"resume: the run in {ckpt.parent} (at step {start}) was trained with {was} but this "
+                             f"call asks for {now}; a resume must keep the recipe, including steps")
     stored_task = model.metadata.get("task")
     if isinstance(stored_task, dict) and hasattr(task, "to_dict"):
-        now = json.loads(json.dumps(task.to_dict(), default=list))
-        stored_task = json.loads(json.dumps(stored_task, default=list))
-        for key in sorted(set(stored_task) | set(now)):
-            if stored_task.get(key) != now.get(key):
-                raise ValueError(f"resume: the run in {ckpt.parent} trained on a task with {key}="
-                                 f"{stored_task.get(key)!r}; this call passes {key}={now.get(key)!r}")
+        was, now = differences(stored_task, task.to_dict())
+        if was:
+            raise ValueError(f"resume: the run in {ckpt.parent} trained on a task with {was}; this call passes {now}")
     if start > tc.steps:
         raise ValueError(f"resume: the run is at step {start}, beyond steps={tc.steps}")
 
