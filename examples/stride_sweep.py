@@ -27,7 +27,7 @@ def main() -> None:
         model = pi.zoo.load(name)
         task = pi.zoo.task_for(model)
         profiles.append(pi.phase_profile(model, task, args.n_per_residue, label=name))
-        print(name, {k: v for k, v in profiles[-1].summary().items() if k in ("mean", "phase_gap", "period")})
+        print(name, {k: v for k, v in profiles[-1].to_dict().items() if k in ("mean", "phase_gap", "period")})
     frame = pd.concat([p.phase_frame().assign(model=p.label) for p in profiles])
     frame.to_csv(out / "phase_profiles.csv", index=False)
     fig = profiles_figure(profiles, title="Accuracy by phase across the zoo")
