@@ -4,7 +4,8 @@
 (effective number of slots, docs/science.md section 2) static ``exp(H(E[alpha]))`` and per
 window ``E[exp(H(alpha))]`` (uniform = W, one-hot = 1); the gate from the static
 parameters alone (``softmax(b)``, or DeepSeek's ``position_bias``); and how a head's
-gate preference lines up with the phases where its knockout hurts.
+gate preference lines up with the phases where its knockout hurts. E[alpha] is the mean gate
+over windows (input-dependent), not a static preference; the static gate is ``static_alpha``.
 """
 
 from __future__ import annotations
@@ -51,7 +52,12 @@ class GateProfile(Result):
         """Per (layer, kv_head): Pearson correlation across phases between the head's gate
         preference (E[alpha] folded to phases) and its knockout harm (``-relative change``,
         clipped at 0), and whether the preferred phase is among the phases it hurts most.
-        The paper's claim is that static gate preferences align with where heads matter."""
+        ``correlation`` uses the MEAN gate E[alpha] = E[softmax(Z h + b)] over windows, which on
+        the zoo models comes from the input-dependent ``Z h`` (``softmax(b)`` is near uniform);
+        ``static_correlation`` uses the static part ``softmax(b)`` alone. The paper speaks of
+        "static gate preferences"; here that is the second column, usually the weaker one. Each
+        correlation rests on S points (4 at S = 4); for a test on held-out prompts use
+        `phaseinterp.interventions.confirm`."""
         rel = ablation.relative_change
         rows = []
         for (layer, kv), harm_row in rel.iterrows():

@@ -16,6 +16,16 @@ Why the recipe looks the way it does (measured here, one seed each):
   offsets (89% on the rows, 1% on a repeated random segment) and never formed induction;
 - the curriculum's easy stage (4-24 records, the query section filled with queries that
   repeat keys) gives short-range induction examples before the real task.
+
+Which snapshot ships (rules in code, not choices made after seeing the results):
+- a compressed model ships its final step (``snapshot_step=None``);
+- an equal-training pair (``snapshot_step=EQUAL_TRAINING``, ``pair=`` the other model) ships
+  `equal_training_step` of the two runs' held-out probe curves (``curves.csv``): the first
+  snapshot at which BOTH models have learned the task (probe mean >= ``LEARNED_MEAN`` = 60%).
+  For ``w4s4`` and ``full`` that is step 800 (probe means 68.8% and 76.0%; at step 700 the
+  twin is at 18.8%): ``w4s4-equal`` and ``full`` ship it, ``w4s4`` and ``full-final`` the final
+  step (1500), so the report can show both pairs. Step 800 still lies in the curriculum's
+  easy stage (the first 60% of steps, to step 900): the final-step pair is the other control.
 """
 
 from __future__ import annotations
@@ -45,6 +55,10 @@ TRAIN: dict[str, Any] = dict(
 )
 
 
+EQUAL_TRAINING = "equal-training"  # snapshot_step value: ship the equal-training step with ``pair``
+LEARNED_MEAN = 0.60  # "has learned the task": held-out probe mean accuracy >= 60%
+
+
 @dataclass(frozen=True)
 class ZooEntry:
     """One zoo model: its architecture changes on the shared backbone, and which snapshot ships."""
@@ -52,10 +66,12 @@ class ZooEntry:
     name: str
     description: str
     compression: dict[str, Any]
-    snapshot_step: Optional[int] = None  # None: the final step
+    snapshot_step: Union[int, str, None] = None  # None: the final step; EQUAL_TRAINING: the rule below
     backbone: dict[str, Any] = field(default_factory=dict)  # overrides of BACKBONE (e.g. a deeper model)
     train: dict[str, Any] = field(default_factory=dict)  # overrides of TRAIN
     task: dict[str, Any] = field(default_factory=dict)  # overrides of TASK
+    run: Optional[str] = None  # the training run (runs/zoo/<run>) when another entry's run is reused
+    pair: Optional[str] = None  # the partner of an equal-training pair (snapshot_step=EQUAL_TRAINING)
 
     def model_config(self, vocab_size: int):
         from phaseinterp.config import CompressedConfig
@@ -87,9 +103,15 @@ ENTRIES: dict[str, ZooEntry] = {
         ZooEntry("w8s4-deepseek", "DeepSeek-V4 overlapping kernel W = 8, S = 4 (kv_proj, gate_proj, position_bias)",
                  dict(compression="deepseek", window=8, stride=4, gate="vector")),
         ZooEntry("full", "full-attention twin: the identical backbone and recipe, no compression (stride 4 "
-                 "is the reference for folding phases); ships step 800, the first snapshot whose mean is within "
-                 "10 pp of w4s4's (at step 1500 it is at 99%)", dict(compression=None, window=4, stride=4),
-                 snapshot_step=800),
+                 "is the reference for folding phases), at the equal-training step with w4s4-equal: the first "
+                 "snapshot at which both have learned the task (probe mean >= 60%; zoo.equal_training_step)",
+                 dict(compression=None, window=4, stride=4), snapshot_step=EQUAL_TRAINING, pair="w4s4"),
+        ZooEntry("w4s4-equal", "w4s4's own run at the equal-training step with the full twin (same step as "
+                 "`full`; zoo.equal_training_step), before its curriculum's easy stage ends",
+                 dict(compression="gated", window=4, stride=4, gate="scalar"), snapshot_step=EQUAL_TRAINING,
+                 run="w4s4", pair="full"),
+        ZooEntry("full-final", "the full-attention twin's final step (1500), the same step as w4s4: the "
+                 "final-step pair", dict(compression=None, window=4, stride=4), run="full"),
         ZooEntry("w8s8-vector", "compressed W = S = 8 with per-channel (vector) gates",
                  dict(compression="gated", window=8, stride=8, gate="vector")),
         ZooEntry("w6s6", "compressed, non-overlapping W = S = 6, scalar gates",
@@ -122,6 +144,87 @@ ENTRIES: dict[str, ZooEntry] = {
 }
 ENTRIES["deep12-full"] = dataclasses.replace(  # the equal-training rule, in code
     ENTRIES["deep12-full"], snapshot_step=ENTRIES["deep12-w8s8-1kv-shared"].snapshot_step)
+
+
+def equal_training_step(curves_a, curves_b, min_mean: float = LEARNED_MEAN) -> int:
+    """The equal-training snapshot of two runs: the first step at which BOTH have learned the task.
+
+    ``curves_a``/``curves_b`` are runs' ``curves.csv`` frames (step, residue, phase, accuracy, n:
+    the held-out probe, 8 prompts per residue, evaluated every 100 steps); "learned" = the probe's
+    mean accuracy over residues ``>= min_mean``. The rule reads only the training curves (no
+    phase profile), so it cannot be tuned toward a phase result."""
+    if not 0 < min_mean <= 1:
+        raise ValueError(f"min_mean={min_mean} is out of range (0, 1]")
+    mean_a = curves_a.groupby("step").accuracy.mean()
+    mean_b = curves_b.groupby("step").accuracy.mean()
+    for step in sorted(set(mean_a.index) & set(mean_b.index)):
+        if mean_a[step] >= min_mean and mean_b[step] >= min_mean:
+            return int(step)
+    raise ValueError(f"no common step at which both runs reach a probe mean of {min_mean:.0%} "
+                     f"(final: {mean_a.iloc[-1]:.3f} and {mean_b.iloc[-1]:.3f})")
+
+
+def run_curves(name: str, run_dir: Union[str, Path, None] = None):
+    """The held-out probe curves of ``name``'s training run: ``run_dir/curves.csv`` if given, else
+    the shipped ``curves.csv`` of the run (or of the entry), else ``runs/zoo/<run>/curves.csv``."""
+    import pandas as pd
+
+    e = entry(name)
+    run = e.run or name
+    candidates = ([Path(run_dir) / "curves.csv"] if run_dir is not None else []) + [
+        CHECKPOINT_DIR / run / "curves.csv", CHECKPOINT_DIR / name / "curves.csv",
+        Path("runs") / "zoo" / run / "curves.csv"]
+    for path in candidates:
+        if path.is_file():
+            return pd.read_csv(path)
+    raise FileNotFoundError(f"no training curves for {name!r} (looked in {', '.join(map(str, candidates))}); "
+                            f"build the run with `phaseinterp zoo build {run}`")
+
+
+def snapshot_step(name: str, run_dir: Union[str, Path, None] = None) -> int:
+    """The step ``name`` ships: its fixed ``snapshot_step``, the final step, or (``EQUAL_TRAINING``)
+    `equal_training_step` of its run's curves and its pair's."""
+    e = entry(name)
+    if e.snapshot_step == EQUAL_TRAINING:
+        if e.pair is None:
+            raise ValueError(f"zoo entry {name!r} uses the equal-training rule but names no pair")
+        return equal_training_step(run_curves(name, run_dir), run_curves(e.pair))
+    return int(e.snapshot_step or e.train_config().steps)
+
+
+def training_controls(name: str) -> dict[str, tuple[str, str]]:
+    """The equal-training controls of a zoo model, as ``{"equal-step": (compressed, twin),
+    "final-step": (compressed, twin)}`` zoo names (empty when ``name``'s run has no
+    equal-training pair). For ``w4s4``: ``("w4s4-equal", "full")`` at the step of
+    `equal_training_step` and ``("w4s4", "full-final")`` at the final step."""
+    if name not in ENTRIES:
+        return {}
+    run = ENTRIES[name].run or name
+    for e in ENTRIES.values():
+        if e.snapshot_step == EQUAL_TRAINING and (e.run or e.name) == run and e.model_config(1).is_compressed:
+            twin_run = ENTRIES[e.pair].run or e.pair
+            final_twin = next((t.name for t in ENTRIES.values()
+                               if (t.run or t.name) == twin_run and t.snapshot_step is None), None)
+            final = next((c.name for c in ENTRIES.values() if (c.run or c.name) == run and c.snapshot_step is None),
+                         None)
+            out = {"equal-step": (e.name, e.pair)}
+            if final and final_twin:
+                out["final-step"] = (final, final_twin)
+            return out
+    return {}
+
+
+def cycling_model_for(stride: int) -> Optional[str]:
+    """The shipped zoo model on which gate cycling is meaningful at ``stride``: W = S, gated,
+    non-uniform gates, payload shared across slots (`cycling_fitness`); the shallowest first.
+    None when none ships."""
+    shipped = set(available())
+    fits = [e for e in ENTRIES.values()
+            if e.name in shipped and e.compression.get("compression") == "gated"
+            and e.compression.get("window") == e.compression.get("stride") == stride
+            and e.compression.get("gate", "scalar") != "uniform" and e.compression.get("payload") == "shared"]
+    fits.sort(key=lambda e: e.backbone.get("n_layers", BACKBONE["n_layers"]))
+    return fits[0].name if fits else None
 
 
 def available() -> list[str]:
@@ -159,7 +262,7 @@ def load(name: str, device=None):
 
 def task_for(model):
     """The evaluation task stored with a zoo model."""
-    from phaseinterp.interventions._common import resolve_task
+    from phaseinterp.tasks import resolve_task
 
     return resolve_task(model)
 
@@ -184,10 +287,10 @@ def build(name: str, out_dir: Union[str, Path, None] = None, *, device=None, pro
     e = entry(name)
     task = e.task_object()
     tc = e.train_config()
-    run_dir = Path(out_dir) if out_dir is not None else Path("runs") / "zoo" / name
+    run_dir = Path(out_dir) if out_dir is not None else Path("runs") / "zoo" / (e.run or name)
     result = train(e.model_config(task.vocab.size), task, train_config=tc, device=device, out_dir=run_dir,
                    resume=resume, progress=progress, metadata={"zoo_name": name, "command": e.command})
-    step = e.snapshot_step or tc.steps
+    step = snapshot_step(name, run_dir)
     source = run_dir / f"snapshot_{step:06d}"
     if not (source / "config.json").is_file():
         raise FileNotFoundError(f"snapshot {source} was not written; snapshot_steps must include {step}")
@@ -213,4 +316,6 @@ def recipe() -> dict[str, Any]:
     return {"backbone": BACKBONE, "task": TASK, "train": json.loads(json.dumps(TRAIN, default=list))}
 
 
-__all__ = ["ENTRIES", "ZooEntry", "available", "build", "entry", "load", "recipe", "task_for"]
+__all__ = ["ENTRIES", "EQUAL_TRAINING", "LEARNED_MEAN", "ZooEntry", "available", "build", "entry",
+           "cycling_model_for", "equal_training_step", "load", "recipe", "run_curves", "snapshot_step", "task_for",
+           "training_controls"]
