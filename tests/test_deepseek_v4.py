@@ -405,3 +405,25 @@ def test_indexer_phase_matches_hooks_and_ranks(model, tmp_path):
     assert again.to_frame().equals(res.to_frame())
     with pytest.raises(ValueError, match=r"layer=1 is not a CSA layer \(CSA layers: \[0, 2\]\)"):
         indexer_phase(model, TASK, layers=[1], prompts=prompts)
+
+
+def test_memory_estimate_counts_the_real_parameters():
+    from phaseinterp.models.hf.memory import estimate_memory
+
+    hf_model = make_hf()
+    est = estimate_memory(hf_model.config)
+    assert est.n_params == sum(p.numel() for p in hf_model.parameters())
+    assert est.n_expert_params == sum(p.numel() for n, p in hf_model.named_parameters() if ".mlp.experts." in n)
+    assert est.weight_gib(4.0) == pytest.approx(est.n_params * 4 / 2**30)
+    with pytest.raises(FileNotFoundError, match="nowhere"):
+        estimate_memory("/nowhere/config.json")
+
+
+def test_report_section(model, tmp_path):
+    from phaseinterp.report_deepseek_v4 import deepseek_v4_section
+
+    section = deepseek_v4_section(model, TASK, tmp_path, n_per_residue=2, log=lambda s: None)
+    assert section["summary"]["wrapper_max_abs_logit_diff"] <= 1e-6
+    assert set(section["summary"]["indexer"]["layers"]) == {0, 2}
+    assert (tmp_path / "data" / "indexer_phase.csv").is_file() and "indexer_phase" in section["figures"]
+    json.dumps(section["summary"])  # JSON-safe

@@ -1,0 +1,70 @@
+"""The DeepSeek-V4 report section: what only a wrapped HF DeepSeek-V4 has (wire into `report.build_report`).
+
+``section = deepseek_v4_section(model, task, out_dir)`` returns ``{"summary": ..., "figures": ...,
+"tables": ...}`` in the shapes `build_report` collects (JSON-safe summary; plotly figures; HTML
+tables) and writes its CSVs under ``out_dir/data``. It adds, for a model from `phaseinterp.from_hf`:
+
+1. the wrapper check: max |wrapped logits - plain HF logits| on the section's prompts
+   (the numerics claim, measured on this model, not only in the tests);
+2. the layer schedule (CSA / HCA / sliding, rates, indexer top-k);
+3. phase through the indexer (`indexer_phase`): selection rate of the target's entry by phase.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Union
+
+import pandas as pd
+import torch
+
+from phaseinterp._files import atomic_write_text
+
+
+def deepseek_v4_section(model, task=None, out_dir: Union[str, Path, None] = None, *, n_per_residue: int = 24,
+                        seed: int = 0, batch_size: int = 32, log: Callable[[str], Any] = print) -> dict[str, Any]:
+    """The DeepSeek-V4 section for ``model`` (a `HookedDeepseekV4`) on ``task`` (default: its stored task)."""
+    from phaseinterp.interventions._common import resolve_task
+    from phaseinterp.interventions.indexer import indexer_phase
+
+    if not hasattr(model, "hf") or not hasattr(model.cfg, "layer_types"):
+        raise ValueError("deepseek_v4_section needs a wrapped DeepSeek-V4 (phaseinterp.from_hf / load_hf)")
+    task = resolve_task(model, task)
+    batch = task.generate(n_per_residue, seed=seed, strict=False)
+    cfg = model.cfg
+    log(f"[dsv4] wrapper check and indexer selection: {len(batch)} prompts")
+    worst = 0.0
+    with torch.inference_mode():
+        for i in range(0, min(len(batch), 4 * batch_size), batch_size):
+            tokens = batch.tokens[i : i + batch_size].to(model.device)
+            ours = model(tokens)
+            theirs = model.hf(tokens, use_cache=False).logits
+            worst = max(worst, float((ours.float() - theirs.float()).abs().max()))
+    layers = pd.DataFrame({
+        "layer": range(cfg.n_layers),
+        "type": list(cfg.layer_types),
+        "rate": [cfg.layer_stride(l) for l in range(cfg.n_layers)],
+        "slots_per_entry": [cfg.layer_window(l) for l in range(cfg.n_layers)],
+    })
+    summary: dict[str, Any] = {"wrapper_max_abs_logit_diff": worst, "layers": layers.to_dict(orient="records"),
+                               "index_topk": cfg.index_topk, "sliding_window": cfg.sliding_window}
+    figures: dict[str, Any] = {}
+    tables = {"dsv4_layers": layers.to_html(index=False, border=0)}
+    if "compressed_sparse_attention" in cfg.layer_types:
+        idx = indexer_phase(model, task, prompts=batch, batch_size=batch_size)
+        summary["indexer"] = idx.summary()
+        figures["indexer_phase"] = idx.plot()
+        tables["indexer_phase"] = idx.to_frame().to_html(index=False, border=0, float_format="%.3f")
+        if out_dir is not None:
+            data = Path(out_dir) / "data"
+            data.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(data / "indexer_phase.csv", idx.to_frame().to_csv(index=False))
+            atomic_write_text(data / "indexer_records.csv", idx.records.to_csv(index=False))
+    if out_dir is not None:
+        data = Path(out_dir) / "data"
+        data.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(data / "dsv4_layers.csv", layers.to_csv(index=False))
+    return {"summary": summary, "figures": figures, "tables": tables}
+
+
+__all__ = ["deepseek_v4_section"]
