@@ -63,7 +63,7 @@ class Result:
     def __repr__(self) -> str:
         table = self.summary()
         more = len(table) - _REPR_ROWS
-        text = table.head(_REPR_ROWS).to_string(header=False)
+        text = _two_columns(table.head(_REPR_ROWS))
         lines = [f"<{self._title}>", text]
         if more > 0:
             lines.append(f"... {more} more rows: .summary()")
@@ -151,6 +151,37 @@ class Result:
         if unknown:
             raise ValueError(f"{directory} was saved by another version of {cls.__name__} (unknown fields {unknown})")
         return cls(**kwargs)
+
+
+# ------------------------------------------------------- tasks and settings
+def settings_frame(obj: Any) -> pd.DataFrame:
+    """A dataclass's fields as a two-column table (setting, value), long values summarised
+    (a vocabulary or a token pool shows its size, never its contents)."""
+    rows = []
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        text = repr(value)
+        if len(text) > _CELL_CHARS:
+            if hasattr(value, "__len__") and not isinstance(value, str):
+                text = f"<{type(value).__name__} of {len(value)} items>"
+            else:
+                text = text[: _CELL_CHARS - 3] + "..."
+        rows.append((f.name, text))
+    return pd.DataFrame(rows, columns=["setting", "value"]).set_index("setting")
+
+
+def settings_repr(obj: Any) -> str:
+    """Short text repr of a task or settings dataclass: its name and a settings table."""
+    return f"<{type(obj).__name__}>\n" + _two_columns(settings_frame(obj))
+
+
+def _two_columns(frame: pd.DataFrame) -> str:
+    width = max((len(str(k)) for k in frame.index), default=0)
+    return "\n".join(f"  {str(k):<{width}}  {v}" for k, v in zip(frame.index, frame.iloc[:, 0]))
+
+
+def settings_repr_html(obj: Any) -> str:
+    return f"<div><b>{html.escape(type(obj).__name__)}</b>" + settings_frame(obj).to_html(border=0) + "</div>"
 
 
 # ---------------------------------------------------------------- encoding
@@ -323,4 +354,4 @@ def dumps(value: Any, **kwargs) -> str:
     return json.dumps(strict_json(value), allow_nan=False, **kwargs)
 
 
-__all__ = ["FORMAT", "Result", "dumps", "strict_json"]
+__all__ = ["FORMAT", "Result", "dumps", "settings_frame", "settings_repr", "settings_repr_html", "strict_json"]

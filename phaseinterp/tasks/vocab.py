@@ -62,6 +62,10 @@ class Vocab:
     keys: tuple[str, ...] = ANIMALS
     values: tuple[str, ...] = NAMES
 
+    def __repr__(self) -> str:  # sizes, not the word lists
+        return (f"Vocab({len(self.specials)} specials, {len(self.fillers)} fillers, {len(self.keys)} keys, "
+                f"{len(self.values)} values; {self.size} tokens)")
+
     def __post_init__(self) -> None:
         for name in ("specials", "fillers", "keys", "values"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
