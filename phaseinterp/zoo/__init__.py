@@ -228,11 +228,9 @@ def cycling_model_for(stride: int) -> Optional[str]:
 
 
 def available() -> list[str]:
-    """Names of the zoo models whose checkpoints ship with this installation."""
-    from phaseinterp.zoo.deepseek_v4 import RECIPES as HF_RECIPES  # HF-format DeepSeek-V4 models (issue 12)
-
-    names = list(ENTRIES) + [name for name in HF_RECIPES if name not in ENTRIES]
-    return [name for name in names if (CHECKPOINT_DIR / name / "config.json").is_file()]
+    """Names of the zoo models whose checkpoints ship with this installation (the HF-format
+    DeepSeek-V4 models: `phaseinterp.zoo.deepseek_v4.available()`)."""
+    return [name for name in ENTRIES if (CHECKPOINT_DIR / name / "config.json").is_file()]
 
 
 def entry(name: str) -> ZooEntry:

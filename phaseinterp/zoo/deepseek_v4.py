@@ -282,6 +282,11 @@ def build(name: str, out_dir: Union[str, Path, None] = None, *, install: bool = 
     return source
 
 
+def available() -> list[str]:
+    """The tiny DeepSeek-V4s whose checkpoints ship (HF format; load with `phaseinterp.zoo.load`)."""
+    return [name for name in RECIPES if (CHECKPOINT_DIR / name / "config.json").is_file()]
+
+
 def load(name: str, device=None):
     """A shipped tiny DeepSeek-V4 (`HookedDeepseekV4`, eval mode, evaluation task in ``.metadata``)."""
     from phaseinterp.models.hf import load_hf
