@@ -54,14 +54,14 @@ class Report:
             lines.append(f"\nspecialized KV heads (knockout <= -50% on <= 3 adjacent phases): {'; '.join(heads)}")
         cyc = self.summary.get("cycling")
         if cyc:
-            lines.append(f"gate cycling (shifts {cyc.get('shifts')}, {cyc.get('points_per_shift')} points per shift): "
+            lines.append(f"gate cycling on {cyc.get('model_used', cyc.get('model'))} (shifts {cyc.get('shifts')}, "
+                         f"{cyc.get('points_per_shift')} points per shift): "
                          f"R^2 of the prediction (boundary excluded, pooled) = {_num(cyc.get('r2_pooled'))}; "
                          f"squared correlation = {_num(cyc.get('corr2_pooled'))}; "
-                         f"shift identified in {cyc.get('identified')}")
-            if self.summary.get("config", {}).get("payload") == "per_slot":
-                lines.append("  note: this model has a payload map per slot, so a shifted gate reads a map never "
-                             "trained for its slot; see the w4s4-1kv-shared zoo model (shared payload) for the "
-                             "paper's cycling experiment")
+                         f"shift identified in {cyc.get('identified')} "
+                         f"(permutation p = {_num(cyc.get('identification_p'))})")
+            if cyc.get("why_this_model"):
+                lines.append(f"  why this model: {cyc['why_this_model']}")
         elif self.summary.get("cycling_skipped"):
             lines.append(f"gate cycling skipped: {self.summary['cycling_skipped']}")
         return "\n".join(lines)
@@ -148,6 +148,7 @@ def build_report(model, out_dir: Union[str, Path], *, twin=None, settings: Optio
     if twin is not None:
         profiles.append(phase_profile(twin, task, settings.n_per_residue, stride=model.cfg.stride,
                                       label=_label(twin), progress=progress))
+    controls = _training_controls(model, twin, task, settings, device, progress, profiles)
     for p in profiles:
         slug = _slug(p.label)
         atomic_write_text(out / "data" / f"profile_{slug}_residues.csv", p.residue_frame().to_csv(index=False))
@@ -155,6 +156,9 @@ def build_report(model, out_dir: Union[str, Path], *, twin=None, settings: Optio
         atomic_write_text(out / "data" / f"profile_{slug}_prompts.csv", p.to_frame().to_csv(index=False))
     summary["profiles"] = [p.to_dict() for p in profiles]
     figures["phase_profile"] = profiles_figure(profiles)
+    if controls:
+        summary["training_controls"] = controls
+        tables["phase_profile"] = _controls_html(controls)
 
     if model.cfg.is_compressed:
         log(f"[2/4] per-KV-head mean replacement: every layer, {settings.ablation_per_residue} prompts per residue")
@@ -168,15 +172,33 @@ def build_report(model, out_dir: Union[str, Path], *, twin=None, settings: Optio
         tables["ablation_heatmap"] = abl.summary().to_html(border=0)
         tables["ablation_heatmap"] += _frame_html(spec, "Specialization per unit (relative change, %)")
 
-        log(f"[3/4] gate cycling: shifts {list(settings.shifts) if settings.shifts else 'every shift mod S'}")
+        from phaseinterp import zoo
+        from phaseinterp.interventions import cycling_fitness
+
+        # Gate cycling runs on a model fit for it (W = S gates, payload shared across slots): with a
+        # payload map per slot a shifted gate reads maps never trained for its slot (a collapse,
+        # not a test), so such a model is replaced by the shipped shared-payload model of its stride.
+        fit, why = cycling_fitness(model)
+        cyc_model, cyc_name, cyc_reason = model, _label(model), why
+        if not fit:
+            substitute = zoo.cycling_model_for(model.cfg.stride) if model.cfg.is_compressed else None
+            if substitute is not None:
+                cyc_model, cyc_name = load_model(substitute, device), substitute
+                cyc_reason = (f"{_label(model)} is not fit for gate cycling ({why}); the experiment runs on "
+                              f"{substitute}, the shipped W = S = {model.cfg.stride} model whose payload is shared "
+                              f"across slots, as DeepSeek's kv_proj")
+        log(f"[3/4] gate cycling on {cyc_name}: shifts "
+            f"{list(settings.shifts) if settings.shifts else 'every distinct shift mod S'}")
         try:
-            cyc = gate_cycling(model, task, settings.shifts, n_per_residue=settings.cycling_per_residue,
+            if cyc_model is model and not fit:
+                raise ValueError(f"{why}; no shipped shared-payload model with stride {model.cfg.stride}")
+            cyc = gate_cycling(cyc_model, task, settings.shifts, n_per_residue=settings.cycling_per_residue,
                                progress=progress, n_boot=200)
             atomic_write_text(out / "data" / "cycling.csv", cyc.to_frame().to_csv(index=False))
             atomic_write_text(out / "data" / "cycling_scores.csv", cyc.scores["per_shift"].to_csv(index=False))
-            summary["cycling"] = cyc.to_dict()
-            figures["gate_cycling"] = cyc.plot()
-            tables["gate_cycling"] = cyc.summary().to_html(border=0)
+            summary["cycling"] = cyc.to_dict() | {"model_used": cyc_name, "why_this_model": cyc_reason}
+            figures["gate_cycling"] = cyc.plot(title=f"Gate cycling: {cyc_name}")
+            tables["gate_cycling"] = _cycling_html(cyc, cyc_name, cyc_reason) + cyc.summary().to_html(border=0)
         except ValueError as err:
             summary["cycling_skipped"] = str(err)
             log(f"      skipped: {err}")
@@ -222,6 +244,74 @@ def _static_export(settings: ReportSettings, figures: dict, out: Path, export) -
             return {"written": written, "skipped": f"kaleido failed: {' '.join(str(err).split())[:300]}"}
         written.append(f"{name}.png")
     return {"written": written, "skipped": None}
+
+
+def _training_controls(model, twin, task, settings, device, progress, profiles) -> list[dict]:
+    """Profile the equal-step and final-step pairs of ``model``'s zoo run (`zoo.training_controls`),
+    reusing ``profiles`` already measured; returns one row per pair for the report."""
+    from phaseinterp import zoo
+    from phaseinterp.profile import phase_profile
+
+    pairs = zoo.training_controls(getattr(model, "metadata", {}).get("zoo_name", ""))
+    if not pairs or not all(n in zoo.available() for pair in pairs.values() for n in pair):
+        return []
+    by_name = {}
+    for m, p in ((model, profiles[0]), (twin, profiles[1] if twin is not None else None)):
+        if m is not None and getattr(m, "metadata", {}).get("zoo_name"):
+            by_name[m.metadata["zoo_name"]] = p
+    rows = []
+    for kind, names in pairs.items():
+        row: dict[str, Any] = {"pair": kind}
+        for role, name in zip(("compressed", "twin"), names):
+            if name not in by_name:
+                m = load_model(name, device)
+                by_name[name] = phase_profile(m, task, settings.n_per_residue, stride=model.cfg.stride,
+                                              label=f"{name} (step {m.metadata.get('step')})", progress=progress)
+                profiles.append(by_name[name])
+            p = by_name[name]
+            row.update({role: name, f"{role}_step": zoo.snapshot_step(name), f"{role}_mean": p.mean,
+                        f"{role}_worst_phase_accuracy": float(min(p.phase_accuracy)),
+                        f"{role}_phase_gap": p.phase_gap, f"{role}_period": p.period})
+        rows.append(row)
+    return rows
+
+
+def _controls_html(rows: list[dict]) -> str:
+    def pct(v):
+        return f"{100 * v:.1f}%"
+
+    body = "".join(
+        f"<tr><td style='text-align:left'>{html.escape(r['pair'])}</td><td>{r['compressed_step']}</td>"
+        f"<td style='text-align:left'>{html.escape(r['compressed'])}</td><td>{pct(r['compressed_mean'])}</td>"
+        f"<td>{pct(r['compressed_worst_phase_accuracy'])}</td><td style='text-align:left'>{html.escape(r['twin'])}</td>"
+        f"<td>{pct(r['twin_mean'])}</td><td>{pct(r['twin_worst_phase_accuracy'])}</td>"
+        f"<td>{100 * r['twin_phase_gap']:.1f} pp</td></tr>" for r in rows)
+    return ("<h3>Equal-training controls</h3><p>The compressed model and its full-attention twin at the SAME "
+            "training step: the step at which both have first learned the task (held-out probe mean >= 60%, "
+            "computed from the training curves by <code>phaseinterp.zoo.equal_training_step</code>), and the "
+            "final step.</p><table><tr><th>pair</th><th>step</th><th>compressed</th><th>mean</th><th>worst phase"
+            "</th><th>twin</th><th>mean</th><th>worst phase</th><th>twin phase gap</th></tr>" + body + "</table>")
+
+
+def _cycling_html(cyc, name: str, reason: str) -> str:
+    """Which model gate cycling ran on and why, and its scores in words (the numbers the figure shows)."""
+    s = cyc.scores
+    ps = s["per_shift"]
+    per = "; ".join(f"shift {int(r.shift):+d}: R² {r.r2:.2f}, r² {r.corr2:.2f}, best hypothesis "
+                    f"{int(r.displacement):+d}{' (identified)' if r.identified else ' (NOT identified)'}"
+                    for r in ps.itertuples())
+    text = (f"<p><b>Model: {html.escape(name)}.</b> {html.escape(reason)}.</p>"
+            f"<p>Prediction A<sub>d</sub>(r) = A<sub>0</sub>((r&minus;d) mod S), scored on the per-phase accuracy "
+            f"changes of the {cyc.stride - 1} non-boundary phases per shift (distinct shifts mod S only). "
+            f"Headline R² = 1 &minus; SS<sub>res</sub>/SS<sub>tot</sub> of the parameter-free prediction, pooled "
+            f"over {len(ps) * (cyc.stride - 1)} points: <b>{s['r2_pooled']:.2f}</b>; squared correlation with a "
+            f"fitted line (the paper's figure): {s['corr2_pooled']:.2f}. {html.escape(per)}. Shift identification: "
+            f"{s['n_identified']} of {s['n_shifts']} applied shifts are the best of the {cyc.stride} hypotheses; "
+            f"joint permutation p = {s['identification_p']:.3g}.</p>")
+    if s["r2_pooled"] != s["r2_pooled"] or s["r2_pooled"] < 0.5 or s["n_identified"] < s["n_shifts"]:
+        text += ("<p class='note'>Negative result: the shifted gates do not move the weak spots as predicted "
+                 "on this model.</p>")
+    return text + cyc.identification().to_html(border=0, float_format=_fmt)
 
 
 def _label(model) -> str:
