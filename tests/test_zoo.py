@@ -7,6 +7,7 @@ about phases (residues folded mod S) and significance; see benchmarks/RESULTS.md
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
 import phaseinterp as pi
@@ -65,15 +66,53 @@ def test_compressed_core_models_show_phase_sensitivity(name):
         assert S - 1 in two_worst, f"boundary phase {S - 1} not among the worst phases {two_worst}"
 
 
-@_available("full")
-def test_full_attention_twin_is_phase_flat():
-    p = profile("full")
+def test_equal_training_step_rule_on_hand_made_curves():
+    def curves(means):
+        return pd.DataFrame([dict(step=100 * (i + 1), residue=r, phase=r % 4, accuracy=m, n=8)
+                             for i, m in enumerate(means) for r in range(24)])
+
+    a, b = curves([0.1, 0.65, 0.7, 0.9]), curves([0.1, 0.2, 0.61, 0.99])
+    assert pi.zoo.equal_training_step(a, b) == 300  # the first step at which BOTH reach 60%
+    assert pi.zoo.equal_training_step(a, b, min_mean=0.85) == 400
+    with pytest.raises(ValueError, match="no common step"):
+        pi.zoo.equal_training_step(a, curves([0.1, 0.2, 0.3, 0.4]))
+    with pytest.raises(ValueError, match="min_mean=0"):
+        pi.zoo.equal_training_step(a, b, min_mean=0)
+
+
+def test_equal_training_pairs_ship_the_step_the_rule_computes():
+    """Issue 10: the compressed model and its twin at the same step, chosen by a rule in code
+    from the shipped training curves; and both at the final step."""
+    step = pi.zoo.equal_training_step(pi.zoo.run_curves("w4s4"), pi.zoo.run_curves("full"))
+    assert pi.zoo.snapshot_step("full") == pi.zoo.snapshot_step("w4s4-equal") == step
+    assert pi.zoo.training_controls("w4s4") == {"equal-step": ("w4s4-equal", "full"),
+                                                "final-step": ("w4s4", "full-final")}
+    shipped = set(pi.zoo.available())
+    for name, expected in (("full", step), ("w4s4-equal", step), ("w4s4", 1500), ("full-final", 1500)):
+        if name in shipped:
+            assert pi.zoo.load(name).metadata["step"] == expected, name
+
+
+@pytest.mark.parametrize("name", ["full", "full-final"])
+def test_full_attention_twin_is_phase_flat(name):
+    if name not in pi.zoo.available():
+        pytest.skip(f"{name} not built")
+    p = profile(name)
     assert p.mean >= 0.60, f"full-attention twin did not learn the task: mean {p.mean:.3f}"
     assert p.period is None, f"full attention shows a significant period {p.period} (p={p.period_p_value})"
     assert p.homogeneity_p_value > 0.05
     assert p.phase_gap <= 0.03
-    if "w4s4" in pi.zoo.available():
-        assert abs(p.mean - profile("w4s4").mean) <= 0.10
+
+
+@pytest.mark.parametrize("kind", ["equal-step", "final-step"])
+def test_compressed_model_has_a_weak_phase_its_twin_at_the_same_step_lacks(kind):
+    compressed, twin = pi.zoo.training_controls("w4s4")[kind]
+    if not {compressed, twin} <= set(pi.zoo.available()):
+        pytest.skip(f"{compressed} / {twin} not built")
+    c, t = profile(compressed), profile(twin)
+    worst = int(np.nanargmin(c.phase_accuracy))
+    assert worst == c.stride - 1  # the boundary phase
+    assert c.phase_upper[worst] < min(t.phase_lower), "the weak phase's interval overlaps the twin's phases"
 
 
 def test_at_least_two_strides_ship():
@@ -102,16 +141,21 @@ def test_w4s4_heads_specialize_on_single_phases():
 
 @_available("w4s4-1kv-shared")
 def test_gate_cycling_moves_the_weak_spots():
-    """Issue 5: R^2 (boundary excluded) >= 0.8 for shifts +-1 on a W = S model whose non-boundary
-    phases differ by >= 10 pp; the boundary phase stays among the two weakest under every shift."""
+    """Issue 10's honest scores on the shared-payload model, every distinct shift mod 4 (-1, 1, 2):
+    each applied shift is the best of the 4 hypotheses (joint permutation p = 6/216 measured),
+    the parameter-free prediction explains most of the change pooled over the 9 non-boundary
+    points (R^2 0.70 measured; +1 alone only 0.23), and the boundary stays among the two weakest
+    phases. With S = 4 each per-shift score rests on 3 points."""
     model = pi.zoo.load("w4s4-1kv-shared")
     p = profile("w4s4-1kv-shared")
     interior = p.phase_accuracy[:-1]
     assert interior.max() - interior.min() >= 0.10
-    result = pi.gate_cycling(model, shifts=(-1, 1), n_per_residue=N_PER_RESIDUE, progress=False, n_boot=50)
-    per_shift = result.scores["per_shift"].set_index("shift")
-    assert per_shift.loc[1, "r2"] >= 0.8 and per_shift.loc[-1, "r2"] >= 0.8, per_shift
-    assert per_shift.loc[1, "displacement"] == 1 and per_shift.loc[-1, "displacement"] == -1
+    result = pi.gate_cycling(model, n_per_residue=N_PER_RESIDUE, progress=False, n_boot=50)
+    s = result.scores
+    per_shift = s["per_shift"].set_index("shift")
+    assert list(per_shift.index) == [-1, 1, 2]
+    assert per_shift.identified.all() and s["identification_p"] <= 0.05, per_shift
+    assert s["r2_pooled"] >= 0.5 and s["corr2_pooled"] >= 0.8
     assert (per_shift.boundary_rank <= 1).all()
 
 
