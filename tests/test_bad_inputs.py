@@ -1,0 +1,348 @@
+"""Every bad input is a clear error: exit code 2 and one line naming the value (CLI), or a
+ValueError / CheckpointError naming it (API); checked before any work, leaving no partial output.
+
+Table-driven: each row is one distinct bad input. CLI rows write (if they wrote anything) to a
+fresh ``{out}`` folder, which must not exist afterwards; rows whose bad value is a file check
+that the file is unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from phaseinterp import CheckpointError, CompressedConfig, CompressedTransformer
+from phaseinterp.cli import main
+from phaseinterp.tasks import KeyValueRetrieval
+
+TASK = KeyValueRetrieval(seq_len=64, n_records=8, n_demos=2, min_distance=20, residue_modulus=8)
+CFG = CompressedConfig(d_vocab=TASK.vocab.size, n_ctx=64, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1,
+                       d_head=16, d_mlp=64, window=4, stride=4, local_window=8)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bad_inputs") / "model"
+    model = CompressedTransformer(CFG)
+    model.metadata.update(task=TASK.to_dict(), task_type="KeyValueRetrieval")
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def model(checkpoint):
+    return CompressedTransformer.from_pretrained(checkpoint).eval()
+
+
+@pytest.fixture(scope="module")
+def train_run(tmp_path_factory):
+    """A finished 2-step W4/S4 run (the zoo recipe, one layer) to resume from."""
+    out = tmp_path_factory.mktemp("bad_inputs_run") / "run"
+    assert main(["train", "--out", str(out), "--steps", "2", "--batch-size", "4", "--n-layers", "1"]) == 0
+    return out
+
+
+# ----------------------------------------------------------- broken checkpoints
+def _truncate_weights(d: Path):
+    blob = (d / "model.safetensors").read_bytes()
+    (d / "model.safetensors").write_bytes(blob[: len(blob) // 2])
+
+
+def _flip_byte(d: Path):
+    blob = bytearray((d / "model.safetensors").read_bytes())
+    blob[len(blob) // 2] ^= 0xFF
+    (d / "model.safetensors").write_bytes(bytes(blob))
+
+
+def _truncate_config(d: Path):
+    text = (d / "config.json").read_text()
+    (d / "config.json").write_text(text[: len(text) // 2])
+
+
+def _drop_weights_bytes(d: Path):
+    config = json.loads((d / "config.json").read_text())
+    del config["weights_bytes"]
+    (d / "config.json").write_text(json.dumps(config))
+
+
+def _wrong_shapes(d: Path):
+    config = json.loads((d / "config.json").read_text())
+    config["model"]["d_mlp"] = 96  # the weights were saved with d_mlp = 64
+    (d / "config.json").write_text(json.dumps(config))
+
+
+def _missing_weights(d: Path):
+    (d / "model.safetensors").unlink()
+
+
+BREAK = {"truncated_weights": _truncate_weights, "flipped_byte": _flip_byte, "truncated_config": _truncate_config,
+         "no_weights_bytes": _drop_weights_bytes, "wrong_shapes": _wrong_shapes,
+         "missing_weights": _missing_weights}
+
+
+# ------------------------------------------------------------------ CLI table
+# (id, argv, substrings the one-line message must contain). Placeholders: {ckpt} a good tiny
+# checkpoint (R = 8), {broken} a broken copy (the id names how), {file} an existing file,
+# {out} a fresh path that must not exist afterwards, {run} a finished 2-step training run.
+CLI_CASES = [
+    ("unknown model", ["profile", "no-such-model", "--out", "{out}"], ["'no-such-model'"]),
+    ("recipe-only zoo name", ["profile", "w8s8", "--out", "{out}"], ["'w8s8'", "recipe without a shipped"]),
+    ("directory without config", ["profile", "{ckpt}/..", "--out", "{out}"], ["is not a checkpoint"]),
+    ("device banana", ["profile", "{ckpt}", "--device", "banana", "--out", "{out}"], ["'banana'"]),
+    ("device cuda without CUDA", ["profile", "{ckpt}", "--device", "cuda", "--out", "{out}"], ["'cuda'"]),
+    ("device cuda:7", ["gates", "{ckpt}", "--device", "cuda:7", "--out", "{out}"], ["'cuda:7'"]),
+    ("out is a file", ["profile", "{ckpt}", "--out", "{file}"], ["{file}", "existing file"]),
+    ("out below a file", ["ablate", "{ckpt}", "--out", "{file}/sub"], ["{file}", "is a file"]),
+    ("n-per-residue 0", ["profile", "{ckpt}", "--n-per-residue", "0", "--out", "{out}"], ["0 must be >= 1"]),
+    ("n-per-residue 1e9 text", ["profile", "{ckpt}", "--n-per-residue", "1e9", "--out", "{out}"], ["'1e9'"]),
+    ("n-per-residue huge", ["profile", "{ckpt}", "--n-per-residue", "1000000000", "--out", "{out}"],
+     ["n_per_residue=1000000000", "500,000"]),
+    ("n-per-residue unmatchable", ["profile", "{ckpt}", "--n-per-residue", "22", "--out", "{out}"],
+     ["n_per_residue=22", "23"]),
+    ("ablate n-per-residue unmatchable", ["ablate", "{ckpt}", "--n-per-residue", "17", "--out", "{out}"],
+     ["n_per_residue=17"]),
+    ("gates n-per-residue huge", ["gates", "{ckpt}", "--n-per-residue", "99999999", "--out", "{out}"],
+     ["n_per_residue=99999999"]),
+    ("stride not dividing R", ["profile", "{ckpt}", "--stride", "3", "--out", "{out}"], ["--stride 3", "R=8"]),
+    ("negative seed", ["profile", "{ckpt}", "--seed", "-1", "--out", "{out}"], ["-1 must be >= 0"]),
+    ("padding choice", ["profile", "{ckpt}", "--padding", "middle", "--out", "{out}"], ["'middle'"]),
+    ("layer out of range", ["ablate", "{ckpt}", "--layer", "7", "--out", "{out}"], ["layer=7", "(0..1)"]),
+    ("negative layer", ["ablate", "{ckpt}", "--layer", "-1", "--out", "{out}"], ["layer=-1"]),
+    ("repeated layer", ["ablate", "{ckpt}", "--layer", "1", "1", "--out", "{out}"], ["[1, 1]", "repeats"]),
+    ("n-calibration 1", ["ablate", "{ckpt}", "--n-calibration", "1", "--n-per-residue", "23", "--out", "{out}"],
+     ["n_calibration=1", "R=8"]),
+    ("scope choice", ["ablate", "{ckpt}", "--scope", "head", "--out", "{out}"], ["'head'"]),
+    ("method choice", ["ablate", "{ckpt}", "--method", "slow", "--out", "{out}"], ["'slow'"]),
+    ("cycle shift 0", ["cycle", "{ckpt}", "--shifts", "0", "--n-per-residue", "23", "--out", "{out}"],
+     ["shift=0"]),
+    ("cycle shift = S", ["cycle", "{ckpt}", "--shifts", "4", "--n-per-residue", "23", "--out", "{out}"],
+     ["shift=4", "S=4"]),
+    ("cycle shift = -2S", ["cycle", "{ckpt}", "--shifts", "1", "-8", "--n-per-residue", "23", "--out", "{out}"],
+     ["shift=-8"]),
+    ("cycle branch choice", ["cycle", "{ckpt}", "--branch", "q", "--out", "{out}"], ["'q'"]),
+    ("cycle layer out of range", ["cycle", "{ckpt}", "--layer", "2", "--out", "{out}"], ["layer=2"]),
+    ("truncated weights", ["profile", "{broken}", "--out", "{out}"], ["model.safetensors", "truncated"]),
+    ("flipped byte", ["profile", "{broken}", "--out", "{out}"], ["model.safetensors", "SHA-256"]),
+    ("truncated config", ["profile", "{broken}", "--out", "{out}"], ["config.json", "not valid JSON"]),
+    ("no weights_bytes", ["profile", "{broken}", "--out", "{out}"], ["config.json", "weights_bytes"]),
+    ("wrong shapes", ["profile", "{broken}", "--out", "{out}"], ["model.safetensors", "does not fit"]),
+    ("missing weights", ["gates", "{broken}", "--out", "{out}"], ["model.safetensors", "does not exist"]),
+    ("demo unknown model", ["demo", "--model", "nosuch", "--out", "{out}"], ["'nosuch'"]),
+    ("demo recipe-only model", ["demo", "--model", "w8s8-vector", "--out", "{out}"], ["'w8s8-vector'"]),
+    ("demo unknown twin", ["demo", "--twin", "nosuch-twin", "--out", "{out}"], ["'nosuch-twin'"]),
+    ("demo out is a file", ["demo", "--out", "{file}"], ["{file}"]),
+    ("report unknown twin", ["report", "{ckpt}", "--twin", "nosuch", "--out", "{out}"], ["'nosuch'"]),
+    ("train stride 5", ["train", "--stride", "5", "--window", "5", "--steps", "1", "--out", "{out}"],
+     ["--stride 5", "R=24"]),
+    ("train lr 0", ["train", "--lr", "0", "--out", "{out}"], ["0 must be a finite number > 0"]),
+    ("train lr nan", ["train", "--lr", "nan", "--out", "{out}"], ["nan must be a finite number > 0"]),
+    ("train unknown recipe", ["train", "--zoo-recipe", "w9s9", "--out", "{out}"], ["'w9s9'"]),
+    ("train device banana", ["train", "--device", "banana", "--out", "{out}"], ["'banana'"]),
+    ("train over an existing run", ["train", "--steps", "2", "--out", "{run}"], ["{run}", "--resume"]),
+    ("resume with a changed window", ["train", "--resume", "--window", "8", "--stride", "8", "--steps", "2",
+                                      "--batch-size", "4", "--n-layers", "1", "--out", "{run}"],
+     ["stride=4, window=4", "stride=8, window=8"]),
+    ("resume with fewer steps", ["train", "--resume", "--steps", "1", "--batch-size", "4", "--n-layers", "1",
+                                 "--out", "{run}"], ["steps=2", "steps=1"]),
+    ("resume with another lr", ["train", "--resume", "--steps", "2", "--batch-size", "4", "--n-layers", "1",
+                                "--lr", "0.01", "--out", "{run}"], ["lr=0.003", "lr=0.01"]),
+    ("zoo build unknown", ["zoo", "build", "nonexistent", "--out-dir", "{out}"], ["'nonexistent'"]),
+    ("unknown command", ["frobnicate"], ["'frobnicate'"]),
+]
+
+
+def _snapshot(path: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("case_id, argv, expected", CLI_CASES, ids=[c[0] for c in CLI_CASES])
+def test_cli_bad_input(case_id, argv, expected, checkpoint, tmp_path, capsys, request):
+    if case_id == "device cuda without CUDA" and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    places = {"{ckpt}": str(checkpoint), "{out}": str(tmp_path / "out"), "{file}": str(tmp_path / "a_file.txt")}
+    (tmp_path / "a_file.txt").write_text("keep me")
+    if "{broken}" in " ".join(argv):
+        broken = tmp_path / "broken"
+        shutil.copytree(checkpoint, broken)
+        BREAK[case_id.replace(" ", "_").replace("-", "_")](broken)
+        places["{broken}"] = str(broken)
+    run_before = None
+    if "{run}" in " ".join(argv):
+        run = request.getfixturevalue("train_run")
+        places["{run}"] = str(run)
+        run_before = _snapshot(run)
+    argv = [_fill(a, places) for a in argv]
+    before = _snapshot(tmp_path)
+    try:
+        code = main(argv)
+    except SystemExit as exit_info:
+        code = exit_info.code
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert len(err.splitlines()) == 1 and err.startswith("phaseinterp: error:"), err
+    for text in expected:
+        assert _fill(text, places) in err, err
+    assert "strict=False" not in err  # no flag the CLI lacks
+    assert not (tmp_path / "out").exists(), "a failed command left an output folder"
+    assert _snapshot(tmp_path) == before, "a failed command changed files"
+    if run_before is not None:
+        assert _snapshot(Path(places["{run}"])) == run_before, "a refused resume changed the run"
+
+
+def _fill(text: str, places: dict[str, str]) -> str:
+    for key, value in places.items():
+        text = text.replace(key, value)
+    return text
+
+
+# ------------------------------------------------------------------ API table
+def _api_cases():
+    """(id, call(model, tmp_path), exception type, substrings of the message)."""
+    from phaseinterp import ablate, cycle_gates, gate_cycling, gate_profile, phase_profile, shifted_copy
+    from phaseinterp.train import train
+
+    batch = TASK.generate(23, seed=0)
+    big = KeyValueRetrieval()  # R = 24
+    return [
+        ("ablate layer=[]", lambda m, t: ablate(m, layer=[], prompts=batch, progress=False), ValueError,
+         ["layer=[]", "empty"]),
+        ("ablate layer=1.0", lambda m, t: _unchecked(ablate)(m, layer=1.0, prompts=batch, progress=False), ValueError,
+         ["layer=1.0"]),
+        ("ablate layer=[1, 1]", lambda m, t: ablate(m, layer=[1, 1], prompts=batch, progress=False), ValueError,
+         ["[1, 1]", "repeats"]),
+        ("ablate layer='1'", lambda m, t: _unchecked(ablate)(m, layer="1", prompts=batch, progress=False), ValueError,
+         ["layer='1'"]),
+        ("ablate n_calibration=1", lambda m, t: ablate(m, n_calibration=1, prompts=batch, progress=False),
+         ValueError, ["n_calibration=1"]),
+        ("ablate n_per_residue huge", lambda m, t: ablate(m, n_per_residue=10**9, progress=False), ValueError,
+         ["n_per_residue=1000000000"]),
+        ("ablate scope", lambda m, t: ablate(m, scope="head", prompts=batch, progress=False), ValueError,
+         ["scope='head'"]),
+        ("ablate device banana", lambda m, t: ablate(m, device="banana", prompts=batch, progress=False), ValueError,
+         ["'banana'"]),
+        ("gate_cycling shifts=[0]", lambda m, t: gate_cycling(m, shifts=[0], prompts=batch, progress=False),
+         ValueError, ["shift=0"]),
+        ("gate_cycling shifts=[4]", lambda m, t: gate_cycling(m, shifts=[4], prompts=batch, progress=False),
+         ValueError, ["shift=4", "S=4"]),
+        ("gate_cycling shifts=[]", lambda m, t: gate_cycling(m, shifts=[], prompts=batch, progress=False),
+         ValueError, ["shifts=[]"]),
+        ("gate_cycling shifts=[1.5]", lambda m, t: _unchecked(gate_cycling)(m, shifts=[1.5], prompts=batch,
+                                                                                   progress=False),
+         ValueError, ["shift=1.5"]),
+        ("shifted_copy shift='1'", lambda m, t: _unchecked(shifted_copy)(m, "1"), ValueError, ["shift='1'"]),
+        ("cycle_gates layers=[5]", lambda m, t: cycle_gates(m, 1, layers=[5]).__enter__(), ValueError, ["layer=5"]),
+        ("gate_profile n_per_residue=0", lambda m, t: gate_profile(m, n_per_residue=0), ValueError,
+         ["n_per_residue=0"]),
+        ("phase_profile task='x'", lambda m, t: phase_profile(m, "x", progress=False), ValueError, ["'x'"]),
+        ("phase_profile n_per_residue huge", lambda m, t: phase_profile(m, TASK, 10**9, progress=False),
+         ValueError, ["n_per_residue=1000000000"]),
+        ("phase_profile n_per_residue=22", lambda m, t: phase_profile(m, TASK, 22, progress=False), ValueError,
+         ["n_per_residue=22"]),
+        ("phase_profile device banana", lambda m, t: phase_profile(m, batch, device="banana", progress=False),
+         ValueError, ["'banana'"]),
+        ("phase_profile stride=3", lambda m, t: phase_profile(m, batch, stride=3, progress=False), ValueError,
+         ["stride=3"]),
+        ("phase_profile batch_size=0", lambda m, t: phase_profile(m, batch, batch_size=0, progress=False),
+         ValueError, ["batch_size=0"]),
+        ("empty batch [0, T]", lambda m, t: m(torch.zeros(0, 16, dtype=torch.long)), ValueError, ["[0, 16]"]),
+        ("save_pretrained to a file", lambda m, t: m.save_pretrained(t / "a_file.txt"), ValueError,
+         ["a_file.txt"]),
+        ("from_pretrained missing dir", lambda m, t: CompressedTransformer.from_pretrained(t / "nope"),
+         CheckpointError, ["nope"]),
+        ("from_pretrained device banana", lambda m, t: CompressedTransformer.from_pretrained(
+            _saved(m, t), device="banana"), ValueError, ["'banana'"]),
+        ("result save to a file", lambda m, t: _profile(m).save(t / "a_file.txt"), ValueError, ["a_file.txt"]),
+        ("result load of another kind", lambda m, t: _load_as_other_kind(m, t), ValueError,
+         ["AblationResult", "kind='PhaseProfile'"]),
+        ("result load of a corrupt file", lambda m, t: _load_corrupt(m, t), ValueError,
+         ["arrays.npz", "truncated or corrupt"]),
+        ("train stride 5 for R=24", lambda m, t: train(CFG.replace(window=5, stride=5, d_vocab=big.vocab.size,
+                                                                  n_ctx=big.seq_len), big, steps=1, progress=False),
+         ValueError, ["stride=5", "R=24"]),
+    ]
+
+
+def _unchecked(fn):
+    """``fn`` without the test suite's runtime type checker (conftest's jaxtyping hook), which
+    would reject a wrongly typed argument before the function's own check: users, who have no
+    hook, get the function's ValueError, and that is what these rows test."""
+    return getattr(fn, "__wrapped__", fn)
+
+
+def _saved(model, tmp: Path) -> Path:
+    return model.save_pretrained(tmp / "saved")
+
+
+def _profile(model):
+    from phaseinterp import phase_profile
+
+    return phase_profile(model, TASK.generate(23, seed=0), progress=False, n_permutations=19)
+
+
+def _load_as_other_kind(model, tmp: Path):
+    from phaseinterp import AblationResult
+
+    return AblationResult.load(_profile(model).save(tmp / "p"))
+
+
+def _load_corrupt(model, tmp: Path):
+    from phaseinterp import PhaseProfile
+
+    path = _profile(model).save(tmp / "p")
+    (path / "arrays.npz").write_bytes(b"PK\x03\x04 broken")
+    return PhaseProfile.load(path)
+
+
+API_IDS = [c[0] for c in _api_cases()]
+
+
+@pytest.mark.parametrize("case_id", API_IDS)
+def test_api_bad_input(case_id, model, tmp_path):
+    (_, call, error, expected), = [c for c in _api_cases() if c[0] == case_id]
+    (tmp_path / "a_file.txt").write_text("keep me")
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(error) as info:
+        call(model, tmp_path)
+    message = str(info.value)
+    for text in expected:
+        assert text in message, message
+    assert (tmp_path / "a_file.txt").read_text() == "keep me"
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items()), "the model was changed"
+    assert not [p for p in tmp_path.rglob("*.tmp")], "a temporary file was left behind"
+
+
+def test_there_are_at_least_40_distinct_bad_inputs():
+    assert len(CLI_CASES) + len(API_IDS) >= 40
+    assert len({c[0] for c in CLI_CASES}) == len(CLI_CASES) and len(set(API_IDS)) == len(API_IDS)
+
+
+def test_json_output_is_strict(model, tmp_path):
+    """Result files and summaries never contain the non-JSON tokens NaN / Infinity."""
+    from phaseinterp.results import dumps
+
+    profile = _profile(model)
+    path = profile.save(tmp_path / "p")
+    json.loads((path / "meta.json").read_text(), parse_constant=_no_constants)
+    text = dumps({"a": float("nan"), "b": [np.float64("inf"), 1.0], "c": np.int64(3)})
+    assert json.loads(text, parse_constant=_no_constants) == {"a": None, "b": [None, 1.0], "c": 3}
+
+
+def _no_constants(name):
+    raise AssertionError(f"non-strict JSON constant {name}")
+
+
+def test_nan_field_round_trips(model, tmp_path):
+    """A NaN scalar field (e.g. a period p-value of an untestable profile) survives save/load as NaN."""
+    from dataclasses import replace
+
+    from phaseinterp import PhaseProfile
+
+    profile = replace(_profile(model), period_p_value=float("nan"))
+    loaded = PhaseProfile.load(profile.save(tmp_path / "p"))
+    assert math.isnan(loaded.period_p_value) and loaded == profile
