@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -128,22 +127,30 @@ ENTRIES: dict[str, ZooEntry] = {
                  "a payload map trained for every slot",
                  dict(compression="gated", window=4, stride=4, gate="scalar", payload="shared"),
                  backbone=dict(n_kv_heads=1)),
-        # Paper-depth pair (issue 13): 12 layers, one KV head per layer, the shared recipe unchanged.
-        # Snapshot rule (fixed before training): the twin ships the SAME step as the compressed
-        # model (equal training), which ships its final step.
+        # Paper-depth pairs (issue 13): 12 layers, one KV head per layer, the shared recipe unchanged.
+        # Snapshot rules (fixed before training): the final-step pair (both runs' step 1500) and the
+        # equal-training pair (zoo.equal_training_step of the two runs' curves), as for w4s4 / full.
         ZooEntry("deep12-w8s8-1kv-shared", "12 layers, ONE KV head per layer, W = S = 8, scalar gates, payload "
                  "shared across slots (as DeepSeek's kv_proj): the paper-depth model for ablate(model, layer=9) "
                  "and gate cycling on 7 non-boundary phases",
                  dict(compression="gated", window=8, stride=8, gate="scalar", payload="shared"),
                  backbone=dict(n_layers=12, n_kv_heads=1)),
         ZooEntry("deep12-full", "full-attention twin of deep12-w8s8-1kv-shared: the identical 12-layer, one-KV-head "
-                 "backbone and recipe, no compression (stride 8 is the reference for folding phases); ships the "
-                 "same step as the compressed model (equal training)",
+                 "backbone and recipe, no compression (stride 8 is the reference for folding phases); ships its "
+                 "final step, the same step as deep12-w8s8-1kv-shared: the final-step pair",
                  dict(compression=None, window=8, stride=8), backbone=dict(n_layers=12, n_kv_heads=1)),
+        ZooEntry("deep12-w8s8-1kv-shared-equal", "deep12-w8s8-1kv-shared's own run at the equal-training step "
+                 "with deep12-full-equal (zoo.equal_training_step: the first snapshot at which both runs' probe "
+                 "mean is >= 60%)",
+                 dict(compression="gated", window=8, stride=8, gate="scalar", payload="shared"),
+                 backbone=dict(n_layers=12, n_kv_heads=1), snapshot_step=EQUAL_TRAINING,
+                 run="deep12-w8s8-1kv-shared", pair="deep12-full-equal"),
+        ZooEntry("deep12-full-equal", "deep12-full's own run at the equal-training step with "
+                 "deep12-w8s8-1kv-shared-equal (zoo.equal_training_step)",
+                 dict(compression=None, window=8, stride=8), backbone=dict(n_layers=12, n_kv_heads=1),
+                 snapshot_step=EQUAL_TRAINING, run="deep12-full", pair="deep12-w8s8-1kv-shared-equal"),
     ]
 }
-ENTRIES["deep12-full"] = dataclasses.replace(  # the equal-training rule, in code
-    ENTRIES["deep12-full"], snapshot_step=ENTRIES["deep12-w8s8-1kv-shared"].snapshot_step)
 
 
 def equal_training_step(curves_a, curves_b, min_mean: float = LEARNED_MEAN) -> int:
