@@ -192,7 +192,9 @@ def _readable(value: Any) -> Any:
         return int(value)
     if isinstance(value, (float, np.floating)):
         value = float(value)
-        return value if not math.isfinite(value) or value == 0 else float(f"{value:.4g}")
+        if math.isnan(value):
+            return "n/a"  # undefined (e.g. an R² over constant accuracies)
+        return value if math.isinf(value) or value == 0 else float(f"{value:.4g}")
     if value is None:
         return "none"
     if isinstance(value, dict):

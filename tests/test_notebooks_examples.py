@@ -64,3 +64,57 @@ def test_export_errors(tmp_path):
 
     with pytest.raises(ValueError, match="not supported"):
         export.save(go.Figure(), tmp_path / "fig.gif")
+
+
+# ------------------------------------------------------- Jupyter-facing reprs
+def _results_and_tasks():
+    """One of each result object (tiny model, R = 8 task) and each task."""
+    from phaseinterp import CompressedConfig, CompressedTransformer, ablate, gate_cycling, gate_profile, phase_profile
+    from phaseinterp.tasks import DocstringProbe, KeyValueRetrieval, NeedleRetrieval
+
+    task = KeyValueRetrieval(seq_len=64, n_records=8, n_demos=2, min_distance=20, residue_modulus=8)
+    cfg = CompressedConfig(d_vocab=task.vocab.size, n_ctx=64, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1,
+                           d_head=16, d_mlp=64, window=4, stride=4, local_window=8)
+    model = CompressedTransformer(cfg).eval()
+    batch = task.generate(23, seed=0)
+    probe = DocstringProbe.synthetic(task.vocab, lengths=(24, 25, 26, 27))
+    return {
+        "PhaseProfile": phase_profile(model, batch, progress=False, n_permutations=19),
+        "AblationResult": ablate(model, task, prompts=batch, n_calibration=8, progress=False),
+        "CyclingResult": gate_cycling(model, task, shifts=(1, -1), prompts=batch, progress=False, n_boot=10),
+        "GateProfile": gate_profile(model, task, prompts=batch),
+        "DocstringResult": probe.run(model, task.vocab),
+        "KeyValueRetrieval": task,
+        "NeedleRetrieval": NeedleRetrieval(),
+        "DocstringProbe": probe,
+    }, task
+
+
+def test_reprs_are_short_tables_and_html_has_a_table():
+    import pandas as pd
+
+    objects, task = _results_and_tasks()
+    for name, obj in objects.items():
+        text = repr(obj)
+        assert text.startswith(f"<{name}"), text[:80]
+        assert len(text.splitlines()) <= 20 and len(text) <= 1500, f"{name} repr is long:\n{text}"
+        assert "array(" not in text and "[[" not in text and "\n0 " not in text, f"{name} dumps data:\n{text}"
+        assert task.vocab.keys[20] not in text and task.vocab.values[20] not in text, f"{name} dumps the vocabulary"
+        page = obj._repr_html_()
+        assert "<table" in page and "</table>" in page, name
+        if hasattr(obj, "plot"):  # result objects: the table plus the figure
+            assert "plotly" in page, f"{name} _repr_html_ has no figure"
+            assert isinstance(obj.summary(), pd.DataFrame) and isinstance(obj.to_dict(), dict)
+            assert len(obj.summary()) == len(obj.to_dict())
+
+
+def test_result_objects_round_trip_in_one_format(tmp_path):
+    objects, _ = _results_and_tasks()
+    for name, obj in objects.items():
+        if not hasattr(obj, "save"):
+            continue
+        path = obj.save(tmp_path / name)
+        assert sorted(p.name for p in path.iterdir()) == ["arrays.npz", "meta.json"], name
+        again = type(obj).load(path)
+        assert again == obj and again == type(obj).load(path), name
+        assert repr(again) == repr(obj), name
