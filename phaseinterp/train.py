@@ -28,6 +28,7 @@ from torch import Tensor
 from phaseinterp.config import CompressedConfig
 from phaseinterp._files import atomic_write, progress_bar
 from phaseinterp.models.transformer import CompressedTransformer
+from phaseinterp.phase import check_residue_modulus
 
 STATE_FILE = "train_state.json"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -216,6 +217,12 @@ def train(
     every ``checkpoint_every`` steps, ``snapshot_<step>/`` at ``snapshot_steps``,
     ``log.csv`` and ``curves.csv``; ``resume=True`` continues from the latest one.
     ``stop_after`` ends the run early after that many steps (for tests of resume).
+
+    Refused before any step (ValueError naming the value): a ``config.stride`` that does not
+    divide the task's residue modulus R (the model could not be profiled by phase; the zoo task
+    has R = 24, so strides 1, 2, 3, 4, 6, 8, 12, 24), a vocabulary or context too small for the
+    task, a device this machine lacks, and a resume whose architecture, recipe (``steps``
+    included: a run's learning-rate schedule depends on it) or task differs from the run's.
     """
     tc = train_config or TrainConfig()
     overrides = {k: v for k, v in dict(steps=steps, batch_size=batch_size, lr=lr, seed=seed).items() if v is not None}
@@ -227,12 +234,8 @@ def train(
     if resume and out_dir is None:
         raise ValueError("resume=True needs out_dir")
     R = getattr(task, "residue_modulus", None)
-    if R is not None and R % config.stride:
-        divisors = [d for d in range(1, R + 1) if R % d == 0]
-        raise ValueError(
-            f"stride={config.stride} does not divide the task's residue modulus R={R}: the trained model could "
-            f"not be profiled by phase; use a stride in {divisors} or a task with R a multiple of {config.stride}"
-        )
+    if R is not None:
+        check_residue_modulus(R, config.stride)  # else the trained model could not be profiled by phase
     if device is not None:
         from phaseinterp._checks import check_device
 

@@ -247,7 +247,11 @@ def entry(name: str) -> ZooEntry:
 
 
 def load(name: str, device=None):
-    """Load a shipped zoo model (``CompressedTransformer`` in eval mode, task in ``.metadata``)."""
+    """Load a shipped zoo model (``CompressedTransformer`` in eval mode, task in ``.metadata``).
+
+    ``name``: one of `available()` (``phaseinterp zoo list`` marks the rest "recipe only": they
+    raise FileNotFoundError naming the build command); ``device``: a torch device this machine
+    has (default: cpu)."""
     from phaseinterp.models import CompressedTransformer
     from phaseinterp.zoo import deepseek_v4 as hf_zoo  # HF-format DeepSeek-V4 checkpoints (issue 12)
 
