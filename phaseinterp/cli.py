@@ -300,7 +300,7 @@ def _run(args) -> int:
 
     _check_model_name(args.model)
     from phaseinterp import report as report_module
-    from phaseinterp.interventions._common import resolve_task
+    from phaseinterp.tasks import resolve_task
 
     model = report_module.load_model(args.model, args.device)
     task = resolve_task(model)

@@ -9,6 +9,7 @@ integer tensors (broadcast against each other), so the attention masks use them 
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 
@@ -25,13 +26,13 @@ def _at_least_zero(x: Any) -> Any:
 
 def check_residue_modulus(modulus: int, stride: int) -> None:
     """Residues mod ``modulus`` fold to phases mod ``stride`` only when S divides R."""
-    if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
+    if isinstance(stride, bool) or not isinstance(stride, numbers.Integral) or stride < 1:
         raise ValueError(f"stride={stride!r} must be an integer >= 1")
     if modulus % stride:
         divisors = [d for d in range(1, modulus + 1) if modulus % d == 0]
         raise ValueError(
-            f"residue_modulus R={modulus} is not a multiple of stride={stride}, so residues cannot be folded "
-            f"to phases (valid strides: {divisors})"
+            f"cannot fold R={modulus} residues to stride={stride} phases (valid strides: {divisors}): the "
+            f"residue modulus R={modulus} is not a multiple of stride={stride}"
         )
 
 

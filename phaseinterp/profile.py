@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 
 from phaseinterp import stats
 from phaseinterp._checks import check_device, check_int, check_n_per_residue
+from phaseinterp.phase import check_residue_modulus
 from phaseinterp.results import Result
 
 INTERVALS = ("auto", "wilson", "cluster_bootstrap")
@@ -235,12 +236,7 @@ def phase_profile(
         raise ValueError(f"stride={stride!r} must be an integer >= 1")
     if hasattr(task, "generate"):
         R = task.residue_modulus
-        if R % stride:
-            divisors = [d for d in range(1, R + 1) if R % d == 0]
-            raise ValueError(
-                f"residue_modulus R={R} is not a multiple of stride={stride}; residues cannot be folded to "
-                f"phases (strides that divide R: {divisors})"
-            )
+        check_residue_modulus(R, stride)
         check_n_per_residue(n_per_residue, R)
         batch = task.generate(n_per_residue, seed=seed)
     else:
@@ -248,12 +244,7 @@ def phase_profile(
     if len(batch) == 0:
         raise ValueError("the batch holds 0 prompts; generate at least one per residue")
     R = batch.residue_modulus
-    if R % stride:
-        divisors = [d for d in range(1, R + 1) if R % d == 0]
-        raise ValueError(
-            f"residue_modulus R={R} is not a multiple of stride={stride}; residues cannot be folded to phases "
-            f"(strides that divide R: {divisors})"
-        )
+    check_residue_modulus(R, stride)
     d_vocab, n_ctx = getattr(cfg, "d_vocab", None), getattr(cfg, "n_ctx", None)
     if n_ctx is not None and batch.seq_len > n_ctx:
         raise ValueError(f"prompts have {batch.seq_len} tokens but the model's n_ctx is {n_ctx}")
@@ -318,8 +309,7 @@ def profile_from_records(
     """Aggregate per-prompt records (columns ``residue``, ``correct``; ``mapping_id`` optional) into a profile."""
     if interval not in INTERVALS:
         raise ValueError(f"interval={interval!r} is not one of {INTERVALS}")
-    if modulus % stride:
-        raise ValueError(f"modulus={modulus} is not a multiple of stride={stride}")
+    check_residue_modulus(modulus, stride)
     residues = records["residue"].to_numpy().astype(np.int64)
     correct = records["correct"].to_numpy().astype(bool)
     phases = residues % stride

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from phaseinterp._files import atomic_write_text, check_output_dir
-from phaseinterp.interventions._common import resolve_task
+from phaseinterp.tasks import resolve_task
 from phaseinterp.results import dumps
 
 

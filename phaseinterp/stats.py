@@ -11,6 +11,8 @@ from einops import reduce
 from jaxtyping import Float
 from scipy import stats as scipy_stats
 
+from phaseinterp.phase import check_residue_modulus
+
 # Inputs accepted wherever numpy would take them (scalars, arrays, lists, pandas Series).
 ArrayLike = int | float | np.number | np.ndarray | Sequence[Any] | pd.Series
 
@@ -114,12 +116,7 @@ def cluster_bootstrap(
 def fold_residues(values: ArrayLike, stride: int) -> np.ndarray:
     """Fold a residue profile ``[..., R]`` to phases ``[..., S]``: phase ``s`` averages residues ``s, s+S, ...``."""
     arr = np.asarray(values, dtype=np.float64)
-    if isinstance(stride, bool) or not isinstance(stride, (int, np.integer)) or stride < 1:
-        raise ValueError(f"stride={stride!r} must be an integer >= 1")
-    modulus = arr.shape[-1]
-    if modulus % stride:
-        divisors = [d for d in range(1, modulus + 1) if modulus % d == 0]
-        raise ValueError(f"cannot fold R={modulus} residues to stride={stride} phases (valid strides: {divisors})")
+    check_residue_modulus(arr.shape[-1], stride)
     return reduce(arr, "... (repeat phase) -> ... phase", "mean", phase=stride)
 
 

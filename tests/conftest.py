@@ -26,3 +26,38 @@ torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+# ------------------------------------------------------------ shared fixtures
+# The small retrieval task every model-level test file uses (8 residues, 64 tokens).
+SMALL_TASK_SETTINGS = dict(seq_len=64, n_records=8, n_demos=2, min_distance=20, residue_modulus=8)
+GATE_BIASES = ("b_k", "b_v", "position_bias")
+
+
+def small_task():
+    from phaseinterp.tasks import KeyValueRetrieval
+
+    return KeyValueRetrieval(**SMALL_TASK_SETTINGS)
+
+
+def make_model(config: dict, *, gate_seed: int = 3, randomize=GATE_BIASES, scale: float = 1.0):
+    """A `CompressedTransformer` from ``config`` whose gate parameters named in ``randomize``
+    (suffixes, or ``.Z_``-style substrings) are redrawn N(0, scale^2) from ``gate_seed``, so
+    every gate path is exercised (fresh models have zero biases)."""
+    from phaseinterp import CompressedConfig, CompressedTransformer
+
+    model = CompressedTransformer(CompressedConfig(**config))
+    gen = torch.Generator().manual_seed(gate_seed)
+    suffixes = tuple(r for r in randomize if not r.startswith("."))
+    parts = tuple(r for r in randomize if r.startswith("."))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if (suffixes and name.endswith(suffixes)) or any(part in name for part in parts):
+                p.copy_(scale * torch.randn(p.shape, generator=gen))
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def task_small():
+    """`small_task()` as a fixture."""
+    return small_task()

@@ -12,21 +12,16 @@ from phaseinterp import CompressedConfig, CompressedTransformer
 from phaseinterp.interventions import AblationResult, ConfirmResult, confirm, mean_ablation, replacement_ablation
 from phaseinterp.interventions.confirm import ablation_agreement, confirm_nominations, nominate_heads
 from phaseinterp.interventions.gate_stats import GateProfile
+from conftest import make_model, small_task
 from phaseinterp.tasks import KeyValueRetrieval
 
-TASK = KeyValueRetrieval(seq_len=64, n_records=8, n_demos=2, min_distance=20, residue_modulus=8)
+TASK = small_task()
 BASE = dict(d_vocab=TASK.vocab.size, n_ctx=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_head=8,
             d_mlp=64, local_window=6, window=4, stride=4)
 
 
 def make(**kw) -> CompressedTransformer:
-    model = CompressedTransformer(CompressedConfig(**{**BASE, **kw}))
-    gen = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith(("b_k", "b_v")):
-                p.copy_(3 * torch.randn(p.shape, generator=gen))
-    return model.eval()
+    return make_model({**BASE, **kw}, randomize=("b_k", "b_v"), scale=3.0)
 
 
 @pytest.fixture(scope="module")

@@ -18,21 +18,16 @@ from phaseinterp.interventions import (
     shifted_copy,
 )
 from phaseinterp.interventions.gate_cycling import canonical_shifts, cycling_scores
+from conftest import make_model, small_task
 from phaseinterp.tasks import KeyValueRetrieval
 
-TASK = KeyValueRetrieval(seq_len=64, n_records=8, n_demos=2, min_distance=20, residue_modulus=8)
+TASK = small_task()
 BASE = dict(d_vocab=TASK.vocab.size, n_ctx=64, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, d_head=8,
             d_mlp=64, local_window=6)
 
 
 def make(**kw) -> CompressedTransformer:
-    model = CompressedTransformer(CompressedConfig(**{**BASE, **kw}))
-    gen = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith(("b_k", "b_v", "position_bias")):
-                p.copy_(torch.randn(p.shape, generator=gen))
-    return model
+    return make_model({**BASE, **kw})
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from phaseinterp import CheckpointError, CompressedConfig, CompressedTransformer
+from conftest import GATE_BIASES, make_model
 from reference import reference_attention
 
 SMALL = dict(d_vocab=32, n_ctx=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_head=8, d_mlp=64, local_window=5)
@@ -36,15 +37,9 @@ NAMED_CONFIGS = {
 
 
 def make(seed: int = 0, **overrides) -> CompressedTransformer:
-    cfg = CompressedConfig(**{**SMALL, **overrides, "seed": seed})
-    model = CompressedTransformer(cfg)
-    # Random, non-trivial gate biases so every gate path is exercised.
-    gen = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith(("b_k", "b_v", "position_bias")) or ".Z_" in name or "gate_proj" in name:
-                p.copy_(torch.randn(p.shape, generator=gen))
-    return model
+    """Random, non-trivial gate biases and gate maps, so every gate path is exercised."""
+    return make_model({**SMALL, **overrides, "seed": seed}, gate_seed=seed + 1,
+                      randomize=GATE_BIASES + (".Z_", ".gate_proj"))
 
 
 config_strategy = st.fixed_dictionaries(

@@ -18,7 +18,8 @@ from phaseinterp.tasks import (
     match_target_moments,
     task_from_dict,
 )
-from phaseinterp.tasks.retrieval import MEAN_TOLERANCE, STD_TOLERANCE, mapping_split
+from phaseinterp.tasks.placement import MEAN_TOLERANCE, STD_TOLERANCE
+from phaseinterp.tasks.splits import mapping_split
 
 # Derandomized, no example database: the same examples on every run.
 FAST = settings(max_examples=30, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
@@ -294,7 +295,7 @@ def test_bad_requests_raise_clear_errors():
         KeyValueRetrieval(n_demos=30)
     with pytest.raises(ValueError, match="padding='middle'"):
         KeyValueRetrieval(padding="middle")
-    with pytest.raises(ValueError, match=r"residue_modulus=24 is not a multiple of stride=5"):
+    with pytest.raises(ValueError, match=r"R=24 is not a multiple of stride=5"):
         KeyValueRetrieval().generate(100, stride=5)
     with pytest.raises(ValueError, match="n_per_residue=10 cannot match"):
         KeyValueRetrieval().generate(10)

@@ -7,24 +7,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-
-def resolve_task(model, task=None):
-    """``task`` if given, else the evaluation task stored with the model (zoo checkpoints)."""
-    if task is not None:
-        return task
-    stored = getattr(model, "metadata", {}).get("task")
-    if not isinstance(stored, dict):
-        raise ValueError(
-            "no task given and the model has no stored evaluation task (model.metadata['task']); "
-            "pass task=KeyValueRetrieval(...)"
-        )
-    from phaseinterp import tasks
-
-    kind = getattr(model, "metadata", {}).get("task_type", "KeyValueRetrieval")
-    cls = getattr(tasks, kind, None)
-    if cls is None or not hasattr(cls, "from_dict"):
-        raise ValueError(f"stored task type {kind!r} is not a phaseinterp task")
-    return cls.from_dict(stored)
+from phaseinterp.tasks import resolve_task  # noqa: F401  (re-export; its home is phaseinterp.tasks)
 
 
 def model_device(model, device=None) -> torch.device:

@@ -24,6 +24,7 @@ import torch
 
 from phaseinterp._checks import MAX_PROMPTS, check_device, check_int, check_n_per_residue
 from phaseinterp._files import progress_bar
+from phaseinterp.phase import check_residue_modulus
 from phaseinterp.interventions._common import (
     check_layers,
     fixed_answer_position,
@@ -427,8 +428,7 @@ def ablate(
     units = _units(model, layers, scope, heads)
     stride = model.cfg.stride
     modulus = task.residue_modulus
-    if modulus % stride:
-        raise ValueError(f"residue_modulus={modulus} is not a multiple of the model's stride={stride}")
+    check_residue_modulus(modulus, stride)
     if prompts is None:
         check_n_per_residue(n_per_residue, modulus)
     elif len(prompts) == 0:

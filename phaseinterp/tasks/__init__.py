@@ -1,17 +1,19 @@
-"""Phase-controlled tasks: key-value retrieval, needle retrieval, the docstring probe, the synthetic vocabulary."""
+"""Phase-controlled tasks: key-value retrieval, needle retrieval, the docstring probe, the synthetic vocabulary.
+
+Modules: `retrieval` (KeyValueRetrieval), `needle` (NeedleRetrieval), `docstring`
+(DocstringProbe), `placement` (the moment-matching solver), `layout` (records, fillers,
+padding), `splits` (seed streams and the evaluation/calibration parity), `batches`
+(TaskBatch, TrainBatch), `vocab` (Vocab, Tokenizer).
+"""
 
 from typing import Any
 
+from phaseinterp.tasks.batches import TaskBatch, TrainBatch
 from phaseinterp.tasks.docstring import DocstringProbe, DocstringResult
 from phaseinterp.tasks.needle import NeedleRetrieval, TokenPools
-from phaseinterp.tasks.retrieval import (
-    KeyValueRetrieval,
-    TargetPlacement,
-    TaskBatch,
-    TrainBatch,
-    exact_matching_possible,
-    match_target_moments,
-)
+from phaseinterp.tasks.placement import TargetPlacement, exact_matching_possible, match_target_moments
+from phaseinterp.tasks.retrieval import KeyValueRetrieval
+from phaseinterp.tasks.splits import mapping_split
 from phaseinterp.tasks.vocab import Tokenizer, Vocab
 
 _TASKS = {cls.__name__: cls for cls in (KeyValueRetrieval, NeedleRetrieval)}
@@ -23,6 +25,24 @@ def task_from_dict(d: dict[str, Any]) -> KeyValueRetrieval | NeedleRetrieval:
     if kind not in _TASKS:
         raise ValueError(f"kind={kind!r} is not a known task ({sorted(_TASKS)})")
     return _TASKS[kind].from_dict(d)
+
+
+def resolve_task(model, task=None):
+    """``task`` if given, else the evaluation task stored with the model (zoo checkpoints:
+    ``model.metadata["task"]``, of type ``model.metadata["task_type"]``)."""
+    if task is not None:
+        return task
+    metadata = getattr(model, "metadata", {})
+    stored = metadata.get("task")
+    if not isinstance(stored, dict):
+        raise ValueError(
+            "no task given and the model has no stored evaluation task (model.metadata['task']); "
+            "pass task=KeyValueRetrieval(...)"
+        )
+    kind = metadata.get("task_type", "KeyValueRetrieval")
+    if kind not in _TASKS:
+        raise ValueError(f"stored task type {kind!r} is not a phaseinterp task (known: {sorted(_TASKS)})")
+    return _TASKS[kind].from_dict(stored)
 
 
 __all__ = [
@@ -37,6 +57,8 @@ __all__ = [
     "TrainBatch",
     "Vocab",
     "exact_matching_possible",
+    "mapping_split",
     "match_target_moments",
+    "resolve_task",
     "task_from_dict",
 ]

@@ -6,8 +6,8 @@ from typing import Any
 import pandas as pd
 import torch
 
-from phaseinterp.results import Result
-from phaseinterp.tasks.needle import _encode_piece
+from phaseinterp.results import Result, settings_repr, settings_repr_html
+from phaseinterp.tasks.needle import encode_piece
 from phaseinterp.tasks.vocab import Tokenizer, Vocab
 
 CODE_TEMPLATE = '''"""{docstring}"""
@@ -54,6 +54,12 @@ class DocstringProbe:
     families: dict[str, str] = field(default_factory=lambda: dict(CODE_FAMILIES))
     add_bos: bool = True
 
+    def __repr__(self) -> str:  # a settings table: never the whole vocabulary
+        return settings_repr(self)
+
+    def _repr_html_(self) -> str:
+        return settings_repr_html(self)
+
     def __post_init__(self) -> None:
         if self.template.count("{docstring}") != 1:
             raise ValueError(f"template must contain '{{docstring}}' exactly once (found {self.template.count('{docstring}')})")
@@ -90,14 +96,14 @@ class DocstringProbe:
         """Per-prompt table (family, length, n_tokens, docstring_start, answer_pos), prompt ids, right ids, wrong ids."""
         before, after = self.template.split("{docstring}")
         head = [int(tokenizer.bos_token_id)] if self.add_bos and getattr(tokenizer, "bos_token_id", None) is not None else []
-        before_ids = _encode_piece(tokenizer, before) if before.strip() else []
-        after_ids = _encode_piece(tokenizer, after) if after.strip() else []
-        right, wrong = _encode_piece(tokenizer, self.right), _encode_piece(tokenizer, self.wrong)
+        before_ids = encode_piece(tokenizer, before) if before.strip() else []
+        after_ids = encode_piece(tokenizer, after) if after.strip() else []
+        right, wrong = encode_piece(tokenizer, self.right), encode_piece(tokenizer, self.wrong)
         if not right or not wrong or right == wrong:
             raise ValueError(f"right={self.right!r} -> {right} and wrong={self.wrong!r} -> {wrong} must encode to different, non-empty ids")
         rows, prompts = [], []
         for family, text in self.families.items():
-            stream = _encode_piece(tokenizer, text)
+            stream = encode_piece(tokenizer, text)
             if not stream:
                 raise ValueError(f"filler family {family!r} encodes to no tokens")
             repeats = -(-max(self.lengths) // len(stream))

@@ -8,25 +8,24 @@ import numpy as np
 import pandas as pd
 import torch
 
-from phaseinterp.tasks.retrieval import (
-    PADDINGS,
-    TargetPlacement,
-    TaskBatch,
-    _check_int,
-    _check_stride,
-    _feasible_index_range,
-    _gaps,
-    _lay_out,
-    _rng,
-    _SPLIT_PARITY,
-    _variance_interval,
-    match_target_moments,
-)
+from phaseinterp.phase import check_residue_modulus
+from phaseinterp.results import settings_repr, settings_repr_html
 from phaseinterp.tasks._serialize import task_from_fields
+from phaseinterp.tasks.batches import TaskBatch, observed_moments
+from phaseinterp.tasks.layout import (
+    check_int,
+    check_padding,
+    feasible_index_range,
+    filler_gaps,
+    lay_out,
+    residue_cycle_positions,
+)
+from phaseinterp.tasks.placement import TargetPlacement, check_target_band, match_target_moments
+from phaseinterp.tasks.splits import SPLIT_PARITY, hashed_pair_bits, mapping_parity, split_rng
 from phaseinterp.tasks.vocab import Tokenizer, Vocab
 
 
-def _encode_piece(tokenizer: Any, text: str) -> list[int]:
+def encode_piece(tokenizer: Any, text: str) -> list[int]:
     """Ids without special tokens (HF tokenizers add BOS/EOS unless told not to)."""
     try:
         return list(tokenizer.encode(text, add_special_tokens=False))
@@ -60,7 +59,7 @@ class TokenPools:
         """Pieces that encode to exactly one token become the pools; the rest are dropped."""
 
         def single(pieces: tuple[str, ...], name: str) -> tuple[int, ...]:
-            ids = [_encode_piece(tokenizer, p) for p in pieces]
+            ids = [encode_piece(tokenizer, p) for p in pieces]
             kept = tuple(dict.fromkeys(i[0] for i in ids if len(i) == 1))
             if len(kept) < 2:
                 raise ValueError(
@@ -74,22 +73,11 @@ class TokenPools:
         overlap = set(keys) & set(values)
         if overlap:
             raise ValueError(f"key and value pieces share token ids {sorted(overlap)}")
-        sep = tuple(_encode_piece(tokenizer, separator))
+        sep = tuple(encode_piece(tokenizer, separator))
         if not sep:
             raise ValueError(f"separator={separator!r} encodes to no tokens")
         bos = getattr(tokenizer, "bos_token_id", None)
         return cls(keys, values, fillers, () if bos is None else (int(bos),), sep)
-
-
-def _pair_parity(key_codes: np.ndarray, value_codes: np.ndarray) -> np.ndarray:
-    """A fixed pseudo-random bit per (key, value) pair (splitmix64 finalizer), summed mod 2 per mapping."""
-    x = key_codes.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) + value_codes.astype(np.uint64)
-    x ^= x >> np.uint64(30)
-    x *= np.uint64(0xBF58476D1CE4E5B9)
-    x ^= x >> np.uint64(27)
-    x *= np.uint64(0x94D049BB133111EB)
-    x ^= x >> np.uint64(31)
-    return ((x >> np.uint64(63)).astype(np.int64)).sum(axis=-1) % 2
 
 
 @dataclass(frozen=True)
@@ -129,16 +117,21 @@ class NeedleRetrieval:
     filler_pieces: tuple[str, ...] | None = None
     separator: str = "\n\n"
 
+    def __repr__(self) -> str:  # a settings table: never the whole vocabulary
+        return settings_repr(self)
+
+    def _repr_html_(self) -> str:
+        return settings_repr_html(self)
+
     def __post_init__(self) -> None:
-        _check_int("key_tokens", self.key_tokens, 1)
-        _check_int("value_tokens", self.value_tokens, 1)
-        _check_int("residue_modulus", self.residue_modulus, 1)
-        _check_int("n_demos", self.n_demos, 0)
-        _check_int("filler_tokens", self.filler_tokens, 0)
-        _check_int("target_window", self.target_window, 1)
-        if self.padding not in PADDINGS:
-            raise ValueError(f"padding={self.padding!r} is not one of {PADDINGS}")
-        _check_int("seq_len", self.seq_len, 1)
+        check_int("key_tokens", self.key_tokens, 1)
+        check_int("value_tokens", self.value_tokens, 1)
+        check_int("residue_modulus", self.residue_modulus, 1)
+        check_int("n_demos", self.n_demos, 0)
+        check_int("filler_tokens", self.filler_tokens, 0)
+        check_int("target_window", self.target_window, 1)
+        check_padding(self.padding)
+        check_int("seq_len", self.seq_len, 1)
         for name in ("key_pieces", "value_pieces", "filler_pieces"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, tuple(getattr(self, name)))
@@ -186,14 +179,13 @@ class NeedleRetrieval:
         middle = self.seq_len // 2
         lo = max(start, middle - self.target_window // 2)
         hi = min(start + slack + L * (n_records - 1), middle + (self.target_window - 1) // 2)
-        var_lo, var_hi = _variance_interval(lo, hi, self.residue_modulus) if hi - lo + 1 >= self.residue_modulus else (1, 0)
-        if not var_lo < var_hi:
-            raise ValueError(
-                f"the target band {lo}..{hi} ({max(hi - lo + 1, 0)} positions) cannot realize every residue mod "
-                f"{self.residue_modulus} with matched moments; widen target_window (now {self.target_window}, "
-                f"about {2 * self.residue_modulus + 1}+ needed) or raise filler_tokens (slack is {slack}, "
-                f"needs >= {L - 1} to reach every position)"
-            )
+        check_target_band(
+            lo, hi, self.residue_modulus,
+            f"the target band {lo}..{hi} cannot realize every residue mod {self.residue_modulus} with matched "
+            "moments",
+            f"widen target_window (now {self.target_window}) or raise filler_tokens (slack is {slack}, needs "
+            f">= {L - 1} to reach every position)",
+        )
         return {"n_records": n_records, "slack": slack, "start": start, "lo": lo, "hi": hi}
 
     def placement(self, n_per_residue: int, tokenizer: Tokenizer | None = None, *, strict: bool = True) -> TargetPlacement:
@@ -211,9 +203,10 @@ class NeedleRetrieval:
         n_value_codes = len(value_ids) ** self.value_tokens
         key_codes = np.stack([rng.choice(n_key_codes, size=n, replace=False) for _ in range(batch)])
         value_codes = rng.integers(0, n_value_codes, size=(batch, n))
-        if split in _SPLIT_PARITY:
+        if split in SPLIT_PARITY:
             # Disjoint splits: redraw the last record's value until the mapping has the split's parity.
-            while len(bad := np.flatnonzero(_pair_parity(key_codes, value_codes) != _SPLIT_PARITY[split])):
+            parity = lambda: mapping_parity(hashed_pair_bits(key_codes, value_codes))  # noqa: E731
+            while len(bad := np.flatnonzero(parity() != SPLIT_PARITY[split])):
                 value_codes[bad, -1] = rng.integers(0, n_value_codes, size=len(bad))
 
         def digits(codes: np.ndarray, width: int, base: int) -> np.ndarray:
@@ -223,9 +216,9 @@ class NeedleRetrieval:
             [key_ids[digits(key_codes, kt, len(key_ids))], value_ids[digits(value_codes, self.value_tokens, len(value_ids))]],
             axis=-1,
         )
-        low, high = _feasible_index_range(positions, start, L, slack, n)
+        low, high = feasible_index_range(positions, start, L, slack, n)
         target = low + (rng.random(batch) * (high - low + 1)).astype(np.int64)
-        gaps = _gaps(target, positions - start - L * target, slack, n, self.padding, rng)
+        gaps = filler_gaps(target, positions - start - L * target, slack, n, self.padding, rng)
         scores = rng.random((batch, n))
         scores[np.arange(batch), target] = np.inf
         demos = np.argsort(scores, axis=1)[:, : self.n_demos]
@@ -238,7 +231,7 @@ class NeedleRetrieval:
             ],
             axis=1,
         )
-        tokens, starts = _lay_out(records, gaps, tail, self.seq_len, np.array(pools.head, dtype=np.int64),
+        tokens, starts = lay_out(records, gaps, tail, self.seq_len, np.array(pools.head, dtype=np.int64),
                                   np.array(pools.filler_ids), rng)
         assert np.array_equal(starts[rows, target], positions)
         meta = pd.DataFrame(
@@ -274,8 +267,9 @@ class NeedleRetrieval:
         the full call. ``meta.mapping_id`` is unique per prompt. ``strict``: as in
         ``KeyValueRetrieval.generate``.
         """
-        _check_int("n_per_residue", n_per_residue, 1)
-        _check_stride(stride, self.residue_modulus)
+        check_int("n_per_residue", n_per_residue, 1)
+        if stride is not None:
+            check_residue_modulus(self.residue_modulus, stride)
         pools = self.pools(tokenizer)
         geometry = self._geometry(pools)
         placement = match_target_moments(
@@ -283,10 +277,10 @@ class NeedleRetrieval:
         )
         groups = list(range(self.residue_modulus)) if residues is None else list(residues)
         for r in groups:
-            _check_int("residue", r, 0, self.residue_modulus - 1)
+            check_int("residue", r, 0, self.residue_modulus - 1)
         parts = []
         for r in groups:
-            rng = _rng(seed, "eval", r)
+            rng = split_rng(seed, "eval", r)
             parts.append(self._build(rng.permutation(placement.positions[r]), pools, geometry, "eval", seed, rng))
         tokens = np.concatenate([p[0] for p in parts])
         values = np.concatenate([p[1] for p in parts])
@@ -299,18 +293,13 @@ class NeedleRetrieval:
 
     def calibration(self, n: int, seed: int = 0, *, tokenizer: Tokenizer | None = None) -> TaskBatch:
         """``n`` prompts with mappings disjoint from every :meth:`generate` mapping (parity bit 1)."""
-        _check_int("n", n, 1)
+        check_int("n", n, 1)
         pools = self.pools(tokenizer)
         geometry = self._geometry(pools)
-        rng = _rng(seed, "calibration")
-        R, lo, hi = self.residue_modulus, geometry["lo"], geometry["hi"]
-        residues = np.arange(n) % R
-        firsts = lo + (residues - lo) % R
-        positions = firsts + R * (rng.random(n) * ((hi - firsts) // R + 1)).astype(np.int64)
+        rng = split_rng(seed, "calibration")
+        positions = residue_cycle_positions(n, geometry["lo"], geometry["hi"], self.residue_modulus, rng)
         tokens, values, meta = self._build(positions, pools, geometry, "calibration", seed, rng)
-        grouped = meta.groupby("residue")["target_pos"]
-        moments = pd.DataFrame({"n": grouped.size(), "mean": grouped.mean(), "std": grouped.std(ddof=0)}).reset_index()
-        return self._batch(tokens, values, meta, moments)
+        return self._batch(tokens, values, meta, observed_moments(meta))
 
     def _batch(self, tokens: np.ndarray, values: np.ndarray, meta: pd.DataFrame, moments: pd.DataFrame) -> TaskBatch:
         values_t = torch.as_tensor(np.ascontiguousarray(values), dtype=torch.long)

@@ -1,0 +1,80 @@
+"""The batches tasks hand out: `TaskBatch` (prompts to score) and `TrainBatch` (training prompts)."""
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+import torch
+from jaxtyping import Bool, Int
+from torch import Tensor
+
+
+@dataclass(frozen=True, eq=False)
+class TaskBatch:
+    """Prompts to score: the logits at ``answer_pos`` must rank ``answer`` first.
+
+    ``meta`` has one row per prompt (target position, residue, distance, padding,
+    mapping_id, seed, split, ...; ``phase`` when a stride was given). ``moments`` has one row per
+    residue group: achieved mean/std of the target position and the common target.
+    ``answer_tokens`` holds the whole answer when it spans several tokens (its first column
+    equals ``answer``).
+    """
+
+    tokens: Int[Tensor, "batch pos"]
+    answer: Int[Tensor, " batch"]
+    answer_pos: Int[Tensor, " batch"]
+    meta: pd.DataFrame
+    moments: pd.DataFrame
+    residue_modulus: int
+    answer_tokens: Int[Tensor, "batch answer_len"] | None = None
+    task: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.meta) != self.tokens.shape[0]:
+            raise ValueError(f"meta has {len(self.meta)} rows but there are {self.tokens.shape[0]} prompts")
+        bad = (self.answer_pos < 0) | (self.answer_pos >= self.tokens.shape[1])
+        if bool(bad.any()):
+            raise ValueError(f"answer_pos must lie in 0..{self.tokens.shape[1] - 1}")
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def seq_len(self) -> int:
+        return self.tokens.shape[1]
+
+    def subset(self, index: Any) -> "TaskBatch":
+        """The prompts selected by ``index`` (slice, boolean mask or integer indices)."""
+        idx = torch.arange(len(self))[index]
+        rows = idx.numpy()
+        return dataclasses.replace(
+            self,
+            tokens=self.tokens[idx],
+            answer=self.answer[idx],
+            answer_pos=self.answer_pos[idx],
+            meta=self.meta.iloc[rows].reset_index(drop=True),
+            answer_tokens=None if self.answer_tokens is None else self.answer_tokens[idx],
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class TrainBatch:
+    """Training prompts. Position ``t``'s logits predict ``targets[:, t]`` (= ``tokens[:, t+1]``).
+
+    ``answer_mask[b, t]``: ``targets[b, t]`` is the value of a query (put the retrieval loss
+    here); ``value_mask``: ``targets[b, t]`` is any value token, records included (optional
+    extra loss). The last position has no next token: its target is ``<pad>``, both masks off.
+    """
+
+    tokens: Int[Tensor, "batch pos"]
+    targets: Int[Tensor, "batch pos"]
+    answer_mask: Bool[Tensor, "batch pos"]
+    value_mask: Bool[Tensor, "batch pos"]
+    n_records: Int[Tensor, " batch"]
+
+
+def observed_moments(meta: pd.DataFrame) -> pd.DataFrame:
+    """Count, mean and (population) std of the target position per residue (unmatched prompts)."""
+    grouped = meta.groupby("residue")["target_pos"]
+    return pd.DataFrame({"n": grouped.size(), "mean": grouped.mean(), "std": grouped.std(ddof=0)}).reset_index()
