@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from phaseinterp.theory.gates import gate_loss, random_gate_parameters, slot_statistics
-from phaseinterp.theory.model import IdealizedInductionModel, Population, _check_float, _check_int
+from phaseinterp.theory.model import IdealizedInductionModel, Population, _check_float, _check_int, single_threaded
 from phaseinterp.theory.results import FlowResult, FlowSweep
 
 # Dormand-Prince 5(4) tableau (Dormand & Prince 1980), as in Hairer, Norsett & Wanner, Table II.5.2.
@@ -45,7 +45,7 @@ def integrate(f: Callable[[Tensor], Tensor], y0: Tensor, t_max: float, *, rtol: 
     time in ``t_eval``. ``callback(t, y)`` runs after every accepted step (and at t = 0);
     returning True stops the integration. Returns ``(t, y, n_accepted, n_rejected)``.
     """
-    evals = sorted(float(t) for t in (t_eval or ()))
+    evals = sorted(float(t) for t in (() if t_eval is None else t_eval))
     t, y, h = 0.0, y0, first_step
     k1 = f(y)
     accepted = rejected = 0
@@ -141,8 +141,9 @@ def gradient_flow(model: IdealizedInductionModel, *, rho: float = 0.01, seed: in
     population = _flow_population(model, population, n_samples, seed)
     c0 = random_gate_parameters(model, rho, seed)
     rec = _Recorder(model, population, stop_at)
-    t, c, accepted, rejected = integrate(_negative_gradient(model, population), c0, t_max, rtol=rtol, atol=atol,
-                                         t_eval=t_eval, callback=rec)
+    with single_threaded():
+        t, c, accepted, rejected = integrate(_negative_gradient(model, population), c0, t_max, rtol=rtol,
+                                             atol=atol, t_eval=t_eval, callback=rec)
     settings = dict(rho=rho, seed=seed, t_max=t_max, stop_at=stop_at, rtol=rtol, atol=atol,
                     population=population.kind, n_sequences=len(population), accepted_steps=accepted,
                     rejected_steps=rejected)
@@ -162,11 +163,12 @@ def gradient_descent(model: IdealizedInductionModel, *, learning_rate: float, t_
     f = _negative_gradient(model, population)
     rec = _Recorder(model, population, None)
     n_steps = int(round(t_max / learning_rate))
-    rec(0.0, c)
-    for k in range(1, n_steps + 1):
-        c = c + learning_rate * f(c)
-        if k % record_every == 0 or k == n_steps:
-            rec(k * learning_rate, c)
+    with single_threaded():
+        rec(0.0, c)
+        for k in range(1, n_steps + 1):
+            c = c + learning_rate * f(c)
+            if k % record_every == 0 or k == n_steps:
+                rec(k * learning_rate, c)
     settings = dict(rho=rho, seed=seed, t_max=t_max, learning_rate=learning_rate, population=population.kind,
                     n_sequences=len(population), steps=n_steps)
     return rec.result(model, c0, c, "gradient_descent", settings)

@@ -20,7 +20,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from phaseinterp.theory.model import IdealizedInductionModel, Population, _check_float, _check_int
+from phaseinterp.theory.model import IdealizedInductionModel, Population, _check_float, _check_int, single_threaded
 from phaseinterp.theory.results import SearchGrid, SearchResult
 
 
@@ -118,6 +118,11 @@ def global_search(model: IdealizedInductionModel, *, n_random: int = 16, n_refin
     n_refine_best = _check_int("n_refine_best", n_refine_best, 0)
     steps = _check_int("steps", steps, 1)
     tol = _check_float("tol", tol, 0.0)
+    with single_threaded():
+        return _global_search(model, n_random, n_refine_best, steps, seed, tol, population)
+
+
+def _global_search(model, n_random, n_refine_best, steps, seed, tol, population) -> SearchResult:
     if population is None:
         population = model.population(symmetric=model.eps == 0, seed=seed)
     table = one_hot_losses(model, population)
@@ -150,7 +155,7 @@ def global_search(model: IdealizedInductionModel, *, n_random: int = 16, n_refin
 
 
 def search_grid(grid: Iterable[tuple[int, int, int]], *, L: int = 2, eps: float = 0.0, kappa: float = 0.1,
-                gamma: float = 4.0, beta: float = 4.0, **search_kwargs) -> SearchGrid:
+                gamma: float = 2.0, beta: float = 4.0, **search_kwargs) -> SearchGrid:
     """`global_search` at every ``(N, S, m)`` of ``grid`` (other model arguments shared)."""
     results = [global_search(IdealizedInductionModel(N, S, L, heads=m, eps=eps, kappa=kappa, gamma=gamma, beta=beta),
                              **search_kwargs) for N, S, m in grid]
