@@ -177,28 +177,33 @@ def build_report(model, out_dir: Union[str, Path], *, twin=None, settings: Optio
 
         # Gate cycling runs on a model fit for it (W = S gates, payload shared across slots): with a
         # payload map per slot a shifted gate reads maps never trained for its slot (a collapse,
-        # not a test), so such a model is replaced by the shipped shared-payload model of its stride.
+        # not a test). A zoo model that is not fit is replaced by the shipped shared-payload model
+        # of its stride; any other model runs it as a negative control, labelled as such.
         fit, why = cycling_fitness(model)
-        cyc_model, cyc_name, cyc_reason = model, _label(model), why
+        cyc_model, cyc_name, cyc_task, cyc_reason, negative = model, _label(model), task, why, not fit
         if not fit:
-            substitute = zoo.cycling_model_for(model.cfg.stride) if model.cfg.is_compressed else None
+            cyc_reason = f"NEGATIVE CONTROL: {why}"
+            zoo_name = getattr(model, "metadata", {}).get("zoo_name")
+            substitute = zoo.cycling_model_for(model.cfg.stride) if zoo_name and model.cfg.is_compressed else None
             if substitute is not None:
-                cyc_model, cyc_name = load_model(substitute, device), substitute
+                cyc_model, cyc_name, negative = load_model(substitute, device), substitute, False
+                cyc_task = resolve_task(cyc_model)
                 cyc_reason = (f"{_label(model)} is not fit for gate cycling ({why}); the experiment runs on "
                               f"{substitute}, the shipped W = S = {model.cfg.stride} model whose payload is shared "
                               f"across slots, as DeepSeek's kv_proj")
         log(f"[3/4] gate cycling on {cyc_name}: shifts "
             f"{list(settings.shifts) if settings.shifts else 'every distinct shift mod S'}")
         try:
-            if cyc_model is model and not fit:
-                raise ValueError(f"{why}; no shipped shared-payload model with stride {model.cfg.stride}")
-            cyc = gate_cycling(cyc_model, task, settings.shifts, n_per_residue=settings.cycling_per_residue,
+            cyc = gate_cycling(cyc_model, cyc_task, settings.shifts, n_per_residue=settings.cycling_per_residue,
                                progress=progress, n_boot=200)
             atomic_write_text(out / "data" / "cycling.csv", cyc.to_frame().to_csv(index=False))
             atomic_write_text(out / "data" / "cycling_scores.csv", cyc.scores["per_shift"].to_csv(index=False))
-            summary["cycling"] = cyc.to_dict() | {"model_used": cyc_name, "why_this_model": cyc_reason}
-            figures["gate_cycling"] = cyc.plot(title=f"Gate cycling: {cyc_name}")
-            tables["gate_cycling"] = _cycling_html(cyc, cyc_name, cyc_reason) + cyc.summary().to_html(border=0)
+            summary["cycling"] = cyc.to_dict() | {"model_used": cyc_name, "why_this_model": cyc_reason,
+                                                  "negative_control": negative}
+            figures["gate_cycling"] = cyc.plot(title=f"Gate cycling: {cyc_name}"
+                                               + (" (NEGATIVE CONTROL)" if negative else ""))
+            tables["gate_cycling"] = (_cycling_html(cyc, cyc_name, cyc_reason, negative)
+                                      + cyc.summary().to_html(border=0))
         except ValueError as err:
             summary["cycling_skipped"] = str(err)
             log(f"      skipped: {err}")
@@ -293,7 +298,7 @@ def _controls_html(rows: list[dict]) -> str:
             "</th><th>twin</th><th>mean</th><th>worst phase</th><th>twin phase gap</th></tr>" + body + "</table>")
 
 
-def _cycling_html(cyc, name: str, reason: str) -> str:
+def _cycling_html(cyc, name: str, reason: str, negative: bool = False) -> str:
     """Which model gate cycling ran on and why, and its scores in words (the numbers the figure shows)."""
     s = cyc.scores
     ps = s["per_shift"]
@@ -308,7 +313,10 @@ def _cycling_html(cyc, name: str, reason: str) -> str:
             f"fitted line (the paper's figure): {s['corr2_pooled']:.2f}. {html.escape(per)}. Shift identification: "
             f"{s['n_identified']} of {s['n_shifts']} applied shifts are the best of the {cyc.stride} hypotheses; "
             f"joint permutation p = {s['identification_p']:.3g}.</p>")
-    if s["r2_pooled"] != s["r2_pooled"] or s["r2_pooled"] < 0.5 or s["n_identified"] < s["n_shifts"]:
+    if negative:
+        text += ("<p class='note'>Negative control: this model is not fit for the experiment (see above); its "
+                 "scores measure the collapse of every phase, not the paper's prediction.</p>")
+    elif s["r2_pooled"] != s["r2_pooled"] or s["r2_pooled"] < 0.5 or s["n_identified"] < s["n_shifts"]:
         text += ("<p class='note'>Negative result: the shifted gates do not move the weak spots as predicted "
                  "on this model.</p>")
     return text + cyc.identification().to_html(border=0, float_format=_fmt)
