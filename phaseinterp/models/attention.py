@@ -319,23 +319,63 @@ class CompressedAttention(nn.Module):
         cache: Optional[LayerCache] = None,
         start: int = 0,
     ) -> tuple[Float[Tensor, "batch pos d_model"], LayerCache]:
-        """Attention for the ``pos`` new tokens at positions ``start ..``, given the cached prefix."""
-        cfg = self.cfg
+        """Attention for the ``pos`` new tokens at positions ``start ..``, given the cached prefix.
+
+        With `query_chunk` set (`CompressedTransformer.set_query_chunk`), the queries run in
+        chunks of that many positions, each over only the keys it can see: the same
+        numbers (tested to 1e-5) without the whole ``[pos, key_slot]`` score matrix.
+        """
         positions = torch.arange(start, start + x.shape[1], device=x.device)
         q_rot, k, v, k_rot = self._project(x, positions)
         cache = self._extend(cache, x, k, v, k_rot, start)
-        if not cfg.is_compressed:  # every earlier token, as a shared key
-            k_own = v_own = x.new_zeros(x.shape[0], x.shape[1], 0, cfg.n_kv_heads, cfg.d_head)
-            k_shared, v_shared = cache.k_rot, cache.v
-            allowed = self._band_allowed(positions, torch.arange(k_shared.shape[1], device=x.device))
-        else:  # (a) the band, gathered per query; (b) the entries, shared
-            band = positions[:, None] - self.band_width + 1 + torch.arange(self.band_width, device=x.device)
-            k_own, v_own = cache.k_rot[:, band.clamp(min=0)], cache.v[:, band.clamp(min=0)]
-            k_shared, v_shared = cache.k_comp, cache.v_comp
-            entries = torch.arange(k_shared.shape[1], device=x.device)
-            allowed = torch.cat([self._band_allowed(positions, band), self._entry_allowed(positions, entries)], -1)
-        z = self.hook_z(self._attend(q_rot, k_own, v_own, k_shared, v_shared, allowed))
+        chunk, n = self.query_chunk, x.shape[1]
+        if chunk is None or chunk >= n or self._scores_hooked():  # hooks see the full [pos, key_slot]
+            z = self._attend_queries(q_rot, cache, positions)
+        else:
+            z = torch.cat([self._attend_queries(q_rot[:, i : i + chunk], cache, positions[i : i + chunk],
+                                                last=start + min(i + chunk, n) - 1) for i in range(0, n, chunk)], 1)
+        z = self.hook_z(z)
         return self._output(z), cache
+
+    # Queries per chunk in `forward` (None: all at once). An execution setting, not part of the
+    # architecture: set it with `CompressedTransformer.set_query_chunk`.
+    query_chunk: Optional[int] = None
+
+    def _scores_hooked(self) -> bool:
+        """A hook reads or edits ``hook_attn_scores``/``hook_pattern``: they must have the full shape."""
+        return any(h._forward_hooks or h._backward_hooks for h in (self.hook_attn_scores, self.hook_pattern))
+
+    def _attend_queries(
+        self,
+        q_rot: Float[Tensor, "batch query head d_head"],
+        cache: LayerCache,
+        positions: Int[Tensor, " query"],
+        last: Optional[int] = None,
+    ) -> Float[Tensor, "batch query head d_head"]:
+        """z of the queries at ``positions`` over ``cache``: (a) the band, gathered per query;
+        (b) the entries, shared (every earlier token for full attention).
+
+        ``last`` (the largest position, for a chunk of queries) drops the key slots no query
+        up to ``last`` can see, and skips the score/pattern hooks (`forward` calls it so only
+        when those hooks are idle); otherwise every slot is kept and the hooks fire.
+        """
+        cfg = self.cfg
+        device = q_rot.device
+        if not cfg.is_compressed:
+            n_keys = None if last is None else last + 1
+            k_own = v_own = q_rot.new_zeros(q_rot.shape[0], q_rot.shape[1], 0, cfg.n_kv_heads, cfg.d_head)
+            k_shared, v_shared = cache.k_rot[:, :n_keys], cache.v[:, :n_keys]
+            allowed = self._band_allowed(positions, torch.arange(k_shared.shape[1], device=device))
+        else:
+            n_entries = None
+            if last is not None:
+                n_entries = n_visible_entries(last, cfg.window, cfg.stride, min(self.window_offsets))
+            band = positions[:, None] - self.band_width + 1 + torch.arange(self.band_width, device=device)
+            k_own, v_own = cache.k_rot[:, band.clamp(min=0)], cache.v[:, band.clamp(min=0)]
+            k_shared, v_shared = cache.k_comp[:, :n_entries], cache.v_comp[:, :n_entries]
+            entries = torch.arange(k_shared.shape[1], device=device)
+            allowed = torch.cat([self._band_allowed(positions, band), self._entry_allowed(positions, entries)], -1)
+        return self._attend(q_rot, k_own, v_own, k_shared, v_shared, allowed, hooked=last is None)
 
     def _extend(self, cache: Optional[LayerCache], x, k, v, k_rot, start: int) -> LayerCache:
         """The layer cache with the new tokens appended and newly closed windows compressed."""

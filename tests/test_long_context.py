@@ -1,0 +1,158 @@
+"""Long prompts: attention queries in chunks equal the one-shot path, hooks keep their shapes,
+and a last-position ablation over a long prefix is one prefix pass plus the last position."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import GATE_BIASES, make_model, small_task
+
+SMALL = dict(d_vocab=32, n_ctx=96, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_head=8, d_mlp=64,
+             local_window=5)
+CONFIGS = {
+    "W4S4": dict(window=4, stride=4),
+    "W8S4": dict(window=8, stride=4),
+    "W8S6_vector": dict(window=8, stride=6, gate="vector"),
+    "deepseek_W8S4": dict(compression="deepseek", gate="vector", window=8, stride=4),
+    "deepseek_W4S4": dict(compression="deepseek", gate="vector", window=4, stride=4),
+    "tail": dict(window=4, stride=2, memory="uncompressed_tail"),
+    "full": dict(compression=None),
+}
+
+
+def make(name: str, seed: int = 0, **overrides):
+    return make_model({**SMALL, **CONFIGS[name], "seed": seed, **overrides}, gate_seed=seed + 1,
+                      randomize=GATE_BIASES + (".Z_", ".gate_proj"))
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("chunk", [1, 7, 16])
+def test_chunked_attention_equals_one_shot(name, chunk):
+    model = make(name)
+    tokens = torch.randint(0, 32, (2, 90))
+    with torch.no_grad():
+        reference = model(tokens)
+        model.set_query_chunk(chunk)
+        assert model.query_chunk == chunk
+        torch.testing.assert_close(model(tokens), reference, rtol=0, atol=1e-5)
+        cache = model.init_cache()  # the incremental path: a chunked prefix, then chunked continuations
+        pieces = [model(tokens[:, a:b], cache=cache) for a, b in [(0, 41), (41, 42), (42, 90)]]
+        torch.testing.assert_close(torch.cat(pieces, 1), reference, rtol=0, atol=1e-5)
+    model.set_query_chunk(None)
+    assert model.query_chunk is None
+
+
+def test_chunks_see_only_the_keys_they_need(monkeypatch):
+    """The chunked path never builds a [T, key_slot] score matrix: each call of the attention
+    core gets at most ``chunk`` queries and only the entries visible to its last query."""
+    model = make("W4S4").set_query_chunk(8)
+    attn = model.blocks[0].attn
+    seen = []
+    original = attn._attend
+
+    def spy(q, k_own, v_own, k_shared, v_shared, allowed, hooked=True):
+        seen.append((q.shape[1], k_shared.shape[1], hooked))
+        return original(q, k_own, v_own, k_shared, v_shared, allowed, hooked)
+
+    monkeypatch.setattr(attn, "_attend", spy)
+    with torch.no_grad():
+        model(torch.randint(0, 32, (1, 90)))
+    assert [s[0] for s in seen] == [8] * 11 + [2]
+    # query t sees (t - 4) // 4 + 1 entries; the chunk ending at t = 8c + 7 sees 2c + 2 of them
+    assert [s[1] for s in seen] == [2 * c + 2 for c in range(11)] + [22]
+    assert not any(s[2] for s in seen)  # score/pattern hooks idle: not fired per chunk
+
+
+@pytest.mark.parametrize("name", ["W8S4", "deepseek_W8S4", "full"])
+def test_hooks_keep_full_shapes_and_values_when_chunked(name):
+    model = make(name)
+    tokens = torch.randint(0, 32, (2, 60))
+    with torch.no_grad():
+        logits, ref = model.run_with_cache(tokens)
+        model.set_query_chunk(8)
+        chunked_logits, cache = model.run_with_cache(tokens)
+        torch.testing.assert_close(chunked_logits, logits, rtol=0, atol=1e-5)
+        assert set(cache.cache_dict) == set(ref.cache_dict)
+        for hook, value in ref.cache_dict.items():
+            assert cache[hook].shape == value.shape, hook
+            torch.testing.assert_close(cache[hook], value, rtol=0, atol=1e-5, msg=hook)
+        # hooks that do not read the scores leave the chunked path on, with full shapes
+        names = lambda n: n.endswith(("hook_z", "hook_q", "hook_resid_post"))  # noqa: E731
+        chunked_logits, cache = model.run_with_cache(tokens, names_filter=names)
+        torch.testing.assert_close(chunked_logits, logits, rtol=0, atol=1e-5)
+        for hook, value in cache.cache_dict.items():
+            torch.testing.assert_close(value, ref[hook], rtol=0, atol=1e-5, msg=hook)
+
+
+def test_hook_edits_act_on_the_chunked_run():
+    model = make("W8S4")
+    tokens = torch.randint(0, 32, (2, 60))
+
+    def zero_head(z, hook):
+        z = z.clone()
+        z[:, 30:, 1] = 0
+        return z
+
+    def flatten_pattern(pattern, hook):
+        return torch.where(pattern > 0, 1.0, 0.0) / (pattern > 0).sum(-1, keepdim=True)
+
+    with torch.no_grad():
+        hooks = [("blocks.0.attn.hook_z", zero_head), ("blocks.1.attn.hook_pattern", flatten_pattern)]
+        reference = model.run_with_hooks(tokens, fwd_hooks=hooks)
+        model.set_query_chunk(8)
+        edited = model.run_with_hooks(tokens, fwd_hooks=hooks)
+        torch.testing.assert_close(edited, reference, rtol=0, atol=1e-5)
+        assert not torch.allclose(edited, model(tokens), atol=1e-4)  # the edits did something
+
+
+@pytest.mark.parametrize("value", [0, -3, 2.5, True, "8"])
+def test_bad_query_chunk_raises(value):
+    model = make("W4S4")
+    with pytest.raises(ValueError, match=r"query_chunk=.* must be None \(no chunking\) or an integer >= 1"):
+        model.set_query_chunk(value)
+
+
+def test_last_position_ablation_is_one_prefix_pass_plus_the_last_position(monkeypatch):
+    """With chunking on, the fast ablation equals the unchunked one, and evaluates each batch by
+    one forward over the prefix (``answer_pos`` tokens) plus `forward_last` for the last one."""
+    from phaseinterp.interventions import ablate
+
+    task = small_task()
+    model = make("W4S4", d_vocab=task.vocab.size)
+    prompts = task.generate(2, seed=0, strict=False)
+    answer_pos = int(prompts.answer_pos[0])
+    reference = ablate(model, task, prompts=prompts, n_calibration=8, batch_size=4, progress=False)
+    model.set_query_chunk(8)
+    calls = {"forward": [], "forward_last": 0}
+    for block in model.blocks:
+        attn = block.attn
+        fwd, fwd_last = attn._attend_queries, attn.forward_last
+
+        def count_forward(q, cache, positions, last=None, _fwd=fwd):
+            calls["forward"].append(int(positions[-1]) + 1)
+            return _fwd(q, cache, positions, last)
+
+        def count_last(x, cache, z_override=None, _last=fwd_last):
+            calls["forward_last"] += 1
+            assert cache.h.shape[1] == answer_pos  # the shared prefix cache, never the whole prompt twice
+            return _last(x, cache, z_override)
+
+        monkeypatch.setattr(attn, "_attend_queries", count_forward)
+        monkeypatch.setattr(attn, "forward_last", count_last)
+    chunked = ablate(model, task, prompts=prompts, n_calibration=8, batch_size=4, progress=False)
+    assert (chunked.clean_correct == reference.clean_correct).all()
+    assert (chunked.knockout_correct == reference.knockout_correct).all()
+    torch.testing.assert_close(torch.as_tensor(chunked.knockout_logit_answer),
+                               torch.as_tensor(reference.knockout_logit_answer), rtol=0, atol=1e-5)
+    n_batches = -(-len(prompts) // 4)
+    # calibration: 2 batches of 4 full prompts; evaluation: the prefix only (ends at answer_pos - 1)
+    ends = calls["forward"]
+    assert max(ends) == answer_pos + 1 and answer_pos in ends
+    prefix_chunks = -(-answer_pos // 8)
+    assert len(ends) == model.cfg.n_layers * (2 * -(-(answer_pos + 1) // 8) + n_batches * prefix_chunks)
+    n_units = model.cfg.n_kv_heads * model.cfg.n_layers
+    # clean last position per layer, then for each knocked-out layer that layer and the later ones
+    assert calls["forward_last"] == n_batches * (model.cfg.n_layers + sum(
+        model.cfg.n_layers - layer for layer in range(model.cfg.n_layers)))
+    assert n_units == len(reference.units)
