@@ -380,6 +380,7 @@ def ablate(
     device=None,
     progress: bool = True,
     prompts=None,
+    calibration_mean=None,
 ) -> AblationResult:
     """Mean replacement per KV head: knock out each unit's ``hook_z`` at the answer position
     and measure the accuracy change per residue and phase. ``mean_ablation`` is another name
@@ -411,6 +412,9 @@ def ablate(
         device: move the model there first (default: leave it where it is).
         progress: show a progress bar (default True).
         prompts: a pre-generated ``task.generate(...)`` batch to reuse across calls.
+        calibration_mean: a precomputed `calibration_mean_z` ``[layer, head, d_head]`` of these
+            calibration settings, to reuse across calls over slices of the prompts
+            (`phaseinterp.distributed`); default: computed here.
 
     Returns an `AblationResult`; its ``relative_change`` is in RELATIVE percent
     (``100 * (knockout - clean) / clean``), not percentage points.
@@ -446,7 +450,8 @@ def ablate(
     calib = task.calibration(n_calibration, seed=calibration_seed)
     if fixed_answer_position(calib) != answer_pos:
         raise ValueError("calibration prompts must share the evaluation prompts' answer position")
-    mean_z = calibration_mean_z(model, calib.tokens, answer_pos, batch_size)
+    mean_z = calibration_mean if calibration_mean is not None else calibration_mean_z(
+        model, calib.tokens, answer_pos, batch_size)
     bar = progress_bar(progress, batch.tokens.shape[0] * len(units), f"ablate ({method})")
     # Wrapped HF models (phaseinterp.from_hf) have no incremental cache / forward_last: they take
     # the hooked full-forward path, which the fast path is tested equal to (issue 12).
