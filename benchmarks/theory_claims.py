@@ -1,6 +1,6 @@
 """The two claims of the idealized induction model (docs/science.md section 4), measured.
 
-    python benchmarks/theory_claims.py [--seeds 50] [--threads 1]
+    python benchmarks/theory_claims.py [--seeds 50] [--threads 1] [--skip-search] [--skip-flow] [--only 0 3]
 
 Theorem 1: global search (all one-hot assignments + projected-gradient refinement from 16
 random starts and the 4 best one-hot points) over a grid of (N, S, m), L = 2, eps = 0, at
@@ -22,6 +22,10 @@ import torch
 from phaseinterp.theory import IdealizedInductionModel, flow_seeds, search_grid
 
 GRID = [(6, 3, 1), (6, 3, 2), (8, 3, 2), (8, 4, 1), (8, 4, 2), (8, 4, 3), (10, 5, 2), (10, 5, 4)]
+# m = S-1 with three chunks and with a larger vocabulary: (N, S, L, m)
+GRID_MORE = [(9, 3, 3, 2), (12, 4, 3, 3), (12, 3, 2, 2), (14, 4, 2, 3)]
+# m < S-1: where does the claim stop holding? (N, S, m) x gamma x beta
+FINE, FINE_GAMMA, FINE_BETA = [(6, 3, 1), (8, 4, 2)], [0.5, 2.0, 8.0], [0.5, 0.75, 1.0, 1.5, 2.0]
 SCALES = [(0.5, 0.5), (2.0, 4.0), (8.0, 8.0), (32.0, 32.0)]
 # (label, N, S, L, m, gamma, beta, rho, t_max)
 FLOWS = [
@@ -31,6 +35,7 @@ FLOWS = [
     ("S=4 m=3, rho=0.01 (MC 2048)", 8, 4, 2, 3, 2.0, 4.0, 0.01, 5000.0),
     ("S=4 m=2, rho=0.01 (MC 2048)", 8, 4, 2, 2, 2.0, 4.0, 0.01, 5000.0),
     ("S=3 m=1, rho=0.01", 6, 3, 2, 1, 2.0, 4.0, 0.01, 5000.0),
+    ("S=3 m=2, beta=0.5, rho=0.01", 6, 3, 2, 2, 2.0, 0.5, 0.01, 20000.0),
 ]
 
 
@@ -39,6 +44,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=50)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--skip-search", action="store_true")
+    parser.add_argument("--skip-flow", action="store_true")
     parser.add_argument("--only", type=int, nargs="*", help="indices into the flow list")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -51,6 +57,21 @@ def main() -> None:
             print(f"\ngamma={gamma:g} beta={beta:g} ({time.perf_counter() - start:.0f} s)")
             cols = ["N", "S", "heads", "minimizer", "best_loss", "best_refined_loss", "margin", "holds"]
             print(df[cols].to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+        print("\nm = S-1, more chunks / larger vocabulary: holds at (gamma, beta) =")
+        for N, S, L, m in GRID_MORE:
+            cells = []
+            for gamma, beta in SCALES:
+                grid = search_grid([(N, S, m)], L=L, gamma=gamma, beta=beta, n_random=16, n_refine_best=4, steps=300)
+                cells.append(f"({gamma:g},{beta:g}):{grid.holds()}")
+            print(f"  N={N} S={S} L={L} m={m}: " + " ".join(cells))
+        print("\nm < S-1, finer scan (L=2): T = claim holds, F = a refined point beats every one-hot assignment")
+        for N, S, m in FINE:
+            for gamma in FINE_GAMMA:
+                cells = [f"beta={beta:g}:{'T' if search_grid([(N, S, m)], gamma=gamma, beta=beta, n_random=16, steps=300).holds() else 'F'}"
+                         for beta in FINE_BETA]
+                print(f"  N={N} S={S} m={m} gamma={gamma:g}: " + " ".join(cells))
+    if args.skip_flow:
+        return
     print("\n## Theorem 2: gradient flow of log-linear gates, kappa=0.1, eps=0, threshold 0.95 (worst chunk)")
     for i, (label, N, S, L, m, gamma, beta, rho, t_max) in enumerate(FLOWS):
         if args.only and i not in args.only:
@@ -68,7 +89,9 @@ def main() -> None:
               f"loss monotone: {s['monotone_fraction']:.2f}   median t(0.95): {s['median_time_to_threshold']:.0f}")
         print(f"  final worst-chunk p^K(r_h): min {df.min_p_key.min():.3f} median {df.min_p_key.median():.3f}; "
               f"p^V(r_h+1): min {df.min_p_value.min():.3f} median {df.min_p_value.median():.3f}; "
-              f"slot counts {s['slot_counts']}", flush=True)
+              f"slot counts {s['slot_counts']}")
+        failed = df[~df.reached]
+        print(f"  seeds not reaching 0.95: {failed.seed.tolist()} (their slots {failed.slots.tolist()})", flush=True)
 
 
 if __name__ == "__main__":
