@@ -27,7 +27,6 @@ and compressed keys alike. Values are never rotated.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Optional
 
 import einops
@@ -38,76 +37,10 @@ from torch import Tensor
 from transformer_lens.hook_points import HookPoint
 
 from phaseinterp.config import CompressedConfig
+from phaseinterp.models.cache import KVCache, LayerCache  # noqa: F401  (KVCache: re-exported)
 from phaseinterp.models.compressor import Compressor, RMSNorm, rms_norm
+from phaseinterp.models.rope import apply_rope, rotary_tables
 from phaseinterp.phase import n_closed_windows, n_visible_entries, tail_start, window_positions
-
-
-@dataclass
-class LayerCache:
-    """Everything one layer needs to extend a prefix: per-token inputs and compressed entries.
-
-    With staggered window offsets the last stored entry may not be closed yet for every
-    KV head (it is then masked, and recomputed once its window closes).
-    """
-
-    h: Tensor  # [batch, pos, d_model]  attention input (after ln1): the compressor reads it
-    k: Tensor  # [batch, pos, kv_head, d_head]  per-token K projection (hook_k)
-    v: Tensor  # [batch, pos, kv_head, d_head]
-    k_rot: Tensor  # [batch, pos, kv_head, d_head]  after QK-norm and RoPE
-    k_comp: Tensor  # [batch, entry, kv_head, d_head]  normalised + rotated compressed keys
-    v_comp: Tensor  # [batch, entry, kv_head, d_head]
-
-    def map(self, fn) -> "LayerCache":
-        return LayerCache(*(fn(t) for t in (self.h, self.k, self.v, self.k_rot, self.k_comp, self.v_comp)))
-
-
-@dataclass
-class KVCache:
-    """Incremental-decoding state of a `CompressedTransformer` (compressor state included).
-
-    Feeding a sequence in pieces through ``model(tokens, cache=cache)`` gives the same
-    outputs as one full forward. ``length`` is the number of tokens consumed so far.
-    """
-
-    layers: list[Optional[LayerCache]] = field(default_factory=list)
-    length: int = 0
-
-    def clone(self) -> "KVCache":
-        return KVCache([lc.map(lambda t: t.clone()) if lc else None for lc in self.layers], self.length)
-
-    def repeat_batch(self, n: int) -> "KVCache":
-        """Each batch row repeated ``n`` times, interleaved (row b -> rows b*n .. b*n+n-1)."""
-        return KVCache(
-            [lc.map(lambda t: t.repeat_interleave(n, dim=0)) if lc else None for lc in self.layers], self.length
-        )
-
-    @property
-    def batch_size(self) -> int:
-        first = next((lc for lc in self.layers if lc is not None), None)
-        return 0 if first is None else first.h.shape[0]
-
-
-def rotary_tables(cfg: CompressedConfig, device=None) -> tuple[Tensor, Tensor]:
-    """cos/sin ``[n_ctx, rotary_dims / 2]`` for rotate-half RoPE on the first ``rotary_dims`` dims."""
-    r = max(cfg.rotary_dims, 2)
-    inv_freq = cfg.rope_base ** (-torch.arange(0, r, 2, dtype=torch.float64, device=device) / r)
-    angles = torch.arange(cfg.n_ctx, dtype=torch.float64, device=device)[:, None] * inv_freq[None, :]
-    return angles.cos().float(), angles.sin().float()
-
-
-def apply_rope(
-    x: Float[Tensor, "batch pos head d_head"],
-    cos: Float[Tensor, "pos *head half"],
-    sin: Float[Tensor, "pos *head half"],
-    dims: int,
-) -> Float[Tensor, "batch pos head d_head"]:
-    """Rotate-half RoPE; ``cos``/``sin`` per position, or per (position, head) for per-head grids."""
-    if dims == 0:
-        return x
-    half = dims // 2
-    x1, x2, rest = x[..., :half], x[..., half:dims], x[..., dims:]
-    c, s = (cos[None], sin[None]) if cos.ndim == 3 else (cos[None, :, None, :], sin[None, :, None, :])
-    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s, rest], dim=-1)
 
 
 class CompressedAttention(nn.Module):

@@ -44,7 +44,8 @@ from transformer_lens.HookedRootModule import HookedRootModule
 
 from phaseinterp._files import atomic_write
 from phaseinterp.config import CompressedConfig
-from phaseinterp.models.attention import CompressedAttention, KVCache
+from phaseinterp.models.attention import CompressedAttention
+from phaseinterp.models.cache import KVCache
 from phaseinterp.models.compressor import GateParameters, RMSNorm
 
 CHECKPOINT_FORMAT = 1

@@ -1,6 +1,5 @@
 """Long-context needle retrieval: thousands of multi-token key-value records, target near the middle."""
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -9,17 +8,10 @@ import pandas as pd
 import torch
 
 from phaseinterp.phase import check_residue_modulus
-from phaseinterp.results import settings_repr, settings_repr_html
-from phaseinterp.tasks._serialize import task_from_fields
+from phaseinterp.tasks._serialize import TaskSettings
 from phaseinterp.tasks.batches import TaskBatch, observed_moments
-from phaseinterp.tasks.layout import (
-    check_int,
-    check_padding,
-    feasible_index_range,
-    filler_gaps,
-    lay_out,
-    residue_cycle_positions,
-)
+from phaseinterp.tasks.layout import check_int, check_padding, feasible_index_range, filler_gaps, lay_out
+from phaseinterp.tasks.layout import residue_cycle_positions
 from phaseinterp.tasks.placement import TargetPlacement, check_target_band, match_target_moments
 from phaseinterp.tasks.splits import SPLIT_PARITY, hashed_pair_bits, mapping_parity, split_rng
 from phaseinterp.tasks.vocab import Tokenizer, Vocab
@@ -80,8 +72,8 @@ class TokenPools:
         return cls(keys, values, fillers, () if bos is None else (int(bos),), sep)
 
 
-@dataclass(frozen=True)
-class NeedleRetrieval:
+@dataclass(frozen=True, repr=False)
+class NeedleRetrieval(TaskSettings):
     """Needle-in-a-haystack retrieval with multi-token records (DeepSeek style).
 
     Prompt: ``[head] (fillers, record)* fillers [separator] demo-records target-key``; a
@@ -116,12 +108,6 @@ class NeedleRetrieval:
     value_pieces: tuple[str, ...] | None = None
     filler_pieces: tuple[str, ...] | None = None
     separator: str = "\n\n"
-
-    def __repr__(self) -> str:  # a settings table: never the whole vocabulary
-        return settings_repr(self)
-
-    def _repr_html_(self) -> str:
-        return settings_repr_html(self)
 
     def __post_init__(self) -> None:
         check_int("key_tokens", self.key_tokens, 1)
@@ -251,14 +237,8 @@ class NeedleRetrieval:
         return tokens, records[rows, target, kt:], meta
 
     def generate(
-        self,
-        n_per_residue: int,
-        seed: int = 0,
-        *,
-        tokenizer: Tokenizer | None = None,
-        stride: int | None = None,
-        residues: list[int] | None = None,
-        strict: bool = True,
+        self, n_per_residue: int, seed: int = 0, *, tokenizer: Tokenizer | None = None, stride: int | None = None,
+        residues: list[int] | None = None, strict: bool = True,
     ) -> TaskBatch:
         """``n_per_residue`` prompts per residue group (residue-major), moment-matched.
 
@@ -314,15 +294,3 @@ class NeedleRetrieval:
             answer_tokens=values_t,
             task=self.to_dict(),
         )
-
-    def to_dict(self) -> dict[str, Any]:
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        d["vocab"] = self.vocab.to_dict()
-        for name in ("key_pieces", "value_pieces", "filler_pieces"):
-            if d[name] is not None:
-                d[name] = list(d[name])
-        return {"kind": type(self).__name__, **d}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "NeedleRetrieval":
-        return task_from_fields(cls, d)

@@ -4,33 +4,24 @@ The moment-matched target placement is in `phaseinterp.tasks.placement`, the pro
 layout in `phaseinterp.tasks.layout`, the split parity in `phaseinterp.tasks.splits`.
 """
 
-import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
 
 from phaseinterp.phase import check_residue_modulus
-from phaseinterp.results import settings_repr, settings_repr_html
-from phaseinterp.tasks._serialize import task_from_fields
+from phaseinterp.tasks._serialize import TaskSettings
 from phaseinterp.tasks.batches import TaskBatch, TrainBatch, observed_moments
-from phaseinterp.tasks.layout import (
-    check_int,
-    check_padding,
-    feasible_index_range,
-    filler_gaps,
-    lay_out,
-    residue_cycle_positions,
-)
+from phaseinterp.tasks.layout import check_int, check_padding, feasible_index_range, filler_gaps, lay_out
+from phaseinterp.tasks.layout import residue_cycle_positions
 from phaseinterp.tasks.placement import TargetPlacement, check_target_band, match_target_moments
 from phaseinterp.tasks.splits import draw_mappings, split_rng
 from phaseinterp.tasks.vocab import Vocab
 
 
-@dataclass(frozen=True)
-class KeyValueRetrieval:
+@dataclass(frozen=True, repr=False)
+class KeyValueRetrieval(TaskSettings):
     """Single-token key-value retrieval with phase as the only variable (docs/science.md section 3).
 
     Prompt (``T = seq_len`` tokens, fixed)::
@@ -57,12 +48,6 @@ class KeyValueRetrieval:
     max_distance: int | None = None
     padding: str = "in_sequence"
     vocab: Vocab = field(default_factory=Vocab.default)
-
-    def __repr__(self) -> str:  # a settings table: never the whole vocabulary
-        return settings_repr(self)
-
-    def _repr_html_(self) -> str:
-        return settings_repr_html(self)
 
     def __post_init__(self) -> None:
         check_int("seq_len", self.seq_len, 8)
@@ -178,12 +163,7 @@ class KeyValueRetrieval:
         )
 
     def generate(
-        self,
-        n_per_residue: int,
-        seed: int = 0,
-        *,
-        stride: int | None = None,
-        n_mappings: int | None = None,
+        self, n_per_residue: int, seed: int = 0, *, stride: int | None = None, n_mappings: int | None = None,
         strict: bool = True,
     ) -> TaskBatch:
         """``n_per_residue`` prompts for every residue ``r = 0..R-1`` (residue-major order).
@@ -335,13 +315,3 @@ class KeyValueRetrieval:
             inside = np.flatnonzero((d >= distance[0]) & (d <= distance[1]))
             out[q] = rng.choice(inside) if len(inside) else rng.integers(0, n)
         return out
-
-    # --------------------------------------------------------- (de)serialize
-    def to_dict(self) -> dict[str, Any]:
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        d["vocab"] = self.vocab.to_dict()
-        return {"kind": type(self).__name__, **d}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "KeyValueRetrieval":
-        return task_from_fields(cls, d)

@@ -6,19 +6,16 @@ from typing import Any, Iterable, Protocol, Sequence, runtime_checkable
 
 SPECIALS: tuple[str, ...] = ("<pad>", "<bos>", "<sep>", "<q>")
 
-ANIMALS: tuple[str, ...] = (
-    "cat", "dog", "owl", "fox", "bee", "ant", "elk", "emu", "yak", "ram", "hen", "cow",
-    "pig", "bat", "eel", "cod", "ape", "doe", "gnu", "jay", "koi", "orca", "seal", "wolf",
-    "bear", "lion", "hare", "mole", "moth", "newt", "puma", "crab", "crow", "dove", "duck", "frog",
-    "goat", "hawk", "ibis", "lark", "lynx", "mink", "mule", "toad", "swan", "wasp", "wren", "tuna",
-)  # fmt: skip
+ANIMALS: tuple[str, ...] = tuple("""
+cat dog owl fox bee ant elk emu yak ram hen cow pig bat eel cod ape doe gnu jay koi orca seal
+wolf bear lion hare mole moth newt puma crab crow dove duck frog goat hawk ibis lark lynx mink
+mule toad swan wasp wren tuna
+""".split())
 
-NAMES: tuple[str, ...] = (
-    "Ada", "Ben", "Cal", "Dan", "Eve", "Fay", "Gus", "Hal", "Ivy", "Jon", "Kim", "Lee",
-    "Max", "Ned", "Oli", "Pam", "Quin", "Ray", "Sam", "Tom", "Uma", "Val", "Wes", "Xia",
-    "Yan", "Zoe", "Amy", "Bob", "Cy", "Dee", "Eli", "Flo", "Gil", "Hap", "Ian", "Joy",
-    "Kai", "Liv", "Mo", "Nia", "Otto", "Pia", "Rex", "Sue", "Ted", "Una", "Vic", "Wyn",
-)  # fmt: skip
+NAMES: tuple[str, ...] = tuple("""
+Ada Ben Cal Dan Eve Fay Gus Hal Ivy Jon Kim Lee Max Ned Oli Pam Quin Ray Sam Tom Uma Val Wes Xia
+Yan Zoe Amy Bob Cy Dee Eli Flo Gil Hap Ian Joy Kai Liv Mo Nia Otto Pia Rex Sue Ted Una Vic Wyn
+""".split())
 
 FILLERS: tuple[str, ...] = ("the", "and", "of", "so", "then", "also", "well", "now", "yet", "too", "just", "still")
 
@@ -36,6 +33,11 @@ def _extend(base: tuple[str, ...], n: int, kind: str) -> tuple[str, ...]:
     if len(words) < n:
         raise ValueError(f"n_{kind}={n} is too many; at most {len(base) * (1 + len(_ADJECTIVES))} are available")
     return tuple(words)
+
+
+def _special_id(token: str) -> property:
+    """A read-only ``Vocab`` attribute: the id of the special token ``token``."""
+    return property(lambda self: self.id(token), doc=f"The id of ``{token}``.")
 
 
 @runtime_checkable
@@ -133,30 +135,13 @@ class Vocab:
         except KeyError:
             raise KeyError(f"token {token!r} is not in this {self.size}-token vocabulary") from None
 
-    @property
-    def pad_id(self) -> int:
-        return self.id("<pad>")
-
-    @property
-    def bos_id(self) -> int:
-        return self.id("<bos>")
-
-    @property
-    def sep_id(self) -> int:
-        return self.id("<sep>")
-
-    @property
-    def query_id(self) -> int:
-        return self.id("<q>")
-
+    pad_id = _special_id("<pad>")
+    bos_id = _special_id("<bos>")
+    sep_id = _special_id("<sep>")
+    query_id = _special_id("<q>")
     # HF-style aliases so a Vocab can stand in for a tokenizer.
-    @property
-    def bos_token_id(self) -> int:
-        return self.bos_id
-
-    @property
-    def pad_token_id(self) -> int:
-        return self.pad_id
+    bos_token_id = _special_id("<bos>")
+    pad_token_id = _special_id("<pad>")
 
     # ------------------------------------------------------------- encode/decode
     def encode(self, words: str | Sequence[str]) -> list[int]:
