@@ -16,12 +16,13 @@ def flow_figure(result, worst_chunk: bool = False, title: str | None = None) -> 
     t = np.maximum(result.t, result.t[1] * 1e-2 if len(result.t) > 1 else 1e-3)  # log axis: move t = 0 off zero
     H, S = result.heads, result.S
     slots = result.slots()
-    titles = [f"head {h}: p^K" for h in range(H)] + [f"head {h}: p^V" for h in range(H)]
-    titles += ["loss", "concentration exp(H(p)) (uniform = S, one-hot = 1)"]
-    fig = make_subplots(rows=3, cols=H, subplot_titles=titles + [""] * (H - 2 if H > 2 else 0),
-                        specs=[[{}] * H, [{}] * H, [{"colspan": max(1, H // 2)}] + [None] * (max(1, H // 2) - 1)
-                               + [{"colspan": H - max(1, H // 2)} if H > 1 else None] + [None] * (H - max(1, H // 2) - 1)]
-                        if H > 1 else [[{}], [{}], [{}]],
+    cols = max(2, H)
+    half = cols // 2
+    head_row = [{} for _ in range(H)] + [None] * (cols - H)
+    bottom = [{"colspan": half}] + [None] * (half - 1) + [{"colspan": cols - half}] + [None] * (cols - half - 1)
+    titles = ([f"head {h}: p^K" for h in range(H)] + [f"head {h}: p^V" for h in range(H)]
+              + ["loss", "concentration exp(H(p)): uniform = S, one-hot = 1"])
+    fig = make_subplots(rows=3, cols=cols, specs=[head_row, list(head_row), bottom], subplot_titles=titles,
                         vertical_spacing=0.1)
     for h in range(H):
         for branch, row, chosen in ((0, 1, slots[h]), (1, 2, slots[h] + 1)):
@@ -36,17 +37,16 @@ def flow_figure(result, worst_chunk: bool = False, title: str | None = None) -> 
     fig.add_trace(go.Scatter(x=t, y=result.loss, mode="lines", name="loss", line=dict(color="black"),
                              showlegend=False), row=3, col=1)
     conc = result.concentration()
-    col = max(1, H // 2) + 1 if H > 1 else 1
     for h in range(H):
         for branch, dash in ((0, "solid"), (1, "dash")):
             fig.add_trace(go.Scatter(x=t, y=conc[:, h, branch], mode="lines", name=f"head {h} {'KV'[branch]}",
                                      showlegend=False, line=dict(color=PALETTE[(h + 4) % len(PALETTE)], dash=dash)),
-                          row=3, col=col)
+                          row=3, col=half + 1)
     fig.update_xaxes(type="log", title="flow time t")
     kind = "worst chunk" if worst_chunk else "population mean"
     s = result.summary()
     return style(fig, title or (f"Gradient flow, N={s['N']} S={s['S']} L={s['L']} m={s['heads']}, seed {s['seed']}: "
-                                f"slots {slots} ({kind})"), width=max(760, 330 * H), height=820)
+                                f"slots {slots} ({kind})"), width=max(760, 330 * cols), height=820)
 
 
 def sweep_figure(sweep, title: str | None = None) -> go.Figure:
