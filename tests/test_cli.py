@@ -65,6 +65,11 @@ def test_report_writes_folder(checkpoint, tmp_path, capsys):
     for fig in ("fig-phase_profile", "fig-ablation_heatmap", "fig-gate_cycling", "fig-gate_profile"):
         assert fig in html
     assert "report written to" in capsys.readouterr().out
+    assert "PNG figures were not written: PNG export turned off" in html  # says when and why PNGs are missing
+    assert html.count("<table") >= 4 and "<pre>" not in html  # summaries as tables, no raw JSON dump
+    first, second = TASK.vocab.keys[:2]
+    assert f"'{first}', '{second}'" not in html and f'"{first}", "{second}"' not in html  # no vocabulary dump
+    json.loads((tmp_path / "r" / "summary.json").read_text(), parse_constant=lambda c: pytest.fail(f"JSON {c}"))
 
 
 def test_train_subcommand(tmp_path, capsys):
@@ -122,7 +127,7 @@ def test_help_does_not_import_torch_or_plotly():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["profile", "no-such-model"], "neither a zoo name"),
+    (["profile", "no-such-model"], "neither a shipped zoo model"),
     (["ablate", "{ckpt}", "--layer", "7"], "layer=7 is out of range for a 2-layer model (0..1)"),
     (["profile", "{ckpt}", "--n-per-residue", "0"], "0 must be >= 1"),
     (["cycle", "{ckpt}", "--branch", "q"], "invalid choice: 'q'"),
