@@ -150,3 +150,19 @@ def test_plot_is_a_plotly_figure_and_core_imports_stay_light():
     code = ("import sys, phaseinterp.profile, phaseinterp.evaluate, phaseinterp.tasks, phaseinterp.stats, "
             "phaseinterp.interventions; assert 'plotly' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_documented_workable_sizes_of_the_zoo_task():
+    """README and the CLI help say: for the zoo task, n_per_residue 72, 77, 80 and every size from 86."""
+    from phaseinterp import zoo
+
+    task = zoo.entry("w4s4").task_object()
+    workable = []
+    for n in range(60, 201):
+        try:
+            task.placement(n)
+        except ValueError as err:
+            assert f"n_per_residue={n}" in str(err)
+            continue
+        workable.append(n)
+    assert workable == [72, 77, 80, *range(86, 201)]
