@@ -427,3 +427,32 @@ def test_report_section(model, tmp_path):
     assert set(section["summary"]["indexer"]["layers"]) == {0, 2}
     assert (tmp_path / "data" / "indexer_phase.csv").is_file() and "indexer_phase" in section["figures"]
     json.dumps(section["summary"])  # JSON-safe
+
+
+# ------------------------------------------------- the shipped tiny DeepSeek-V4 (issue 12 claim)
+def _shipped(name):
+    from phaseinterp.zoo import deepseek_v4 as hf_zoo
+
+    return pytest.mark.skipif(name not in hf_zoo.available(), reason=f"{name} not built")
+
+
+@_shipped("dsv4-tiny")
+def test_tiny_dsv4_loads_from_the_zoo_with_its_task():
+    model = pi.zoo.load("dsv4-tiny")
+    assert isinstance(model, HookedDeepseekV4) and not model.training and not model.hf.training
+    assert model.metadata["command"] == "python -m phaseinterp.zoo.deepseek_v4 dsv4-tiny"
+    assert model.cfg.stride == 4 and model.cfg.layer_types == (CSA, CSA, HCA)
+    assert pi.zoo.task_for(model).seq_len == 128
+    with pytest.raises(ValueError, match="unknown zoo model"):
+        pi.zoo.load("dsv4-huge")
+
+
+@_shipped("dsv4-tiny")
+def test_tiny_dsv4_has_period_4_with_a_significant_gap():
+    """250 prompts per residue, as in benchmarks/RESULTS.md (python benchmarks/dsv4_profiles.py)."""
+    model = pi.zoo.load("dsv4-tiny")
+    p = pi.phase_profile(model, pi.zoo.task_for(model), 250, seed=0, progress=False)
+    assert p.period == 4 and p.period_p_value < 0.05, (p.period, p.period_p_value)
+    assert p.phase_gap >= 0.05
+    best, worst = int(np.nanargmax(p.phase_accuracy)), int(np.nanargmin(p.phase_accuracy))
+    assert p.phase_lower[best] > p.phase_upper[worst]  # intervals separated

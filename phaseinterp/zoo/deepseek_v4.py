@@ -269,17 +269,26 @@ def build(name: str, out_dir: Union[str, Path, None] = None, *, install: bool = 
         torch.set_num_threads(threads)
     run_dir = Path(out_dir) if out_dir is not None else Path("runs") / "zoo" / name
     train_tiny(RECIPES[name], run_dir, progress=progress)
-    source = run_dir / "final"
     if install:
-        target, tmp = CHECKPOINT_DIR / name, CHECKPOINT_DIR / f".{name}.tmp"
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        shutil.copytree(source, tmp)
-        shutil.copy(run_dir / "curves.csv", tmp / "curves.csv")
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
-    return source
+        install_run(name, run_dir)
+    return run_dir / "final"
+
+
+def install_run(name: str, run_dir: Union[str, Path]) -> Path:
+    """Copy a finished run's ``final/`` (+ ``curves.csv``) into the package checkpoints, atomically (temp + rename)."""
+    run_dir = Path(run_dir)
+    source = run_dir / "final"
+    if not (source / "config.json").is_file():
+        raise FileNotFoundError(f"{source} holds no finished model (no config.json)")
+    target, tmp = CHECKPOINT_DIR / name, CHECKPOINT_DIR / f".{name}.tmp"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    shutil.copytree(source, tmp)
+    shutil.copy(run_dir / "curves.csv", tmp / "curves.csv")
+    if target.exists():
+        shutil.rmtree(target)
+    tmp.rename(target)
+    return target
 
 
 def available() -> list[str]:
