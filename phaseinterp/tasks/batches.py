@@ -40,6 +40,12 @@ class TaskBatch:
     def __len__(self) -> int:
         return self.tokens.shape[0]
 
+    def __repr__(self) -> str:  # sizes, never the token tensor
+        positions = sorted({int(p) for p in self.answer_pos.unique()[:4]})
+        return (f"TaskBatch({len(self)} prompts x {self.seq_len} tokens, R={self.residue_modulus}, "
+                f"answer at {positions if len(positions) < 4 else 'several positions'}; "
+                f"columns .tokens .answer .answer_pos .meta .moments)")
+
     @property
     def seq_len(self) -> int:
         return self.tokens.shape[1]
@@ -72,6 +78,9 @@ class TrainBatch:
     answer_mask: Bool[Tensor, "batch pos"]
     value_mask: Bool[Tensor, "batch pos"]
     n_records: Int[Tensor, " batch"]
+
+    def __repr__(self) -> str:  # sizes, never the token tensor
+        return f"TrainBatch({self.tokens.shape[0]} rows x {self.tokens.shape[1]} tokens)"
 
 
 def observed_moments(meta: pd.DataFrame) -> pd.DataFrame:
