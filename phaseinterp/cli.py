@@ -8,6 +8,10 @@
     phaseinterp report  MODEL [--twin MODEL] --out DIR            -> phaseinterp.report.build_report
     phaseinterp train   --out DIR [architecture and run options]  -> phaseinterp.train.train
     phaseinterp zoo list [--markdown] | build NAME                -> phaseinterp.zoo
+    phaseinterp merge DIR [--out DIR]                             -> phaseinterp.distributed.merge
+
+profile, ablate and cycle also run data-parallel under ``torchrun --nproc-per-node N -m
+phaseinterp ... --shard-dir DIR`` (phaseinterp.distributed).
 
 MODEL is a zoo name (``phaseinterp zoo list``) or a checkpoint directory. Bad arguments
 exit with code 2 and a one-line message naming the value, checked before any expensive
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 import sys
 from pathlib import Path
@@ -84,6 +89,17 @@ def _out_arg(p, default: Optional[str] = None, required: bool = False, what: str
                    help=f"directory to write {what} to; must be a directory or not exist yet{default_text}")
 
 
+def _scale_args(p):
+    p.add_argument("--shard-dir", default=None,
+                   help="write each finished chunk of prompts here (atomically) and resume from it on a rerun; "
+                        "required under torchrun / accelerate launch, where each process takes a slice of the "
+                        "prompts and process 0 merges them (default: one process, no shards)")
+    p.add_argument("--chunk-size", type=_positive, default=64, help="prompts per shard file (default: 64)")
+    p.add_argument("--query-chunk", type=_positive, default=None,
+                   help="attention queries per chunk for long prompts: memory linear in the prompt length, same "
+                        "numbers (default: all at once)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="phaseinterp", description="Phase sensitivity of chunk-compressed attention: "
                      "accuracy by position phase, mean replacement, gate cycling, gate statistics.")
@@ -118,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how records are moved to each residue (default: the task's own)")
     p.add_argument("--seed", type=_non_negative, default=0, help="prompt seed, >= 0 (default: 0)")
     _out_arg(p, what="the profile (meta.json + arrays.npz)")
+    _scale_args(p)
 
     p = sub.add_parser("ablate", help="per-KV-head mean replacement (phaseinterp.ablate)",
                        description="Replace each KV head's per-head outputs (hook_z) at the answer position by "
@@ -133,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--method", choices=["fast", "naive"], default="fast",
                    help="fast (answer position only, equals naive to 1e-5) or naive (default: fast)")
     _out_arg(p, what="the result (meta.json + arrays.npz)")
+    _scale_args(p)
 
     p = sub.add_parser("cycle", help="cyclic gate shifts (phaseinterp.gate_cycling)",
                        description="Shift the gates' slot preferences by each shift and measure accuracy per "
@@ -147,6 +165,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="shift the key gates, the value gates or both (default: both)")
     p.add_argument("--n-per-residue", type=_positive, default=250, help=N_PER_RESIDUE_HELP + " (default: 250)")
     _out_arg(p, what="the result (meta.json + arrays.npz)")
+    _scale_args(p)
+
+    p = sub.add_parser("merge", help="combine the shard files of a --shard-dir run (phaseinterp.distributed.merge)",
+                       description="Rebuild a sharded profile / ablate / cycle result from DIR's run.json and "
+                       "shard files alone; refuses shards of another run (model hash, task, seed, settings), "
+                       "naming the field, and names the prompts still missing.")
+    p.add_argument("dir", help="the --shard-dir of a profile, ablate or cycle run")
+    _out_arg(p, what="the merged result (meta.json + arrays.npz)")
 
     p = sub.add_parser("gates", help="gate statistics (phaseinterp.gate_profile)",
                        description="Where each compressor gate puts its weight, and how concentrated it is.")
@@ -276,6 +302,13 @@ def _run(args) -> int:
         return _zoo(args)
     if args.command == "train":
         return _train(args)
+    if args.command == "merge":
+        from phaseinterp.distributed import merge
+
+        result = merge(args.dir)
+        _print_table(result)
+        _save(args.out, result)
+        return 0
     if args.command in ("demo", "report"):
         from phaseinterp import report as report_module
 
@@ -302,7 +335,22 @@ def _run(args) -> int:
     from phaseinterp import report as report_module
     from phaseinterp.tasks import resolve_task
 
+    if getattr(args, "shard_dir", None) is not None or "WORLD_SIZE" in os.environ:
+        from phaseinterp import distributed
+
+        launch = distributed.launch_info()
+        if launch.world_size > 1 and args.shard_dir is None:
+            raise UsageError(f"{args.command} runs in {launch.world_size} processes: pass --shard-dir DIR "
+                             "(each process writes its prompts' results there; process 0 merges them)")
+        if args.shard_dir is not None:
+            _check_out(argparse.Namespace(out=args.shard_dir))
+        if launch.world_size > 1 and args.device in (None, "cuda"):
+            args.device = str(distributed.rank_device(launch))  # one GPU per process
     model = report_module.load_model(args.model, args.device)
+    if getattr(args, "query_chunk", None) is not None:
+        if not hasattr(model, "set_query_chunk"):
+            raise UsageError(f"--query-chunk: {args.model!r} is not a phaseinterp CompressedTransformer")
+        model.set_query_chunk(args.query_chunk)
     task = resolve_task(model)
     if args.command == "profile":
         from dataclasses import replace
@@ -317,22 +365,45 @@ def _run(args) -> int:
             raise UsageError(f"--stride {stride} does not divide the task's R={task.residue_modulus} "
                              f"(valid: {divisors})")
         _check_placement(task, args.n_per_residue)
-        result = phase_profile(model, task, args.n_per_residue, seed=args.seed, stride=args.stride,
-                               label=report_module._label(model))
+        if args.shard_dir is not None:
+            from phaseinterp.distributed import sharded_profile
+
+            result = sharded_profile(model, task, args.n_per_residue, out_dir=args.shard_dir, seed=args.seed,
+                                     chunk_size=args.chunk_size, stride=args.stride, label=report_module._label(model))
+        else:
+            result = phase_profile(model, task, args.n_per_residue, seed=args.seed, stride=args.stride,
+                                   label=report_module._label(model))
     elif args.command == "ablate":
         from phaseinterp.interventions import ablate
 
         _check_placement(task, args.n_per_residue)
-        result = ablate(model, task, layer=args.layer, scope=args.scope, n_per_residue=args.n_per_residue,
-                        n_calibration=args.n_calibration, method=args.method)
+        if args.shard_dir is not None:
+            from phaseinterp.distributed import sharded_ablate
+
+            result = sharded_ablate(model, task, out_dir=args.shard_dir, chunk_size=args.chunk_size, layer=args.layer,
+                                    scope=args.scope, n_per_residue=args.n_per_residue,
+                                    n_calibration=args.n_calibration, method=args.method)
+            if result is None:  # not process 0: its prompts are in the shards
+                return 0
+        else:
+            result = ablate(model, task, layer=args.layer, scope=args.scope, n_per_residue=args.n_per_residue,
+                            n_calibration=args.n_calibration, method=args.method)
         print("relative change of accuracy, % of the clean accuracy, per (layer, kv_head) x phase:")
         print(result.relative_change.round(1).to_string())
     elif args.command == "cycle":
         from phaseinterp.interventions import gate_cycling
 
         _check_placement(task, args.n_per_residue)
-        result = gate_cycling(model, task, args.shifts, layers=args.layer, branch=args.branch,
-                              n_per_residue=args.n_per_residue)
+        if args.shard_dir is not None:
+            from phaseinterp.distributed import sharded_gate_cycling
+
+            result = sharded_gate_cycling(model, task, args.shifts, out_dir=args.shard_dir, chunk_size=args.chunk_size,
+                                          layers=args.layer, branch=args.branch, n_per_residue=args.n_per_residue)
+            if result is None:  # not process 0: its prompts are in the shards
+                return 0
+        else:
+            result = gate_cycling(model, task, args.shifts, layers=args.layer, branch=args.branch,
+                                  n_per_residue=args.n_per_residue)
         print("accuracy per shift x phase:")
         print(result.phase_accuracy().round(3).to_string())
     else:  # gates
@@ -342,6 +413,8 @@ def _run(args) -> int:
         check_n_per_residue(args.n_per_residue, task.residue_modulus)
         result = gate_profile(model, task, n_per_residue=args.n_per_residue)
         print(result.heads.round(3).to_string(index=False))
+    if result is None:  # a sharded profile on a process other than 0
+        return 0
     _print_table(result)
     _save(args.out, result)
     return 0
