@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from phaseinterp.theory import IdealizedInductionModel, flow_seeds, search_grid
+from phaseinterp.theory import IdealizedInductionModel, flow_seeds, global_search, search_grid
 
 GRID = [(6, 3, 1), (6, 3, 2), (8, 3, 2), (8, 4, 1), (8, 4, 2), (8, 4, 3), (10, 5, 2), (10, 5, 4)]
 # m = S-1 with three chunks and with a larger vocabulary: (N, S, L, m)
@@ -70,6 +70,11 @@ def main() -> None:
                 cells = [f"beta={beta:g}:{'T' if search_grid([(N, S, m)], gamma=gamma, beta=beta, n_random=16, steps=300).holds() else 'F'}"
                          for beta in FINE_BETA]
                 print(f"  N={N} S={S} m={m} gamma={gamma:g}: " + " ".join(cells))
+        print("\neps > 0 (gamma=2, beta=4; population enumerated exactly; two embedding draws each):")
+        for N, S, m, eps in [(6, 3, 2, 0.05), (6, 3, 2, 0.15), (7, 3, 2, 0.1)]:
+            for seed in (0, 1):
+                model = IdealizedInductionModel(N, S, 2, heads=m, eps=eps, seed=seed)
+                print(f"  {global_search(model, n_random=16, steps=300)}")
     if args.skip_flow:
         return
     print("\n## Theorem 2: gradient flow of log-linear gates, kappa=0.1, eps=0, threshold 0.95 (worst chunk)")
