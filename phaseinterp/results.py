@@ -58,6 +58,7 @@ class Result:
         the full-precision values."""
         rows = [(key, _readable(value)) for key, value in self.to_dict().items()]
         frame = pd.DataFrame(rows, columns=["quantity", "value"]).set_index("quantity")
+        frame.index.name = None  # the row labels name the quantities; no extra header row in HTML
         return frame
 
     def __repr__(self) -> str:

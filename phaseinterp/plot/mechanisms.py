@@ -161,10 +161,14 @@ def gate_profile_figure(profile, branch: str = "k", title: str | None = None) ->
     fig.update_yaxes(title_text="E[alpha]", row=1, col=1)
     fig.update_xaxes(title_text="static exp(H(E[alpha]))", range=[0.9, profile.window + 0.1], row=1, col=2)
     fig.update_yaxes(title_text="per-window E[exp(H(alpha))]", range=[0.9, profile.window + 0.1], row=1, col=2)
-    style(fig, title or f"Gate statistics: {profile.model_label}", width=1100, height=460)
+    style(fig, title or f"Gate statistics: {profile.model_label}", width=1100, height=520)
+    # Each legend sits under its own panel, so a reader never matches a colour across panels.
     fig.update_layout(
-        legend=dict(title=dict(text="(layer, KV head)"), x=0.45, y=1.0, xanchor="right"),
-        legend2=dict(title=dict(text="branch"), x=1.02, y=1.0, xanchor="left", bgcolor="rgba(255,255,255,0.7)"),
+        margin=dict(b=130),
+        legend=dict(title=dict(text="(layer, KV head)"), orientation="h", x=0.0, y=-0.2, xanchor="left",
+                    yanchor="top"),
+        legend2=dict(title=dict(text="branch"), orientation="h", x=0.55, y=-0.2, xanchor="left", yanchor="top",
+                     bgcolor="rgba(255,255,255,0.7)"),
     )
     return fig
 
