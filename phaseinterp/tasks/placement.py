@@ -1,4 +1,4 @@
-"""Moment-matched target placement: equal counts, means and variances per residue group (SCIENCE.md s3).
+"""Moment-matched target placement: equal counts, means and variances per residue group (docs/science.md section 3).
 
 `match_target_moments` places ``n`` target positions for every residue ``r = 0..R-1`` so
 that phase is the only variable: the mean and variance of the target position agree

@@ -1,4 +1,4 @@
-"""Key-value retrieval with phase as the only variable (SCIENCE.md section 3).
+"""Key-value retrieval with phase as the only variable (docs/science.md section 3).
 
 The moment-matched target placement is in `phaseinterp.tasks.placement`, the prompt
 layout in `phaseinterp.tasks.layout`, the split parity in `phaseinterp.tasks.splits`.
