@@ -118,3 +118,17 @@ def test_result_objects_round_trip_in_one_format(tmp_path):
         again = type(obj).load(path)
         assert again == obj and again == type(obj).load(path), name
         assert repr(again) == repr(obj), name
+
+
+def test_science_references_point_into_the_repository():
+    """The project states its science in docs/science.md; no file cites a SCIENCE.md outside the repo."""
+    assert (ROOT / "docs" / "science.md").is_file()
+    stale = []
+    for folder in ("phaseinterp", "tests", "docs", "notebooks", "examples", "benchmarks"):
+        for path in (ROOT / folder).rglob("*"):
+            if path.suffix in (".py", ".md", ".ipynb") and path != Path(__file__).resolve() \
+                    and "SCIENCE.md" in path.read_text(errors="ignore"):
+                stale.append(str(path.relative_to(ROOT)))
+    if "SCIENCE.md" in (ROOT / "README.md").read_text():
+        stale.append("README.md")
+    assert not stale, f"point these at docs/science.md: {stale}"
