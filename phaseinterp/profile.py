@@ -71,10 +71,12 @@ class PhaseProfile(Result):
 
     @property
     def worst_residue(self) -> int:
+        """The residue with the lowest accuracy (the first of ties)."""
         return int(np.nanargmin(self.residue_accuracy))
 
     @property
     def best_residue(self) -> int:
+        """The residue with the highest accuracy (the first of ties)."""
         return int(np.nanargmax(self.residue_accuracy))
 
     @property
@@ -95,6 +97,7 @@ class PhaseProfile(Result):
 
     @property
     def best_phase(self) -> int:
+        """The phase with the highest accuracy (the first of ties)."""
         return int(np.nanargmax(self.phase_accuracy))
 
     # -------------------------------------------------------------- frames
@@ -103,6 +106,8 @@ class PhaseProfile(Result):
         return self.records.copy()
 
     def residue_frame(self) -> pd.DataFrame:
+        """One row per residue ``0..R-1``: its phase, prompt count, correct count, accuracy (fraction)
+        and the interval bounds (``interval_method`` at ``confidence``)."""
         r = np.arange(self.modulus)
         return pd.DataFrame(
             {
@@ -117,6 +122,8 @@ class PhaseProfile(Result):
         )
 
     def phase_frame(self) -> pd.DataFrame:
+        """One row per phase ``0..S-1``: pooled counts, accuracy (the mean of its R/S residues), interval
+        bounds, and ``worst`` (tied for the lowest accuracy)."""
         s = np.arange(self.stride)
         return pd.DataFrame(
             {
