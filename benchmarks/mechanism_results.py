@@ -1,11 +1,12 @@
 """Every number of RESULTS.md's mechanism and equal-training sections, printed by one script.
 
-    python benchmarks/mechanism_results.py [--sections controls positions specialization cycling confirm]
+    python benchmarks/mechanism_results.py [--sections controls curves positions specialization cycling confirm]
                                            [--n-per-residue 250] [--confirm-per-residue 100]
 
 Sections:
 - ``controls``: the equal-training rule (`zoo.equal_training_step`) on the shipped training
   curves, and the phase profiles of the equal-step and final-step pairs (250 prompts per residue);
+- ``curves``: the phase-resolved learning curves of w4s4 and its twin (from curves.csv);
 - ``positions``: where targets sit in the zoo task (positions and key-to-query distances);
 - ``specialization``: per-KV-head mean replacement on w4s4, w8s8-4kv and w4s4-1kv-shared:
   change in pp with Holm-adjusted intervals, relative change, and the hurt phases per unit;
@@ -52,6 +53,16 @@ def controls(n: int) -> None:
             print(f"{kind:10s} {name:11s} step {model.metadata.get('step')}: mean {p.mean:.3f}; phases {phases}; "
                   f"phase gap {100 * p.phase_gap:.1f} pp; period {period} (p={p.period_p_value:.4f}); "
                   f"homogeneity p={p.homogeneity_p_value:.3g}", flush=True)
+
+
+def curves(n: int) -> None:
+    print("## learning curves (held-out probe, 8 prompts per residue; shipped curves.csv)")
+    for name in ("w4s4", "full"):
+        c = zoo.run_curves(name)
+        table = c.groupby(["step", "phase"]).accuracy.mean().unstack()
+        table.insert(0, "mean", c.groupby("step").accuracy.mean())
+        print(f"### {name}")
+        print(table.round(3).T.to_string())
 
 
 def positions(n: int) -> None:
@@ -115,7 +126,7 @@ def confirmation(n: int) -> None:
         print(res.nominations.round(3).to_string(index=False), flush=True)
 
 
-SECTIONS = {"controls": controls, "positions": positions, "specialization": specialization, "cycling": cycling}
+SECTIONS = {"controls": controls, "curves": curves, "positions": positions, "specialization": specialization, "cycling": cycling}
 
 
 def main() -> None:
