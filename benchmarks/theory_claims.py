@@ -67,8 +67,9 @@ def main() -> None:
         print("\nm < S-1, finer scan (L=2): T = claim holds, F = a refined point beats every one-hot assignment")
         for N, S, m in FINE:
             for gamma in FINE_GAMMA:
-                cells = [f"beta={beta:g}:{'T' if search_grid([(N, S, m)], gamma=gamma, beta=beta, n_random=16, steps=300).holds() else 'F'}"
+                holds = [search_grid([(N, S, m)], gamma=gamma, beta=beta, n_random=16, steps=300).holds()
                          for beta in FINE_BETA]
+                cells = [f"beta={beta:g}:{'T' if h else 'F'}" for beta, h in zip(FINE_BETA, holds)]
                 print(f"  N={N} S={S} m={m} gamma={gamma:g}: " + " ".join(cells))
         print("\neps > 0 (gamma=2, beta=4; population enumerated exactly; two embedding draws each):")
         for N, S, m, eps in [(6, 3, 2, 0.05), (6, 3, 2, 0.15), (7, 3, 2, 0.1)]:

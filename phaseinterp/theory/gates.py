@@ -13,10 +13,9 @@ from torch import Tensor
 
 from phaseinterp.theory.model import IdealizedInductionModel, Population, _check_float, _check_int
 
-BRANCHES = ("key", "value")
 
-
-def random_gate_parameters(model: IdealizedInductionModel, rho: float, seed: int) -> Float[Tensor, "head branch slot dim"]:
+def random_gate_parameters(model: IdealizedInductionModel, rho: float,
+                           seed: int) -> Float[Tensor, "head branch slot dim"]:
     """Initial gate vectors: each ``c_{h,b,r}`` uniform on the sphere of radius ``rho`` (seeded)."""
     rho = _check_float("rho", rho, 0.0, low_open=True)
     seed = _check_int("seed", seed, 0)
@@ -44,8 +43,8 @@ def gate_loss(model: IdealizedInductionModel, c: Float[Tensor, "head branch slot
 
 
 @torch.no_grad()
-def slot_statistics(model: IdealizedInductionModel, c: Float[Tensor, "head branch slot dim"],
-                    population: Population) -> tuple[Float[Tensor, "head branch slot"], Float[Tensor, "head branch slot"]]:
+def slot_statistics(model: IdealizedInductionModel, c: Float[Tensor, "head branch slot dim"], population: Population
+                    ) -> tuple[Float[Tensor, "head branch slot"], Float[Tensor, "head branch slot"]]:
     """Per (head, branch, slot): the population mean of p(r) over chunks, and its minimum over
     the chunks of the population (the worst chunk)."""
     key, value = gate_distributions(model, c, population)

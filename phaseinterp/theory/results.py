@@ -256,7 +256,8 @@ class FlowSweep:
     def __repr__(self) -> str:
         s = self.summary()
         return (f"FlowSweep(N={s['N']} S={s['S']} L={s['L']} m={s['heads']}, {s['seeds']} seeds: "
-                f"reached {s['threshold']:g} in {s['fraction_reached']:.0%}, slot fixed {s['fraction_slot_fixed']:.0%}, "
+                f"reached {s['threshold']:g} in {s['fraction_reached']:.0%}, "
+                f"slot fixed {s['fraction_slot_fixed']:.0%}, "
                 f"collisions {s['collision_frequency']:.0%} (chance {s['chance_collision']:.0%}))")
 
     def _repr_html_(self) -> str:
