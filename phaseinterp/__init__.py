@@ -39,6 +39,8 @@ _NAMES = {
     "load_hf": "phaseinterp.models.hf",
     "indexer_phase": "phaseinterp.interventions.indexer",
     "IndexerPhaseResult": "phaseinterp.interventions.indexer",
+    "force_target_selection": "phaseinterp.interventions.indexer",
+    "ForcedSelectionResult": "phaseinterp.interventions.indexer",
 }
 
 
@@ -72,6 +74,8 @@ __all__ = [
     "from_hf",
     "indexer_phase",
     "IndexerPhaseResult",
+    "force_target_selection",
+    "ForcedSelectionResult",
     "gate_cycling",
     "gate_profile",
     "mean_ablation",

@@ -457,3 +457,19 @@ def test_tiny_dsv4_has_period_4_with_a_significant_gap():
     assert p.phase_gap >= 0.05
     best, worst = int(np.nanargmax(p.phase_accuracy)), int(np.nanargmin(p.phase_accuracy))
     assert p.phase_lower[best] > p.phase_upper[worst]  # intervals separated
+
+
+def test_forcing_the_target_entry_changes_only_prompts_that_missed_it(model):
+    from phaseinterp.interventions.indexer import force_target_selection, indexer_phase
+
+    prompts = TASK.generate(3, seed=0, strict=False)
+    res = force_target_selection(model, TASK, layers=[0], prompts=prompts)
+    rec = res.records
+    missed = ~indexer_phase(model, TASK, layers=[0], prompts=prompts).records.value_selected.to_numpy()
+    assert (rec.missed.to_numpy() == missed).all() and missed.any()
+    same = ~rec.changed
+    assert (rec.changed | ~rec.missed).all()
+    assert (rec.clean_correct[same] == rec.forced_correct[same]).all()
+    frame = res.to_frame()
+    assert list(frame.phase) == list(range(S)) and frame.n.sum() == len(prompts)
+    assert "ForcedSelectionResult(" in repr(res)

@@ -216,4 +216,132 @@ def indexer_phase(model, task=None, *, layers: Optional[Sequence[int]] = None, n
                               model_label=str(model.cfg.label), confidence=confidence)
 
 
-__all__ = ["IndexerPhaseResult", "indexer_phase"]
+@dataclass(frozen=True, eq=False)
+class ForcedSelectionResult:
+    """Accuracy with the indexer as it is (``clean_correct``) and with its selection at the answer
+    position forced to include every closed entry holding the target's value (``forced_correct``),
+    per prompt (``records``). The forced entries replace the lowest-ranked selected ones, so the
+    count of kept entries (top-k) is unchanged. Rates per phase rest on that phase's prompts."""
+
+    records: pd.DataFrame
+    stride: int
+    layers: tuple[int, ...]
+    top_k: int
+    model_label: str = ""
+    confidence: float = 0.95
+
+    def to_frame(self) -> pd.DataFrame:
+        """Per phase: ``n``, clean and forced accuracy with Wilson intervals, the change (pp), and the
+        share of prompts whose indexer kept no entry holding the value in some forced layer
+        (``missed``; ``changed`` marks prompts where any holding entry was added)."""
+        rows = []
+        for phase, sub in self.records.groupby("phase"):
+            n = len(sub)
+            row = {"phase": int(phase), "n": n, "missed_share": float(sub.missed.mean())}
+            for col in ("clean", "forced"):
+                k = int(sub[f"{col}_correct"].sum())
+                lo, hi = stats.wilson_interval(np.array([k]), np.array([n]), self.confidence)
+                row.update({f"{col}_accuracy": k / n, f"{col}_lower": float(lo[0]), f"{col}_upper": float(hi[0])})
+            row["change_pp"] = 100 * (row["forced_accuracy"] - row["clean_accuracy"])
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+    def summary(self) -> dict[str, Any]:
+        frame = self.to_frame()
+        return {"model": self.model_label, "layers": list(self.layers), "top_k": self.top_k,
+                "n_prompts": int(len(self.records)),
+                "clean_by_phase": [round(float(x), 4) for x in frame.clean_accuracy],
+                "forced_by_phase": [round(float(x), 4) for x in frame.forced_accuracy],
+                "clean_gap": float(frame.clean_accuracy.max() - frame.clean_accuracy.min()),
+                "forced_gap": float(frame.forced_accuracy.max() - frame.forced_accuracy.min())}
+
+    def plot(self) -> Any:
+        import plotly.graph_objects as go
+
+        frame = self.to_frame()
+        fig = go.Figure()
+        for col, name in (("clean", "indexer as trained"), ("forced", "target's entry forced in")):
+            fig.add_trace(go.Scatter(x=frame.phase, y=frame[f"{col}_accuracy"], mode="lines+markers", name=name,
+                                     error_y=dict(type="data", symmetric=False,
+                                                  array=frame[f"{col}_upper"] - frame[f"{col}_accuracy"],
+                                                  arrayminus=frame[f"{col}_accuracy"] - frame[f"{col}_lower"])))
+        fig.update_layout(title=f"Forcing the target's entry into top-{self.top_k} (layers {list(self.layers)}) "
+                                f"— {self.model_label}", xaxis_title=f"target phase (mod {self.stride})",
+                          yaxis_title="top-1 accuracy", yaxis_range=[0, 1.02], template="plotly_white")
+        return fig
+
+    def save(self, directory: Union[str, Path]) -> Path:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        meta = {"kind": "ForcedSelectionResult", "stride": self.stride, "layers": list(self.layers),
+                "top_k": self.top_k, "model_label": self.model_label, "confidence": self.confidence}
+        atomic_write_text(directory / "records.csv", self.records.to_csv(index=False))
+        atomic_write_text(directory / "meta.json", json.dumps(meta, indent=2))
+        return directory
+
+    def __repr__(self) -> str:
+        s = self.summary()
+        return (f"ForcedSelectionResult({self.model_label}, layers {s['layers']}: clean by phase "
+                f"{'/'.join(f'{x:.2f}' for x in s['clean_by_phase'])} -> forced "
+                f"{'/'.join(f'{x:.2f}' for x in s['forced_by_phase'])})")
+
+
+@torch.inference_mode()
+def force_target_selection(model, task=None, *, layers: Optional[Sequence[int]] = None, n_per_residue: int = 72,
+                           seed: int = 0, batch_size: int = 32, prompts=None,
+                           confidence: float = 0.95) -> ForcedSelectionResult:
+    """Causal test of selection misses: accuracy by phase when each of ``layers``' indexers (default:
+    every CSA layer) must keep the closed entries holding the target's value at the answer position."""
+    layer_types = getattr(model.cfg, "layer_types", None)
+    csa = [l for l, kind in enumerate(layer_types or ()) if kind == CSA]
+    if not csa:
+        raise ValueError("force_target_selection needs a wrapped DeepSeek-V4 with CSA layers")
+    layers = csa if layers is None else [layers] if isinstance(layers, int) else list(layers)
+    for layer in layers:
+        if layer not in csa:
+            raise ValueError(f"layer={layer!r} is not a CSA layer (CSA layers: {csa})")
+    task = resolve_task(model, task)
+    batch = prompts if prompts is not None else task.generate(n_per_residue, seed=seed)
+    answer_pos = fixed_answer_position(batch)
+    S = model.cfg.compress_rates[CSA]
+    key_tokens = int(getattr(task, "key_tokens", 1))
+    meta = batch.meta.reset_index(drop=True)
+    target = meta["target_pos"].to_numpy().astype(np.int64)
+    n_closed = np.full(len(meta), (answer_pos + 1) // S)
+    holding = _holding(target + key_tokens, S, n_closed)  # [prompt, 2]
+    device = model_device(model)
+    answers = torch.as_tensor(batch.answer)
+    clean, forced = [], []
+    missed, changed = np.zeros(len(meta), dtype=bool), np.zeros(len(meta), dtype=bool)
+
+    for i in range(0, batch.tokens.shape[0], batch_size):
+        chunk = batch.tokens[i : i + batch_size, : answer_pos + 1].to(device)
+        need = holding[i : i + chunk.shape[0]]
+
+        def force(sel, hook, need=need, start=i):
+            sel = sel.clone()
+            for b in range(sel.shape[0]):
+                row = sel[b, answer_pos]
+                have = row.tolist()
+                holding_b = [int(j) for j in need[b] if j >= 0]
+                want = [j for j in holding_b if j not in have][: len(row)]
+                if holding_b and len(want) == len(holding_b):
+                    missed[start + b] = True
+                if want:
+                    changed[start + b] = True
+                    row[len(row) - len(want):] = torch.tensor(want, dtype=row.dtype, device=row.device)
+            return sel
+
+        clean.append(model(chunk)[:, answer_pos].argmax(-1).cpu())
+        hooks = [(f"blocks.{l}.attn.compressor.indexer.hook_selected", force) for l in layers]
+        forced.append(model.run_with_hooks(chunk, fwd_hooks=hooks)[:, answer_pos].argmax(-1).cpu())
+    records = pd.DataFrame({
+        "prompt": np.arange(len(meta)), "residue": meta["residue"].to_numpy(), "phase": target % S,
+        "target_pos": target, "clean_correct": (torch.cat(clean) == answers).numpy(),
+        "forced_correct": (torch.cat(forced) == answers).numpy(), "missed": missed, "changed": changed,
+    })
+    return ForcedSelectionResult(records=records, stride=S, layers=tuple(layers), top_k=int(model.cfg.index_topk),
+                                 model_label=str(model.cfg.label), confidence=confidence)
+
+
+__all__ = ["ForcedSelectionResult", "IndexerPhaseResult", "force_target_selection", "indexer_phase"]
