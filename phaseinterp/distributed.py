@@ -413,6 +413,8 @@ def _setup(model, task, prompts, n_per_residue, seed, device, chunk_size, model_
     if device is not None:
         model = model.to(device)
     task = resolve_task(model, task)
+    if prompts is None and hasattr(task, "tokens"):  # a ready TaskBatch, as phase_profile accepts
+        prompts = task
     if prompts is None:
         check_n_per_residue(n_per_residue, task.residue_modulus)
         prompts = task.generate(n_per_residue, seed=seed)

@@ -219,6 +219,13 @@ def test_mismatched_shards_are_refused_naming_the_field(tmp_path, change, field)
     _assert_same("ablate", reference, _single("ablate", _model(), _prompts()))
 
 
+def test_profile_of_a_ready_batch_equals_phase_profile(tmp_path):
+    model, prompts = _model(), _prompts()
+    merged = distributed.sharded_profile(model, prompts, out_dir=tmp_path, chunk_size=5, progress=False)
+    _assert_same("profile", merged, phase_profile(model, prompts, progress=False))
+    assert len(list((tmp_path / "shards").iterdir())) == 4  # 16 prompts in chunks of 5
+
+
 def test_merge_refuses_a_foreign_or_broken_directory(tmp_path):
     with pytest.raises(ValueError, match="not a sharded run directory"):
         distributed.merge(tmp_path)

@@ -26,6 +26,8 @@ CONFIGS = {
     "deepseek_W8S4": dict(compression="deepseek", gate="vector", window=8, stride=4),
     "deepseek_W4S4": dict(compression="deepseek", gate="vector", window=4, stride=4),
     "tail": dict(window=4, stride=2, memory="uncompressed_tail"),
+    "staggered": dict(window=4, stride=4, window_offsets="staggered"),
+    "staggered_W8S4": dict(window=8, stride=4, window_offsets="staggered", memory="uncompressed_tail"),
     "full": dict(compression=None),
 }
 
