@@ -252,6 +252,36 @@ def test_cli_merge(tmp_path, capsys):
     assert "field 'seed' differs" in err and len(err.strip().splitlines()) == 1
 
 
+def test_cli_profile_with_shard_dir_resumes_and_equals_phase_profile(tmp_path, capsys):
+    from phaseinterp.cli import main
+
+    model, task = _model(), _task()
+    model.save_pretrained(tmp_path / "model", metadata={"task": task.to_dict(), "task_type": "KeyValueRetrieval"})
+    args = ["profile", str(tmp_path / "model"), "--n-per-residue", "16", "--shard-dir", str(tmp_path / "shards"),
+            "--chunk-size", "32", "--query-chunk", "16", "--out", str(tmp_path / "out")]
+    assert main(args) == 0
+    single = phase_profile(model, task, 16, label=_load("profile", tmp_path / "out").label, progress=False)
+    _assert_same("profile", _load("profile", tmp_path / "out"), single)
+    shards = sorted((tmp_path / "shards" / "shards").iterdir())
+    assert len(shards) == 4  # 128 prompts in chunks of 32
+    before = [p.stat().st_mtime_ns for p in shards]
+    assert main(args) == 0  # the same command again: every chunk is reused, none recomputed
+    assert [p.stat().st_mtime_ns for p in shards] == before
+    capsys.readouterr()
+    assert main(args + ["--seed", "1"]) == 2  # another seed into the same shard dir
+    assert "field 'seed' differs" in capsys.readouterr().err
+
+
+def test_cli_under_a_launcher_needs_a_shard_dir(monkeypatch, capsys):
+    from phaseinterp.cli import main
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    assert main(["profile", "w4s4"]) == 2
+    err = capsys.readouterr().err
+    assert "runs in 2 processes: pass --shard-dir DIR" in err and len(err.strip().splitlines()) == 1
+
+
 def test_launch_info_reads_the_launcher_environment(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("RANK", "3")
