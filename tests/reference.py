@@ -30,12 +30,13 @@ def _rope(x, pos, dims, base):
     return out
 
 
-def _entry(attn, h, k_tok, v_tok, j, head):
-    """Compressed (key, value) of window j for one KV head, straight from docs/science.md section 2."""
+def _entry(attn, h, k_tok, v_tok, j, head, offset=0):
+    """Compressed (key, value) of window j (positions ``j*S + offset ..``) for one KV head,
+    straight from docs/science.md section 2."""
     cfg = attn.cfg
     comp = attn.compressor
     W, S = cfg.window, cfg.stride
-    slots = [j * S + i for i in range(W)]
+    slots = [j * S + offset + i for i in range(W)]
     if cfg.compression == "deepseek":
         logits, payloads = [], []
         for i, p in enumerate(slots):
@@ -102,20 +103,21 @@ def reference_attention(attn, x):
                 for p in range(t + 1):
                     exact(p)
             else:
-                closed = [j for j in range(T) if j * S + W - 1 <= t]
+                o = cfg.layer_window_offsets(attn.layer)[kv]  # this KV head's grid: windows at j*S + o
+                closed = [j for j in range(T) if j * S + o + W - 1 <= t]
                 if cfg.memory == "local":
                     local = [p for p in range(t - L + 1, t + 1) if p >= 0]
                 else:
-                    covered = set(p for j in closed for p in range(j * S, j * S + W))
+                    covered = set(p for j in closed for p in range(j * S + o, j * S + o + W))
                     start = max(covered) + 1 if covered else 0
                     local = list(range(start, t + 1))
                 for p in local:
                     exact(p)
                 for j in closed:
-                    k, v = _entry(attn, x, k_tok, v_tok, j, kv)
+                    k, v = _entry(attn, x, k_tok, v_tok, j, kv, o)
                     if cfg.compression != "deepseek" and cfg.qk_norm:
                         k = _rms(k, attn.k_norm.w, cfg.norm_eps)
-                    keys.append(_rope(k, j * S + W - S, dims, cfg.rope_base))
+                    keys.append(_rope(k, j * S + o + W - S, dims, cfg.rope_base))
                     values.append(v)
             scores = torch.stack([q @ k for k in keys]) / math.sqrt(cfg.d_head)
             p_attn = torch.softmax(scores, dim=0)

@@ -391,3 +391,140 @@ def test_jaxtyping_runtime_checks_are_on():
     x = torch.zeros(1, 5, 2, 8)
     with pytest.raises(Exception, match="pos|shape|dim|type"):
         apply_rope(x, torch.zeros(6, 4), torch.zeros(5, 4), 8)
+
+
+# ------------------------------------------------ staggered window grids
+def staggered_from(d, offsets_seed: int, per_layer: bool) -> dict:
+    """A random compressed config of `config_strategy` with random window offsets in 0..S-1
+    (per KV head, or per layer and KV head)."""
+    kw = config_from({**d, "kernel": d["kernel"] or "gated"})
+    S = kw["stride"]
+    gen = torch.Generator().manual_seed(offsets_seed)
+    offsets = torch.randint(0, S, (SMALL["n_layers"], SMALL["n_kv_heads"]), generator=gen).tolist()
+    kw["window_offsets"] = offsets if per_layer else offsets[0]
+    return kw
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(d=config_strategy, offsets_seed=st.integers(0, 1000), per_layer=st.booleans(), t=st.integers(0, 30))
+def test_causality_property_staggered(d, offsets_seed, per_layer, t):
+    model = make(d["seed"], **staggered_from(d, offsets_seed, per_layer))
+    gen = torch.Generator().manual_seed(d["seed"])
+    tokens = torch.randint(0, 32, (2, 32), generator=gen)
+    changed = tokens.clone()
+    changed[:, t + 1:] = torch.randint(0, 32, changed[:, t + 1:].shape, generator=gen)
+    with torch.no_grad():
+        a, b = model(tokens), model(changed)
+    torch.testing.assert_close(a[:, : t + 1], b[:, : t + 1], rtol=0, atol=1e-6)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(d=config_strategy, offsets_seed=st.integers(0, 1000), per_layer=st.booleans(),
+       cuts=st.lists(st.integers(1, 35), min_size=0, max_size=5))
+def test_incremental_decoding_staggered(d, offsets_seed, per_layer, cuts):
+    """Pieces of any size (single tokens included) equal one full forward, and the fast
+    last-position path equals it too."""
+    model = make(d["seed"], **staggered_from(d, offsets_seed, per_layer))
+    tokens = torch.randint(0, 32, (2, 36), generator=torch.Generator().manual_seed(d["seed"]))
+    bounds = [0, *sorted(set(cuts)), 36]
+    with torch.no_grad():
+        full = model(tokens)
+        cache = model.init_cache()
+        pieces = [model(tokens[:, a:b], cache=cache) for a, b in zip(bounds, bounds[1:])]
+        torch.testing.assert_close(torch.cat(pieces, 1), full, rtol=0, atol=1e-5)
+        cache = model.init_cache()
+        model(tokens[:, :-1], cache=cache)
+        resid = model.W_E[tokens[:, -1]][:, None]
+        for layer, block in enumerate(model.blocks):
+            resid = block.forward_last(resid, cache.layers[layer])
+        torch.testing.assert_close(model.unembed(resid)[:, 0], full[:, -1], rtol=0, atol=1e-5)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(d=config_strategy, offsets_seed=st.integers(0, 1000), per_layer=st.booleans())
+def test_vectorized_attention_equals_reference_staggered(d, offsets_seed, per_layer):
+    model = make(d["seed"], **staggered_from(d, offsets_seed, per_layer))
+    tokens = torch.randint(0, 32, (1, 18), generator=torch.Generator().manual_seed(d["seed"]))
+    _, cache = model.run_with_cache(tokens)
+    for layer in range(model.cfg.n_layers):
+        x = cache[f"blocks.{layer}.ln1.hook_normalized"][0] * model.blocks[layer].ln1.w
+        ref = reference_attention(model.blocks[layer].attn, x)
+        torch.testing.assert_close(cache[f"blocks.{layer}.hook_attn_out"][0], ref, rtol=0, atol=1e-5)
+
+
+def test_window_offsets_config_shorthands_and_round_trip():
+    cfg = CompressedConfig(**{**SMALL, "n_kv_heads": 4}, window=8, stride=8, window_offsets="staggered")
+    assert [cfg.layer_window_offsets(layer) for layer in range(2)] == [(0, 2, 4, 6)] * 2
+    one = CompressedConfig(**{**SMALL, "n_kv_heads": 1, "n_layers": 4}, window_offsets="staggered")
+    assert [one.layer_window_offsets(layer) for layer in range(4)] == [(0,), (1,), (2,), (3,)]
+    layers = CompressedConfig(**SMALL, window_offsets="staggered_layers")
+    assert [layers.layer_window_offsets(layer) for layer in range(2)] == [(0, 0), (2, 2)]
+    nested = CompressedConfig(**SMALL, window_offsets=[[1, 3], [0, 2]])
+    assert nested.window_offsets == ((1, 3), (0, 2)) and nested.is_staggered and "staggered" in nested.label
+    for c in (cfg, one, layers, nested):
+        assert CompressedConfig.from_dict(json.loads(c.to_json())) == c
+    assert not CompressedConfig(**SMALL).is_staggered
+    assert CompressedConfig(**SMALL).layer_window_offsets(1) == (0, 0)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(window_offsets=(0, 4)), r"window offset 4 is out of range 0..3 \(stride=4\)"),
+        (dict(window_offsets=(0, -1)), r"window offset -1 is out of range 0..3"),
+        (dict(window_offsets=(0, 1, 2)), r"has 3 entries; need one per KV head \(n_kv_heads=2\)"),
+        (dict(window_offsets=((0, 1),)), r"1 per-layer rows; the model has n_layers=2"),
+        (dict(window_offsets="diagonal"), r"window_offsets='diagonal' is not one of"),
+        (dict(window_offsets=(0, 1.5)), r"window offset 1.5 is out of range"),
+        (dict(window_offsets=3), r"window_offsets=3 must be None"),
+        (dict(compression=None, window_offsets="staggered"), r"needs a compressed model"),
+    ],
+)
+def test_bad_window_offsets_raise(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        CompressedConfig(**{**SMALL, **kwargs})
+
+
+def test_per_head_boundaries_and_key_slot_sources():
+    model = make(0, window=4, stride=4, window_offsets=(0, 2))
+    assert model.window_offsets(0) == (0, 2) and model.boundary_phases(1) == (3, 1)
+    assert make(0).boundary_phases(0) == (3, 3)
+    # KV head 1's windows are 2..5, 6..9, ...: at query 9 it sees two entries, head 0 two (0..3, 4..7).
+    head0 = [p for kind, p in model.key_slot_sources(0, 9, kv_head=0) if kind == "entry"]
+    head1 = [p for kind, p in model.key_slot_sources(0, 9, kv_head=1) if kind == "entry"]
+    assert head0 == [[0, 1, 2, 3], [4, 5, 6, 7]] and head1 == [[2, 3, 4, 5], [6, 7, 8, 9]]
+    assert [p for kind, p in model.key_slot_sources(0, 8, kv_head=1) if kind == "entry"] == [[2, 3, 4, 5]]
+    with pytest.raises(ValueError, match=r"kv_head=2 is out of range 0..1"):
+        model.key_slot_sources(0, 9, kv_head=2)
+    with pytest.raises(ValueError, match="no compression windows"):
+        make(0, compression=None).boundary_phases(0)
+
+
+def test_staggered_entry_visibility_in_the_pattern():
+    """Entry j of KV head h gets attention from query t only once j*S + o_h + W - 1 <= t."""
+    model = make(1, window=4, stride=4, window_offsets=(0, 2))
+    _, cache = model.run_with_cache(torch.randint(0, 32, (1, 30)))
+    pattern = cache["blocks.0.attn.hook_pattern"][0]  # [head, query, slot]
+    B = model.blocks[0].attn.band_width
+    for head, o in ((0, 0), (2, 2)):  # query heads 0 (KV head 0) and 2 (KV head 1)
+        for t in range(30):
+            for j in range(pattern.shape[-1] - B):
+                visible = j * 4 + o + 3 <= t
+                assert (pattern[head, t, B + j] > 0) == visible, (head, t, j)
+
+
+def test_staggered_memory_parity():
+    """Every KV head keeps one entry per S tokens: the cache holds as many compressed entries
+    as the shared grid's (a head whose windows start later closes its last one up to S-1
+    tokens later)."""
+    tokens = torch.randint(0, 32, (1, 64))
+    entries = {}
+    for offsets in (None, (0, 2), (1, 3)):
+        model = make(0, window=4, stride=4, window_offsets=offsets)
+        cache = model.init_cache()
+        with torch.no_grad():
+            model(tokens, cache=cache)
+        entries[offsets] = [lc.k_comp.shape[1] for lc in cache.layers]
+        assert all(lc.k_comp.shape == lc.v_comp.shape for lc in cache.layers)
+    assert entries[None] == entries[(0, 2)] == [16, 16]  # windows 0..3, ..., 60..63
+    assert entries[(1, 3)] == [15, 15]  # 1..4, ..., 57..60; 61..64 is not closed at length 64

@@ -47,6 +47,11 @@ class GateParameters:
     branch: str
 
 
+def _input_axes(h: Tensor) -> str:
+    """einsum axes of the compressor input: one window grid for all KV heads, or one per head."""
+    return "b j i k m" if h.ndim == 5 else "b j i m"
+
+
 def rms_norm(x: Float[Tensor, "... dim"], weight: Float[Tensor, " dim"], eps: float) -> Float[Tensor, "... dim"]:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
@@ -127,25 +132,26 @@ class Compressor(nn.Module):
     def _gated_branch(
         self,
         branch: str,
-        h: Float[Tensor, "batch win slot d_model"],
+        h: Float[Tensor, "batch win slot *kv_head d_model"],
         per_token: Float[Tensor, "batch win slot kv_head d_head"],
     ) -> Float[Tensor, "batch win kv_head d_head"]:
         cfg = self.cfg
-        batch, n_win, W, _ = h.shape
+        batch, n_win, W = h.shape[:3]
         br = "k" if cfg.tie_kv_gates else branch
+        hin = _input_axes(h)
         if cfg.gate == "uniform":
             logits = h.new_zeros(batch, n_win, W, cfg.n_kv_heads)
         elif cfg.gate == "scalar":
-            logits = einops.einsum(h, getattr(self, f"Z_{br}"), "b j i m, i k m -> b j i k")
+            logits = einops.einsum(h, getattr(self, f"Z_{br}"), f"{hin}, i k m -> b j i k")
         else:
-            logits = einops.einsum(h, getattr(self, f"Z_{br}"), "b j i m, i k d m -> b j i k d")
+            logits = einops.einsum(h, getattr(self, f"Z_{br}"), f"{hin}, i k d m -> b j i k d")
         bias = getattr(self, f"b_{br}", None)
         if bias is not None:
             logits = logits + bias
         logits = getattr(self, f"hook_gate_logits_{branch}")(logits)
         alpha = getattr(self, f"hook_gate_{branch}")(logits.softmax(dim=2))
         if cfg.payload == "per_slot":
-            payload = einops.einsum(h, getattr(self, f"C_{branch}"), "b j i m, i k d m -> b j i k d")
+            payload = einops.einsum(h, getattr(self, f"C_{branch}"), f"{hin}, i k d m -> b j i k d")
         else:
             payload = per_token
         if alpha.ndim == 4:
@@ -153,7 +159,7 @@ class Compressor(nn.Module):
         return (alpha * payload).sum(dim=2)
 
     def _deepseek(
-        self, h: Float[Tensor, "batch win slot d_model"]
+        self, h: Float[Tensor, "batch win slot *kv_head d_model"]
     ) -> tuple[Float[Tensor, "batch win kv_head d_head"], Float[Tensor, "batch win kv_head d_head"]]:
         cfg = self.cfg
         S = cfg.stride
@@ -161,8 +167,9 @@ class Compressor(nn.Module):
         kv_w = self.kv_proj[slot_half]  # [slot, kv, d, m]
         gate_w = self.gate_proj[slot_half]
         bias = einops.rearrange(self.position_bias, "s half k d -> (half s) k d")
-        logits = einops.einsum(h, gate_w, "b j i m, i k d m -> b j i k d") + bias
-        kv = einops.einsum(h, kv_w, "b j i m, i k d m -> b j i k d")
+        hin = _input_axes(h)
+        logits = einops.einsum(h, gate_w, f"{hin}, i k d m -> b j i k d") + bias
+        kv = einops.einsum(h, kv_w, f"{hin}, i k d m -> b j i k d")
         # One gate serves both: the _k and _v hook points see (and may patch) it separately.
         logits_k = self.hook_gate_logits_k(logits)
         logits_v = self.hook_gate_logits_v(logits)
@@ -172,13 +179,14 @@ class Compressor(nn.Module):
 
     def forward(
         self,
-        h: Float[Tensor, "batch win slot d_model"],
+        h: Float[Tensor, "batch win slot *kv_head d_model"],
         k_tokens: Float[Tensor, "batch win slot kv_head d_head"],
         v_tokens: Float[Tensor, "batch win slot kv_head d_head"],
     ) -> tuple[Float[Tensor, "batch win kv_head d_head"], Float[Tensor, "batch win kv_head d_head"]]:
         """Compressed (K_hat, V_hat) of the windows whose inputs are given.
 
-        ``h`` holds the attention input (after the pre-norm) of each window's tokens,
+        ``h`` holds the attention input (after the pre-norm) of each window's tokens (per KV
+        head ``[batch, win, slot, kv_head, d_model]`` when the heads' windows are staggered),
         ``k_tokens``/``v_tokens`` their per-token K/V projections (the payload when
         ``payload="shared"``). Returned entries are hooked but not yet normalised/rotated.
         """

@@ -47,6 +47,7 @@ from phaseinterp.config import CompressedConfig
 from phaseinterp.models.attention import CompressedAttention
 from phaseinterp.models.cache import KVCache
 from phaseinterp.models.compressor import GateParameters, RMSNorm
+from phaseinterp.phase import boundary_phase
 
 CHECKPOINT_FORMAT = 1
 WEIGHTS_FILE = "model.safetensors"
@@ -255,6 +256,19 @@ class CompressedTransformer(HookedRootModule):
         """KV head -> the query heads that read it."""
         return self.cfg.kv_head_groups()
 
+    def window_offsets(self, layer: int) -> tuple[int, ...]:
+        """Window offset ``o`` of each KV head of ``layer``: its windows start at ``j*S + o``."""
+        self._check_layer(layer)
+        return self.cfg.layer_window_offsets(layer)
+
+    def boundary_phases(self, layer: int) -> tuple[int, ...]:
+        """Per KV head of ``layer``: the phase ``t mod S`` of the positions that close its windows,
+        its boundary phase (``(o + S - 1) mod S``; ``S - 1`` for every head on the shared grid).
+        The phase profile keeps reporting phases of the shared stride, ``t mod S``."""
+        if not self.cfg.is_compressed:
+            raise ValueError("the full-attention model (compression=None) has no compression windows")
+        return tuple(boundary_phase(self.cfg.stride, o) for o in self.window_offsets(layer))
+
     def gate_parameters(self, layer: int, branch: str = "k") -> GateParameters:
         """The per-slot gate parameters ``Z``, ``b`` of one layer and branch (see `GateParameters`)."""
         self._check_layer(layer)
@@ -267,10 +281,11 @@ class CompressedTransformer(HookedRootModule):
         if isinstance(layer, bool) or not isinstance(layer, int) or not (0 <= layer < n):
             raise ValueError(f"layer={layer!r} is out of range for a {n}-layer model (0..{n - 1})")
 
-    def key_slot_sources(self, layer: int, query_pos: int, n_key_slots: Optional[int] = None):
-        """``(kind, source positions)`` of each key slot of ``hook_pattern`` for one query."""
+    def key_slot_sources(self, layer: int, query_pos: int, n_key_slots: Optional[int] = None, kv_head: int = 0):
+        """``(kind, source positions)`` of each key slot of ``hook_pattern`` for one query reading
+        ``kv_head`` (the KV heads differ only when their windows are staggered)."""
         self._check_layer(layer)
-        return self.blocks[layer].attn.key_slot_sources(query_pos, n_key_slots)
+        return self.blocks[layer].attn.key_slot_sources(query_pos, n_key_slots, kv_head)
 
     def __repr__(self) -> str:
         n_params = sum(p.numel() for p in self.parameters())
