@@ -261,8 +261,11 @@ def _run(plan: _Plan, batch, out_dir, launch: Launch, progress: bool):
     run_file = directory / RUN_FILE
     error = None
     if run_file.is_file():
-        diff = _first_difference(header, _read_run(run_file))
-        error = _mismatch("this run", f"the run already in {directory}", diff) if diff else None
+        try:
+            diff = _first_difference(header, _read_run(run_file))
+            error = _mismatch("this run", f"the run already in {directory}", diff) if diff else None
+        except ValueError as err:
+            error = str(err)
     n_chunks = math.ceil(n / chunk_size)
     mine = [c for c in range(n_chunks) if c % launch.world_size == launch.rank]
     done: dict[int, dict] = {}
@@ -278,7 +281,9 @@ def _run(plan: _Plan, batch, out_dir, launch: Launch, progress: bool):
             if diff:
                 error = _mismatch(str(path), f"the run in {directory}", diff)
             elif chunk != c or not np.array_equal(index, np.asarray(_chunk_range(c, chunk_size, n))):
-                error = f"{path} holds prompts {index[:1].tolist()}.. but chunk {c} is prompts {_chunk_range(c, chunk_size, n)}"
+                rows = _chunk_range(c, chunk_size, n)
+                error = (f"{path} holds prompts {index[:1].tolist()}.. but chunk {c} is prompts "
+                         f"{rows.start}..{rows.stop - 1}")
             else:
                 done[c] = arrays
     _raise_any(error, launch)
