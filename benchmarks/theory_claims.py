@@ -1,6 +1,7 @@
 """The two claims of the idealized induction model (docs/science.md section 4), measured.
 
     python benchmarks/theory_claims.py [--seeds 50] [--threads 1] [--skip-search] [--skip-flow] [--only 0 3]
+    python benchmarks/theory_claims.py --details   # the single runs RESULTS quotes
 
 Theorem 1: global search (all one-hot assignments + projected-gradient refinement from 16
 random starts and the 4 best one-hot points) over a grid of (N, S, m), L = 2, eps = 0, at
@@ -17,9 +18,17 @@ from __future__ import annotations
 import argparse
 import time
 
+import numpy as np
 import torch
 
-from phaseinterp.theory import IdealizedInductionModel, flow_seeds, global_search, search_grid
+from phaseinterp.theory import (
+    IdealizedInductionModel,
+    flow_seeds,
+    global_search,
+    gradient_descent,
+    gradient_flow,
+    search_grid,
+)
 
 GRID = [(6, 3, 1), (6, 3, 2), (8, 3, 2), (8, 4, 1), (8, 4, 2), (8, 4, 3), (10, 5, 2), (10, 5, 4)]
 # m = S-1 with three chunks and with a larger vocabulary: (N, S, L, m)
@@ -39,6 +48,45 @@ FLOWS = [
 ]
 
 
+def details() -> None:
+    """The individual runs RESULTS quotes: a slow approach, a token-keyed gate, slot switches,
+    spread gates with too few heads, and small-step gradient descent against the flow."""
+    flow = dict(stop_at=0.95, rtol=1e-5, atol=1e-8)
+    model = IdealizedInductionModel(6, 3, 2, heads=2, gamma=8.0, beta=4.0)
+    run = gradient_flow(model, rho=0.01, seed=0, t_max=5000, **flow)
+    paired = run._paired(run.min_p)
+    print("\ngamma=8, seed 0: worst-chunk min(p^K(r_h), p^V(r_h+1)) and loss over the last records")
+    for i in range(-5, 0):
+        print(f"  t={run.t[i]:6.0f}  {[round(float(paired[i, h, r]), 4) for h, r in enumerate(run.slots())]}  "
+              f"loss {run.loss[i]:.5f}")
+    run = gradient_flow(IdealizedInductionModel(6, 3, 2, heads=2), rho=1.0, seed=14, t_max=5000, **flow)
+    print(f"\nrho=1, seed 14: {run}\n  population-mean p[head, branch, slot] {run.mean_p[-1].round(3).tolist()}"
+          f"\n  worst-chunk p {run.min_p[-1].round(3).tolist()}")
+    model = IdealizedInductionModel(6, 3, 2, heads=2, gamma=2.0, beta=0.5)
+    for seed in (14, 49):
+        run = gradient_flow(model, rho=0.01, seed=seed, t_max=20000, **flow)
+        print(f"\nbeta=0.5, seed {seed}: slots {run.slots()}, slot fixed {run.slot_fixed()}, "
+              f"chosen at t = {[round(t) for t in run.choice_times()]}")
+        for h in range(2):
+            print(f"  head {h}: leading key slot over time {run.mean_p[:, h, 0].argmax(-1).tolist()}")
+    run = gradient_flow(IdealizedInductionModel(6, 3, 2, heads=1), rho=0.01, seed=0, t_max=3000, **flow)
+    print(f"\nm=1 (N=6 S=3), seed 0 at t={run.t[-1]:.0f}: p^K {run.mean_p[-1, 0, 0].round(3).tolist()}, "
+          f"p^V {run.mean_p[-1, 0, 1].round(3).tolist()}")
+    model = IdealizedInductionModel(6, 3, 2, heads=2, max_exact=1)
+    sample = model.population(n_samples=128, seed=0)
+    times = [25.0, 50.0, 100.0]
+    ode = gradient_flow(model, rho=0.5, seed=1, t_max=100, stop_at=None, t_eval=times, population=sample,
+                        rtol=1e-9, atol=1e-12)
+    at = [int(np.argmin(np.abs(ode.t - t))) for t in times]
+    print("\nsmall-step gradient descent vs the flow (N=6 S=3 m=2, 128-sequence sample, rho=0.5, t = 25, 50, 100):")
+    for eta in (2.5, 1.25, 0.625):
+        gd = gradient_descent(model, learning_rate=eta, t_max=100, rho=0.5, seed=1, population=sample,
+                              record_every=round(25 / eta))
+        gd_at = [int(np.argmin(np.abs(gd.t - t))) for t in times]
+        print(f"  eta={eta}: max |p_GD - p_flow| = {np.abs(gd.mean_p[gd_at] - ode.mean_p[at]).max():.4f}")
+    print(f"  (the flow itself moved p by up to {np.abs(ode.mean_p[at[-1]] - ode.mean_p[0]).max():.3f})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=50)
@@ -46,8 +94,12 @@ def main() -> None:
     parser.add_argument("--skip-search", action="store_true")
     parser.add_argument("--skip-flow", action="store_true")
     parser.add_argument("--only", type=int, nargs="*", help="indices into the flow list")
+    parser.add_argument("--details", action="store_true", help="only the individual runs RESULTS quotes")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.details:
+        details()
+        return
     if not args.skip_search:
         print("## Theorem 1: global search, L=2, eps=0, kappa=0.1")
         for gamma, beta in SCALES:
