@@ -143,7 +143,8 @@ def gate_profile(model, task=None, *, n_per_residue: int = 8, seed: int = 0, bat
             static = _static_alpha(model, l, br)  # [slot, kv]
             for kv in range(KV):
                 for s in range(W):
-                    slot_rows.append(dict(layer=l, kv_head=kv, branch=br, slot=s, phase=s % S,
+                    phase = (s + model.cfg.layer_window_offsets(l)[kv]) % S  # the head's own window grid
+                    slot_rows.append(dict(layer=l, kv_head=kv, branch=br, slot=s, phase=phase,
                                           mean_alpha=float(mean_alpha[s, kv]), static_alpha=float(static[s, kv])))
                 head_rows.append(dict(
                     layer=l, kv_head=kv, branch=br, preferred_slot=int(mean_alpha[:, kv].argmax()),
