@@ -120,6 +120,11 @@ ENTRIES: dict[str, ZooEntry] = {
                  dict(compression="gated", window=6, stride=6, gate="scalar"), backbone=dict(n_kv_heads=4)),
         ZooEntry("w8s8-4kv", "compressed W = S = 8, scalar gates, FOUR KV heads",
                  dict(compression="gated", window=8, stride=8, gate="scalar"), backbone=dict(n_kv_heads=4)),
+        # The remedy pair (issue 14): w4s4 is the baseline twin; this one staggers the two KV
+        # heads' window grids (offsets 0 and 2) at equal compression.
+        ZooEntry("w4s4-staggered", "W = S = 4, 2 KV heads, scalar gates, staggered window grids (KV head h "
+                 "compresses windows starting at j*S + h*S/2): the remedy twin of w4s4",
+                 dict(compression="gated", window=4, stride=4, gate="scalar", window_offsets="staggered")),
         ZooEntry("w4s4-1kv", "W = S = 4 with ONE KV head, scalar gates, per-slot payload maps",
                  dict(compression="gated", window=4, stride=4, gate="scalar"), backbone=dict(n_kv_heads=1)),
         ZooEntry("w4s4-1kv-shared", "W = S = 4, ONE KV head, scalar gates, payload shared across slots "
