@@ -129,7 +129,7 @@ def cycling_fitness(model) -> tuple[bool, str]:
         return False, "uniform gates have no offset-specific parameters"
     if getattr(cfg, "payload", "per_slot") != "shared":
         return False, ("payload map per slot: a shifted gate reads maps never trained for its slot, so every "
-                       "phase collapses (a negative control, not a test of the prediction)")
+                       "phase collapses; a run there is a negative control, not a test of the prediction")
     return True, "W = S gates with one payload map shared by every slot (as DeepSeek's kv_proj)"
 
 

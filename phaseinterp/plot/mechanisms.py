@@ -71,7 +71,7 @@ def specialization_heatmap(result, level: str = "phase", zmax: float | None = No
         "<extra></extra>",
     ))
     fig.update_layout(updatemenus=[dict(
-        type="buttons", direction="right", x=1.0, xanchor="right", y=1.12, yanchor="bottom", showactive=True,
+        type="buttons", direction="right", x=0.0, xanchor="left", y=-0.22, yanchor="top", showactive=True,
         active=0 if shown == "pp" else 1,
         buttons=[dict(label=unit_label[key], method="restyle",
                       args=[{"z": [z[key]], "zmin": [-bounds[key]], "zmax": [bounds[key]],
@@ -90,8 +90,10 @@ def specialization_heatmap(result, level: str = "phase", zmax: float | None = No
     fig.update_xaxes(title=level, dtick=1)
     fig.update_yaxes(autorange="reversed")
     note = " (* significant, Holm over units x phases)" if level == "phase" else ""
-    return style(fig, title or f"Mean replacement of z at the answer: {result.model_label}{note}",
-                 height=max(340, 40 * len(labels) + 160))
+    style(fig, title or f"Mean replacement of z at the answer: {result.model_label}{note}",
+          height=max(380, 40 * len(labels) + 220))
+    fig.update_layout(margin=dict(b=120))  # room for the pp / relative buttons under the axis
+    return fig
 
 
 def gate_cycling_figure(result, title: str | None = None) -> go.Figure:
@@ -104,8 +106,8 @@ def gate_cycling_figure(result, title: str | None = None) -> go.Figure:
     scores = result.scores
     fig = make_subplots(rows=1, cols=2, subplot_titles=(
         "accuracy by phase per shift",
-        f"predicted vs observed change, boundary excl.: R² {scores['r2_pooled']:.2f} (no fit), "
-        f"r² {scores['corr2_pooled']:.2f} (fitted line); {scores['n_identified']}/{scores['n_shifts']} "
+        f"predicted vs observed change (boundary excl.)<br>R² {scores['r2_pooled']:.2f} (no fit), "
+        f"r² {scores['corr2_pooled']:.2f} (fitted line), {scores['n_identified']}/{scores['n_shifts']} "
         f"shifts identified"))
     for i, d in enumerate(acc.index):
         fig.add_trace(go.Scatter(x=list(acc.columns), y=acc.loc[d].to_numpy(), mode="lines+markers",
