@@ -473,3 +473,16 @@ def test_forcing_the_target_entry_changes_only_prompts_that_missed_it(model):
     frame = res.to_frame()
     assert list(frame.phase) == list(range(S)) and frame.n.sum() == len(prompts)
     assert "ForcedSelectionResult(" in repr(res)
+
+
+@_shipped("dsv4.1-tiny")
+def test_tiny_dsv4_1_has_period_2():
+    """The V4.1-shaped model (CSA rate 2): period 2, gap >= 5 pp, phase intervals apart (72 prompts per
+    residue; RESULTS.md reports 250 per residue: 92.4% vs 99.9%, gap 7.5 pp)."""
+    model = pi.zoo.load("dsv4.1-tiny")
+    assert model.cfg.stride == 2 and model.cfg.window == 4
+    p = pi.phase_profile(model, pi.zoo.task_for(model), 72, seed=0, progress=False)
+    assert p.period == 2 and p.period_p_value < 0.05, (p.period, p.period_p_value)
+    assert p.phase_gap >= 0.05
+    best, worst = int(np.nanargmax(p.phase_accuracy)), int(np.nanargmin(p.phase_accuracy))
+    assert p.phase_lower[best] > p.phase_upper[worst]
