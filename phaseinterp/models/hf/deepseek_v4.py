@@ -162,6 +162,16 @@ class DeepseekV4HookedConfig:
     def n_key_value_heads(self) -> int:
         return self.n_kv_heads
 
+    window_offsets = None  # HF windows start at position 0 in every layer (no staggered grids)
+
+    def layer_window_offsets(self, layer: int) -> tuple[int, ...]:
+        """Window-grid offset of each KV head of ``layer``: always 0 (one shared grid, as in HF)."""
+        return (0,) * self.n_kv_heads
+
+    @property
+    def is_staggered(self) -> bool:
+        return False
+
     def kv_head_groups(self) -> dict[int, list[int]]:
         """One shared KV head per layer: every query head reads it."""
         return {0: list(range(self.n_heads))}
