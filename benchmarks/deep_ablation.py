@@ -25,7 +25,8 @@ import phaseinterp as pi  # noqa: E402
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="deep12-w8s8-1kv-shared")
+    parser.add_argument("--model", default="deep12-w8s8-1kv-shared",
+                        help="zoo name or checkpoint directory (timing does not depend on how well it is trained)")
     parser.add_argument("--n-per-residue", type=int, default=72)
     parser.add_argument("--n-calibration", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=64)
@@ -36,7 +37,10 @@ def main() -> None:
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")
     torch.set_num_threads(args.threads)
-    model = pi.zoo.load(args.model)
+    if os.path.isdir(args.model):
+        model = pi.CompressedTransformer.from_pretrained(args.model).eval()
+    else:
+        model = pi.zoo.load(args.model)
     task = pi.zoo.task_for(model)
     prompts = task.generate(args.n_per_residue, seed=0, strict=False)  # timing only: placement need not be exact
     n = prompts.tokens.shape[0]
