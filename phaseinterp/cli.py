@@ -114,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     _out_arg(p, default="phaseinterp-report", what="the report (index.html, PNGs, CSVs, summary.json)")
     p.add_argument("--quick", action="store_true", help="72 prompts per residue everywhere (about a minute)")
     p.add_argument("--no-static", action="store_true", help="skip PNG export even if kaleido and Chromium exist")
+    p.add_argument("--deepseek-v4", default="dsv4-tiny",
+                   help="shipped HF DeepSeek-V4 zoo model for the report's DeepSeek-V4 section, 'none' to skip "
+                   "(default: dsv4-tiny)")
     _device_arg(p)
 
     p = sub.add_parser("report", help="the full report for any model",
@@ -323,10 +326,23 @@ def _run(args) -> int:
             _check_model_name(args.model)
         if twin is not None:
             _check_model_name(twin)
+        dsv4 = getattr(args, "deepseek_v4", None)
+        dsv4 = None if dsv4 in (None, "none") else dsv4
+        if dsv4 is not None:
+            from phaseinterp.zoo import deepseek_v4 as hf_zoo
+
+            if dsv4 not in hf_zoo.available():
+                raise UsageError(f"--deepseek-v4 {dsv4!r} is not a shipped HF DeepSeek-V4 zoo model (shipped: "
+                                 f"{', '.join(hf_zoo.available()) or 'none'}; 'none' skips the section)")
+            import importlib.util
+
+            if importlib.util.find_spec("transformers") is None:
+                raise UsageError(f"--deepseek-v4 {dsv4!r} needs Hugging Face transformers (the 'hf' extra: "
+                                 "pip install -e '.[hf]'); '--deepseek-v4 none' skips the section")
         settings = report_module.ReportSettings.quick() if args.quick else report_module.ReportSettings()
         settings.export_static = not args.no_static
         rep = report_module.build_report(args.model, args.out, twin=twin, settings=settings,
-                                         device=getattr(args, "device", None))
+                                         device=getattr(args, "device", None), deepseek_v4=dsv4)
         print(rep.table())
         print(f"\nreport written to {Path(args.out).resolve() / 'index.html'} in {rep.seconds:.0f} s")
         return 0

@@ -137,6 +137,7 @@ CLI_CASES = [
     ("demo recipe-only model", ["demo", "--model", "w8s8-vector", "--out", "{out}"], ["'w8s8-vector'"]),
     ("demo unknown twin", ["demo", "--twin", "nosuch-twin", "--out", "{out}"], ["'nosuch-twin'"]),
     ("demo out is a file", ["demo", "--out", "{file}"], ["{file}"]),
+    ("demo unknown DeepSeek-V4", ["demo", "--deepseek-v4", "nosuch-dsv4", "--out", "{out}"], ["'nosuch-dsv4'"]),
     ("report unknown twin", ["report", "{ckpt}", "--twin", "nosuch", "--out", "{out}"], ["'nosuch'"]),
     ("train stride 5", ["train", "--stride", "5", "--window", "5", "--steps", "1", "--out", "{out}"],
      ["--stride 5", "R=24"]),

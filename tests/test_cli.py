@@ -197,3 +197,7 @@ def test_demo_quick_on_the_shipped_models(tmp_path, capsys):
     assert labels[:2] == ["w4s4 (W4/S4 gated)", "full (full attention)"]  # then any training controls
     assert all(label.endswith(")") for label in labels[2:]), labels
     assert len(list((tmp_path / "demo" / "data").glob("*.csv"))) >= 10
+    if "dsv4-tiny" in pi.zoo.deepseek_v4.available():  # the DeepSeek-V4 section: HF architecture, same task
+        assert "dsv4-tiny (HF DeepSeek-V4)" in labels
+        assert summary["deepseek_v4"]["wrapper_max_abs_logit_diff"] <= 1e-4
+        assert "phase through the Lightning Indexer" in (tmp_path / "demo" / "index.html").read_text()
