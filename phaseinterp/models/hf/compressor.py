@@ -1,0 +1,203 @@
+"""The compressors of `HookedDeepseekV4`: HF's CSA / HCA / Lightning-Indexer compression, hooked.
+
+A re-implementation of HF's stateless compression (``transformers.models.deepseek_v4``) that
+calls the HF modules' own parameters, with the ``blocks.{l}.attn.compressor.*`` HookPoints
+(layout and hook shapes: `phaseinterp.models.hf.deepseek_v4`).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn as nn
+from torch import Tensor
+from transformer_lens.hook_points import HookPoint
+
+from phaseinterp.models.hf.config import CSA, HCA
+
+
+def _hf():
+    """The HF DeepSeek-V4 module (imported lazily: transformers is an optional extra, ``pip install phaseinterp[hf]``)."""
+    try:
+        from transformers.models.deepseek_v4 import modeling_deepseek_v4
+    except ImportError as err:  # pragma: no cover - exercised only without the extra
+        raise ImportError(
+            "DeepSeek-V4 support needs transformers>=5.24 (pip install 'phaseinterp[hf]')"
+        ) from err
+    return modeling_deepseek_v4
+
+
+# ---------------------------------------------------------------------------------------------
+# Compressors: HF's CSA / HCA / indexer compression, one function, hooked.
+# ---------------------------------------------------------------------------------------------
+class _CompressionHooks(nn.Module):
+    """Hook points of one compressor (main or indexer) and its windowed compression maths.
+
+    ``hf`` is the HF module (held, not registered: its weights belong to the HF model).
+    """
+
+    def __init__(self, hf_module: nn.Module, two_halves: bool, alias_kv_gates: bool):
+        super().__init__()
+        object.__setattr__(self, "hf", hf_module)
+        self.two_halves = two_halves
+        self.hook_kv = HookPoint()
+        self.hook_token_gate_logits = HookPoint()
+        if alias_kv_gates:
+            self.hook_gate_logits_k = HookPoint()
+            self.hook_gate_logits_v = HookPoint()
+            self.hook_gate_k = HookPoint()
+            self.hook_gate_v = HookPoint()
+        else:
+            self.hook_gate_logits = HookPoint()
+            self.hook_gate = HookPoint()
+        self.alias_kv_gates = alias_kv_gates
+        self.hook_compressed = HookPoint()
+        self.hook_rot_compressed = HookPoint()
+
+    @property
+    def position_bias(self) -> nn.Parameter:
+        """HF's per-slot gate bias (the "ape"): ``[S, half * d_head]`` for CSA, ``[R, d_head]`` for HCA."""
+        return self.hf.position_bias
+
+    @property
+    def compress_rate(self) -> int:
+        return int(self.hf.compress_rate)
+
+    def _gate_hooks(self, logits: Tensor) -> Tensor:
+        if self.alias_kv_gates:
+            logits = self.hook_gate_logits_v(self.hook_gate_logits_k(logits))
+        else:
+            logits = self.hook_gate_logits(logits)
+        return logits
+
+    def _alpha_hooks(self, alpha: Tensor) -> Tensor:
+        if self.alias_kv_gates:
+            return self.hook_gate_v(self.hook_gate_k(alpha))
+        return self.hook_gate(alpha)
+
+    def compress(self, x: Tensor) -> Tensor:
+        """HF's stateless compression of every closed window of ``x`` ``[batch, pos, d_model]``.
+
+        ``K_j = kv_norm(sum_i alpha_{j,i} * kv_{j,i})``, ``alpha_j = softmax_i(gate_{j,i} + position_bias_i)``
+        over the entry's slots, then RoPE at position ``j * S``. Returns ``[batch, entry, d]`` (rotated).
+        """
+        hf = self.hf
+        mod = _hf()
+        batch, T, _ = x.shape
+        d = hf.head_dim
+        halves = 2 if self.two_halves else 1
+        S = self.compress_rate
+        kv = self.hook_kv(hf.kv_proj(x).view(batch, T, halves, d)).reshape(batch, T, halves * d)
+        gate = self.hook_token_gate_logits(hf.gate_proj(x).view(batch, T, halves, d)).reshape(batch, T, halves * d)
+        usable = (T // S) * S
+        chunk_kv, chunk_gate = kv[:, :usable], gate[:, :usable]
+        if chunk_kv.shape[1] == 0:
+            return chunk_kv.new_zeros((batch, 0, d))
+        n_windows = usable // S
+        chunk_kv = chunk_kv.view(batch, n_windows, S, -1)
+        chunk_gate = chunk_gate.view(batch, n_windows, S, -1) + hf.position_bias
+        if self.two_halves:
+            # Slots 0..S-1: the previous window's tokens (Ca, older half); S..2S-1: this window's (Cb).
+            new_kv = chunk_kv.new_zeros((batch, n_windows, 2 * S, d))
+            new_gate = chunk_gate.new_full((batch, n_windows, 2 * S, d), float("-inf"))
+            new_kv[:, :, S:] = chunk_kv[..., d:]
+            new_gate[:, :, S:] = chunk_gate[..., d:]
+            if n_windows > 1:
+                new_kv[:, 1:, :S] = chunk_kv[:, :-1, :, :d]
+                new_gate[:, 1:, :S] = chunk_gate[:, :-1, :, :d]
+        else:
+            new_kv, new_gate = chunk_kv, chunk_gate
+        new_gate = self._unsqueezed(self._gate_hooks, new_gate)
+        alpha = new_gate.softmax(dim=2, dtype=torch.float32).to(new_kv.dtype)
+        alpha = self._unsqueezed(self._alpha_hooks, alpha)
+        compressed = hf.kv_norm((new_kv * alpha).sum(dim=2))
+        compressed = self._unsqueezed(self.hook_compressed, compressed)
+        positions = (torch.arange(n_windows, device=compressed.device) * S).unsqueeze(0).expand(batch, -1)
+        cos, sin = hf.rotary_emb(compressed, position_ids=positions, layer_type=hf.rope_layer_type)
+        compressed = mod.apply_rotary_pos_emb(compressed.unsqueeze(1), cos, sin).squeeze(1)
+        return self._unsqueezed(self.hook_rot_compressed, compressed)
+
+    def _unsqueezed(self, hook, t: Tensor) -> Tensor:
+        # Main-compressor hooks carry the (single) KV-head axis; the indexer has none.
+        if not self.alias_kv_gates:
+            return hook(t)
+        axis = 2 if t.ndim == 3 else 3
+        return hook(t.unsqueeze(axis)).squeeze(axis)
+
+
+class IndexerHooks(_CompressionHooks):
+    """The Lightning Indexer: its own compressor, query heads, scores and top-k selection."""
+
+    def __init__(self, hf_indexer: nn.Module):
+        super().__init__(hf_indexer, two_halves=True, alias_kv_gates=False)
+        self.hook_q = HookPoint()
+        self.hook_scores = HookPoint()
+        self.hook_selected = HookPoint()
+
+    def forward(self, x: Tensor, q_residual: Tensor, position_ids: Tensor) -> Tensor:
+        """Top-``index_topk`` entry indices per query ``[batch, pos, k]`` (-1 where fewer are closed)."""
+        hf = self.hf
+        mod = _hf()
+        batch, T, _ = x.shape
+        compressed = self.compress(x)  # [batch, entry, d_index]
+        cos_q, sin_q = hf.rotary_emb(x, position_ids=position_ids, layer_type=hf.rope_layer_type)
+        q = hf.q_b_proj(q_residual).view(batch, T, -1, hf.head_dim).transpose(1, 2)
+        q = self.hook_q(mod.apply_rotary_pos_emb(q, cos_q, sin_q).transpose(1, 2))
+        scores = hf.scorer(q, compressed, x)  # [batch, pos, entry]
+        n_entries = compressed.shape[1]
+        top_k = min(hf.index_topk, n_entries)
+        if n_entries == 0:
+            return self.hook_selected(self.hook_scores(scores).topk(top_k, dim=-1).indices)
+        threshold = (position_ids + 1) // hf.compress_rate  # entries j < threshold are closed
+        entry = torch.arange(n_entries, device=scores.device)
+        scores = scores.masked_fill(entry.view(1, 1, -1) >= threshold.unsqueeze(-1), float("-inf"))
+        scores = self.hook_scores(scores)
+        top = scores.topk(top_k, dim=-1).indices
+        top = torch.where(top >= threshold.unsqueeze(-1), torch.full_like(top, -1), top)
+        return self.hook_selected(top)
+
+
+class CompressorHooks(_CompressionHooks):
+    """A CSA (two halves + indexer) or HCA (one half) compressor; returns entries and their mask."""
+
+    def __init__(self, hf_compressor: nn.Module, kind: str):
+        super().__init__(hf_compressor, two_halves=kind == CSA, alias_kv_gates=True)
+        self.kind = kind
+        self.indexer = IndexerHooks(hf_compressor.indexer) if kind == CSA else None
+
+    def forward(self, x: Tensor, q_residual: Tensor, position_ids: Tensor) -> tuple[Tensor, Optional[Tensor]]:
+        """Compressed K = V ``[batch, 1, entry, d_head]`` and the additive block bias
+        ``[batch, 1, pos, entry]`` (0 = visible, -inf = not closed or not selected)."""
+        batch, T, _ = x.shape
+        compressed_kv = self.compress(x).unsqueeze(1)
+        n_entries = compressed_kv.shape[2]
+        S = self.compress_rate
+        if self.kind == HCA:
+            if T == 1 or n_entries == 0:
+                return compressed_kv, None
+            entry = torch.arange(n_entries, device=compressed_kv.device)
+            threshold = (position_ids + 1) // S
+            block_bias = compressed_kv.new_zeros((batch, 1, T, n_entries))
+            block_bias = block_bias.masked_fill(entry.view(1, 1, 1, -1) >= threshold.unsqueeze(1).unsqueeze(-1),
+                                                float("-inf"))
+            return compressed_kv, block_bias
+        top = self.indexer(x, q_residual, position_ids)
+        valid = top >= 0
+        safe = torch.where(valid, top, torch.full_like(top, n_entries))
+        block_bias = compressed_kv.new_full((batch, 1, T, n_entries + 1), float("-inf"))
+        block_bias.scatter_(-1, safe.unsqueeze(1), 0.0)
+        return compressed_kv, block_bias[..., :n_entries]
+
+
+class _NoCompressor(nn.Module):
+    """Stand-in on sliding-window-only layers: asking for its gates is an error that says why."""
+
+    def __init__(self, layer: int):
+        super().__init__()
+        self.layer = layer
+
+    @property
+    def position_bias(self):
+        raise ValueError(f"layer {self.layer} is a sliding-window-only layer: it has no compressor or gates "
+                         "(pass layers=model.cfg.compressed_layers)")
