@@ -1,0 +1,179 @@
+"""Scores of the gate-cycling prediction ``A_d(r) = A_0((r - d) mod S)`` (docs/science.md, "Gate cycling").
+
+Parameter-free fit (coefficient of determination) and squared correlation of predicted against
+observed per-phase accuracy changes, the circular displacement estimate, and the shift
+identification / permutation test; `gate_cycling` and `CyclingResult` score with these.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+
+def coefficient_of_determination(predicted: np.ndarray, observed: np.ndarray) -> float:
+    """``1 - SS_res / SS_tot`` of a parameter-free prediction: ``SS_res = sum (obs - pred)^2``,
+    ``SS_tot = sum (obs - mean obs)^2``. 1 is a perfect prediction, 0 predicts no better than
+    the observations' mean, and a prediction of the wrong size or sign is negative (unbounded).
+    NaN with fewer than 2 points or when the observations do not vary."""
+    predicted, observed = np.asarray(predicted, float), np.asarray(observed, float)
+    ss_tot = float(((observed - observed.mean()) ** 2).sum()) if observed.size else 0.0
+    if observed.size < 2 or ss_tot <= 1e-12:
+        return float("nan")
+    return 1.0 - float(((observed - predicted) ** 2).sum()) / ss_tot
+
+
+def squared_correlation(predicted: np.ndarray, observed: np.ndarray) -> float:
+    """Squared Pearson correlation: the R^2 of a least-squares line ``obs ~ a + b pred`` (slope
+    and intercept fitted). Blind to scale and offset: a prediction 5x too large scores 1.
+    NaN with fewer than 3 points (two points always lie on a line) or without variation."""
+    predicted, observed = np.asarray(predicted, float), np.asarray(observed, float)
+    if observed.size < 3 or np.std(predicted) == 0 or np.std(observed) == 0:
+        return float("nan")
+    return float(np.corrcoef(predicted, observed)[0, 1] ** 2)
+
+
+def _hypothesis_scores(acc0: np.ndarray, acc: np.ndarray) -> np.ndarray:
+    """Headline score (coefficient of determination on the S-1 non-boundary phases) of every
+    hypothesised shift d' = 0..S-1 for one observed profile ``acc``: ``[S]``."""
+    S = len(acc0)
+    keep = np.arange(S - 1)
+    observed = (acc - acc0)[keep]
+    return np.array([coefficient_of_determination((np.roll(acc0, k) - acc0)[keep], observed) for k in range(S)])
+
+
+def displacement(acc0: np.ndarray, acc: np.ndarray) -> int:
+    """How far the weak spots moved, estimated circularly: the hypothesised shift ``k`` whose
+    prediction ``A_0((r - k) mod S)`` best explains ``acc`` on the non-boundary phases (highest
+    coefficient of determination, i.e. least squares), as its representative in (-S/2, S/2].
+    Nothing pulls the estimate toward the shift that was applied (no unwrapping)."""
+    S = len(acc0)
+    scores = np.nan_to_num(_hypothesis_scores(np.asarray(acc0, float), np.asarray(acc, float)), nan=-np.inf)
+    k = int(np.argmax(scores))
+    return k - S if k > S // 2 else k
+
+
+def _permutation_p(acc0: np.ndarray, observed: dict[int, np.ndarray], n_permutations: int,
+                   seed: int) -> tuple[dict[int, float], float]:
+    """Permutation p-values of the applied shift's headline score, per shift and jointly.
+
+    Null: the shifted model's accuracies on the S-1 non-boundary phases are exchangeable (the
+    shift's effect has nothing to do with where the prediction puts the weak spots). Per
+    shift, the statistic is its score over every arrangement of its S-1 values ((S-1)! of
+    them: 6 at S = 4, so p >= 1/6); jointly, the mean score over shifts with independent
+    arrangements per shift (6^3 = 216 for three shifts at S = 4, so p >= 1/216). Exact
+    enumeration (p = share of arrangements scoring >= observed, the observed one included)
+    when the arrangements number at most ``n_permutations``; else seeded Monte Carlo with
+    ``p = (1 + #{>= observed}) / (1 + n_permutations)``."""
+    import itertools
+    import math
+
+    S = len(acc0)
+    keep = np.arange(S - 1)
+    shifts = list(observed)
+    rng = np.random.default_rng(seed)
+    exact_each = math.factorial(S - 1) <= n_permutations
+    rows = (np.array(list(itertools.permutations(range(S - 1)))) if exact_each
+            else np.stack([rng.permutation(S - 1) for _ in range(n_permutations)]))
+    null_by_shift, per_p, stats = {}, {}, {}
+    for d in shifts:
+        acc = observed[d]
+        pred = (np.roll(acc0, d % S) - acc0)[keep]
+        null = np.array([coefficient_of_determination(pred, acc[keep][row] - acc0[keep]) for row in rows])
+        null_by_shift[d] = np.nan_to_num(null, nan=-np.inf)
+        stats[d] = float(np.nan_to_num(coefficient_of_determination(pred, (acc - acc0)[keep]), nan=-np.inf))
+        hits = int(np.sum(null_by_shift[d] >= stats[d] - 1e-12))
+        per_p[d] = hits / len(rows) if exact_each else (1 + hits) / (1 + len(rows))
+    observed_mean = float(np.mean([stats[d] for d in shifts]))
+    if exact_each and len(rows) ** len(shifts) <= max(n_permutations, 1):
+        grids = np.meshgrid(*[null_by_shift[d] for d in shifts], indexing="ij")
+        joint = np.mean(np.stack([g.reshape(-1) for g in grids]), axis=0)
+        joint_p = float(np.mean(joint >= observed_mean - 1e-12))
+    else:
+        draws = np.stack([null_by_shift[d][rng.integers(0, len(rows), n_permutations)] for d in shifts])
+        joint_p = float((1 + np.sum(draws.mean(axis=0) >= observed_mean - 1e-12)) / (1 + n_permutations))
+    return per_p, joint_p
+
+
+def cycling_scores(acc0: np.ndarray, observed: dict[int, np.ndarray], *, n_permutations: int = 0,
+                   seed: int = 0) -> dict:
+    """How well ``A_d(r) = A_0((r-d) mod S)`` predicts the per-phase accuracies under each shift.
+
+    ``acc0`` is ``[S]`` (unshifted), ``observed[d]`` ``[S]`` for each applied shift ``d``
+    (distinct and nonzero mod S). Every score compares per-phase accuracy CHANGES from the
+    unshifted model: predicted ``A_0((r-d) mod S) - A_0(r)`` against observed
+    ``A_d(r) - A_0(r)``. Point counts are per shift, [in brackets for S = 4]: a score on 3
+    points or fewer is weak evidence alone, hence the identification test and pooled scores.
+
+    ``per_shift`` columns:
+      - ``r2`` (the headline): coefficient of determination of the parameter-free prediction on
+        the S-1 non-boundary phases [3 points]; a wrong prediction scores <= 0 and one of the
+        right shape but the wrong size scores low (a change 5x smaller than predicted: < 0);
+      - ``r2_all`` on all S phases [4]; ``r2_interior`` also without ``(S-1+d) mod S``, where
+        the boundary's weakness is predicted to land [2];
+      - ``corr2``, ``corr2_all``, ``corr2_interior``: the squared Pearson correlation (the paper's
+        comparable figure) on the same sets, with the fitted ``slope`` and ``intercept`` of
+        observed on predicted (non-boundary) [3, 4, 2 -> NaN: two points always fit a line];
+      - ``mae``: mean |observed - predicted| change on the non-boundary phases [3];
+      - ``mean_drop``: mean over all phases of ``A_0 - A_d``, the global damage [4];
+      - ``hypothesis_<k>``: the headline score of every hypothesised shift ``k = 0..S-1``
+        (``k = 0`` predicts no change); ``displacement``: the best ``k``, signed (the circular
+        estimate of where the weak spots went); ``identified``: it equals the applied shift
+        mod S; ``identification_p`` (with ``n_permutations > 0``): permutation p of the applied
+        shift's score (`_permutation_p`; >= 1/6 at S = 4);
+      - ``boundary_accuracy``, ``boundary_rank`` (0 = the weakest phase), ``n_points`` (S-1).
+
+    Pooled over shifts: ``r2_pooled`` and ``corr2_pooled`` on the (S-1) x shifts non-boundary
+    points [9 for three shifts]; ``n_identified`` of ``n_shifts``; ``identification_p``: the
+    joint permutation p of the mean headline score (>= 1/216 for three shifts at S = 4).
+    """
+    acc0 = np.asarray(acc0, float)
+    S = len(acc0)
+    boundary = S - 1
+    not_boundary = np.arange(S - 1)
+    rows, pooled_pred, pooled_obs = [], [], []
+    for d, a in observed.items():
+        a = np.asarray(a, float)
+        predicted = np.roll(acc0, d % S) - acc0  # A_0((r-d) mod S) - A_0(r)
+        change = a - acc0
+        interior = np.array([r for r in range(S) if r not in (boundary, (boundary + d) % S)])
+        pooled_pred.append(predicted[not_boundary])
+        pooled_obs.append(change[not_boundary])
+        if np.std(predicted[not_boundary]) > 0:
+            slope, intercept = np.polyfit(predicted[not_boundary], change[not_boundary], 1)
+        else:
+            slope, intercept = np.nan, np.nan
+        hyp = _hypothesis_scores(acc0, a)
+        best = int(np.argmax(np.nan_to_num(hyp, nan=-np.inf)))
+        row = dict(
+            shift=int(d), r2=coefficient_of_determination(predicted[not_boundary], change[not_boundary]),
+            r2_all=coefficient_of_determination(predicted, change),
+            r2_interior=coefficient_of_determination(predicted[interior], change[interior]),
+            corr2=squared_correlation(predicted[not_boundary], change[not_boundary]),
+            corr2_all=squared_correlation(predicted, change),
+            corr2_interior=squared_correlation(predicted[interior], change[interior]),
+            slope=float(slope), intercept=float(intercept),
+            mae=float(np.abs(predicted - change)[not_boundary].mean()),
+            mean_drop=float(acc0.mean() - a.mean()),
+            displacement=best - S if best > S // 2 else best, identified=bool(best == d % S),
+            boundary_accuracy=float(a[boundary]), boundary_rank=int((a < a[boundary]).sum()),
+            n_points=S - 1,
+        )
+        row.update({f"hypothesis_{k}": float(v) for k, v in enumerate(hyp)})
+        rows.append(row)
+    per_shift = pd.DataFrame(rows)
+    out: dict = dict(per_shift=per_shift, n_shifts=len(rows),
+                     n_identified=int(per_shift["identified"].sum()) if rows else 0)
+    if rows:
+        pred, obs = np.concatenate(pooled_pred), np.concatenate(pooled_obs)
+        out["r2_pooled"] = coefficient_of_determination(pred, obs)
+        out["corr2_pooled"] = squared_correlation(pred, obs)
+    else:
+        out["r2_pooled"] = out["corr2_pooled"] = float("nan")
+    out["identification_p"] = float("nan")
+    if n_permutations > 0 and rows:
+        per_p, joint_p = _permutation_p(acc0, {d: np.asarray(a, float) for d, a in observed.items()},
+                                        n_permutations, seed)
+        per_shift["identification_p"] = [per_p[d] for d in per_shift["shift"]]
+        out["identification_p"] = joint_p
+    return out

@@ -1,0 +1,112 @@
+"""The knockout engines behind `ablate`: the calibration mean of ``hook_z`` and two ways to run
+every unit's mean replacement at the answer position.
+
+Fast path (`_fast_knockouts`): a knockout at the final position changes nothing at earlier
+positions, so the clean prefix is run once (with a KV cache) and only the final position is
+recomputed, for the layers at and after the knocked-out one, with every unit of a layer as one
+batch of variants over the shared cache (`CompressedAttention.forward_last`). Naive path
+(`_naive_knockouts`): a hooked full forward per unit, the reference the fast path equals to 1e-5.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from phaseinterp.interventions._common import model_device
+
+
+@torch.inference_mode()
+def calibration_mean_z(model, tokens: torch.Tensor, answer_pos: int, batch_size: int = 64) -> torch.Tensor:
+    """Mean ``hook_z`` at ``answer_pos`` over calibration prompts: ``[layer, head, d_head]``."""
+    names = [f"blocks.{l}.attn.hook_z" for l in range(model.cfg.n_layers)]
+    total = None
+    for i in range(0, tokens.shape[0], batch_size):
+        chunk = tokens[i : i + batch_size, : answer_pos + 1].to(model_device(model))
+        _, cache = model.run_with_cache(chunk, names_filter=names, return_type=None, return_cache_object=False)
+        z = torch.stack([cache[n][:, answer_pos] for n in names], 0).sum(1)  # [layer, head, d_head]
+        total = z if total is None else total + z
+    return total / tokens.shape[0]
+
+
+@torch.inference_mode()
+def _fast_knockouts(model, tokens, answer_pos, answer, units, mean_z, batch_size, bar):
+    """(clean correct [N], knockout correct [N, U], clean answer logit [N], knockout answer logit [N, U])."""
+    cfg = model.cfg
+    device = model_device(model)
+    by_layer = {layer: [int(i) for i in grp.index] for layer, grp in units.groupby("layer")}
+    clean_ok, ko_ok, clean_logit, ko_logit = [], [], [], []
+    for i in range(0, tokens.shape[0], batch_size):
+        chunk = tokens[i : i + batch_size, : answer_pos + 1].to(device)
+        ans = answer[i : i + batch_size].to(device)
+        n = chunk.shape[0]
+        cache = model.init_cache()
+        if answer_pos > 0:
+            model(chunk[:, :answer_pos], cache=cache, return_type=None)
+        else:
+            cache.layers = [_empty_layer_cache(model, n, device) for _ in range(cfg.n_layers)]
+        resid = model.W_E[chunk[:, answer_pos]][:, None]
+        resid_pre = []
+        for layer, block in enumerate(model.blocks):
+            resid_pre.append(resid)
+            resid = block.forward_last(resid, cache.layers[layer])
+        logits = model.unembed(resid)[:, 0]
+        clean_ok.append((logits.argmax(-1) == ans).cpu())
+        clean_logit.append(logits.gather(1, ans[:, None])[:, 0].cpu())
+        out_ok = torch.zeros(n, len(units), dtype=torch.bool)
+        out_logit = torch.zeros(n, len(units))
+        for layer, unit_idx in by_layer.items():
+            mask = torch.zeros(len(unit_idx), cfg.n_heads, dtype=torch.bool, device=device)
+            for v, u in enumerate(unit_idx):
+                mask[v, list(units.heads.iloc[u])] = True
+            r = resid_pre[layer].expand(-1, len(unit_idx), -1)
+            r = model.blocks[layer].forward_last(r, cache.layers[layer], (mask, mean_z[layer]))
+            for later in range(layer + 1, cfg.n_layers):
+                r = model.blocks[later].forward_last(r, cache.layers[later])
+            lg = model.unembed(r)  # [n, variant, vocab]
+            out_ok[:, unit_idx] = (lg.argmax(-1) == ans[:, None]).cpu()
+            out_logit[:, unit_idx] = lg.gather(2, ans[:, None, None].expand(-1, len(unit_idx), 1))[..., 0].cpu()
+            if bar is not None:
+                bar.update(n * len(unit_idx))
+        ko_ok.append(out_ok)
+        ko_logit.append(out_logit)
+    return torch.cat(clean_ok), torch.cat(ko_ok), torch.cat(clean_logit), torch.cat(ko_logit)
+
+
+def _empty_layer_cache(model, n, device):
+    from phaseinterp.models.attention import LayerCache
+
+    cfg = model.cfg
+    z = lambda *s: torch.zeros(*s, device=device)  # noqa: E731
+    return LayerCache(z(n, 0, cfg.d_model), z(n, 0, cfg.n_kv_heads, cfg.d_head), z(n, 0, cfg.n_kv_heads, cfg.d_head),
+                      z(n, 0, cfg.n_kv_heads, cfg.d_head), z(n, 0, cfg.n_kv_heads, cfg.d_head),
+                      z(n, 0, cfg.n_kv_heads, cfg.d_head))
+
+
+@torch.inference_mode()
+def _naive_knockouts(model, tokens, answer_pos, answer, units, mean_z, batch_size, bar):
+    """One hooked full forward per unit (the obviously-correct reference for the fast path)."""
+    device = model_device(model)
+    clean_ok, ko_ok, clean_logit, ko_logit = [], [], [], []
+    for i in range(0, tokens.shape[0], batch_size):
+        chunk = tokens[i : i + batch_size, : answer_pos + 1].to(device)
+        ans = answer[i : i + batch_size].to(device)
+        logits = model(chunk)[:, answer_pos]
+        clean_ok.append((logits.argmax(-1) == ans).cpu())
+        clean_logit.append(logits.gather(1, ans[:, None])[:, 0].cpu())
+        oks, lgs = [], []
+        for unit in units.itertuples():
+            heads = list(unit.heads)
+
+            def replace(z, hook, layer=unit.layer, heads=heads):
+                z = z.clone()
+                z[:, answer_pos, heads] = mean_z[layer, heads].to(z.dtype)
+                return z
+
+            lg = model.run_with_hooks(chunk, fwd_hooks=[(f"blocks.{unit.layer}.attn.hook_z", replace)])[:, answer_pos]
+            oks.append((lg.argmax(-1) == ans).cpu())
+            lgs.append(lg.gather(1, ans[:, None])[:, 0].cpu())
+            if bar is not None:
+                bar.update(chunk.shape[0])
+        ko_ok.append(torch.stack(oks, 1))
+        ko_logit.append(torch.stack(lgs, 1))
+    return torch.cat(clean_ok), torch.cat(ko_ok), torch.cat(clean_logit), torch.cat(ko_logit)
