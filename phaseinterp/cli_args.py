@@ -1,0 +1,199 @@
+"""``phaseinterp``'s argument parser: `build_parser`, its subcommands and their options.
+
+Imports only the standard library, so ``phaseinterp --help`` answers at once; `phaseinterp.cli`
+runs the commands. Bad arguments exit with code 2 and a one-line message naming the value.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Optional
+
+N_PER_RESIDUE_HELP = ("prompts per residue group (x R = 24 residues for the zoo task); moment matching needs 72, "
+                      "77, 80 or any size from 86 for the zoo task; at most 500,000 prompts in all")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text} must be a finite number > 0")
+    return value
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit code 2
+        self.exit(2, f"phaseinterp: error: {message}\n")
+
+
+def _model_arg(p):
+    p.add_argument("model", help="zoo name with a shipped checkpoint (see `phaseinterp zoo list`) or a checkpoint "
+                                 "directory (config.json + model.safetensors)")
+    _device_arg(p)
+
+
+def _device_arg(p):
+    p.add_argument("--device", default=None,
+                   help="torch device, e.g. cpu, cuda, cuda:1, mps (default: cpu); must exist on this machine")
+
+
+def _out_arg(p, default: Optional[str] = None, required: bool = False, what: str = "the result"):
+    default_text = f" (default: {default})" if default else (" (required)" if required else " (default: print only)")
+    p.add_argument("--out", default=default, required=required,
+                   help=f"directory to write {what} to; must be a directory or not exist yet{default_text}")
+
+
+def _scale_args(p):
+    p.add_argument("--shard-dir", default=None,
+                   help="write each finished chunk of prompts here (atomically) and resume from it on a rerun; "
+                        "required under torchrun / accelerate launch, where each process takes a slice of the "
+                        "prompts and process 0 merges them (default: one process, no shards)")
+    p.add_argument("--chunk-size", type=_positive, default=64, help="prompts per shard file (default: 64)")
+    p.add_argument("--query-chunk", type=_positive, default=None,
+                   help="attention queries per chunk for long prompts: memory linear in the prompt length, same "
+                        "numbers (default: all at once)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="phaseinterp", description="Phase sensitivity of chunk-compressed attention: "
+                     "accuracy by position phase, mean replacement, gate cycling, gate statistics.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
+
+    p = sub.add_parser("demo", help="report for a shipped zoo model and its full-attention twin",
+                       description="Write the full report (phase profile, mean replacement, gate cycling, gate "
+                       "statistics) for a shipped zoo model and its full-attention twin.")
+    p.add_argument("--model", default="w4s4", help="zoo model with a shipped checkpoint (default: w4s4)")
+    p.add_argument("--twin", default="full",
+                   help="full-attention twin: zoo name or checkpoint directory, 'none' to skip (default: full)")
+    _out_arg(p, default="phaseinterp-report", what="the report (index.html, PNGs, CSVs, summary.json)")
+    p.add_argument("--quick", action="store_true", help="72 prompts per residue everywhere (about a minute)")
+    p.add_argument("--no-static", action="store_true", help="skip PNG export even if kaleido and Chromium exist")
+    p.add_argument("--deepseek-v4", default="dsv4-tiny",
+                   help="shipped HF DeepSeek-V4 zoo model for the report's DeepSeek-V4 section, 'none' to skip "
+                   "(default: dsv4-tiny)")
+    _device_arg(p)
+
+    p = sub.add_parser("report", help="the full report for any model",
+                       description="Write the full report for any model (zoo name or checkpoint directory).")
+    _model_arg(p)
+    p.add_argument("--twin", default=None, help="a full-attention twin to profile beside it (default: none)")
+    _out_arg(p, required=True, what="the report (index.html, PNGs, CSVs, summary.json)")
+    p.add_argument("--quick", action="store_true", help="72 prompts per residue everywhere (about a minute)")
+    p.add_argument("--no-static", action="store_true", help="skip PNG export even if kaleido and Chromium exist")
+
+    p = sub.add_parser("profile", help="accuracy by residue and phase (phaseinterp.phase_profile)",
+                       description="Top-1 retrieval accuracy by target residue (mod R) and phase (mod S).")
+    _model_arg(p)
+    p.add_argument("--n-per-residue", type=_positive, default=250, help=N_PER_RESIDUE_HELP + " (default: 250)")
+    p.add_argument("--stride", type=_positive, default=None,
+                   help="fold residues to phases with this stride; must divide R (default: the model's)")
+    p.add_argument("--padding", choices=["prefix", "in_sequence"], default=None,
+                   help="how records are moved to each residue (default: the task's own)")
+    p.add_argument("--seed", type=_non_negative, default=0, help="prompt seed, >= 0 (default: 0)")
+    _out_arg(p, what="the profile (meta.json + arrays.npz)")
+    _scale_args(p)
+
+    p = sub.add_parser("ablate", help="per-KV-head mean replacement (phaseinterp.ablate)",
+                       description="Replace each KV head's per-head outputs (hook_z) at the answer position by "
+                       "their calibration mean; print the RELATIVE accuracy change in percent per phase.")
+    _model_arg(p)
+    p.add_argument("--layer", type=int, nargs="+", default=None,
+                   help="distinct layer indices in 0..n_layers-1 (default: every layer)")
+    p.add_argument("--scope", choices=["kv_head", "layer"], default="kv_head",
+                   help="one unit per KV head, or one per whole layer (default: kv_head)")
+    p.add_argument("--n-per-residue", type=_positive, default=72, help=N_PER_RESIDUE_HELP + " (default: 72)")
+    p.add_argument("--n-calibration", type=_positive, default=256,
+                   help="calibration prompts for the mean; at least R (one per residue) (default: 256)")
+    p.add_argument("--method", choices=["fast", "naive"], default="fast",
+                   help="fast (answer position only, equals naive to 1e-5) or naive (default: fast)")
+    _out_arg(p, what="the result (meta.json + arrays.npz)")
+    _scale_args(p)
+
+    p = sub.add_parser("cycle", help="cyclic gate shifts (phaseinterp.gate_cycling)",
+                       description="Shift the gates' slot preferences by each shift and measure accuracy per "
+                       "phase (W = S gated or DeepSeek-kernel models).")
+    _model_arg(p)
+    p.add_argument("--shifts", type=int, nargs="+", default=None,
+                   help="shifts in slots, each non-zero mod S (default: every distinct shift mod S, e.g. "
+                        "-1 1 2 for S = 4)")
+    p.add_argument("--layer", type=int, nargs="+", default=None,
+                   help="distinct layer indices to shift (default: every layer)")
+    p.add_argument("--branch", choices=["both", "k", "v"], default="both",
+                   help="shift the key gates, the value gates or both (default: both)")
+    p.add_argument("--n-per-residue", type=_positive, default=250, help=N_PER_RESIDUE_HELP + " (default: 250)")
+    _out_arg(p, what="the result (meta.json + arrays.npz)")
+    _scale_args(p)
+
+    p = sub.add_parser("merge", help="combine the shard files of a --shard-dir run (phaseinterp.distributed.merge)",
+                       description="Rebuild a sharded profile / ablate / cycle result from DIR's run.json and "
+                       "shard files alone; refuses shards of another run (model hash, task, seed, settings), "
+                       "naming the field, and names the prompts still missing.")
+    p.add_argument("dir", help="the --shard-dir of a profile, ablate or cycle run")
+    _out_arg(p, what="the merged result (meta.json + arrays.npz)")
+
+    p = sub.add_parser("gates", help="gate statistics (phaseinterp.gate_profile)",
+                       description="Where each compressor gate puts its weight, and how concentrated it is.")
+    _model_arg(p)
+    p.add_argument("--n-per-residue", type=_positive, default=8,
+                   help="prompts per residue; any size works here (no moment matching) (default: 8)")
+    _out_arg(p, what="the result (meta.json + arrays.npz)")
+
+    p = sub.add_parser("train", help="train a model from scratch (phaseinterp.train)",
+                       description="Train a model with a zoo recipe (default: w4s4's), changing the options given. "
+                       "--resume continues a run in --out with the same architecture and recipe.")
+    p.add_argument("--zoo-recipe", default=None, help="start from this zoo entry's settings (default: w4s4)")
+    p.add_argument("--compression", choices=["gated", "deepseek", "none"], default=None,
+                   help="compressor kind; none = the full-attention twin (default: the recipe's)")
+    p.add_argument("--window", type=_positive, default=None, help="compression window W (default: the recipe's)")
+    p.add_argument("--stride", type=_positive, default=None,
+                   help="compression stride S; must divide the task's R = 24 (default: the recipe's)")
+    p.add_argument("--gate", choices=["scalar", "vector", "uniform"], default=None,
+                   help="gate type (default: the recipe's)")
+    p.add_argument("--n-layers", type=_positive, default=None, help="number of layers (default: the recipe's)")
+    p.add_argument("--n-kv-heads", type=_positive, default=None,
+                   help="KV heads; must divide the query heads (default: the recipe's)")
+    p.add_argument("--steps", type=_positive, default=None, help="training steps (default: the recipe's, 1500)")
+    p.add_argument("--batch-size", type=_positive, default=None, help="sequences per step (default: the recipe's)")
+    p.add_argument("--lr", type=_positive_float, default=None, help="peak learning rate > 0 (default: the recipe's)")
+    p.add_argument("--seed", type=_non_negative, default=None, help="training seed >= 0 (default: the recipe's)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in --out; refuses a changed architecture, recipe or step count")
+    _device_arg(p)
+    _out_arg(p, required=True, what="checkpoints, logs and the final model")
+
+    p = sub.add_parser("zoo", help="list or rebuild the zoo models", description="The zoo: shipped checkpoints "
+                       "and recipes without a shipped checkpoint.")
+    zsub = p.add_subparsers(dest="zoo_command", required=True, parser_class=_Parser, metavar="ZOO_COMMAND")
+    z = zsub.add_parser("list", help="every zoo name, whether its checkpoint ships, and how to rebuild it")
+    z.add_argument("--markdown", action="store_true", help="print the README's zoo table instead")
+    b = zsub.add_parser("build", help="retrain a zoo model with the shared recipe and install it")
+    b.add_argument("name", help="a zoo name (see `phaseinterp zoo list`)")
+    b.add_argument("--out-dir", default=None, help="run directory (default: runs/zoo/NAME)")
+    _device_arg(b)
+    b.add_argument("--no-install", action="store_true", help="train only; do not copy the snapshot into the package")
+    b.add_argument("--threads", type=_positive, default=1,
+                   help="CPU threads (default: 1, which reproduces the shipped checkpoints bit for bit)")
+    return parser
