@@ -139,7 +139,10 @@ def build_report(model, out_dir: Union[str, Path], *, twin=None, settings: Optio
     model = load_model(model, device)
     task = resolve_task(model, task)
     twin = load_model(twin, device) if twin is not None else None
-    dsv4 = _load_deepseek_v4(deepseek_v4, device) if deepseek_v4 is not None else None
+    if deepseek_v4 is not None:
+        from phaseinterp.report_deepseek_v4 import deepseek_v4_report, load_deepseek_v4
+
+        dsv4 = load_deepseek_v4(deepseek_v4, device)
     (out / "data").mkdir(parents=True, exist_ok=True)
     figures: dict[str, Any] = {}
     tables: dict[str, Any] = {}
@@ -223,8 +226,8 @@ def build_report(model, out_dir: Union[str, Path], *, twin=None, settings: Optio
         figures["gate_profile"] = gp.plot()
         tables["gate_profile"] = _frame_html(gp.heads, "Per head and branch")
 
-    if dsv4 is not None:
-        _deepseek_v4_report(dsv4, settings, out, summary, figures, tables, progress, log)
+    if deepseek_v4 is not None:
+        deepseek_v4_report(dsv4, settings, out, summary, figures, tables, progress, log)
 
     static = _static_export(settings, figures, out, export)
     if static["skipped"]:
@@ -256,50 +259,6 @@ def _static_export(settings: ReportSettings, figures: dict, out: Path, export) -
             return {"written": written, "skipped": f"kaleido failed: {' '.join(str(err).split())[:300]}"}
         written.append(f"{name}.png")
     return {"written": written, "skipped": None}
-
-
-def _load_deepseek_v4(model_or_name, device):
-    """A wrapped DeepSeek-V4 or a shipped HF-format zoo name -> the wrapped model (checked before any work)."""
-    if not isinstance(model_or_name, str):
-        if not hasattr(model_or_name, "hf"):
-            raise ValueError(f"deepseek_v4={type(model_or_name).__name__} is not a wrapped DeepSeek-V4 "
-                             "(phaseinterp.from_hf / load_hf) or a shipped HF zoo name")
-        return model_or_name
-    from phaseinterp.zoo import deepseek_v4 as hf_zoo
-
-    if model_or_name not in hf_zoo.available():
-        raise ValueError(f"deepseek_v4={model_or_name!r} is not a shipped HF DeepSeek-V4 zoo model "
-                         f"(shipped: {', '.join(hf_zoo.available()) or 'none'})")
-    return hf_zoo.load(model_or_name, device=device)
-
-
-def _deepseek_v4_report(model, settings, out, summary, figures, tables, progress, log) -> None:
-    """The DeepSeek-V4 section: its phase profile (at its own compression rate) and `deepseek_v4_section`."""
-    from phaseinterp.plot import profiles_figure
-    from phaseinterp.profile import phase_profile
-    from phaseinterp.report_deepseek_v4 import deepseek_v4_section
-
-    task = resolve_task(model)
-    name = getattr(model, "metadata", {}).get("zoo_name", "DeepSeek-V4")
-    n = settings.ablation_per_residue
-    log(f"[dsv4] {name}: phase profile, {n} prompts x {task.residue_modulus} residues")
-    profile = phase_profile(model, task, n, label=f"{name} (HF DeepSeek-V4)", progress=progress)
-    atomic_write_text(out / "data" / f"profile_{_slug(name)}_phases.csv", profile.phase_frame().to_csv(index=False))
-    summary["profiles"].append(profile.to_dict())
-    section = deepseek_v4_section(model, task, out, n_per_residue=min(n, 24), log=log)
-    summary["deepseek_v4"] = {"model": name, **section["summary"]}
-    figures["dsv4_profile"] = profiles_figure([profile])
-    tables["dsv4_profile"] = (
-        f"<p>{html.escape(name)}: the Hugging Face DeepSeek-V4 architecture (transformers' modules, wrapped by "
-        f"<code>phaseinterp.from_hf</code> without copying weights), trained here on the same retrieval task. "
-        f"Wrapped logits differ from plain transformers by at most {section['summary']['wrapper_max_abs_logit_diff']:.2g}."
-        "</p>" + section["tables"]["dsv4_layers"])
-    for key, fig in section["figures"].items():
-        figures[f"dsv4_{key}" if not key.startswith("dsv4") else key] = fig
-    if "indexer_phase" in section["tables"]:
-        tables["dsv4_indexer_phase"] = (
-            "<p>How often the CSA Lightning Indexer keeps the compressed entry that holds the target, by target "
-            "phase: whether top-k selection itself has a period.</p>" + section["tables"]["indexer_phase"])
 
 
 def _training_controls(model, twin, task, settings, device, progress, profiles) -> list[dict]:

@@ -12,6 +12,8 @@ tables) and writes its CSVs under ``out_dir/data``. It adds, for a model from `p
 
 from __future__ import annotations
 
+import html
+
 from pathlib import Path
 from typing import Any, Callable, Union
 
@@ -24,7 +26,7 @@ from phaseinterp._files import atomic_write_text
 def deepseek_v4_section(model, task=None, out_dir: Union[str, Path, None] = None, *, n_per_residue: int = 24,
                         seed: int = 0, batch_size: int = 32, log: Callable[[str], Any] = print) -> dict[str, Any]:
     """The DeepSeek-V4 section for ``model`` (a `HookedDeepseekV4`) on ``task`` (default: its stored task)."""
-    from phaseinterp.interventions._common import resolve_task
+    from phaseinterp.tasks import resolve_task
     from phaseinterp.interventions.indexer import indexer_phase
 
     if not hasattr(model, "hf") or not hasattr(model.cfg, "layer_types"):
@@ -67,4 +69,50 @@ def deepseek_v4_section(model, task=None, out_dir: Union[str, Path, None] = None
     return {"summary": summary, "figures": figures, "tables": tables}
 
 
-__all__ = ["deepseek_v4_section"]
+def load_deepseek_v4(model_or_name, device):
+    """A wrapped DeepSeek-V4 or a shipped HF-format zoo name -> the wrapped model (checked before any work)."""
+    if not isinstance(model_or_name, str):
+        if not hasattr(model_or_name, "hf"):
+            raise ValueError(f"deepseek_v4={type(model_or_name).__name__} is not a wrapped DeepSeek-V4 "
+                             "(phaseinterp.from_hf / load_hf) or a shipped HF zoo name")
+        return model_or_name
+    from phaseinterp.zoo import deepseek_v4 as hf_zoo
+
+    if model_or_name not in hf_zoo.available():
+        raise ValueError(f"deepseek_v4={model_or_name!r} is not a shipped HF DeepSeek-V4 zoo model "
+                         f"(shipped: {', '.join(hf_zoo.available()) or 'none'})")
+    return hf_zoo.load(model_or_name, device=device)
+
+
+def deepseek_v4_report(model, settings, out, summary, figures, tables, progress, log) -> None:
+    """The DeepSeek-V4 section: its phase profile (at its own compression rate) and `deepseek_v4_section`."""
+    from phaseinterp.plot import profiles_figure
+    from phaseinterp.profile import phase_profile
+    from phaseinterp.report import _slug
+
+    from phaseinterp.tasks import resolve_task
+
+    task = resolve_task(model)
+    name = getattr(model, "metadata", {}).get("zoo_name", "DeepSeek-V4")
+    n = settings.ablation_per_residue
+    log(f"[dsv4] {name}: phase profile, {n} prompts x {task.residue_modulus} residues")
+    profile = phase_profile(model, task, n, label=f"{name} (HF DeepSeek-V4)", progress=progress)
+    atomic_write_text(out / "data" / f"profile_{_slug(name)}_phases.csv", profile.phase_frame().to_csv(index=False))
+    summary["profiles"].append(profile.to_dict())
+    section = deepseek_v4_section(model, task, out, n_per_residue=min(n, 24), log=log)
+    summary["deepseek_v4"] = {"model": name, **section["summary"]}
+    figures["dsv4_profile"] = profiles_figure([profile])
+    tables["dsv4_profile"] = (
+        f"<p>{html.escape(name)}: the Hugging Face DeepSeek-V4 architecture (transformers' modules, wrapped by "
+        f"<code>phaseinterp.from_hf</code> without copying weights), trained here on the same retrieval task. "
+        f"Wrapped logits differ from plain transformers by at most {section['summary']['wrapper_max_abs_logit_diff']:.2g}."
+        "</p>" + section["tables"]["dsv4_layers"])
+    for key, fig in section["figures"].items():
+        figures[f"dsv4_{key}" if not key.startswith("dsv4") else key] = fig
+    if "indexer_phase" in section["tables"]:
+        tables["dsv4_indexer_phase"] = (
+            "<p>How often the CSA Lightning Indexer keeps the compressed entry that holds the target, by target "
+            "phase: whether top-k selection itself has a period.</p>" + section["tables"]["indexer_phase"])
+
+
+__all__ = ["deepseek_v4_report", "deepseek_v4_section", "load_deepseek_v4"]
