@@ -14,34 +14,27 @@ N_PER_RESIDUE_HELP = ("prompts per residue group (x R = 24 residues for the zoo 
                       "77, 80 or any size from 86 for the zoo task; at most 500,000 prompts in all")
 
 
-def _positive(text: str) -> int:
+def _parse_number(text: str, kind: type, ok, bound: str):
+    """``text`` as ``kind`` (int or float) satisfying ``ok``, else an argparse error naming the value."""
     try:
-        value = int(text)
+        value = kind(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
+        raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+    if not ok(value):
+        raise argparse.ArgumentTypeError(f"{text} must be {bound}")
     return value
+
+
+def _positive(text: str) -> int:
+    return _parse_number(text, int, lambda v: v >= 1, ">= 1")
 
 
 def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
-    return value
+    return _parse_number(text, int, lambda v: v >= 0, ">= 0")
 
 
 def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"{text} must be a finite number > 0")
-    return value
+    return _parse_number(text, float, lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
 
 
 class _Parser(argparse.ArgumentParser):
