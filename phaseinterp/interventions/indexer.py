@@ -147,6 +147,25 @@ def _holding(position: np.ndarray, S: int, n_closed: np.ndarray) -> np.ndarray:
 
 
 @torch.inference_mode()
+def _setup(model, task, layers, n_per_residue: int, seed: int, prompts, what: str):
+    """Checked CSA ``layers`` (default: every CSA layer), the task, its prompts, the shared answer
+    position, the CSA rate S and the task's key length."""
+    layer_types = getattr(model.cfg, "layer_types", None)
+    if layer_types is None:
+        raise ValueError(f"{what} needs a wrapped DeepSeek-V4 (phaseinterp.from_hf / load_hf)")
+    csa = [l for l, kind in enumerate(layer_types) if kind == CSA]
+    if not csa:
+        raise ValueError(f"{what}: the model has no CSA layer, hence no indexer")
+    layers = csa if layers is None else [layers] if isinstance(layers, int) else list(layers)
+    for layer in layers:
+        if layer not in csa:
+            raise ValueError(f"layer={layer!r} is not a CSA layer (CSA layers: {csa})")
+    task = resolve_task(model, task)
+    batch = prompts if prompts is not None else task.generate(n_per_residue, seed=seed)
+    return (layers, task, batch, fixed_answer_position(batch), model.cfg.compress_rates[CSA],
+            int(getattr(task, "key_tokens", 1)))
+
+
 def indexer_phase(model, task=None, *, layers: Optional[Sequence[int]] = None, n_per_residue: int = 72,
                   seed: int = 0, batch_size: int = 32, prompts=None, confidence: float = 0.95) -> IndexerPhaseResult:
     """How often each CSA layer's indexer keeps the entry holding the target, by target phase.
@@ -155,21 +174,8 @@ def indexer_phase(model, task=None, *, layers: Optional[Sequence[int]] = None, n
     the model's stored task; ``layers`` defaults to every CSA layer. Prompts must share one answer
     position. See the module docstring for the outcome columns.
     """
-    layer_types = getattr(model.cfg, "layer_types", None)
-    if layer_types is None:
-        raise ValueError("indexer_phase needs a wrapped DeepSeek-V4 (phaseinterp.from_hf / load_hf)")
-    csa = [l for l, kind in enumerate(layer_types) if kind == CSA]
-    if not csa:
-        raise ValueError("the model has no CSA layer, hence no indexer")
-    layers = csa if layers is None else [layers] if isinstance(layers, int) else list(layers)
-    for layer in layers:
-        if layer not in csa:
-            raise ValueError(f"layer={layer!r} is not a CSA layer (CSA layers: {csa})")
-    task = resolve_task(model, task)
-    batch = prompts if prompts is not None else task.generate(n_per_residue, seed=seed)
-    answer_pos = fixed_answer_position(batch)
-    S = model.cfg.compress_rates[CSA]
-    key_tokens = int(getattr(task, "key_tokens", 1))
+    layers, task, batch, answer_pos, S, key_tokens = _setup(model, task, layers, n_per_residue, seed, prompts,
+                                                            "indexer_phase")
     names = [f"blocks.{l}.attn.compressor.indexer.{h}" for l in layers for h in ("hook_scores", "hook_selected")]
     device = model_device(model)
     scores = {l: [] for l in layers}
@@ -292,19 +298,8 @@ def force_target_selection(model, task=None, *, layers: Optional[Sequence[int]] 
                            confidence: float = 0.95) -> ForcedSelectionResult:
     """Causal test of selection misses: accuracy by phase when each of ``layers``' indexers (default:
     every CSA layer) must keep the closed entries holding the target's value at the answer position."""
-    layer_types = getattr(model.cfg, "layer_types", None)
-    csa = [l for l, kind in enumerate(layer_types or ()) if kind == CSA]
-    if not csa:
-        raise ValueError("force_target_selection needs a wrapped DeepSeek-V4 with CSA layers")
-    layers = csa if layers is None else [layers] if isinstance(layers, int) else list(layers)
-    for layer in layers:
-        if layer not in csa:
-            raise ValueError(f"layer={layer!r} is not a CSA layer (CSA layers: {csa})")
-    task = resolve_task(model, task)
-    batch = prompts if prompts is not None else task.generate(n_per_residue, seed=seed)
-    answer_pos = fixed_answer_position(batch)
-    S = model.cfg.compress_rates[CSA]
-    key_tokens = int(getattr(task, "key_tokens", 1))
+    layers, task, batch, answer_pos, S, key_tokens = _setup(model, task, layers, n_per_residue, seed, prompts,
+                                                            "force_target_selection")
     meta = batch.meta.reset_index(drop=True)
     target = meta["target_pos"].to_numpy().astype(np.int64)
     n_closed = np.full(len(meta), (answer_pos + 1) // S)
