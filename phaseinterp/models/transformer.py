@@ -54,6 +54,26 @@ WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 
 
+def check_tokens(tokens, n_ctx: int, d_vocab: int, start: int = 0) -> None:
+    """Raise unless ``tokens`` is a non-empty integer [batch, pos] tensor of ids in 0..d_vocab-1
+    whose positions ``start..start+pos-1`` fit in ``n_ctx`` (TypeError / ValueError naming the value)."""
+    if not isinstance(tokens, Tensor) or tokens.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
+        raise TypeError(f"tokens must be an integer tensor [batch, pos], got {getattr(tokens, 'dtype', type(tokens))}")
+    if tokens.ndim != 2:
+        raise ValueError(f"tokens must have shape [batch, pos], got {tuple(tokens.shape)}")
+    if tokens.shape[1] == 0:
+        raise ValueError("tokens has no positions (shape [batch, 0])")
+    if tokens.shape[0] == 0:
+        raise ValueError(f"tokens has no sequences (shape [0, {tokens.shape[1]}]); pass at least one row")
+    end = start + tokens.shape[1]
+    if end > n_ctx:
+        raise ValueError(f"sequence length {end} exceeds n_ctx={n_ctx} (valid lengths: 1..{n_ctx})")
+    lo, hi = int(tokens.min()), int(tokens.max())
+    if lo < 0 or hi >= d_vocab:
+        bad = lo if lo < 0 else hi
+        raise ValueError(f"token id {bad} is outside the vocabulary (valid ids: 0..{d_vocab - 1})")
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint directory is missing, truncated or corrupt."""
 
@@ -183,23 +203,7 @@ class CompressedTransformer(HookedRootModule):
 
     # ---------------------------------------------------------------- forward
     def _check_tokens(self, tokens: Tensor, start: int) -> None:
-        if not isinstance(tokens, Tensor) or tokens.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
-            raise TypeError(f"tokens must be an integer tensor [batch, pos], got {getattr(tokens, 'dtype', type(tokens))}")
-        if tokens.ndim != 2:
-            raise ValueError(f"tokens must have shape [batch, pos], got {tuple(tokens.shape)}")
-        if tokens.shape[1] == 0:
-            raise ValueError("tokens has no positions (shape [batch, 0])")
-        if tokens.shape[0] == 0:
-            raise ValueError(f"tokens has no sequences (shape [0, {tokens.shape[1]}]); pass at least one row")
-        end = start + tokens.shape[1]
-        if end > self.cfg.n_ctx:
-            raise ValueError(
-                f"sequence length {end} exceeds n_ctx={self.cfg.n_ctx} (valid lengths: 1..{self.cfg.n_ctx})"
-            )
-        lo, hi = int(tokens.min()), int(tokens.max())
-        if lo < 0 or hi >= self.cfg.d_vocab:
-            bad = lo if lo < 0 else hi
-            raise ValueError(f"token id {bad} is outside the vocabulary (valid ids: 0..{self.cfg.d_vocab - 1})")
+        check_tokens(tokens, self.cfg.n_ctx, self.cfg.d_vocab, start)
 
     def forward(
         self,

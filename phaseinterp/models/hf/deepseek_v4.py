@@ -100,18 +100,9 @@ class HookedDeepseekV4(HookedRootModule):
 
     # ---------------------------------------------------------------- forward
     def _check_tokens(self, tokens: Tensor) -> None:
-        if not isinstance(tokens, Tensor) or tokens.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
-            raise TypeError(f"tokens must be an integer tensor [batch, pos], got {getattr(tokens, 'dtype', type(tokens))}")
-        if tokens.ndim != 2:
-            raise ValueError(f"tokens must have shape [batch, pos], got {tuple(tokens.shape)}")
-        if tokens.shape[1] == 0:
-            raise ValueError("tokens has no positions (shape [batch, 0])")
-        if tokens.shape[1] > self.cfg.n_ctx:
-            raise ValueError(f"sequence length {tokens.shape[1]} exceeds n_ctx={self.cfg.n_ctx} (valid: 1..{self.cfg.n_ctx})")
-        lo, hi = int(tokens.min()), int(tokens.max())
-        if lo < 0 or hi >= self.cfg.d_vocab:
-            bad = lo if lo < 0 else hi
-            raise ValueError(f"token id {bad} is outside the vocabulary (valid ids: 0..{self.cfg.d_vocab - 1})")
+        from phaseinterp.models.transformer import check_tokens
+
+        check_tokens(tokens, self.cfg.n_ctx, self.cfg.d_vocab)
 
     def forward(self, tokens: Tensor, *, return_type: Optional[str] = "logits") -> Optional[Tensor]:
         """Logits ``[batch, pos, d_vocab]`` (``"logits"``), the mean next-token loss (``"loss"``) or None."""
