@@ -61,3 +61,12 @@ def make_model(config: dict, *, gate_seed: int = 3, randomize=GATE_BIASES, scale
 def task_small():
     """`small_task()` as a fixture."""
     return small_task()
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread for the test (tiny tensors: one thread beats two fighting over a loaded machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -21,13 +21,7 @@ from phaseinterp import distributed
 from phaseinterp.interventions import ablate, gate_cycling
 from phaseinterp.profile import phase_profile
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny tensors: one thread is faster than two fighting over a loaded machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 CHUNK = 4  # 16 prompts -> chunks 0..3; rank 0 takes 0 and 2, rank 1 takes 1 and 3

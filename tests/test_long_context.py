@@ -8,13 +8,7 @@ import torch
 
 from conftest import GATE_BIASES, make_model, small_task
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny tensors: one thread is faster than two fighting over a loaded machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 SMALL = dict(d_vocab=32, n_ctx=96, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_head=8, d_mlp=64,
