@@ -237,6 +237,10 @@ def _api_cases():
                                                                                    progress=False),
          ValueError, ["shift=1.5"]),
         ("shifted_copy shift='1'", lambda m, t: _unchecked(shifted_copy)(m, "1"), ValueError, ["shift='1'"]),
+        ("build_report deepseek_v4=123", lambda m, t: _build_report(m, t / "rep", deepseek_v4=123), ValueError,
+         ["deepseek_v4=int"]),
+        ("build_report deepseek_v4='nosuch'", lambda m, t: _build_report(m, t / "rep", deepseek_v4="nosuch"),
+         ValueError, ["deepseek_v4='nosuch'"]),
         ("cycle_gates layers=[5]", lambda m, t: cycle_gates(m, 1, layers=[5]).__enter__(), ValueError, ["layer=5"]),
         ("gate_profile n_per_residue=0", lambda m, t: gate_profile(m, n_per_residue=0), ValueError,
          ["n_per_residue=0"]),
@@ -290,6 +294,15 @@ def _load_as_other_kind(model, tmp: Path):
     from phaseinterp import AblationResult
 
     return AblationResult.load(_profile(model).save(tmp / "p"))
+
+
+def _build_report(model, out: Path, **kwargs):
+    from phaseinterp.report import build_report
+
+    try:
+        return build_report(model, out, progress=False, log=lambda *_: None, **kwargs)
+    finally:
+        assert not out.exists(), "a bad deepseek_v4 must be refused before the report folder is written"
 
 
 def _load_corrupt(model, tmp: Path):
