@@ -1,0 +1,60 @@
+"""Record (or compare) zoo-checkpoint logits: full forward, incremental cache, forward_last.
+
+python benchmarks/zoo_logits_identity.py record|compare  (record before a change, compare after;
+the reference lives in the git-ignored runs/issue11/)
+"""
+import sys, os
+from pathlib import Path
+import torch
+torch.set_num_threads(1)
+from phaseinterp.models import CompressedTransformer
+
+OUT = Path("runs/issue11/reference_logits.pt")
+CK = Path("phaseinterp/zoo/checkpoints")
+
+
+def run_all(names=None):
+    res = {}
+    for d in sorted(CK.iterdir()):
+        if not (d / "config.json").is_file() or (d / "phaseinterp.json").is_file() or (names is not None and d.name not in names):
+            continue
+        m = CompressedTransformer.from_pretrained(d)
+        g = torch.Generator().manual_seed(0)
+        T = m.cfg.n_ctx
+        tokens = torch.randint(0, m.cfg.d_vocab, (3, T), generator=g)
+        with torch.no_grad():
+            full = m(tokens)
+            cache = m.init_cache()
+            pieces, s = [], 0
+            for n in (1, 3, 5, 7, 16, T - 32):
+                pieces.append(m(tokens[:, s:s + n], cache=cache)); s += n
+            inc = torch.cat(pieces, 1)
+            # forward_last: the last token in 2 variants over the prefix cache
+            cache = m.init_cache()
+            m(tokens[:, :-1], cache=cache)
+            resid = m.W_E[tokens[:, -1]][:, None].expand(-1, 2, -1).clone()
+            resid[:, 1] += 0.1
+            for layer, block in enumerate(m.blocks):
+                resid = block.forward_last(resid, cache.layers[layer])
+            last = m.unembed(resid)
+        res[d.name] = dict(full=full, inc=inc, last=last)
+    return res
+
+
+if __name__ == "__main__":
+    mode = sys.argv[1]
+    res = run_all(None if mode == "record" else list(torch.load(OUT)))
+    if mode == "record":
+        torch.save(res, OUT)
+        print("recorded", list(res))
+    else:
+        ref = torch.load(OUT)
+        ok = True
+        for name, d in ref.items():
+            for k, t in d.items():
+                new = res[name][k]
+                same = torch.equal(t, new)
+                diff = (t - new).abs().max().item()
+                print(f"{name:20s} {k:5s} bit-identical={same} max|diff|={diff:.3e}")
+                ok &= same if k != "last" else diff < 1e-5
+        print("ALL OK" if ok else "MISMATCH")
