@@ -1,31 +1,70 @@
-"""Per-KV-head mean replacement on one layer (or all), with the head x phase heatmap.
+"""Per-KV-head mean replacement on layer 9 of the paper-depth zoo model, with the head x phase map.
 
-    python examples/ablate_layer.py [--model w4s4] [--layer 1] [--out figures/ablate]
+    python examples/ablate_layer.py [--model deep12-w8s8-1kv-shared] [--n-per-residue N]
+                                    [--layer L ...] [--all-layers] [--out figures/ablate]
+
+The call the toolkit is built around, literally::
+
+    model = phaseinterp.zoo.load("deep12-w8s8-1kv-shared")   # 12 layers, one KV head, W = S = 8
+    result = phaseinterp.ablate(model, layer=9)
+
+``--layer`` ablates further layers one call each; ``--all-layers`` adds the sweep over every layer (one call, ``layer=None``) and its
+specialization table: for each (layer, KV head) the adjacent phases its knockout hurts by
+<= -50%.
 """
 
 import argparse
 from pathlib import Path
 
-import phaseinterp as pi
+import phaseinterp
 from phaseinterp.plot import export
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="w4s4")
-    parser.add_argument("--layer", type=int, nargs="*", default=None, help="layers (default: all)")
-    parser.add_argument("--n-per-residue", type=int, default=72)
+    parser.add_argument("--model", default="deep12-w8s8-1kv-shared", help="zoo model with at least 10 layers")
+    parser.add_argument("--n-per-residue", type=int, default=None, help="prompts per residue (default: ablate's)")
+    parser.add_argument("--layer", type=int, nargs="*", default=[], help="further layers to ablate after layer 9")
+    parser.add_argument("--all-layers", action="store_true", help="also sweep every layer")
     parser.add_argument("--out", default="figures/ablate")
     args = parser.parse_args()
-    model = pi.zoo.load(args.model)
-    result = pi.ablate(model, layer=args.layer or None, n_per_residue=args.n_per_residue)
+    model = phaseinterp.zoo.load(args.model)
+    if model.cfg.n_layers <= 9:
+        parser.error(f"--model {args.model} has {model.cfg.n_layers} layers; layer 9 needs at least 10 "
+                     "(use deep12-w8s8-1kv-shared)")
+
+    if args.n_per_residue is None:
+        result = phaseinterp.ablate(model, layer=9)
+    else:
+        result = phaseinterp.ablate(model, layer=9, n_per_residue=args.n_per_residue)
+    size = {} if args.n_per_residue is None else {"n_per_residue": args.n_per_residue}
+    print(f"{args.model}: clean accuracy by phase")
+    print(result.clean.round(3).to_string())
+    print("\nlayer 9: relative change of accuracy (%) when each KV head is mean-replaced")
     print(result.relative_change.round(1).to_string())
-    print(result.specialization().to_string(index=False))
+
     out = Path(args.out)
-    result.save(out / "result")
-    result.to_frame().to_csv(out / "ablation.csv", index=False)
+    result.save(out / "layer9")
+    result.to_frame().to_csv(out / "layer9.csv", index=False)
     formats = ["html", "png"] if export.static_export_available() else ["html"]
-    print("wrote", [str(p) for p in export.save(result.plot(), out / "heatmap", formats=formats)])
+    print("wrote", [str(p) for p in export.save(result.plot(), out / "layer9_heatmap", formats=formats)])
+
+    for layer in args.layer:
+        other = phaseinterp.ablate(model, layer=layer, **size)
+        print(f"\nlayer {layer}: relative change (%)")
+        print(other.relative_change.round(1).to_string())
+        other.to_frame().to_csv(out / f"layer{layer}.csv", index=False)
+        export.save(other.plot(), out / f"layer{layer}_heatmap", formats=["html"])
+
+    if args.all_layers:
+        sweep = phaseinterp.ablate(model, **size)
+        print("\nall layers: relative change (%)")
+        print(sweep.relative_change.round(1).to_string())
+        print("\nspecialization (adjacent phases hurt by <= -50%)")
+        print(sweep.specialization().to_string(index=False))
+        sweep.save(out / "all_layers")
+        sweep.to_frame().to_csv(out / "all_layers.csv", index=False)
+        print("wrote", [str(p) for p in export.save(sweep.plot(), out / "all_layers_heatmap", formats=formats)])
 
 
 if __name__ == "__main__":

@@ -154,10 +154,20 @@ def _run(args) -> int:
             if importlib.util.find_spec("transformers") is None:
                 raise UsageError(f"--deepseek-v4 {dsv4!r} needs Hugging Face transformers (the 'hf' extra: "
                                  "pip install -e '.[hf]'); '--deepseek-v4 none' skips the section")
+        remedy = getattr(args, "remedy", None)
+        remedy = None if remedy in (None, "none") else remedy
+        if remedy is not None:
+            from phaseinterp.report_remedy import check_remedy
+
+            try:
+                check_remedy(remedy)
+            except ValueError as err:
+                raise UsageError(f"--remedy: {err}; '--remedy none' skips the section") from None
         settings = report_module.ReportSettings.quick() if args.quick else report_module.ReportSettings()
         settings.export_static = not args.no_static
         rep = report_module.build_report(args.model, args.out, twin=twin, settings=settings,
-                                         device=getattr(args, "device", None), deepseek_v4=dsv4)
+                                         device=getattr(args, "device", None), deepseek_v4=dsv4,
+                                         remedy=remedy)
         print(rep.table())
         print(f"\nreport written to {Path(args.out).resolve() / 'index.html'} in {rep.seconds:.0f} s")
         return 0

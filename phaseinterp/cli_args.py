@@ -87,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--deepseek-v4", default="dsv4-tiny",
                    help="shipped HF DeepSeek-V4 zoo model for the report's DeepSeek-V4 section, 'none' to skip "
                    "(default: dsv4-tiny)")
+    p.add_argument("--remedy", default="w4s4-staggered",
+                   help="staggered-window zoo model for the report's remedy section (beside its shared-grid twin), "
+                   "'none' to skip (default: w4s4-staggered)")
     _device_arg(p)
 
     p = sub.add_parser("report", help="the full report for any model",

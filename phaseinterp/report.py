@@ -64,6 +64,13 @@ class Report:
                 lines.append(f"  why this model: {cyc['why_this_model']}")
         elif self.summary.get("cycling_skipped"):
             lines.append(f"gate cycling skipped: {self.summary['cycling_skipped']}")
+        remedy = self.summary.get("remedy")
+        if remedy:
+            base, stag = remedy["rows"]
+            lines.append(f"remedy: {stag['model']} (staggered windows) vs {base['model']} (shared grid), step "
+                         f"{stag['step']}: mean {stag['mean']:.3f} vs {base['mean']:.3f}, phase gap "
+                         f"{100 * stag['phase_gap']:.1f} vs {100 * base['phase_gap']:.1f} pp, KV memory "
+                         f"{stag['stored_bytes_per_token']:.0f} vs {base['stored_bytes_per_token']:.0f} B/token")
         return "\n".join(lines)
 
 
@@ -115,7 +122,8 @@ def load_model(model_or_name, device=None):
 
 
 def build_report(model, out_dir: Union[str, Path], *, twin=None, settings: Optional[ReportSettings] = None,
-                 task=None, device=None, progress: bool = True, log=print, deepseek_v4=None) -> Report:
+                 task=None, device=None, progress: bool = True, log=print, deepseek_v4=None,
+                 remedy=None) -> Report:
     """Run every experiment on ``model`` (and the phase profile on ``twin``) and write the folder.
 
     ``model`` / ``twin``: model objects, shipped zoo names or checkpoint directories (``twin``
@@ -126,6 +134,9 @@ def build_report(model, out_dir: Union[str, Path], *, twin=None, settings: Optio
     ``deepseek_v4`` (default None): a wrapped Hugging Face DeepSeek-V4 (`phaseinterp.from_hf`) or the
     name of a shipped HF-format zoo model (``dsv4-tiny``): adds its phase profile, the wrapper's
     logit check against plain transformers, its layer schedule and phase through the indexer.
+    ``remedy`` (default None): the zoo name of a staggered-window model (``w4s4-staggered``):
+    adds the remedy section (its phase profile beside its shared-grid twin's, each KV head's
+    boundary phase, measured KV memory per token; `phaseinterp.report_remedy`).
     Returns a `Report`; the folder holds index.html, data/*.csv, summary.json (strict JSON) and,
     when kaleido and a Chromium are present, one PNG per figure (the HTML says when and why not).
     """
@@ -143,6 +154,10 @@ def build_report(model, out_dir: Union[str, Path], *, twin=None, settings: Optio
         from phaseinterp.report_deepseek_v4 import deepseek_v4_report, load_deepseek_v4
 
         dsv4 = load_deepseek_v4(deepseek_v4, device)
+    if remedy is not None:
+        from phaseinterp.report_remedy import check_remedy, remedy_report
+
+        check_remedy(remedy)
     (out / "data").mkdir(parents=True, exist_ok=True)
     figures: dict[str, Any] = {}
     tables: dict[str, Any] = {}
@@ -228,6 +243,11 @@ def build_report(model, out_dir: Union[str, Path], *, twin=None, settings: Optio
 
     if deepseek_v4 is not None:
         deepseek_v4_report(dsv4, settings, out, summary, figures, tables, progress, log)
+
+    if remedy is not None:
+        zoo_name = getattr(model, "metadata", {}).get("zoo_name")
+        reuse = {zoo_name: profiles[0]} if zoo_name else {}  # the same prompts: n_per_residue, seed 0
+        remedy_report(remedy, settings, out, summary, figures, tables, progress, log, reuse=reuse, device=device)
 
     static = _static_export(settings, figures, out, export)
     if static["skipped"]:
@@ -385,7 +405,8 @@ def _html(summary: dict, figures: dict, tables: dict, static: dict) -> str:
     titles = {"phase_profile": "Accuracy by phase", "ablation_heatmap": "Head x phase specialization",
               "gate_cycling": "Gate cycling", "gate_profile": "Gate statistics",
               "dsv4_profile": "DeepSeek-V4 (Hugging Face architecture): accuracy by phase",
-              "dsv4_indexer_phase": "DeepSeek-V4: phase through the Lightning Indexer"}
+              "dsv4_indexer_phase": "DeepSeek-V4: phase through the Lightning Indexer",
+              "remedy_profile": "Beyond the paper: staggered compression windows at equal memory"}
     for name, fig in figures.items():
         parts.append(f"<h2>{titles.get(name, name)}</h2>")
         parts.append(pio.to_html(fig, include_plotlyjs=False, full_html=False, div_id=f"fig-{name}"))

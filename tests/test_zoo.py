@@ -42,10 +42,18 @@ def test_zoo_lists_and_loads():
 
 
 def test_every_zoo_model_uses_one_recipe():
-    recipes = {name: pi.zoo.load(name).metadata["train_config"] for name in pi.zoo.available()}
-    first = next(iter(recipes.values()))
-    for name, recipe in recipes.items():
-        assert recipe == first, f"{name} was trained with a different recipe"
+    """Every 2-layer zoo model was trained with the shared recipe; the paper-depth (12-layer)
+    models with the shared recipe plus `zoo.DEEP_TRAIN`'s longer schedule, all of them alike."""
+    recipes: dict[str, dict] = {}
+    for name in pi.zoo.available():
+        key = "deep" if pi.zoo.entry(name).train == pi.zoo.DEEP_TRAIN else "shared"
+        assert pi.zoo.entry(name).train in ({}, pi.zoo.DEEP_TRAIN), f"{name} overrides the recipe"
+        recipe = pi.zoo.load(name).metadata["train_config"]
+        first = recipes.setdefault(key, recipe)
+        assert recipe == first, f"{name} was trained with a different recipe from the other {key}-recipe models"
+    if "deep" in recipes:
+        differ = {k for k in recipes["deep"] if recipes["deep"][k] != recipes["shared"][k]}
+        assert differ == set(pi.zoo.DEEP_TRAIN), differ
 
 
 @pytest.mark.parametrize("name", COMPRESSED_CORE)

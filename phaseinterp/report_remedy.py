@@ -1,0 +1,100 @@
+"""The remedy report section: staggered compression windows against the shared grid (issue 14).
+
+``remedy_report(staggered, ...)`` profiles a staggered-window zoo model (``w4s4-staggered``)
+and its baseline twin (``zoo.entry(name).baseline``: the same backbone, recipe, seed and step,
+every KV head on the shared grid), and adds to the report: both phase profiles (phases of the
+shared stride ``t mod S``), each KV head's boundary phase per layer, and the measured KV-cache
+memory per token of both (equal compression is the point of the remedy).
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+import pandas as pd
+
+from phaseinterp._files import atomic_write_text
+
+
+def check_remedy(name: str) -> tuple[str, str]:
+    """``(staggered, baseline)`` zoo names for a shipped staggered model, or ValueError naming the choices."""
+    from phaseinterp import zoo
+
+    shipped = set(zoo.available())
+    pairs = {n: e.baseline for n, e in zoo.ENTRIES.items() if e.baseline is not None}
+    if name not in pairs:
+        raise ValueError(f"remedy={name!r} is not a staggered-window zoo model (known: {', '.join(sorted(pairs))})")
+    missing = [n for n in (name, pairs[name]) if n not in shipped]
+    if missing:
+        raise ValueError(f"remedy={name!r} needs the shipped zoo models {', '.join(missing)} "
+                         f"(build with `phaseinterp zoo build NAME`)")
+    return name, pairs[name]
+
+
+def _heads(model) -> pd.DataFrame:
+    rows = []
+    for layer in range(model.cfg.n_layers):
+        for head, (offset, boundary) in enumerate(zip(model.window_offsets(layer), model.boundary_phases(layer))):
+            rows.append({"layer": layer, "kv_head": head, "window_offset": int(offset), "boundary_phase": int(boundary)})
+    return pd.DataFrame(rows)
+
+
+def remedy_report(name: str, settings, out, summary, figures, tables, progress, log, reuse=None, device=None) -> None:
+    """Profile the remedy pair at ``settings.n_per_residue`` (``reuse``: {zoo name: PhaseProfile}
+    already measured on the same prompts) and add the section to ``summary``/``figures``/``tables``."""
+    from phaseinterp import zoo
+    from phaseinterp.experiments.remedy import memory_per_token
+    from phaseinterp.plot import profiles_figure
+    from phaseinterp.profile import phase_profile
+    from phaseinterp.tasks import resolve_task
+
+    staggered_name, baseline_name = check_remedy(name)
+    reuse = reuse or {}
+    rows, profiles, heads = [], [], []
+    for role, zoo_name in (("baseline", baseline_name), ("staggered", staggered_name)):
+        model = zoo.load(zoo_name, device=device)
+        task = resolve_task(model)
+        if zoo_name in reuse:
+            profile = reuse[zoo_name]
+        else:
+            log(f"[remedy] {zoo_name}: phase profile, {settings.n_per_residue} prompts x {task.residue_modulus} residues")
+            profile = phase_profile(model, task, settings.n_per_residue, label=f"{zoo_name} ({role})",
+                                    progress=progress)
+        profiles.append(profile)
+        memory = memory_per_token(model)
+        boundaries = sorted({int(b) for layer in range(model.cfg.n_layers) for b in model.boundary_phases(layer)})
+        heads.append(_heads(model).assign(model=zoo_name))
+        rows.append({"role": role, "model": zoo_name, "step": model.metadata.get("step"), "mean": profile.mean,
+                     "worst_phase": int(profile.worst_phases[0]) if len(profile.worst_phases) else None,
+                     "worst_phase_accuracy": float(min(profile.phase_accuracy)), "phase_gap": profile.phase_gap,
+                     "period": profile.period, "boundary_phases": boundaries,
+                     "boundary_accuracy": [float(profile.phase_accuracy[b]) for b in boundaries],
+                     "stored_bytes_per_token": memory["stored_bytes_per_token"],
+                     "closed_bytes_per_token": memory["closed_bytes_per_token"]})
+    table = pd.DataFrame(rows)
+    head_table = pd.concat(heads, ignore_index=True)
+    atomic_write_text(out / "data" / "remedy.csv", table.to_csv(index=False))
+    atomic_write_text(out / "data" / "remedy_heads.csv", head_table.to_csv(index=False))
+    for p, row in zip(profiles, rows):
+        atomic_write_text(out / "data" / f"profile_{row['model']}_phases.csv", p.phase_frame().to_csv(index=False))
+    summary["remedy"] = {"pair": [baseline_name, staggered_name], "rows": table.to_dict(orient="records"),
+                         "profiles": [p.to_dict() for p in profiles]}
+    figures["remedy_profile"] = profiles_figure(profiles)
+    gap_ratio = rows[1]["phase_gap"] / rows[0]["phase_gap"] if rows[0]["phase_gap"] > 0 else float("nan")
+    shown = table.assign(mean=lambda t: (100 * t["mean"]).round(1), phase_gap=lambda t: (100 * t.phase_gap).round(1),
+                         worst_phase_accuracy=lambda t: (100 * t.worst_phase_accuracy).round(1),
+                         boundary_accuracy=lambda t: t.boundary_accuracy.map(lambda v: [round(100 * x, 1) for x in v]))
+    tables["remedy_profile"] = (
+        f"<p>The remedy (issue 14): <b>{html.escape(staggered_name)}</b> gives each KV head its own window grid "
+        f"(KV head h compresses windows starting at j*S + o_h), so a record that straddles one head's window "
+        f"boundary is interior for another; <b>{html.escape(baseline_name)}</b> is its twin on the shared grid "
+        f"(same backbone, recipe, seed and step). Phases are those of the shared stride. Accuracies in %, "
+        f"phase gap in pp; memory is the KV cache measured after {summary.get('config', {}).get('n_ctx', 'n_ctx')} "
+        f"tokens. Staggered / baseline phase gap: {gap_ratio:.2f}. One seed per model here; the three-seed "
+        f"comparison is <code>phaseinterp.experiments.compare_remedy</code> (benchmarks/RESULTS.md).</p>"
+        + shown.to_html(index=False, border=0)
+        + "<h3>Boundary phase of each KV head</h3>" + head_table.to_html(index=False, border=0))
+
+
+__all__ = ["check_remedy", "remedy_report"]
