@@ -1,6 +1,6 @@
 """Evaluate the staggered-window remedy over finished twin runs (issue 14), save and print it.
 
-    python -m phaseinterp.experiments.remedy runs/remedy STEPS W/N   # train: N workers, W = 0..N-1
+    python -m phaseinterp.experiments remedy runs/remedy STEPS W/N   # train: N workers, W = 0..N-1
     python benchmarks/remedy_evaluate.py [--stop-at STEPS] [--out runs/remedy] SEED [SEED ...]
 
 ``--stop-at`` (default: the recipe's 1500 steps) is the step every run is evaluated at; the

@@ -114,3 +114,14 @@ def test_remedy_bad_requests(tmp_path):
         twin_run("shifted", 0, tmp_path)
     with pytest.raises(ValueError, match=r"stop_at=0 is out of range 1..1500"):
         twin_run("baseline", 0, tmp_path, stop_at=0)
+
+
+def test_train_share_checks_the_worker_and_the_command_line(tmp_path):
+    from phaseinterp.experiments.__main__ import main
+    from phaseinterp.experiments.remedy import train_share
+
+    with pytest.raises(ValueError, match="worker=2 is out of range 0..1"):
+        train_share(tmp_path, 10, 2, 2)
+    assert main(["remedy", str(tmp_path), "ten", "0/1"]) == 2
+    assert main(["remedy", str(tmp_path)]) == 2
+    assert not any(tmp_path.iterdir()), "a refused command wrote nothing"

@@ -226,7 +226,7 @@ def compare_remedy(
     only difference is ``window_offsets=offsets`` (default ``"staggered"``: ``o_h =
     h*S // n_kv_heads``). ``stop_at`` truncates the recipe's schedule (the same step for
     every run). Runs live in ``out_dir/<variant>_seed<seed>`` and are resumed, so the twins
-    can be trained in parallel processes first (``python -m phaseinterp.experiments.remedy``).
+    can be trained in parallel processes first (``python -m phaseinterp.experiments remedy OUT STOP W/N``).
     """
     from phaseinterp.profile import phase_profile
 
@@ -259,14 +259,15 @@ def compare_remedy(
                         eval_every=eval_every)
 
 
-if __name__ == "__main__":  # one worker's share of the runs: python -m phaseinterp.experiments.remedy OUT STOP W/N
-    import sys
-
-    torch.set_num_threads(1)
-    out, stop, share = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-    worker, n_workers = (int(x) for x in share.split("/"))
-    runs = [(v, s) for s in (0, 1, 2) for v in VARIANTS]
+def train_share(out_dir: Union[str, Path], stop_at: int, worker: int, n_workers: int,
+                seeds: tuple[int, ...] = (0, 1, 2)) -> None:
+    """Train worker ``worker`` of ``n_workers``'s share of the twin runs (variant x seed, round
+    robin), each to ``stop_at`` steps, so `compare_remedy` later only evaluates. Command line:
+    ``python -m phaseinterp.experiments remedy OUT STOP W/N``."""
+    if not 0 <= worker < n_workers:
+        raise ValueError(f"worker={worker} is out of range 0..{n_workers - 1}")
+    runs = [(v, s) for s in seeds for v in VARIANTS]
     for i, (variant, seed) in enumerate(runs):
         if i % n_workers == worker:
-            twin_run(variant, seed, out, stop_at=stop)
+            twin_run(variant, seed, out_dir, stop_at=stop_at)
             print("done", variant, seed, flush=True)
