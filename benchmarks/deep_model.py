@@ -10,8 +10,9 @@ Sections (each prints what RESULTS.md section 8 records):
   mean, period test, per-phase accuracy with 95% intervals, weakest phases first;
 - ``ablate``: `phaseinterp.ablate(model, layer=9)` (the literal call), then the all-layer
   sweep and its specialization table (<= -50%, Holm over units x phases);
-- ``cycle``: gate cycling for shifts -3..3 (without 0): per-shift parameter-free R² (boundary
-  excluded), squared correlation, shift identification and the joint permutation p;
+- ``cycle``: gate cycling for shifts -3..3 (without 0), every layer's gates or ``--cycle-layers``:
+  per-shift parameter-free R² (boundary excluded), squared correlation, shift identification
+  and the joint permutation p;
 - ``controls``: the equal-training pair (`zoo.training_controls`) profiled the same way.
 
 ``--model``/``--twin``: zoo names or checkpoint directories (a run's ``snapshot_*``), so the
@@ -57,6 +58,8 @@ def main() -> None:
     parser.add_argument("--twin", default="deep12-full", help="'none' to skip")
     parser.add_argument("--n-per-residue", type=int, default=72)
     parser.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS)
+    parser.add_argument("--cycle-layers", type=int, nargs="+", default=None,
+                        help="shift the gates of these layers only (default: every layer)")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     if args.n_per_residue < 1 or args.threads < 1:
@@ -93,8 +96,9 @@ def main() -> None:
         print(f"[{time.time() - t0:.0f} s]", flush=True)
 
     if "cycle" in args.sections:
-        cyc = pi.gate_cycling(model, shifts=(-3, -2, -1, 1, 2, 3), prompts=prompts, n_boot=200, progress=False)
-        print("gate cycling, accuracy by phase (rows: shift):")
+        cyc = pi.gate_cycling(model, shifts=(-3, -2, -1, 1, 2, 3), layers=args.cycle_layers, prompts=prompts,
+                              n_boot=200, progress=False)
+        print(f"gate cycling (layers: {args.cycle_layers or 'all'}), accuracy by phase (rows: shift):")
         print(cyc.phase_accuracy().round(3).to_string())
         scores = cyc.scores
         print(scores["per_shift"].to_string(index=False))
