@@ -201,3 +201,10 @@ def test_demo_quick_on_the_shipped_models(tmp_path, capsys):
         assert "dsv4-tiny (HF DeepSeek-V4)" in labels
         assert summary["deepseek_v4"]["wrapper_max_abs_logit_diff"] <= 1e-4
         assert "phase through the Lightning Indexer" in (tmp_path / "demo" / "index.html").read_text()
+    if "w4s4-staggered" in pi.zoo.available():  # the remedy section: staggered windows beside the shared grid
+        rows = {r["role"]: r for r in summary["remedy"]["rows"]}
+        assert rows["baseline"]["model"] == "w4s4" and rows["staggered"]["model"] == "w4s4-staggered"
+        assert rows["staggered"]["stored_bytes_per_token"] == rows["baseline"]["stored_bytes_per_token"]
+        assert rows["staggered"]["boundary_phases"] == [1, 3] and rows["baseline"]["boundary_phases"] == [3]
+        assert "remedy: w4s4-staggered" in out
+        assert (tmp_path / "demo" / "data" / "remedy_heads.csv").is_file()
