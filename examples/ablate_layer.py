@@ -1,12 +1,17 @@
 """Per-KV-head mean replacement on layer 9 of the paper-depth zoo model, with the head x phase map.
 
-    python examples/ablate_layer.py [--model deep12-w8s8-1kv-shared] [--n-per-residue N]
+    python examples/ablate_layer.py [--model deep12-w8s8-1kv-shared-equal] [--n-per-residue N]
                                     [--layer L ...] [--all-layers] [--out figures/ablate]
 
 The call the toolkit is built around, literally::
 
-    model = phaseinterp.zoo.load("deep12-w8s8-1kv-shared")   # 12 layers, one KV head, W = S = 8
+    model = phaseinterp.zoo.load("deep12-w8s8-1kv-shared-equal")   # 12 layers, one KV head, W = S = 8
     result = phaseinterp.ablate(model, layer=9)
+
+The default model is the paper-depth run's equal-training snapshot (step 1000, the zoo's rule):
+the one with a phase structure to take apart (period 8, phases 5 and 6 weak). Its final step
+(``--model deep12-w8s8-1kv-shared``, step 3000) is at >= 99% on every phase, so knockouts there
+have no weak phase to explain. ``--layer 11`` shows the unit that serves phases 5 and 6.
 
 ``--layer`` ablates further layers one call each; ``--all-layers`` adds the sweep over every layer (one call, ``layer=None``) and its
 specialization table: for each (layer, KV head) the adjacent phases its knockout hurts by
@@ -22,7 +27,8 @@ from phaseinterp.plot import export
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="deep12-w8s8-1kv-shared", help="zoo model with at least 10 layers")
+    parser.add_argument("--model", default="deep12-w8s8-1kv-shared-equal",
+                        help="zoo model with at least 10 layers (default: deep12-w8s8-1kv-shared-equal)")
     parser.add_argument("--n-per-residue", type=int, default=None, help="prompts per residue (default: ablate's)")
     parser.add_argument("--layer", type=int, nargs="*", default=[], help="further layers to ablate after layer 9")
     parser.add_argument("--all-layers", action="store_true", help="also sweep every layer")
@@ -31,7 +37,7 @@ def main() -> None:
     model = phaseinterp.zoo.load(args.model)
     if model.cfg.n_layers <= 9:
         parser.error(f"--model {args.model} has {model.cfg.n_layers} layers; layer 9 needs at least 10 "
-                     "(use deep12-w8s8-1kv-shared)")
+                     "(use deep12-w8s8-1kv-shared-equal)")
 
     if args.n_per_residue is None:
         result = phaseinterp.ablate(model, layer=9)

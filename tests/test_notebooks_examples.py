@@ -33,9 +33,9 @@ def test_notebook_executes(path, tmp_path, monkeypatch):
 
 @needs_zoo
 @pytest.mark.parametrize("script, args", [("stride_sweep.py", ["--n-per-residue", "72"]),
-                                          ("ablate_layer.py", ["--n-per-residue", "72"])])
+                                          ("ablate_layer.py", ["--n-per-residue", "72", "--layer", "11"])])
 def test_example_runs(script, args, tmp_path):
-    if script == "ablate_layer.py" and "deep12-w8s8-1kv-shared" not in pi.zoo.available():
+    if script == "ablate_layer.py" and "deep12-w8s8-1kv-shared-equal" not in pi.zoo.available():
         pytest.skip("the paper-depth zoo model is not built")
     env = dict(os.environ, PHASEINTERP_NO_PROGRESS="1")
     out = subprocess.run([sys.executable, str(ROOT / "examples" / script), "--out", str(tmp_path), *args],

@@ -154,8 +154,8 @@ ENTRIES: dict[str, ZooEntry] = {
         # Snapshot rules (fixed before training): the final-step pair (both runs' step 1500) and the
         # equal-training pair (zoo.equal_training_step of the two runs' curves), as for w4s4 / full.
         ZooEntry("deep12-w8s8-1kv-shared", "12 layers, ONE KV head per layer, W = S = 8, scalar gates, payload "
-                 "shared across slots (as DeepSeek's kv_proj): the paper-depth model for ablate(model, layer=9) "
-                 "and gate cycling on 7 non-boundary phases",
+                 "shared across slots (as DeepSeek's kv_proj): the paper-depth model (ablate(model, layer=9), gate "
+                 "cycling on 7 non-boundary phases), its final step (3000 of the DEEP_TRAIN schedule)",
                  dict(compression="gated", window=8, stride=8, gate="scalar", payload="shared"),
                  backbone=dict(n_layers=12, n_kv_heads=1), train=DEEP_TRAIN),
         ZooEntry("deep12-full", "full-attention twin of deep12-w8s8-1kv-shared: the identical 12-layer, one-KV-head "
@@ -164,7 +164,7 @@ ENTRIES: dict[str, ZooEntry] = {
                  dict(compression=None, window=8, stride=8), backbone=dict(n_layers=12, n_kv_heads=1), train=DEEP_TRAIN),
         ZooEntry("deep12-w8s8-1kv-shared-equal", "deep12-w8s8-1kv-shared's own run at the equal-training step "
                  "with deep12-full-equal (zoo.equal_training_step: the first snapshot at which both runs' probe "
-                 "mean is >= 60%)",
+                 "mean is >= 60%); the deep model examples/ablate_layer.py and notebook 03 take apart",
                  dict(compression="gated", window=8, stride=8, gate="scalar", payload="shared"),
                  backbone=dict(n_layers=12, n_kv_heads=1), train=DEEP_TRAIN, snapshot_step=EQUAL_TRAINING,
                  run="deep12-w8s8-1kv-shared", pair="deep12-full-equal"),
