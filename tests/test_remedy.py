@@ -125,3 +125,18 @@ def test_train_share_checks_the_worker_and_the_command_line(tmp_path):
     assert main(["remedy", str(tmp_path), "ten", "0/1"]) == 2
     assert main(["remedy", str(tmp_path)]) == 2
     assert not any(tmp_path.iterdir()), "a refused command wrote nothing"
+
+
+def test_twin_run_with_another_architecture_staggers_layers(tmp_path):
+    """One-KV-head twins (the per-layer variant): both twins get the architecture; only the
+    staggered one gets the offsets (layer l at l*S // n_layers)."""
+    arch = {"n_kv_heads": 1, "payload": "shared"}
+    runs = {v: twin_run(v, 0, tmp_path, offsets="staggered_layers", architecture=arch, stop_at=2)
+            for v in ("baseline", "staggered")}
+    for run in runs.values():
+        assert run.model.cfg.n_kv_heads == 1 and run.model.cfg.payload == "shared"
+    stag, base = runs["staggered"].model, runs["baseline"].model
+    assert [stag.boundary_phases(l) for l in range(2)] == [(3,), (1,)]
+    assert [base.boundary_phases(l) for l in range(2)] == [(3,), (3,)]
+    with pytest.raises(ValueError, match="n_kv_heads"):  # resuming a run with another architecture is refused
+        twin_run("baseline", 0, tmp_path, architecture={"n_kv_heads": 2}, stop_at=3)

@@ -1,30 +1,46 @@
-"""python -m phaseinterp.experiments remedy OUT STOP W/N [SEED ...]: one worker's share of the remedy runs.
+"""python -m phaseinterp.experiments remedy OUT STOP W/N [SEED ...] [--offsets O] [--kv-heads K] [--payload P]
 
-Trains the baseline and staggered twins of `compare_remedy` (seeds 0 1 2 unless given), each
-to STOP steps of the zoo recipe, in OUT/<variant>_seed<seed>; worker W of N takes every N-th
-run, so N processes (one thread each) train the set in parallel. Runs resume where they stopped.
+One worker's share of the remedy runs: trains the baseline and staggered twins of
+`compare_remedy` (seeds 0 1 2 unless given), each to STOP steps of the zoo recipe, in
+OUT/<variant>_seed<seed>; worker W of N takes every N-th run, so N processes (one thread each)
+train the set in parallel. Runs resume where they stopped. ``--offsets`` (default staggered;
+staggered_layers for one-KV-head models), ``--kv-heads`` and ``--payload`` change both twins alike.
 """
 
+import argparse
 import sys
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) < 4 or argv[0] != "remedy" or "/" not in argv[3]:
-        print(__doc__.strip().splitlines()[0], file=sys.stderr)
+    parser = argparse.ArgumentParser(prog="python -m phaseinterp.experiments", description=__doc__.splitlines()[0])
+    parser.add_argument("experiment", choices=["remedy"])
+    parser.add_argument("out")
+    parser.add_argument("stop", type=int)
+    parser.add_argument("share", help="W/N: worker W (0-based) of N")
+    parser.add_argument("seeds", type=int, nargs="*", default=[0, 1, 2])
+    parser.add_argument("--offsets", default="staggered", choices=["staggered", "staggered_layers"])
+    parser.add_argument("--kv-heads", type=int, default=None)
+    parser.add_argument("--payload", default=None, choices=["per_slot", "shared"])
+    try:
+        args = parser.parse_args(argv)
+        worker, n_workers = (int(x) for x in args.share.split("/"))
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
+    except ValueError:
+        print(f"error: W/N must be two integers (got {args.share!r})", file=sys.stderr)
         return 2
     import torch
 
     from phaseinterp.experiments.remedy import train_share
 
     torch.set_num_threads(1)
+    architecture = {k: v for k, v in (("n_kv_heads", args.kv_heads), ("payload", args.payload)) if v is not None}
     try:
-        stop = int(argv[2])
-        worker, n_workers = (int(x) for x in argv[3].split("/"))
-        seeds = tuple(int(s) for s in argv[4:]) or (0, 1, 2)
-    except ValueError:
-        print(f"error: STOP, W/N and seeds must be integers (got {argv[2:]})", file=sys.stderr)
+        train_share(args.out, args.stop, worker, n_workers, tuple(args.seeds), offsets=args.offsets,
+                    architecture=architecture or None)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
         return 2
-    train_share(argv[1], stop, worker, n_workers, seeds)
     return 0
 
 

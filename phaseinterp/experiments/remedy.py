@@ -27,10 +27,15 @@ VARIANTS = ("baseline", "staggered")
 LEARNED = 0.8  # a phase is "learned" at the first evaluation where its probe accuracy reaches this
 
 
-def _zoo_defaults(window: int, stride: int):
+def _zoo_defaults(window: int, stride: int, architecture: Optional[dict[str, Any]] = None):
     from phaseinterp import zoo
 
-    entry = zoo.ZooEntry("remedy", "", dict(compression="gated", window=window, stride=stride, gate="scalar"))
+    architecture = dict(architecture or {})
+    compression = dict(compression="gated", window=window, stride=stride, gate="scalar")
+    for key in ("gate", "payload"):  # compression options; the rest are backbone overrides
+        if key in architecture:
+            compression[key] = architecture.pop(key)
+    entry = zoo.ZooEntry("remedy", "", compression, backbone=architecture)
     return entry.task_object(), entry.model_config, entry.train_config()
 
 
@@ -42,6 +47,7 @@ def twin_run(
     offsets: Any = "staggered",
     window: int = 4,
     stride: int = 4,
+    architecture: Optional[dict[str, Any]] = None,
     stop_at: Optional[int] = None,
     eval_every: int = 50,
     probe_per_residue: int = 8,
@@ -54,7 +60,7 @@ def twin_run(
 
     if variant not in VARIANTS:
         raise ValueError(f"variant={variant!r} is not one of {VARIANTS}")
-    task, model_config, tc = _zoo_defaults(window, stride)
+    task, model_config, tc = _zoo_defaults(window, stride, architecture)
     tc = dataclasses.replace(tc, seed=seed, eval_every=eval_every, checkpoint_every=eval_every,
                              probe_per_residue=probe_per_residue, snapshot_steps=())
     stop_at = tc.steps if stop_at is None else stop_at
@@ -213,6 +219,7 @@ def compare_remedy(
     offsets: Any = "staggered",
     window: int = 4,
     stride: int = 4,
+    architecture: Optional[dict[str, Any]] = None,
     stop_at: Optional[int] = None,
     eval_every: int = 50,
     n_per_residue: int = 72,
@@ -224,7 +231,10 @@ def compare_remedy(
 
     Twins share the seed (initialisation and data), the zoo backbone, task and recipe; the
     only difference is ``window_offsets=offsets`` (default ``"staggered"``: ``o_h =
-    h*S // n_kv_heads``). ``stop_at`` truncates the recipe's schedule (the same step for
+    h*S // n_kv_heads``; ``"staggered_layers"``: layer ``l`` at ``l*S // n_layers``, for
+    one-KV-head models). ``architecture`` overrides the zoo backbone (e.g. ``{"n_kv_heads": 1}``)
+    and the gate/payload options (``{"payload": "shared"}``) for both twins alike. ``stop_at``
+    truncates the recipe's schedule (the same step for
     every run). Runs live in ``out_dir/<variant>_seed<seed>`` and are resumed, so the twins
     can be trained in parallel processes first (``python -m phaseinterp.experiments remedy OUT STOP W/N``).
     """
@@ -236,9 +246,10 @@ def compare_remedy(
     steps = None
     for seed in seeds:
         for variant in VARIANTS:
-            run = twin_run(variant, seed, out_dir, offsets=offsets, window=window, stride=stride, stop_at=stop_at,
+            run = twin_run(variant, seed, out_dir, offsets=offsets, window=window, stride=stride,
+                           architecture=architecture, stop_at=stop_at,
                            eval_every=eval_every, progress=progress)
-            model, task = run.model, _zoo_defaults(window, stride)[0]
+            model, task = run.model, _zoo_defaults(window, stride, architecture)[0]
             steps = int(run.log.step.max())
             boundaries[variant] = _boundaries(model.cfg)
             curves.append(run.curves.assign(variant=variant, seed=seed))
@@ -260,7 +271,8 @@ def compare_remedy(
 
 
 def train_share(out_dir: Union[str, Path], stop_at: int, worker: int, n_workers: int,
-                seeds: tuple[int, ...] = (0, 1, 2)) -> None:
+                seeds: tuple[int, ...] = (0, 1, 2), offsets: Any = "staggered",
+                architecture: Optional[dict[str, Any]] = None) -> None:
     """Train worker ``worker`` of ``n_workers``'s share of the twin runs (variant x seed, round
     robin), each to ``stop_at`` steps, so `compare_remedy` later only evaluates. Command line:
     ``python -m phaseinterp.experiments remedy OUT STOP W/N``."""
@@ -269,5 +281,5 @@ def train_share(out_dir: Union[str, Path], stop_at: int, worker: int, n_workers:
     runs = [(v, s) for s in seeds for v in VARIANTS]
     for i, (variant, seed) in enumerate(runs):
         if i % n_workers == worker:
-            twin_run(variant, seed, out_dir, stop_at=stop_at)
+            twin_run(variant, seed, out_dir, stop_at=stop_at, offsets=offsets, architecture=architecture)
             print("done", variant, seed, flush=True)
