@@ -40,6 +40,25 @@ _REPR_ROWS = 14  # a repr shows at most this many summary rows
 _CELL_CHARS = 70  # ... and cuts longer cells
 
 
+
+_PLOTLY_JS_SENT = False
+
+
+def _plotly_js():
+    """How `_repr_html_` ships plotly.js: inline (offline-safe) in the first figure of this Python
+    process, then not again (later figures on the same page reuse it, as plotly's own offline
+    notebook mode does). ``PHASEINTERP_PLOTLYJS=cdn`` loads it from the CDN in every figure instead."""
+    global _PLOTLY_JS_SENT
+    mode = os.environ.get("PHASEINTERP_PLOTLYJS", "inline")
+    if mode not in ("inline", "cdn"):
+        raise ValueError(f"PHASEINTERP_PLOTLYJS={mode!r} is not one of 'inline', 'cdn'")
+    if mode == "cdn":
+        return "cdn"
+    if _PLOTLY_JS_SENT:
+        return False
+    _PLOTLY_JS_SENT = True
+    return True
+
 class Result:
     """Mixin for the frozen result dataclasses (declare them with ``eq=False, repr=False``)."""
 
@@ -76,7 +95,7 @@ class Result:
         try:
             import plotly.io as pio
 
-            parts.append(pio.to_html(self.plot(), full_html=False, include_plotlyjs="cdn"))
+            parts.append(pio.to_html(self.plot(), full_html=False, include_plotlyjs=_plotly_js()))
         except Exception as err:  # a figure is a bonus; the table must always render
             parts.append(f"<p><i>figure unavailable: {html.escape(str(err))}</i></p>")
         parts.append("</div>")

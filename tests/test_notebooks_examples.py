@@ -134,3 +134,20 @@ def test_science_references_point_into_the_repository():
     if "SCIENCE.md" in (ROOT / "README.md").read_text():
         stale.append("README.md")
     assert not stale, f"point these at docs/science.md: {stale}"
+
+
+def test_repr_html_ships_plotly_js_inline_once(monkeypatch):
+    """Offline Jupyter: the first figure carries plotly.js itself (no CDN), later ones reuse it."""
+    from phaseinterp import results
+
+    objects, _ = _results_and_tasks()
+    obj = next(o for o in objects.values() if hasattr(o, "plot"))
+    monkeypatch.setattr(results, "_PLOTLY_JS_SENT", False)
+    first, second = obj._repr_html_(), obj._repr_html_()
+    cdn = 'src="https://cdn.plot.ly'
+    assert cdn not in first and len(first) > 1_000_000, "plotly.js inline in the first figure"
+    assert cdn not in second and len(second) < 200_000, "not again in the next"
+    monkeypatch.setenv("PHASEINTERP_PLOTLYJS", "cdn")
+    assert cdn in obj._repr_html_()
+    monkeypatch.setenv("PHASEINTERP_PLOTLYJS", "nosuch")
+    assert "PHASEINTERP_PLOTLYJS=&#x27;nosuch&#x27;" in obj._repr_html_()  # the table renders; the error says why
