@@ -89,8 +89,16 @@ def check_model_source(model_or_name) -> None:
     if (path / "config.json").is_file():
         return
     name = str(model_or_name)
-    shipped = zoo.available()
+    from phaseinterp.zoo import deepseek_v4 as hf_zoo
+
+    shipped = zoo.available() + hf_zoo.available()
     if name in shipped:
+        if name in hf_zoo.available():
+            import importlib.util
+
+            if importlib.util.find_spec("transformers") is None:
+                raise ValueError(f"zoo model {name!r} is a Hugging Face DeepSeek-V4 checkpoint and needs transformers "
+                                 "(the 'hf' extra: pip install -e '.[hf]')")
         return
     if name in zoo.ENTRIES:
         raise ValueError(f"zoo model {name!r} is a recipe without a shipped checkpoint; build it with "

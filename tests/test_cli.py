@@ -208,3 +208,16 @@ def test_demo_quick_on_the_shipped_models(tmp_path, capsys):
         assert rows["staggered"]["boundary_phases"] == [1, 3] and rows["baseline"]["boundary_phases"] == [3]
         assert "remedy: w4s4-staggered" in out
         assert (tmp_path / "demo" / "data" / "remedy_heads.csv").is_file()
+
+
+def test_cli_accepts_the_hf_deepseek_v4_zoo_names(tmp_path, capsys):
+    """`phaseinterp profile dsv4-tiny` loads the HF-format zoo model like any other zoo name."""
+    from phaseinterp.profile import PhaseProfile
+    from phaseinterp.zoo import deepseek_v4 as hf_zoo
+
+    pytest.importorskip("transformers")
+    if "dsv4-tiny" not in hf_zoo.available():
+        pytest.skip("dsv4-tiny not built")
+    assert main(["profile", "dsv4-tiny", "--n-per-residue", "72", "--out", str(tmp_path / "p")]) == 0
+    profile = PhaseProfile.load(tmp_path / "p")
+    assert profile.stride == 4 and profile.period == 4
