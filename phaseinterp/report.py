@@ -156,6 +156,7 @@ def build_report(model, out_dir: Union[str, Path], *, twin=None, settings: Optio
     settings = settings or ReportSettings()
     out = check_output_dir(out_dir)
     model = load_model(model, device)
+    own_task = task is None  # the model's stored task: its profile can be reused by the remedy section
     task = resolve_task(model, task)
     twin = load_model(twin, device) if twin is not None else None
     if deepseek_v4 is not None:
@@ -254,7 +255,7 @@ def build_report(model, out_dir: Union[str, Path], *, twin=None, settings: Optio
 
     if remedy is not None:
         zoo_name = getattr(model, "metadata", {}).get("zoo_name")
-        reuse = {zoo_name: profiles[0]} if zoo_name else {}  # the same prompts: n_per_residue, seed 0
+        reuse = {zoo_name: profiles[0]} if zoo_name and own_task else {}  # same task, n_per_residue, seed 0
         remedy_report(remedy, settings, out, summary, figures, tables, progress, log, reuse=reuse, device=device)
 
     static = _static_export(settings, figures, out, export)
