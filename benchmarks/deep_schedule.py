@@ -2,6 +2,8 @@
 
     # 1. the deep pair under the SHARED 1500-step schedule (the zoo recipe before DEEP_TRAIN):
     python benchmarks/deep_schedule.py train runs/deep12_1500 --steps 1500 [--model deep12-w8s8-1kv-shared]
+    #    a second seed of the deep pair with the DEEP_TRAIN schedule (one process per model):
+    python benchmarks/deep_schedule.py train runs/deep12_seed1 --steps 3000 --seed 1 --model deep12-w8s8-1kv-shared
     # 2. the fork: resume that run's step-1500 checkpoint under a longer schedule (here 3000
     #    steps, so the curriculum's easy stage lasts to step 1800), stop at --stop:
     python benchmarks/deep_schedule.py fork runs/deep_fork3000 --from runs/deep12_1500/deep12-w8s8-1kv-shared \\
@@ -28,9 +30,10 @@ import torch
 from phaseinterp import zoo
 
 
-def _config(name: str, steps: int):
+def _config(name: str, steps: int, seed: int = 0):
     e = zoo.entry(name)
-    tc = dataclasses.replace(e.train_config(), steps=steps, snapshot_steps=tuple(range(100, steps + 1, 100)))
+    tc = dataclasses.replace(e.train_config(), steps=steps, snapshot_steps=tuple(range(100, steps + 1, 100)),
+                             seed=seed)
     task = e.task_object()
     return e, task, tc
 
@@ -39,9 +42,10 @@ def train_cmd(args) -> None:
     from phaseinterp.train import train
 
     for name in args.model:
-        e, task, tc = _config(name, args.steps)
-        train(e.model_config(task.vocab.size), task, train_config=tc, out_dir=Path(args.out) / name, resume=True,
-              progress=True, metadata={"experiment": f"deep schedule, steps={args.steps}"})
+        e, task, tc = _config(name, args.steps, args.seed)
+        config = e.model_config(task.vocab.size).replace(seed=args.seed)
+        train(config, task, train_config=tc, out_dir=Path(args.out) / name, resume=True, progress=True,
+              stop_after=args.stop, metadata={"experiment": f"deep schedule, steps={args.steps}, seed={args.seed}"})
 
 
 def fork_cmd(args) -> None:
@@ -101,6 +105,8 @@ def main() -> None:
     p.add_argument("out")
     p.add_argument("--steps", type=int, default=1500)
     p.add_argument("--model", nargs="+", default=["deep12-w8s8-1kv-shared", "deep12-full"])
+    p.add_argument("--seed", type=int, default=0, help="model and data seed (the zoo's: 0)")
+    p.add_argument("--stop", type=int, default=None, help="stop after this many steps (the schedule stays --steps)")
     p = sub.add_parser("fork")
     p.add_argument("out")
     p.add_argument("--from", required=True, help="the run directory to fork")
