@@ -91,9 +91,10 @@ def check_model_source(model_or_name) -> None:
     name = str(model_or_name)
     from phaseinterp.zoo import deepseek_v4 as hf_zoo
 
-    shipped = zoo.available() + hf_zoo.available()
+    hf_shipped = hf_zoo.available()
+    shipped = zoo.available() + hf_shipped
     if name in shipped:
-        if name in hf_zoo.available():
+        if name in hf_shipped:
             import importlib.util
 
             if importlib.util.find_spec("transformers") is None:

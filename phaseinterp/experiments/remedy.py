@@ -244,12 +244,13 @@ def compare_remedy(
         raise ValueError("seeds=() is empty; pass at least one seed (3 or more for a result)")
     curves, profiles, memory, boundaries = [], [], [], {}
     steps = None
+    task = _zoo_defaults(window, stride, architecture)[0]
     for seed in seeds:
         for variant in VARIANTS:
             run = twin_run(variant, seed, out_dir, offsets=offsets, window=window, stride=stride,
                            architecture=architecture, stop_at=stop_at,
                            eval_every=eval_every, progress=progress)
-            model, task = run.model, _zoo_defaults(window, stride, architecture)[0]
+            model = run.model
             steps = int(run.log.step.max())
             boundaries[variant] = _boundaries(model.cfg)
             curves.append(run.curves.assign(variant=variant, seed=seed))
