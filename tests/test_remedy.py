@@ -138,5 +138,8 @@ def test_twin_run_with_another_architecture_staggers_layers(tmp_path):
     stag, base = runs["staggered"].model, runs["baseline"].model
     assert [stag.boundary_phases(l) for l in range(2)] == [(3,), (1,)]
     assert [base.boundary_phases(l) for l in range(2)] == [(3,), (3,)]
+    with pytest.raises(ValueError, match="architecture key 'n_kv_head' is not"):  # a typo, refused before training
+        twin_run("baseline", 1, tmp_path, architecture={"n_kv_head": 1}, stop_at=2)
+    assert not (tmp_path / "baseline_seed1").exists()
     with pytest.raises(ValueError, match="n_kv_heads"):  # resuming a run with another architecture is refused
         twin_run("baseline", 0, tmp_path, architecture={"n_kv_heads": 2}, stop_at=3)

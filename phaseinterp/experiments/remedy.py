@@ -30,7 +30,15 @@ LEARNED = 0.8  # a phase is "learned" at the first evaluation where its probe ac
 def _zoo_defaults(window: int, stride: int, architecture: Optional[dict[str, Any]] = None):
     from phaseinterp import zoo
 
+    from phaseinterp.config import CompressedConfig
+
     architecture = dict(architecture or {})
+    fixed = {"d_vocab", "compression", "window", "stride", "window_offsets"}  # set by the experiment itself
+    valid = sorted({f.name for f in dataclasses.fields(CompressedConfig)} - fixed)
+    for key in architecture:
+        if key not in valid:
+            raise ValueError(f"architecture key {key!r} is not a CompressedConfig setting the twins may change "
+                             f"(valid: {', '.join(valid)})")
     compression = dict(compression="gated", window=window, stride=stride, gate="scalar")
     for key in ("gate", "payload"):  # compression options; the rest are backbone overrides
         if key in architecture:
