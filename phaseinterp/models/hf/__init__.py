@@ -37,14 +37,32 @@ def from_hf(hf_model: Any, name: Optional[str] = None) -> HookedDeepseekV4:
 
 
 def load_hf(path: Union[str, Path], device_map: Union[str, dict, None] = None, dtype: Any = None,
-            name: Optional[str] = None) -> HookedDeepseekV4:
-    """Load a local Hugging Face checkpoint directory (never the Hub) and wrap it with `from_hf`.
+            name: Optional[str] = None, *, max_memory: Optional[dict] = None,
+            offload_folder: Union[str, Path, None] = None) -> HookedDeepseekV4:
+    """Load a local DeepSeek-V4 checkpoint directory (never the Hub) and wrap it with `from_hf`.
 
-    ``device_map`` is passed to ``from_pretrained`` (``"auto"`` spreads the decoder layers over
-    the visible GPUs with accelerate; a whole decoder layer stays on one device). ``dtype``
-    (e.g. ``torch.bfloat16``; default: the checkpoint's). A ``phaseinterp.json`` beside the
-    checkpoint (zoo models) fills ``model.metadata`` (the evaluation task).
+    Either layout loads: transformers' own names (``save_pretrained``) or DeepSeek's released
+    names (``layers.0.attn.wq_a.weight``, ``ffn.experts.0.w1.weight``, ...; sharded with
+    ``model.safetensors.index.json``), which transformers' conversion mapping renames. FP8
+    checkpoints (``quantization_config.quant_method == "fp8"``, e4m3 weights with block
+    ``.scale``) are dequantized to ``dtype`` on machines without FP8 kernels (CPU, GPUs below
+    compute capability 8.9) and kept in FP8 with transformers' kernels otherwise.
+
+    ``device_map`` / ``max_memory`` / ``offload_folder`` go to ``from_pretrained`` (accelerate):
+    ``device_map="auto"`` spreads whole decoder layers over the GPUs, then CPU, then disk
+    (``offload_folder``); the wrapper loads an offloaded layer for the duration of its forward.
+    ``max_memory`` values are bytes or strings such as ``"70GiB"``. ``dtype`` (e.g.
+    ``torch.bfloat16``; default: the checkpoint's). A ``phaseinterp.json`` beside the checkpoint
+    (zoo models) fills ``model.metadata`` (the evaluation task); ``model.metadata["checkpoint"]``
+    says what was loaded (layout, FP8, dequantized, offloaded layers).
+
+    Checked from ``config.json`` and the safetensors headers before any weight is read, each
+    error naming the file or value: a missing directory / config / weights, a sharded
+    checkpoint without its index, an index naming a missing shard, tensor names of neither
+    layout, FP8 tensors without scales, a ``max_memory`` too small for any decoder layer.
     """
+    import torch
+
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist (load_hf reads a local checkpoint directory)")
@@ -54,26 +72,92 @@ def load_hf(path: Union[str, Path], device_map: Union[str, dict, None] = None, d
     if not config_path.is_file():
         raise FileNotFoundError(f"{config_path} does not exist: {path} is not a Hugging Face model directory")
     try:
-        model_type = json.loads(config_path.read_text()).get("model_type")
+        raw_config = json.loads(config_path.read_text())
     except json.JSONDecodeError as err:
         raise ValueError(f"{config_path} is not valid JSON: {err}") from None
+    model_type = raw_config.get("model_type") if isinstance(raw_config, dict) else None
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(f"{path}: model_type={model_type!r} is not supported (supported: {SUPPORTED_MODEL_TYPES})")
     if not any(any(path.glob(p)) for p in _WEIGHT_PATTERNS):
         raise FileNotFoundError(f"{path} has a config.json but no weights (*.safetensors or pytorch_model*.bin)")
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point) and dtype != "auto":
+        raise ValueError(f"dtype={dtype!r} is not a floating torch dtype (e.g. torch.bfloat16) or 'auto'")
+    if offload_folder is not None and device_map is None:
+        raise ValueError(f"offload_folder={str(offload_folder)!r} needs device_map (e.g. device_map='auto')")
     from transformers import DeepseekV4ForCausalLM
+
+    from phaseinterp.models.hf.memory import config_from_dict
+    from phaseinterp.models.hf.release_layout import inspect_checkpoint
+
+    files = None
+    if any(path.glob("*.safetensors")) or (path / "model.safetensors.index.json").exists():
+        files = inspect_checkpoint(path, raw_config)
+    fp8 = files is not None and bool(files.fp8_tensors)
+    if max_memory is not None or device_map is not None:
+        from phaseinterp.models.hf.offload import check_max_memory
+
+        layer_bytes, total = _layer_bytes(config_from_dict(raw_config), dtype, raw_config)
+        check_max_memory(max_memory, device_map, None if offload_folder is None else str(offload_folder),
+                         layer_bytes, total)
 
     kwargs: dict[str, Any] = {"local_files_only": True, "attn_implementation": "eager"}
     if device_map is not None:
         kwargs["device_map"] = device_map
     if dtype is not None:
         kwargs["dtype"] = dtype
+    if max_memory is not None:
+        kwargs["max_memory"] = max_memory
+    if offload_folder is not None:
+        kwargs["offload_folder"] = str(offload_folder)
+    dequantize = False
+    if fp8:
+        from transformers import FineGrainedFP8Config
+
+        dequantize = not fp8_kernels_available()
+        quant = {k: v for k, v in files.quantization.items() if k != "quant_method"}
+        quant["expert_dtype"] = quant.get("expert_dtype", raw_config.get("expert_dtype", "fp8"))
+        kwargs["quantization_config"] = FineGrainedFP8Config(**{**quant, "dequantize": dequantize})
     hf_model = DeepseekV4ForCausalLM.from_pretrained(str(path), **kwargs)
     model = from_hf(hf_model, name=name or path.name)
     sidecar = path / SIDECAR_FILE
     if sidecar.is_file():
         model.metadata.update(json.loads(sidecar.read_text()).get("metadata", {}))
+    placed = getattr(hf_model, "hf_device_map", None) or {}
+    on_gpu = any(v not in ("cpu", "disk") for v in placed.values())  # then "cpu" means CPU offload too
+    model.metadata["checkpoint"] = {
+        "path": str(path), "layout": files.layout if files is not None else "hf", "fp8": fp8,
+        "dequantized": dequantize,
+        "offloaded": sorted(k for k, v in placed.items() if v == "disk" or (on_gpu and v == "cpu")),
+    }
     return model
 
 
-__all__ = ["DeepseekV4HookedConfig", "HookedDeepseekV4", "from_hf", "load_hf"]
+def fp8_kernels_available() -> bool:
+    """Whether transformers' FP8 kernels can run here (a CUDA GPU of compute capability >= 8.9,
+    the condition transformers' FP8 quantizer checks); otherwise FP8 weights are dequantized."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return False
+    major, minor = torch.cuda.get_device_capability()
+    return (major, minor) >= (8, 9)
+
+
+def _layer_bytes(config: Any, dtype: Any, raw_config: dict) -> tuple[dict[str, int], int]:
+    """Bytes per decoder layer and in all at the dtype the weights will have in memory
+    (``dtype``, else the checkpoint's ``dtype``), from the architecture on ``meta``."""
+    import torch
+    from transformers import DeepseekV4ForCausalLM
+
+    if not isinstance(dtype, torch.dtype):
+        dtype = getattr(torch, str(raw_config.get("dtype") or raw_config.get("torch_dtype") or "float32"))
+    with torch.device("meta"):
+        model = DeepseekV4ForCausalLM(config)
+    width = torch.tensor([], dtype=dtype).element_size()
+    per_layer = {f"model.layers.{i}": sum(p.numel() for p in layer.parameters()) * width
+                 for i, layer in enumerate(model.model.layers)}
+    total = sum(p.numel() for p in model.parameters()) * width
+    return per_layer, total
+
+
+__all__ = ["DeepseekV4HookedConfig", "HookedDeepseekV4", "fp8_kernels_available", "from_hf", "load_hf"]

@@ -58,7 +58,13 @@ class _CompressionHooks(nn.Module):
     @property
     def position_bias(self) -> nn.Parameter:
         """HF's per-slot gate bias (the "ape"): ``[S, half * d_head]`` for CSA, ``[R, d_head]`` for HCA."""
-        return self.hf.position_bias
+        bias = self.hf.position_bias
+        if bias.device.type == "meta":
+            # accelerate offload: the value lives in the offload map; an edit here would be lost silently
+            raise ValueError("this compressor's position_bias is offloaded by device_map (CPU/disk offload, "
+                             "weights on 'meta'): gate edits (cycle_gates, gate_parameters) need the layer in "
+                             "memory; load with a max_memory / device_map that keeps the compressed layers on a device")
+        return bias
 
     @property
     def compress_rate(self) -> int:

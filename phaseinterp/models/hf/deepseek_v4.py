@@ -63,6 +63,7 @@ from phaseinterp.models.hf.compressor import (  # noqa: F401 - re-exported from 
     _NoCompressor,
 )
 from phaseinterp.models.hf.config import CSA, HCA, SLIDING, DeepseekV4HookedConfig  # noqa: F401
+from phaseinterp.models.hf.offload import execution_device, materialized
 
 SIDECAR_FILE = "phaseinterp.json"  # phaseinterp metadata (task, recipe) beside an HF checkpoint
 
@@ -96,7 +97,7 @@ class HookedDeepseekV4(HookedRootModule):
 
     @property
     def device(self) -> torch.device:
-        return self.hf.model.embed_tokens.weight.device
+        return execution_device(self.hf.model.embed_tokens)  # accelerate's execution device when offloaded
 
     # ---------------------------------------------------------------- forward
     def _check_tokens(self, tokens: Tensor) -> None:
@@ -120,18 +121,19 @@ class HookedDeepseekV4(HookedRootModule):
         streams = embeds.unsqueeze(2).expand(-1, -1, self.cfg.hc_mult, -1).contiguous()
         rope = {kind: hf.rotary_emb(embeds, position_ids=position_ids, layer_type=kind) for kind in ("main", "compress")}
         for block in self.blocks:
-            device = block.hf.input_layernorm.weight.device  # device_map: a decoder layer lives on one device
+            device = execution_device(block.hf.input_layernorm)  # device_map: a decoder layer runs on one device
             if streams.device != device:
                 streams, position_ids = streams.to(device), position_ids.to(device)
                 rope = {k: (c.to(device), s.to(device)) for k, (c, s) in rope.items()}
                 mask = mask.to(device) if isinstance(mask, Tensor) else mask
                 tokens = tokens.to(device)
-            streams = block(streams, rope, position_ids, mask, tokens)
-        streams = streams.to(hf.norm.weight.device)
+            with materialized(block.hf):  # offloaded layer: its weights in memory for this layer only
+                streams = block(streams, rope, position_ids, mask, tokens)
+        streams = streams.to(execution_device(hf.norm))
         final = self.hook_final(hf.norm(hf.hc_head(streams)))
         if return_type is None:
             return None
-        logits = self.hf.lm_head(final.to(self.hf.lm_head.weight.device))
+        logits = self.hf.lm_head(final.to(execution_device(self.hf.lm_head)))
         if return_type == "logits":
             return logits
         return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), tokens[:, 1:].flatten().to(logits.device))

@@ -39,6 +39,17 @@ class MemoryEstimate:
                 "fp32_gib": round(self.weight_gib(4.0), 1)}
 
 
+def config_from_dict(raw: dict) -> Any:
+    """A ``DeepseekV4Config`` from a ``config.json``'s fields: the architecture only (the
+    ``quantization_config`` is a quantizer's packing, not a shape; legacy release fields such as
+    ``compress_rate_csa`` or ``num_hash_layers`` fold in as transformers does)."""
+    from transformers import DeepseekV4Config
+
+    fields = {k: v for k, v in raw.items() if k not in ("architectures", "model_type", "transformers_version",
+                                                         "quantization_config", "expert_dtype")}
+    return DeepseekV4Config(**fields)
+
+
 def estimate_memory(config: Union[str, Path, Any, None] = None) -> MemoryEstimate:
     """Count the parameters of a ``DeepseekV4Config``, a ``config.json`` path or a checkpoint directory."""
     import torch
@@ -51,10 +62,7 @@ def estimate_memory(config: Union[str, Path, Any, None] = None) -> MemoryEstimat
         path = path / "config.json" if path.is_dir() else path
         if not path.is_file():
             raise FileNotFoundError(f"{path} does not exist (pass a config.json or a checkpoint directory)")
-        raw = json.loads(path.read_text())
-        raw.pop("quantization_config", None)  # count the architecture, not a quantizer's packing
-        config = DeepseekV4Config(**{k: v for k, v in raw.items() if k not in ("architectures", "model_type",
-                                                                              "transformers_version")})
+        config = config_from_dict(json.loads(path.read_text()))
     with torch.device("meta"):
         model = DeepseekV4ForCausalLM(config)
     total = sum(p.numel() for p in model.parameters())

@@ -1,0 +1,224 @@
+"""Write a DeepSeek-V4 in DeepSeek's released layout: sharded safetensors + index, optional FP8.
+
+`export_release(model, out, fp8=True)` writes what a downloaded DeepSeek-V4 checkpoint
+looks like (names and packing from `phaseinterp.models.hf.release_layout`), so the shipped
+tiny models serve as the fixture for real checkpoints: both go through the same
+`phaseinterp.load_hf` and transformers' own conversion. ``phaseinterp zoo export NAME
+--layout deepseek [--fp8] --out DIR`` is the command.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from phaseinterp.models.hf.release_layout import (
+    FP8_BLOCK,
+    INDEX_FILE,
+    check_names_roundtrip,
+    fp8_module_names,
+    release_name,
+    release_tensors,
+)
+
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+EXPORT_LAYOUTS = ("deepseek",)
+DEFAULT_SHARD_BYTES = 256 * 1024  # small enough that the tiny models span several shards
+# config.json fields the release writes under their legacy (V3-style) names; transformers folds them in.
+_DERIVED_FIELDS = ("rope_parameters", "partial_rotary_factor", "compress_rates")
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """What `export_release` wrote."""
+
+    path: Path
+    shards: tuple[str, ...]
+    n_tensors: int
+    n_fp8: int
+    n_bytes: int
+
+    def __repr__(self) -> str:
+        return (f"ExportResult({str(self.path)!r}: {len(self.shards)} shards, {self.n_tensors} tensors, "
+                f"{self.n_fp8} FP8, {self.n_bytes:,} bytes)")
+
+
+def parse_size(value: Union[int, str], what: str = "size") -> int:
+    """Bytes from ``1000``, ``"256KB"``, ``"10MiB"``, ``"2GB"`` (KB = 10^3, KiB = 2^10); ValueError otherwise."""
+    if isinstance(value, bool):
+        raise ValueError(f"{what}={value!r} is not a size (bytes as an int, or e.g. '256KB', '10MiB')")
+    if isinstance(value, int):
+        n = value
+    else:
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*", str(value), flags=re.IGNORECASE)
+        if match is None:
+            raise ValueError(f"{what}={value!r} is not a size (bytes as an int, or e.g. '256KB', '10MiB', '80GB')")
+        number, unit = float(match.group(1)), (match.group(2) or "B").upper()
+        power = {"B": 0, "K": 1, "M": 2, "G": 3, "T": 4}[unit[0]]
+        n = int(number * ((1024 if "I" in unit else 1000) ** power))
+    if n <= 0:
+        raise ValueError(f"{what}={value!r} must be a positive number of bytes")
+    return n
+
+
+def quantize_fp8_blocks(weight, block: tuple[int, int] = FP8_BLOCK):
+    """``(q, scale)``: ``weight`` ``[..., rows, cols]`` as ``float8_e4m3fn`` with one UE8M0 scale per block.
+
+    ``scale[b]`` = ``2 ** ceil(log2(max|w_b| / 448))`` (a power of two, DeepSeek's ``ue8m0`` scale
+    format, stored in a float32 container) and ``q = w / scale``, so that
+    ``w ~= q * scale`` (transformers' ``Fp8Dequantize``). A dimension larger than the block must
+    be a multiple of it (transformers derives the block from the scale grid); a smaller one
+    is one block.
+    """
+    import torch
+
+    rows, cols = weight.shape[-2:]
+    for size, b, axis in ((rows, block[0], "rows"), (cols, block[1], "cols")):
+        if size > b and size % b:
+            raise ValueError(f"FP8 export: {axis}={size} is neither <= the block ({b}) nor a multiple of it")
+    bm, bn = min(block[0], rows), min(block[1], cols)
+    w = weight.detach().float()
+    tiles = w.reshape(*w.shape[:-2], rows // bm, bm, cols // bn, bn)
+    amax = tiles.abs().amax(dim=(-3, -1))
+    scale = torch.where(amax > 0, torch.exp2(torch.ceil(torch.log2(amax.clamp_min(1e-30) / FP8_MAX))),
+                        torch.ones_like(amax))
+    q = (tiles / scale.unsqueeze(-1).unsqueeze(-3)).clamp(-FP8_MAX, FP8_MAX).reshape(w.shape)
+    return q.to(torch.float8_e4m3fn), scale.to(torch.float32)
+
+
+def release_config(hf_config: Any, fp8: bool, dtype: Optional[str] = None) -> dict:
+    """``config.json`` in the release's fields: ``compress_rate_csa`` / ``compress_rate_hca``,
+    ``num_hash_layers`` and ``qk_rope_head_dim`` (the legacy fields transformers' config folds in;
+    ``layer_types`` stays explicit because the release's per-layer ``compress_ratios`` only
+    know the rates 0, 4 and 128), plus with ``fp8`` the ``quantization_config`` (FP8 e4m3,
+    dynamic activations, 128 x 128 blocks, UE8M0 scales) and ``expert_dtype``."""
+    raw = hf_config.to_dict()
+    out = {k: v for k, v in raw.items() if k not in _DERIVED_FIELDS and not k.startswith("_")}
+    rates = dict(raw["compress_rates"])
+    out["compress_rate_csa"] = int(rates["compressed_sparse_attention"])
+    out["compress_rate_hca"] = int(rates["heavily_compressed_attention"])
+    mlp = list(raw["mlp_layer_types"])
+    n_hash = next((i for i, k in enumerate(mlp) if k != "hash_moe"), len(mlp))
+    if all(k == "moe" for k in mlp[n_hash:]):
+        out["num_hash_layers"] = n_hash
+        out.pop("mlp_layer_types")
+    out["qk_rope_head_dim"] = int(hf_config.qk_rope_head_dim)
+    out["architectures"] = ["DeepseekV4ForCausalLM"]
+    out["model_type"] = "deepseek_v4"
+    if dtype is not None:
+        out["dtype"] = dtype
+    out.pop("quantization_config", None)
+    if fp8:
+        out["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic",
+                                      "weight_block_size": list(FP8_BLOCK), "scale_fmt": "ue8m0"}
+        out["expert_dtype"] = "fp8"
+    return out
+
+
+def _fp8_release_names(hf_config: Any) -> set[str]:
+    """DeepSeek names of the weights stored in FP8 (``<module>.weight``; experts per expert)."""
+    names: set[str] = set()
+    for module in fp8_module_names(hf_config):
+        if module.endswith(".experts"):
+            layer = re.match(r"^model\.(layers\.\d+)\.", module).group(1)
+            for e in range(int(hf_config.n_routed_experts)):
+                names.update(f"{layer}.ffn.experts.{e}.{w}.weight" for w in ("w1", "w2", "w3"))
+        else:
+            names.add(release_name(f"{module}.weight"))
+    return names
+
+
+def _natural(name: str):
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
+
+
+def export_release(model: Any, out: Union[str, Path], *, fp8: bool = False, dtype: Any = None,
+                   max_shard_bytes: Union[int, str] = DEFAULT_SHARD_BYTES, metadata: Optional[dict] = None,
+                   layout: str = "deepseek") -> ExportResult:
+    """Write ``model`` (a `HookedDeepseekV4` or a ``DeepseekV4ForCausalLM``) to ``out`` in DeepSeek's layout.
+
+    ``out`` must not exist or be an empty folder; everything is written to a temporary folder
+    beside it and renamed into place (a failed export leaves nothing). ``fp8``: the modules
+    DeepSeek quantizes become ``float8_e4m3fn`` + ``.scale`` (128 x 128 blocks); ``dtype``
+    (e.g. ``torch.bfloat16``, the release's) casts the other floating tensors (default: the
+    model's). ``metadata`` goes to ``phaseinterp.json`` (zoo models: the evaluation task).
+    """
+    import torch
+    from safetensors.torch import save
+
+    from phaseinterp._files import atomic_write, check_output_dir, json_default, normal_mode
+
+    if layout not in EXPORT_LAYOUTS:
+        raise ValueError(f"layout={layout!r} is not supported for export (valid: {EXPORT_LAYOUTS})")
+    shard_bytes = parse_size(max_shard_bytes, "max_shard_bytes")
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ValueError(f"dtype={dtype!r} is not a floating torch dtype (e.g. torch.bfloat16, torch.float32)")
+    out = check_output_dir(out)
+    if out.exists() and any(out.iterdir()):
+        raise ValueError(f"output directory {str(out)!r} is not empty (export writes a fresh checkpoint folder)")
+    hf = getattr(model, "hf", model)
+    config = hf.config
+    if getattr(config, "model_type", None) != "deepseek_v4":
+        raise ValueError(f"export_release needs a DeepSeek-V4 model, got model_type={getattr(config, 'model_type', None)!r}")
+
+    tensors = release_tensors({k: v.detach() for k, v in hf.state_dict().items()})
+    check_names_roundtrip(list(tensors), config)
+    quantized = _fp8_release_names(config) if fp8 else set()
+    missing = sorted(quantized - set(tensors))
+    if missing:
+        raise RuntimeError(f"FP8 export: {missing[0]!r} is quantized by transformers but absent from the model")
+    packed: dict[str, Any] = {}
+    for name in sorted(tensors, key=_natural):
+        t = tensors[name].to("cpu")
+        if name in quantized:
+            q, scale = quantize_fp8_blocks(t)
+            packed[name] = q.contiguous()
+            packed[name[: -len(".weight")] + ".scale"] = scale.contiguous()
+        else:
+            packed[name] = (t.to(dtype) if dtype is not None and t.is_floating_point() else t).contiguous()
+
+    shards: list[dict[str, Any]] = [{}]
+    size = 0
+    for name, t in packed.items():  # natural order: a layer's tensors stay together
+        n = t.numel() * t.element_size()
+        if shards[-1] and size + n > shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += n
+    files = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
+    try:
+        os.chmod(tmp, normal_mode(directory=True))
+        weight_map, total = {}, 0
+        for file, shard in zip(files, shards):
+            atomic_write(tmp / file, save(shard, metadata={"format": "pt"}))
+            for name, t in shard.items():
+                weight_map[name] = file
+                total += t.numel() * t.element_size()
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        atomic_write(tmp / INDEX_FILE, json.dumps(index, indent=2).encode())
+        dtype_name = str(dtype).removeprefix("torch.") if dtype is not None else None
+        cfg = release_config(config, fp8=fp8, dtype=dtype_name)
+        atomic_write(tmp / "config.json", json.dumps(cfg, indent=2, default=json_default).encode())
+        from phaseinterp.models.hf.deepseek_v4 import SIDECAR_FILE
+
+        meta = {**getattr(model, "metadata", {}), **(metadata or {})}
+        meta["export"] = {"layout": layout, "fp8": fp8, "dtype": dtype_name, "fp8_block": list(FP8_BLOCK)}
+        atomic_write(tmp / SIDECAR_FILE, json.dumps({"metadata": meta}, indent=2, default=json_default).encode())
+        if out.exists():
+            out.rmdir()  # empty (checked above)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return ExportResult(path=out, shards=tuple(files), n_tensors=len(packed),
+                        n_fp8=sum(1 for n in packed if n in quantized), n_bytes=total)
