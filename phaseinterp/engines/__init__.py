@@ -1,0 +1,25 @@
+"""Engines and the phase-resolved conformance check (issue 24).
+
+An engine is a callable ``tokens [batch, pos] -> next-token log-probs [batch, d_vocab]``
+(`Engine`). `conformance` runs the same phase-controlled prompts through the reference forward
+and through decoding, chunked prefill, lower precision or any engine (an OpenAI-compatible
+server through `OpenAIEngine`), and reports agreement per phase.
+"""
+
+from phaseinterp.engines.adapters import (
+    CacheEngine,
+    Engine,
+    TransformersEngine,
+    cast_copy,
+    chunked_pieces,
+    decode_pieces,
+    engine_for,
+    full_pieces,
+)
+from phaseinterp.engines.check import DEFAULT_TOLERANCE, DTYPES, MODES, conformance, cut_period, phase_table
+from phaseinterp.engines.openai import OpenAIEngine
+from phaseinterp.engines.result import ConformanceResult
+
+__all__ = ["CacheEngine", "ConformanceResult", "DEFAULT_TOLERANCE", "DTYPES", "Engine", "MODES", "OpenAIEngine",
+           "TransformersEngine", "cast_copy", "chunked_pieces", "conformance", "cut_period", "decode_pieces",
+           "engine_for", "full_pieces", "phase_table"]

@@ -1,0 +1,186 @@
+"""Engines: anything that maps a batch of token ids to next-token log-probs, and the schedules
+that feed a prompt to an incremental cache (one forward, token by token, or in pieces).
+
+The adapter interface (`Engine`) is one call::
+
+    engine(tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch d_vocab"]
+
+the log-probs of the token that follows each row's last token; ``NaN`` where the engine does
+not report a value (a server that returns only its top-k). Rows of one call have one length.
+In-process engines here: `CacheEngine` (phaseinterp's own `CompressedTransformer` and its
+`KVCache`) and `TransformersEngine` (a Hugging Face causal LM with its own cache classes;
+for DeepSeek-V4, transformers' ``DeepseekV4CSACache``/``DeepseekV4HCACache`` inside a
+``DynamicCache``). `phaseinterp.engines.openai.OpenAIEngine` reads an OpenAI-compatible
+server's logprobs.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from typing import Callable, Optional, Protocol, Sequence, runtime_checkable
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+Schedule = Callable[[int], Sequence[int]]  # prompt length -> piece lengths (they sum to the length)
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """Next-token log-probs after the last token of each row (``NaN`` = not reported)."""
+
+    name: str
+
+    def __call__(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch d_vocab"]: ...
+
+
+# ------------------------------------------------------------------------------- schedules
+def full_pieces(length: int) -> list[int]:
+    """The whole prompt in one call to the cache (a cached prefill)."""
+    return [length]
+
+
+def decode_pieces(length: int) -> list[int]:
+    """Token-by-token decoding: ``length`` pieces of one token."""
+    return [1] * length
+
+
+def chunked_pieces(length: int, cut_phase: int, period: int, chunk: int) -> list[int]:
+    """Prefill in pieces whose every cut falls at ``cut_phase`` (mod ``period``), then decode.
+
+    A cut at position ``c`` means a piece ends at ``c - 1`` and the next starts at ``c``; the
+    cut phase is ``c mod period`` (0: the cut falls on a window start, every window closed). The
+    first piece ends at the first cut (``cut_phase``, or ``period`` for phase 0), later pieces are
+    ``chunk`` tokens (a multiple of ``period``), and the last prefill piece stops at the last
+    position ``e <= length - 1`` with ``e = cut_phase (mod period)``; tokens ``e .. length-1``
+    (1..period of them) are then decoded one at a time, so the prefill-to-decode switch is a cut
+    of the same phase.
+    """
+    if chunk % period:
+        raise ValueError(f"chunk={chunk} must be a multiple of the cut period {period}")
+    first = cut_phase if cut_phase > 0 else period
+    last_cut = length - 1 - ((length - 1 - cut_phase) % period)  # largest e <= length-1, e = cut_phase mod period
+    if last_cut < first:
+        raise ValueError(f"a prompt of {length} tokens is too short for cuts at phase {cut_phase} mod {period}")
+    pieces, pos = [first], first
+    while pos < last_cut:
+        step = min(chunk, last_cut - pos)
+        pieces.append(step)
+        pos += step
+    return pieces + [1] * (length - last_cut)
+
+
+def _check_pieces(pieces: Sequence[int], length: int) -> list[int]:
+    pieces = [int(p) for p in pieces]
+    if any(p < 1 for p in pieces) or sum(pieces) != length:
+        raise ValueError(f"schedule pieces {pieces} must be positive and sum to the prompt length {length}")
+    return pieces
+
+
+# ------------------------------------------------------------------------- own family
+class CacheEngine:
+    """phaseinterp's own `CompressedTransformer`: ``schedule=None`` is the reference full forward
+    (no cache); otherwise the prompt goes through ``model.init_cache()`` in the schedule's pieces
+    (``model(piece, cache=cache)``). Log-probs are computed in float32."""
+
+    def __init__(self, model: torch.nn.Module, schedule: Optional[Schedule] = None, name: str = "reference"):
+        if not hasattr(model, "init_cache"):
+            raise ValueError(f"CacheEngine needs a model with init_cache() (a CompressedTransformer), got "
+                             f"{type(model).__name__}")
+        self.model, self.schedule, self.name = model, schedule, name
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @torch.inference_mode()
+    def __call__(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch d_vocab"]:
+        tokens = tokens.to(self.device)
+        if self.schedule is None:
+            return _last_logprobs(self.model(tokens))
+        cache, pos, logits = self.model.init_cache(), 0, None
+        for n in _check_pieces(self.schedule(tokens.shape[1]), tokens.shape[1]):
+            logits = self.model(tokens[:, pos:pos + n], cache=cache)
+            pos += n
+        return _last_logprobs(logits)
+
+
+# ------------------------------------------------------------------------- transformers
+class TransformersEngine:
+    """A Hugging Face causal LM (``model.hf`` of a `HookedDeepseekV4`, or any ``*ForCausalLM``):
+    the reference adapter. ``schedule=None``: one forward with ``use_cache=False``; otherwise
+    transformers' own cache (``DynamicCache(config=...)``, which builds DeepSeek-V4's CSA/HCA
+    cache layers) fed in the schedule's pieces with explicit ``position_ids``, as ``generate``
+    steps it."""
+
+    def __init__(self, hf_model: torch.nn.Module, schedule: Optional[Schedule] = None, name: str = "reference"):
+        if not hasattr(hf_model, "config") or not callable(hf_model):
+            raise ValueError(f"TransformersEngine needs a transformers model, got {type(hf_model).__name__}")
+        self.hf, self.schedule, self.name = hf_model, schedule, name
+        params = inspect.signature(hf_model.forward).parameters
+        # transformers 5.x renames past_key_values -> cache for DeepSeek-V4 (the old name warns).
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.hf.parameters()).device
+
+    @torch.inference_mode()
+    def __call__(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch d_vocab"]:
+        tokens = tokens.to(self.device)
+        if self.schedule is None:
+            return _last_logprobs(self.hf(input_ids=tokens, use_cache=False).logits)
+        from transformers import DynamicCache
+
+        cache, pos, logits = DynamicCache(config=self.hf.config), 0, None
+        batch = tokens.shape[0]
+        for n in _check_pieces(self.schedule(tokens.shape[1]), tokens.shape[1]):
+            position_ids = torch.arange(pos, pos + n, device=tokens.device).expand(batch, -1)
+            out = self.hf(input_ids=tokens[:, pos:pos + n], position_ids=position_ids, use_cache=True,
+                          **{self._cache_arg: cache})
+            logits = out.logits
+            pos += n
+        return _last_logprobs(logits)
+
+
+def _last_logprobs(logits: Float[Tensor, "batch pos d_vocab"]) -> Float[Tensor, "batch d_vocab"]:
+    return torch.log_softmax(logits[:, -1].float(), dim=-1)
+
+
+def is_hf_wrapper(model: torch.nn.Module) -> bool:
+    """A phaseinterp wrapper around a transformers model (``model.hf``)."""
+    return hasattr(model, "hf") and hasattr(getattr(model, "hf"), "config")
+
+
+def engine_for(model: torch.nn.Module, schedule: Optional[Schedule] = None, name: str = "reference"):
+    """The in-process engine of ``model``'s family: `CacheEngine` for a `CompressedTransformer`,
+    `TransformersEngine` for a `HookedDeepseekV4` (its ``.hf``) or a bare transformers model."""
+    if hasattr(model, "init_cache"):
+        return CacheEngine(model, schedule, name)
+    if is_hf_wrapper(model):
+        return TransformersEngine(model.hf, schedule, name)
+    if hasattr(model, "config") and hasattr(model, "generate"):
+        return TransformersEngine(model, schedule, name)
+    raise ValueError(f"no in-process engine for {type(model).__name__}: pass a CompressedTransformer, a "
+                     "HookedDeepseekV4 (phaseinterp.zoo.load('dsv4-tiny')) or a transformers causal LM")
+
+
+def cast_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """A copy of ``model`` in ``dtype`` (the original is untouched). For a transformers model the
+    modules it lists in ``_keep_in_fp32_modules_strict`` stay float32, as ``from_pretrained(dtype=...)``
+    leaves them."""
+    hf = model.hf if is_hf_wrapper(model) else model
+    keep = tuple(getattr(hf, "_keep_in_fp32_modules_strict", None) or ())
+    out = copy.deepcopy(model).to(dtype)
+    if keep:
+        target = out.hf if is_hf_wrapper(out) else out
+        for name, param in target.named_parameters():
+            if any(k in name.split(".") for k in keep):
+                param.data = param.data.float()
+    return out
+
+
+__all__ = ["CacheEngine", "Engine", "Schedule", "TransformersEngine", "cast_copy", "chunked_pieces",
+           "decode_pieces", "engine_for", "full_pieces", "is_hf_wrapper"]

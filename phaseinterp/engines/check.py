@@ -1,0 +1,333 @@
+"""`conformance`: the same phase-controlled prompts through the reference forward and through
+incremental decoding, chunked prefill, lower precision or an external engine, compared per
+phase of the answer position (and per phase of the prefill cut).
+
+Every prompt of the task is presented at each answer phase ``a`` (``answer_pos mod S``) by
+deleting its last ``d`` filler tokens (``d`` in ``0..S-1``; nothing else moves relative to
+the query), so the reference and every engine see the very same sequences.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Mapping, Optional, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from phaseinterp import stats
+from phaseinterp._checks import check_int, check_n_per_residue
+from phaseinterp.engines.adapters import (
+    cast_copy,
+    chunked_pieces,
+    decode_pieces,
+    engine_for,
+)
+from phaseinterp.engines.result import ConformanceResult
+
+MODES = ("decode", "chunked_prefill", "dtype")
+DTYPES = ("bfloat16", "float16")
+# The verdict per phase: a statistic of |difference of next-token log-probs| against a tolerance.
+# float32 engines only reorder sums (~1e-5 measured), so one prompt beyond 1e-3 is a fault: the
+# statistic is the max. Low precision rounds every op, and its max grows with the number of
+# prompts; its scale is the mean, allowed 32 units of the dtype's unit roundoff (2^-8 bfloat16,
+# 2^-11 float16). Override per setting: ``tolerance={"bfloat16": ("max", 1.0), "decode": 1e-4}``.
+DEFAULT_TOLERANCE = {"decode": ("max", 1e-3), "chunked_prefill": ("max", 1e-3),
+                     "bfloat16": ("mean", 32 * 2.0**-8), "float16": ("mean", 32 * 2.0**-11)}
+STATISTICS = ("max", "mean")
+ENGINE_TOLERANCE = ("max", 1e-3)  # default for an external engine
+
+
+def cut_period(model: torch.nn.Module) -> int:
+    """The period of the prefill cut phases: the stride for phaseinterp's own models; for
+    DeepSeek-V4 the least common multiple of its layers' compress rates (CSA and HCA: 32 for
+    rates 4 and 32), so every cut phase of both compressors is visited."""
+    cfg = model.cfg
+    rates = getattr(cfg, "compress_rates", None)
+    if rates and getattr(cfg, "layer_types", None):
+        present = [int(rates[k]) for k in set(cfg.layer_types) if k in rates]
+        if present:
+            return math.lcm(*present)
+    return int(cfg.stride)
+
+
+def answer_phase_variants(tokens: Int[Tensor, "batch pos"], filler_ids: Sequence[int], stride: int,
+                          phases: Sequence[int]) -> dict[int, tuple[Tensor, np.ndarray]]:
+    """For each answer phase ``a``: the prompts with their last ``d`` filler tokens deleted, where
+    ``d`` in ``0..stride-1`` puts the last position ``T - 1 - d`` at phase ``a``; and ``removed``
+    ``[batch, d]``, the deleted positions (to shift each prompt's metadata)."""
+    T = tokens.shape[1]
+    is_filler = torch.isin(tokens, torch.as_tensor(list(filler_ids), dtype=tokens.dtype))
+    n_fillers = is_filler.sum(1)
+    out = {}
+    for a in phases:
+        d = (T - 1 - a) % stride
+        if d and int(n_fillers.min()) < d:
+            raise ValueError(f"answer phase {a} needs {d} filler tokens per prompt to delete, but a prompt "
+                             f"has {int(n_fillers.min())}")
+        keep = torch.ones_like(tokens, dtype=torch.bool)
+        removed = np.zeros((tokens.shape[0], d), dtype=np.int64)
+        if d:
+            positions = torch.arange(T).expand_as(tokens)
+            last = torch.where(is_filler, positions, -1).topk(d, dim=1).values  # the d last filler positions
+            keep.scatter_(1, last, False)
+            removed = last.numpy()
+        out[a] = (tokens[keep].reshape(tokens.shape[0], T - d), removed)
+    return out
+
+
+def _check_phases(name: str, phases: Any, period: int) -> tuple[int, ...]:
+    if phases is None:
+        return tuple(range(period))
+    values = tuple(phases) if isinstance(phases, (list, tuple, range)) else (phases,)
+    if not values:
+        raise ValueError(f"{name}=() is empty: give phases in 0..{period - 1}")
+    for p in values:
+        if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or not 0 <= p < period:
+            raise ValueError(f"{name}: {p!r} is out of range (phases are 0..{period - 1})")
+    if len(set(values)) != len(values):
+        raise ValueError(f"{name}={values} repeats a phase")
+    return tuple(int(p) for p in values)
+
+
+def conformance(
+    model: torch.nn.Module,
+    task: Any,
+    modes: Sequence[str] = MODES,
+    *,
+    n_per_residue: int = 8,
+    seed: int = 0,
+    answer_phases: Optional[Sequence[int]] = None,
+    cut_phases: Optional[Sequence[int]] = None,
+    chunk: Optional[int] = None,
+    dtypes: Sequence[str] = DTYPES,
+    tolerance: Optional[Mapping[str, float]] = None,
+    engines: Optional[Mapping[str, Any]] = None,
+    reference: Optional[Any] = None,
+    batch_size: int = 256,
+    confidence: float = 0.95,
+    n_bootstrap: int = 2000,
+    label: Optional[str] = None,
+    progress: bool = True,
+) -> ConformanceResult:
+    """Compare next-token log-probs at the answer position of every engine with the reference,
+    per answer phase (``answer_pos mod S``) and, for chunked prefill, per cut phase.
+
+    Parameters:
+        model: a `CompressedTransformer` (own cache, ``model.init_cache()``) or a `HookedDeepseekV4`
+            (transformers' own cache through ``model.hf``); engines run on the model's device.
+        task: a retrieval task with ``generate`` and ``vocab.filler_ids`` (``phaseinterp.zoo.task_for(model)``).
+        modes: any of ``"decode"`` (token by token through the cache), ``"chunked_prefill"`` (pieces
+            cut at one phase of the cut period, then decoded; `chunked_pieces`), ``"dtype"`` (the
+            model cast to each of ``dtypes``, full forward); default all three. May be empty when
+            ``engines`` is given.
+        n_per_residue: prompts per target residue (default 8; total ``n * R`` prompts, each at
+            every answer phase). Target moments are matched best-effort (the comparison is paired:
+            engine and reference see the same sequences).
+        answer_phases: answer phases to test (default all ``0..S-1``); cut_phases: cut phases
+            (default all ``0..P-1``, ``P`` = `cut_period`); chunk: tokens per prefill piece after
+            the first (a multiple of ``P``; default the smallest multiple >= 2 local windows).
+        dtypes: low-precision dtypes of the ``dtype`` mode, from ``("bfloat16", "float16")``; one
+            the device cannot run is skipped with the reason in ``result.skipped``.
+        tolerance: ``{setting: bound}`` or ``{setting: (statistic, bound)}`` overriding
+            `DEFAULT_TOLERANCE` (statistic ``"max"`` or ``"mean"`` |d log p| of a phase; settings:
+            ``decode``, ``chunked_prefill``, the dtype names, the ``engines`` names).
+        engines: extra `Engine` callables by name (e.g. an `OpenAIEngine`), compared like a mode.
+        reference: the reference engine (default: the model's plain full forward in float32).
+        confidence / n_bootstrap: Wilson intervals of agreement; a paired bootstrap over prompts
+            (``n_bootstrap`` replicates, seeded by ``seed``) for the accuracy difference.
+
+    Returns a `ConformanceResult`: ``table`` (one row per setting x phase: max and mean
+    |d log p|, top-1 agreement, accuracy difference, intervals, verdict) and ``records``.
+    """
+    modes = tuple(modes) if not isinstance(modes, str) else (modes,)
+    for m in modes:
+        if m not in MODES:
+            raise ValueError(f"mode {m!r} is not one of {MODES}")
+    if len(set(modes)) != len(modes):
+        raise ValueError(f"modes={modes} repeats a mode")
+    engines = dict(engines or {})
+    for name, engine in engines.items():
+        if not isinstance(name, str) or not name or name in MODES or name in DTYPES:
+            raise ValueError(f"engine name {name!r} must be a non-empty string other than {MODES + DTYPES}")
+        if not callable(engine):
+            raise ValueError(f"engines[{name!r}] is a {type(engine).__name__}, not a callable engine")
+    if not modes and not engines:
+        raise ValueError(f"nothing to check: give modes from {MODES} or engines")
+    dtypes = tuple(dtypes) if not isinstance(dtypes, str) else (dtypes,)
+    if "dtype" in modes:
+        if not dtypes:
+            raise ValueError(f"mode 'dtype' needs dtypes from {DTYPES}")
+        for dt in dtypes:
+            if dt not in DTYPES:
+                raise ValueError(f"dtype {dt!r} is not one of {DTYPES}")
+    settings = [m for m in modes if m != "dtype"] + (list(dtypes) if "dtype" in modes else []) + list(engines)
+    tol = {s: DEFAULT_TOLERANCE.get(s, ENGINE_TOLERANCE) for s in settings}
+    for key, value in dict(tolerance or {}).items():
+        if key not in tol:
+            raise ValueError(f"tolerance for {key!r}: not a setting of this check (settings: {settings})")
+        statistic, bound = value if isinstance(value, tuple) and len(value) == 2 else (tol[key][0], value)
+        if statistic not in STATISTICS:
+            raise ValueError(f"tolerance[{key!r}]: statistic {statistic!r} is not one of {STATISTICS}")
+        if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not bound > 0 or not math.isfinite(bound):
+            raise ValueError(f"tolerance[{key!r}]={bound!r} must be a finite number > 0")
+        tol[key] = (statistic, float(bound))
+    check_int("batch_size", batch_size, 1)
+    check_int("n_bootstrap", n_bootstrap, 1)
+    if not (isinstance(confidence, float) and 0 < confidence < 1):
+        raise ValueError(f"confidence={confidence!r} must be a float in (0, 1)")
+    if not hasattr(task, "generate") or not hasattr(getattr(task, "vocab", None), "filler_ids"):
+        raise ValueError(f"task={task!r} must be a retrieval task with generate() and vocab.filler_ids "
+                         "(phaseinterp.zoo.task_for(model))")
+    check_n_per_residue(n_per_residue, getattr(task, "residue_modulus", 1))
+    ref_engine = reference if reference is not None else engine_for(model)  # ValueError for other families
+    cfg = model.cfg
+    stride, period = int(cfg.stride), cut_period(model)
+    answer_phases = _check_phases("answer_phases", answer_phases, stride)
+    cut_phases = _check_phases("cut_phases", cut_phases, period)
+    if chunk is None:
+        chunk = period * max(1, math.ceil(2 * int(getattr(cfg, "local_window", period)) / period))
+    check_int("chunk", chunk, period)
+    if chunk % period:
+        raise ValueError(f"chunk={chunk} must be a multiple of the cut period {period}")
+    if getattr(task, "seq_len", 0) > getattr(cfg, "n_ctx", math.inf):
+        raise ValueError(f"the task's prompts have {task.seq_len} tokens but the model's n_ctx is {cfg.n_ctx}")
+
+    batch = task.generate(n_per_residue, seed=seed, strict=False)
+    variants = answer_phase_variants(batch.tokens, task.vocab.filler_ids, stride, answer_phases)
+    runs: list[tuple[str, str, int, Any]] = []  # (mode, setting, cut phase or -1, engine)
+    skipped: dict[str, str] = {}
+    if "decode" in modes:
+        runs.append(("decode", "decode", -1, engine_for(model, decode_pieces, "decode")))
+    if "chunked_prefill" in modes:
+        for c in cut_phases:
+            schedule = lambda n, c=c: chunked_pieces(n, c, period, chunk)  # noqa: E731
+            schedule(min(t.shape[1] for t, _ in variants.values()))  # too-short prompts raise here
+            runs.append(("chunked_prefill", "chunked_prefill", c, engine_for(model, schedule, f"chunked@{c}")))
+    if "dtype" in modes:
+        for dt in dtypes:
+            engine, reason = _dtype_engine(model, getattr(torch, dt), batch.tokens[:1])
+            if engine is None:
+                skipped[dt] = reason
+                continue
+            runs.append(("dtype", dt, -1, engine))
+    runs += [("engine", name, -1, engine) for name, engine in engines.items()]
+
+    quiet = not progress or bool(os.environ.get("PHASEINTERP_NO_PROGRESS"))
+    reference_logprobs = {a: _run(ref_engine, tokens, batch_size) for a, (tokens, _) in variants.items()}
+    frames = []
+    for mode, setting, cut, engine in tqdm(runs, desc="conformance", disable=quiet):
+        for a, (tokens, removed) in variants.items():
+            logprobs = _run(engine, tokens, batch_size)
+            frames.append(_records(batch, removed, tokens.shape[1], a, mode, setting, cut,
+                                   reference_logprobs[a], logprobs))
+    records = pd.concat(frames, ignore_index=True) if frames else _records_empty()
+    table = phase_table(records, tol, confidence=confidence, n_bootstrap=n_bootstrap, seed=seed)
+    return ConformanceResult(
+        label=label or str(getattr(cfg, "label", type(model).__name__)),
+        stride=stride, cut_period=period, chunk=int(chunk), modes=modes, settings=tuple(settings),
+        tolerance=tol, skipped=skipped, n_prompts=len(batch), seq_len=int(batch.seq_len), seed=seed,
+        confidence=confidence, table=table, records=records,
+    )
+
+
+def _dtype_engine(model: torch.nn.Module, dtype: torch.dtype, probe: Tensor):
+    """The model cast to ``dtype`` as an engine, or ``(None, reason)`` when the device cannot run it."""
+    try:
+        cast = cast_copy(model, dtype)
+        engine = engine_for(cast, None, str(dtype).replace("torch.", ""))
+        engine(probe)
+    except (RuntimeError, TypeError, NotImplementedError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        return None, f"{dtype} does not run on {next(model.parameters()).device}: {first}"
+    return engine, ""
+
+
+def _run(engine: Any, tokens: Tensor, batch_size: int) -> Float[Tensor, "batch d_vocab"]:
+    parts = []
+    for start in range(0, tokens.shape[0], batch_size):
+        chunk = tokens[start:start + batch_size]
+        out = engine(chunk)
+        if not isinstance(out, Tensor) or out.ndim != 2 or out.shape[0] != chunk.shape[0]:
+            shape = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+            raise ValueError(f"engine {getattr(engine, 'name', engine)!r} returned {shape}; expected "
+                             f"[{chunk.shape[0]}, d_vocab] next-token log-probs")
+        parts.append(out.detach().float().cpu())
+    return torch.cat(parts)
+
+
+def _records(batch, removed: np.ndarray, length: int, answer_phase: int, mode: str, setting: str, cut: int,
+             ref: Float[Tensor, "batch d_vocab"], out: Float[Tensor, "batch d_vocab"]) -> pd.DataFrame:
+    """One row per prompt: |d log p| over the entries the engine reports, top-1s, correctness."""
+    if out.shape != ref.shape:
+        raise ValueError(f"engine {setting!r} returned {out.shape[1]} log-probs per prompt; the reference has "
+                         f"{ref.shape[1]}")
+    reported = ~torch.isnan(out)
+    diff = torch.where(reported, (out - ref).abs(), torch.zeros_like(ref))
+    n_reported = reported.sum(1)
+    top1 = torch.where(reported, out, torch.full_like(out, -math.inf)).argmax(1)
+    ref_top1 = ref.argmax(1)
+    answer = batch.answer
+    target = batch.meta["target_pos"].to_numpy()
+    shift = (removed < target[:, None]).sum(1) if removed.size else 0
+    return pd.DataFrame({
+        "mode": mode, "setting": setting, "cut_phase": cut, "answer_phase": answer_phase,
+        "answer_pos": length - 1, "prompt": np.arange(len(answer)), "residue": batch.meta["residue"].to_numpy(),
+        "target_pos": target - shift, "answer": answer.numpy(), "ref_top1": ref_top1.numpy(),
+        "top1": top1.numpy(), "agree": (top1 == ref_top1).numpy(),
+        "ref_correct": (ref_top1 == answer).numpy(), "correct": (top1 == answer).numpy(),
+        "max_abs_diff": diff.amax(1).numpy(),
+        "mean_abs_diff": (diff.sum(1) / n_reported.clamp(min=1)).numpy(),
+        "n_reported": n_reported.numpy(),
+    })
+
+
+def _records_empty() -> pd.DataFrame:
+    return pd.DataFrame(columns=["mode", "setting", "cut_phase", "answer_phase", "answer_pos", "prompt", "residue",
+                                 "target_pos", "answer", "ref_top1", "top1", "agree", "ref_correct", "correct",
+                                 "max_abs_diff", "mean_abs_diff", "n_reported"])
+
+
+def phase_table(records: pd.DataFrame, tolerance: Mapping[str, float], *, confidence: float = 0.95,
+                n_bootstrap: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Per setting and phase (``kind`` "answer": the answer position's phase mod S; "cut": the
+    prefill cut's phase mod the cut period, pooled over answer phases): prompts ``n``, ``max_abs_diff``
+    and ``mean_abs_diff`` of next-token log-probs, top-1 ``agreement`` (Wilson interval),
+    reference and engine accuracy and their paired difference ``accuracy_diff`` (percentile
+    bootstrap over prompts), the verdict's ``statistic`` ("max" or "mean" |d log p|), its
+    ``tolerance`` and ``passed`` (statistic <= tolerance)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    groups = [("answer", "answer_phase")] + [("cut", "cut_phase")]
+    for kind, column in groups:
+        subset = records if kind == "answer" else records[records["cut_phase"] >= 0]
+        for (mode, setting, phase), cell in subset.groupby(["mode", "setting", column], sort=False):
+            n = len(cell)
+            agree = int(cell["agree"].sum())
+            lo, hi = stats.wilson_interval(agree, n, confidence)
+            delta = cell["correct"].to_numpy(dtype=float) - cell["ref_correct"].to_numpy(dtype=float)
+            if np.any(delta):
+                boot = delta[rng.integers(0, n, size=(n_bootstrap, n))].mean(1)
+                d_lo, d_hi = np.quantile(boot, [(1 - confidence) / 2, (1 + confidence) / 2])
+            else:
+                d_lo = d_hi = 0.0
+            max_diff, mean_diff = float(cell["max_abs_diff"].max()), float(cell["mean_abs_diff"].mean())
+            statistic, bound = tolerance[setting]
+            rows.append({
+                "mode": mode, "setting": setting, "kind": kind, "phase": int(phase), "n": n,
+                "max_abs_diff": max_diff, "mean_abs_diff": mean_diff,
+                "agreement": agree / n, "agreement_lower": float(lo), "agreement_upper": float(hi),
+                "ref_accuracy": float(cell["ref_correct"].mean()), "accuracy": float(cell["correct"].mean()),
+                "accuracy_diff": float(delta.mean()), "accuracy_diff_lower": float(d_lo),
+                "accuracy_diff_upper": float(d_hi), "statistic": statistic, "tolerance": bound,
+                "passed": bool((max_diff if statistic == "max" else mean_diff) <= bound),
+            })
+    return pd.DataFrame(rows).sort_values(["kind", "mode", "setting", "phase"], kind="stable").reset_index(drop=True)
+
+
+__all__ = ["DEFAULT_TOLERANCE", "DTYPES", "MODES", "STATISTICS", "answer_phase_variants", "conformance", "cut_period", "phase_table"]
