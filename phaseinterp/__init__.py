@@ -18,7 +18,7 @@ from typing import Any
 __version__ = "0.1.0"
 
 _SUBMODULES = {"phase", "stats", "tasks", "zoo", "plot", "report", "results", "profile", "evaluate",
-               "interventions", "models", "config", "train", "theory", "cli"}
+               "interventions", "models", "config", "train", "theory", "cli", "engines"}
 _NAMES = {
     "CompressedConfig": "phaseinterp.config",
     "PhaseProfile": "phaseinterp.profile",
@@ -41,6 +41,9 @@ _NAMES = {
     "IndexerPhaseResult": "phaseinterp.interventions.indexer",
     "force_target_selection": "phaseinterp.interventions.indexer",
     "ForcedSelectionResult": "phaseinterp.interventions.indexer",
+    "conformance": "phaseinterp.engines",  # issue 24: implementations compared per phase
+    "ConformanceResult": "phaseinterp.engines",
+    "OpenAIEngine": "phaseinterp.engines",
 }
 
 
@@ -76,6 +79,9 @@ __all__ = [
     "IndexerPhaseResult",
     "force_target_selection",
     "ForcedSelectionResult",
+    "ConformanceResult",
+    "OpenAIEngine",
+    "conformance",
     "gate_cycling",
     "gate_profile",
     "mean_ablation",
