@@ -8,6 +8,7 @@
     phaseinterp report  MODEL [--twin MODEL] --out DIR            -> phaseinterp.report.build_report
     phaseinterp train   --out DIR [architecture and run options]  -> phaseinterp.train.train
     phaseinterp zoo list [--markdown] | build NAME                -> phaseinterp.zoo
+    phaseinterp zoo export NAME --layout deepseek [--fp8] --out DIR -> phaseinterp.models.hf.export
     phaseinterp merge DIR [--out DIR]                             -> phaseinterp.distributed.merge
 
 profile, ablate and cycle also run data-parallel under ``torchrun --nproc-per-node N -m
@@ -69,6 +70,51 @@ def _check_model_name(name: str) -> None:
     from phaseinterp.report import check_model_source
 
     check_model_source(name)
+
+
+def _preflight(args) -> None:
+    """What depends on the model but not on its weights, checked from its config.json before the
+    weights load (a load can take many seconds): layer indices, the profile's stride, cycle's
+    shifts, and the prompt count against the stored task."""
+    from phaseinterp.report import peek_model
+
+    peek = peek_model(args.model)
+    if peek is None:  # an HF checkpoint: checked after loading
+        return
+    cfg = peek.cfg
+    if getattr(args, "layer", None) is not None:
+        from phaseinterp.interventions._common import check_layers
+
+        check_layers(peek, args.layer)
+    if args.command == "cycle" and args.shifts is not None:
+        for d in args.shifts:
+            if d % cfg.stride == 0:
+                raise UsageError(f"shift={d} is 0 mod S={cfg.stride}: it moves nothing (the unshifted model is always "
+                                 f"measured); use shifts in 1..{cfg.stride - 1} or their negatives")
+    task = None
+    if isinstance(peek.metadata.get("task"), dict):
+        from phaseinterp.tasks import resolve_task
+
+        task = resolve_task(peek)
+    if args.command == "profile":
+        stride = args.stride or cfg.stride
+        if task is not None and task.residue_modulus % stride:
+            divisors = [d for d in range(1, task.residue_modulus + 1) if task.residue_modulus % d == 0]
+            raise UsageError(f"--stride {stride} does not divide the task's R={task.residue_modulus} "
+                             f"(valid: {divisors})")
+        _check_own_stride(args.stride, cfg)
+    if task is not None and args.command in ("profile", "ablate", "cycle") and getattr(args, "padding", None) is None:
+        _check_placement(task, args.n_per_residue)
+
+
+def _check_own_stride(stride: Optional[int], cfg) -> None:
+    """``profile --stride`` of a compressed model must be its own stride (another one mixes its phases)."""
+    own = getattr(cfg, "stride", None)
+    if stride is not None and getattr(cfg, "is_compressed", False) and own is not None and stride != own:
+        raise UsageError(f"--stride {stride} is not the model's own stride S={own}: folding a compressed model by "
+                         f"another stride mixes its phases and hides the phase gap; omit --stride (or pass --stride "
+                         f"{own}), or re-fold deliberately in Python with phaseinterp.phase_profile(model, task, "
+                         f"stride={stride}), whose label says so")
 
 
 def _check_placement(task, n_per_residue: int) -> None:
@@ -141,6 +187,12 @@ def _run(args) -> int:
             _check_model_name(args.model)
         if twin is not None:
             _check_model_name(twin)
+            try:
+                report_module.check_twin(args.model, twin)
+            except ValueError:
+                raise UsageError(f"--twin {twin} is the model itself ({args.model}): a model is never its own twin; "
+                                 "pass a different model as --twin (a full-attention twin), or --twin none") from None
+        report_module.check_report_dir(args.out)
         dsv4 = getattr(args, "deepseek_v4", None)
         dsv4 = None if dsv4 in (None, "none") else dsv4
         if dsv4 is not None:
@@ -173,6 +225,9 @@ def _run(args) -> int:
         return 0
 
     _check_model_name(args.model)
+    if args.command == "conformance":
+        return _conformance(args)
+    _preflight(args)
     from phaseinterp import report as report_module
     from phaseinterp.tasks import resolve_task
 
@@ -200,6 +255,7 @@ def _run(args) -> int:
 
         if args.padding:
             task = replace(task, padding=args.padding)
+        _check_own_stride(args.stride, model.cfg)
         stride = args.stride or model.cfg.stride
         if task.residue_modulus % stride:
             divisors = [d for d in range(1, task.residue_modulus + 1) if task.residue_modulus % d == 0]
@@ -261,6 +317,30 @@ def _run(args) -> int:
     return 0
 
 
+def _conformance(args) -> int:
+    """``phaseinterp conformance MODEL``: `phaseinterp.engines.conformance` (issue 24)."""
+    from phaseinterp.report import load_model, peek_model
+
+    peek = peek_model(args.model)
+    if peek is not None and args.chunk is not None and args.chunk % peek.cfg.stride:
+        raise UsageError(f"--chunk {args.chunk} is not a multiple of the cut period {peek.cfg.stride} "
+                         f"(the stride of {args.model})")
+    from phaseinterp.engines import DTYPES, MODES, conformance
+    from phaseinterp.tasks import resolve_task
+
+    model = load_model(args.model, args.device)
+    result = conformance(model, resolve_task(model), tuple(args.modes or MODES), n_per_residue=args.n_per_residue,
+                         dtypes=tuple(args.dtypes or DTYPES), chunk=args.chunk, seed=args.seed)
+    columns = ["setting", "kind", "phase", "n", "max_abs_diff", "mean_abs_diff", "agreement", "accuracy_diff",
+               "accuracy_diff_lower", "accuracy_diff_upper", "statistic", "tolerance", "passed"]
+    with __import__("pandas").option_context("display.width", 200, "display.max_rows", 500):
+        print(result.table[columns].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    print()
+    _print_table(result)
+    _save(args.out, result)
+    return 0
+
+
 def _zoo(args) -> int:
     from phaseinterp import zoo
 
@@ -271,10 +351,44 @@ def _zoo(args) -> int:
         for name, status, description in zoo_rows():
             print(f"{name:24s} {status:12s} {description}\n{'':24s} {'':12s} rebuild: {zoo.ENTRIES[name].command}")
         return 0
+    if args.zoo_command == "export":
+        return _zoo_export(args)
     zoo.entry(args.name)
     source = zoo.build(args.name, args.out_dir, device=args.device, install=not args.no_install,
                        threads=args.threads)
     print(f"built {args.name}: snapshot {source}")
+    return 0
+
+
+def _zoo_export(args) -> int:
+    """`phaseinterp zoo export NAME --layout deepseek [--fp8] --out DIR` (every argument checked before loading)."""
+    from phaseinterp._files import check_output_dir
+    from phaseinterp.models.hf.export import EXPORT_LAYOUTS, parse_size
+    from phaseinterp.zoo import deepseek_v4 as hf_zoo
+
+    shipped = hf_zoo.available()
+    if args.name not in shipped:
+        raise UsageError(f"zoo export: {args.name!r} is not a shipped HF DeepSeek-V4 zoo model (valid: {shipped})")
+    if args.layout not in EXPORT_LAYOUTS:
+        raise UsageError(f"--layout {args.layout!r} is not supported (valid: {', '.join(EXPORT_LAYOUTS)})")
+    dtypes = {"float32": "float32", "bfloat16": "bfloat16"}
+    if args.dtype is not None and args.dtype not in dtypes:
+        raise UsageError(f"--dtype {args.dtype!r} is not supported (valid: {', '.join(dtypes)})")
+    try:
+        parse_size(args.max_shard_size, "--max-shard-size")
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    out = check_output_dir(args.out)
+    if out.exists() and any(out.iterdir()):
+        raise UsageError(f"--out {args.out!r} is not empty (export writes a fresh checkpoint folder)")
+    import torch
+
+    from phaseinterp.models.hf.export import export_release
+
+    model = hf_zoo.load(args.name)
+    result = export_release(model, out, fp8=args.fp8, layout=args.layout, max_shard_bytes=args.max_shard_size,
+                            dtype=None if args.dtype is None else getattr(torch, dtypes[args.dtype]))
+    print(f"exported {args.name} ({args.layout} layout{', FP8' if args.fp8 else ''}): {result}")
     return 0
 
 
@@ -296,6 +410,9 @@ def _train(args) -> int:
                          f"not be profiled by phase (valid strides: {divisors})")
     config = e.model_config(task.vocab.size).replace(**changes)
     final = Path(args.out) / "final"
+    if args.resume and not (Path(args.out) / "checkpoints" / "LATEST").is_file():
+        raise UsageError(f"--resume: --out {args.out!r} holds no run to resume (no checkpoints/LATEST); drop --resume "
+                         "to start a new run there")
     if not args.resume and (Path(args.out) / "checkpoints" / "LATEST").is_file():
         raise UsageError(f"--out {args.out!r} already holds a run; pass --resume to continue it or choose a new --out")
     from phaseinterp.train import train
@@ -307,13 +424,40 @@ def _train(args) -> int:
     return 0
 
 
+def _interrupted(args) -> str:
+    """What an interrupt leaves behind, for the command that ran (never a promise it did not keep)."""
+    if args.command == "train" or (args.command == "zoo" and args.zoo_command == "build"):
+        if args.command == "train":
+            run, again = Path(args.out), "rerun with --resume to continue"
+        else:
+            from phaseinterp import zoo
+
+            run = Path(args.out_dir) if args.out_dir else Path("runs") / "zoo" / (zoo.entry(args.name).run or args.name)
+            again = "rerun the same command to continue"
+        latest = run / "checkpoints" / "LATEST"
+        if latest.is_file():
+            return f"interrupted; the last checkpoint in {run / 'checkpoints'} ({latest.read_text().strip()}) is intact: {again}"
+        return f"interrupted before the first checkpoint; nothing in {run} to resume"
+    if getattr(args, "shard_dir", None):
+        return f"interrupted; the finished shards in {args.shard_dir} are kept: rerun the same command to resume"
+    if args.command in ("demo", "report"):
+        return f"interrupted; {args.out} was not changed (a report is moved into place only when complete)"
+    if getattr(args, "out", None):
+        return f"interrupted; nothing was written to {args.out}"
+    return "interrupted"
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv == ["zoo"]:  # the list of commands, as --help prints it
+        (parser if not argv else parser._subparsers._group_actions[0].choices["zoo"]).print_help()
+        return 0
     args = parser.parse_args(argv)
     try:
         return _run(args)
     except KeyboardInterrupt:
-        print("phaseinterp: interrupted (checkpoints written so far are intact)", file=sys.stderr)
+        print(f"phaseinterp: {_interrupted(args)}", file=sys.stderr)
         return 130
     except Exception as err:
         if not isinstance(err, _user_errors()):

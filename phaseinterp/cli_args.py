@@ -25,6 +25,30 @@ def _parse_number(text: str, kind: type, ok, bound: str):
     return value
 
 
+def _int_list(what: str):
+    """An argparse type for one or more integers given as ``1 2`` or ``1,2`` (or both): a list."""
+    def parse(text: str) -> list[int]:
+        values = []
+        for part in text.split(","):
+            try:
+                values.append(int(part))
+            except ValueError:
+                raise argparse.ArgumentTypeError(
+                    f"{part!r} is not an integer (separate {what} with spaces or commas: 1 2 or 1,2)") from None
+        return values
+    return parse
+
+
+class _Extend(argparse.Action):
+    """Collect every value of ``nargs="+"`` options whose type returns lists into one flat list."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        flat = list(getattr(namespace, self.dest, None) or [])
+        for value in values:
+            flat.extend(value)
+        setattr(namespace, self.dest, flat)
+
+
 def _positive(text: str) -> int:
     return _parse_number(text, int, lambda v: v >= 1, ">= 1")
 
@@ -105,7 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
     _model_arg(p)
     p.add_argument("--n-per-residue", type=_positive, default=250, help=N_PER_RESIDUE_HELP + " (default: 250)")
     p.add_argument("--stride", type=_positive, default=None,
-                   help="fold residues to phases with this stride; must divide R (default: the model's)")
+                   help="fold residues to phases with this stride; must divide R, and for a compressed model "
+                        "equal its own stride (another stride hides its phase structure; re-fold deliberately "
+                        "with phaseinterp.phase_profile(..., stride=...)) (default: the model's)")
     p.add_argument("--padding", choices=["prefix", "in_sequence"], default=None,
                    help="how records are moved to each residue (default: the task's own)")
     p.add_argument("--seed", type=_non_negative, default=0, help="prompt seed, >= 0 (default: 0)")
@@ -116,8 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Replace each KV head's per-head outputs (hook_z) at the answer position by "
                        "their calibration mean; print the RELATIVE accuracy change in percent per phase.")
     _model_arg(p)
-    p.add_argument("--layer", type=int, nargs="+", default=None,
-                   help="distinct layer indices in 0..n_layers-1 (default: every layer)")
+    p.add_argument("--layer", type=_int_list("layers"), nargs="+", action=_Extend, default=None,
+                   help="distinct layer indices in 0..n_layers-1, e.g. 0 1 or 0,1 (default: every layer)")
     p.add_argument("--scope", choices=["kv_head", "layer"], default="kv_head",
                    help="one unit per KV head, or one per whole layer (default: kv_head)")
     p.add_argument("--n-per-residue", type=_positive, default=72, help=N_PER_RESIDUE_HELP + " (default: 72)")
@@ -132,11 +158,11 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Shift the gates' slot preferences by each shift and measure accuracy per "
                        "phase (W = S gated or DeepSeek-kernel models).")
     _model_arg(p)
-    p.add_argument("--shifts", type=int, nargs="+", default=None,
-                   help="shifts in slots, each non-zero mod S (default: every distinct shift mod S, e.g. "
-                        "-1 1 2 for S = 4)")
-    p.add_argument("--layer", type=int, nargs="+", default=None,
-                   help="distinct layer indices to shift (default: every layer)")
+    p.add_argument("--shifts", type=_int_list("shifts"), nargs="+", action=_Extend, default=None,
+                   help="shifts in slots, each non-zero mod S, e.g. -1 1 2 or -1,1,2 (default: every distinct "
+                        "shift mod S, e.g. -1 1 2 for S = 4)")
+    p.add_argument("--layer", type=_int_list("layers"), nargs="+", action=_Extend, default=None,
+                   help="distinct layer indices to shift, e.g. 0 1 or 0,1 (default: every layer)")
     p.add_argument("--branch", choices=["both", "k", "v"], default="both",
                    help="shift the key gates, the value gates or both (default: both)")
     p.add_argument("--n-per-residue", type=_positive, default=250, help=N_PER_RESIDUE_HELP + " (default: 250)")
@@ -155,6 +181,28 @@ def build_parser() -> argparse.ArgumentParser:
     _model_arg(p)
     p.add_argument("--n-per-residue", type=_positive, default=8,
                    help="prompts per residue; any size works here (no moment matching) (default: 8)")
+    _out_arg(p, what="the result (meta.json + arrays.npz)")
+
+    p = sub.add_parser("conformance", help="decode / chunked prefill / dtype vs the reference, per phase "
+                       "(phaseinterp.conformance)",
+                       description="Run the same phase-controlled prompts through the reference forward and through "
+                       "token-by-token decoding with the model's own cache, chunked prefill cut at every phase, and "
+                       "bfloat16/float16; print max and mean |difference of next-token log-probs|, top-1 agreement and "
+                       "the accuracy difference per answer phase (and per cut phase), with a verdict per phase.")
+    _model_arg(p)
+    p.add_argument("--modes", nargs="+", choices=["decode", "chunked_prefill", "dtype"], default=None,
+                   help="what to compare with the reference (default: decode chunked_prefill dtype)")
+    p.add_argument("--dtypes", nargs="+", choices=["bfloat16", "float16"], default=None,
+                   help="low precisions of the dtype mode; one the device cannot run is skipped and named "
+                        "(default: bfloat16 float16)")
+    p.add_argument("--n-per-residue", type=_positive, default=8,
+                   help="prompts per residue (x R = 24), each shown at every answer phase; target moments are "
+                        "matched best-effort (default: 8)")
+    p.add_argument("--chunk", type=_positive, default=None,
+                   help="tokens per prefill piece after the first; a multiple of the cut period (the stride; for "
+                        "DeepSeek-V4 the lcm of its compress rates) (default: the smallest multiple >= 2 local "
+                        "windows)")
+    p.add_argument("--seed", type=_non_negative, default=0, help="prompt seed, >= 0 (default: 0)")
     _out_arg(p, what="the result (meta.json + arrays.npz)")
 
     p = sub.add_parser("train", help="train a model from scratch (phaseinterp.train)",
@@ -192,4 +240,14 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--no-install", action="store_true", help="train only; do not copy the snapshot into the package")
     b.add_argument("--threads", type=_positive, default=1,
                    help="CPU threads (default: 1, which reproduces the shipped checkpoints bit for bit)")
+    e = zsub.add_parser("export", help="write a shipped HF DeepSeek-V4 zoo model in DeepSeek's released layout",
+                        description="Write a shipped tiny DeepSeek-V4 (dsv4-tiny, dsv4.1-tiny) with DeepSeek's own "
+                        "tensor names, sharded safetensors + index, the release's config fields and (--fp8) FP8 e4m3 "
+                        "weights with 128x128 block scales: a fixture for loading real checkpoints with load_hf.")
+    e.add_argument("name", help="a shipped HF DeepSeek-V4 zoo name (dsv4-tiny, dsv4.1-tiny)")
+    e.add_argument("--layout", required=True, help="tensor layout to write (valid: deepseek)")
+    e.add_argument("--fp8", action="store_true", help="FP8 e4m3 + block scales where the release quantizes")
+    e.add_argument("--dtype", default=None, help="dtype of the other tensors: float32 or bfloat16 (default: the model's)")
+    e.add_argument("--max-shard-size", default="256KB", help="largest shard, e.g. 256KB, 5GB (default: 256KB)")
+    e.add_argument("--out", required=True, help="new (or empty) checkpoint directory")
     return parser
