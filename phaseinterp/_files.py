@@ -10,13 +10,33 @@ from typing import Any, Union
 import numpy as np
 
 
+def current_umask() -> int:
+    """The process's umask (read without changing it where /proc allows)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)  # no /proc: read it by setting it, then put it back
+    os.umask(mask)
+    return mask
+
+
+def normal_mode(directory: bool = False) -> int:
+    """The mode ``open()`` / ``mkdir()`` would give a new file or folder: 0o666 / 0o777 less the umask."""
+    return (0o777 if directory else 0o666) & ~current_umask()
+
+
 def atomic_write(path: Path, data: bytes) -> None:
     """Write ``data`` to a temporary file beside ``path``, fsync, then rename over ``path``:
-    readers see the old file or the new one, never a truncated one."""
+    readers see the old file or the new one, never a truncated one. The file gets the mode a
+    plain ``open(path, "w")`` would (0o666 less the umask), not the temporary file's 0o600."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), normal_mode())
             f.write(data)
             f.flush()
             os.fsync(f.fileno())

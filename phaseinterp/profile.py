@@ -210,7 +210,8 @@ def phase_profile(
         seed: prompt seed (default 0); also seeds the bootstrap and the permutation test.
         batch_size: prompts per forward pass (default 256, >= 1).
         device: where the prompts go (default: the model's device); must exist on this machine.
-        stride: fold residues to phases with this stride (default ``model.cfg.stride``); R must be
+        stride: fold residues to phases with this stride (default ``model.cfg.stride``; another
+            stride on a compressed model is a deliberate re-folding and the label says so); R must be
             a multiple of it.
         label: the profile's name in tables and figures (default ``model.cfg.label``).
         confidence: interval level in (0, 1) (default 0.95).
@@ -295,6 +296,9 @@ def phase_profile(
     records["answer_logprob"] = answer_logprob.numpy()
     if label is None:
         label = str(getattr(cfg, "label", type(model).__name__))
+    own = getattr(cfg, "stride", None)
+    if getattr(cfg, "is_compressed", False) and own is not None and stride != own:
+        label += f" [re-folded by S={stride}; the model's own stride is {own}]"  # a deliberate choice, shown
     return profile_from_records(
         records, R, stride, label=label, confidence=confidence, interval=interval, n_bootstrap=n_bootstrap,
         n_permutations=n_permutations, seed=seed,

@@ -4,6 +4,8 @@ statistics, written as a self-contained folder (index.html, PNGs, CSVs, summary.
 from __future__ import annotations
 
 import html
+import os
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,7 +111,62 @@ def check_model_source(model_or_name) -> None:
     if path.exists():
         raise ValueError(f"model {name!r} is a file; pass a checkpoint directory or a zoo name")
     raise ValueError(f"model {name!r} is neither a shipped zoo model ({', '.join(shipped)}) nor a checkpoint "
-                     "directory (with config.json)")
+                     f"directory (with config.json){nearest_name(name, list(zoo.ENTRIES) + hf_shipped)}")
+
+
+def nearest_name(name: str, names) -> str:
+    """``"; did you mean 'w4s4'?"`` for the closest of ``names`` to ``name`` (case-insensitive), or ""."""
+    import difflib
+
+    by_lower = {n.lower(): n for n in names}
+    close = difflib.get_close_matches(name.lower(), list(by_lower), n=1, cutoff=0.6)
+    return f"; did you mean {by_lower[close[0]]!r}?" if close else ""
+
+
+def peek_model(model_or_name):
+    """What the config says about a model, without loading its weights: an object with ``cfg``
+    (`CompressedConfig`) and ``metadata`` (task, zoo name), or None when that cannot be read cheaply
+    (a model object is returned as is; Hugging Face checkpoints return None). Lets callers refuse
+    a layer out of range or a wrong stride before a load that can take many seconds."""
+    import json
+    from types import SimpleNamespace
+
+    from phaseinterp import zoo
+    from phaseinterp.config import CompressedConfig
+
+    if not isinstance(model_or_name, (str, Path)):
+        return model_or_name
+    path = Path(model_or_name)
+    if not (path / "config.json").is_file():
+        path = zoo.CHECKPOINT_DIR / str(model_or_name)
+    try:
+        config = json.loads((path / "config.json").read_text())
+        return SimpleNamespace(cfg=CompressedConfig.from_dict(config["model"]), metadata=config.get("metadata", {}))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # not a phaseinterp checkpoint (HF) or a broken one: loading reports it
+
+
+def check_report_dir(out_dir: Union[str, Path]) -> Path:
+    """``out_dir`` as a Path if a report can be written there: it does not exist, is empty, or holds
+    a previous report (index.html + summary.json of `build_report`), which the new report replaces
+    whole. Any other non-empty folder is a ValueError naming it (nothing of the user's is mixed with
+    or deleted by a report). Creates nothing."""
+    import json
+
+    out = check_output_dir(out_dir)
+    if not out.is_dir() or not any(out.iterdir()):
+        return out
+    try:
+        previous = json.loads((out / "summary.json").read_text())
+        is_report = (out / "index.html").is_file() and isinstance(previous, dict) and "profiles" in previous
+    except (OSError, ValueError):
+        is_report = False
+    if not is_report:
+        shown = sorted(p.name for p in out.iterdir())[:3]
+        raise ValueError(f"output directory {str(out)!r} is not empty and holds no previous report (it has "
+                         f"{', '.join(shown)}{', ...' if len(list(out.iterdir())) > 3 else ''}); pass a new or "
+                         "empty folder, or a previous report's folder to replace it")
+    return out
 
 
 def load_model(model_or_name, device=None):
@@ -136,8 +193,12 @@ def build_report(model, out_dir: Union[str, Path], *, twin=None, settings: Optio
     """Run every experiment on ``model`` (and the phase profile on ``twin``) and write the folder.
 
     ``model`` / ``twin``: model objects, shipped zoo names or checkpoint directories (``twin``
-    default None: no twin). ``out_dir``: a directory or a path that does not exist yet; it is
-    checked, and both models are loaded, before anything is computed or written. ``settings``
+    default None: no twin; never ``model`` itself). ``out_dir``: a path that does not exist yet,
+    an empty folder, or the folder of a previous report, which is replaced whole: the new report
+    is built in a hidden folder beside it and renamed into place at the end, so no file of the
+    previous run survives and an interrupted run leaves the previous report as it was. Any other
+    non-empty folder is refused. It is checked, and both models are loaded, before anything is
+    computed or written. ``settings``
     (default `ReportSettings()`; `ReportSettings.quick()` for a one-minute run) sets the prompt
     counts. ``task`` default: the model's stored task. ``device``: as in `load_model`.
     ``deepseek_v4`` (default None): a wrapped Hugging Face DeepSeek-V4 (`phaseinterp.from_hf`) or the
@@ -149,13 +210,71 @@ def build_report(model, out_dir: Union[str, Path], *, twin=None, settings: Optio
     Returns a `Report`; the folder holds index.html, data/*.csv, summary.json (strict JSON) and,
     when kaleido and a Chromium are present, one PNG per figure (the HTML says when and why not).
     """
+    final = check_report_dir(out_dir)
+    check_twin(model, twin)
+    staging: list[Path] = []
+    try:
+        report = _build_report(model, final, staging, twin=twin, settings=settings, task=task, device=device,
+                               progress=progress, log=log, deepseek_v4=deepseek_v4, remedy=remedy)
+        _replace_dir(staging[0], final)
+        return report
+    finally:
+        if staging and staging[0].exists():  # interrupted or failed: the previous report stays as it was
+            shutil.rmtree(staging[0], ignore_errors=True)
+
+
+def check_twin(model, twin) -> None:
+    """A ValueError when ``twin`` is ``model`` itself (the same object, zoo name or checkpoint folder)."""
+    if twin is None:
+        return
+    if twin is model or (isinstance(model, (str, Path)) and isinstance(twin, (str, Path))
+                         and _model_path(model) == _model_path(twin)):
+        raise ValueError(f"twin={str(twin) if isinstance(twin, (str, Path)) else type(twin).__name__!r} is the "
+                         "model itself: a model is never its own twin; pass its full-attention twin (the zoo's "
+                         "compressed models: 'full') or twin=None")
+
+
+def _model_path(name: Union[str, Path]) -> Path:
+    from phaseinterp import zoo
+
+    path = Path(name)
+    if not (path / "config.json").is_file() and (zoo.CHECKPOINT_DIR / str(name)).is_dir():
+        path = zoo.CHECKPOINT_DIR / str(name)
+    return path.resolve()
+
+
+def _staging_dir(final: Path) -> Path:
+    """An empty hidden folder beside ``final`` (same file system, so a rename moves it into place)."""
+    import tempfile
+
+    from phaseinterp._files import normal_mode
+
+    final.parent.mkdir(parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.building-"))
+    os.chmod(path, normal_mode(directory=True))  # mkdtemp's 0o700 would survive the rename
+    return path
+
+
+def _replace_dir(staging: Path, final: Path) -> None:
+    """Move ``staging`` to ``final``; a previous report there is moved aside first, then deleted."""
+    if final.exists():
+        old = final.parent / f".{final.name}.previous-{os.getpid()}"
+        os.replace(final, old)
+        os.replace(staging, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(staging, final)
+
+
+def _build_report(model, final: Path, staging: list, *, twin, settings, task, device, progress, log, deepseek_v4,
+                  remedy) -> Report:
+    """`build_report`'s work: everything is written to a staging folder (appended to ``staging``)."""
     from phaseinterp.interventions import ablate, gate_cycling, gate_profile
     from phaseinterp.plot import export, profiles_figure
     from phaseinterp.profile import phase_profile
 
     t0 = time.time()
     settings = settings or ReportSettings()
-    out = check_output_dir(out_dir)
     model = load_model(model, device)
     own_task = task is None  # the model's stored task: its profile can be reused by the remedy section
     task = resolve_task(model, task)
@@ -168,6 +287,8 @@ def build_report(model, out_dir: Union[str, Path], *, twin=None, settings: Optio
         from phaseinterp.report_remedy import check_remedy, remedy_report
 
         check_remedy(remedy)
+    staging.append(_staging_dir(final))
+    out = staging[0]
     (out / "data").mkdir(parents=True, exist_ok=True)
     figures: dict[str, Any] = {}
     tables: dict[str, Any] = {}
@@ -180,12 +301,10 @@ def build_report(model, out_dir: Union[str, Path], *, twin=None, settings: Optio
     if twin is not None:
         profiles.append(phase_profile(twin, task, settings.n_per_residue, stride=model.cfg.stride,
                                       label=_label(twin), progress=progress))
-    controls = _training_controls(model, twin, task, settings, device, progress, profiles)
-    for p in profiles:
-        slug = _slug(p.label)
-        atomic_write_text(out / "data" / f"profile_{slug}_residues.csv", p.residue_frame().to_csv(index=False))
-        atomic_write_text(out / "data" / f"profile_{slug}_phases.csv", p.phase_frame().to_csv(index=False))
-        atomic_write_text(out / "data" / f"profile_{slug}_prompts.csv", p.to_frame().to_csv(index=False))
+    names = [data_name(model)] + ([data_name(twin)] if twin is not None else [])
+    controls = _training_controls(model, twin, task, settings, device, progress, profiles, names)
+    for p, name in zip(profiles, names):
+        write_profile_csvs(out, name, p)
     summary["profiles"] = [p.to_dict() for p in profiles]
     figures["phase_profile"] = profiles_figure(profiles)
     if controls:
@@ -259,6 +378,8 @@ def build_report(model, out_dir: Union[str, Path], *, twin=None, settings: Optio
         reuse = {zoo_name: profiles[0]} if zoo_name and own_task else {}  # same task, n_per_residue, seed 0
         remedy_report(remedy, settings, out, summary, figures, tables, progress, log, reuse=reuse, device=device)
 
+    for fig in figures.values():
+        tidy_figure(fig)
     static = _static_export(settings, figures, out, export)
     if static["skipped"]:
         log(f"      PNG export skipped: {static['skipped']}; the report has interactive HTML figures and CSVs")
@@ -267,7 +388,7 @@ def build_report(model, out_dir: Union[str, Path], *, twin=None, settings: Optio
     summary["seconds"] = time.time() - t0
     atomic_write_text(out / "summary.json", dumps(summary, indent=2))
     atomic_write_text(out / "index.html", _html(summary, figures, tables, static))
-    return Report(out_dir=out, summary=summary, figures=figures, seconds=summary["seconds"])
+    return Report(out_dir=final, summary=summary, figures=figures, seconds=summary["seconds"])
 
 
 def _static_export(settings: ReportSettings, figures: dict, out: Path, export) -> dict[str, Any]:
@@ -291,9 +412,23 @@ def _static_export(settings: ReportSettings, figures: dict, out: Path, export) -
     return {"written": written, "skipped": None}
 
 
-def _training_controls(model, twin, task, settings, device, progress, profiles) -> list[dict]:
+def data_name(model) -> str:
+    """The one name a model's files in ``data/`` carry: its zoo name, else its config label, as a slug
+    (``profile_w4s4_phases.csv``, ``profile_w4s4_staggered_phases.csv``)."""
+    return _slug(getattr(model, "metadata", {}).get("zoo_name") or getattr(model.cfg, "label", type(model).__name__))
+
+
+def write_profile_csvs(out: Path, name: str, profile, parts=("residues", "phases", "prompts")) -> None:
+    """``data/profile_<name>_<part>.csv`` for each of ``parts`` (``name``: a `data_name`)."""
+    frames = {"residues": profile.residue_frame, "phases": profile.phase_frame, "prompts": profile.to_frame}
+    for part in parts:
+        atomic_write_text(out / "data" / f"profile_{name}_{part}.csv", frames[part]().to_csv(index=False))
+
+
+def _training_controls(model, twin, task, settings, device, progress, profiles, names) -> list[dict]:
     """Profile the equal-step and final-step pairs of ``model``'s zoo run (`zoo.training_controls`),
-    reusing ``profiles`` already measured; returns one row per pair for the report."""
+    reusing ``profiles`` already measured (``names``: their `data_name`s, extended in step with
+    ``profiles``); returns one row per pair for the report."""
     from phaseinterp import zoo
     from phaseinterp.profile import phase_profile
 
@@ -313,6 +448,7 @@ def _training_controls(model, twin, task, settings, device, progress, profiles) 
                 by_name[name] = phase_profile(m, task, settings.n_per_residue, stride=model.cfg.stride,
                                               label=f"{name} (step {m.metadata.get('step')})", progress=progress)
                 profiles.append(by_name[name])
+                names.append(data_name(m))
             p = by_name[name]
             row.update({role: name, f"{role}_step": zoo.snapshot_step(name), f"{role}_mean": p.mean,
                         f"{role}_worst_phase_accuracy": float(min(p.phase_accuracy)),
@@ -381,36 +517,202 @@ def _fmt(value: float) -> str:
     return f"{value:.3g}"
 
 
+# One line per statistic the report shows (a table column or row label): the report prints the
+# meaning of each one that appears in a section, right under that section's tables.
+MEANINGS: dict[str, str] = {
+    "mean": "top-1 accuracy over all prompts, every phase weighted equally by design (1.0 = every answer right)",
+    "worst phase": "the phase with the lowest accuracy, and that accuracy in brackets",
+    "phase gap": "best minus worst accuracy across phases, in percentage points: 0 means phase does not matter",
+    "residue gap": "best minus worst accuracy across the R residues (position mod R); noisier than the phase gap, "
+                   "since each residue has fewer prompts",
+    "period (p)": "the period the residue profile repeats with, and the permutation-test p-value that it is "
+                  "chance; 'none' means no period is significant",
+    "clean_accuracy": "accuracy with nothing replaced (the baseline every relative change is measured against)",
+    "specialized_heads": "units whose knockout hurts (significantly, by at least 50% of the clean accuracy) only "
+                         "at 1 to 3 adjacent phases, with those phases",
+    "multi_phase_units": "units that hurt phases that are not adjacent, or more than 3 of them",
+    "test": "the significance test behind 'hurt', corrected for testing every unit at every phase",
+    "heads": "the query heads that read this KV head (all are replaced together)",
+    "phases": "the longest run of adjacent phases the unit's knockout hurts",
+    "n_phases": "how many phases are in that run (0: the unit serves no phase on its own)",
+    "contiguous": "True when every hurt phase lies in that one run",
+    "concentration": "the share of the unit's total relative loss that falls on that run (1 = all of it)",
+    "worst_change": "the largest relative drop of accuracy, % of the clean accuracy (-100 = wiped out)",
+    "worst_change_pp": "the same drop in percentage points of accuracy",
+    "hurt_phases": "every phase where the knockout hurts, adjacent or not",
+    "preferred_slot": "the window slot the gate puts the most weight on, averaged over the task's windows",
+    "static_preferred_slot": "the slot the gate's parameters alone favour (softmax of the bias / position_bias)",
+    "static_concentration": "effective number of slots of the average gate, exp(entropy): 1 = one slot, W = uniform",
+    "window_concentration": "effective number of slots per window, averaged: how peaked each single gate is",
+    "bias_concentration": "effective number of slots of the parameters-only gate",
+    "rate": "for the indexer: the share of prompts whose target entry the indexer keeps (the metric column "
+            "names which); for DeepSeek-V4 layers: tokens per compressed entry",
+    "slots_per_entry": "tokens each compressed entry reads (its window)",
+    "lower": "lower end of the 95% Wilson interval of the rate",
+    "upper": "upper end of the 95% Wilson interval of the rate",
+    "value_selected_rate": "share of prompts where an entry holding the answer token is among the indexer's top k",
+    "key_selected_rate": "the same for the target key token",
+    "pair_selected_rate": "share of prompts where one selected entry holds both key and answer",
+    "mean_value_rank": "average rank of the best entry holding the answer among the closed entries (0 = top)",
+    "mean_closed": "average number of closed compressed entries the indexer chooses from",
+    "worst_phase_accuracy": "accuracy at the worst phase (%)",
+    "boundary_phases": "the phases at the KV heads' own window boundaries (the last slot of a window)",
+    "boundary_accuracy": "accuracy at each of those boundary phases (%)",
+    "stored_bytes_per_token": "KV-cache bytes per token this implementation holds after n_ctx tokens (K and V)",
+    "closed_bytes_per_token": "the same, counting only entries whose window has closed",
+    "window_offset": "where the KV head's window grid starts (0 = the shared grid)",
+    "boundary_phase": "that KV head's boundary phase: (offset + S - 1) mod S",
+    "r2_pooled": "R² = 1 - SS_res/SS_tot of the parameter-free prediction over every shift's interior phases; 1 = "
+                 "exact, 0 = no better than the mean change, negative = worse than that",
+    "r2_by_shift": "the same R² for each shift alone (S - 1 points each)",
+    "corr2_pooled": "squared correlation of predicted and observed changes (a fitted line: slope and intercept "
+                    "free), the paper's figure",
+    "corr2_by_shift": "the same per shift",
+    "r2_all_by_shift": "R² on every phase including the boundary phase (the boundary stays weak under every shift, "
+                       "so this is usually low)",
+    "r2_interior_by_shift": "R² leaving out both boundary phases; with S = 4 it rests on 2 points, so it can be "
+                            "hugely negative when the observed changes are nearly equal",
+    "mae_by_shift": "mean absolute error of the predicted accuracy changes",
+    "mean_drop_by_shift": "how much the mean accuracy falls under the shift",
+    "displacement_by_shift": "the hypothesised shift that explains the observed profile best",
+    "identified": "how many applied shifts are the best of the S hypotheses",
+    "identification_p": "permutation p-value of identifying that many shifts by chance",
+    "identification_p_by_shift": "the same p-value per shift",
+    "boundary_rank_by_shift": "rank of the boundary phase's accuracy under the shift (0 = the weakest phase)",
+    "points_per_shift": "phases each per-shift score rests on",
+}
+
+
+def _meanings_html(section_html: str) -> str:
+    """One line per statistic that appears as a table header in ``section_html``."""
+    import re
+
+    shown = {html.unescape(t).strip() for t in re.findall(r"<th[^>]*>(.*?)</th>", section_html, flags=re.S)}
+    lines = [f"<li><b>{html.escape(term)}</b>: {html.escape(meaning)}</li>"
+             for term, meaning in MEANINGS.items() if term in shown]
+    return f"<details open class='meanings'><summary>What the numbers mean</summary><ul>{''.join(lines)}</ul></details>" \
+        if lines else ""
+
+
+READING_GUIDE = (
+    "<h2>How to read this report</h2>"
+    "<p>Models that compress their KV cache in chunks of S tokens (DeepSeek-V4 style) store a token inside one "
+    "compressed entry, at some slot of its window. The token's <b>phase</b> is its position mod S: which slot of a "
+    "window it falls in. Every experiment here asks whether retrieval depends on that phase. Each prompt lists "
+    "key-value records and asks for the value of one key; the target record is moved through every residue "
+    "(position mod R, R a multiple of S) while the prompt length and the mean and spread of target positions stay "
+    "the same, so phase is the only thing that changes.</p>"
+    "<p><b>Look first</b> at the summary table and the first figure: a compressed model with a phase effect has a "
+    "large <i>phase gap</i> and a <i>worst phase</i> far below its mean, repeating with the stride as period; its "
+    "full-attention twin (same backbone and training, no compression) should be flat. A good mean can hide a "
+    "near-zero worst phase, so read both. Then: <b>head x phase specialization</b> replaces one KV head at a time by "
+    "its average output and shows at which phases accuracy drops (a head that matters at only one or two adjacent "
+    "phases is phase-specialized); <b>gate cycling</b> rotates the compressor's gate parameters by d slots and "
+    "tests the prediction that the weak spots move by d; <b>gate statistics</b> show which slot each gate "
+    "weights most and how peaked it is. Sections after these cover a Hugging Face DeepSeek-V4 architecture "
+    "and a remedy beyond the paper, when the report includes them. Under each table, 'What the numbers mean' "
+    "defines every statistic it shows; every number is also in <code>data/*.csv</code> and "
+    "<code>summary.json</code>.</p>")
+
+
+def _tidy_tables(text: str) -> str:
+    """Product tables, whoever built them: no pandas header row that only names the index (its name
+    moves into the corner cell), and no cell that reads None, nan or [] where a value belongs."""
+    import re
+
+    def header(match: re.Match) -> str:
+        thead = match.group(0)
+        rows = re.findall(r"<tr[^>]*>.*?</tr>", thead, flags=re.S)
+        if len(rows) < 2:
+            return thead
+        cells = re.findall(r"<th[^>]*>(.*?)</th>", rows[-1], flags=re.S)
+        if len(cells) < 2 or any(c.strip() for c in cells[1:]):
+            return thead
+        name = cells[0].strip()
+        first = rows[0]
+        corner = re.match(r"(<tr[^>]*>\s*<th[^>]*>)(.*?)(</th>)", first, flags=re.S)
+        if corner and name:
+            label = f"{name} \\ {corner.group(2).strip()}" if corner.group(2).strip() else name
+            first = corner.group(1) + label + corner.group(3) + first[corner.end():]
+        return thead.replace(rows[0], first).replace(rows[-1], "")
+
+    text = re.sub(r"<thead>.*?</thead>", header, text, flags=re.S)
+    text = re.sub(r"(?<![\w.])nan\b", "n/a", text)  # an undefined score (e.g. R² of a flat profile)
+    text = re.sub(r"(<td[^>]*>)\s*(None|nan|NaN|&lt;NA&gt;)\s*(</td>)", r"\1n/a\3", text)
+    return re.sub(r"(<td[^>]*>)\s*\[\]\s*(</td>)", r"\1none\2", text)
+
+
+def tidy_figure(fig) -> None:
+    """House style for every report figure: integer ticks on phase and slot axes (phases are
+    integers), and overlapping line series told apart by dash and marker, not colour alone."""
+    import re
+
+    from phaseinterp.plot.compare import DASHES, SYMBOLS
+
+    layout = fig.layout
+    if layout.title and layout.title.text:
+        layout.title.text = re.sub(r"(?<![\w.])nan\b", "n/a", layout.title.text)  # an undefined score
+    for annotation in layout.annotations or ():
+        if annotation.text:
+            annotation.text = re.sub(r"(?<![\w.])nan\b", "n/a", annotation.text)
+    for name in [k for k in layout if k.startswith(("xaxis", "yaxis"))]:
+        axis = layout[name]
+        title = (axis.title.text or "").lower() if axis.title else ""
+        is_position = re.search(r"\b(phase|slot)\b", title) and not re.search(r"gap|accuracy|rate|change|%", title)
+        if is_position and axis.type not in ("category", "log"):
+            axis.update(tick0=0, dtick=1)
+    styles: dict[tuple, dict] = {}  # subplot -> series (legend group or name) -> style index
+    for trace in fig.data:
+        if trace.type != "scatter" or "lines" not in (trace.mode or "lines"):
+            continue
+        series = trace.legendgroup or (trace.name if trace.showlegend is not False else None)
+        if series is None:
+            continue  # an unnamed reference line (a diagonal, a mean)
+        subplot = styles.setdefault((trace.xaxis or "x", trace.yaxis or "y"), {})
+        i = subplot.setdefault(series, len(subplot))
+        if i == 0:
+            continue  # the first series keeps its style
+        if not trace.line.dash:
+            trace.line.dash = DASHES[i % len(DASHES)]
+        if "markers" in (trace.mode or "") and not trace.marker.symbol:
+            trace.marker.symbol = SYMBOLS[i % len(SYMBOLS)]
+
+
 def _html(summary: dict, figures: dict, tables: dict, static: dict) -> str:
     import plotly.io as pio
     from plotly.offline import get_plotlyjs
 
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>phaseinterp report</title>",
-        "<style>body{font-family:Helvetica,Arial,sans-serif;max-width:1150px;margin:24px auto;color:#222}"
-        "table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}"
-        "h2{margin-top:36px}.note{background:#fff6e0;border-left:4px solid #e0a000;padding:6px 10px}</style>",
+        "<style>body{font-family:Helvetica,Arial,sans-serif;max-width:1150px;margin:24px auto;padding:0 12px;"
+        "color:#222}table{border-collapse:collapse;margin:8px 0;display:block;max-width:100%;overflow-x:auto}"
+        "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}h2{margin-top:36px}"
+        ".note{background:#fff6e0;border-left:4px solid #e0a000;padding:6px 10px}"
+        ".meanings{font-size:90%;color:#444;margin:6px 0 12px}.meanings ul{margin:4px 0}"
+        ".plotly-graph-div{max-width:100%}</style>",
         f"<script type='text/javascript'>{get_plotlyjs()}</script></head><body>",
         f"<h1>phaseinterp report: {html.escape(summary['model'])}</h1>",
         "<p>Accuracy by target phase (position mod stride) with position statistics held fixed, "
         "per-KV-head mean replacement, cyclic gate shifts and gate statistics. Every number is in "
         "<code>data/*.csv</code> and <code>summary.json</code>.</p>",
+        READING_GUIDE,
     ]
     if static.get("skipped"):
         parts.append(f"<p class='note'>PNG figures were not written: {html.escape(static['skipped'])}. "
                      "The interactive figures below and the CSVs hold everything.</p>")
-    parts.append("<h2>Summary</h2><table><tr><th>model</th><th>mean</th><th>worst phase</th><th>phase gap</th>"
-                 "<th>residue gap</th><th>period (p)</th></tr>")
+    summary_table = ["<h2>Summary</h2><table><tr><th>model</th><th>mean</th><th>worst phase</th><th>phase gap</th>"
+                     "<th>residue gap</th><th>period (p)</th></tr>"]
     for p in summary["profiles"]:
         worst = p["worst_phase_accuracy"]
         period = p["period"] if p["period"] is not None else "none"
         p_value = p["period_p_value"]
-        parts.append(
+        summary_table.append(
             f"<tr><td style='text-align:left'>{html.escape(p['label'])}</td><td>{p['mean']:.3f}</td>"
             f"<td>{','.join(map(str, p['worst_phases']))} ({worst:.3f})</td>"
             f"<td>{100 * p['phase_gap']:.1f} pp</td><td>{100 * p['gap']:.1f} pp</td>"
             f"<td>{period} ({'n/a' if p_value is None or p_value != p_value else f'{p_value:.3f}'})</td></tr>")
-    parts.append("</table>")
+    summary_table.append("</table>")
+    parts.append("".join(summary_table) + _meanings_html("".join(summary_table)))
     parts.append(_settings_html(summary))
     titles = {"phase_profile": "Accuracy by phase", "ablation_heatmap": "Head x phase specialization",
               "gate_cycling": "Gate cycling", "gate_profile": "Gate statistics",
@@ -421,7 +723,8 @@ def _html(summary: dict, figures: dict, tables: dict, static: dict) -> str:
         parts.append(f"<h2>{titles.get(name, name)}</h2>")
         parts.append(pio.to_html(fig, include_plotlyjs=False, full_html=False, div_id=f"fig-{name}"))
         if name in tables:
-            parts.append(tables[name])
+            section = _tidy_tables(tables[name])
+            parts.append(section + _meanings_html(section))
         if f"{name}.png" in static.get("written", []):
             parts.append(f"<p><a href='{name}.png'>{name}.png</a></p>")
     if "cycling_skipped" in summary:
@@ -431,18 +734,28 @@ def _html(summary: dict, figures: dict, tables: dict, static: dict) -> str:
 
 
 def _settings_html(summary: dict) -> str:
-    """Model, task and run settings as small tables (the task without its vocabulary)."""
+    """Model, task and run settings as small tables (the task without its vocabulary); the gate
+    shifts are those that ran."""
     rows = []
     config = summary.get("config", {})
     for key in ("compression", "window", "stride", "gate", "payload", "n_layers", "n_heads", "n_kv_heads", "d_model"):
         if key in config:
-            rows.append(("model", key, config[key]))
+            rows.append(("model", key, "none (full attention)" if key == "compression" and config[key] is None
+                         else config[key]))
     task = summary.get("task")
     if isinstance(task, dict):
         for key, value in task.items():
             if key != "vocab" and not isinstance(value, (dict, list)):
-                rows.append(("task", key, value))
+                rows.append(("task", key, "none (no limit)" if value is None else value))
     for key, value in summary.get("settings", {}).items():
+        if key == "shifts":
+            cycling = summary.get("cycling")
+            if cycling:
+                value = (f"{', '.join(f'{d:+d}' for d in cycling['shifts'])} (on {cycling.get('model_used', cycling['model'])})")
+            elif summary.get("cycling_skipped"):
+                value = "gate cycling skipped (see its section)"
+            else:
+                value = "gate cycling not run (full-attention model)"
         rows.append(("run", key, value))
     body = "".join(f"<tr><td style='text-align:left'>{a}</td><td style='text-align:left'>{html.escape(str(b))}</td>"
                    f"<td style='text-align:left'>{html.escape(str(c))}</td></tr>" for a, b, c in rows)

@@ -84,11 +84,18 @@ def load_deepseek_v4(model_or_name, device):
     return hf_zoo.load(model_or_name, device=device)
 
 
+def _logit_check_words(diff: float) -> str:
+    """The wrapper check in words: identical logits are said to be identical."""
+    if diff == 0:
+        return "Its logits are identical to plain transformers' on the section's prompts (largest difference 0)."
+    return f"Its logits differ from plain transformers' by at most {diff:.2g} on the section's prompts."
+
+
 def deepseek_v4_report(model, settings, out, summary, figures, tables, progress, log) -> None:
     """The DeepSeek-V4 section: its phase profile (at its own compression rate) and `deepseek_v4_section`."""
     from phaseinterp.plot import profiles_figure
     from phaseinterp.profile import phase_profile
-    from phaseinterp.report import _slug
+    from phaseinterp.report import data_name, write_profile_csvs
 
     from phaseinterp.tasks import resolve_task
 
@@ -97,7 +104,7 @@ def deepseek_v4_report(model, settings, out, summary, figures, tables, progress,
     n = settings.ablation_per_residue
     log(f"[dsv4] {name}: phase profile, {n} prompts x {task.residue_modulus} residues")
     profile = phase_profile(model, task, n, label=f"{name} (HF DeepSeek-V4)", progress=progress)
-    atomic_write_text(out / "data" / f"profile_{_slug(name)}_phases.csv", profile.phase_frame().to_csv(index=False))
+    write_profile_csvs(out, data_name(model), profile, parts=("residues", "phases"))
     summary["profiles"].append(profile.to_dict())
     section = deepseek_v4_section(model, task, out, n_per_residue=min(n, 24), log=log)
     summary["deepseek_v4"] = {"model": name, **section["summary"]}
@@ -105,8 +112,8 @@ def deepseek_v4_report(model, settings, out, summary, figures, tables, progress,
     tables["dsv4_profile"] = (
         f"<p>{html.escape(name)}: the Hugging Face DeepSeek-V4 architecture (transformers' modules, wrapped by "
         f"<code>phaseinterp.from_hf</code> without copying weights), trained here on the same retrieval task. "
-        f"Wrapped logits differ from plain transformers by at most {section['summary']['wrapper_max_abs_logit_diff']:.2g}."
-        "</p>" + section["tables"]["dsv4_layers"])
+        f"{_logit_check_words(section['summary']['wrapper_max_abs_logit_diff'])}</p>"
+        + section["tables"]["dsv4_layers"])
     for key, fig in section["figures"].items():
         figures[f"dsv4_{key}" if not key.startswith("dsv4") else key] = fig
     if "indexer_phase" in section["tables"]:

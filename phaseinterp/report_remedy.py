@@ -1,4 +1,4 @@
-"""The remedy report section: staggered compression windows against the shared grid (issue 14).
+"""The remedy report section: staggered compression windows against the shared grid.
 
 ``remedy_report(staggered, ...)`` profiles a staggered-window zoo model (``w4s4-staggered``)
 and its baseline twin (``zoo.entry(name).baseline``: the same backbone, recipe, seed and step,
@@ -10,6 +10,7 @@ memory per token of both (equal compression is the point of the remedy).
 from __future__ import annotations
 
 import html
+from types import SimpleNamespace
 from typing import Any
 
 import pandas as pd
@@ -76,8 +77,15 @@ def remedy_report(name: str, settings, out, summary, figures, tables, progress, 
     head_table = pd.concat(heads, ignore_index=True)
     atomic_write_text(out / "data" / "remedy.csv", table.to_csv(index=False))
     atomic_write_text(out / "data" / "remedy_heads.csv", head_table.to_csv(index=False))
+    from phaseinterp.report import data_name, write_profile_csvs
+
     for p, row in zip(profiles, rows):
-        atomic_write_text(out / "data" / f"profile_{row['model']}_phases.csv", p.phase_frame().to_csv(index=False))
+        if row["model"] in reuse:  # the report wrote it under the same name
+            continue
+        name = data_name(SimpleNamespace(metadata={"zoo_name": row["model"]}))
+        if (out / "data" / f"profile_{name}_phases.csv").exists():  # that model's profile on another task
+            name += "_own_task"
+        write_profile_csvs(out, name, p, parts=("residues", "phases"))
     summary["remedy"] = {"pair": [baseline_name, staggered_name], "rows": table.to_dict(orient="records"),
                          "profiles": [p.to_dict() for p in profiles]}
     figures["remedy_profile"] = profiles_figure(profiles)
@@ -86,7 +94,7 @@ def remedy_report(name: str, settings, out, summary, figures, tables, progress, 
                          worst_phase_accuracy=lambda t: (100 * t.worst_phase_accuracy).round(1),
                          boundary_accuracy=lambda t: t.boundary_accuracy.map(lambda v: [round(100 * x, 1) for x in v]))
     tables["remedy_profile"] = (
-        f"<p>The remedy (issue 14): <b>{html.escape(staggered_name)}</b> gives each KV head its own window grid "
+        f"<p>A remedy beyond the paper: <b>{html.escape(staggered_name)}</b> gives each KV head its own window grid "
         f"(KV head h compresses windows starting at j*S + o_h), so a record that straddles one head's window "
         f"boundary is interior for another; <b>{html.escape(baseline_name)}</b> is its twin on the shared grid "
         f"(same backbone, recipe, seed and step). Phases are those of the shared stride. Accuracies in %, "

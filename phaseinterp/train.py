@@ -26,7 +26,7 @@ from jaxtyping import Bool, Int
 from torch import Tensor
 
 from phaseinterp.config import CompressedConfig
-from phaseinterp._files import atomic_write, progress_bar
+from phaseinterp._files import atomic_write, normal_mode, progress_bar
 from phaseinterp.models.transformer import CompressedTransformer
 from phaseinterp.phase import check_residue_modulus
 
@@ -215,7 +215,9 @@ def train(
     ``train_config`` holds every setting; ``steps``, ``batch_size``, ``lr`` and ``seed``
     override it. With ``out_dir`` the run writes ``checkpoints/step_N/`` (model, optimizer, state)
     every ``checkpoint_every`` steps, ``snapshot_<step>/`` at ``snapshot_steps``,
-    ``log.csv`` and ``curves.csv``; ``resume=True`` continues from the latest one.
+    ``log.csv`` and ``curves.csv``; ``resume=True`` continues from the latest one, and starts a
+    fresh run when ``out_dir`` holds none yet (re-running a sweep resumes the runs it has); the
+    CLI's ``train --resume`` refuses a folder with nothing to resume.
     ``stop_after`` ends the run early after that many steps (for tests of resume).
 
     Refused before any step (ValueError naming the value): a ``config.stride`` that does not
@@ -340,6 +342,7 @@ def _save_checkpoint(root: Path, model, optimizer, step: int, log_rows, curve_ro
     root.mkdir(parents=True, exist_ok=True)
     name = f"step_{step:06d}"
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{name}."))
+    os.chmod(tmp, normal_mode(directory=True))  # mkdtemp's 0o700 would survive the rename
     was_training = model.training
     model.eval()
     model.save_pretrained(tmp, metadata={"step": step})

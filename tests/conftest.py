@@ -70,3 +70,7 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+# Ctrl-C and SIGTERM stop the run and end the processes tests started (tests/interrupts.py).
+from interrupts import pytest_configure, pytest_sessionfinish, run_child  # noqa: E402,F401

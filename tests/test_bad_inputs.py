@@ -83,7 +83,11 @@ def _missing_weights(d: Path):
 
 BREAK = {"truncated_weights": _truncate_weights, "flipped_byte": _flip_byte, "truncated_config": _truncate_config,
          "no_weights_bytes": _drop_weights_bytes, "wrong_shapes": _wrong_shapes,
-         "missing_weights": _missing_weights}
+         "missing_weights": _missing_weights,
+         # Model-dependent errors come from config.json, before the weights load: with weights that
+         # cannot load, the message must still name the bad layer / stride / shift.
+         "layer_checked_before_loading": _truncate_weights, "stride_checked_before_loading": _truncate_weights,
+         "shift_checked_before_loading": _truncate_weights}
 
 
 # ------------------------------------------------------------------ CLI table
@@ -156,6 +160,24 @@ CLI_CASES = [
     ("resume with another lr", ["train", "--resume", "--steps", "2", "--batch-size", "4", "--n-layers", "1",
                                 "--lr", "0.01", "--out", "{run}"], ["lr=0.003", "lr=0.01"]),
     ("zoo build unknown", ["zoo", "build", "nonexistent", "--out-dir", "{out}"], ["'nonexistent'"]),
+    ("profile stride other than the model's", ["profile", "{ckpt}", "--stride", "2", "--out", "{out}"],
+     ["--stride 2", "own stride S=4"]),
+    ("layer checked before loading", ["ablate", "{broken}", "--layer", "7", "--out", "{out}"], ["layer=7", "(0..1)"]),
+    ("stride checked before loading", ["profile", "{broken}", "--stride", "2", "--out", "{out}"], ["--stride 2"]),
+    ("shift checked before loading", ["cycle", "{broken}", "--shifts", "8", "--out", "{out}"], ["shift=8", "S=4"]),
+    ("train resume with nothing to resume", ["train", "--resume", "--steps", "2", "--out", "{out}"],
+     ["--resume", "{out}", "no run to resume"]),
+    ("train resume in an empty folder", ["train", "--resume", "--steps", "2", "--out", "{empty}"],
+     ["{empty}", "no run to resume"]),
+    ("demo model is its own twin", ["demo", "--model", "full", "--out", "{out}"], ["--twin full", "own twin"]),
+    ("report twin is the model", ["report", "{ckpt}", "--twin", "{ckpt}", "--out", "{out}"], ["own twin"]),
+    ("demo into a non-empty folder", ["demo", "--out", "{full}"], ["{full}", "not empty", "keep.txt"]),
+    ("report into a non-empty folder", ["report", "{ckpt}", "--out", "{full}"], ["{full}", "not empty"]),
+    ("shifts comma list with a non-integer", ["cycle", "{ckpt}", "--shifts", "1,x", "--out", "{out}"],
+     ["'x'", "spaces or commas"]),
+    ("layers comma list with a non-integer", ["ablate", "{ckpt}", "--layer", "0,one", "--out", "{out}"],
+     ["'one'", "spaces or commas"]),
+    ("zoo name in the wrong case", ["profile", "W4S4", "--out", "{out}"], ["'W4S4'", "did you mean 'w4s4'"]),
     ("unknown command", ["frobnicate"], ["'frobnicate'"]),
 ]
 
@@ -168,8 +190,12 @@ def _snapshot(path: Path) -> dict[str, bytes]:
 def test_cli_bad_input(case_id, argv, expected, checkpoint, tmp_path, capsys, request):
     if case_id == "device cuda without CUDA" and torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    places = {"{ckpt}": str(checkpoint), "{out}": str(tmp_path / "out"), "{file}": str(tmp_path / "a_file.txt")}
+    places = {"{ckpt}": str(checkpoint), "{out}": str(tmp_path / "out"), "{file}": str(tmp_path / "a_file.txt"),
+              "{empty}": str(tmp_path / "empty"), "{full}": str(tmp_path / "full")}
     (tmp_path / "a_file.txt").write_text("keep me")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "keep.txt").write_text("the user's file")
     if "{broken}" in " ".join(argv):
         broken = tmp_path / "broken"
         shutil.copytree(checkpoint, broken)
@@ -194,6 +220,9 @@ def test_cli_bad_input(case_id, argv, expected, checkpoint, tmp_path, capsys, re
     assert "strict=False" not in err  # no flag the CLI lacks
     assert not (tmp_path / "out").exists(), "a failed command left an output folder"
     assert _snapshot(tmp_path) == before, "a failed command changed files"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["a_file.txt", "empty", "full"]
+                                                                + (["broken"] if "{broken}" in places else [])), \
+        "a failed command left a folder behind"
     if run_before is not None:
         assert _snapshot(Path(places["{run}"])) == run_before, "a refused resume changed the run"
 
@@ -246,6 +275,11 @@ def _api_cases():
         ("build_report deepseek_v4='nosuch'", lambda m, t: _build_report(m, t / "rep", deepseek_v4="nosuch"),
          ValueError, ["deepseek_v4='nosuch'"]),
         ("cycle_gates layers=[5]", lambda m, t: cycle_gates(m, 1, layers=[5]).__enter__(), ValueError, ["layer=5"]),
+        ("build_report twin=model", lambda m, t: _build_report(m, t / "rep", twin=m), ValueError, ["own twin"]),
+        ("build_report twin=same checkpoint", lambda m, t: _build_report(_saved(m, t), t / "rep", twin=_saved(m, t)),
+         ValueError, ["own twin"]),
+        ("build_report into a non-empty folder", lambda m, t: _build_report_into_nonempty(m, t), ValueError,
+         ["not empty", "notes.txt"]),
         ("gate_profile n_per_residue=0", lambda m, t: gate_profile(m, n_per_residue=0), ValueError,
          ["n_per_residue=0"]),
         ("phase_profile task='x'", lambda m, t: phase_profile(m, "x", progress=False), ValueError, ["'x'"]),
@@ -307,6 +341,18 @@ def _build_report(model, out: Path, **kwargs):
         return build_report(model, out, progress=False, log=lambda *_: None, **kwargs)
     finally:
         assert not out.exists(), "a bad deepseek_v4 must be refused before the report folder is written"
+
+
+def _build_report_into_nonempty(model, tmp: Path):
+    from phaseinterp.report import build_report
+
+    (tmp / "mine").mkdir()
+    (tmp / "mine" / "notes.txt").write_text("not a report")
+    try:
+        return build_report(model, tmp / "mine", progress=False, log=lambda *_: None)
+    finally:
+        assert sorted(p.name for p in (tmp / "mine").iterdir()) == ["notes.txt"]
+        assert not [p for p in tmp.iterdir() if p.name.startswith(".")], "a staging folder was left behind"
 
 
 def _load_corrupt(model, tmp: Path):

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_child
 
 import phaseinterp as pi
 
@@ -18,17 +18,31 @@ needs_zoo = pytest.mark.skipif(not {"w4s4", "full"} <= set(pi.zoo.available()), 
 
 @needs_zoo
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_executes(path, tmp_path, monkeypatch):
+def test_notebook_executes(path, tmp_path):
+    """Executed in a child process (`run_child`): nbclient installs SIGINT/SIGTERM handlers that
+    only shut its kernel down, which inside pytest would swallow the run's Ctrl-C."""
     import nbformat
-    from nbclient import NotebookClient
 
-    monkeypatch.setenv("PHASEINTERP_NOTEBOOK_SMALL", "1")
-    monkeypatch.setenv("PHASEINTERP_NO_PROGRESS", "1")
     book = nbformat.read(path, as_version=4)
     assert all(not c.get("outputs") for c in book.cells if c.cell_type == "code"), "store notebooks without outputs"
-    NotebookClient(book, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    executed = tmp_path / "executed.ipynb"
+    env = dict(os.environ, PHASEINTERP_NOTEBOOK_SMALL="1", PHASEINTERP_NO_PROGRESS="1")
+    run = run_child([sys.executable, "-c", _EXECUTE, str(path), str(tmp_path), str(executed)], timeout=900, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    book = nbformat.read(executed, as_version=4)
     errors = [o for c in book.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors
+
+
+_EXECUTE = """
+import sys, nbformat
+from nbclient import NotebookClient
+book = nbformat.read(sys.argv[1], as_version=4)
+try:
+    NotebookClient(book, timeout=600, kernel_name="python3", resources={"metadata": {"path": sys.argv[2]}}).execute()
+finally:
+    nbformat.write(book, sys.argv[3])
+"""
 
 
 @needs_zoo
@@ -38,8 +52,8 @@ def test_example_runs(script, args, tmp_path):
     if script == "ablate_layer.py" and "deep12-w8s8-1kv-shared-equal" not in pi.zoo.available():
         pytest.skip("the paper-depth zoo model is not built")
     env = dict(os.environ, PHASEINTERP_NO_PROGRESS="1")
-    out = subprocess.run([sys.executable, str(ROOT / "examples" / script), "--out", str(tmp_path), *args],
-                         capture_output=True, text=True, env=env, timeout=600)
+    out = run_child([sys.executable, str(ROOT / "examples" / script), "--out", str(tmp_path), *args], env=env,
+                    timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     assert list(tmp_path.rglob("*.html"))
 

@@ -1,0 +1,176 @@
+"""The report as a browser sees it: render ``index.html`` in headless Chromium and check it.
+
+`check_page` answers, for one page at a given window width: which figures drew plot elements
+(lines, markers, bars, heatmap images inside the plot area: a figure whose traces are all
+missing or NaN draws none), which elements stick out of the page (no scrolling box of their own
+around them), and which texts say ``None``, ``nan``, ``[]`` where a value belongs.
+`first_screen_png` writes the first screen of a report as a PNG (README's picture)::
+
+    python -m phaseinterp.report_check screenshot REPORT_DIR docs/report_first_screen.png
+    python -m phaseinterp.report_check check REPORT_DIR
+
+Needs a Chromium (``chromium``, ``chromium-browser``, ``google-chrome`` or ``BROWSER_PATH``);
+the page is loaded from disk with networking off.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Optional, Union
+
+MARKER = "phaseinterp-check"
+
+# Runs in the page after load: figures, overflow, bad texts -> JSON in <pre id=MARKER>.
+_SCRIPT = r"""
+<script>
+window.addEventListener('load', function () { setTimeout(function () {
+  var width = document.documentElement.clientWidth;
+  var figures = [];
+  document.querySelectorAll('.plotly-graph-div').forEach(function (div) {
+    var drawn = 0;
+    div.querySelectorAll('.cartesianlayer .trace path, .cartesianlayer .trace image, .cartesianlayer .hm image, '
+                         + '.polarlayer .trace path, .pielayer .trace path').forEach(function (el) {
+      if (el.tagName.toLowerCase() === 'image') {
+        var href = el.getAttribute('href') || el.getAttribute('xlink:href') || '';
+        if (href.indexOf('data:') === 0) drawn++;
+        return;
+      }
+      var d = el.getAttribute('d') || '';
+      if (d.length > 3 && d.indexOf('NaN') < 0 && d !== 'M0,0Z') {
+        var box = el.getBBox();
+        if (box.width > 0 || box.height > 0) drawn++;
+      }
+    });
+    figures.push({id: div.id, drawn: drawn});
+  });
+  var overflow = [];
+  document.querySelectorAll('body *').forEach(function (el) {
+    if (!(el instanceof HTMLElement) || el.id === '""" + MARKER + r"""') return;
+    var r = el.getBoundingClientRect();
+    if (r.width === 0 || (r.right <= width + 1 && r.left >= -1)) return;
+    for (var a = el.parentElement; a && a !== document.body; a = a.parentElement) {
+      var o = getComputedStyle(a).overflowX;
+      if (o !== 'visible') {
+        var ar = a.getBoundingClientRect();
+        if (ar.right <= width + 1 && ar.left >= -1) return;  // scrolls inside a box that fits
+      }
+    }
+    overflow.push({tag: el.tagName.toLowerCase(), id: el.id, cls: String(el.className).slice(0, 60),
+                   right: Math.round(r.right), text: (el.innerText || '').slice(0, 80)});
+  });
+  var bad = [];
+  var walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  var pattern = /(^|[^A-Za-z_])(None|nan|NaN|undefined|null)([^A-Za-z_]|$)|\[\]/;
+  for (var n = walker.nextNode(); n; n = walker.nextNode()) {
+    var p = n.parentElement;
+    if (!p || /^(SCRIPT|STYLE)$/.test(p.tagName) || p.closest('#""" + MARKER + r"""')) continue;
+    var t = n.textContent.trim();
+    if (t && pattern.test(t)) bad.push(t.slice(0, 120));
+  }
+  var out = document.createElement('pre');
+  out.id = '""" + MARKER + r"""';
+  out.textContent = JSON.stringify({width: width, scroll_width: document.documentElement.scrollWidth,
+                                    figures: figures, overflow: overflow.slice(0, 50), bad_text: bad.slice(0, 50)});
+  document.body.appendChild(out);
+}, 300); });
+</script>
+"""
+
+
+def find_chromium() -> Optional[str]:
+    """The Chromium to use: ``BROWSER_PATH`` if set, else the first on PATH; None if there is none."""
+    if os.environ.get("BROWSER_PATH") and Path(os.environ["BROWSER_PATH"]).is_file():
+        return os.environ["BROWSER_PATH"]
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def _chromium(args: list[str], profile: Path, timeout: float) -> subprocess.CompletedProcess:
+    browser = find_chromium()
+    if browser is None:
+        raise FileNotFoundError("no Chromium found (install chromium, or set BROWSER_PATH)")
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             "--hide-scrollbars", f"--user-data-dir={profile}"]
+    return subprocess.run([browser, *flags, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def check_page(page: Union[str, Path], width: int = 1400, height: int = 1000, timeout: float = 120) -> dict:
+    """Render ``page`` (an HTML file, or a report folder's index.html) at ``width`` px and return
+    ``{"width", "scroll_width", "figures": [{"id", "drawn"}], "overflow": [...], "bad_text": [...]}``.
+    ``drawn`` counts plot elements with geometry inside each figure's plot area."""
+    page = Path(page)
+    if page.is_dir():
+        page = page / "index.html"
+    with tempfile.TemporaryDirectory(prefix="phaseinterp-check-") as tmp:
+        probe = Path(page.parent) / f".{page.stem}.check-{os.getpid()}.html"  # beside it: relative links resolve
+        text = page.read_text()
+        cut = text.rfind("</body>")
+        probe.write_text(text[:cut] + _SCRIPT + text[cut:] if cut >= 0 else text + _SCRIPT)
+        try:
+            run = _chromium([f"--window-size={width},{height}", "--virtual-time-budget=15000", "--dump-dom",
+                             probe.as_uri()], Path(tmp) / "profile", timeout)
+        finally:
+            probe.unlink(missing_ok=True)
+    found = re.search(rf'<pre id="{MARKER}">(.*?)</pre>', run.stdout, flags=re.S)
+    if found is None:
+        raise RuntimeError(f"the page's check did not run (Chromium exit {run.returncode}): {run.stderr[-1000:]}")
+    return json.loads(html.unescape(found.group(1)))
+
+
+def problems(result: dict) -> list[str]:
+    """`check_page`'s answer as a list of human-readable problems (empty: the page is fine)."""
+    out = [f"figure {f['id']} drew no plot elements" for f in result["figures"] if f["drawn"] == 0]
+    if result["scroll_width"] > result["width"] + 1:
+        out.append(f"the page is {result['scroll_width']} px wide in a {result['width']} px window")
+    out += [f"<{o['tag']} id={o['id']!r} class={o['cls']!r}> reaches x = {o['right']} px "
+            f"(window {result['width']} px): {o['text']!r}" for o in result["overflow"]]
+    out += [f"text says {t!r}" for t in result["bad_text"]]
+    return out
+
+
+def first_screen_png(page: Union[str, Path], png: Union[str, Path], width: int = 1400, height: int = 900,
+                     timeout: float = 120) -> Path:
+    """Write the first ``width`` x ``height`` px of ``page`` (a report's index.html or its folder) to ``png``."""
+    page, png = Path(page), Path(png)
+    if page.is_dir():
+        page = page / "index.html"
+    png.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="phaseinterp-shot-") as tmp:
+        shot = Path(tmp) / "shot.png"
+        _chromium([f"--window-size={width},{height}", "--virtual-time-budget=15000", f"--screenshot={shot}",
+                   page.resolve().as_uri()], Path(tmp) / "profile", timeout)
+        if not shot.is_file():
+            raise RuntimeError("Chromium wrote no screenshot")
+        from phaseinterp._files import atomic_write
+
+        atomic_write(png, shot.read_bytes())
+    return png
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) >= 2 and argv[0] == "check":
+        found = problems(check_page(argv[1]))
+        print("\n".join(found) or "ok: every figure drew, nothing overflows, no None/nan/[] texts")
+        return 1 if found else 0
+    if len(argv) == 3 and argv[0] == "screenshot":
+        print(f"wrote {first_screen_png(argv[1], argv[2])}")
+        return 0
+    print(__doc__.split("::")[1].split("Needs")[0].rstrip(), file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
