@@ -527,6 +527,9 @@ MEANINGS: dict[str, str] = {
                    "since each residue has fewer prompts",
     "period (p)": "the period the residue profile repeats with, and the permutation-test p-value that it is "
                   "chance; 'none' means no period is significant",
+    "n_prompts": "prompts measured (every residue group equally)",
+    "scope": "what one replaced unit is: one KV head (with its query heads) or a whole layer",
+    "shifts": "the gate shifts applied, in slots (distinct mod S)",
     "clean_accuracy": "accuracy with nothing replaced (the baseline every relative change is measured against)",
     "specialized_heads": "units whose knockout hurts (significantly, by at least 50% of the clean accuracy) only "
                          "at 1 to 3 adjacent phases, with those phases",
