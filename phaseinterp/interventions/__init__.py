@@ -1,5 +1,5 @@
-"""Interventions: per-KV-head mean replacement (and resample / norm-matched ablations), cyclic gate shifts,
-gate statistics, and the confirmatory pipeline (`confirm`)."""
+"""Interventions: per-KV-head mean replacement (and resample / norm-matched ablations), cyclic gate shifts
+(whole-profile and unit-level, roll and static-part), gate statistics, and the confirmatory pipeline (`confirm`)."""
 
 from phaseinterp.interventions.ablation import AblationResult, ablate, calibration_mean_z, mean_ablation
 from phaseinterp.interventions.confirm import ConfirmResult, confirm, replacement_ablation
@@ -9,9 +9,12 @@ from phaseinterp.interventions.gate_cycling import (
     cycling_fitness,
     cycling_scores,
     gate_cycling,
+    mean_gate_logits,
+    shift_static_gates,
     shifted_copy,
 )
 from phaseinterp.interventions.gate_stats import GateProfile, gate_profile
+from phaseinterp.interventions.unit_cycling import UnitCyclingResult, UnitSelection, specialized_units
 
 __all__ = [
     "AblationResult",
@@ -28,5 +31,10 @@ __all__ = [
     "gate_profile",
     "mean_ablation",
     "replacement_ablation",
+    "mean_gate_logits",
+    "shift_static_gates",
     "shifted_copy",
+    "specialized_units",
+    "UnitCyclingResult",
+    "UnitSelection",
 ]

@@ -31,12 +31,7 @@ from phaseinterp.interventions._common import (
     paired_bootstrap_relative_change,
     resolve_task,
 )
-from phaseinterp.interventions.knockout import (  # noqa: F401  (re-exported)
-    _empty_layer_cache,
-    _fast_knockouts,
-    _naive_knockouts,
-    calibration_mean_z,
-)
+from phaseinterp.interventions.knockout import calibration_mean_z, knockout_measures
 from phaseinterp.results import Result
 
 
@@ -362,13 +357,10 @@ def ablate(
         model, calib.tokens, answer_pos, batch_size)
     bar = progress_bar(progress, batch.tokens.shape[0] * len(units), f"ablate ({method})")
     # Wrapped HF models (phaseinterp.from_hf) have no incremental cache / forward_last: they take
-    # the hooked full-forward path, which the fast path is tested equal to (issue 12).
-    fast = method == "fast" and hasattr(model, "init_cache")
-    run = _fast_knockouts if fast else _naive_knockouts
+    # the hooked full-forward path, which the fast path is tested equal to.
     try:
-        clean_ok, ko_ok, clean_logit, ko_logit = run(
-            model, batch.tokens, answer_pos, torch.as_tensor(batch.answer), units, mean_z, batch_size, bar
-        )
+        out = knockout_measures(model, batch.tokens, answer_pos, batch.answer, units, mean_z, batch_size, method, bar)
+        clean_ok, ko_ok, clean_logit, ko_logit = out[:4]
     finally:
         if bar is not None:
             bar.close()

@@ -18,9 +18,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator, Optional, Sequence, Union
 
+import einops
 import numpy as np
 import pandas as pd
 import torch
+from torch import Tensor
 
 from phaseinterp._checks import check_int, check_n_per_residue
 from phaseinterp._files import progress_bar
@@ -41,8 +43,10 @@ from phaseinterp.interventions.cycling_stats import (  # noqa: F401  (re-exporte
 from phaseinterp.results import Result
 
 
-def _shift_targets(model, layers: list[int], branch: str) -> list[tuple[torch.nn.Parameter, int]]:
-    """(parameter, slot axis) pairs a shift rolls; raises where a shift has no defined meaning."""
+def _shift_targets(model, layers: list[int], branch: str) -> list[tuple[torch.nn.Parameter, int, Optional[int]]]:
+    """(parameter, slot axis, KV-head axis or None) triples a shift rolls; raises where a shift
+    has no defined meaning. The KV-head axis is None where the layer has one shared KV head (the
+    Hugging Face DeepSeek-V4 layout)."""
     cfg = model.cfg
     if not cfg.is_compressed:
         raise ValueError("cycle_gates: the full-attention model (compression=None) has no gates to shift")
@@ -54,7 +58,12 @@ def _shift_targets(model, layers: list[int], branch: str) -> list[tuple[torch.nn
         if cfg.compression == "deepseek":
             if branch != "both":
                 raise ValueError("cycle_gates: the deepseek kernel has one gate for K and V; use branch='both'")
-            targets.append((comp.position_bias, 0))
+            bias = getattr(comp, "position_bias", None)
+            if bias is None:
+                raise ValueError(f"cycle_gates: layer {layer} has no compressor (a sliding-window-only layer); "
+                                 f"compressed layers: {getattr(cfg, 'compressed_layers', '?')}")
+            # own kernel: position_bias [S, half, kv_head, d_head]; HF: [S, half * d_head], one KV head
+            targets.append((bias, 0, 2 if bias.ndim == 4 else None))
             continue
         if cfg.window != cfg.stride:
             raise ValueError(
@@ -67,10 +76,10 @@ def _shift_targets(model, layers: list[int], branch: str) -> list[tuple[torch.nn
             raise ValueError(f"cycle_gates: K and V gates are tied; branch={branch!r} cannot shift one alone")
         branches = ("k",) if cfg.tie_kv_gates else (("k", "v") if branch == "both" else (branch,))
         for br in branches:
-            targets.append((getattr(comp, f"Z_{br}"), 0))
+            targets.append((getattr(comp, f"Z_{br}"), 0, 1))
             bias = getattr(comp, f"b_{br}", None)
             if bias is not None:
-                targets.append((bias, 0))
+                targets.append((bias, 0, 1))
     return targets
 
 
@@ -80,42 +89,181 @@ def _check_shift(shift) -> int:
     return int(shift)
 
 
+def check_kv_heads(model, kv_heads) -> Optional[list[int]]:
+    """``None`` (every KV head), one index or a non-empty list of distinct indices in
+    ``0..n_kv_heads-1``; anything else is a ValueError naming the value."""
+    import numbers
+
+    if kv_heads is None:
+        return None
+    n = model.cfg.n_kv_heads
+    values = [kv_heads] if isinstance(kv_heads, numbers.Integral) and not isinstance(kv_heads, bool) else kv_heads
+    if not isinstance(values, (list, tuple, range, np.ndarray)) or len(values) == 0:
+        raise ValueError(f"kv_heads={kv_heads!r} must be a KV-head index in 0..{n - 1}, a non-empty list of them, "
+                         "or None for every KV head")
+    out = []
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not (0 <= v < n):
+            raise ValueError(f"kv_heads={v!r} is out of range for a model with {n} KV head(s) per layer (0..{n - 1})")
+        if int(v) in out:
+            raise ValueError(f"kv_heads={list(values)!r} repeats KV head {int(v)}; list each once")
+        out.append(int(v))
+    return out
+
+
+def _rolled(original: Tensor, shift: int, axis: int, kv_axis: Optional[int], kv_heads: Optional[list[int]]) -> Tensor:
+    """``original`` rolled by ``shift`` along its slot axis, for the listed KV heads only (all when None)."""
+    rolled = torch.roll(original, shifts=shift, dims=axis)
+    if kv_heads is None or kv_axis is None:
+        return rolled
+    index = torch.as_tensor(kv_heads, device=original.device)
+    return original.index_copy(kv_axis, index, rolled.index_select(kv_axis, index))
+
+
 @contextmanager
-def cycle_gates(model, shift: int, layers: Union[int, Sequence[int], None] = None, branch: str = "both") -> Iterator:
+def _parameters_replaced(pairs: list[tuple[torch.nn.Parameter, Tensor]]) -> Iterator:
+    """Write each new value into its parameter for the ``with`` block; restore bit-exactly on exit, also on errors."""
+    saved = [p.detach().clone() for p, _ in pairs]
+    try:
+        with torch.no_grad():
+            for p, value in pairs:
+                p.copy_(value)
+        yield
+    finally:
+        with torch.no_grad():
+            for (p, _), original in zip(pairs, saved):
+                p.copy_(original)
+
+
+@contextmanager
+def cycle_gates(model, shift: int, layers: Union[int, Sequence[int], None] = None, branch: str = "both",
+                kv_heads: Union[int, Sequence[int], None] = None) -> Iterator:
     """Context manager (the intervention; `gate_cycling` is the experiment): inside the
     ``with`` block the gates of ``layers`` are circularly shifted by ``shift`` slots.
 
     ``Z~_i = Z_{(i-d) mod W}``, ``b~_i = b_{(i-d) mod W}`` with ``d = shift`` (an integer,
     any sign; payload maps untouched; docs/science.md, "Gate cycling"). ``layers``: None
-    (default: every layer), one index or a list of distinct indices. ``branch``: ``"both"``
-    (default), ``"k"`` or ``"v"`` (the DeepSeek kernel and tied gates allow only "both").
-    Defined for W = S gated models and the DeepSeek kernel. Restores every parameter
-    bit-exactly on exit, also when the body raises.
+    (default: every layer), one index or a list of distinct indices. ``kv_heads``: None
+    (default: every KV head of those layers) or the KV heads whose gates move (one unit's
+    gates: the others keep theirs). ``branch``: ``"both"`` (default), ``"k"`` or ``"v"`` (the
+    DeepSeek kernel and tied gates allow only "both"). Defined for W = S gated models and the
+    DeepSeek kernel. Restores every parameter bit-exactly on exit, also when the body raises.
     """
     shift = _check_shift(shift)
+    heads = check_kv_heads(model, kv_heads)
     targets = _shift_targets(model, check_layers(model, layers), branch)
-    saved = [p.detach().clone() for p, _ in targets]
-    try:
-        with torch.no_grad():
-            for (p, axis), original in zip(targets, saved):
-                p.copy_(torch.roll(original, shifts=shift, dims=axis))
+    pairs = [(p, _rolled(p.detach().clone(), shift, axis, kv_axis, heads)) for p, axis, kv_axis in targets]
+    with _parameters_replaced(pairs):
         yield model
-    finally:
-        with torch.no_grad():
-            for (p, _), original in zip(targets, saved):
-                p.copy_(original)
 
 
-def shifted_copy(model, shift: int, layers: Union[int, Sequence[int], None] = None, branch: str = "both"):
+def shifted_copy(model, shift: int, layers: Union[int, Sequence[int], None] = None, branch: str = "both",
+                 kv_heads: Union[int, Sequence[int], None] = None):
     """A deep copy of ``model`` with its gates permanently shifted by ``shift`` slots (the
-    original is untouched); ``layers`` and ``branch`` as in `cycle_gates`."""
+    original is untouched); ``layers``, ``branch`` and ``kv_heads`` as in `cycle_gates`."""
     twin = copy.deepcopy(model)
     shift = _check_shift(shift)
+    heads = check_kv_heads(twin, kv_heads)
     targets = _shift_targets(twin, check_layers(twin, layers), branch)
     with torch.no_grad():
-        for p, axis in targets:
-            p.copy_(torch.roll(p.detach().clone(), shifts=shift, dims=axis))
+        for p, axis, kv_axis in targets:
+            p.copy_(_rolled(p.detach().clone(), shift, axis, kv_axis, heads))
     return twin
+
+
+# ---------------------------------------------------------------- the static-part shift
+def _static_targets(model, layers: list[int]) -> list[tuple[int, str, torch.nn.Parameter, str, Optional[int]]]:
+    """(layer, gate-logit hook, bias parameter, layout, KV-head axis) for the static-part shift.
+
+    Layouts map the per-slot mean logit ``[slot, kv_head(, d_head)]`` onto the bias parameter:
+    ``"slot"`` (gated kernel: ``b`` is ``[W, kv_head(, d_head)]``), ``"own_deepseek"``
+    (``position_bias`` ``[S, half, kv_head, d_head]``, slot = half * S + i) and ``"hf"``
+    (HF ``position_bias`` ``[S, half * d_head]``, one KV head)."""
+    cfg = model.cfg
+    _shift_targets(model, layers, "both")  # the same validity rules as the roll
+    out = []
+    for layer in layers:
+        comp = model.blocks[layer].attn.compressor
+        prefix = f"blocks.{layer}.attn.compressor"
+        if cfg.compression == "deepseek":
+            bias = comp.position_bias
+            out.append((layer, f"{prefix}.hook_gate_logits_k", bias, "own_deepseek" if bias.ndim == 4 else "hf",
+                        2 if bias.ndim == 4 else None))
+            continue
+        for br in (("k",) if cfg.tie_kv_gates else ("k", "v")):
+            bias = getattr(comp, f"b_{br}", None)
+            if bias is None:
+                raise ValueError("mode='static' shifts the gate bias; this model has gate_bias=False (no b_i to "
+                                 "move): use mode='roll'")
+            out.append((layer, f"{prefix}.hook_gate_logits_{br}", bias, "slot", 1))
+    return out
+
+
+@torch.inference_mode()
+def mean_gate_logits(model, tokens: Tensor, layers: Union[int, Sequence[int], None] = None,
+                     batch_size: int = 64) -> dict[str, Tensor]:
+    """Per slot, the mean gate logit over every closed window of ``tokens`` ``[batch, pos]``:
+    the prompt-independent part of each slot's gate (docs/science.md, "the static-part shift").
+
+    Returns ``{hook name: [slot, kv_head(, d_head)]}`` for each gate-logit hook of ``layers``
+    (entries whose logit is -inf, such as the older half of DeepSeek-V4's partial entry 0,
+    are left out of the mean)."""
+    targets = _static_targets(model, check_layers(model, layers))
+    names = sorted({t[1] for t in targets})
+    sums: dict[str, Tensor] = {}
+    counts: dict[str, Tensor] = {}
+    device = model_device(model)
+    for i in range(0, tokens.shape[0], batch_size):
+        _, cache = model.run_with_cache(tokens[i: i + batch_size].to(device), names_filter=names, return_type=None,
+                                        return_cache_object=False)
+        for name in names:
+            x = cache[name].float().flatten(0, 1)  # [batch * entry, slot, ...]
+            ok = torch.isfinite(x)
+            sums[name] = sums.get(name, 0) + torch.where(ok, x, torch.zeros_like(x)).sum(0)
+            counts[name] = counts.get(name, 0) + ok.sum(0)
+    return {name: sums[name] / counts[name].clamp(min=1) for name in names}
+
+
+def _static_delta(mean_logit: Tensor, shift: int, layout: str, bias: Tensor) -> Tensor:
+    """``roll(mu, d) - mu`` per slot, laid out like ``bias`` (the shift moves within each S-block)."""
+    S = bias.shape[0]
+    if layout == "slot":
+        mu = mean_logit
+    elif layout == "own_deepseek":
+        mu = einops.rearrange(mean_logit, "(half s) k d -> s half k d", s=S)
+    else:
+        mu = einops.rearrange(mean_logit, "(half s) 1 d -> s (half d)", s=S)
+    mu = mu.to(bias.dtype).to(bias.device)
+    return torch.roll(mu, shifts=shift, dims=0) - mu
+
+
+@contextmanager
+def shift_static_gates(model, shift: int, layers: Union[int, Sequence[int], None], mean_logits: dict[str, Tensor],
+                       kv_heads: Union[int, Sequence[int], None] = None) -> Iterator:
+    """Context manager: shift only the prompt-independent part of each slot's gate logit.
+
+    With ``mu_i`` the mean gate logit of slot ``i`` (`mean_gate_logits`, over calibration
+    prompts), the bias becomes ``b~_i = b_i + mu_{(i-d) mod W} - mu_i``: each slot's mean
+    preference moves by ``d`` slots while the prompt-dependent part ``Z_i h - E[Z_i h]`` stays
+    with its slot (docs/science.md explains why this differs from rolling ``Z`` and ``b``).
+    ``kv_heads`` as in `cycle_gates`. Restores every parameter bit-exactly on exit."""
+    shift = _check_shift(shift)
+    heads = check_kv_heads(model, kv_heads)
+    pairs = []
+    for layer, name, bias, layout, kv_axis in _static_targets(model, check_layers(model, layers)):
+        if name not in mean_logits:
+            raise ValueError(f"mean_logits has no entry for {name!r}: compute it with mean_gate_logits(model, "
+                             f"tokens, layers={layer})")
+        delta = _static_delta(mean_logits[name], shift, layout, bias)
+        if heads is not None and kv_axis is not None:
+            keep = torch.zeros(bias.shape[kv_axis], dtype=torch.bool, device=bias.device)
+            keep[heads] = True
+            shape = [1] * bias.ndim
+            shape[kv_axis] = -1
+            delta = delta * keep.reshape(shape).to(delta.dtype)
+        pairs.append((bias, bias.detach() + delta))
+    with _parameters_replaced(pairs):
+        yield model
 
 
 def cycling_fitness(model) -> tuple[bool, str]:
@@ -173,6 +321,7 @@ class CyclingResult(Result):
     model_label: str = ""
     n_boot: int = 1000
     seed: int = 0
+    mode: str = "roll"
 
     def phase_accuracy(self, index: Optional[np.ndarray] = None) -> pd.DataFrame:
         """Accuracy per shift (rows) x phase (columns)."""
@@ -291,50 +440,8 @@ def _correct(model, batch, answer_pos: int, batch_size: int) -> np.ndarray:
     return np.concatenate(out)
 
 
-def gate_cycling(
-    model,
-    task=None,
-    shifts: Optional[Sequence[int]] = None,
-    *,
-    layers: Union[int, Sequence[int], None] = None,
-    branch: str = "both",
-    n_per_residue: int = 72,
-    seed: int = 0,
-    batch_size: int = 128,
-    n_boot: int = 1000,
-    progress: bool = True,
-    prompts=None,
-) -> CyclingResult:
-    """The gate-cycling experiment (`cycle_gates` is the context manager it uses): accuracy per
-    phase with the gates shifted by each of ``shifts``, plus the unshifted model (shift 0).
-
-    Tests the prediction ``A_d(r) = A_0((r - d) mod S)`` (docs/science.md, "Gate cycling").
-
-    Parameters:
-        model: a W = S gated model or a DeepSeek-kernel model, in eval mode.
-        task: default: the evaluation task stored with the model.
-        shifts: non-zero shifts in slots (default None: every distinct shift mod S, as its
-            representative in (-S/2, S/2], e.g. -1, 1, 2 for S = 4); each must be non-zero mod S (a
-            shift by S moves nothing); shifts equal mod S are measured but scored once. With S = 4 a per-shift score
-            rests on 3 phases; S = 8 models give firmer scores.
-        layers: None (default: every layer), one index or a list of distinct indices.
-        branch: ``"both"`` (default), ``"k"`` or ``"v"``.
-        n_per_residue: prompts per residue (default 72; for the zoo task 72, 77, 80 and every size
-            from 86 work; at most 500,000 prompts per call).
-        seed: prompt seed (default 0), also the bootstrap seed.
-        batch_size: prompts per forward pass (default 128).
-        n_boot: bootstrap replicates of ``CyclingResult.intervals`` (default 1000).
-        progress: show a progress bar (default True).
-        prompts: a pre-generated ``task.generate(...)`` batch to reuse across calls.
-
-    Returns a `CyclingResult`.
-    """
-    task = resolve_task(model, task)
-    layers_list = check_layers(model, layers)
-    _shift_targets(model, layers_list, branch)  # validate before any work
-    check_int("batch_size", batch_size, 1)
-    check_int("n_boot", n_boot, 1)
-    S = model.cfg.stride
+def _check_shifts(shifts, S: int) -> tuple[int, ...]:
+    """``(0, *requested)``: the unshifted model first, then each requested shift once (validated)."""
     if shifts is None:
         shifts = canonical_shifts(range(1, S), S)
     if isinstance(shifts, (int, np.integer)) and not isinstance(shifts, bool):
@@ -351,18 +458,115 @@ def gate_cycling(
                 f"shift={d} is 0 mod S={S}: it moves nothing (the unshifted model is always measured); "
                 f"use shifts in 1..{S - 1} or their negatives"
             )
-    shifts = tuple(dict.fromkeys([0] + requested))
+    return tuple(dict.fromkeys([0] + requested))
+
+
+def gate_cycling(
+    model,
+    task=None,
+    shifts: Optional[Sequence[int]] = None,
+    *,
+    layers: Union[int, Sequence[int], None] = None,
+    kv_heads: Union[int, Sequence[int], None] = None,
+    score: str = "profile",
+    measure: str = "logprob",
+    mode: str = "roll",
+    branch: str = "both",
+    n_per_residue: int = 72,
+    seed: int = 0,
+    n_calibration: int = 256,
+    calibration_seed: int = 1,
+    batch_size: int = 128,
+    n_boot: int = 1000,
+    progress: bool = True,
+    prompts=None,
+):
+    """The gate-cycling experiment (`cycle_gates` is the context manager it uses).
+
+    Two scores (docs/science.md, "Gate cycling" and "Unit-level gate cycling"):
+
+    - ``score="profile"`` (default): accuracy per phase of the whole model with the gates of
+      ``layers`` shifted by each of ``shifts``, plus the unshifted model (shift 0), against
+      ``A_d(r) = A_0((r - d) mod S)``. The right score when EVERY unit is shifted (the default
+      ``layers=None`` shifts every layer); returns a `CyclingResult`.
+    - ``score="unit"``: shift ONE unit (``layers`` and optionally ``kv_heads``) and measure its
+      own contribution per phase, ``C_d(r) = m(shifted) - m(shifted, unit mean-replaced)``
+      (``measure``: ``"logprob"``, the mean answer log-prob, default, or ``"accuracy"``), against
+      ``C_d(r) = C_0((r - d) mod S)``; returns a `UnitCyclingResult`. When one unit of many is
+      shifted the whole-profile prediction cannot hold (the other units still serve their
+      phases): use this score there. `specialized_units` picks units by a rule.
+
+    Parameters:
+        model: a W = S gated model or a DeepSeek-kernel model (own or Hugging Face), in eval mode.
+        task: default: the evaluation task stored with the model.
+        shifts: non-zero shifts in slots (default None: every distinct shift mod S, as its
+            representative in (-S/2, S/2], e.g. -1, 1, 2 for S = 4); each must be non-zero mod S (a
+            shift by S moves nothing); shifts equal mod S are measured but scored once. With S = 4 a per-shift score
+            rests on 3 phases (profile) or 4 (unit); S = 8 models give firmer scores.
+        layers: None (profile score only: every layer), one index or a list of distinct indices.
+        kv_heads: None (every KV head of ``layers``) or the KV heads whose gates move.
+        score: ``"profile"`` or ``"unit"`` (see above).
+        measure: the unit score's measure, ``"logprob"`` (default) or ``"accuracy"``.
+        mode: ``"roll"`` (default: roll the gate parameters, ``Z~_i = Z_{(i-d) mod W}``, ``b~_i = b_{(i-d) mod W}``)
+            or ``"static"`` (shift only the prompt-independent part of each slot's gate logit,
+            `shift_static_gates`, with the mean logits over ``n_calibration`` calibration prompts).
+        branch: ``"both"`` (default), ``"k"`` or ``"v"`` (profile score, roll mode).
+        n_per_residue: prompts per residue (default 72; for the zoo task 72, 77, 80 and every size
+            from 86 work; at most 500,000 prompts per call).
+        seed: prompt seed (default 0), also the bootstrap seed.
+        n_calibration / calibration_seed: calibration prompts (disjoint mappings) for the unit
+            score's mean replacement and the static mode's mean logits (default 256, seed 1).
+        batch_size: prompts per forward pass (default 128).
+        n_boot: bootstrap replicates of the result's ``intervals`` (default 1000).
+        progress: show a progress bar (default True).
+        prompts: a pre-generated ``task.generate(...)`` batch to reuse across calls.
+    """
+    if score not in ("profile", "unit"):
+        raise ValueError(f"score={score!r} is not one of ('profile', 'unit')")
+    if mode not in ("roll", "static"):
+        raise ValueError(f"mode={mode!r} is not one of ('roll', 'static')")
+    if score == "unit":
+        if branch != "both":
+            raise ValueError(f"branch={branch!r}: score='unit' shifts the unit's K and V gates together (branch='both')")
+        from phaseinterp.interventions.unit_cycling import unit_gate_cycling
+
+        return unit_gate_cycling(model, task, shifts, layers=layers, kv_heads=kv_heads, measure=measure, mode=mode,
+                                 n_per_residue=n_per_residue, seed=seed, n_calibration=n_calibration,
+                                 calibration_seed=calibration_seed, batch_size=batch_size, n_boot=n_boot,
+                                 progress=progress, prompts=prompts)
+    if measure != "logprob":
+        raise ValueError(f"measure={measure!r}: the profile score reads accuracy per phase; measure applies to "
+                         "score='unit'")
+    task = resolve_task(model, task)
+    layers_list = check_layers(model, layers)
+    heads = check_kv_heads(model, kv_heads)
+    if mode == "static":
+        if branch != "both":
+            raise ValueError(f"branch={branch!r}: mode='static' moves the K and V gates together (branch='both')")
+        _static_targets(model, layers_list)
+    else:
+        _shift_targets(model, layers_list, branch)  # validate before any work
+    check_int("batch_size", batch_size, 1)
+    check_int("n_boot", n_boot, 1)
+    S = model.cfg.stride
+    shifts = _check_shifts(shifts, S)
     if prompts is None:
         check_n_per_residue(n_per_residue, task.residue_modulus)
     elif len(prompts) == 0:
         raise ValueError("prompts holds 0 prompts")
     batch = prompts if prompts is not None else task.generate(n_per_residue, seed=seed)
     answer_pos = fixed_answer_position(batch)
+    mean_logits = None
+    if mode == "static":
+        calib = task.calibration(n_calibration, seed=calibration_seed)
+        mean_logits = mean_gate_logits(model, calib.tokens[:, : answer_pos + 1], layers_list, batch_size)
     bar = progress_bar(progress, len(shifts), "gate cycling")
     rows = []
     try:
         for d in shifts:
-            with cycle_gates(model, d, layers_list, branch):
+            context = (shift_static_gates(model, d, layers_list, mean_logits, heads) if mode == "static"
+                       else cycle_gates(model, d, layers_list, branch, heads))
+            with context:
                 rows.append(_correct(model, batch, answer_pos, batch_size))
             if bar is not None:
                 bar.update(1)
@@ -371,4 +575,4 @@ def gate_cycling(
             bar.close()
     return CyclingResult(shifts=shifts, residue=np.asarray(batch.meta["residue"].to_numpy(), dtype=np.int64),
                          correct=np.stack(rows), residue_modulus=task.residue_modulus, stride=model.cfg.stride,
-                         model_label=model.cfg.label, n_boot=n_boot, seed=seed)
+                         model_label=model.cfg.label, n_boot=n_boot, seed=seed, mode=mode)

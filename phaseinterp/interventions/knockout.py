@@ -10,9 +10,43 @@ batch of variants over the shared cache (`CompressedAttention.forward_last`). Na
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from phaseinterp.interventions._common import model_device
+
+
+class KnockoutOutputs(NamedTuple):
+    """Per prompt, clean and with each unit mean-replaced: correctness (top-1 == answer), the
+    answer's logit and its log-probability (log-softmax over the full vocabulary).
+    Clean fields are ``[prompt]``, knockout fields ``[prompt, unit]``."""
+
+    clean_correct: torch.Tensor
+    knockout_correct: torch.Tensor
+    clean_logit: torch.Tensor
+    knockout_logit: torch.Tensor
+    clean_logprob: torch.Tensor
+    knockout_logprob: torch.Tensor
+
+
+def knockout_measures(model, tokens, answer_pos: int, answer, units, mean_z, batch_size: int = 64,
+                      method: str = "fast", bar=None) -> KnockoutOutputs:
+    """Every unit's mean replacement at ``answer_pos`` (``units``: rows with ``layer`` and ``heads``;
+    ``mean_z`` ``[layer, head, d_head]``). ``method="fast"`` uses the cached-prefix path where the
+    model has an incremental cache (`CompressedTransformer`), else the hooked full forward per unit;
+    ``"naive"`` always takes the hooked path. Both agree to 1e-5 (tests)."""
+    fast = method == "fast" and hasattr(model, "init_cache")
+    run = _fast_knockouts if fast else _naive_knockouts
+    return run(model, tokens, answer_pos, torch.as_tensor(answer), units, mean_z, batch_size, bar)
+
+
+def _answer_stats(logits: torch.Tensor, ans: torch.Tensor):
+    """(correct, answer logit, answer log-prob) of ``logits`` ``[..., vocab]`` for answers broadcast to ``[...]``."""
+    index = ans.reshape(ans.shape + (1,) * (logits.ndim - 1 - ans.ndim)).expand(logits.shape[:-1]).unsqueeze(-1)
+    logit = logits.gather(-1, index)[..., 0]
+    logprob = logit - logits.float().logsumexp(-1)
+    return (logits.argmax(-1) == index[..., 0]).cpu(), logit.float().cpu(), logprob.float().cpu()
 
 
 @torch.inference_mode()
@@ -34,7 +68,7 @@ def _fast_knockouts(model, tokens, answer_pos, answer, units, mean_z, batch_size
     cfg = model.cfg
     device = model_device(model)
     by_layer = {layer: [int(i) for i in grp.index] for layer, grp in units.groupby("layer")}
-    clean_ok, ko_ok, clean_logit, ko_logit = [], [], [], []
+    clean_ok, ko_ok, clean_logit, ko_logit, clean_lp, ko_lp = [], [], [], [], [], []
     for i in range(0, tokens.shape[0], batch_size):
         chunk = tokens[i : i + batch_size, : answer_pos + 1].to(device)
         ans = answer[i : i + batch_size].to(device)
@@ -49,11 +83,13 @@ def _fast_knockouts(model, tokens, answer_pos, answer, units, mean_z, batch_size
         for layer, block in enumerate(model.blocks):
             resid_pre.append(resid)
             resid = block.forward_last(resid, cache.layers[layer])
-        logits = model.unembed(resid)[:, 0]
-        clean_ok.append((logits.argmax(-1) == ans).cpu())
-        clean_logit.append(logits.gather(1, ans[:, None])[:, 0].cpu())
+        ok, logit, lp = _answer_stats(model.unembed(resid)[:, 0], ans)
+        clean_ok.append(ok)
+        clean_logit.append(logit)
+        clean_lp.append(lp)
         out_ok = torch.zeros(n, len(units), dtype=torch.bool)
         out_logit = torch.zeros(n, len(units))
+        out_lp = torch.zeros(n, len(units))
         for layer, unit_idx in by_layer.items():
             mask = torch.zeros(len(unit_idx), cfg.n_heads, dtype=torch.bool, device=device)
             for v, u in enumerate(unit_idx):
@@ -62,14 +98,15 @@ def _fast_knockouts(model, tokens, answer_pos, answer, units, mean_z, batch_size
             r = model.blocks[layer].forward_last(r, cache.layers[layer], (mask, mean_z[layer]))
             for later in range(layer + 1, cfg.n_layers):
                 r = model.blocks[later].forward_last(r, cache.layers[later])
-            lg = model.unembed(r)  # [n, variant, vocab]
-            out_ok[:, unit_idx] = (lg.argmax(-1) == ans[:, None]).cpu()
-            out_logit[:, unit_idx] = lg.gather(2, ans[:, None, None].expand(-1, len(unit_idx), 1))[..., 0].cpu()
+            ok, logit, lp = _answer_stats(model.unembed(r), ans)  # logits [n, variant, vocab]
+            out_ok[:, unit_idx], out_logit[:, unit_idx], out_lp[:, unit_idx] = ok, logit, lp
             if bar is not None:
                 bar.update(n * len(unit_idx))
         ko_ok.append(out_ok)
         ko_logit.append(out_logit)
-    return torch.cat(clean_ok), torch.cat(ko_ok), torch.cat(clean_logit), torch.cat(ko_logit)
+        ko_lp.append(out_lp)
+    return KnockoutOutputs(torch.cat(clean_ok), torch.cat(ko_ok), torch.cat(clean_logit), torch.cat(ko_logit),
+                           torch.cat(clean_lp), torch.cat(ko_lp))
 
 
 def _empty_layer_cache(model, n, device):
@@ -86,14 +123,15 @@ def _empty_layer_cache(model, n, device):
 def _naive_knockouts(model, tokens, answer_pos, answer, units, mean_z, batch_size, bar):
     """One hooked full forward per unit (the obviously-correct reference for the fast path)."""
     device = model_device(model)
-    clean_ok, ko_ok, clean_logit, ko_logit = [], [], [], []
+    clean_ok, ko_ok, clean_logit, ko_logit, clean_lp, ko_lp = [], [], [], [], [], []
     for i in range(0, tokens.shape[0], batch_size):
         chunk = tokens[i : i + batch_size, : answer_pos + 1].to(device)
         ans = answer[i : i + batch_size].to(device)
-        logits = model(chunk)[:, answer_pos]
-        clean_ok.append((logits.argmax(-1) == ans).cpu())
-        clean_logit.append(logits.gather(1, ans[:, None])[:, 0].cpu())
-        oks, lgs = [], []
+        ok, logit, lp = _answer_stats(model(chunk)[:, answer_pos], ans)
+        clean_ok.append(ok)
+        clean_logit.append(logit)
+        clean_lp.append(lp)
+        oks, lgs, lps = [], [], []
         for unit in units.itertuples():
             heads = list(unit.heads)
 
@@ -103,10 +141,14 @@ def _naive_knockouts(model, tokens, answer_pos, answer, units, mean_z, batch_siz
                 return z
 
             lg = model.run_with_hooks(chunk, fwd_hooks=[(f"blocks.{unit.layer}.attn.hook_z", replace)])[:, answer_pos]
-            oks.append((lg.argmax(-1) == ans).cpu())
-            lgs.append(lg.gather(1, ans[:, None])[:, 0].cpu())
+            ok, logit, lp = _answer_stats(lg, ans)
+            oks.append(ok)
+            lgs.append(logit)
+            lps.append(lp)
             if bar is not None:
                 bar.update(chunk.shape[0])
         ko_ok.append(torch.stack(oks, 1))
         ko_logit.append(torch.stack(lgs, 1))
-    return torch.cat(clean_ok), torch.cat(ko_ok), torch.cat(clean_logit), torch.cat(ko_logit)
+        ko_lp.append(torch.stack(lps, 1))
+    return KnockoutOutputs(torch.cat(clean_ok), torch.cat(ko_ok), torch.cat(clean_logit), torch.cat(ko_logit),
+                           torch.cat(clean_lp), torch.cat(ko_lp))

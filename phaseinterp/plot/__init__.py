@@ -13,6 +13,7 @@ from phaseinterp.plot.mechanisms import (
     specialization_heatmap,
     style,
     training_curves,
+    unit_cycling_figure,
 )
 from phaseinterp.plot.profile import plot_docstring, plot_profile
 
@@ -27,4 +28,5 @@ __all__ = [
     "specialization_heatmap",
     "style",
     "training_curves",
+    "unit_cycling_figure",
 ]

@@ -135,6 +135,51 @@ def gate_cycling_figure(result, title: str | None = None) -> go.Figure:
     return style(fig, title or f"Gate cycling: {result.model_label}", width=1100, height=460)
 
 
+def unit_cycling_figure(result, title: str | None = None) -> go.Figure:
+    """One panel per gate shift: the unit's contribution per phase ``C_d(r)`` (solid, with 95%
+    bootstrap intervals) and the parameter-free prediction ``C_0((r - d) mod S)`` (dashed,
+    open markers); the boundary phase is marked. Panel titles give R² (all S phases) and
+    the best hypothesised shift (see `UnitCyclingResult.scores`)."""
+    frame = result.profile_frame()
+    ps = result.scores["per_shift"].set_index("shift")
+    shifts = list(result.shifts)
+    cols = min(4, len(shifts))
+    rows = -(-len(shifts) // cols)
+    titles = []
+    for d in shifts:
+        if d == 0:
+            titles.append("unshifted: C₀")
+        elif d in ps.index:
+            titles.append(f"shift {d:+d}: R² {ps.loc[d, 'r2']:.2f}, best {int(ps.loc[d, 'best']):+d}"
+                          + (" ✓" if ps.loc[d, "identified"] else ""))
+        else:
+            titles.append(f"shift {d:+d} (same as another mod S)")
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=titles, shared_yaxes=True)
+    unit = "answer log-prob" if result.measure == "logprob" else "accuracy"
+    for i, d in enumerate(shifts):
+        row, col = i // cols + 1, i % cols + 1
+        sub = frame[frame["shift"] == d]
+        first = i == 0
+        fig.add_trace(go.Scatter(x=sub.phase, y=sub.contribution, mode="lines+markers", name="observed C_d(r)",
+                                 legendgroup="obs", showlegend=first, line=dict(color=PALETTE[0], width=2),
+                                 error_y=dict(type="data", symmetric=False, array=sub.high - sub.contribution,
+                                              arrayminus=sub.contribution - sub.low, thickness=1)),
+                      row=row, col=col)
+        if d != 0:
+            fig.add_trace(go.Scatter(x=sub.phase, y=sub.predicted, mode="lines+markers", name="predicted C₀((r−d) mod S)",
+                                     legendgroup="pred", showlegend=i == 1,
+                                     line=dict(color=PALETTE[1], dash="dash", width=2),
+                                     marker=dict(symbol="circle-open", size=9)), row=row, col=col)
+        b = sub[sub.boundary]
+        fig.add_trace(go.Scatter(x=b.phase, y=b.contribution, mode="markers", name="boundary phase",
+                                 legendgroup="boundary", showlegend=first,
+                                 marker=dict(symbol="x", size=11, color="#444")), row=row, col=col)
+        fig.update_xaxes(dtick=1, title_text="phase" if row == rows else None, row=row, col=col)
+    fig.update_yaxes(title_text=f"contribution ({unit})", col=1)
+    name = title or f"Unit-level gate cycling: {result.model_label}, unit {result.unit} ({result.mode})"
+    return style(fig, name, width=min(1400, 320 * cols + 120), height=300 * rows + 140)
+
+
 def gate_profile_figure(profile, branch: str = "k", title: str | None = None) -> go.Figure:
     """Left: E[alpha] per slot for each (layer, KV head). Right: static vs per-window concentration.
 

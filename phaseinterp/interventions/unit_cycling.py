@@ -1,0 +1,550 @@
+"""Gate cycling at the grain of one unit (docs/science.md, "Unit-level gate cycling").
+
+Shift the gates of ONE unit (a layer's KV head, or the KV heads listed) and measure that
+unit's own contribution per phase,
+
+    C_d(r) = m(shifted) - m(shifted, unit mean-replaced at the answer position),
+
+with ``m`` the mean answer log-prob (default) or accuracy over the prompts at phase ``r``.
+Prediction: ``C_d(r) = C_0((r - d) mod S)``. When one unit of many is shifted the
+whole-profile prediction ``A_d(r) = A_0((r - d) mod S)`` cannot hold (the other units still
+serve their phases); this score asks whether the unit's OWN phase moves with its gates.
+
+`specialized_units` picks the units to cycle by a rule on a selection split (knockout hurts
+at most 3 adjacent phases), plus a negative control (a cyclable unit whose knockout has no
+phase structure); `gate_cycling(..., score="unit")` scores a unit on held-out prompts.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from dataclasses import dataclass
+from typing import Optional, Sequence, Union
+
+import numpy as np
+import pandas as pd
+import torch
+
+from phaseinterp._checks import MAX_PROMPTS, check_int, check_n_per_residue
+from phaseinterp._files import progress_bar
+from phaseinterp.interventions._common import check_layers, fixed_answer_position, resolve_task
+from phaseinterp.interventions.cycling_stats import (
+    strictly_identified,
+    unit_permutation_tests,
+    unit_score_arrays,
+)
+from phaseinterp.interventions.knockout import calibration_mean_z, knockout_measures
+from phaseinterp.results import Result
+
+MEASURES = ("logprob", "accuracy")
+MODES = ("roll", "static")
+SELECTION_SEED = 1000  # the selection split's prompt seed; held-out scoring uses seed 0 by default
+
+
+def unit_label(layers: Sequence[int], kv_heads: Optional[Sequence[int]]) -> str:
+    heads = "" if kv_heads is None else "H" + ",".join(str(h) for h in kv_heads)
+    return "+".join(f"L{layer}{heads}" for layer in layers)
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class UnitCyclingResult(Result):
+    """`gate_cycling(..., score="unit")`'s result: one unit's contribution per phase under each gate shift.
+
+    Per shift ``d`` (0 = unshifted) and prompt: ``measure_shifted`` (the answer log-prob, or 0/1
+    correctness, of the model with the unit's gates shifted by ``d``) and ``measure_knocked``
+    (the same model with the unit mean-replaced at the answer position; the mean is taken over
+    calibration prompts under the same shift). The unit's contribution is their difference;
+    ``contribution()`` averages it per phase: ``C_d(r)``.
+
+    Scores (``scores``) compare ``C_d`` with the parameter-free prediction ``C_0((r - d) mod S)``:
+    ``r2`` over all S phases (S points per shift: 8 at S = 8, 4 at S = 4; negative when the
+    prediction is worse than the observations' mean, e.g. scoring against the wrong shift),
+    ``r2_no_boundary`` without phase S-1, the boundary phase's observed and predicted values
+    separately, every hypothesised shift's residual and whether the applied one is strictly
+    best (identification), with exact permutation p-values; ``intervals()`` bootstraps prompts.
+    """
+
+    shifts: tuple[int, ...]
+    residue: np.ndarray
+    measure_shifted: np.ndarray  # [shift, prompt]
+    measure_knocked: np.ndarray  # [shift, prompt]
+    correct_shifted: np.ndarray  # [shift, prompt] top-1 correctness of the shifted model
+    residue_modulus: int
+    stride: int
+    layers: tuple[int, ...]
+    kv_heads: Optional[tuple[int, ...]]
+    measure: str = "logprob"
+    mode: str = "roll"
+    model_label: str = ""
+    n_calibration: int = 0
+    n_boot: int = 1000
+    seed: int = 0
+
+    # ---------------------------------------------------------------- numbers
+    @property
+    def unit(self) -> str:
+        return unit_label(self.layers, self.kv_heads)
+
+    @property
+    def boundary_phase(self) -> int:
+        return self.stride - 1
+
+    @property
+    def scored_shifts(self) -> tuple[int, ...]:
+        """Applied shifts, distinct and nonzero mod S (the first listed of ``d``, ``d - S`` counts)."""
+        seen: dict[int, int] = {}
+        for d in self.shifts:
+            if d % self.stride:
+                seen.setdefault(d % self.stride, d)
+        return tuple(seen.values())
+
+    def _phase_means(self, values: np.ndarray, index: Optional[np.ndarray] = None) -> np.ndarray:
+        phases = self.residue % self.stride
+        if index is not None:
+            values, phases = values[:, index], phases[index]
+        return np.stack([values[:, phases == r].mean(1) for r in range(self.stride)], 1)
+
+    def contribution(self, index: Optional[np.ndarray] = None) -> pd.DataFrame:
+        """``C_d(r)``: the unit's mean contribution per shift (rows) x phase (columns)."""
+        c = self._phase_means(self.measure_shifted - self.measure_knocked, index)
+        frame = pd.DataFrame(c, index=pd.Index(self.shifts, name="shift"))
+        frame.columns.name = "phase"
+        return frame
+
+    def accuracy(self) -> pd.DataFrame:
+        """Top-1 accuracy of the shifted model (the unit intact) per shift x phase."""
+        frame = pd.DataFrame(self._phase_means(self.correct_shifted.astype(float)),
+                             index=pd.Index(self.shifts, name="shift"))
+        frame.columns.name = "phase"
+        return frame
+
+    def _arrays(self, index=None) -> tuple[np.ndarray, np.ndarray, list[int]]:
+        c = self.contribution(index)
+        scored = list(self.scored_shifts)
+        return c.loc[0].to_numpy(), c.loc[scored].to_numpy(), scored
+
+    @functools.cached_property
+    def scores(self) -> dict:
+        """Point estimates and exact permutation tests (`unit_permutation_tests`).
+
+        ``per_shift`` columns: ``shift``, ``r2`` (all S phases), ``r2_no_boundary`` (S-1),
+        ``corr2``, ``mae``, ``boundary_observed`` / ``boundary_predicted`` (phase S-1),
+        ``peak_phase`` (where the shifted unit contributes most) and ``predicted_peak``,
+        ``hypothesis_<k>`` (R² of hypothesised shift k = 0..S-1), ``best`` (the hypothesis with
+        the smallest residual, signed), ``identified`` (the applied shift is strictly best),
+        ``r2_p`` (exact permutation p of ``r2``), ``identification_null`` (chance of identifying
+        it by luck, about 1/S). Pooled: ``r2_pooled``, ``n_identified`` of ``n_shifts``,
+        ``identification_p`` (exact joint p of at least that many identifications)."""
+        c0, c, scored = self._arrays()
+        S, boundary = self.stride, self.boundary_phase
+        if not scored:
+            raise ValueError("no shift to score (every shift is 0 mod S)")
+        arr = unit_score_arrays(c0, c, scored, boundary)
+        tests = unit_permutation_tests(c0, c, scored, seed=self.seed)
+        rows = []
+        for k, d in enumerate(scored):
+            ss = arr["ss_res_by_hypothesis"][k]
+            best = int(np.argmin(ss))
+            pred = np.roll(c0, d)
+            row = dict(shift=int(d), r2=float(arr["r2"][k]), r2_no_boundary=float(arr["r2_no_boundary"][k]),
+                       corr2=float(arr["corr2"][k]), mae=float(arr["mae"][k]),
+                       boundary_observed=float(c[k][boundary]), boundary_predicted=float(pred[boundary]),
+                       peak_phase=int(np.argmax(c[k])), predicted_peak=int(np.argmax(pred)),
+                       best=best - S if best > S // 2 else best, identified=bool(tests["identified"][k]),
+                       r2_p=float(tests["r2_p"][k]), identification_null=float(tests["identification_null"][k]),
+                       n_points=S)
+            tot = arr["ss_tot"][k]
+            row.update({f"hypothesis_{h}": float(1 - ss[h] / tot) if tot > 1e-12 else float("nan") for h in range(S)})
+            rows.append(row)
+        return dict(per_shift=pd.DataFrame(rows), r2_pooled=float(arr["r2_pooled"]), n_shifts=len(scored),
+                    n_identified=tests["n_identified"], identification_p=tests["identification_p"],
+                    permutations_exact=tests["exact"], n_arrangements=tests["n_arrangements"])
+
+    def identification(self) -> pd.DataFrame:
+        """Rows = applied shift, columns = hypothesised shift 0..S-1 (R² of that hypothesis), plus
+        the best hypothesis, whether it is the applied one, and the chance of that by luck."""
+        ps = self.scores["per_shift"].set_index("shift")
+        table = ps[[f"hypothesis_{k}" for k in range(self.stride)]].copy()
+        table.columns = pd.Index(range(self.stride), name="hypothesised shift")
+        table["best"] = ps["best"] % self.stride
+        table["identified"] = ps["identified"]
+        table["chance"] = ps["identification_null"]
+        return table
+
+    def _bootstrap(self) -> dict[str, np.ndarray]:
+        """Paired bootstrap over prompts (resampled within residue groups, the same draw for every
+        shift): contributions ``[B, shift, S]`` and every score per replicate."""
+        rng = np.random.default_rng(self.seed)
+        values = self.measure_shifted - self.measure_knocked  # [shift, prompt]
+        S, B = self.stride, self.n_boot
+        sums = np.zeros((B, len(self.shifts), S))
+        counts = np.zeros(S)
+        for g in range(self.residue_modulus):
+            idx = np.flatnonzero(self.residue == g)
+            if idx.size == 0:
+                continue
+            draw = idx[rng.integers(0, idx.size, size=(B, idx.size))]  # [B, n_g]
+            sums[:, :, g % S] += values[:, draw].sum(-1).T
+            counts[g % S] += idx.size
+        c_all = sums / counts
+        order = list(self.shifts)
+        scored = list(self.scored_shifts)
+        c0 = c_all[:, order.index(0)]
+        c = c_all[:, [order.index(d) for d in scored]]
+        arr = unit_score_arrays(c0, c, scored, self.boundary_phase)
+        arr["identified"] = strictly_identified(arr["ss_res_by_hypothesis"], scored)
+        arr["contribution"] = c_all
+        return arr
+
+    @functools.cached_property
+    def _boot(self) -> dict[str, np.ndarray]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return self._bootstrap()
+
+    def intervals(self, confidence: float = 0.95) -> pd.DataFrame:
+        """Percentile bootstrap intervals (``n_boot`` resamples of the prompts within residue groups,
+        paired across shifts) of every score: per shift ``r2``, ``r2_no_boundary``, ``corr2``,
+        ``mae``; pooled ``r2_pooled`` and ``n_identified``."""
+        if not 0 < confidence < 1:
+            raise ValueError(f"confidence={confidence} is out of range (0, 1)")
+        arr, a = self._boot, (1 - confidence) / 2
+        rows = {}
+        for k, d in enumerate(self.scored_shifts):
+            for col in ("r2", "r2_no_boundary", "corr2", "mae"):
+                rows[f"{col}[{d}]"] = arr[col][:, k]
+        rows["r2_pooled"] = arr["r2_pooled"]
+        rows["n_identified"] = arr["identified"].sum(-1).astype(float)
+        return pd.DataFrame({name: (np.nanquantile(v, a), np.nanquantile(v, 1 - a)) if np.isfinite(v).any()
+                             else (np.nan, np.nan) for name, v in rows.items()}, index=["low", "high"]).T
+
+    def profile_frame(self, confidence: float = 0.95) -> pd.DataFrame:
+        """Per shift x phase: the observed contribution with its bootstrap interval and the
+        prediction ``C_0((r - d) mod S)`` (what ``.plot()`` draws)."""
+        c = self.contribution()
+        c0 = c.loc[0].to_numpy()
+        boot, a = self._boot["contribution"], (1 - confidence) / 2
+        rows = []
+        for k, d in enumerate(self.shifts):
+            pred = np.roll(c0, d)
+            for r in range(self.stride):
+                rows.append(dict(shift=int(d), phase=r, contribution=float(c.iloc[k, r]), predicted=float(pred[r]),
+                                 low=float(np.quantile(boot[:, k, r], a)), high=float(np.quantile(boot[:, k, r], 1 - a)),
+                                 boundary=r == self.boundary_phase))
+        return pd.DataFrame(rows)
+
+    def to_frame(self) -> pd.DataFrame:
+        """Tidy per-prompt rows: shift, prompt, residue, phase, the measure shifted and knocked out,
+        the contribution (their difference), and the shifted model's correctness."""
+        D, N = self.measure_shifted.shape
+        return pd.DataFrame(dict(
+            shift=np.repeat(np.asarray(self.shifts), N), prompt=np.tile(np.arange(N), D),
+            residue=np.tile(self.residue, D), phase=np.tile(self.residue % self.stride, D),
+            measure_shifted=self.measure_shifted.reshape(-1), measure_knocked=self.measure_knocked.reshape(-1),
+            contribution=(self.measure_shifted - self.measure_knocked).reshape(-1),
+            correct_shifted=self.correct_shifted.reshape(-1).astype(bool),
+        ))
+
+    def to_dict(self) -> dict:
+        """Headline numbers: the unit, how it was shifted and measured, the pooled R² with its 95%
+        interval, R² per shift (S points each, all phases), identification and its exact joint p,
+        and where the unit's contribution peaks per shift."""
+        s = self.scores
+        ps = s["per_shift"].set_index("shift")
+        iv = self.intervals()
+        by = lambda col, cast=float: {int(d): cast(ps.loc[d, col]) for d in ps.index}  # noqa: E731
+        c0 = self.contribution().loc[0].to_numpy()
+        return {
+            "model": self.model_label, "unit": self.unit, "mode": self.mode, "measure": self.measure,
+            "shifts": [int(d) for d in ps.index], "points_per_shift": self.stride,
+            "n_prompts": int(self.residue.size),
+            "r2_pooled": s["r2_pooled"],
+            "r2_pooled_ci": [float(iv.loc["r2_pooled", "low"]), float(iv.loc["r2_pooled", "high"])],
+            "r2_by_shift": by("r2"), "r2_no_boundary_by_shift": by("r2_no_boundary"),
+            "identified": f"{s['n_identified']} of {s['n_shifts']}",
+            "identification_p": s["identification_p"],
+            "best_hypothesis_by_shift": by("best", int),
+            "unshifted_peak_phase": int(np.argmax(c0)),
+            "peak_phase_by_shift": by("peak_phase", int),
+            "boundary_observed_by_shift": by("boundary_observed"),
+        }
+
+    def plot(self, **kwargs):
+        from phaseinterp.plot import unit_cycling_figure
+
+        return unit_cycling_figure(self, **kwargs)
+
+
+# ---------------------------------------------------------------- the experiment
+def _check_choice(name: str, value, options) -> None:
+    if value not in options:
+        raise ValueError(f"{name}={value!r} is not one of {options}")
+
+
+def _layer_units(model, layers: list[int], kv_heads: Optional[list[int]]) -> pd.DataFrame:
+    """One knockout row per layer: the query heads that read the unit's KV heads in that layer."""
+    groups = model.cfg.kv_head_groups()
+    heads = sorted({h for kv in (kv_heads if kv_heads is not None else groups) for h in groups[kv]})
+    kv = kv_heads[0] if kv_heads is not None and len(kv_heads) == 1 else -1
+    return pd.DataFrame([dict(layer=layer, kv_head=kv, heads=tuple(heads)) for layer in layers])
+
+
+def _joint_hooks(units: pd.DataFrame, mean_z, answer_pos: int) -> list:
+    hooks = []
+    for unit in units.itertuples():
+        heads = list(unit.heads)
+
+        def replace(z, hook, layer=unit.layer, heads=heads):
+            z = z.clone()
+            z[:, answer_pos, heads] = mean_z[layer, heads].to(z.dtype)
+            return z
+
+        hooks.append((f"blocks.{unit.layer}.attn.hook_z", replace))
+    return hooks
+
+
+@torch.inference_mode()
+def _joint_knockout(model, tokens, answer_pos, answer, units: pd.DataFrame, mean_z, batch_size):
+    """Knock out every row of ``units`` at once (a unit spanning several layers): two forwards per
+    batch. Returns (clean log-prob, clean correct, knocked log-prob, knocked correct) per prompt."""
+    from phaseinterp.interventions._common import model_device
+
+    device = model_device(model)
+    hooks = _joint_hooks(units, mean_z, answer_pos)
+    answer = torch.as_tensor(answer)
+    out: list[list[torch.Tensor]] = [[], [], [], []]
+    for i in range(0, tokens.shape[0], batch_size):
+        chunk = tokens[i: i + batch_size, : answer_pos + 1].to(device)
+        ans = answer[i: i + batch_size].to(device)[:, None]
+        for k, logits in enumerate((model(chunk)[:, answer_pos],
+                                    model.run_with_hooks(chunk, fwd_hooks=hooks)[:, answer_pos])):
+            out[2 * k].append(logits.float().log_softmax(-1).gather(1, ans)[:, 0].cpu())
+            out[2 * k + 1].append((logits.argmax(-1) == ans[:, 0]).cpu())
+    clean_lp, clean_ok, ko_lp, ko_ok = (torch.cat(x) for x in out)
+    return clean_lp, clean_ok, ko_lp, ko_ok
+
+
+def unit_gate_cycling(
+    model,
+    task=None,
+    shifts: Optional[Sequence[int]] = None,
+    *,
+    layers: Union[int, Sequence[int]],
+    kv_heads: Union[int, Sequence[int], None] = None,
+    measure: str = "logprob",
+    mode: str = "roll",
+    n_per_residue: int = 72,
+    seed: int = 0,
+    n_calibration: int = 256,
+    calibration_seed: int = 1,
+    batch_size: int = 64,
+    n_boot: int = 1000,
+    progress: bool = True,
+    prompts=None,
+) -> UnitCyclingResult:
+    """`gate_cycling(model, task, shifts, layers=..., kv_heads=..., score="unit")`: see `gate_cycling`."""
+    from phaseinterp.interventions.gate_cycling import (
+        _check_shifts,
+        check_kv_heads,
+        cycle_gates,
+        mean_gate_logits,
+        shift_static_gates,
+        _static_targets,
+        _shift_targets,
+    )
+
+    _check_choice("measure", measure, MEASURES)
+    _check_choice("mode", mode, MODES)
+    if layers is None:
+        raise ValueError("score='unit' shifts and knocks out one unit: name it with layers=[...] (and kv_heads=...); "
+                         "phaseinterp.specialized_units(model, task) picks units by a rule")
+    if getattr(model, "training", False):
+        raise ValueError("gate_cycling needs the model in eval mode; call model.eval() first")
+    task = resolve_task(model, task)
+    layers_list = check_layers(model, layers)
+    heads = check_kv_heads(model, kv_heads)
+    (_static_targets if mode == "static" else lambda m, ls: _shift_targets(m, ls, "both"))(model, layers_list)
+    check_int("batch_size", batch_size, 1)
+    check_int("n_boot", n_boot, 1)
+    modulus = task.residue_modulus
+    if isinstance(n_calibration, bool) or not isinstance(n_calibration, int) or not (
+            modulus <= n_calibration <= MAX_PROMPTS):
+        raise ValueError(f"n_calibration={n_calibration!r} is out of range ({modulus}..{MAX_PROMPTS}): the mean "
+                         f"needs at least one calibration prompt per residue (R={modulus})")
+    S = model.cfg.stride
+    shifts = _check_shifts(shifts, S)
+    if prompts is None:
+        check_n_per_residue(n_per_residue, modulus)
+    elif len(prompts) == 0:
+        raise ValueError("prompts holds 0 prompts")
+    batch = prompts if prompts is not None else task.generate(n_per_residue, seed=seed)
+    answer_pos = fixed_answer_position(batch)
+    calib = task.calibration(n_calibration, seed=calibration_seed)
+    if fixed_answer_position(calib) != answer_pos:
+        raise ValueError("calibration prompts must share the evaluation prompts' answer position")
+    calib_tokens = calib.tokens[:, : answer_pos + 1]
+    units = _layer_units(model, layers_list, heads)
+    mean_logits = mean_gate_logits(model, calib_tokens, layers_list, batch_size) if mode == "static" else None
+    bar = progress_bar(progress, len(shifts), f"unit gate cycling ({unit_label(layers_list, heads)})")
+    shifted, knocked, correct = [], [], []
+    try:
+        for d in shifts:
+            context = (shift_static_gates(model, d, layers_list, mean_logits, heads) if mode == "static"
+                       else cycle_gates(model, d, layers_list, "both", heads))
+            with context:
+                mean_z = calibration_mean_z(model, calib_tokens, answer_pos, batch_size)
+                if len(layers_list) == 1:  # one layer: the cached-prefix fast path where the model has one
+                    out = knockout_measures(model, batch.tokens, answer_pos, batch.answer, units, mean_z, batch_size)
+                    lp_s, ok_s = out.clean_logprob, out.clean_correct
+                    lp_k, ok_k = out.knockout_logprob[:, 0], out.knockout_correct[:, 0]
+                else:
+                    lp_s, ok_s, lp_k, ok_k = _joint_knockout(model, batch.tokens, answer_pos, batch.answer, units,
+                                                             mean_z, batch_size)
+                if measure == "accuracy":
+                    shifted.append(ok_s.numpy().astype(float))
+                    knocked.append(ok_k.numpy().astype(float))
+                else:
+                    shifted.append(lp_s.numpy().astype(float))
+                    knocked.append(lp_k.numpy().astype(float))
+                correct.append(ok_s.numpy().astype(bool))
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    return UnitCyclingResult(
+        shifts=tuple(shifts), residue=np.asarray(batch.meta["residue"].to_numpy(), dtype=np.int64),
+        measure_shifted=np.stack(shifted), measure_knocked=np.stack(knocked), correct_shifted=np.stack(correct),
+        residue_modulus=modulus, stride=S, layers=tuple(layers_list),
+        kv_heads=None if heads is None else tuple(heads), measure=measure, mode=mode, model_label=model.cfg.label,
+        n_calibration=n_calibration, n_boot=n_boot, seed=seed,
+    )
+
+
+# ---------------------------------------------------------------- which units
+@dataclass(frozen=True, eq=False, repr=False)
+class UnitSelection(Result):
+    """`specialized_units`'s result: which units the rule picked, on which prompts, and why.
+
+    ``table`` has one row per candidate unit (layer, kv_head, the query heads, the phases its
+    knockout hurts on the selection split, the longest adjacent run, the worst change in
+    percentage points, whether its gates can be cycled) and its ``role``: ``"specialized"``
+    (hurt on 1..``max_phases`` adjacent phases and nowhere else), ``"control"`` (the negative
+    control: a cyclable unit hurt on no phase, the smallest largest absolute change) or ``""``.
+    """
+
+    table: pd.DataFrame
+    rule: str
+    model_label: str = ""
+    selection_seed: int = SELECTION_SEED
+    n_per_residue: int = 72
+    max_phases: int = 3
+
+    @property
+    def specialized(self) -> pd.DataFrame:
+        return self.table[self.table.role == "specialized"].reset_index(drop=True)
+
+    @property
+    def control(self) -> pd.DataFrame:
+        return self.table[self.table.role == "control"].reset_index(drop=True)
+
+    def units(self, role: Optional[str] = None) -> list[dict]:
+        """``[{"layers": [l], "kv_heads": [h] or None, "role": ...}]``: keyword arguments for `gate_cycling`."""
+        rows = self.table[self.table.role != ""] if role is None else self.table[self.table.role == role]
+        return [dict(layers=[int(r.layer)], kv_heads=None if r.kv_head < 0 else [int(r.kv_head)], role=r.role,
+                     label=f"L{int(r.layer)}H{int(r.kv_head)}" if r.kv_head >= 0 else f"L{int(r.layer)}")
+                for r in rows.itertuples()]
+
+    def to_frame(self) -> pd.DataFrame:
+        return self.table.copy()
+
+    def to_dict(self) -> dict:
+        label = lambda r: f"L{int(r.layer)}H{int(r.kv_head)}"  # noqa: E731
+        return {
+            "model": self.model_label, "rule": self.rule,
+            "selection_prompts": f"seed {self.selection_seed}, {self.n_per_residue} per residue",
+            "specialized": [f"{label(r)}: phases {list(r.phases)}" for r in self.specialized.itertuples()],
+            "control": [f"{label(r)}: largest change {r.largest_change_pp:.1f} pp" for r in self.control.itertuples()],
+        }
+
+    def plot(self, **kwargs):
+        import plotly.graph_objects as go
+
+        t = self.table
+        fig = go.Figure(go.Bar(x=[f"L{r.layer}H{r.kv_head}" for r in t.itertuples()], y=t.n_hurt,
+                               marker_color=["#d62728" if r == "specialized" else "#7f7f7f" if r == "control"
+                                             else "#1f77b4" for r in t.role],
+                               text=list(t.role), hovertext=[str(list(p)) for p in t.hurt_phases]))
+        fig.update_layout(title=kwargs.get("title", f"Unit selection: {self.model_label}"),
+                          xaxis_title="unit", yaxis_title="phases hurt by the knockout", template="plotly_white")
+        return fig
+
+
+def specialized_units(
+    model,
+    task=None,
+    *,
+    layers: Union[int, Sequence[int], None] = None,
+    max_phases: int = 3,
+    n_per_residue: int = 72,
+    seed: int = SELECTION_SEED,
+    n_calibration: int = 256,
+    calibration_seed: int = 1,
+    batch_size: int = 64,
+    progress: bool = True,
+    ablation=None,
+) -> UnitSelection:
+    """Pick the units to cycle by a rule fixed in code, on a selection split of prompts.
+
+    Runs `ablate` (per-KV-head mean replacement) on ``n_per_residue`` prompts drawn with
+    ``seed`` (default 1000: a split separate from the held-out prompts `gate_cycling` scores on,
+    seed 0 by default) and reads `AblationResult.specialization` (a phase is *hurt* when the
+    knockout's change is significant after Holm's correction over units x phases, at most -50%
+    relative, on a phase with clean accuracy >= 10%). Rule:
+
+    - **specialized**: hurt on 1..``max_phases`` (default 3) phases, all adjacent (circularly),
+      and the unit's gates can be cycled;
+    - **control** (negative control): among cyclable units hurt on no phase, the one whose
+      largest absolute change over phases (pp) is smallest (ties: the lowest layer).
+
+    ``ablation``: a precomputed `AblationResult` on the selection split (skips the sweep).
+    Returns a `UnitSelection`; ``.units("specialized")`` gives `gate_cycling` arguments.
+    """
+    from phaseinterp.interventions.ablation import ablate
+    from phaseinterp.interventions.gate_cycling import _shift_targets
+
+    check_int("max_phases", max_phases, 1)
+    if not model.cfg.is_compressed:
+        raise ValueError("specialized_units: the full-attention model has no gates to cycle")
+    if ablation is None:
+        ablation = ablate(model, task, layer=layers, n_per_residue=n_per_residue, n_calibration=n_calibration,
+                          seed=seed, calibration_seed=calibration_seed, batch_size=batch_size, progress=progress)
+    spec = ablation.specialization()
+    absolute = ablation.absolute_change
+
+    def cyclable(layer: int) -> bool:
+        try:
+            _shift_targets(model, [layer], "both")
+            return True
+        except ValueError:
+            return False
+
+    rows = []
+    for r in spec.itertuples():
+        rows.append(dict(layer=int(r.layer), kv_head=int(r.kv_head), heads=tuple(r.heads), phases=tuple(r.phases),
+                         hurt_phases=tuple(r.hurt_phases), n_hurt=len(r.hurt_phases), contiguous=bool(r.contiguous),
+                         largest_change_pp=float(np.nanmax(np.abs(absolute.loc[(r.layer, r.kv_head)].to_numpy()))),
+                         cyclable=cyclable(int(r.layer)), role=""))
+    table = pd.DataFrame(rows)
+    special = (table.n_hurt >= 1) & (table.n_hurt <= max_phases) & table.contiguous & table.cyclable
+    table.loc[special, "role"] = "specialized"
+    quiet = table[(table.n_hurt == 0) & table.cyclable]
+    if len(quiet):
+        pick = quiet.sort_values(["largest_change_pp", "layer", "kv_head"]).index[0]
+        table.loc[pick, "role"] = "control"
+    rule = (f"specialized: knockout hurts 1..{max_phases} adjacent phases (Holm-significant, <= -50% relative, "
+            f"clean >= 10%) and nowhere else; control: a cyclable unit hurt on no phase with the smallest largest "
+            f"|change| (pp)")
+    return UnitSelection(table=table, rule=rule, model_label=model.cfg.label, selection_seed=seed,
+                         n_per_residue=int(ablation.residue.size // ablation.residue_modulus), max_phases=max_phases)
