@@ -425,9 +425,9 @@ def write_profile_csvs(out: Path, name: str, profile, parts=("residues", "phases
         atomic_write_text(out / "data" / f"profile_{name}_{part}.csv", frames[part]().to_csv(index=False))
 
 
-def _training_controls(model, twin, task, settings, device, progress, profiles, names) -> list[dict]:
+def _training_controls(model, twin, task, settings, device, progress, profiles, data_names) -> list[dict]:
     """Profile the equal-step and final-step pairs of ``model``'s zoo run (`zoo.training_controls`),
-    reusing ``profiles`` already measured (``names``: their `data_name`s, extended in step with
+    reusing ``profiles`` already measured (``data_names``: their `data_name`s, extended in step with
     ``profiles``); returns one row per pair for the report."""
     from phaseinterp import zoo
     from phaseinterp.profile import phase_profile
@@ -448,7 +448,7 @@ def _training_controls(model, twin, task, settings, device, progress, profiles, 
                 by_name[name] = phase_profile(m, task, settings.n_per_residue, stride=model.cfg.stride,
                                               label=f"{name} (step {m.metadata.get('step')})", progress=progress)
                 profiles.append(by_name[name])
-                names.append(data_name(m))
+                data_names.append(data_name(m))
             p = by_name[name]
             row.update({role: name, f"{role}_step": zoo.snapshot_step(name), f"{role}_mean": p.mean,
                         f"{role}_worst_phase_accuracy": float(min(p.phase_accuracy)),

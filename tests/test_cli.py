@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -197,6 +198,13 @@ def test_demo_quick_on_the_shipped_models(tmp_path, capsys):
     assert labels[:2] == ["w4s4 (W4/S4 gated)", "full (full attention)"]  # then any training controls
     assert all(label.endswith(")") for label in labels[2:]), labels
     assert len(list((tmp_path / "demo" / "data").glob("*.csv"))) >= 10
+    # data/ file names are derived once from each model's zoo name (not also from its label)
+    from phaseinterp.report import _slug
+
+    zoo_names = {_slug(n) for n in [*pi.zoo.ENTRIES, *pi.zoo.deepseek_v4.available()]}
+    stems = {re.sub(r"^profile_(.*)_(residues|phases|prompts)\.csv$", r"\1", p.name)
+             for p in (tmp_path / "demo" / "data").glob("profile_*.csv")}
+    assert stems and stems <= zoo_names, sorted(stems - zoo_names)
     if "dsv4-tiny" in pi.zoo.deepseek_v4.available():  # the DeepSeek-V4 section: HF architecture, same task
         assert "dsv4-tiny (HF DeepSeek-V4)" in labels
         assert summary["deepseek_v4"]["wrapper_max_abs_logit_diff"] <= 1e-4
