@@ -13,7 +13,7 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,169 @@ def estimate_memory(config: Union[str, Path, Any, None] = None) -> MemoryEstimat
     total = sum(p.numel() for p in model.parameters())
     experts = sum(p.numel() for n, p in model.named_parameters() if ".mlp.experts." in n)
     return MemoryEstimate(n_params=int(total), n_expert_params=int(experts), n_layers=int(config.num_hidden_layers))
+
+
+# ---------------------------------------------------------------------------------------------
+# Activations and KV cache at length T, and how many devices an experiment needs
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ForwardMemory:
+    """Bytes for one full forward of the wrapper over ``batch`` x ``seq_len`` tokens (no KV cache:
+    the experiments' path), the terms named, plus the KV cache a generating engine would keep.
+
+    Peak = weights + persistent (the model-level mask and ``hc_mult`` residual streams) + the
+    largest per-layer transient: in the attention of the layer with the most key slots
+    ``K = T + T/S`` three live copies of the ``[batch, heads, T, K]`` scores (scores, logits with the
+    sink column, softmax), the block mask ``[batch, 1, T, K]``, and in a CSA layer the indexer's
+    ``[batch, T, index_heads, T/S]`` fp32 scores (two live copies); or the final logits
+    ``[batch, T, vocab]`` if larger. Counted from reading the forward
+    (`phaseinterp.models.hf.attention`), not fitted to measurements.
+    """
+
+    seq_len: int
+    batch: int
+    weights: int
+    persistent: int
+    attention: int
+    indexer: int
+    logits: int
+    kv_cache: int  # sliding window + compressed entries + indexer entries, all layers (generation)
+
+    @property
+    def peak(self) -> int:
+        return self.weights + self.persistent + max(self.attention + self.indexer, self.logits)
+
+    def summary(self) -> dict[str, Any]:
+        gib = lambda n: round(n / 2**30, 3)  # noqa: E731
+        return {"seq_len": self.seq_len, "batch": self.batch, "weights_gib": gib(self.weights),
+                "activations_gib": gib(self.peak - self.weights), "peak_gib": gib(self.peak),
+                "kv_cache_gib": gib(self.kv_cache)}
+
+
+def estimate_forward_memory(config: Union[str, Path, Any, None], seq_len: int, batch: int = 1,
+                            act_bytes: int = 2, weight_bytes: float = 2.0,
+                            expert_weight_bytes: float | None = None) -> ForwardMemory:
+    """`ForwardMemory` of ``config`` at ``seq_len`` tokens: activations at ``act_bytes`` per value
+    (2 = bf16; the indexer scores are fp32 whatever the dtype), weights as in `MemoryEstimate.weight_gib`."""
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
+        raise ValueError(f"seq_len={seq_len!r} must be a positive int")
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"batch={batch!r} must be a positive int")
+    cfg = _as_config(config)
+    est = estimate_memory(cfg)
+    weights = int(est.weight_gib(weight_bytes, expert_weight_bytes) * 2**30)
+    T, B, a = seq_len, batch, act_bytes
+    H, D, d = cfg.num_attention_heads, cfg.hidden_size, cfg.head_dim
+    rates = cfg.compress_rates
+    kinds = list(cfg.layer_types)
+    def entries(kind: str) -> int:
+        return 0 if kind == "sliding_attention" else T // rates[kind]
+    K = max(T + entries(k) for k in kinds)
+    attention = 3 * B * H * T * K * a + B * T * K * a
+    csa = "compressed_sparse_attention" in kinds
+    indexer = 2 * B * T * cfg.index_n_heads * entries("compressed_sparse_attention") * 4 if csa else 0
+    persistent = B * T * T * a + 2 * B * T * cfg.hc_mult * D * a
+    logits = B * T * cfg.vocab_size * a
+    window = min(T, cfg.sliding_window)
+    kv = sum(B * (window + entries(k)) * d * a for k in kinds)
+    kv += sum(B * entries(k) * cfg.index_head_dim * a for k in kinds if k == "compressed_sparse_attention")
+    return ForwardMemory(seq_len=T, batch=B, weights=weights, persistent=persistent, attention=attention,
+                         indexer=indexer, logits=logits, kv_cache=kv)
+
+
+def _as_config(config: Union[str, Path, Any, None]) -> Any:
+    from transformers import DeepseekV4Config
+
+    if config is None:
+        return DeepseekV4Config()
+    if isinstance(config, dict):
+        return config_from_dict(config)
+    if isinstance(config, (str, Path)):
+        path = Path(config)
+        path = path / "config.json" if path.is_dir() else path
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} does not exist (pass a config.json or a checkpoint directory)")
+        return config_from_dict(json.loads(path.read_text()))
+    return config
+
+
+def measure_forward_peak(model: Any, tokens: Any) -> int:
+    """Measured peak bytes of tensors alive during ``model(tokens)`` plus the model's weights.
+
+    CUDA: ``torch.cuda.max_memory_allocated`` (reset before). CPU (no allocator statistics): every
+    tensor storage an op creates is counted from its creation until Python frees it (a
+    ``TorchDispatchMode`` with weak-reference finalizers), the same quantity the CUDA counter reports.
+    """
+    import weakref
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    weights = sum(p.numel() * p.element_size() for p in model.parameters() if p.device.type != "meta")
+    device = next(model.parameters()).device
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        with torch.no_grad():
+            model(tokens.to(device))
+        torch.cuda.synchronize(device)
+        return weights + torch.cuda.max_memory_allocated(device) - base
+
+    state = {"live": 0, "peak": 0}
+    seen: set[int] = set()
+
+    def release(key: int, n: int) -> None:
+        seen.discard(key)
+        state["live"] -= n
+
+    class _Track(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in torch.utils._pytree.tree_leaves(out):
+                if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                    storage = t.untyped_storage()
+                    key = storage.data_ptr()
+                    if key and key not in seen:
+                        seen.add(key)
+                        n = storage.nbytes()
+                        state["live"] += n
+                        state["peak"] = max(state["peak"], state["live"])
+                        weakref.finalize(storage, release, key, n)
+            return out
+
+    with torch.no_grad(), _Track():
+        model(tokens)
+    return weights + state["peak"]
+
+
+DEVICE_SIZES_GB = (80, 141)  # H100/A100 80 GB, H200 141 GB (decimal GB, as sold)
+
+
+def devices_needed(fm: ForwardMemory, device_gb: int) -> Optional[int]:
+    """Devices of ``device_gb`` GB for one forward: whole decoder layers per device (accelerate does not
+    split one), so the activation peak must fit on one device beside that device's share of the
+    weights. None when one layer's activations alone exceed a device."""
+    cap = device_gb * 10**9
+    act = fm.peak - fm.weights
+    if act >= cap:
+        return None
+    return max(1, -(-fm.weights // (cap - act)))
+
+
+def memory_plan(config: Union[str, Path, Any, None] = None, lengths: tuple[int, ...] = (8192, 65536, 1048576),
+                expert_weight_bytes: float = 1.0) -> list[dict[str, Any]]:
+    """Rows: per length, weights (FP8 experts + BF16 rest), activation peak of the wrapper's full forward,
+    KV cache for generation, and the 80 GB / 141 GB devices needed (None: does not fit any number)."""
+    rows = []
+    for T in lengths:
+        fm = estimate_forward_memory(config, T, act_bytes=2, weight_bytes=2.0, expert_weight_bytes=expert_weight_bytes)
+        row = {"tokens": T, "weights_gb": fm.weights / 1e9, "activations_gb": (fm.peak - fm.weights) / 1e9,
+               "kv_cache_gb": fm.kv_cache / 1e9}
+        for size in DEVICE_SIZES_GB:
+            row[f"devices_{size}gb"] = devices_needed(fm, size)
+        rows.append(row)
+    return rows
 
 
 def main(argv: list[str] | None = None) -> None:

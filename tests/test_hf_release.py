@@ -1,0 +1,288 @@
+"""Real-checkpoint paths for DeepSeek-V4 (issue 23): DeepSeek's released layout, FP8, offloading.
+
+The shipped ``dsv4-tiny`` exported with ``phaseinterp zoo export`` is the fixture: it goes through
+`load_hf` and transformers' own conversion exactly as a downloaded checkpoint would.
+"""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+import phaseinterp as pi
+from phaseinterp.models.hf.export import export_release, parse_size, quantize_fp8_blocks
+from phaseinterp.models.hf.memory import config_from_dict
+from phaseinterp.models.hf.release_layout import INDEX_FILE, check_names_roundtrip, release_tensors
+from phaseinterp.zoo import deepseek_v4 as hf_zoo
+
+pytestmark = pytest.mark.skipif("dsv4-tiny" not in hf_zoo.available(), reason="dsv4-tiny checkpoint not shipped")
+N = 72  # prompts per residue: the smallest moment-matched size for the zoo task
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    return pi.zoo.load("dsv4-tiny")
+
+
+@pytest.fixture(scope="module")
+def exported(shipped, tmp_path_factory):
+    root = tmp_path_factory.mktemp("release")
+    export_release(shipped, root / "fp32")
+    export_release(shipped, root / "fp8", fp8=True)
+    return root
+
+
+@pytest.fixture(scope="module")
+def shipped_profile(shipped):
+    return pi.phase_profile(shipped, pi.zoo.task_for(shipped), N, seed=0, progress=False)
+
+
+def _copy(src, dst):
+    shutil.copytree(src, dst)
+    return dst
+
+
+# ------------------------------------------------------------------ layout
+def test_release_names_are_deepseeks_and_transformers_maps_them_back(shipped, exported):
+    names = json.loads((exported / "fp32" / INDEX_FILE).read_text())["weight_map"]
+    for name in ("embed.weight", "head.weight", "norm.weight", "hc_head_fn", "layers.0.attn.wq_a.weight",
+                 "layers.0.attn.wkv.weight", "layers.0.attn.attn_sink", "layers.0.attn.compressor.ape",
+                 "layers.0.attn.compressor.wgate.weight", "layers.0.attn.indexer.compressor.ape",
+                 "layers.0.attn.indexer.wq_b.weight", "layers.0.attn.indexer.weights_proj.weight",
+                 "layers.0.ffn.gate.bias", "layers.0.ffn.experts.1.w3.weight", "layers.2.ffn.shared_experts.w2.weight",
+                 "layers.1.hc_attn_fn", "layers.1.attn_norm.weight", "layers.1.ffn_norm.weight"):
+        assert name in names, name
+    assert not any(n.startswith("model.") or "self_attn" in n or "gate_up_proj" in n for n in names)
+    assert len(set(names.values())) > 1  # sharded
+    check_names_roundtrip(list(names), shipped.hf.config)  # raises if any name misses
+    with pytest.raises(RuntimeError, match="no parameter"):
+        check_names_roundtrip(["layers.0.attn.not_a_weight"], shipped.hf.config)
+
+
+def test_full_precision_export_loads_bit_identical(shipped, exported):
+    model = pi.load_hf(exported / "fp32")
+    assert model.metadata["checkpoint"]["layout"] == "deepseek" and not model.metadata["checkpoint"]["fp8"]
+    ref = shipped.hf.state_dict()
+    got = model.hf.state_dict()
+    assert set(got) == set(ref)
+    assert all(torch.equal(got[k], ref[k]) for k in ref)
+    assert model.metadata["task"] == shipped.metadata["task"]  # the sidecar travels
+
+
+def test_release_config_folds_back_to_the_shipped_config(shipped, exported):
+    raw = json.loads((exported / "fp8" / "config.json").read_text())
+    assert raw["quantization_config"] == {"quant_method": "fp8", "activation_scheme": "dynamic",
+                                          "weight_block_size": [128, 128], "scale_fmt": "ue8m0"}
+    assert raw["expert_dtype"] == "fp8" and raw["compress_rate_csa"] == 4 and raw["compress_rate_hca"] == 32
+    assert "compress_rates" not in raw and raw["num_hash_layers"] == 0
+    back = config_from_dict(raw).to_dict()
+    want = shipped.hf.config.to_dict()
+    for key in ("compress_rates", "layer_types", "mlp_layer_types", "rope_parameters", "partial_rotary_factor",
+                "hidden_size", "num_hidden_layers", "index_topk", "sliding_window", "n_routed_experts"):
+        assert back[key] == want[key], key
+
+
+def test_fp8_where_transformers_quantizes_and_scales_beside(exported):
+    from safetensors import safe_open
+
+    folder = exported / "fp8"
+    weight_map = json.loads((folder / INDEX_FILE).read_text())["weight_map"]
+    dtypes = {}
+    for shard in set(weight_map.values()):
+        with safe_open(folder / shard, "pt") as f:
+            dtypes.update({k: f.get_slice(k).get_dtype() for k in f.keys()})
+    fp8 = {k for k, d in dtypes.items() if d == "F8_E4M3"}
+    assert "layers.0.attn.wq_a.weight" in fp8 and "layers.0.ffn.experts.0.w1.weight" in fp8
+    assert "layers.0.attn.indexer.wq_b.weight" in fp8
+    # DeepSeek ships these in BF16 (transformers' _keep_in_fp32_modules); lm_head and embeddings too
+    for name in ("layers.0.attn.compressor.wkv.weight", "layers.0.attn.compressor.wgate.weight",
+                 "layers.0.attn.indexer.compressor.wkv.weight", "layers.0.attn.indexer.weights_proj.weight",
+                 "head.weight", "embed.weight", "layers.0.ffn.gate.weight"):
+        assert name not in fp8, name
+    for name in fp8:
+        assert dtypes[name.removesuffix(".weight") + ".scale"] == "F32"
+
+
+def test_fp8_blocks_round_trip_within_e4m3_precision():
+    w = torch.randn(256, 384) * torch.logspace(-3, 0, 384)
+    q, scale = quantize_fp8_blocks(w)
+    assert q.dtype == torch.float8_e4m3fn and scale.shape == (2, 3)
+    assert torch.equal(torch.log2(scale), torch.log2(scale).round())  # UE8M0: powers of two
+    back = q.float().reshape(2, 128, 3, 128) * scale[:, None, :, None]
+    rel = (back.reshape(256, 384) - w).abs() / w.abs().clamp_min(1e-12)
+    big = w.abs() > scale.repeat_interleave(128, 0).repeat_interleave(128, 1) * 2 ** -6  # normal range of e4m3
+    assert rel[big].max() <= 2 ** -4 + 1e-6  # half an ulp of a 3-bit mantissa
+    with pytest.raises(ValueError, match="rows=200"):
+        quantize_fp8_blocks(torch.randn(200, 64))
+
+
+# ------------------------------------------------------------------ FP8 precision
+def test_fp8_export_loads_dequantized_and_keeps_the_phase_profile(shipped, exported, shipped_profile):
+    """FP8 (e4m3, 128 x 128 blocks, UE8M0 scales) dequantized on CPU. Measured here: the phase
+    accuracies stay inside the shipped model's Wilson intervals; top-1 agreement with the
+    full-precision model at the answer position is 95-96% (RESULTS section 11), below the
+    issue's 99% target: FP8's 3-bit mantissa flips near-tied predictions of this 2-layer-deep
+    tiny model (every quantized module alone flips 0-2%)."""
+    model = pi.load_hf(exported / "fp8", dtype=torch.float32)
+    info = model.metadata["checkpoint"]
+    assert info["fp8"] and info["dequantized"] == (not pi.models.hf.fp8_kernels_available())
+    p = pi.phase_profile(model, pi.zoo.task_for(model), N, seed=0, progress=False)
+    ref = shipped_profile
+    assert np.all(p.phase_accuracy >= ref.phase_lower) and np.all(p.phase_accuracy <= ref.phase_upper), \
+        (p.phase_accuracy, ref.phase_lower, ref.phase_upper)
+    assert p.period == ref.period == 4
+    agree = (p.records.predicted.to_numpy() == ref.records.predicted.to_numpy())
+    assert 0.93 <= agree.mean() < 1.0  # FP8 changes something, and not much
+    by_phase = p.records.assign(agree=agree).groupby("phase").agree.mean()
+    assert (by_phase >= 0.9).all(), by_phase
+
+
+# ------------------------------------------------------------------ offloading
+@pytest.fixture(scope="module")
+def offloaded(exported, tmp_path_factory):
+    return pi.load_hf(exported / "fp32", device_map="auto", max_memory={"cpu": "500KB"},
+                      offload_folder=tmp_path_factory.mktemp("offload"))
+
+
+def test_offloaded_layers_are_on_disk_and_hooks_fire_there(offloaded, shipped):
+    placed = offloaded.hf.hf_device_map
+    assert "disk" in placed.values() and "model.layers" in offloaded.metadata["checkpoint"]["offloaded"]
+    assert all(p.device.type == "meta" for p in offloaded.hf.model.layers[2].parameters())
+    tokens = pi.zoo.task_for(shipped).generate(N, seed=0).tokens[:3]
+    names = lambda n: n.startswith("blocks.2.") or n.startswith("blocks.0.attn.compressor.")  # noqa: E731
+    out, cache = offloaded.run_with_cache(tokens, names_filter=names)
+    ref_out, ref_cache = shipped.run_with_cache(tokens, names_filter=names)
+    assert torch.equal(out, ref_out)
+    assert set(cache.keys()) == set(ref_cache.keys()) and len(cache.keys()) >= 10
+    assert all(torch.equal(cache[k], ref_cache[k]) for k in ref_cache.keys())
+    assert all(p.device.type == "meta" for p in offloaded.hf.model.layers[2].parameters())  # offloaded again
+
+
+def test_offloaded_phase_profile_and_ablation_equal_in_memory(offloaded, shipped):
+    """3 prompts per residue (72 prompts; strict=False skips moment matching, which identity does not need)."""
+    task = pi.zoo.task_for(shipped)
+    prompts = task.generate(3, seed=0, strict=False)
+    p = pi.phase_profile(offloaded, prompts, progress=False)
+    q = pi.phase_profile(shipped, prompts, progress=False)
+    assert p.records.equals(q.records) and np.array_equal(p.phase_accuracy, q.phase_accuracy, equal_nan=True)
+    a = pi.ablate(offloaded, task, layer=1, prompts=prompts, n_calibration=24)
+    b = pi.ablate(shipped, task, layer=1, prompts=prompts, n_calibration=24)
+    assert a.relative_change.equals(b.relative_change)  # (a == b compares the model names too)
+
+
+def test_gate_edits_on_an_offloaded_layer_are_refused(offloaded):
+    with pytest.raises(ValueError, match="offloaded"):
+        with pi.cycle_gates(offloaded, 1, layers=[0]):
+            pass
+
+
+# ------------------------------------------------------------------ bad inputs, before any work
+@pytest.fixture
+def no_loading(monkeypatch):
+    from transformers import DeepseekV4ForCausalLM
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("from_pretrained ran: the error came after loading started")
+
+    monkeypatch.setattr(DeepseekV4ForCausalLM, "from_pretrained", refuse)
+
+
+def test_missing_index_file(exported, tmp_path, no_loading):
+    folder = _copy(exported / "fp32", tmp_path / "ck")
+    (folder / INDEX_FILE).unlink()
+    with pytest.raises(FileNotFoundError, match=f"{INDEX_FILE} does not exist.*model-00001-of"):
+        pi.load_hf(folder)
+
+
+def test_missing_shard(exported, tmp_path, no_loading):
+    folder = _copy(exported / "fp32", tmp_path / "ck")
+    (folder / "model-00002-of-00005.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="lists shard .*model-00002-of-00005.safetensors, which does not exist"):
+        pi.load_hf(folder)
+
+
+def test_wrong_layout(exported, tmp_path, no_loading):
+    from safetensors.torch import save_file
+
+    folder = tmp_path / "ck"
+    folder.mkdir()
+    shutil.copy(exported / "fp32" / "config.json", folder / "config.json")
+    save_file({"transformer.h.0.attn.c_attn.weight": torch.zeros(2, 2)}, folder / "model.safetensors")
+    with pytest.raises(ValueError, match="'transformer.h.0.attn.c_attn.weight' is neither"):
+        pi.load_hf(folder)
+
+
+def test_fp8_without_scales(exported, tmp_path, no_loading):
+    from safetensors.torch import load_file, save_file
+
+    folder = _copy(exported / "fp8", tmp_path / "ck")
+    index = json.loads((folder / INDEX_FILE).read_text())
+    for shard in set(index["weight_map"].values()):
+        tensors = {k: v for k, v in load_file(folder / shard).items() if not k.endswith(".scale")}
+        save_file(tensors, folder / shard, metadata={"format": "pt"})
+    index["weight_map"] = {k: v for k, v in index["weight_map"].items() if not k.endswith(".scale")}
+    (folder / INDEX_FILE).write_text(json.dumps(index))
+    with pytest.raises(ValueError, match=r"FP8 tensor 'embed.weight'|FP8 tensor '.*' has no block scales"):
+        pi.load_hf(folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.pop("quantization_config")
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="holds FP8 tensor .* no quantization_config"):
+        pi.load_hf(folder)
+
+
+def test_max_memory_too_small_or_inconsistent(exported, no_loading):
+    folder = exported / "fp32"
+    with pytest.raises(ValueError, match=r"max_memory=\{'cpu': '1KB'\} is too small for anything.*model.layers"):
+        pi.load_hf(folder, device_map="auto", max_memory={"cpu": "1KB"})
+    with pytest.raises(ValueError, match="needs device_map"):
+        pi.load_hf(folder, max_memory={"cpu": "1GB"})
+    with pytest.raises(ValueError, match="pass offload_folder"):
+        pi.load_hf(folder, device_map="auto", max_memory={"cpu": "500KB"})
+    with pytest.raises(ValueError, match="max_memory key 'gpu' is not a device"):
+        pi.load_hf(folder, device_map="auto", max_memory={"gpu": "1GB"})
+    with pytest.raises(ValueError, match=r"max_memory\['cpu'\]='lots' is not a size"):
+        pi.load_hf(folder, device_map="auto", max_memory={"cpu": "lots"})
+    with pytest.raises(ValueError, match="offload_folder=.* needs device_map"):
+        pi.load_hf(folder, offload_folder="/tmp/x")
+
+
+def test_export_refuses_bad_input_and_leaves_nothing(shipped, tmp_path):
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("x")
+    with pytest.raises(ValueError, match="is not empty"):
+        export_release(shipped, tmp_path / "full")
+    with pytest.raises(ValueError, match="layout='hf' is not supported"):
+        export_release(shipped, tmp_path / "a", layout="hf")
+    with pytest.raises(ValueError, match="not a size"):
+        export_release(shipped, tmp_path / "a", max_shard_bytes="big")
+    assert not (tmp_path / "a").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["full"]
+    assert parse_size("10MiB") == 10 * 2 ** 20 and parse_size("2GB") == 2 * 10 ** 9
+
+
+def test_cli_zoo_export(tmp_path, capsys):
+    from phaseinterp.cli import main
+
+    out = tmp_path / "ck"
+    assert main(["zoo", "export", "dsv4-tiny", "--layout", "deepseek", "--fp8", "--out", str(out)]) == 0
+    assert (out / INDEX_FILE).is_file() and "FP8" in capsys.readouterr().out
+    for argv, message in ((["w4s4", "--layout", "deepseek"], "not a shipped HF DeepSeek-V4"),
+                          (["dsv4-tiny", "--layout", "megatron"], "--layout 'megatron' is not supported"),
+                          (["dsv4-tiny", "--layout", "deepseek", "--dtype", "int8"], "--dtype 'int8'"),
+                          (["dsv4-tiny", "--layout", "deepseek"], "is not empty")):
+        assert main(["zoo", "export", *argv, "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+
+
+def test_release_tensors_split_experts_as_transformers_merges_them(shipped):
+    state = shipped.hf.state_dict()
+    out = release_tensors({k: v for k, v in state.items() if ".layers.0.mlp.experts." in k})
+    gate_up = state["model.layers.0.mlp.experts.gate_up_proj"]
+    half = gate_up.shape[1] // 2
+    assert torch.equal(torch.cat([out["layers.0.ffn.experts.1.w1.weight"], out["layers.0.ffn.experts.1.w3.weight"]]),
+                       gate_up[1])
+    assert torch.equal(out["layers.0.ffn.experts.0.w2.weight"], state["model.layers.0.mlp.experts.down_proj"][0])
+    assert out["layers.0.ffn.experts.0.w1.weight"].shape[0] == half
