@@ -81,7 +81,8 @@ class ForwardMemory:
     Peak = weights + persistent (the model-level mask and ``hc_mult`` residual streams) + the
     largest per-layer transient: in the attention of the layer with the most key slots
     ``K = T + T/S`` three live copies of the ``[batch, heads, T, K]`` scores (scores, logits with the
-    sink column, softmax), the block mask ``[batch, 1, T, K]``, and in a CSA layer the indexer's
+    sink column, softmax), the block mask ``[batch, 1, T, K]``, the per-token tensors alive beside them (layer input,
+    ``q_residual``, q, the streams, K = V and its per-head ``repeat_kv`` copy), and in a CSA layer the indexer's
     ``[batch, T, index_heads, T/S]`` fp32 scores (two live copies); or the final logits
     ``[batch, T, vocab]`` if larger. Counted from reading the forward
     (`phaseinterp.models.hf.attention`), not fitted to measurements.
@@ -127,6 +128,9 @@ def estimate_forward_memory(config: Union[str, Path, Any, None], seq_len: int, b
         return 0 if kind == "sliding_attention" else T // rates[kind]
     K = max(T + entries(k) for k in kinds)
     attention = 3 * B * H * T * K * a + B * T * K * a
+    # alive beside the scores: the layer input x, q_residual, the rotated q, the hc streams and their
+    # collapsed copy, and K = V: kv [B, 1, K, d] and its repeat_kv copy for every head [B, H, K, d]
+    attention += B * T * (D + cfg.q_lora_rank + H * d + 2 * cfg.hc_mult * D) * a + B * (H + 1) * K * d * a
     csa = "compressed_sparse_attention" in kinds
     indexer = 2 * B * T * cfg.index_n_heads * entries("compressed_sparse_attention") * 4 if csa else 0
     persistent = B * T * T * a + 2 * B * T * cfg.hc_mult * D * a
