@@ -106,7 +106,7 @@ def conformance(
     cut_phases: Optional[Sequence[int]] = None,
     chunk: Optional[int] = None,
     dtypes: Sequence[str] = DTYPES,
-    tolerance: Optional[Mapping[str, float]] = None,
+    tolerance: Optional[Mapping[str, Any]] = None,
     engines: Optional[Mapping[str, Any]] = None,
     reference: Optional[Any] = None,
     batch_size: int = 256,
@@ -160,12 +160,11 @@ def conformance(
     if not modes and not engines:
         raise ValueError(f"nothing to check: give modes from {MODES} or engines")
     dtypes = tuple(dtypes) if not isinstance(dtypes, str) else (dtypes,)
-    if "dtype" in modes:
-        if not dtypes:
-            raise ValueError(f"mode 'dtype' needs dtypes from {DTYPES}")
-        for dt in dtypes:
-            if dt not in DTYPES:
-                raise ValueError(f"dtype {dt!r} is not one of {DTYPES}")
+    for dt in dtypes:
+        if dt not in DTYPES:
+            raise ValueError(f"dtype {dt!r} is not one of {DTYPES}")
+    if "dtype" in modes and not dtypes:
+        raise ValueError(f"mode 'dtype' needs dtypes from {DTYPES}")
     settings = [m for m in modes if m != "dtype"] + (list(dtypes) if "dtype" in modes else []) + list(engines)
     tol = {s: DEFAULT_TOLERANCE.get(s, ENGINE_TOLERANCE) for s in settings}
     for key, value in dict(tolerance or {}).items():
@@ -293,7 +292,7 @@ def _records_empty() -> pd.DataFrame:
                                  "max_abs_diff", "mean_abs_diff", "n_reported"])
 
 
-def phase_table(records: pd.DataFrame, tolerance: Mapping[str, float], *, confidence: float = 0.95,
+def phase_table(records: pd.DataFrame, tolerance: Mapping[str, tuple[str, float]], *, confidence: float = 0.95,
                 n_bootstrap: int = 2000, seed: int = 0) -> pd.DataFrame:
     """Per setting and phase (``kind`` "answer": the answer position's phase mod S; "cut": the
     prefill cut's phase mod the cut period, pooled over answer phases): prompts ``n``, ``max_abs_diff``

@@ -1,0 +1,247 @@
+"""Issue 24: the phase-resolved conformance check catches boundary faults at exactly the phases
+they break, passes correct implementations, and reads an OpenAI-compatible server."""
+
+import http.server
+import json
+import threading
+import types
+
+import numpy as np
+import pytest
+import torch
+from jaxtyping import install_import_hook
+
+with install_import_hook("phaseinterp.engines", "typecheck.typecheck"):
+    from phaseinterp import engines
+    from phaseinterp.engines import CacheEngine, ConformanceResult, OpenAIEngine, chunked_pieces, conformance
+
+import phaseinterp as pi
+
+
+def tiny_task():
+    """32-token prompts (4 residues, 4 records, 19 fillers, the target beyond the 16-token local
+    window): the log-prob comparisons do not need the model's own 128-token task, and decoding
+    32 tokens keeps the tests short."""
+    from phaseinterp.tasks import KeyValueRetrieval
+
+    return KeyValueRetrieval(seq_len=32, n_records=4, n_demos=1, min_distance=17, residue_modulus=4)
+
+
+@pytest.fixture(scope="module")
+def w4s4():
+    return pi.zoo.load("w4s4"), tiny_task()
+
+
+# --------------------------------------------------------------------------- faulty engines
+class LateCloseDecode(CacheEngine):
+    """Token-by-token decoding whose last layer sees each window's entry one token late: at the
+    query that closes a window (phase S-1) the newest entry is masked out."""
+
+    def __init__(self, model):
+        super().__init__(model, engines.decode_pieces, "late_close")
+
+    @torch.inference_mode()
+    def __call__(self, tokens):
+        model, S = self.model, self.model.cfg.stride
+        name = f"blocks.{model.cfg.n_layers - 1}.attn.hook_attn_scores"
+        cache, logits, closes = model.init_cache(), None, [False]
+
+        def hide_newest(scores, hook):
+            if not closes[0]:
+                return scores
+            scores = scores.clone()
+            scores[..., -1] = float("-inf")  # the entry closed by this very token
+            return scores
+
+        with model.hooks(fwd_hooks=[(name, hide_newest)]):
+            for t in range(tokens.shape[1]):
+                closes[0] = t % S == S - 1 and t >= model.cfg.window - 1
+                logits = model(tokens[:, t:t + 1], cache=cache)
+        return torch.log_softmax(logits[:, -1].float(), dim=-1)
+
+
+def drop_open_entry_at_cuts(model, monkeypatch):
+    """Patch every layer's cache extension: after a multi-token piece that ends inside a window,
+    the compressor inputs of that open window are lost (zeroed), as a prefill kernel that keeps
+    only closed windows would do. Decoding (one-token pieces) is untouched."""
+    S = model.cfg.stride
+    for block in model.blocks:
+        original = block.attn._extend
+
+        def faulty(self, cache, x, k, v, k_rot, start, original=original):
+            grown = original(cache, x, k, v, k_rot, start)
+            end = start + x.shape[1]
+            if x.shape[1] > 1 and end % S:
+                grown.h = grown.h.clone()
+                grown.h[:, end - end % S:end] = 0.0
+            return grown
+
+        monkeypatch.setattr(block.attn, "_extend", types.MethodType(faulty, block.attn))
+
+
+# ---------------------------------------------------------------------------------- tests
+def test_late_window_close_is_flagged_at_the_boundary_phase_only(w4s4):
+    model, task = w4s4
+    result = conformance(model, task, ("decode",), n_per_residue=2, engines={"late_close": LateCloseDecode(model)})
+    S = model.cfg.stride
+    assert result.failing_phases("decode") == ()  # the real cache agrees at every phase
+    assert result.failing_phases("late_close") == (S - 1,)
+    rows = result.table[(result.table["setting"] == "late_close")]
+    assert (rows.loc[rows["phase"] != S - 1, "max_abs_diff"] < 1e-3).all()
+
+
+def test_open_entry_dropped_at_a_cut_is_flagged_at_nonzero_cut_phases_only(w4s4, monkeypatch):
+    model, task = w4s4
+    drop_open_entry_at_cuts(model, monkeypatch)
+    result = conformance(model, task, ("decode", "chunked_prefill"), n_per_residue=2, chunk=8)
+    assert result.failing_phases("decode") == ()  # one-token pieces never leave an open window behind
+    assert result.failing_phases("chunked_prefill", "cut") == (1, 2, 3)
+    monkeypatch.undo()
+    clean = conformance(model, task, ("chunked_prefill",), n_per_residue=2, chunk=8)
+    assert clean.passed and clean.failing_phases("chunked_prefill", "cut") == ()
+
+
+def test_chunked_pieces_cut_every_piece_at_one_phase():
+    for length in (125, 126, 127, 128):
+        for period, chunk in ((4, 32), (32, 32), (2, 6)):
+            for c in range(period):
+                pieces = chunked_pieces(length, c, period, chunk)
+                assert sum(pieces) == length
+                starts = np.cumsum([0] + pieces[:-1])[1:]
+                assert all(s % period == c for s in starts if s < length - sum(p == 1 for p in pieces[-period:]))
+                n_decode = length - (length - 1 - ((length - 1 - c) % period))
+                assert 1 <= n_decode <= period and pieces[-n_decode:] == [1] * n_decode
+                prefill_cuts = np.cumsum(pieces[:len(pieces) - n_decode])
+                assert all(cut % period == c for cut in prefill_cuts)
+    with pytest.raises(ValueError, match="multiple of the cut period"):
+        chunked_pieces(128, 1, 4, 6)
+
+
+def test_result_protocol_roundtrip(w4s4, tmp_path):
+    model, task = w4s4
+    result = conformance(model, task, ("decode", "dtype"), dtypes=("bfloat16",), n_per_residue=1,
+                         answer_phases=(0, 3))
+    assert set(result.table["phase"]) == {0, 3}
+    assert set(result.records["answer_pos"] % model.cfg.stride) == {0, 3}
+    assert result.failing_phases("decode") == ()
+    loaded = ConformanceResult.load(result.save(tmp_path / "c"))
+    assert loaded == result
+    assert "decode: failing answer phases" in repr(result)
+    fig = result.plot()
+    assert len(fig.data) == 1 and fig.data[0].z.shape == (2, 2)  # settings x answer phases
+    assert result.verdicts().loc["decode"].eq("pass").all()
+
+
+def test_answer_phase_variants_delete_fillers_only(w4s4):
+    model, task = w4s4
+    batch = task.generate(1, seed=0, strict=False)
+    variants = engines.check.answer_phase_variants(batch.tokens, task.vocab.filler_ids, 4, range(4))
+    fillers = torch.tensor(task.vocab.filler_ids)
+    for a, (tokens, removed) in variants.items():
+        assert (tokens.shape[1] - 1) % 4 == a
+        for row in range(len(tokens)):
+            kept = batch.tokens[row][~torch.isin(batch.tokens[row], fillers)]
+            assert torch.equal(tokens[row][~torch.isin(tokens[row], fillers)], kept)  # only fillers went
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(modes=("decode", "prefill")), "mode 'prefill' is not one of"),
+    (dict(modes=()), "nothing to check"),
+    (dict(answer_phases=(4,)), r"4 is out of range \(phases are 0..3\)"),
+    (dict(cut_phases=(0, 0)), "repeats a phase"),
+    (dict(chunk=6), "chunk=6 must be a multiple of the cut period 4"),
+    (dict(modes=("dtype",), dtypes=("float8",)), "dtype 'float8' is not one of"),
+    (dict(tolerance={"nope": 1.0}), "not a setting of this check"),
+    (dict(tolerance={"decode": -1.0}), "must be a finite number > 0"),
+    (dict(tolerance={"decode": ("median", 1.0)}), "statistic 'median'"),
+    (dict(n_per_residue=0), "n_per_residue=0 is out of range"),
+    (dict(engines={"decode": lambda t: t}), "engine name 'decode'"),
+])
+def test_bad_input_is_refused_before_any_work(w4s4, kwargs, match):
+    model, task = w4s4
+    modes = kwargs.pop("modes", ("decode",))
+    with pytest.raises(ValueError, match=match):
+        conformance(model, task, modes, **kwargs)
+
+
+def test_cli_conformance_and_its_bad_input(tmp_path, capsys):
+    from phaseinterp.cli import main
+
+    args = ["conformance", "w4s4", "--modes", "dtype", "--dtypes", "bfloat16", "--n-per-residue", "1"]
+    assert main(args + ["--out", str(tmp_path / "c")]) == 0
+    loaded = ConformanceResult.load(tmp_path / "c")
+    assert loaded.settings == ("bfloat16",) and loaded.n_prompts == 24 and loaded.failing_phases("bfloat16") == ()
+    assert main(["conformance", "w4s4", "--chunk", "6"]) == 2
+    assert "--chunk 6 is not a multiple of the cut period 4" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------- OpenAI-compatible stand-in
+def _serve(model, perturb_phase=None):
+    """A local /v1/completions server answering from ``model``'s full forward (top-20 logprobs,
+    keys "token_id:N"); ``perturb_phase`` swaps the top two tokens when the last position has that phase."""
+    S = model.cfg.stride
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - the stdlib's name
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            assert self.path == "/v1/completions" and body["max_tokens"] == 1
+            tokens = torch.tensor(body["prompt"])
+            with torch.inference_mode():
+                logprobs = torch.log_softmax(model(tokens)[:, -1].float(), -1)
+            choices = []
+            for i, row in enumerate(logprobs):
+                top = row.topk(body["logprobs"])
+                values, ids = top.values.tolist(), top.indices.tolist()
+                if perturb_phase is not None and (tokens.shape[1] - 1) % S == perturb_phase:
+                    values[0], values[1] = values[1], values[0]
+                entries = {f"token_id:{t}": v for t, v in zip(ids, values)}
+                choices.append({"index": i, "text": "", "logprobs": {"top_logprobs": [entries]}})
+            payload = json.dumps({"choices": choices}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@pytest.mark.parametrize("perturb_phase", [None, 2])
+def test_openai_compatible_server_adapter(w4s4, perturb_phase):
+    model, task = w4s4
+    server = _serve(model, perturb_phase)
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        engine = OpenAIEngine(url, "w4s4", d_vocab=model.cfg.d_vocab, top_logprobs=20)
+        result = conformance(model, task, (), n_per_residue=1, engines={"server": engine})
+    finally:
+        server.shutdown()
+    assert (result.records["n_reported"] == 20).all()
+    expected = () if perturb_phase is None else (perturb_phase,)
+    assert result.failing_phases("server") == expected
+    if perturb_phase is not None:
+        row = result.table[(result.table["phase"] == perturb_phase) & (result.table["kind"] == "answer")].iloc[0]
+        assert row["agreement"] == 0.0  # every top-1 swapped
+
+
+def test_openai_engine_refuses_bad_settings():
+    with pytest.raises(ValueError, match="must start with http"):
+        OpenAIEngine("localhost:8000", "m", d_vocab=10)
+    with pytest.raises(ValueError, match="d_vocab=0"):
+        OpenAIEngine("http://localhost:8000", "m", d_vocab=0)
+
+
+def test_deepseek_v4_through_transformers_cache():
+    model = pi.zoo.load("dsv4-tiny")
+    from phaseinterp.tasks import KeyValueRetrieval
+
+    task = KeyValueRetrieval(seq_len=40, n_records=6, n_demos=1, min_distance=18, residue_modulus=4)
+    result = conformance(model, task, ("chunked_prefill",), n_per_residue=1, answer_phases=(3,),
+                         cut_phases=(0, 1, 31))
+    assert result.cut_period == 32  # lcm of the CSA rate 4 and the HCA rate 32
+    assert result.failing_phases("chunked_prefill", "cut") == ()
