@@ -370,6 +370,10 @@ def _build_report(model, final: Path, staging: list, *, twin, settings, task, de
         figures["gate_profile"] = gp.plot()
         tables["gate_profile"] = _frame_html(gp.heads, "Per head and branch")
 
+    from phaseinterp.report_conformance import conformance_report  # issue 24: light, own family only
+
+    conformance_report(model, task, out, summary, figures, tables, log)
+
     if deepseek_v4 is not None:
         deepseek_v4_report(dsv4, settings, out, summary, figures, tables, progress, log)
 
@@ -721,7 +725,8 @@ def _html(summary: dict, figures: dict, tables: dict, static: dict) -> str:
               "gate_cycling": "Gate cycling", "gate_profile": "Gate statistics",
               "dsv4_profile": "DeepSeek-V4 (Hugging Face architecture): accuracy by phase",
               "dsv4_indexer_phase": "DeepSeek-V4: phase through the Lightning Indexer",
-              "remedy_profile": "Beyond the paper: staggered compression windows at equal memory"}
+              "remedy_profile": "Beyond the paper: staggered compression windows at equal memory",
+              "conformance": "Conformance: decoding, chunked prefill and bfloat16 against the full forward, per phase"}
     for name, fig in figures.items():
         parts.append(f"<h2>{titles.get(name, name)}</h2>")
         parts.append(pio.to_html(fig, include_plotlyjs=False, full_html=False, div_id=f"fig-{name}"))
