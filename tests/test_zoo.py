@@ -43,12 +43,18 @@ def test_zoo_lists_and_loads():
 
 def test_every_zoo_model_uses_one_recipe():
     """Every 2-layer zoo model was trained with the shared recipe; the paper-depth (12-layer)
-    models with the shared recipe plus `zoo.DEEP_TRAIN`'s longer schedule, all of them alike."""
+    models with the shared recipe plus `zoo.DEEP_TRAIN`'s longer schedule, all of them alike.
+    A seed replicate (``-seed1-``) differs in its seed only: model and data seed alike."""
     recipes: dict[str, dict] = {}
     for name in pi.zoo.available():
-        key = "deep" if pi.zoo.entry(name).train == pi.zoo.DEEP_TRAIN else "shared"
-        assert pi.zoo.entry(name).train in ({}, pi.zoo.DEEP_TRAIN), f"{name} overrides the recipe"
-        recipe = pi.zoo.load(name).metadata["train_config"]
+        train = dict(pi.zoo.entry(name).train)
+        seed = train.pop("seed", 0)
+        assert seed == (1 if "-seed1-" in name else 0), name
+        key = "deep" if train == pi.zoo.DEEP_TRAIN else "shared"
+        assert train in ({}, pi.zoo.DEEP_TRAIN), f"{name} overrides the recipe"
+        model = pi.zoo.load(name)
+        recipe = dict(model.metadata["train_config"])
+        assert recipe.pop("seed") == seed == model.cfg.seed, name
         first = recipes.setdefault(key, recipe)
         assert recipe == first, f"{name} was trained with a different recipe from the other {key}-recipe models"
     if "deep" in recipes:

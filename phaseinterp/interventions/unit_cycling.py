@@ -450,10 +450,12 @@ class UnitSelection(Result):
         return self.table[self.table.role == "control"].reset_index(drop=True)
 
     def units(self, role: Optional[str] = None) -> list[dict]:
-        """``[{"layers": [l], "kv_heads": [h] or None, "role": ...}]``: keyword arguments for `gate_cycling`."""
+        """``[{"layers": [l], "kv_heads": [h] or None, "role", "label", "hurt_phases"}]`` per picked unit
+        (``layers`` and ``kv_heads`` are `gate_cycling`'s arguments)."""
         rows = self.table[self.table.role != ""] if role is None else self.table[self.table.role == role]
         return [dict(layers=[int(r.layer)], kv_heads=None if r.kv_head < 0 else [int(r.kv_head)], role=r.role,
-                     label=f"L{int(r.layer)}H{int(r.kv_head)}" if r.kv_head >= 0 else f"L{int(r.layer)}")
+                     label=f"L{int(r.layer)}H{int(r.kv_head)}" if r.kv_head >= 0 else f"L{int(r.layer)}",
+                     hurt_phases=[int(g) for g in r.hurt_phases])
                 for r in rows.itertuples()]
 
     def to_frame(self) -> pd.DataFrame:

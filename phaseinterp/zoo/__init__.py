@@ -172,6 +172,20 @@ ENTRIES: dict[str, ZooEntry] = {
                  "deep12-w8s8-1kv-shared-equal (zoo.equal_training_step)",
                  dict(compression=None, window=8, stride=8), backbone=dict(n_layers=12, n_kv_heads=1), train=DEEP_TRAIN,
                  snapshot_step=EQUAL_TRAINING, run="deep12-full", pair="deep12-w8s8-1kv-shared-equal"),
+        # A second seed of the equal-training pair (issue 20's cycling table): the same recipe with
+        # model and data seed 1; the same snapshot rule.
+        ZooEntry("deep12-w8s8-1kv-shared-seed1-equal", "deep12-w8s8-1kv-shared-equal's second seed: the identical "
+                 "recipe with model and data seed 1, at its own equal-training step with deep12-full-seed1-equal "
+                 "(zoo.equal_training_step)",
+                 dict(compression="gated", window=8, stride=8, gate="scalar", payload="shared"),
+                 backbone=dict(n_layers=12, n_kv_heads=1, seed=1), train=dict(DEEP_TRAIN, seed=1),
+                 snapshot_step=EQUAL_TRAINING, run="deep12-w8s8-1kv-shared-seed1",
+                 pair="deep12-full-seed1-equal"),
+        ZooEntry("deep12-full-seed1-equal", "deep12-full-equal's second seed (seed 1), at the equal-training step "
+                 "with deep12-w8s8-1kv-shared-seed1-equal",
+                 dict(compression=None, window=8, stride=8), backbone=dict(n_layers=12, n_kv_heads=1, seed=1),
+                 train=dict(DEEP_TRAIN, seed=1), snapshot_step=EQUAL_TRAINING, run="deep12-full-seed1",
+                 pair="deep12-w8s8-1kv-shared-seed1-equal"),
     ]
 }
 
@@ -327,20 +341,31 @@ def build(name: str, out_dir: Union[str, Path, None] = None, *, device=None, pro
     if not (source / "config.json").is_file():
         raise FileNotFoundError(f"snapshot {source} was not written; snapshot_steps must include {step}")
     if install:
-        model = CompressedTransformer.from_pretrained(source)
-        model.metadata.update(result.model.metadata)
-        model.metadata.update({"step": step, "zoo_name": name, "description": e.description,
-                               "command": e.command})
-        target = CHECKPOINT_DIR / name
-        tmp = CHECKPOINT_DIR / f".{name}.tmp"
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        model.save_pretrained(tmp)
-        result.curves.to_csv(tmp / "curves.csv", index=False)
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
+        install_snapshot(name, source, result.curves, result.model.metadata)
     return source
+
+
+def install_snapshot(name: str, source: Union[str, Path], curves, metadata: dict) -> Path:
+    """Copy a run's snapshot into the package as zoo model ``name`` (atomically: a temporary folder
+    renamed into place), with the run's ``metadata``, the shipped ``step`` and its probe ``curves``."""
+    from phaseinterp.models import CompressedTransformer
+
+    e = entry(name)
+    source = Path(source)
+    model = CompressedTransformer.from_pretrained(source)
+    model.metadata.update(metadata)
+    step = int(source.name.rsplit("_", 1)[-1])
+    model.metadata.update({"step": step, "zoo_name": name, "description": e.description, "command": e.command})
+    target = CHECKPOINT_DIR / name
+    tmp = CHECKPOINT_DIR / f".{name}.tmp"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    model.save_pretrained(tmp)
+    curves.to_csv(tmp / "curves.csv", index=False)
+    if target.exists():
+        shutil.rmtree(target)
+    tmp.rename(target)
+    return target
 
 
 def recipe() -> dict[str, Any]:
@@ -349,5 +374,5 @@ def recipe() -> dict[str, Any]:
 
 
 __all__ = ["ENTRIES", "EQUAL_TRAINING", "LEARNED_MEAN", "ZooEntry", "available", "build", "entry",
-           "cycling_model_for", "equal_training_step", "load", "recipe", "run_curves", "snapshot_step", "task_for",
+           "cycling_model_for", "equal_training_step", "install_snapshot", "load", "recipe", "run_curves", "snapshot_step", "task_for",
            "training_controls"]
