@@ -119,6 +119,7 @@ def test_fp8_blocks_round_trip_within_e4m3_precision():
 
 
 # ------------------------------------------------------------------ FP8 precision
+@pytest.mark.slow  # two 72-per-residue profiles: ~3 min on 2 shared cores
 def test_fp8_export_loads_dequantized_and_keeps_the_phase_profile(shipped, exported, shipped_profile):
     """FP8 (e4m3, 128 x 128 blocks, UE8M0 scales) dequantized on CPU. Measured here: the phase
     accuracies stay inside the shipped model's Wilson intervals; top-1 agreement with the
