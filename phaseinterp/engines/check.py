@@ -329,4 +329,5 @@ def phase_table(records: pd.DataFrame, tolerance: Mapping[str, tuple[str, float]
     return pd.DataFrame(rows).sort_values(["kind", "mode", "setting", "phase"], kind="stable").reset_index(drop=True)
 
 
-__all__ = ["DEFAULT_TOLERANCE", "DTYPES", "MODES", "STATISTICS", "answer_phase_variants", "conformance", "cut_period", "phase_table"]
+__all__ = ["DEFAULT_TOLERANCE", "DTYPES", "MODES", "STATISTICS", "answer_phase_variants", "conformance", "cut_period",
+           "phase_table"]

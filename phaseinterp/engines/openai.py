@@ -43,7 +43,8 @@ class OpenAIEngine:
             raise ValueError(f"d_vocab={d_vocab!r} must be an integer >= 1")
         if isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int) or top_logprobs < 1:
             raise ValueError(f"top_logprobs={top_logprobs!r} must be an integer >= 1")
-        self.url = base_url.rstrip("/") + ("/completions" if base_url.rstrip("/").endswith("/v1") else "/v1/completions")
+        base = base_url.rstrip("/")
+        self.url = base + ("/completions" if base.endswith("/v1") else "/v1/completions")
         self.model, self.d_vocab, self.top_logprobs = model, d_vocab, top_logprobs
         self.token_to_id, self.headers, self.timeout = token_to_id, dict(headers or {}), timeout
         self.name = name or f"openai:{model}"
