@@ -154,10 +154,16 @@ def test_joint_knockout_equals_the_fast_path():
 
 # ------------------------------------------------------------ the experiment API
 @functools.cache
+def small_prompts():
+    batch = pi.zoo.task_for(zoo_model("w4s4-1kv-shared")).generate(72, seed=0)
+    return batch.subset(np.arange(0, len(batch), 4))  # 18 per residue: the API, not the science
+
+
+@functools.cache
 def small_unit_result(measure="logprob", mode="roll"):
     model = zoo_model("w4s4-1kv-shared")
     return pi.gate_cycling(model, shifts=[-1, 1, 2], layers=[1], score="unit", measure=measure, mode=mode,
-                           n_calibration=48, n_boot=50, progress=False)
+                           n_calibration=24, n_boot=50, progress=False, prompts=small_prompts())
 
 
 def test_unit_result_protocol(tmp_path):

@@ -330,7 +330,7 @@ def unit_gate_cycling(
     task=None,
     shifts: Optional[Sequence[int]] = None,
     *,
-    layers: Union[int, Sequence[int]],
+    layers: Union[int, Sequence[int], None],
     kv_heads: Union[int, Sequence[int], None] = None,
     measure: str = "logprob",
     mode: str = "roll",
