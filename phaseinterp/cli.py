@@ -8,7 +8,8 @@
     phaseinterp report  MODEL [--twin MODEL] --out DIR            -> phaseinterp.report.build_report
     phaseinterp train   --out DIR [architecture and run options]  -> phaseinterp.train.train
     phaseinterp zoo list [--markdown] | build NAME                -> phaseinterp.zoo
-    phaseinterp zoo export NAME --layout deepseek [--fp8] --out DIR -> phaseinterp.models.hf.export
+    phaseinterp zoo export NAME --layout deepseek [--fp8 [--fp8-scales pow2|exact]] --out DIR
+                                                  -> phaseinterp.models.hf.export
     phaseinterp merge DIR [--out DIR]                             -> phaseinterp.distributed.merge
 
 profile, ablate and cycle also run data-parallel under ``torchrun --nproc-per-node N -m
@@ -78,6 +79,11 @@ def _preflight(args) -> None:
     shifts, and the prompt count against the stored task."""
     from phaseinterp.report import peek_model
 
+    if args.command == "cycle" and args.score == "unit":  # model-independent: before anything loads
+        if args.shard_dir is not None:
+            raise UsageError("--shard-dir runs the profile score only; drop --score unit or --shard-dir")
+        if args.layer is None:
+            raise UsageError("--score unit needs the unit: --layer L (and --kv-heads H)")
     peek = peek_model(args.model)
     if peek is None:  # an HF checkpoint: checked after loading
         return
@@ -86,6 +92,10 @@ def _preflight(args) -> None:
         from phaseinterp.interventions._common import check_layers
 
         check_layers(peek, args.layer)
+    if getattr(args, "kv_heads", None) is not None:
+        from phaseinterp.interventions.gate_cycling import check_kv_heads
+
+        check_kv_heads(peek, args.kv_heads)
     if args.command == "cycle" and args.shifts is not None:
         for d in args.shifts:
             if d % cfg.stride == 0:
@@ -291,6 +301,15 @@ def _run(args) -> int:
         from phaseinterp.interventions import gate_cycling
 
         _check_placement(task, args.n_per_residue)
+        if args.score == "unit":
+            result = gate_cycling(model, task, args.shifts, layers=args.layer, kv_heads=args.kv_heads, score="unit",
+                                  mode=args.mode, measure=args.measure, n_per_residue=args.n_per_residue)
+            print(f"unit {result.unit}: contribution per shift x phase ({args.measure}):")
+            print(result.contribution().round(3).to_string())
+            print(result.identification().round(3).to_string())
+            _print_table(result)
+            _save(args.out, result)
+            return 0
         if args.shard_dir is not None:
             from phaseinterp.distributed import sharded_gate_cycling
 
@@ -300,7 +319,7 @@ def _run(args) -> int:
                 return 0
         else:
             result = gate_cycling(model, task, args.shifts, layers=args.layer, branch=args.branch,
-                                  n_per_residue=args.n_per_residue)
+                                  kv_heads=args.kv_heads, mode=args.mode, n_per_residue=args.n_per_residue)
         print("accuracy per shift x phase:")
         print(result.phase_accuracy().round(3).to_string())
     else:  # gates
@@ -361,7 +380,8 @@ def _zoo(args) -> int:
 
 
 def _zoo_export(args) -> int:
-    """`phaseinterp zoo export NAME --layout deepseek [--fp8] --out DIR` (every argument checked before loading)."""
+    """`phaseinterp zoo export NAME --layout deepseek [--fp8 [--fp8-scales pow2|exact]] --out DIR`
+    (every argument checked before loading)."""
     from phaseinterp._files import check_output_dir
     from phaseinterp.models.hf.export import EXPORT_LAYOUTS, parse_size
     from phaseinterp.zoo import deepseek_v4 as hf_zoo
@@ -371,6 +391,12 @@ def _zoo_export(args) -> int:
         raise UsageError(f"zoo export: {args.name!r} is not a shipped HF DeepSeek-V4 zoo model (valid: {shipped})")
     if args.layout not in EXPORT_LAYOUTS:
         raise UsageError(f"--layout {args.layout!r} is not supported (valid: {', '.join(EXPORT_LAYOUTS)})")
+    from phaseinterp.models.hf.export import DEFAULT_FP8_SCALES, FP8_SCALES
+
+    if args.fp8_scales is not None and args.fp8_scales not in FP8_SCALES:
+        raise UsageError(f"--fp8-scales {args.fp8_scales!r} is not supported (valid: {', '.join(FP8_SCALES)})")
+    if args.fp8_scales is not None and not args.fp8:
+        raise UsageError("--fp8-scales needs --fp8 (only FP8 weights have block scales)")
     dtypes = {"float32": "float32", "bfloat16": "bfloat16"}
     if args.dtype is not None and args.dtype not in dtypes:
         raise UsageError(f"--dtype {args.dtype!r} is not supported (valid: {', '.join(dtypes)})")
@@ -386,9 +412,11 @@ def _zoo_export(args) -> int:
     from phaseinterp.models.hf.export import export_release
 
     model = hf_zoo.load(args.name)
-    result = export_release(model, out, fp8=args.fp8, layout=args.layout, max_shard_bytes=args.max_shard_size,
+    result = export_release(model, out, fp8=args.fp8, fp8_scales=args.fp8_scales or DEFAULT_FP8_SCALES,
+                            layout=args.layout, max_shard_bytes=args.max_shard_size,
                             dtype=None if args.dtype is None else getattr(torch, dtypes[args.dtype]))
-    print(f"exported {args.name} ({args.layout} layout{', FP8' if args.fp8 else ''}): {result}")
+    fp8 = f", FP8 ({args.fp8_scales or DEFAULT_FP8_SCALES} scales)" if args.fp8 else ""
+    print(f"exported {args.name} ({args.layout} layout{fp8}): {result}")
     return 0
 
 

@@ -165,6 +165,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="distinct layer indices to shift, e.g. 0 1 or 0,1 (default: every layer)")
     p.add_argument("--branch", choices=["both", "k", "v"], default="both",
                    help="shift the key gates, the value gates or both (default: both)")
+    p.add_argument("--score", choices=["profile", "unit"], default="profile",
+                   help="profile: whole-model accuracy per phase vs A_0((r-d) mod S); unit: the unit named by "
+                        "--layer (and --kv-heads) shifted alone, its own contribution vs C_0((r-d) mod S) "
+                        "(default: profile)")
+    p.add_argument("--kv-heads", type=_int_list("kv_heads"), nargs="+", action=_Extend, default=None,
+                   help="KV heads whose gates move, e.g. 0 or 0,1 (default: every KV head of --layer)")
+    p.add_argument("--mode", choices=["roll", "static"], default="roll",
+                   help="roll the gate parameters, or shift only the prompt-independent part of each slot's "
+                        "gate logit (default: roll)")
+    p.add_argument("--measure", choices=["logprob", "accuracy"], default="logprob",
+                   help="the unit score's measure (default: logprob, the mean answer log-prob)")
     p.add_argument("--n-per-residue", type=_positive, default=250, help=N_PER_RESIDUE_HELP + " (default: 250)")
     _out_arg(p, what="the result (meta.json + arrays.npz)")
     _scale_args(p)
@@ -247,6 +258,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("name", help="a shipped HF DeepSeek-V4 zoo name (dsv4-tiny, dsv4.1-tiny)")
     e.add_argument("--layout", required=True, help="tensor layout to write (valid: deepseek)")
     e.add_argument("--fp8", action="store_true", help="FP8 e4m3 + block scales where the release quantizes")
+    e.add_argument("--fp8-scales", default=None,
+                   help="FP8 block scales: pow2 (powers of two, scale_fmt ue8m0, DeepSeek-V4's format; the default) "
+                   "or exact (float32 max|w|/448, scale_fmt float); needs --fp8")
     e.add_argument("--dtype", default=None, help="dtype of the other tensors: float32 or bfloat16 (default: the model's)")
     e.add_argument("--max-shard-size", default="256KB", help="largest shard, e.g. 256KB, 5GB (default: 256KB)")
     e.add_argument("--out", required=True, help="new (or empty) checkpoint directory")

@@ -300,3 +300,33 @@ def test_deep_negative_control_is_not_identified():
     r = deep_cycled("control")
     assert r.scores["n_identified"] <= 2, r.scores["per_shift"].to_string()
     assert r.scores["identification_p"] > 0.05
+
+
+# ------------------------------------------------------------ the command line
+@pytest.mark.parametrize("argv, match", [
+    (["cycle", "w4s4-1kv-shared", "--score", "unit"], "--score unit needs the unit: --layer L"),
+    (["cycle", "w4s4-1kv-shared", "--score", "unit", "--layer", "1", "--kv-heads", "3"],
+     r"kv_heads=3 is out of range for a model with 1 KV head\(s\) per layer \(0\.\.0\)"),
+    (["cycle", "w4s4-1kv-shared", "--score", "unit", "--layer", "1", "--shard-dir", "x"], "--shard-dir runs the profile"),
+])
+def test_cli_unit_cycling_bad_input(argv, match, capsys, tmp_path, monkeypatch):
+    from phaseinterp.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    import re
+
+    assert re.search(match, capsys.readouterr().err)
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_cli_unit_cycling_writes_a_loadable_result(tmp_path, capsys):
+    from phaseinterp.cli import main
+
+    out = tmp_path / "unit"
+    assert main(["cycle", "w4s4-1kv-shared", "--score", "unit", "--layer", "1", "--shifts", "1,2",
+                 "--n-per-residue", "72", "--out", str(out)]) == 0
+    r = pi.UnitCyclingResult.load(out)
+    assert r.unit == "L1" and r.shifts == (0, 1, 2)
+    assert "identified" in capsys.readouterr().out
