@@ -28,6 +28,10 @@ from phaseinterp.models.hf.release_layout import (
 )
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
+# Block-scale formats, as transformers' FineGrainedFP8Config(scale_fmt=...) names them
+# (transformers/utils/quantization_config.py: "float" = fp32, V3-style; "ue8m0" = powers of two, V4-style).
+FP8_SCALES = {"pow2": "ue8m0", "exact": "float"}
+DEFAULT_FP8_SCALES = "pow2"  # DeepSeek-V4's release format (scale_fmt="ue8m0", "V4-style" in transformers' docstring)
 EXPORT_LAYOUTS = ("deepseek",)
 DEFAULT_SHARD_BYTES = 256 * 1024  # small enough that the tiny models span several shards
 # config.json fields the release writes under their legacy (V3-style) names; transformers folds them in.
@@ -67,17 +71,22 @@ def parse_size(value: Union[int, str], what: str = "size") -> int:
     return n
 
 
-def quantize_fp8_blocks(weight, block: tuple[int, int] = FP8_BLOCK):
-    """``(q, scale)``: ``weight`` ``[..., rows, cols]`` as ``float8_e4m3fn`` with one UE8M0 scale per block.
+def quantize_fp8_blocks(weight, block: tuple[int, int] = FP8_BLOCK, scales: str = DEFAULT_FP8_SCALES):
+    """``(q, scale)``: ``weight`` ``[..., rows, cols]`` as ``float8_e4m3fn`` with one scale per block.
 
-    ``scale[b]`` = ``2 ** ceil(log2(max|w_b| / 448))`` (a power of two, DeepSeek's ``ue8m0`` scale
-    format, stored in a float32 container) and ``q = w / scale``, so that
-    ``w ~= q * scale`` (transformers' ``Fp8Dequantize``). A dimension larger than the block must
+    ``scales="pow2"``: ``scale[b]`` = ``2 ** ceil(log2(max|w_b| / 448))`` (a power of two, DeepSeek-V4's
+    ``ue8m0`` scale format, stored in a float32 container); ``scales="exact"``: ``scale[b]`` =
+    ``max|w_b| / 448`` in float32 (``scale_fmt="float"``, V3-style ``weight_scale_inv``), so the
+    block's largest weight lands on e4m3's largest value. Either way ``q = w / scale`` and
+    ``w ~= q * scale`` (transformers' ``Fp8Dequantize``; its own ``Fp8Quantize`` computes the
+    same two scales). A dimension larger than the block must
     be a multiple of it (transformers derives the block from the scale grid); a smaller one
     is one block.
     """
     import torch
 
+    if scales not in FP8_SCALES:
+        raise ValueError(f"FP8 export: scales={scales!r} is not a scale format (valid: {', '.join(FP8_SCALES)})")
     rows, cols = weight.shape[-2:]
     for size, b, axis in ((rows, block[0], "rows"), (cols, block[1], "cols")):
         if size > b and size % b:
@@ -86,18 +95,21 @@ def quantize_fp8_blocks(weight, block: tuple[int, int] = FP8_BLOCK):
     w = weight.detach().float()
     tiles = w.reshape(*w.shape[:-2], rows // bm, bm, cols // bn, bn)
     amax = tiles.abs().amax(dim=(-3, -1))
-    scale = torch.where(amax > 0, torch.exp2(torch.ceil(torch.log2(amax.clamp_min(1e-30) / FP8_MAX))),
+    exact = amax.clamp_min(1e-30) / FP8_MAX
+    scale = torch.where(amax > 0, exact if scales == "exact" else torch.exp2(torch.ceil(torch.log2(exact))),
                         torch.ones_like(amax))
     q = (tiles / scale.unsqueeze(-1).unsqueeze(-3)).clamp(-FP8_MAX, FP8_MAX).reshape(w.shape)
     return q.to(torch.float8_e4m3fn), scale.to(torch.float32)
 
 
-def release_config(hf_config: Any, fp8: bool, dtype: Optional[str] = None) -> dict:
+def release_config(hf_config: Any, fp8: bool, dtype: Optional[str] = None,
+                   fp8_scales: str = DEFAULT_FP8_SCALES) -> dict:
     """``config.json`` in the release's fields: ``compress_rate_csa`` / ``compress_rate_hca``,
     ``num_hash_layers`` and ``qk_rope_head_dim`` (the legacy fields transformers' config folds in;
     ``layer_types`` stays explicit because the release's per-layer ``compress_ratios`` only
     know the rates 0, 4 and 128), plus with ``fp8`` the ``quantization_config`` (FP8 e4m3,
-    dynamic activations, 128 x 128 blocks, UE8M0 scales) and ``expert_dtype``."""
+    dynamic activations, 128 x 128 blocks, ``scale_fmt`` "ue8m0" for ``fp8_scales="pow2"``, "float"
+    for "exact") and ``expert_dtype``."""
     raw = hf_config.to_dict()
     out = {k: v for k, v in raw.items() if k not in _DERIVED_FIELDS and not k.startswith("_")}
     rates = dict(raw["compress_rates"])
@@ -116,7 +128,7 @@ def release_config(hf_config: Any, fp8: bool, dtype: Optional[str] = None) -> di
     out.pop("quantization_config", None)
     if fp8:
         out["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic",
-                                      "weight_block_size": list(FP8_BLOCK), "scale_fmt": "ue8m0"}
+                                      "weight_block_size": list(FP8_BLOCK), "scale_fmt": FP8_SCALES[fp8_scales]}
         out["expert_dtype"] = "fp8"
     return out
 
@@ -138,14 +150,17 @@ def _natural(name: str):
     return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name)]
 
 
-def export_release(model: Any, out: Union[str, Path], *, fp8: bool = False, dtype: Any = None,
+def export_release(model: Any, out: Union[str, Path], *, fp8: bool = False, fp8_scales: str = DEFAULT_FP8_SCALES,
+                   dtype: Any = None,
                    max_shard_bytes: Union[int, str] = DEFAULT_SHARD_BYTES, metadata: Optional[dict] = None,
                    layout: str = "deepseek") -> ExportResult:
     """Write ``model`` (a `HookedDeepseekV4` or a ``DeepseekV4ForCausalLM``) to ``out`` in DeepSeek's layout.
 
     ``out`` must not exist or be an empty folder; everything is written to a temporary folder
     beside it and renamed into place (a failed export leaves nothing). ``fp8``: the modules
-    DeepSeek quantizes become ``float8_e4m3fn`` + ``.scale`` (128 x 128 blocks); ``dtype``
+    DeepSeek quantizes become ``float8_e4m3fn`` + ``.scale`` (128 x 128 blocks); ``fp8_scales``:
+    ``"pow2"`` (power-of-two scales, ``scale_fmt="ue8m0"``, DeepSeek-V4's format, the default) or
+    ``"exact"`` (float32 ``max|w| / 448``, ``scale_fmt="float"``); see `quantize_fp8_blocks`. ``dtype``
     (e.g. ``torch.bfloat16``, the release's) casts the other floating tensors (default: the
     model's). ``metadata`` goes to ``phaseinterp.json`` (zoo models: the evaluation task).
     """
@@ -157,6 +172,8 @@ def export_release(model: Any, out: Union[str, Path], *, fp8: bool = False, dtyp
     if layout not in EXPORT_LAYOUTS:
         raise ValueError(f"layout={layout!r} is not supported for export (valid: {EXPORT_LAYOUTS})")
     shard_bytes = parse_size(max_shard_bytes, "max_shard_bytes")
+    if fp8_scales not in FP8_SCALES:
+        raise ValueError(f"fp8_scales={fp8_scales!r} is not a scale format (valid: {', '.join(FP8_SCALES)})")
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise ValueError(f"dtype={dtype!r} is not a floating torch dtype (e.g. torch.bfloat16, torch.float32)")
     out = check_output_dir(out)
@@ -177,7 +194,7 @@ def export_release(model: Any, out: Union[str, Path], *, fp8: bool = False, dtyp
     for name in sorted(tensors, key=_natural):
         t = tensors[name].to("cpu")
         if name in quantized:
-            q, scale = quantize_fp8_blocks(t)
+            q, scale = quantize_fp8_blocks(t, scales=fp8_scales)
             packed[name] = q.contiguous()
             packed[name[: -len(".weight")] + ".scale"] = scale.contiguous()
         else:
@@ -207,12 +224,13 @@ def export_release(model: Any, out: Union[str, Path], *, fp8: bool = False, dtyp
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         atomic_write(tmp / INDEX_FILE, json.dumps(index, indent=2).encode())
         dtype_name = str(dtype).removeprefix("torch.") if dtype is not None else None
-        cfg = release_config(config, fp8=fp8, dtype=dtype_name)
+        cfg = release_config(config, fp8=fp8, dtype=dtype_name, fp8_scales=fp8_scales)
         atomic_write(tmp / "config.json", json.dumps(cfg, indent=2, default=json_default).encode())
         from phaseinterp.models.hf.deepseek_v4 import SIDECAR_FILE
 
         meta = {**getattr(model, "metadata", {}), **(metadata or {})}
-        meta["export"] = {"layout": layout, "fp8": fp8, "dtype": dtype_name, "fp8_block": list(FP8_BLOCK)}
+        meta["export"] = {"layout": layout, "fp8": fp8, "dtype": dtype_name, "fp8_block": list(FP8_BLOCK),
+                          "fp8_scales": fp8_scales if fp8 else None}
         atomic_write(tmp / SIDECAR_FILE, json.dumps({"metadata": meta}, indent=2, default=json_default).encode())
         if out.exists():
             out.rmdir()  # empty (checked above)
