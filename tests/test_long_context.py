@@ -56,9 +56,11 @@ def test_chunks_see_only_the_keys_they_need(monkeypatch):
     seen = []
     original = attn._attend
 
-    def spy(q, k_own, v_own, k_shared, v_shared, allowed, hooked=True):
+    def spy(q, k_own, v_own, k_shared, v_shared, allowed, hooked=True, n_open=0):
         seen.append((q.shape[1], k_shared.shape[1], hooked))
-        return original(q, k_own, v_own, k_shared, v_shared, allowed, hooked)
+        # the entries every query of the chunk sees carry no mask
+        assert allowed.shape[-1] == k_own.shape[2] + k_shared.shape[1] - n_open
+        return original(q, k_own, v_own, k_shared, v_shared, allowed, hooked, n_open)
 
     monkeypatch.setattr(attn, "_attend", spy)
     with torch.no_grad():
@@ -114,7 +116,7 @@ def test_hook_edits_act_on_the_chunked_run():
 @pytest.mark.parametrize("value", [0, -3, 2.5, True, "8"])
 def test_bad_query_chunk_raises(value):
     model = make("W4S4")
-    with pytest.raises(ValueError, match=r"query_chunk=.* must be None \(no chunking\) or an integer >= 1"):
+    with pytest.raises(ValueError, match=r"query_chunk=.* must be 'auto', None \(no chunking\) or an integer >= 1"):
         model.set_query_chunk(value)
 
 
@@ -161,3 +163,30 @@ def test_last_position_ablation_is_one_prefix_pass_plus_the_last_position(monkey
     assert calls["forward_last"] == n_batches * (model.cfg.n_layers + sum(
         model.cfg.n_layers - layer for layer in range(model.cfg.n_layers)))
     assert n_units == len(reference.units)
+
+
+@pytest.mark.parametrize("name", ["W8S4", "staggered_W8S4", "full"])
+def test_auto_chunks_long_inputs_and_equals_one_shot(name, monkeypatch):
+    """The default ("auto") runs a forward over more than AUTO_CHUNK_ABOVE new tokens in query
+    chunks whose score block fits SCORE_BLOCK, covering every query once, with the outputs of
+    the one-shot path; at or below the threshold it runs one pass."""
+    from phaseinterp.models import attention
+
+    monkeypatch.setattr(attention, "AUTO_CHUNK_ABOVE", 64)
+    monkeypatch.setattr(attention, "SCORE_BLOCK", 2 * 4 * 24 * 20)  # batch 2, 4 heads: a few dozen queries
+    model = make(name, n_ctx=200)
+    assert model.query_chunk == "auto"
+    attn = model.blocks[0].attn
+    assert attn.query_ranges(2, 0, 64) is None
+    ranges = attn.query_ranges(2, 0, 200)
+    assert ranges[0][0] == 0 and ranges[-1][1] == 200 and all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+    sizes = [b - a for a, b in ranges]
+    assert len(ranges) > 3 and sizes[0] > sizes[-2]  # fewer queries per chunk as the visible keys grow
+    for a, b in ranges:
+        assert b - a <= attention.MIN_AUTO_CHUNK or 2 * 4 * (b - a) * attn.n_key_slots(b - 1) <= attention.SCORE_BLOCK
+    tokens = torch.randint(0, 32, (2, 200))
+    with torch.no_grad():
+        auto = model(tokens)
+        reference = model.set_query_chunk(None)(tokens)
+    torch.testing.assert_close(auto, reference, rtol=0, atol=1e-5)
+    assert attn.query_ranges(2, 0, 200) is None  # None: off, whatever the length

@@ -27,7 +27,7 @@ and compressed keys alike. Values are never rotated.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Union
 
 import einops
 import torch
@@ -41,6 +41,13 @@ from phaseinterp.models.cache import KVCache, LayerCache  # noqa: F401  (KVCache
 from phaseinterp.models.compressor import Compressor, RMSNorm, rms_norm
 from phaseinterp.models.rope import apply_rope, rotary_tables
 from phaseinterp.phase import n_closed_windows, n_visible_entries, tail_start, window_positions
+
+# Query chunking under ``query_chunk = "auto"`` (`CompressedAttention.query_ranges`): a forward
+# over more than AUTO_CHUNK_ABOVE new tokens runs its queries in chunks whose score block holds
+# at most SCORE_BLOCK elements (batch x query heads x queries x key slots; 8 MiB in float32).
+AUTO_CHUNK_ABOVE = 2048
+SCORE_BLOCK = 1 << 21
+MIN_AUTO_CHUNK = 16
 
 
 class CompressedAttention(nn.Module):
@@ -213,13 +220,15 @@ class CompressedAttention(nn.Module):
         v_own: Float[Tensor, "batch query own kv_head d_head"],
         k_shared: Float[Tensor, "batch shared kv_head d_head"],
         v_shared: Float[Tensor, "batch shared kv_head d_head"],
-        allowed: Bool[Tensor, "kv_head _query key_slot"],
+        allowed: Bool[Tensor, "kv_head _query masked_slot"],
         hooked: bool = True,
+        n_open: int = 0,
     ) -> Float[Tensor, "batch query head d_head"]:
         """``z = pattern V``, ``pattern`` = the scores ``q.k / sqrt(d_head)`` of the allowed key
         slots normalised over all slots ``[own | shared]`` at once. ``own`` keys belong to
         one query (its band), ``shared`` keys to every query (entries, or all tokens for full
-        attention)."""
+        attention). The first ``n_open`` shared keys are visible to every query (a chunk's
+        older entries) and need no mask: ``allowed`` covers ``[own | shared[n_open:]]``."""
         cfg = self.cfg
         qg = einops.rearrange(q, "b t (k g) d -> b t k g d", k=cfg.n_kv_heads)
         scores = torch.cat(
@@ -228,14 +237,16 @@ class CompressedAttention(nn.Module):
                 einops.einsum(qg, k_shared, "b t k g d, b j k d -> b k g t j"),
             ],
             dim=-1,
-        ) * cfg.d_head**-0.5
+        )
+        scores.mul_(cfg.d_head**-0.5)
+        n_own, blocked = k_own.shape[2], ~allowed[:, None]  # [kv_head, 1 (group), query, masked_slot]
+        scores[..., :n_own].masked_fill_(blocked[..., :n_own], float("-inf"))
+        scores[..., n_own + n_open:].masked_fill_(blocked[..., n_own:], float("-inf"))
         scores = einops.rearrange(scores, "b k g t s -> b (k g) t s")
-        allowed = einops.repeat(allowed, "k t s -> (k g) t s", g=cfg.group_size)
         hook = self._hook if hooked else (lambda name, t: t)
-        scores = hook("hook_attn_scores", scores.masked_fill(~allowed, float("-inf")))
+        scores = hook("hook_attn_scores", scores)
         pattern = hook("hook_pattern", scores.softmax(dim=-1))
         pattern = einops.rearrange(pattern, "b (k g) t s -> b k g t s", k=cfg.n_kv_heads)
-        n_own = k_own.shape[2]
         z = einops.einsum(pattern[..., :n_own], v_own, "b k g t s, b t s k d -> b t k g d")
         z = z + einops.einsum(pattern[..., n_own:], v_shared, "b k g t j, b j k d -> b t k g d")
         return einops.rearrange(z, "b t k g d -> b t (k g) d")
@@ -254,25 +265,65 @@ class CompressedAttention(nn.Module):
     ) -> tuple[Float[Tensor, "batch pos d_model"], LayerCache]:
         """Attention for the ``pos`` new tokens at positions ``start ..``, given the cached prefix.
 
-        With `query_chunk` set (`CompressedTransformer.set_query_chunk`), the queries run in
-        chunks of that many positions, each over only the keys it can see: the same
-        numbers (tested to 1e-5) without the whole ``[pos, key_slot]`` score matrix.
+        Long inputs run their queries in chunks (`query_ranges`), each over only the keys it
+        can see: the same numbers (tested to 1e-5) without the whole ``[pos, key_slot]`` score
+        matrix, so memory grows linearly in ``pos``.
         """
         positions = torch.arange(start, start + x.shape[1], device=x.device)
         q_rot, k, v, k_rot = self._project(x, positions)
         cache = self._extend(cache, x, k, v, k_rot, start)
-        chunk, n = self.query_chunk, x.shape[1]
-        if chunk is None or chunk >= n or self._scores_hooked():  # hooks see the full [pos, key_slot]
+        ranges = None if self._scores_hooked() else self.query_ranges(x.shape[0], start, x.shape[1])
+        if ranges is None:  # hooks see the full [pos, key_slot]
             z = self._attend_queries(q_rot, cache, positions)
         else:
-            z = torch.cat([self._attend_queries(q_rot[:, i : i + chunk], cache, positions[i : i + chunk],
-                                                last=start + min(i + chunk, n) - 1) for i in range(0, n, chunk)], 1)
+            z = torch.cat([self._attend_queries(q_rot[:, a:b], cache, positions[a:b], last=start + b - 1)
+                           for a, b in ranges], 1)
         z = self.hook_z(z)
         return self._output(z), cache
 
-    # Queries per chunk in `forward` (None: all at once). An execution setting, not part of the
-    # architecture: set it with `CompressedTransformer.set_query_chunk`.
-    query_chunk: Optional[int] = None
+    # Queries per chunk in `forward`: "auto" (the default), None (all at once) or a fixed
+    # count. An execution setting, not part of the architecture: set it with
+    # `CompressedTransformer.set_query_chunk`.
+    query_chunk: Union[int, str, None] = "auto"
+
+    def n_key_slots(self, query_pos: int) -> int:
+        """Key slots a query at ``query_pos`` can see: the band plus its visible entries (every
+        earlier token for full attention)."""
+        cfg = self.cfg
+        if not cfg.is_compressed:
+            return query_pos + 1
+        return self.band_width + n_visible_entries(query_pos, cfg.window, cfg.stride, min(self.window_offsets))
+
+    def query_ranges(self, batch: int, start: int, n: int) -> Optional[list[tuple[int, int]]]:
+        """Query chunks ``[(a, b), ...]`` (indices into the ``n`` new tokens) for `forward`, or
+        None for one pass over all queries.
+
+        ``query_chunk = None``: None. An integer c: chunks of c queries (None when c >= n).
+        ``"auto"``: None up to `AUTO_CHUNK_ABOVE` new tokens; above, each chunk takes as many
+        queries as keep its score block ``batch * n_heads * queries * key_slots`` within
+        `SCORE_BLOCK` elements (at least `MIN_AUTO_CHUNK` queries). A bounded block keeps the
+        softmax and masking passes in cache, so time grows like the compute ``T * (L + T/S)``
+        and peak memory linearly in T.
+        """
+        chunk = self.query_chunk
+        if chunk is None or (chunk == "auto" and n <= AUTO_CHUNK_ABOVE) or (chunk != "auto" and chunk >= n):
+            return None
+        if chunk != "auto":
+            return [(a, min(a + chunk, n)) for a in range(0, n, chunk)]
+        ranges, a, per_query_slot, size = [], 0, batch * self.cfg.n_heads, n
+        fits = lambda a, size: per_query_slot * size * self.n_key_slots(start + a + size - 1) <= SCORE_BLOCK  # noqa: E731
+        while a < n:
+            # the largest size that fits (bisection; sizes only shrink as the visible keys grow)
+            low, high = MIN_AUTO_CHUNK, min(size, n - a)
+            if high <= low or fits(a, high):
+                low = max(high, 1)
+            while high - low > 1:
+                mid = (low + high) // 2
+                low, high = (mid, high) if fits(a, mid) else (low, mid)
+            size = low
+            ranges.append((a, min(a + size, n)))
+            a += size
+        return ranges
 
     def _scores_hooked(self) -> bool:
         """A hook reads or edits ``hook_attn_scores``/``hook_pattern``: they must have the full shape."""
@@ -294,21 +345,25 @@ class CompressedAttention(nn.Module):
         """
         cfg = self.cfg
         device = q_rot.device
+        # a chunk (``last`` given): keys visible to its first query are visible to all, need no mask
+        first = None if last is None else last - q_rot.shape[1] + 1
         if not cfg.is_compressed:
-            n_keys = None if last is None else last + 1
+            n_keys, n_open = (None, 0) if last is None else (last + 1, first + 1)
             k_own = v_own = q_rot.new_zeros(q_rot.shape[0], q_rot.shape[1], 0, cfg.n_kv_heads, cfg.d_head)
             k_shared, v_shared = cache.k_rot[:, :n_keys], cache.v[:, :n_keys]
-            allowed = self._band_allowed(positions, torch.arange(k_shared.shape[1], device=device))
+            allowed = self._band_allowed(positions, torch.arange(n_open, k_shared.shape[1], device=device))
         else:
-            n_entries = None
+            n_entries, n_open = None, 0
             if last is not None:
-                n_entries = n_visible_entries(last, cfg.window, cfg.stride, min(self.window_offsets))
+                W, S, o = cfg.window, cfg.stride, self.window_offsets
+                n_entries = n_visible_entries(last, W, S, min(o))
+                n_open = min(n_visible_entries(first, W, S, max(o)), n_entries)
             band = positions[:, None] - self.band_width + 1 + torch.arange(self.band_width, device=device)
             k_own, v_own = cache.k_rot[:, band.clamp(min=0)], cache.v[:, band.clamp(min=0)]
             k_shared, v_shared = cache.k_comp[:, :n_entries], cache.v_comp[:, :n_entries]
-            entries = torch.arange(k_shared.shape[1], device=device)
+            entries = torch.arange(n_open, k_shared.shape[1], device=device)
             allowed = torch.cat([self._band_allowed(positions, band), self._entry_allowed(positions, entries)], -1)
-        return self._attend(q_rot, k_own, v_own, k_shared, v_shared, allowed, hooked=last is None)
+        return self._attend(q_rot, k_own, v_own, k_shared, v_shared, allowed, hooked=last is None, n_open=n_open)
 
     def _extend(self, cache: Optional[LayerCache], x, k, v, k_rot, start: int) -> LayerCache:
         """The layer cache with the new tokens appended and newly closed windows compressed."""

@@ -181,24 +181,28 @@ class CompressedTransformer(HookedRootModule):
         return KVCache(layers=[None] * self.cfg.n_layers, length=0)
 
     def set_query_chunk(self, query_chunk: Any) -> "CompressedTransformer":
-        """Run attention queries in chunks of ``query_chunk`` positions (None, the default: all
-        at once). Long prompts then never hold the whole ``[pos, key_slot]`` score matrix:
-        peak memory grows linearly in T for a fixed chunk, and the outputs equal the
-        unchunked ones (to 1e-5; tests/test_long_context.py). Every hook keeps its full shape:
-        while a hook is attached to ``hook_attn_scores`` or ``hook_pattern`` (``run_with_cache``
-        without a ``names_filter`` attaches them) that layer runs unchunked, as those
-        activations are ``[pos, key_slot]`` by nature. Not part of the config or checkpoint
-        (an execution setting, like the device). Returns the model."""
-        if query_chunk is not None and (isinstance(query_chunk, bool) or not isinstance(query_chunk, int)
-                                        or query_chunk < 1):
-            raise ValueError(f"query_chunk={query_chunk!r} must be None (no chunking) or an integer >= 1")
+        """How attention runs its queries: ``"auto"`` (the default), None or an integer >= 1.
+
+        ``"auto"``: a forward over more than `attention.AUTO_CHUNK_ABOVE` (2,048) new tokens
+        runs its queries in chunks sized so each chunk's score block stays within
+        `attention.SCORE_BLOCK` elements; shorter inputs run in one pass. ``None``: every
+        forward runs all queries at once (the whole ``[pos, key_slot]`` score matrix; memory
+        quadratic in T). An integer: chunks of that many queries. Chunked outputs equal the
+        unchunked ones (to 1e-5; tests/test_long_context.py) and peak memory grows linearly in
+        T. Every hook keeps its full shape: while a hook is attached to ``hook_attn_scores`` or
+        ``hook_pattern`` (``run_with_cache`` without a ``names_filter`` attaches them) that
+        layer runs unchunked, as those activations are ``[pos, key_slot]`` by nature. Not part
+        of the config or checkpoint (an execution setting, like the device). Returns the model."""
+        if query_chunk is not None and query_chunk != "auto" and (
+                isinstance(query_chunk, bool) or not isinstance(query_chunk, int) or query_chunk < 1):
+            raise ValueError(f"query_chunk={query_chunk!r} must be 'auto', None (no chunking) or an integer >= 1")
         for block in self.blocks:
             block.attn.query_chunk = query_chunk
         return self
 
     @property
-    def query_chunk(self) -> Optional[int]:
-        """Queries per attention chunk (`set_query_chunk`); None = all at once."""
+    def query_chunk(self) -> Union[int, str, None]:
+        """Queries per attention chunk (`set_query_chunk`): "auto", None (all at once) or a count."""
         return self.blocks[0].attn.query_chunk
 
     # ---------------------------------------------------------------- forward
