@@ -358,6 +358,13 @@ def _build_report(model, final: Path, staging: list, *, twin, settings, task, de
         except ValueError as err:
             summary["cycling_skipped"] = str(err)
             log(f"      skipped: {err}")
+        if not negative and "cycling" in summary:
+            log(f"      unit-level gate cycling on {cyc_name}: units picked by specialized_units' rule")
+            unit = _unit_cycling(cyc_model, cyc_task, abl if cyc_model is model else None, settings, progress, out)
+            summary["unit_cycling"] = unit["summary"]
+            tables["unit_cycling"] = unit["html"]
+            if unit["figure"] is not None:
+                figures["unit_cycling"] = unit["figure"]
 
         log("[4/4] gate statistics")
         gp = gate_profile(model, task, n_per_residue=settings.gate_per_residue)
@@ -478,6 +485,56 @@ def _controls_html(rows: list[dict]) -> str:
             "</th><th>twin</th><th>mean</th><th>worst phase</th><th>twin phase gap</th></tr>" + body + "</table>")
 
 
+UNIT_SCORE_SEED = 1  # held-out prompts of the unit-level score (the report's ablation used seed 0)
+
+
+def _unit_cycling(model, task, ablation, settings, progress, out: Path) -> dict:
+    """Unit-level gate cycling for the report: `specialized_units` picks units by its rule (on the
+    report's own ablation, seed 0, when it is of this model; else on its selection split, seed
+    1000), then the first specialized unit and the negative control are each cycled alone and
+    scored on held-out prompts (seed 1) against C_0((r - d) mod S)."""
+    from phaseinterp.interventions import gate_cycling, specialized_units
+
+    selection = specialized_units(model, task, ablation=ablation, n_per_residue=settings.ablation_per_residue,
+                                  n_calibration=settings.n_calibration, progress=progress)
+    atomic_write_text(out / "data" / "unit_selection.csv", selection.table.to_csv(index=False))
+    picked = selection.units("specialized")[:1] + selection.units("control")
+    where = "the report's mean-replacement run (seed 0)" if ablation is not None else \
+        f"a selection split (seed {selection.selection_seed})"
+    parts = [f"<p><b>Which unit.</b> Picked by a rule fixed in code (<code>phaseinterp.specialized_units</code>) on "
+             f"{html.escape(where)}: {html.escape(selection.rule)}. Each picked unit's gates are shifted alone and "
+             f"its own contribution per phase, C<sub>d</sub>(r) = m(shifted) &minus; m(shifted, unit mean-replaced) "
+             f"(m = mean answer log-prob), is scored on held-out prompts (seed {UNIT_SCORE_SEED}) against "
+             f"C<sub>0</sub>((r&minus;d) mod S). This is the right score when one unit of many is shifted; the "
+             f"whole-profile score above shifts every layer at once.</p>"]
+    summary: dict[str, Any] = {"rule": selection.rule, "selection": selection.to_dict(), "units": []}
+    figure = None
+    if not selection.units("specialized"):
+        parts.append("<p class='note'>No unit passes the rule on this model: no knockout hurts 1..3 adjacent phases "
+                     "and nowhere else (see unit_selection.csv).</p>")
+    for u in picked:
+        r = gate_cycling(model, task, settings.shifts, layers=u["layers"], kv_heads=u["kv_heads"], score="unit",
+                         n_per_residue=settings.ablation_per_residue, seed=UNIT_SCORE_SEED,
+                         n_calibration=settings.n_calibration, n_boot=200, progress=progress)
+        atomic_write_text(out / "data" / f"unit_cycling_{u['label']}.csv", r.profile_frame().to_csv(index=False))
+        s, d = r.scores, r.to_dict()
+        summary["units"].append({"unit": u["label"], "role": u["role"], "hurt_phases": u["hurt_phases"]} | d)
+        if figure is None and u["role"] == "specialized":
+            figure = r.plot(title=f"Unit-level gate cycling: {u['label']} (knockout hurts phases {u['hurt_phases']})")
+        low, high = d["r2_pooled_ci"]
+        role = ("specialized unit" if u["role"] == "specialized" else
+                "negative control (its knockout hurts no phase: it must not be identified)")
+        parts.append(
+            f"<p><b>{html.escape(u['label'])}</b>, {role}; knockout hurts phases {u['hurt_phases'] or 'none'}. "
+            f"Shift identified (the applied shift is strictly the best of the {r.stride} hypotheses) for "
+            f"<b>{s['n_identified']} of {s['n_shifts']}</b> shifts; exact joint p = {s['identification_p']:.2g} "
+            f"(chance per shift about 1/{r.stride}). Parameter-free R² over all {r.stride} phases, pooled: "
+            f"{s['r2_pooled']:.2f} [{low:.2f}, {high:.2f}] (negative when the shifted contribution has the right "
+            f"place but not the size of the unshifted one).</p>")
+        parts.append(r.identification().to_html(border=0, float_format=_fmt))
+    return {"summary": summary, "html": "".join(parts), "figure": figure}
+
+
 def _cycling_html(cyc, name: str, reason: str, negative: bool = False) -> str:
     """Which model gate cycling ran on and why, and its scores in words (the numbers the figure shows)."""
     s = cyc.scores
@@ -497,8 +554,9 @@ def _cycling_html(cyc, name: str, reason: str, negative: bool = False) -> str:
         text += ("<p class='note'>Negative control: this model is not fit for the experiment (see above); its "
                  "scores measure the collapse of every phase, not the paper's prediction.</p>")
     elif s["r2_pooled"] != s["r2_pooled"] or s["r2_pooled"] < 0.5 or s["n_identified"] < s["n_shifts"]:
-        text += ("<p class='note'>Negative result: the shifted gates do not move the weak spots as predicted "
-                 "on this model.</p>")
+        text += ("<p class='note'>The whole-profile prediction fails on this model. It shifts every layer's gates "
+                 "at once, which can break units that serve every phase; whether a single unit's phase moves with "
+                 "its gates is the unit-level score below.</p>")
     return text + cyc.identification().to_html(border=0, float_format=_fmt)
 
 
@@ -587,6 +645,11 @@ MEANINGS: dict[str, str] = {
     "identification_p_by_shift": "the same p-value per shift",
     "boundary_rank_by_shift": "rank of the boundary phase's accuracy under the shift (0 = the weakest phase)",
     "points_per_shift": "phases each per-shift score rests on",
+    "hypothesised shift": "columns 0..S-1: R² of the hypothesis that the unit's phase moved by that many slots "
+                          "(its contribution C_0((r - d') mod S) against the observed one)",
+    "best": "the hypothesised shift that fits the observed contribution best (smallest residual)",
+    "chance": "the probability of identifying the applied shift by luck, exact over every arrangement of the S "
+              "phase values (about 1/S)",
 }
 
 
@@ -615,7 +678,9 @@ READING_GUIDE = (
     "near-zero worst phase, so read both. Then: <b>head x phase specialization</b> replaces one KV head at a time by "
     "its average output and shows at which phases accuracy drops (a head that matters at only one or two adjacent "
     "phases is phase-specialized); <b>gate cycling</b> rotates the compressor's gate parameters by d slots and "
-    "tests the prediction that the weak spots move by d; <b>gate statistics</b> show which slot each gate "
+    "tests the prediction that the weak spots move by d, first with every layer's gates rotated (the whole "
+    "profile), then one unit at a time (does that unit's own contribution move with its gates?); "
+    "<b>gate statistics</b> show which slot each gate "
     "weights most and how peaked it is. Sections after these cover a Hugging Face DeepSeek-V4 architecture "
     "and a remedy beyond the paper, when the report includes them. Under each table, 'What the numbers mean' "
     "defines every statistic it shows; every number is also in <code>data/*.csv</code> and "
@@ -722,7 +787,9 @@ def _html(summary: dict, figures: dict, tables: dict, static: dict) -> str:
     parts.append("".join(summary_table) + _meanings_html("".join(summary_table)))
     parts.append(_settings_html(summary))
     titles = {"phase_profile": "Accuracy by phase", "ablation_heatmap": "Head x phase specialization",
-              "gate_cycling": "Gate cycling", "gate_profile": "Gate statistics",
+              "gate_cycling": "Gate cycling: every layer's gates shifted (whole-profile score)",
+              "unit_cycling": "Gate cycling, one unit at a time (unit-level score)",
+              "gate_profile": "Gate statistics",
               "dsv4_profile": "DeepSeek-V4 (Hugging Face architecture): accuracy by phase",
               "dsv4_indexer_phase": "DeepSeek-V4: phase through the Lightning Indexer",
               "remedy_profile": "Beyond the paper: staggered compression windows at equal memory",

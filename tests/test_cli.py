@@ -205,6 +205,11 @@ def test_demo_quick_on_the_shipped_models(tmp_path, capsys):
     stems = {re.sub(r"^profile_(.*)_(residues|phases|prompts)\.csv$", r"\1", p.name)
              for p in (tmp_path / "demo" / "data").glob("profile_*.csv")}
     assert stems and stems <= zoo_names, sorted(stems - zoo_names)
+    # gate cycling at the grain of one unit: the rule's pick is named, with the rule (issue 20)
+    unit = summary["unit_cycling"]
+    assert unit["rule"].startswith("specialized: knockout hurts 1..3 adjacent phases")
+    assert unit["units"] and unit["units"][0]["role"] == "specialized" and unit["units"][0]["unit"].startswith("L")
+    assert "Gate cycling, one unit at a time" in (tmp_path / "demo" / "index.html").read_text()
     if "dsv4-tiny" in pi.zoo.deepseek_v4.available():  # the DeepSeek-V4 section: HF architecture, same task
         assert "dsv4-tiny (HF DeepSeek-V4)" in labels
         assert summary["deepseek_v4"]["wrapper_max_abs_logit_diff"] <= 1e-4

@@ -156,7 +156,7 @@ def test_joint_knockout_equals_the_fast_path():
 @functools.cache
 def small_prompts():
     batch = pi.zoo.task_for(zoo_model("w4s4-1kv-shared")).generate(72, seed=0)
-    return batch.subset(np.arange(0, len(batch), 4))  # 18 per residue: the API, not the science
+    return batch.subset(np.arange(0, len(batch), 12))  # 6 per residue: the API, not the science
 
 
 @functools.cache
@@ -201,7 +201,7 @@ def test_unit_cycling_runs_on_the_hf_family():
     model = zoo_model("dsv4-tiny")
     task = pi.zoo.task_for(model)
     prompts = task.generate(72, seed=0)
-    sub = prompts.subset(np.arange(0, len(prompts), 6))  # every residue, 12 prompts each
+    sub = prompts.subset(np.arange(0, len(prompts), 24))  # every residue, 3 prompts each
     r = pi.gate_cycling(model, task, shifts=[1], layers=[0], score="unit", n_calibration=task.residue_modulus,
                         n_boot=20, progress=False, prompts=sub)
     assert r.stride == model.cfg.stride and np.isfinite(r.contribution().to_numpy()).all()
