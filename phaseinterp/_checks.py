@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from phaseinterp.errors import UserInputError
+
 MAX_PROMPTS = 500_000  # per call: n_per_residue * R; more would allocate gigabytes of prompts on a laptop
 
 
@@ -14,11 +16,11 @@ def check_int(name: str, value: Any, low: int = 1, high: int | None = None) -> i
     import numbers
 
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{name}={value!r} must be an integer >= {low}")
+        raise UserInputError(f"{name}={value!r} must be an integer >= {low}")
     value = int(value)
     if value < low or (high is not None and value > high):
         span = f">= {low}" if high is None else f"in {low}..{high}"
-        raise ValueError(f"{name}={value} is out of range (must be {span})")
+        raise UserInputError(f"{name}={value} is out of range (must be {span})")
     return value
 
 
@@ -28,7 +30,7 @@ def check_n_per_residue(value: Any, modulus: int | None = None, name: str = "n_p
     modulus = modulus or 1
     limit = MAX_PROMPTS // modulus
     if value > limit:
-        raise ValueError(
+        raise UserInputError(
             f"{name}={value} asks for {value * modulus:,} prompts ({modulus} residues); at most "
             f"{MAX_PROMPTS:,} prompts per call are allowed ({name} <= {limit:,} for R={modulus})"
         )
@@ -44,13 +46,13 @@ def check_device(device: Any):
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError, ValueError):
-        raise ValueError(f"device={device!r} is not a torch device (e.g. 'cpu', 'cuda', 'cuda:0', 'mps')") from None
+        raise UserInputError(f"device={device!r} is not a torch device (e.g. 'cpu', 'cuda', 'cuda:0', 'mps')") from None
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"device={device!r}: CUDA is not available on this machine (use 'cpu')")
+            raise UserInputError(f"device={device!r}: CUDA is not available on this machine (use 'cpu')")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             n = torch.cuda.device_count()
-            raise ValueError(f"device={device!r}: this machine has {n} CUDA device(s) (cuda:0..cuda:{n - 1})")
+            raise UserInputError(f"device={device!r}: this machine has {n} CUDA device(s) (cuda:0..cuda:{n - 1})")
     if dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise ValueError(f"device={device!r}: MPS is not available on this machine (use 'cpu')")
+        raise UserInputError(f"device={device!r}: MPS is not available on this machine (use 'cpu')")
     return dev

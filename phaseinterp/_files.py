@@ -9,6 +9,8 @@ from typing import Any, Union
 
 import numpy as np
 
+from phaseinterp.errors import UserInputError
+
 
 def current_umask() -> int:
     """The process's umask (read without changing it where /proc allows)."""
@@ -56,19 +58,19 @@ def check_output_dir(path: Union[str, os.PathLike]) -> Path:
     existing ancestor is a writable folder); otherwise a ValueError naming it. Creates nothing,
     so callers can check before any expensive work and leave no partial output."""
     if isinstance(path, (bytes, bool)) or not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
-        raise ValueError(f"output directory {path!r} must be a non-empty path")
+        raise UserInputError(f"output directory {path!r} must be a non-empty path")
     path = Path(path)
     if path.exists() and not path.is_dir():
-        raise ValueError(f"output directory {str(path)!r} is an existing file, not a directory")
+        raise UserInputError(f"output directory {str(path)!r} is an existing file, not a directory")
     probe = path
     while not probe.exists():
         if probe.parent == probe:
             break
         probe = probe.parent
     if probe.exists() and not probe.is_dir():
-        raise ValueError(f"output directory {str(path)!r} cannot be created: {str(probe)!r} is a file")
+        raise UserInputError(f"output directory {str(path)!r} cannot be created: {str(probe)!r} is a file")
     if not os.access(probe, os.W_OK | os.X_OK):
-        raise ValueError(f"output directory {str(path)!r} is not writable ({str(probe)!r} denies write access)")
+        raise UserInputError(f"output directory {str(path)!r} is not writable ({str(probe)!r} denies write access)")
     return path
 
 

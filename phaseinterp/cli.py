@@ -33,10 +33,11 @@ from typing import Optional, Sequence
 from phaseinterp.cli_args import (  # noqa: F401  (re-exported: the public import path)
     N_PER_RESIDUE_HELP, _device_arg, _model_arg, _non_negative, _out_arg, _Parser, _positive, _positive_float,
     _scale_args, build_parser)
+from phaseinterp.errors import UserInputError  # standard library only, like this module
 
 
-class UsageError(ValueError):
-    """Bad user input: reported in one line, exit code 2."""
+class UsageError(UserInputError):
+    """Bad command-line input: reported in one line, exit code 2."""
 
 
 # ------------------------------------------------------------------- the zoo
@@ -44,8 +45,8 @@ def zoo_rows() -> list[tuple[str, str, str]]:
     """(name, status, description) for every zoo entry; status is "shipped" or "recipe only"."""
     from phaseinterp import zoo
 
-    shipped = set(zoo.available())
-    return [(name, "shipped" if name in shipped else "recipe only", e.description) for name, e in zoo.ENTRIES.items()]
+    return [(name, "shipped" if shipped else "recipe only", description)
+            for name, shipped, description, _ in zoo.catalog()]
 
 
 def zoo_markdown() -> str:
@@ -146,7 +147,10 @@ def _one_line(err: BaseException) -> str:
 
 
 def _user_errors() -> tuple[type, ...]:
-    errors: list[type] = [ValueError, OSError, UsageError]
+    """What the user can fix (one line, exit 2): bad input, a missing or unusable file, a broken
+    checkpoint or figure export. Any other exception (a bug) keeps its traceback."""
+    errors: list[type] = [UserInputError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
+                          FileExistsError, PermissionError]
     models = sys.modules.get("phaseinterp.models.transformer")
     if models is not None:
         errors.append(models.CheckpointError)
@@ -367,11 +371,18 @@ def _zoo(args) -> int:
         if args.markdown:
             print(zoo_markdown())
             return 0
-        for name, status, description in zoo_rows():
-            print(f"{name:24s} {status:12s} {description}\n{'':24s} {'':12s} rebuild: {zoo.ENTRIES[name].command}")
+        for name, shipped, description, command in zoo.catalog():
+            status = "shipped" if shipped else "recipe only"
+            print(f"{name:24s} {status:12s} {description}\n{'':24s} {'':12s} rebuild: {command}")
         return 0
     if args.zoo_command == "export":
         return _zoo_export(args)
+    from phaseinterp.zoo import deepseek_v4 as hf_zoo
+
+    if args.name in hf_zoo.RECIPES:  # the HF-format DeepSeek-V4s train with their own loop
+        source = hf_zoo.build(args.name, args.out_dir, install=not args.no_install, threads=args.threads)
+        print(f"built {args.name}: {source}")
+        return 0
     zoo.entry(args.name)
     source = zoo.build(args.name, args.out_dir, device=args.device, install=not args.no_install,
                        threads=args.threads)

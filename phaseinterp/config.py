@@ -7,6 +7,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from phaseinterp.errors import UserInputError
+
 COMPRESSION_KERNELS = ("gated", "deepseek")
 GATE_TYPES = ("scalar", "vector", "uniform")
 PAYLOADS = ("per_slot", "shared")
@@ -17,12 +19,12 @@ OFFSET_SHORTHANDS = ("staggered", "staggered_layers")
 
 def _choice(name: str, value: Any, options: tuple) -> None:
     if value not in options:
-        raise ValueError(f"{name}={value!r} is not one of {options}")
+        raise UserInputError(f"{name}={value!r} is not one of {options}")
 
 
 def _at_least(name: str, value: Any, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name}={value!r} must be an integer >= {minimum}")
+        raise UserInputError(f"{name}={value!r} must be an integer >= {minimum}")
 
 
 @dataclass
@@ -96,38 +98,38 @@ class CompressedConfig:
         for name in ("d_vocab", "n_ctx", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_head", "d_mlp"):
             _at_least(name, getattr(self, name), 1)
         if self.n_heads % self.n_kv_heads != 0:
-            raise ValueError(
+            raise UserInputError(
                 f"n_heads={self.n_heads} must be divisible by n_kv_heads={self.n_kv_heads} "
                 f"(valid n_kv_heads: divisors of {self.n_heads})"
             )
         _choice("positional", self.positional, POSITIONALS)
         if self.rope_dims is not None:
             if self.positional == "none":
-                raise ValueError(f"rope_dims={self.rope_dims} is set but positional='none'")
+                raise UserInputError(f"rope_dims={self.rope_dims} is set but positional='none'")
             if (
                 isinstance(self.rope_dims, bool)
                 or not isinstance(self.rope_dims, int)
                 or not (2 <= self.rope_dims <= self.d_head)
                 or self.rope_dims % 2
             ):
-                raise ValueError(
+                raise UserInputError(
                     f"rope_dims={self.rope_dims!r} must be an even integer in 2..{self.d_head} (d_head)"
                 )
         if self.positional == "rope" and self.rotary_dims % 2:
-            raise ValueError(f"d_head={self.d_head} must be even for full RoPE; set rope_dims")
+            raise UserInputError(f"d_head={self.d_head} must be even for full RoPE; set rope_dims")
         if not (isinstance(self.rope_base, (int, float)) and self.rope_base > 1):
-            raise ValueError(f"rope_base={self.rope_base!r} must be a number > 1")
+            raise UserInputError(f"rope_base={self.rope_base!r} must be a number > 1")
         if not (isinstance(self.norm_eps, (int, float)) and self.norm_eps > 0):
-            raise ValueError(f"norm_eps={self.norm_eps!r} must be > 0")
+            raise UserInputError(f"norm_eps={self.norm_eps!r} must be > 0")
         if self.compression is None:
             if self.window_offsets is not None:
-                raise ValueError(f"window_offsets={self.window_offsets!r} needs a compressed model (compression=None)")
+                raise UserInputError(f"window_offsets={self.window_offsets!r} needs a compressed model (compression=None)")
             return
         _choice("compression", self.compression, COMPRESSION_KERNELS)
         _at_least("stride", self.stride, 1)
         _at_least("window", self.window, 1)
         if self.window < self.stride:
-            raise ValueError(
+            raise UserInputError(
                 f"window={self.window} must be >= stride={self.stride} (valid: window in {self.stride}..)"
             )
         _choice("gate", self.gate, GATE_TYPES)
@@ -137,12 +139,12 @@ class CompressedConfig:
             _at_least("local_window", self.local_window, 1)
         if self.compression == "deepseek":
             if self.window not in (self.stride, 2 * self.stride):
-                raise ValueError(
+                raise UserInputError(
                     f"window={self.window} is not supported by the deepseek kernel with stride={self.stride} "
                     f"(valid: window={self.stride} or window={2 * self.stride})"
                 )
             if self.gate != "vector":
-                raise ValueError(f"gate={self.gate!r}: the deepseek kernel always uses per-channel ('vector') gates")
+                raise UserInputError(f"gate={self.gate!r}: the deepseek kernel always uses per-channel ('vector') gates")
         self._check_window_offsets()
 
     def _check_window_offsets(self) -> None:
@@ -152,20 +154,20 @@ class CompressedConfig:
                 _choice("window_offsets", offsets, OFFSET_SHORTHANDS)
             return
         if not isinstance(offsets, (list, tuple)):
-            raise ValueError(f"window_offsets={offsets!r} must be None, one of {OFFSET_SHORTHANDS} or a sequence")
+            raise UserInputError(f"window_offsets={offsets!r} must be None, one of {OFFSET_SHORTHANDS} or a sequence")
         nested = len(offsets) > 0 and all(isinstance(o, (list, tuple)) for o in offsets)
         rows = [tuple(o) for o in offsets] if nested else [tuple(offsets)]
         if nested and len(rows) != self.n_layers:
-            raise ValueError(f"window_offsets has {len(rows)} per-layer rows; the model has n_layers={self.n_layers}")
+            raise UserInputError(f"window_offsets has {len(rows)} per-layer rows; the model has n_layers={self.n_layers}")
         for row in rows:
             if len(row) != self.n_kv_heads:
-                raise ValueError(
+                raise UserInputError(
                     f"window_offsets {list(row)} has {len(row)} entries; need one per KV head (n_kv_heads="
                     f"{self.n_kv_heads})"
                 )
             for o in row:
                 if isinstance(o, bool) or not isinstance(o, int) or not (0 <= o < self.stride):
-                    raise ValueError(f"window offset {o!r} is out of range 0..{self.stride - 1} (stride={self.stride})")
+                    raise UserInputError(f"window offset {o!r} is out of range 0..{self.stride - 1} (stride={self.stride})")
         self.window_offsets = tuple(rows) if nested else rows[0]
 
     # ----------------------------------------------------------------- derived
@@ -231,7 +233,7 @@ class CompressedConfig:
         known = {f.name for f in dataclasses.fields(cls)} - {"device"}
         unknown = set(d) - known
         if unknown:
-            raise ValueError(f"unknown CompressedConfig fields {sorted(unknown)}; valid fields: {sorted(known)}")
+            raise UserInputError(f"unknown CompressedConfig fields {sorted(unknown)}; valid fields: {sorted(known)}")
         return cls(**{k: v for k, v in d.items() if k in known})
 
     def to_json(self) -> str:

@@ -29,6 +29,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 import numpy as np
 import torch
 
+from phaseinterp.errors import UserInputError
 from phaseinterp._files import atomic_write, check_output_dir, json_default, progress_bar
 from phaseinterp.launcher import (  # noqa: F401  (re-exported: the public import path)
     _OBJECT_GROUPS, Launch, _all_gather, _env_int, _gather_to_main, _object_group, _raise_any, init_distributed,
@@ -122,7 +123,7 @@ def _run(plan: _Plan, batch, out_dir, launch: Launch, progress: bool):
 # --------------------------------------------------------------- experiments
 def _check_chunk_size(chunk_size) -> int:
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size={chunk_size!r} must be an integer >= 1 (prompts per shard file)")
+        raise UserInputError(f"chunk_size={chunk_size!r} must be an integer >= 1 (prompts per shard file)")
     return chunk_size
 
 
@@ -145,7 +146,7 @@ def _setup(model, task, prompts, n_per_residue, seed, device, chunk_size, model_
         check_n_per_residue(n_per_residue, task.residue_modulus)
         prompts = task.generate(n_per_residue, seed=seed)
     elif len(prompts) == 0:
-        raise ValueError("prompts holds 0 prompts")
+        raise UserInputError("prompts holds 0 prompts")
     header = dict(format=SHARD_FORMAT, model_sha256=model_sha256 or model_fingerprint(model),
                   task=_task_description(task, prompts), seed=seed, n_prompts=len(prompts),
                   prompts_sha256=_prompts_fingerprint(prompts), chunk_size=chunk_size)
@@ -183,12 +184,12 @@ def sharded_profile(
     from phaseinterp.profile import INTERVALS, phase_profile
 
     if interval not in INTERVALS:
-        raise ValueError(f"interval={interval!r} is not one of {INTERVALS}")
+        raise UserInputError(f"interval={interval!r} is not one of {INTERVALS}")
     launch, model, task, prompts, header = _setup(model, task, prompts, n_per_residue, seed, device, chunk_size,
                                                   model_sha256)
     stride = stride if stride is not None else getattr(getattr(model, "cfg", None), "stride", None)
     if stride is None:
-        raise ValueError("the model has no cfg.stride; pass stride= explicitly")
+        raise UserInputError("the model has no cfg.stride; pass stride= explicitly")
     label = label if label is not None else _label(model)
     header.update(kind="profile", settings=dict(
         stride=stride, label=label, residue_modulus=prompts.residue_modulus, confidence=confidence, interval=interval,

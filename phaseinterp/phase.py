@@ -12,12 +12,14 @@ from __future__ import annotations
 import numbers
 from typing import Any
 
+from phaseinterp.errors import UserInputError
+
 
 def _check_ws(window: int, stride: int) -> None:
     if stride < 1:
-        raise ValueError(f"stride={stride} must be >= 1")
+        raise UserInputError(f"stride={stride} must be >= 1")
     if window < stride:
-        raise ValueError(f"window={window} must be >= stride={stride}")
+        raise UserInputError(f"window={window} must be >= stride={stride}")
 
 
 def _at_least_zero(x: Any) -> Any:
@@ -27,10 +29,10 @@ def _at_least_zero(x: Any) -> Any:
 def check_residue_modulus(modulus: int, stride: int) -> None:
     """Residues mod ``modulus`` fold to phases mod ``stride`` only when S divides R."""
     if isinstance(stride, bool) or not isinstance(stride, numbers.Integral) or stride < 1:
-        raise ValueError(f"stride={stride!r} must be an integer >= 1")
+        raise UserInputError(f"stride={stride!r} must be an integer >= 1")
     if modulus % stride:
         divisors = [d for d in range(1, modulus + 1) if modulus % d == 0]
-        raise ValueError(
+        raise UserInputError(
             f"cannot fold R={modulus} residues to stride={stride} phases (valid strides: {divisors}): the "
             f"residue modulus R={modulus} is not a multiple of stride={stride}"
         )
@@ -41,9 +43,9 @@ def boundary_phase(stride: int, offset: int = 0) -> int:
 
     With non-overlapping windows the next token falls into the next entry."""
     if stride < 1:
-        raise ValueError(f"stride={stride} must be >= 1")
+        raise UserInputError(f"stride={stride} must be >= 1")
     if not (0 <= offset < stride):
-        raise ValueError(f"offset={offset} is out of range 0..{stride - 1}")
+        raise UserInputError(f"offset={offset} is out of range 0..{stride - 1}")
     return (offset + stride - 1) % stride
 
 
@@ -51,7 +53,7 @@ def window_positions(j: int, window: int, stride: int, offset: int = 0) -> range
     """Source positions covered by window ``j``."""
     _check_ws(window, stride)
     if j < 0:
-        raise ValueError(f"window index j={j} must be >= 0")
+        raise UserInputError(f"window index j={j} must be >= 0")
     return range(j * stride + offset, j * stride + offset + window)
 
 

@@ -11,7 +11,9 @@ import torch
 from jaxtyping import Float, Int
 from tqdm.auto import tqdm
 
+from phaseinterp.errors import UserInputError
 from phaseinterp import stats
+from phaseinterp.models.protocol import phase_model
 from phaseinterp._checks import check_device, check_int, check_n_per_residue
 from phaseinterp.phase import check_residue_modulus
 from phaseinterp.results import Result
@@ -59,7 +61,7 @@ class PhaseProfile(Result):
 
     def __post_init__(self) -> None:
         if len(self.residue_n) != self.modulus or len(self.phase_n) != self.stride:
-            raise ValueError(
+            raise UserInputError(
                 f"expected {self.modulus} residues and {self.stride} phases, got {len(self.residue_n)} and {len(self.phase_n)}"
             )
 
@@ -225,23 +227,24 @@ def phase_profile(
     under ``torch.inference_mode`` and its training flag is restored afterwards.
     """
     if interval not in INTERVALS:
-        raise ValueError(f"interval={interval!r} is not one of {INTERVALS}")
+        raise UserInputError(f"interval={interval!r} is not one of {INTERVALS}")
     check_int("batch_size", batch_size, 1)
     if not (isinstance(confidence, float) and 0 < confidence < 1):
-        raise ValueError(f"confidence={confidence!r} must be a float in (0, 1)")
+        raise UserInputError(f"confidence={confidence!r} must be a float in (0, 1)")
     if not (hasattr(task, "generate") or hasattr(task, "tokens")):
-        raise ValueError(
+        raise UserInputError(
             f"task={task!r} is neither a task (with .generate, e.g. KeyValueRetrieval) nor a TaskBatch; "
             "see phaseinterp.zoo.task_for(model)"
         )
     device = check_device(device)
-    cfg = getattr(model, "cfg", None)
+    family = phase_model(model)  # any nn.Module with a cfg: GenericModel
+    cfg = family.cfg
     if stride is None:
-        stride = getattr(cfg, "stride", None)
+        stride = family.stride
         if stride is None:
-            raise ValueError("the model has no cfg.stride; pass stride= explicitly")
+            raise UserInputError("the model has no cfg.stride; pass stride= explicitly")
     if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
-        raise ValueError(f"stride={stride!r} must be an integer >= 1")
+        raise UserInputError(f"stride={stride!r} must be an integer >= 1")
     if hasattr(task, "generate"):
         R = task.residue_modulus
         check_residue_modulus(R, stride)
@@ -250,15 +253,15 @@ def phase_profile(
     else:
         batch = task
     if len(batch) == 0:
-        raise ValueError("the batch holds 0 prompts; generate at least one per residue")
+        raise UserInputError("the batch holds 0 prompts; generate at least one per residue")
     R = batch.residue_modulus
     check_residue_modulus(R, stride)
-    d_vocab, n_ctx = getattr(cfg, "d_vocab", None), getattr(cfg, "n_ctx", None)
+    d_vocab, n_ctx = getattr(cfg, "d_vocab", None), getattr(cfg, "n_ctx", None)  # optional for GenericModel
     if n_ctx is not None and batch.seq_len > n_ctx:
-        raise ValueError(f"prompts have {batch.seq_len} tokens but the model's n_ctx is {n_ctx}")
+        raise UserInputError(f"prompts have {batch.seq_len} tokens but the model's n_ctx is {n_ctx}")
     top = int(batch.tokens.max())
     if d_vocab is not None and top >= d_vocab:
-        raise ValueError(f"token id {top} is out of range for d_vocab={d_vocab} (0..{d_vocab - 1})")
+        raise UserInputError(f"token id {top} is out of range for d_vocab={d_vocab} (0..{d_vocab - 1})")
     if device is None:
         first = next(model.parameters(), None)
         device = first.device if first is not None else torch.device("cpu")
@@ -276,7 +279,7 @@ def phase_profile(
                 stop = min(start + batch_size, n)
                 logits = _logits(model(batch.tokens[start:stop].to(device)))
                 if logits.ndim != 3 or logits.shape[:2] != (stop - start, batch.seq_len):
-                    raise ValueError(f"model returned logits of shape {tuple(logits.shape)}; expected [batch, pos, d_vocab]")
+                    raise UserInputError(f"model returned logits of shape {tuple(logits.shape)}; expected [batch, pos, d_vocab]")
                 rows = torch.arange(stop - start, device=logits.device)
                 last = logits[rows, batch.answer_pos[start:stop].to(logits.device)].float()
                 predicted[start:stop] = last.argmax(dim=-1).cpu()
@@ -288,16 +291,16 @@ def phase_profile(
     records = batch.meta.copy()
     residues = records["residue"].to_numpy()
     if residues.min() < 0 or residues.max() >= R:
-        raise ValueError(f"meta.residue must lie in 0..{R - 1}")
+        raise UserInputError(f"meta.residue must lie in 0..{R - 1}")
     records["phase"] = residues % stride
     records["answer"] = batch.answer.numpy()
     records["predicted"] = predicted.numpy()
     records["correct"] = records["predicted"] == records["answer"]
     records["answer_logprob"] = answer_logprob.numpy()
     if label is None:
-        label = str(getattr(cfg, "label", type(model).__name__))
-    own = getattr(cfg, "stride", None)
-    if getattr(cfg, "is_compressed", False) and own is not None and stride != own:
+        label = family.label
+    own = family.stride
+    if family.is_compressed and own is not None and stride != own:
         label += f" [re-folded by S={stride}; the model's own stride is {own}]"  # a deliberate choice, shown
     return profile_from_records(
         records, R, stride, label=label, confidence=confidence, interval=interval, n_bootstrap=n_bootstrap,
@@ -319,7 +322,7 @@ def profile_from_records(
 ) -> PhaseProfile:
     """Aggregate per-prompt records (columns ``residue``, ``correct``; ``mapping_id`` optional) into a profile."""
     if interval not in INTERVALS:
-        raise ValueError(f"interval={interval!r} is not one of {INTERVALS}")
+        raise UserInputError(f"interval={interval!r} is not one of {INTERVALS}")
     check_residue_modulus(modulus, stride)
     residues = records["residue"].to_numpy().astype(np.int64)
     correct = records["correct"].to_numpy().astype(bool)
@@ -336,7 +339,7 @@ def profile_from_records(
     method = ("cluster_bootstrap" if shared else "wilson") if interval == "auto" else interval
     if method == "cluster_bootstrap":
         if "mapping_id" not in records:
-            raise ValueError("interval='cluster_bootstrap' needs a mapping_id column in the records")
+            raise UserInputError("interval='cluster_bootstrap' needs a mapping_id column in the records")
         clusters = records["mapping_id"].to_numpy()
         by_residue = stats.cluster_bootstrap(
             correct, clusters, residues, modulus, n_replicates=n_bootstrap, confidence=confidence, seed=seed

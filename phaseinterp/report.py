@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
+from phaseinterp.errors import UserInputError
 from phaseinterp._files import atomic_write_text, check_output_dir
 from phaseinterp.tasks import resolve_task
 from phaseinterp.results import dumps
@@ -94,23 +95,23 @@ def check_model_source(model_or_name) -> None:
     from phaseinterp.zoo import deepseek_v4 as hf_zoo
 
     hf_shipped = hf_zoo.available()
-    shipped = zoo.available() + hf_shipped
+    shipped = zoo.available()  # both families
     if name in shipped:
         if name in hf_shipped:
             import importlib.util
 
             if importlib.util.find_spec("transformers") is None:
-                raise ValueError(f"zoo model {name!r} is a Hugging Face DeepSeek-V4 checkpoint and needs transformers "
+                raise UserInputError(f"zoo model {name!r} is a Hugging Face DeepSeek-V4 checkpoint and needs transformers "
                                  "(the 'hf' extra: pip install -e '.[hf]')")
         return
     if name in zoo.ENTRIES:
-        raise ValueError(f"zoo model {name!r} is a recipe without a shipped checkpoint; build it with "
+        raise UserInputError(f"zoo model {name!r} is a recipe without a shipped checkpoint; build it with "
                          f"`phaseinterp zoo build {name}` (shipped: {', '.join(shipped)})")
     if path.is_dir():
-        raise ValueError(f"directory {name!r} is not a checkpoint (no config.json in it)")
+        raise UserInputError(f"directory {name!r} is not a checkpoint (no config.json in it)")
     if path.exists():
-        raise ValueError(f"model {name!r} is a file; pass a checkpoint directory or a zoo name")
-    raise ValueError(f"model {name!r} is neither a shipped zoo model ({', '.join(shipped)}) nor a checkpoint "
+        raise UserInputError(f"model {name!r} is a file; pass a checkpoint directory or a zoo name")
+    raise UserInputError(f"model {name!r} is neither a shipped zoo model ({', '.join(shipped)}) nor a checkpoint "
                      f"directory (with config.json){nearest_name(name, list(zoo.ENTRIES) + hf_shipped)}")
 
 
@@ -163,7 +164,7 @@ def check_report_dir(out_dir: Union[str, Path]) -> Path:
         is_report = False
     if not is_report:
         shown = sorted(p.name for p in out.iterdir())[:3]
-        raise ValueError(f"output directory {str(out)!r} is not empty and holds no previous report (it has "
+        raise UserInputError(f"output directory {str(out)!r} is not empty and holds no previous report (it has "
                          f"{', '.join(shown)}{', ...' if len(list(out.iterdir())) > 3 else ''}); pass a new or "
                          "empty folder, or a previous report's folder to replace it")
     return out
@@ -229,7 +230,7 @@ def check_twin(model, twin) -> None:
         return
     if twin is model or (isinstance(model, (str, Path)) and isinstance(twin, (str, Path))
                          and _model_path(model) == _model_path(twin)):
-        raise ValueError(f"twin={str(twin) if isinstance(twin, (str, Path)) else type(twin).__name__!r} is the "
+        raise UserInputError(f"twin={str(twin) if isinstance(twin, (str, Path)) else type(twin).__name__!r} is the "
                          "model itself: a model is never its own twin; pass its full-attention twin (the zoo's "
                          "compressed models: 'full') or twin=None")
 

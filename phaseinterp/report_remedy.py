@@ -15,6 +15,7 @@ from typing import Any
 
 import pandas as pd
 
+from phaseinterp.errors import UserInputError
 from phaseinterp._files import atomic_write_text
 
 
@@ -25,10 +26,10 @@ def check_remedy(name: str) -> tuple[str, str]:
     shipped = set(zoo.available())
     pairs = {n: e.baseline for n, e in zoo.ENTRIES.items() if e.baseline is not None}
     if name not in pairs:
-        raise ValueError(f"remedy={name!r} is not a staggered-window zoo model (known: {', '.join(sorted(pairs))})")
+        raise UserInputError(f"remedy={name!r} is not a staggered-window zoo model (known: {', '.join(sorted(pairs))})")
     missing = [n for n in (name, pairs[name]) if n not in shipped]
     if missing:
-        raise ValueError(f"remedy={name!r} needs the shipped zoo models {', '.join(missing)} "
+        raise UserInputError(f"remedy={name!r} needs the shipped zoo models {', '.join(missing)} "
                          f"(build with `phaseinterp zoo build NAME`)")
     return name, pairs[name]
 

@@ -31,6 +31,7 @@ from typing import Any, Union
 import numpy as np
 import pandas as pd
 
+from phaseinterp.errors import UserInputError
 from phaseinterp._files import atomic_write, check_output_dir
 
 FORMAT = 1
@@ -51,7 +52,7 @@ def _plotly_js():
     global _PLOTLY_JS_SENT
     mode = os.environ.get("PHASEINTERP_PLOTLYJS", "inline")
     if mode not in ("inline", "cdn"):
-        raise ValueError(f"PHASEINTERP_PLOTLYJS={mode!r} is not one of 'inline', 'cdn'")
+        raise UserInputError(f"PHASEINTERP_PLOTLYJS={mode!r} is not one of 'inline', 'cdn'")
     if mode == "cdn":
         return "cdn"
     if _PLOTLY_JS_SENT:
@@ -147,17 +148,17 @@ class Result:
         try:
             meta = json.loads((directory / META_FILE).read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise ValueError(f"{directory / META_FILE} is truncated or corrupt: {err}") from None
+            raise UserInputError(f"{directory / META_FILE} is truncated or corrupt: {err}") from None
         if not isinstance(meta, dict) or meta.get("kind") != cls.__name__:
             kind = meta.get("kind") if isinstance(meta, dict) else None
-            raise ValueError(f"{directory} does not hold a {cls.__name__} (kind={kind!r})")
+            raise UserInputError(f"{directory} does not hold a {cls.__name__} (kind={kind!r})")
         if meta.get("format") != FORMAT:
-            raise ValueError(f"{directory / META_FILE}: unsupported format {meta.get('format')!r} (expected {FORMAT})")
+            raise UserInputError(f"{directory / META_FILE}: unsupported format {meta.get('format')!r} (expected {FORMAT})")
         try:
             with np.load(directory / ARRAYS_FILE, allow_pickle=False) as data:
                 stored = {k: data[k] for k in data.files}
         except Exception as err:  # zipfile.BadZipFile, ValueError, OSError, EOFError ...
-            raise ValueError(f"{directory / ARRAYS_FILE} is truncated or corrupt: {err}") from None
+            raise UserInputError(f"{directory / ARRAYS_FILE} is truncated or corrupt: {err}") from None
         kwargs: dict[str, Any] = {name: _decode(v) for name, v in meta["fields"].items()}
         try:
             for name in meta["arrays"]:
@@ -165,11 +166,11 @@ class Result:
             for name, spec in meta["frames"].items():
                 kwargs[name] = _frame_from_arrays(spec, name, stored)
         except KeyError as err:
-            raise ValueError(f"{directory / ARRAYS_FILE} lacks the array {err}: truncated or corrupt") from None
+            raise UserInputError(f"{directory / ARRAYS_FILE} lacks the array {err}: truncated or corrupt") from None
         known = {f.name for f in dataclasses.fields(cls) if f.init}
         unknown = sorted(set(kwargs) - known)
         if unknown:
-            raise ValueError(f"{directory} was saved by another version of {cls.__name__} (unknown fields {unknown})")
+            raise UserInputError(f"{directory} was saved by another version of {cls.__name__} (unknown fields {unknown})")
         return cls(**kwargs)
 
 
@@ -267,7 +268,7 @@ def _decode(value: Any) -> Any:
         return {_decode(k): _decode(v) for k, v in value["__items__"]}
     if "__ndarray__" in value:
         return np.asarray(_decode(value["__ndarray__"]), dtype=value["dtype"])
-    raise ValueError(f"unknown tagged value in meta.json: {sorted(value)}")
+    raise UserInputError(f"unknown tagged value in meta.json: {sorted(value)}")
 
 
 def _array_for_npz(value: np.ndarray, name: str) -> np.ndarray:

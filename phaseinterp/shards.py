@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from phaseinterp.errors import UserInputError
 from phaseinterp._files import atomic_write, json_default
 
 SHARD_FORMAT = 1
@@ -121,7 +122,7 @@ def _read_shard(path: Path) -> tuple[dict, int, np.ndarray, dict[str, np.ndarray
             dtypes = json.loads(str(data["dtypes"]))
             arrays = {name: data[f"a/{name}"] for name in dtypes}
     except (OSError, ValueError, KeyError) as err:
-        raise ValueError(f"{path} is not a readable phaseinterp shard ({err}); delete it to recompute") from None
+        raise UserInputError(f"{path} is not a readable phaseinterp shard ({err}); delete it to recompute") from None
     for name, dtype in dtypes.items():
         if dtype == "object":
             arrays[name] = arrays[name].astype(object)
@@ -136,9 +137,9 @@ def _read_run(path: Path) -> dict:
     try:
         header = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as err:
-        raise ValueError(f"{path} is not a readable run description ({err})") from None
+        raise UserInputError(f"{path} is not a readable run description ({err})") from None
     if not isinstance(header, dict) or header.get("kind") not in KINDS:
-        raise ValueError(f"{path} is not a phaseinterp run description (kind must be one of {KINDS})")
+        raise UserInputError(f"{path} is not a phaseinterp run description (kind must be one of {KINDS})")
     return header
 
 
@@ -183,10 +184,10 @@ def merge(directory: Union[str, os.PathLike]):
     prompts: rerun the same command to finish them)."""
     directory = Path(directory)
     if not directory.is_dir():
-        raise ValueError(f"{str(directory)!r} is not a directory")
+        raise UserInputError(f"{str(directory)!r} is not a directory")
     run_file = directory / RUN_FILE
     if not run_file.is_file():
-        raise ValueError(f"{run_file} does not exist: {str(directory)!r} is not a sharded run directory")
+        raise UserInputError(f"{run_file} does not exist: {str(directory)!r} is not a sharded run directory")
     header = _read_run(run_file)
     n, chunk_size = header["n_prompts"], header["chunk_size"]
     n_chunks = math.ceil(n / chunk_size)
@@ -195,16 +196,16 @@ def merge(directory: Union[str, os.PathLike]):
         old, chunk, index, arrays = _read_shard(path)
         diff = _first_difference(header, old)
         if diff:
-            raise ValueError(_mismatch(str(path), f"the run in {directory} ({RUN_FILE})", diff))
+            raise UserInputError(_mismatch(str(path), f"the run in {directory} ({RUN_FILE})", diff))
         expected = re.fullmatch(r"chunk-(\d+)\.npz", path.name)
         if expected is None or int(expected.group(1)) != chunk or not (0 <= chunk < n_chunks) or not np.array_equal(
                 index, np.asarray(_chunk_range(chunk, chunk_size, n))):
-            raise ValueError(f"{path} holds chunk {chunk} (prompts {index[:1].tolist()}..), which does not fit "
+            raise UserInputError(f"{path} holds chunk {chunk} (prompts {index[:1].tolist()}..), which does not fit "
                              f"this run's {n_chunks} chunks of {chunk_size} prompts")
         parts[chunk] = arrays
     missing = [c for c in range(n_chunks) if c not in parts]
     if missing:
         spans = ", ".join(f"{r.start}..{r.stop - 1}" for r in (_chunk_range(c, chunk_size, n) for c in missing[:5]))
-        raise ValueError(f"{directory} lacks {len(missing)} of {n_chunks} chunks (prompts {spans}"
+        raise UserInputError(f"{directory} lacks {len(missing)} of {n_chunks} chunks (prompts {spans}"
                          f"{', ...' if len(missing) > 5 else ''}); rerun the same command to finish them")
     return _assemble(header, [parts[c] for c in range(n_chunks)])

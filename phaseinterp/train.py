@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Int
 from torch import Tensor
 
+from phaseinterp.errors import UserInputError
 from phaseinterp.config import CompressedConfig
 from phaseinterp._files import atomic_write, normal_mode, progress_bar
 from phaseinterp.models.transformer import CompressedTransformer
@@ -49,7 +50,7 @@ class CurriculumStage:
 
     def __post_init__(self) -> None:
         if not (0 < self.until <= 1):
-            raise ValueError(f"CurriculumStage.until={self.until} must be in (0, 1]")
+            raise UserInputError(f"CurriculumStage.until={self.until} must be in (0, 1]")
 
 
 @dataclass(frozen=True)
@@ -79,25 +80,25 @@ class TrainConfig:
         for name in ("steps", "batch_size", "eval_every", "checkpoint_every", "probe_per_residue"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name}={v!r} must be an integer >= 1")
+                raise UserInputError(f"{name}={v!r} must be an integer >= 1")
         if not (self.lr > 0):
-            raise ValueError(f"lr={self.lr} must be > 0")
+            raise UserInputError(f"lr={self.lr} must be > 0")
         if self.loss_on not in ("answer", "values"):
-            raise ValueError(f"loss_on={self.loss_on!r} is not one of ('answer', 'values')")
+            raise UserInputError(f"loss_on={self.loss_on!r} is not one of ('answer', 'values')")
         if not (0 <= self.periodic_fraction < 1):
-            raise ValueError(f"periodic_fraction={self.periodic_fraction} must be in [0, 1)")
+            raise UserInputError(f"periodic_fraction={self.periodic_fraction} must be in [0, 1)")
         lo, hi = self.periodic_block
         if not (1 <= lo <= hi):
-            raise ValueError(f"periodic_block={self.periodic_block} must satisfy 1 <= min <= max")
+            raise UserInputError(f"periodic_block={self.periodic_block} must satisfy 1 <= min <= max")
         stages = [CurriculumStage(**s) if isinstance(s, dict) else s for s in self.curriculum]
         object.__setattr__(self, "curriculum", tuple(stages))
         object.__setattr__(self, "betas", tuple(self.betas))
         object.__setattr__(self, "periodic_block", tuple(self.periodic_block))
         object.__setattr__(self, "snapshot_steps", tuple(self.snapshot_steps))
         if any(b.until <= a.until for a, b in zip(stages, stages[1:])):
-            raise ValueError("curriculum stages must have strictly increasing `until`")
+            raise UserInputError("curriculum stages must have strictly increasing `until`")
         if not (0 <= self.warmup_steps):
-            raise ValueError(f"warmup_steps={self.warmup_steps} must be >= 0")
+            raise UserInputError(f"warmup_steps={self.warmup_steps} must be >= 0")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -107,7 +108,7 @@ class TrainConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(d) - known
         if unknown:
-            raise ValueError(f"unknown TrainConfig fields {sorted(unknown)}")
+            raise UserInputError(f"unknown TrainConfig fields {sorted(unknown)}")
         return cls(**d)
 
     def stage_at(self, step: int) -> dict[str, Any]:
@@ -230,11 +231,11 @@ def train(
     overrides = {k: v for k, v in dict(steps=steps, batch_size=batch_size, lr=lr, seed=seed).items() if v is not None}
     tc = dataclasses.replace(tc, **overrides)
     if config.d_vocab < task.vocab.size:
-        raise ValueError(f"config.d_vocab={config.d_vocab} is smaller than the task vocabulary ({task.vocab.size})")
+        raise UserInputError(f"config.d_vocab={config.d_vocab} is smaller than the task vocabulary ({task.vocab.size})")
     if config.n_ctx < task.seq_len:
-        raise ValueError(f"config.n_ctx={config.n_ctx} is shorter than the task's seq_len={task.seq_len}")
+        raise UserInputError(f"config.n_ctx={config.n_ctx} is shorter than the task's seq_len={task.seq_len}")
     if resume and out_dir is None:
-        raise ValueError("resume=True needs out_dir")
+        raise UserInputError("resume=True needs out_dir")
     R = getattr(task, "residue_modulus", None)
     if R is not None:
         check_residue_modulus(R, config.stride)  # else the trained model could not be profiled by phase
@@ -382,21 +383,21 @@ def _check_same_run(model, config: CompressedConfig, tc: TrainConfig, task, star
 
     was, now = differences(model.cfg.to_dict(), config.to_dict())
     if was:
-        raise ValueError(f"resume: the run in {ckpt.parent} has {was} but this call asks for {now}; a resume must "
+        raise UserInputError(f"resume: the run in {ckpt.parent} has {was} but this call asks for {now}; a resume must "
                          "keep the architecture (start a new out_dir instead)")
     recorded = model.metadata.get("train_config")
     if isinstance(recorded, dict):
         was, now = differences(recorded, tc.to_dict())
         if was:
-            raise ValueError(f"resume: the run in {ckpt.parent} (at step {start}) was trained with {was} but this "
+            raise UserInputError(f"resume: the run in {ckpt.parent} (at step {start}) was trained with {was} but this "
                              f"call asks for {now}; a resume must keep the recipe, including steps")
     stored_task = model.metadata.get("task")
     if isinstance(stored_task, dict) and hasattr(task, "to_dict"):
         was, now = differences(stored_task, task.to_dict())
         if was:
-            raise ValueError(f"resume: the run in {ckpt.parent} trained on a task with {was}; this call passes {now}")
+            raise UserInputError(f"resume: the run in {ckpt.parent} trained on a task with {was}; this call passes {now}")
     if start > tc.steps:
-        raise ValueError(f"resume: the run is at step {start}, beyond steps={tc.steps}")
+        raise UserInputError(f"resume: the run is at step {start}, beyond steps={tc.steps}")
 
 
 def _load_checkpoint(ckpt: Path, tc: TrainConfig, device):

@@ -410,3 +410,32 @@ def test_nan_field_round_trips(model, tmp_path):
     profile = replace(_profile(model), period_p_value=float("nan"))
     loaded = PhaseProfile.load(profile.save(tmp_path / "p"))
     assert math.isnan(loaded.period_p_value) and loaded == profile
+
+
+def test_an_internal_error_keeps_its_traceback(monkeypatch):
+    """Only bad user input (UserInputError), missing files and broken checkpoints exit 2 in one line;
+    a ValueError from a bug propagates (exit code 1 with its traceback)."""
+    import subprocess
+    import sys
+
+    import phaseinterp.zoo as zoo
+    from phaseinterp.errors import UserInputError
+
+    def broken():
+        raise ValueError("an internal bug, not the user's input")
+
+    monkeypatch.setattr(zoo, "catalog", broken)
+    with pytest.raises(ValueError, match="an internal bug"):
+        main(["zoo", "list"])
+
+    def refused():
+        raise UserInputError("n=3 is out of range (1..2)")
+
+    monkeypatch.setattr(zoo, "catalog", refused)
+    assert main(["zoo", "list"]) == 2
+    code = ("import sys, phaseinterp.zoo as zoo, phaseinterp.cli as cli\n"
+            "def broken():\n    raise ValueError('an internal bug')\n"
+            "zoo.catalog = broken\nsys.exit(cli.main(['zoo', 'list']))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback (most recent call last)" in proc.stderr and "ValueError: an internal bug" in proc.stderr

@@ -234,3 +234,49 @@ def test_cli_accepts_the_hf_deepseek_v4_zoo_names(tmp_path, capsys):
     assert main(["profile", "dsv4-tiny", "--n-per-residue", "72", "--out", str(tmp_path / "p")]) == 0
     profile = PhaseProfile.load(tmp_path / "p")
     assert profile.stride == 4 and profile.period == 4
+
+
+def test_the_cli_takes_a_deepseek_v4_zoo_model(tmp_path, capsys, monkeypatch):
+    """One zoo, both families: `zoo list` names `dsv4-tiny` as shipped, `gates` runs on it, and
+    `demo --model dsv4-tiny` / `report dsv4-tiny` reach `build_report` with it (the report itself:
+    test_report_page; profile: the test above; ablate and cycle: the slow test below)."""
+    from types import SimpleNamespace
+
+    import phaseinterp as pi
+    from phaseinterp import report as report_module
+    from phaseinterp.interventions import GateProfile
+
+    pytest.importorskip("transformers")
+    if "dsv4-tiny" not in pi.zoo.available():
+        pytest.skip("dsv4-tiny not built")
+    assert main(["zoo", "list"]) == 0
+    line = next(row for row in capsys.readouterr().out.splitlines() if row.split()[:1] == ["dsv4-tiny"])
+    assert "shipped" in line and "recipe only" not in line
+    assert main(["gates", "dsv4-tiny", "--n-per-residue", "2", "--out", str(tmp_path / "g")]) == 0
+    assert set(GateProfile.load(tmp_path / "g").heads.layer) == {0, 1, 2}
+    calls = []
+    monkeypatch.setattr(report_module, "build_report",
+                        lambda model, out, **kw: calls.append((model, kw["twin"])) or SimpleNamespace(
+                            table=lambda: "", seconds=0.0, summary={}))
+    assert main(["demo", "--model", "dsv4-tiny", "--twin", "none", "--out", str(tmp_path / "d")]) == 0
+    assert main(["report", "dsv4-tiny", "--out", str(tmp_path / "r")]) == 0
+    assert calls == [("dsv4-tiny", None), ("dsv4-tiny", None)]
+
+
+@pytest.mark.slow
+def test_ablate_and_cycle_run_a_deepseek_v4_zoo_model(tmp_path):
+    """ablate (the fast path) and cycle on `dsv4-tiny` through the CLI (about 2 CPU-minutes)."""
+    import phaseinterp as pi
+    from phaseinterp.interventions import AblationResult, CyclingResult
+
+    pytest.importorskip("transformers")
+    if "dsv4-tiny" not in pi.zoo.available():
+        pytest.skip("dsv4-tiny not built")
+    assert main(["ablate", "dsv4-tiny", "--n-per-residue", "72", "--n-calibration", "24",
+                 "--out", str(tmp_path / "a")]) == 0
+    ablation = AblationResult.load(tmp_path / "a")
+    assert list(ablation.units.layer) == [0, 1, 2] and ablation.stride == 4
+    assert main(["cycle", "dsv4-tiny", "--shifts", "1", "--layer", "0", "--n-per-residue", "72",
+                 "--out", str(tmp_path / "c")]) == 0
+    assert tuple(CyclingResult.load(tmp_path / "c").shifts) == (0, 1)
+

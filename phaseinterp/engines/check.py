@@ -20,6 +20,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from phaseinterp.errors import UserInputError
 from phaseinterp import stats
 from phaseinterp._checks import check_int, check_n_per_residue
 from phaseinterp.engines.adapters import (
@@ -68,7 +69,7 @@ def answer_phase_variants(tokens: Int[Tensor, "batch pos"], filler_ids: Sequence
     for a in phases:
         d = (T - 1 - a) % stride
         if d and int(n_fillers.min()) < d:
-            raise ValueError(f"answer phase {a} needs {d} filler tokens per prompt to delete, but a prompt "
+            raise UserInputError(f"answer phase {a} needs {d} filler tokens per prompt to delete, but a prompt "
                              f"has {int(n_fillers.min())}")
         keep = torch.ones_like(tokens, dtype=torch.bool)
         removed = np.zeros((tokens.shape[0], d), dtype=np.int64)
@@ -86,12 +87,12 @@ def _check_phases(name: str, phases: Any, period: int) -> tuple[int, ...]:
         return tuple(range(period))
     values = tuple(phases) if isinstance(phases, (list, tuple, range)) else (phases,)
     if not values:
-        raise ValueError(f"{name}=() is empty: give phases in 0..{period - 1}")
+        raise UserInputError(f"{name}=() is empty: give phases in 0..{period - 1}")
     for p in values:
         if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or not 0 <= p < period:
-            raise ValueError(f"{name}: {p!r} is out of range (phases are 0..{period - 1})")
+            raise UserInputError(f"{name}: {p!r} is out of range (phases are 0..{period - 1})")
     if len(set(values)) != len(values):
-        raise ValueError(f"{name}={values} repeats a phase")
+        raise UserInputError(f"{name}={values} repeats a phase")
     return tuple(int(p) for p in values)
 
 
@@ -148,40 +149,40 @@ def conformance(
     modes = tuple(modes) if not isinstance(modes, str) else (modes,)
     for m in modes:
         if m not in MODES:
-            raise ValueError(f"mode {m!r} is not one of {MODES}")
+            raise UserInputError(f"mode {m!r} is not one of {MODES}")
     if len(set(modes)) != len(modes):
-        raise ValueError(f"modes={modes} repeats a mode")
+        raise UserInputError(f"modes={modes} repeats a mode")
     engines = dict(engines or {})
     for name, engine in engines.items():
         if not isinstance(name, str) or not name or name in MODES or name in DTYPES:
-            raise ValueError(f"engine name {name!r} must be a non-empty string other than {MODES + DTYPES}")
+            raise UserInputError(f"engine name {name!r} must be a non-empty string other than {MODES + DTYPES}")
         if not callable(engine):
-            raise ValueError(f"engines[{name!r}] is a {type(engine).__name__}, not a callable engine")
+            raise UserInputError(f"engines[{name!r}] is a {type(engine).__name__}, not a callable engine")
     if not modes and not engines:
-        raise ValueError(f"nothing to check: give modes from {MODES} or engines")
+        raise UserInputError(f"nothing to check: give modes from {MODES} or engines")
     dtypes = tuple(dtypes) if not isinstance(dtypes, str) else (dtypes,)
     for dt in dtypes:
         if dt not in DTYPES:
-            raise ValueError(f"dtype {dt!r} is not one of {DTYPES}")
+            raise UserInputError(f"dtype {dt!r} is not one of {DTYPES}")
     if "dtype" in modes and not dtypes:
-        raise ValueError(f"mode 'dtype' needs dtypes from {DTYPES}")
+        raise UserInputError(f"mode 'dtype' needs dtypes from {DTYPES}")
     settings = [m for m in modes if m != "dtype"] + (list(dtypes) if "dtype" in modes else []) + list(engines)
     tol = {s: DEFAULT_TOLERANCE.get(s, ENGINE_TOLERANCE) for s in settings}
     for key, value in dict(tolerance or {}).items():
         if key not in tol:
-            raise ValueError(f"tolerance for {key!r}: not a setting of this check (settings: {settings})")
+            raise UserInputError(f"tolerance for {key!r}: not a setting of this check (settings: {settings})")
         statistic, bound = value if isinstance(value, tuple) and len(value) == 2 else (tol[key][0], value)
         if statistic not in STATISTICS:
-            raise ValueError(f"tolerance[{key!r}]: statistic {statistic!r} is not one of {STATISTICS}")
+            raise UserInputError(f"tolerance[{key!r}]: statistic {statistic!r} is not one of {STATISTICS}")
         if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not bound > 0 or not math.isfinite(bound):
-            raise ValueError(f"tolerance[{key!r}]={bound!r} must be a finite number > 0")
+            raise UserInputError(f"tolerance[{key!r}]={bound!r} must be a finite number > 0")
         tol[key] = (statistic, float(bound))
     check_int("batch_size", batch_size, 1)
     check_int("n_bootstrap", n_bootstrap, 1)
     if not (isinstance(confidence, float) and 0 < confidence < 1):
-        raise ValueError(f"confidence={confidence!r} must be a float in (0, 1)")
+        raise UserInputError(f"confidence={confidence!r} must be a float in (0, 1)")
     if not hasattr(task, "generate") or not hasattr(getattr(task, "vocab", None), "filler_ids"):
-        raise ValueError(f"task={task!r} must be a retrieval task with generate() and vocab.filler_ids "
+        raise UserInputError(f"task={task!r} must be a retrieval task with generate() and vocab.filler_ids "
                          "(phaseinterp.zoo.task_for(model))")
     check_n_per_residue(n_per_residue, getattr(task, "residue_modulus", 1))
     ref_engine = reference if reference is not None else engine_for(model)  # ValueError for other families
@@ -193,9 +194,9 @@ def conformance(
         chunk = period * max(1, math.ceil(2 * int(getattr(cfg, "local_window", period)) / period))
     check_int("chunk", chunk, period)
     if chunk % period:
-        raise ValueError(f"chunk={chunk} must be a multiple of the cut period {period}")
+        raise UserInputError(f"chunk={chunk} must be a multiple of the cut period {period}")
     if getattr(task, "seq_len", 0) > getattr(cfg, "n_ctx", math.inf):
-        raise ValueError(f"the task's prompts have {task.seq_len} tokens but the model's n_ctx is {cfg.n_ctx}")
+        raise UserInputError(f"the task's prompts have {task.seq_len} tokens but the model's n_ctx is {cfg.n_ctx}")
 
     batch = task.generate(n_per_residue, seed=seed, strict=False)
     variants = answer_phase_variants(batch.tokens, task.vocab.filler_ids, stride, answer_phases)
@@ -254,7 +255,7 @@ def _run(engine: Any, tokens: Tensor, batch_size: int) -> Float[Tensor, "batch d
         out = engine(chunk)
         if not isinstance(out, Tensor) or out.ndim != 2 or out.shape[0] != chunk.shape[0]:
             shape = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
-            raise ValueError(f"engine {getattr(engine, 'name', engine)!r} returned {shape}; expected "
+            raise UserInputError(f"engine {getattr(engine, 'name', engine)!r} returned {shape}; expected "
                              f"[{chunk.shape[0]}, d_vocab] next-token log-probs")
         parts.append(out.detach().float().cpu())
     return torch.cat(parts)
@@ -264,7 +265,7 @@ def _records(batch, removed: np.ndarray, length: int, answer_phase: int, mode: s
              ref: Float[Tensor, "batch d_vocab"], out: Float[Tensor, "batch d_vocab"]) -> pd.DataFrame:
     """One row per prompt: |d log p| over the entries the engine reports, top-1s, correctness."""
     if out.shape != ref.shape:
-        raise ValueError(f"engine {setting!r} returned {out.shape[1]} log-probs per prompt; the reference has "
+        raise UserInputError(f"engine {setting!r} returned {out.shape[1]} log-probs per prompt; the reference has "
                          f"{ref.shape[1]}")
     reported = ~torch.isnan(out)
     diff = torch.where(reported, (out - ref).abs(), torch.zeros_like(ref))

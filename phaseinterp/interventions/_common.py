@@ -7,6 +7,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from phaseinterp.errors import UserInputError
 from phaseinterp.tasks import resolve_task  # noqa: F401  (re-export; its home is phaseinterp.tasks)
 
 
@@ -29,24 +30,24 @@ def check_layers(model, layer, name: str = "layer") -> list[int]:
     elif isinstance(layer, (list, tuple, range, np.ndarray, torch.Tensor)):
         layers = list(layer.tolist() if hasattr(layer, "tolist") else layer)
         if not layers:
-            raise ValueError(f"{name}={layer!r} is empty; pass layer indices in 0..{n - 1} or None for every layer")
+            raise UserInputError(f"{name}={layer!r} is empty; pass layer indices in 0..{n - 1} or None for every layer")
     else:
-        raise ValueError(f"{name}={layer!r} must be an integer layer index in 0..{n - 1}, a list of them, or None")
+        raise UserInputError(f"{name}={layer!r} must be an integer layer index in 0..{n - 1}, a list of them, or None")
     for value in layers:
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not (0 <= value < n):
-            raise ValueError(f"{name}={value!r} is out of range for a {n}-layer model (0..{n - 1})")
+            raise UserInputError(f"{name}={value!r} is out of range for a {n}-layer model (0..{n - 1})")
     repeated = sorted({int(v) for v in layers if layers.count(v) > 1})
     if repeated:
-        raise ValueError(f"{name}={list(layer)!r} repeats layer(s) {repeated}; list each layer once")
+        raise UserInputError(f"{name}={list(layer)!r} repeats layer(s) {repeated}; list each layer once")
     return [int(v) for v in layers]
 
 
 def fixed_answer_position(batch) -> int:
     positions = torch.as_tensor(batch.answer_pos)
     if positions.numel() == 0:
-        raise ValueError("the task produced no prompts")
+        raise UserInputError("the task produced no prompts")
     if not bool((positions == positions.flatten()[0]).all()):
-        raise ValueError("prompts must share one answer position (the task's fixed query position)")
+        raise UserInputError("prompts must share one answer position (the task's fixed query position)")
     return int(positions.flatten()[0])
 
 

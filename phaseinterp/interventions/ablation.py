@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from phaseinterp.errors import UserInputError
 from phaseinterp._checks import MAX_PROMPTS, check_device, check_int, check_n_per_residue
 from phaseinterp._files import progress_bar
 from phaseinterp.phase import check_residue_modulus
@@ -32,6 +33,7 @@ from phaseinterp.interventions._common import (
     resolve_task,
 )
 from phaseinterp.interventions.knockout import calibration_mean_z, knockout_measures
+from phaseinterp.models.protocol import phase_model
 from phaseinterp.results import Result
 
 
@@ -97,7 +99,7 @@ class AblationResult(Result):
     def to_frame(self, level: str = "phase", n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
         """Tidy rows per (layer, kv_head, phase|residue): accuracies, relative change, 95% CI."""
         if level not in ("phase", "residue"):
-            raise ValueError(f"level={level!r} is not one of ('phase', 'residue')")
+            raise UserInputError(f"level={level!r} is not one of ('phase', 'residue')")
         fold = level == "phase"
         est, low, high = self._relative(fold=fold, n_boot=n_boot, seed=seed)
         groups = self.residue % self.stride if fold else self.residue
@@ -143,7 +145,7 @@ class AblationResult(Result):
         from phaseinterp import stats
 
         if not 0 < alpha < 1:
-            raise ValueError(f"alpha={alpha} is out of range (0, 1)")
+            raise UserInputError(f"alpha={alpha} is out of range (0, 1)")
         phases = self.residue % self.stride
         U, S = len(self.units), self.stride
         tests = [stats.paired_change(np.broadcast_to(self.clean_correct[phases == g, None],
@@ -248,6 +250,7 @@ def _longest_circular_run(mask: np.ndarray) -> list[int]:
 
 def _units(model, layers: list[int], scope: str, heads: Optional[Sequence[Sequence[int]]]) -> pd.DataFrame:
     cfg = model.cfg
+    family = phase_model(model)
     rows = []
     for layer in layers:
         if heads is not None:
@@ -255,15 +258,15 @@ def _units(model, layers: list[int], scope: str, heads: Optional[Sequence[Sequen
                 group = tuple(int(h) for h in group)
                 bad = [h for h in group if not (0 <= h < cfg.n_heads)]
                 if bad or not group:
-                    raise ValueError(f"heads={list(heads)}: query head ids must be in 0..{cfg.n_heads - 1}, got {group}")
+                    raise UserInputError(f"heads={list(heads)}: query head ids must be in 0..{cfg.n_heads - 1}, got {group}")
                 rows.append(dict(layer=layer, kv_head=-1 - i, heads=group))
         elif scope == "kv_head":
-            for kv, group in cfg.kv_head_groups().items():
-                rows.append(dict(layer=layer, kv_head=kv, heads=tuple(group)))
+            for kv in family.kv_heads(layer):
+                rows.append(dict(layer=layer, kv_head=kv, heads=family.knockout_point(layer, kv).query_heads))
         elif scope == "layer":
             rows.append(dict(layer=layer, kv_head=-1, heads=tuple(range(cfg.n_heads))))
         else:
-            raise ValueError(f"scope={scope!r} is not one of ('kv_head', 'layer')")
+            raise UserInputError(f"scope={scope!r} is not one of ('kv_head', 'layer')")
     return pd.DataFrame(rows)
 
 
@@ -323,26 +326,26 @@ def ablate(
     (``100 * (knockout - clean) / clean``), not percentage points.
     """
     if method not in ("fast", "naive"):
-        raise ValueError(f"method={method!r} is not one of ('fast', 'naive')")
+        raise UserInputError(f"method={method!r} is not one of ('fast', 'naive')")
     if scope not in ("kv_head", "layer"):
-        raise ValueError(f"scope={scope!r} is not one of ('kv_head', 'layer')")
+        raise UserInputError(f"scope={scope!r} is not one of ('kv_head', 'layer')")
     check_int("batch_size", batch_size, 1)
     device = check_device(device)
     if getattr(model, "training", False):
-        raise ValueError("ablate needs the model in eval mode; call model.eval() first")
+        raise UserInputError("ablate needs the model in eval mode; call model.eval() first")
     task = resolve_task(model, task)
     layers = check_layers(model, layer)
     units = _units(model, layers, scope, heads)
-    stride = model.cfg.stride
+    stride = phase_model(model).stride
     modulus = task.residue_modulus
     check_residue_modulus(modulus, stride)
     if prompts is None:
         check_n_per_residue(n_per_residue, modulus)
     elif len(prompts) == 0:
-        raise ValueError("prompts holds 0 prompts")
+        raise UserInputError("prompts holds 0 prompts")
     if isinstance(n_calibration, bool) or not isinstance(n_calibration, int) or not (
             modulus <= n_calibration <= MAX_PROMPTS):
-        raise ValueError(
+        raise UserInputError(
             f"n_calibration={n_calibration!r} is out of range ({modulus}..{MAX_PROMPTS}): the mean needs at least "
             f"one calibration prompt per residue (R={modulus})"
         )
@@ -352,12 +355,11 @@ def ablate(
     answer_pos = fixed_answer_position(batch)
     calib = task.calibration(n_calibration, seed=calibration_seed)
     if fixed_answer_position(calib) != answer_pos:
-        raise ValueError("calibration prompts must share the evaluation prompts' answer position")
+        raise UserInputError("calibration prompts must share the evaluation prompts' answer position")
     mean_z = calibration_mean if calibration_mean is not None else calibration_mean_z(
         model, calib.tokens, answer_pos, batch_size)
     bar = progress_bar(progress, batch.tokens.shape[0] * len(units), f"ablate ({method})")
-    # Wrapped HF models (phaseinterp.from_hf) have no incremental cache / forward_last: they take
-    # the hooked full-forward path, which the fast path is tested equal to.
+    # The fast path is the family's (model protocol: has_fast_ablation); both are tested equal to the hooked path.
     try:
         out = knockout_measures(model, batch.tokens, answer_pos, batch.answer, units, mean_z, batch_size, method, bar)
         clean_ok, ko_ok, clean_logit, ko_logit = out[:4]

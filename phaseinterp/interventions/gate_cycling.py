@@ -32,6 +32,7 @@ from phaseinterp.interventions._common import (
     model_device,
     resolve_task,
 )
+from phaseinterp.models.protocol import phase_model
 from phaseinterp.interventions.cycling_stats import (  # noqa: F401  (re-exported)
     _hypothesis_scores,
     _permutation_p,
@@ -40,52 +41,21 @@ from phaseinterp.interventions.cycling_stats import (  # noqa: F401  (re-exporte
     displacement,
     squared_correlation,
 )
+from phaseinterp.errors import UserInputError
 from phaseinterp.results import Result
 
 
 def _shift_targets(model, layers: list[int], branch: str) -> list[tuple[torch.nn.Parameter, int, Optional[int]]]:
     """(parameter, slot axis, KV-head axis or None) triples a shift rolls; raises where a shift
     has no defined meaning. The KV-head axis is None where the layer has one shared KV head (the
-    Hugging Face DeepSeek-V4 layout)."""
-    cfg = model.cfg
-    if not cfg.is_compressed:
-        raise ValueError("cycle_gates: the full-attention model (compression=None) has no gates to shift")
-    if branch not in ("both", "k", "v"):
-        raise ValueError(f"branch={branch!r} is not one of ('both', 'k', 'v')")
-    targets = []
-    for layer in layers:
-        comp = model.blocks[layer].attn.compressor
-        if cfg.compression == "deepseek":
-            if branch != "both":
-                raise ValueError("cycle_gates: the deepseek kernel has one gate for K and V; use branch='both'")
-            bias = getattr(comp, "position_bias", None)
-            if bias is None:
-                raise ValueError(f"cycle_gates: layer {layer} has no compressor (a sliding-window-only layer); "
-                                 f"compressed layers: {getattr(cfg, 'compressed_layers', '?')}")
-            # own kernel: position_bias [S, half, kv_head, d_head]; HF: [S, half * d_head], one KV head
-            targets.append((bias, 0, 2 if bias.ndim == 4 else None))
-            continue
-        if cfg.window != cfg.stride:
-            raise ValueError(
-                f"cycle_gates is defined for W = S (got window={cfg.window}, stride={cfg.stride}): "
-                "with overlapping gated windows a slot is not a phase"
-            )
-        if cfg.gate == "uniform":
-            raise ValueError("cycle_gates: gate='uniform' has no offset-specific gate parameters to shift")
-        if cfg.tie_kv_gates and branch != "both":
-            raise ValueError(f"cycle_gates: K and V gates are tied; branch={branch!r} cannot shift one alone")
-        branches = ("k",) if cfg.tie_kv_gates else (("k", "v") if branch == "both" else (branch,))
-        for br in branches:
-            targets.append((getattr(comp, f"Z_{br}"), 0, 1))
-            bias = getattr(comp, f"b_{br}", None)
-            if bias is not None:
-                targets.append((bias, 0, 1))
-    return targets
+    Hugging Face DeepSeek-V4 layout). The model protocol names them (`PhaseModel.gate_targets`)."""
+    family = phase_model(model)
+    return [(t.parameter, t.slot_axis, t.kv_axis) for layer in layers for t in family.gate_targets(layer, branch)]
 
 
 def _check_shift(shift) -> int:
     if isinstance(shift, bool) or not isinstance(shift, (int, np.integer)):
-        raise ValueError(f"shift={shift!r} must be an integer number of slots")
+        raise UserInputError(f"shift={shift!r} must be an integer number of slots")
     return int(shift)
 
 
@@ -99,14 +69,14 @@ def check_kv_heads(model, kv_heads) -> Optional[list[int]]:
     n = model.cfg.n_kv_heads
     values = [kv_heads] if isinstance(kv_heads, numbers.Integral) and not isinstance(kv_heads, bool) else kv_heads
     if not isinstance(values, (list, tuple, range, np.ndarray)) or len(values) == 0:
-        raise ValueError(f"kv_heads={kv_heads!r} must be a KV-head index in 0..{n - 1}, a non-empty list of them, "
+        raise UserInputError(f"kv_heads={kv_heads!r} must be a KV-head index in 0..{n - 1}, a non-empty list of them, "
                          "or None for every KV head")
     out = []
     for v in values:
         if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not (0 <= v < n):
-            raise ValueError(f"kv_heads={v!r} is out of range for a model with {n} KV head(s) per layer (0..{n - 1})")
+            raise UserInputError(f"kv_heads={v!r} is out of range for a model with {n} KV head(s) per layer (0..{n - 1})")
         if int(v) in out:
-            raise ValueError(f"kv_heads={list(values)!r} repeats KV head {int(v)}; list each once")
+            raise UserInputError(f"kv_heads={list(values)!r} repeats KV head {int(v)}; list each once")
         out.append(int(v))
     return out
 
@@ -179,23 +149,15 @@ def _static_targets(model, layers: list[int]) -> list[tuple[int, str, torch.nn.P
     ``"slot"`` (gated kernel: ``b`` is ``[W, kv_head(, d_head)]``), ``"own_deepseek"``
     (``position_bias`` ``[S, half, kv_head, d_head]``, slot = half * S + i) and ``"hf"``
     (HF ``position_bias`` ``[S, half * d_head]``, one KV head)."""
-    cfg = model.cfg
+    family = phase_model(model)
     _shift_targets(model, layers, "both")  # the same validity rules as the roll
     out = []
     for layer in layers:
-        comp = model.blocks[layer].attn.compressor
-        prefix = f"blocks.{layer}.attn.compressor"
-        if cfg.compression == "deepseek":
-            bias = comp.position_bias
-            out.append((layer, f"{prefix}.hook_gate_logits_k", bias, "own_deepseek" if bias.ndim == 4 else "hf",
-                        2 if bias.ndim == 4 else None))
-            continue
-        for br in (("k",) if cfg.tie_kv_gates else ("k", "v")):
-            bias = getattr(comp, f"b_{br}", None)
-            if bias is None:
-                raise ValueError("mode='static' shifts the gate bias; this model has gate_bias=False (no b_i to "
-                                 "move): use mode='roll'")
-            out.append((layer, f"{prefix}.hook_gate_logits_{br}", bias, "slot", 1))
+        biases = [t for t in family.gate_targets(layer, "both") if t.layout != "slot_weight"]
+        if not biases:
+            raise UserInputError("mode='static' shifts the gate bias; this model has gate_bias=False (no b_i to "
+                             "move): use mode='roll'")
+        out += [(layer, t.hook, t.parameter, t.layout, t.kv_axis) for t in biases]
     return out
 
 
@@ -252,7 +214,7 @@ def shift_static_gates(model, shift: int, layers: Union[int, Sequence[int], None
     pairs = []
     for layer, name, bias, layout, kv_axis in _static_targets(model, check_layers(model, layers)):
         if name not in mean_logits:
-            raise ValueError(f"mean_logits has no entry for {name!r}: compute it with mean_gate_logits(model, "
+            raise UserInputError(f"mean_logits has no entry for {name!r}: compute it with mean_gate_logits(model, "
                              f"tokens, layers={layer})")
         delta = _static_delta(mean_logits[name], shift, layout, bias)
         if heads is not None and kv_axis is not None:
@@ -447,14 +409,14 @@ def _check_shifts(shifts, S: int) -> tuple[int, ...]:
     if isinstance(shifts, (int, np.integer)) and not isinstance(shifts, bool):
         shifts = [shifts]
     if isinstance(shifts, (str, bytes)) or not hasattr(shifts, "__iter__"):
-        raise ValueError(f"shifts={shifts!r} must be a list of non-zero integer shifts")
+        raise UserInputError(f"shifts={shifts!r} must be a list of non-zero integer shifts")
     shifts = list(shifts)
     requested = [_check_shift(d) for d in shifts]
     if not requested:
-        raise ValueError(f"shifts={list(shifts)!r} is empty; pass at least one shift in 1..{S - 1} (mod S={S})")
+        raise UserInputError(f"shifts={list(shifts)!r} is empty; pass at least one shift in 1..{S - 1} (mod S={S})")
     for d in requested:
         if d % S == 0:
-            raise ValueError(
+            raise UserInputError(
                 f"shift={d} is 0 mod S={S}: it moves nothing (the unshifted model is always measured); "
                 f"use shifts in 1..{S - 1} or their negatives"
             )
@@ -522,12 +484,12 @@ def gate_cycling(
         prompts: a pre-generated ``task.generate(...)`` batch to reuse across calls.
     """
     if score not in ("profile", "unit"):
-        raise ValueError(f"score={score!r} is not one of ('profile', 'unit')")
+        raise UserInputError(f"score={score!r} is not one of ('profile', 'unit')")
     if mode not in ("roll", "static"):
-        raise ValueError(f"mode={mode!r} is not one of ('roll', 'static')")
+        raise UserInputError(f"mode={mode!r} is not one of ('roll', 'static')")
     if score == "unit":
         if branch != "both":
-            raise ValueError(f"branch={branch!r}: score='unit' shifts the unit's K and V gates together (branch='both')")
+            raise UserInputError(f"branch={branch!r}: score='unit' shifts the unit's K and V gates together (branch='both')")
         from phaseinterp.interventions.unit_cycling import unit_gate_cycling
 
         return unit_gate_cycling(model, task, shifts, layers=layers, kv_heads=kv_heads, measure=measure, mode=mode,
@@ -535,14 +497,14 @@ def gate_cycling(
                                  calibration_seed=calibration_seed, batch_size=batch_size, n_boot=n_boot,
                                  progress=progress, prompts=prompts)
     if measure != "logprob":
-        raise ValueError(f"measure={measure!r}: the profile score reads accuracy per phase; measure applies to "
+        raise UserInputError(f"measure={measure!r}: the profile score reads accuracy per phase; measure applies to "
                          "score='unit'")
     task = resolve_task(model, task)
     layers_list = check_layers(model, layers)
     heads = check_kv_heads(model, kv_heads)
     if mode == "static":
         if branch != "both":
-            raise ValueError(f"branch={branch!r}: mode='static' moves the K and V gates together (branch='both')")
+            raise UserInputError(f"branch={branch!r}: mode='static' moves the K and V gates together (branch='both')")
         _static_targets(model, layers_list)
     else:
         _shift_targets(model, layers_list, branch)  # validate before any work
@@ -553,7 +515,7 @@ def gate_cycling(
     if prompts is None:
         check_n_per_residue(n_per_residue, task.residue_modulus)
     elif len(prompts) == 0:
-        raise ValueError("prompts holds 0 prompts")
+        raise UserInputError("prompts holds 0 prompts")
     batch = prompts if prompts is not None else task.generate(n_per_residue, seed=seed)
     answer_pos = fixed_answer_position(batch)
     mean_logits = None

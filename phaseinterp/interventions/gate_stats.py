@@ -15,7 +15,9 @@ import numpy as np
 import pandas as pd
 import torch
 
+from phaseinterp.errors import UserInputError
 from phaseinterp._checks import check_int, check_n_per_residue
+from phaseinterp.models.protocol import phase_model
 from phaseinterp.interventions._common import model_device, resolve_task
 from phaseinterp.results import Result
 
@@ -109,16 +111,18 @@ def gate_profile(model, task=None, *, n_per_residue: int = 8, seed: int = 0, bat
     Returns a `GateProfile` (E[alpha] per slot, static and per-window concentration).
     """
     cfg = model.cfg
-    if not cfg.is_compressed:
-        raise ValueError("gate_profile: the full-attention model (compression=None) has no gates")
+    family = phase_model(model)
+    if not family.is_compressed:
+        raise UserInputError("gate_profile: the full-attention model (compression=None) has no gates")
     task = resolve_task(model, task)
     check_int("batch_size", batch_size, 1)
     if prompts is None:
         check_n_per_residue(n_per_residue, task.residue_modulus)
     # Gate statistics average over windows, not over targets: no moment matching needed.
     batch = prompts if prompts is not None else task.generate(n_per_residue, seed=seed, strict=False)
-    W, S, L, KV = cfg.window, cfg.stride, cfg.n_layers, cfg.n_kv_heads
-    names = [f"blocks.{l}.attn.compressor.hook_gate_{br}" for l in range(L) for br in ("k", "v")]
+    W, S = cfg.window, family.stride
+    layers = family.compressed_layers  # an uncompressed layer (sliding-window-only) has no gates
+    names = [f"blocks.{l}.attn.compressor.hook_gate_{br}" for l in layers for br in ("k", "v")]
     sums = {n: 0.0 for n in names}
     conc = {n: 0.0 for n in names}
     count = {n: 0 for n in names}
@@ -135,15 +139,16 @@ def gate_profile(model, task=None, *, n_per_residue: int = 8, seed: int = 0, bat
             conc[n] = conc[n] + _entropy_exp(a, axis=2).sum(axis=(0, 1)).mean(-1)  # [kv]
             count[n] += a.shape[0] * a.shape[1]
     slot_rows, head_rows = [], []
-    for l in range(L):
+    for l in layers:
+        offsets = family.window_offsets(l)
         for br in ("k", "v"):
             n = f"blocks.{l}.attn.compressor.hook_gate_{br}"
             mean_alpha = sums[n] / count[n]  # [slot, kv]
             window_conc = conc[n] / count[n]
             static = _static_alpha(model, l, br)  # [slot, kv]
-            for kv in range(KV):
+            for kv in family.kv_heads(l):
                 for s in range(W):
-                    phase = (s + model.cfg.layer_window_offsets(l)[kv]) % S  # the head's own window grid
+                    phase = (s + offsets[kv]) % S  # the head's own window grid
                     slot_rows.append(dict(layer=l, kv_head=kv, branch=br, slot=s, phase=phase,
                                           mean_alpha=float(mean_alpha[s, kv]), static_alpha=float(static[s, kv])))
                 head_rows.append(dict(
@@ -161,9 +166,9 @@ def _static_alpha(model, layer: int, branch: str) -> np.ndarray:
     """softmax over slots of the h-independent gate part (b, or position_bias), ``[slot, kv]``;
     channel-wise gates are averaged over channels after the softmax."""
     cfg = model.cfg
-    if cfg.gate == "uniform" and cfg.compression == "gated":
-        return np.full((cfg.window, cfg.n_kv_heads), 1.0 / cfg.window)
     gp = model.gate_parameters(layer, branch)
+    if gp.b is None:  # uniform gates: alpha = 1/W whatever h is
+        return np.full((cfg.window, cfg.n_kv_heads), 1.0 / cfg.window)
     b = gp.b.detach().double().cpu()
     alpha = b.softmax(0)
     if alpha.ndim == 3:

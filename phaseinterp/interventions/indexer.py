@@ -26,9 +26,11 @@ import numpy as np
 import pandas as pd
 import torch
 
+from phaseinterp.errors import UserInputError
 from phaseinterp import stats
 from phaseinterp._files import atomic_write_text
 from phaseinterp.interventions._common import fixed_answer_position, model_device, resolve_task
+from phaseinterp.models.protocol import phase_model
 
 CSA = "compressed_sparse_attention"
 RATES = ("value_selected", "key_selected", "pair_selected")
@@ -58,9 +60,9 @@ class IndexerPhaseResult:
         """One row per (layer, phase|residue): ``n``, the ``metric`` rate with its Wilson interval,
         the other rates, the mean rank of the value's entry and the mean number of closed entries."""
         if level not in ("phase", "residue"):
-            raise ValueError(f"level={level!r} is not one of ('phase', 'residue')")
+            raise UserInputError(f"level={level!r} is not one of ('phase', 'residue')")
         if metric not in RATES:
-            raise ValueError(f"metric={metric!r} is not one of {RATES}")
+            raise UserInputError(f"metric={metric!r} is not one of {RATES}")
         g = self.records.groupby(["layer", level])
         frame = g.agg(n=(metric, "size"), k=(metric, "sum"), **{f"{m}_rate": (m, "mean") for m in RATES},
                       mean_value_rank=("value_rank", "mean"), mean_closed=("n_closed", "mean")).reset_index()
@@ -75,7 +77,7 @@ class IndexerPhaseResult:
         """Value-entry selection rate by (layer, phase) had the indexer kept its top ``k`` (from the ranks;
         ties count as kept, so at the model's own k this can exceed ``value_selected``)."""
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(f"k={k!r} must be an integer >= 1")
+            raise UserInputError(f"k={k!r} must be an integer >= 1")
         hit = self.records.assign(hit=(self.records.value_rank >= 0) & (self.records.value_rank < k))
         return hit.groupby(["layer", "phase"]).hit.mean().unstack("phase")
 
@@ -128,7 +130,7 @@ class IndexerPhaseResult:
                 raise FileNotFoundError(f"{directory / name} does not exist")
         meta = json.loads((directory / "meta.json").read_text())
         if meta.pop("kind", None) != "IndexerPhaseResult":
-            raise ValueError(f"{directory} does not hold an IndexerPhaseResult")
+            raise UserInputError(f"{directory} does not hold an IndexerPhaseResult")
         return cls(records=pd.read_csv(directory / "records.csv"), **meta)
 
     def __repr__(self) -> str:
@@ -150,19 +152,18 @@ def _holding(position: np.ndarray, S: int, n_closed: np.ndarray) -> np.ndarray:
 def _setup(model, task, layers, n_per_residue: int, seed: int, prompts, what: str):
     """Checked CSA ``layers`` (default: every CSA layer), the task, its prompts, the shared answer
     position, the CSA rate S and the task's key length."""
-    layer_types = getattr(model.cfg, "layer_types", None)
-    if layer_types is None:
-        raise ValueError(f"{what} needs a wrapped DeepSeek-V4 (phaseinterp.from_hf / load_hf)")
-    csa = [l for l, kind in enumerate(layer_types) if kind == CSA]
+    family = phase_model(model)
+    csa = family.indexer_layers
     if not csa:
-        raise ValueError(f"{what}: the model has no CSA layer, hence no indexer")
+        raise UserInputError(f"{what}: {family.label} has no indexer (no CSA layer); it needs a DeepSeek-V4 with CSA "
+                         "layers (phaseinterp.from_hf / load_hf)")
     layers = csa if layers is None else [layers] if isinstance(layers, int) else list(layers)
     for layer in layers:
         if layer not in csa:
-            raise ValueError(f"layer={layer!r} is not a CSA layer (CSA layers: {csa})")
+            raise UserInputError(f"layer={layer!r} is not a CSA layer (CSA layers: {csa})")
     task = resolve_task(model, task)
     batch = prompts if prompts is not None else task.generate(n_per_residue, seed=seed)
-    return (layers, task, batch, fixed_answer_position(batch), model.cfg.compress_rates[CSA],
+    return (layers, task, batch, fixed_answer_position(batch), family.layer_stride(csa[0]),
             int(getattr(task, "key_tokens", 1)))
 
 

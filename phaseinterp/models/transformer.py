@@ -42,6 +42,7 @@ from torch import Tensor
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.HookedRootModule import HookedRootModule
 
+from phaseinterp.errors import UserInputError
 from phaseinterp._files import atomic_write
 from phaseinterp.config import CompressedConfig
 from phaseinterp.models.attention import CompressedAttention
@@ -60,18 +61,18 @@ def check_tokens(tokens, n_ctx: int, d_vocab: int, start: int = 0) -> None:
     if not isinstance(tokens, Tensor) or tokens.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
         raise TypeError(f"tokens must be an integer tensor [batch, pos], got {getattr(tokens, 'dtype', type(tokens))}")
     if tokens.ndim != 2:
-        raise ValueError(f"tokens must have shape [batch, pos], got {tuple(tokens.shape)}")
+        raise UserInputError(f"tokens must have shape [batch, pos], got {tuple(tokens.shape)}")
     if tokens.shape[1] == 0:
-        raise ValueError("tokens has no positions (shape [batch, 0])")
+        raise UserInputError("tokens has no positions (shape [batch, 0])")
     if tokens.shape[0] == 0:
-        raise ValueError(f"tokens has no sequences (shape [0, {tokens.shape[1]}]); pass at least one row")
+        raise UserInputError(f"tokens has no sequences (shape [0, {tokens.shape[1]}]); pass at least one row")
     end = start + tokens.shape[1]
     if end > n_ctx:
-        raise ValueError(f"sequence length {end} exceeds n_ctx={n_ctx} (valid lengths: 1..{n_ctx})")
+        raise UserInputError(f"sequence length {end} exceeds n_ctx={n_ctx} (valid lengths: 1..{n_ctx})")
     lo, hi = int(tokens.min()), int(tokens.max())
     if lo < 0 or hi >= d_vocab:
         bad = lo if lo < 0 else hi
-        raise ValueError(f"token id {bad} is outside the vocabulary (valid ids: 0..{d_vocab - 1})")
+        raise UserInputError(f"token id {bad} is outside the vocabulary (valid ids: 0..{d_vocab - 1})")
 
 
 class CheckpointError(RuntimeError):
@@ -195,7 +196,7 @@ class CompressedTransformer(HookedRootModule):
         of the config or checkpoint (an execution setting, like the device). Returns the model."""
         if query_chunk is not None and query_chunk != "auto" and (
                 isinstance(query_chunk, bool) or not isinstance(query_chunk, int) or query_chunk < 1):
-            raise ValueError(f"query_chunk={query_chunk!r} must be 'auto', None (no chunking) or an integer >= 1")
+            raise UserInputError(f"query_chunk={query_chunk!r} must be 'auto', None (no chunking) or an integer >= 1")
         for block in self.blocks:
             block.attn.query_chunk = query_chunk
         return self
@@ -222,11 +223,11 @@ class CompressedTransformer(HookedRootModule):
         With ``cache``, ``tokens`` continue the cached prefix; the cache is extended in place.
         """
         if return_type not in ("logits", "loss", None):
-            raise ValueError(f"return_type={return_type!r} is not one of ('logits', 'loss', None)")
+            raise UserInputError(f"return_type={return_type!r} is not one of ('logits', 'loss', None)")
         start = 0 if cache is None else cache.length
         self._check_tokens(tokens, start)
         if cache is not None and cache.length > 0 and cache.batch_size != tokens.shape[0]:
-            raise ValueError(f"tokens batch {tokens.shape[0]} does not match the cache's batch {cache.batch_size}")
+            raise UserInputError(f"tokens batch {tokens.shape[0]} does not match the cache's batch {cache.batch_size}")
         tokens = tokens.to(self.W_E.device).long()
         resid = self.hook_embed(self.W_E[tokens])
         for layer, block in enumerate(self.blocks):
@@ -274,20 +275,20 @@ class CompressedTransformer(HookedRootModule):
         its boundary phase (``(o + S - 1) mod S``; ``S - 1`` for every head on the shared grid).
         The phase profile keeps reporting phases of the shared stride, ``t mod S``."""
         if not self.cfg.is_compressed:
-            raise ValueError("the full-attention model (compression=None) has no compression windows")
+            raise UserInputError("the full-attention model (compression=None) has no compression windows")
         return tuple(boundary_phase(self.cfg.stride, o) for o in self.window_offsets(layer))
 
     def gate_parameters(self, layer: int, branch: str = "k") -> GateParameters:
         """The per-slot gate parameters ``Z``, ``b`` of one layer and branch (see `GateParameters`)."""
         self._check_layer(layer)
         if not self.cfg.is_compressed:
-            raise ValueError("the full-attention model (compression=None) has no gates")
+            raise UserInputError("the full-attention model (compression=None) has no gates")
         return self.blocks[layer].attn.compressor.gate_parameters(branch)
 
     def _check_layer(self, layer: int) -> None:
         n = self.cfg.n_layers
         if isinstance(layer, bool) or not isinstance(layer, int) or not (0 <= layer < n):
-            raise ValueError(f"layer={layer!r} is out of range for a {n}-layer model (0..{n - 1})")
+            raise UserInputError(f"layer={layer!r} is out of range for a {n}-layer model (0..{n - 1})")
 
     def key_slot_sources(self, layer: int, query_pos: int, n_key_slots: Optional[int] = None, kv_head: int = 0):
         """``(kind, source positions)`` of each key slot of ``hook_pattern`` for one query reading

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 from jaxtyping import Int
 
+from phaseinterp.errors import UserInputError
 from phaseinterp.tasks.layout import check_int
 
 # Tolerances when exact matching is impossible: spread across residue groups.
@@ -123,7 +124,7 @@ def check_target_band(lo: int, hi: int, modulus: int, problem: str, remedy: str)
     positions in ``lo..hi`` with a common mean and variance."""
     var_lo, var_hi = variance_interval(lo, hi, modulus) if hi - lo + 1 >= modulus else (1, 0)
     if not var_lo < var_hi:
-        raise ValueError(
+        raise UserInputError(
             f"{problem} ({max(hi - lo + 1, 0)} positions; about {2 * modulus + 1} or more are needed): {remedy}"
         )
 
@@ -316,13 +317,13 @@ def match_target_moments(
     check_int("modulus", modulus, 1)
     check_int("n", n, 1)
     if hi - lo + 1 < modulus:
-        raise ValueError(
+        raise UserInputError(
             f"target positions {lo}..{hi} ({max(hi - lo + 1, 0)} positions) cannot realize every residue "
             f"mod {modulus}; need at least {modulus} positions (more for matched variances)"
         )
     var_lo, var_hi = variance_interval(lo, hi, modulus)
     if not var_lo < var_hi:
-        raise ValueError(
+        raise UserInputError(
             f"target positions {lo}..{hi} ({hi - lo + 1} positions) are too few to give every residue group "
             f"mod {modulus} the same mean and variance; widen the range (about {2 * modulus + 1} positions "
             "or more), e.g. a longer seq_len, fewer records/demos or a wider distance range"
@@ -347,7 +348,7 @@ def match_target_moments(
             return placement(np.stack(groups), var, False)
     if not strict:
         return placement(_nearest_positions(lo, hi, modulus, n, mu), (var_lo + var_hi) / 2, False)
-    raise ValueError(
+    raise UserInputError(
         f"n_per_residue={n} cannot match the target-position moments across {modulus} residue groups in "
         f"{lo}..{hi} within {mean_tolerance} token (mean) and {std_tolerance:.0%} (std): "
         f"{_smallest_workable(lo, hi, modulus, n, var_lo, var_hi, mean_tolerance, std_tolerance)}; exact "

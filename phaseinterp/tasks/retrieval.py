@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from phaseinterp.errors import UserInputError
 from phaseinterp.phase import check_residue_modulus
 from phaseinterp.tasks._serialize import TaskSettings
 from phaseinterp.tasks.batches import TaskBatch, TrainBatch, observed_moments
@@ -59,7 +60,7 @@ class KeyValueRetrieval(TaskSettings):
         check_int("n_demos", self.n_demos, 0, (self.n_records - 1) // 2)
         check_padding(self.padding)
         if self.slack < 0:
-            raise ValueError(
+            raise UserInputError(
                 f"seq_len={self.seq_len} is too short for {self.n_records} records and {self.n_demos} demos "
                 f"(needs >= {self.fixed_tokens} tokens)"
             )
@@ -250,14 +251,14 @@ class KeyValueRetrieval(TaskSettings):
         check_int("n_records (upper)", hi_n, lo_n, max_records)
         need = 2 * hi_n + 2 + 2 * (n_queries or 1)
         if need > self.seq_len:
-            raise ValueError(
+            raise UserInputError(
                 f"seq_len={self.seq_len} cannot hold {hi_n} records, <bos>, <sep> and {n_queries or 1} queries "
                 f"({need} tokens)"
             )
         if n_queries is not None:
             check_int("n_queries", n_queries, 1)
         if query_distance is not None and not (1 <= query_distance[0] <= query_distance[1] and query_distance[1] >= 3):
-            raise ValueError(
+            raise UserInputError(
                 f"query_distance={query_distance} must satisfy 1 <= lo <= hi and hi >= 3: the first query key "
                 "sits at least 3 tokens after the last record's key"
             )

@@ -272,19 +272,35 @@ def cycling_model_for(stride: int) -> Optional[str]:
 
 
 def available() -> list[str]:
-    """Names of the zoo models whose checkpoints ship with this installation (the HF-format
-    DeepSeek-V4 models: `phaseinterp.zoo.deepseek_v4.available()`)."""
-    return [name for name in ENTRIES if (CHECKPOINT_DIR / name / "config.json").is_file()]
+    """Names of the zoo models whose checkpoints ship with this installation, both families: the
+    own `CompressedTransformer` entries, then the HF-format DeepSeek-V4s (`zoo.deepseek_v4`)."""
+    from phaseinterp.zoo import deepseek_v4 as hf_zoo
+
+    return [name for name in ENTRIES if (CHECKPOINT_DIR / name / "config.json").is_file()] + hf_zoo.available()
+
+
+def catalog() -> list[tuple[str, bool, str, str]]:
+    """``(name, shipped, description, rebuild command)`` for every zoo model of both families
+    (what ``phaseinterp zoo list`` prints)."""
+    from phaseinterp.zoo import deepseek_v4 as hf_zoo
+
+    shipped = set(available())
+    rows = [(name, name in shipped, e.description, e.command) for name, e in ENTRIES.items()]
+    return rows + [(name, name in shipped, r.description, r.command) for name, r in hf_zoo.RECIPES.items()]
 
 
 def entry(name: str) -> ZooEntry:
     if name not in ENTRIES:
-        raise ValueError(f"unknown zoo model {name!r}; known: {sorted(ENTRIES)}")
+        from phaseinterp.errors import UserInputError
+        from phaseinterp.zoo import deepseek_v4 as hf_zoo
+
+        raise UserInputError(f"unknown zoo model {name!r}; known: {sorted(ENTRIES) + sorted(hf_zoo.RECIPES)}")
     return ENTRIES[name]
 
 
 def load(name: str, device=None):
-    """Load a shipped zoo model (``CompressedTransformer`` in eval mode, task in ``.metadata``).
+    """Load a shipped zoo model of either family (``CompressedTransformer``, or `HookedDeepseekV4`
+    for the HF-format DeepSeek-V4s; eval mode, task in ``.metadata``).
 
     ``name``: one of `available()` (``phaseinterp zoo list`` marks the rest "recipe only": they
     raise FileNotFoundError naming the build command); ``device``: a torch device this machine
@@ -374,5 +390,5 @@ def recipe() -> dict[str, Any]:
 
 
 __all__ = ["ENTRIES", "EQUAL_TRAINING", "LEARNED_MEAN", "ZooEntry", "available", "build", "entry",
-           "cycling_model_for", "equal_training_step", "install_snapshot", "load", "recipe", "run_curves", "snapshot_step", "task_for",
+           "catalog", "cycling_model_for", "equal_training_step", "install_snapshot", "load", "recipe", "run_curves", "snapshot_step", "task_for",
            "training_controls"]

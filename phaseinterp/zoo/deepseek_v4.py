@@ -28,6 +28,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
+from phaseinterp.errors import UserInputError
+
 CHECKPOINT_DIR = Path(__file__).parent / "checkpoints"
 CSA, HCA = "compressed_sparse_attention", "heavily_compressed_attention"
 
@@ -264,7 +266,7 @@ def build(name: str, out_dir: Union[str, Path, None] = None, *, install: bool = 
     import torch
 
     if name not in RECIPES:
-        raise ValueError(f"unknown tiny DeepSeek-V4 recipe {name!r}; known: {sorted(RECIPES)}")
+        raise UserInputError(f"unknown tiny DeepSeek-V4 recipe {name!r}; known: {sorted(RECIPES)}")
     if threads is not None:
         torch.set_num_threads(threads)
     run_dir = Path(out_dir) if out_dir is not None else Path("runs") / "zoo" / name
@@ -301,7 +303,7 @@ def load(name: str, device=None):
     from phaseinterp.models.hf import load_hf
 
     if name not in RECIPES:
-        raise ValueError(f"unknown tiny DeepSeek-V4 {name!r}; known: {sorted(RECIPES)}")
+        raise UserInputError(f"unknown tiny DeepSeek-V4 {name!r}; known: {sorted(RECIPES)}")
     path = CHECKPOINT_DIR / name
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"zoo model {name!r} is known but its checkpoint is not in {path}; build it with "

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any, Optional, Union
 
+from phaseinterp.errors import UserInputError
 from phaseinterp.models.hf.deepseek_v4 import SIDECAR_FILE, DeepseekV4HookedConfig, HookedDeepseekV4
 
 SUPPORTED_MODEL_TYPES = ("deepseek_v4",)
@@ -24,13 +25,13 @@ def from_hf(hf_model: Any, name: Optional[str] = None) -> HookedDeepseekV4:
     """
     model_type = getattr(getattr(hf_model, "config", None), "model_type", None)
     if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(f"from_hf: model_type={model_type!r} ({type(hf_model).__name__}) is not supported; "
+        raise UserInputError(f"from_hf: model_type={model_type!r} ({type(hf_model).__name__}) is not supported; "
                          f"supported: {SUPPORTED_MODEL_TYPES}")
     if not hasattr(hf_model, "lm_head") or not hasattr(hf_model, "model"):
-        raise ValueError(f"from_hf needs a DeepseekV4ForCausalLM (with lm_head), got {type(hf_model).__name__}")
+        raise UserInputError(f"from_hf needs a DeepseekV4ForCausalLM (with lm_head), got {type(hf_model).__name__}")
     impl = getattr(hf_model.config, "_attn_implementation", "eager")
     if impl not in (None, "eager"):
-        raise ValueError(f"from_hf: attention implementation {impl!r} is not supported (valid: 'eager')")
+        raise UserInputError(f"from_hf: attention implementation {impl!r} is not supported (valid: 'eager')")
     model = HookedDeepseekV4(hf_model, name=name)
     model.eval()  # the HF model too: experiments expect eval mode, as from_pretrained gives
     return model
@@ -67,23 +68,23 @@ def load_hf(path: Union[str, Path], device_map: Union[str, dict, None] = None, d
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist (load_hf reads a local checkpoint directory)")
     if not path.is_dir():
-        raise ValueError(f"{path} is not a directory (load_hf reads a local checkpoint directory)")
+        raise UserInputError(f"{path} is not a directory (load_hf reads a local checkpoint directory)")
     config_path = path / "config.json"
     if not config_path.is_file():
         raise FileNotFoundError(f"{config_path} does not exist: {path} is not a Hugging Face model directory")
     try:
         raw_config = json.loads(config_path.read_text())
     except json.JSONDecodeError as err:
-        raise ValueError(f"{config_path} is not valid JSON: {err}") from None
+        raise UserInputError(f"{config_path} is not valid JSON: {err}") from None
     model_type = raw_config.get("model_type") if isinstance(raw_config, dict) else None
     if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(f"{path}: model_type={model_type!r} is not supported (supported: {SUPPORTED_MODEL_TYPES})")
+        raise UserInputError(f"{path}: model_type={model_type!r} is not supported (supported: {SUPPORTED_MODEL_TYPES})")
     if not any(any(path.glob(p)) for p in _WEIGHT_PATTERNS):
         raise FileNotFoundError(f"{path} has a config.json but no weights (*.safetensors or pytorch_model*.bin)")
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point) and dtype != "auto":
-        raise ValueError(f"dtype={dtype!r} is not a floating torch dtype (e.g. torch.bfloat16) or 'auto'")
+        raise UserInputError(f"dtype={dtype!r} is not a floating torch dtype (e.g. torch.bfloat16) or 'auto'")
     if offload_folder is not None and device_map is None:
-        raise ValueError(f"offload_folder={str(offload_folder)!r} needs device_map (e.g. device_map='auto')")
+        raise UserInputError(f"offload_folder={str(offload_folder)!r} needs device_map (e.g. device_map='auto')")
     from transformers import DeepseekV4ForCausalLM
 
     from phaseinterp.models.hf.memory import config_from_dict

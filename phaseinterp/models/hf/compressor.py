@@ -82,11 +82,13 @@ class _CompressionHooks(nn.Module):
             return self.hook_gate_v(self.hook_gate_k(alpha))
         return self.hook_gate(alpha)
 
-    def compress(self, x: Tensor) -> Tensor:
+    def compress(self, x: Tensor, first_window: int = 0) -> Tensor:
         """HF's stateless compression of every closed window of ``x`` ``[batch, pos, d_model]``.
 
         ``K_j = kv_norm(sum_i alpha_{j,i} * kv_{j,i})``, ``alpha_j = softmax_i(gate_{j,i} + position_bias_i)``
         over the entry's slots, then RoPE at position ``j * S``. Returns ``[batch, entry, d]`` (rotated).
+        ``first_window``: the window index of ``x``'s first token (``x`` a slice of a longer sequence
+        starting at ``first_window * S``; its entries are rotated at their positions in that sequence).
         """
         hf = self.hf
         mod = _hf()
@@ -119,7 +121,7 @@ class _CompressionHooks(nn.Module):
         alpha = self._unsqueezed(self._alpha_hooks, alpha)
         compressed = hf.kv_norm((new_kv * alpha).sum(dim=2))
         compressed = self._unsqueezed(self.hook_compressed, compressed)
-        positions = (torch.arange(n_windows, device=compressed.device) * S).unsqueeze(0).expand(batch, -1)
+        positions = ((torch.arange(n_windows, device=compressed.device) + first_window) * S).unsqueeze(0).expand(batch, -1)
         cos, sin = hf.rotary_emb(compressed, position_ids=positions, layer_type=hf.rope_layer_type)
         compressed = mod.apply_rotary_pos_emb(compressed.unsqueeze(1), cos, sin).squeeze(1)
         return self._unsqueezed(self.hook_rot_compressed, compressed)

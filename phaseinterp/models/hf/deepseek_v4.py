@@ -53,6 +53,7 @@ from torch import Tensor
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.HookedRootModule import HookedRootModule
 
+from phaseinterp.errors import UserInputError
 from phaseinterp.models.compressor import GateParameters
 from phaseinterp.models.hf.attention import AttentionHooks, BlockHooks  # noqa: F401 - AttentionHooks re-exported
 from phaseinterp.models.hf.compressor import (  # noqa: F401 - re-exported from their former home
@@ -108,7 +109,7 @@ class HookedDeepseekV4(HookedRootModule):
     def forward(self, tokens: Tensor, *, return_type: Optional[str] = "logits") -> Optional[Tensor]:
         """Logits ``[batch, pos, d_vocab]`` (``"logits"``), the mean next-token loss (``"loss"``) or None."""
         if return_type not in ("logits", "loss", None):
-            raise ValueError(f"return_type={return_type!r} is not one of ('logits', 'loss', None)")
+            raise UserInputError(f"return_type={return_type!r} is not one of ('logits', 'loss', None)")
         self._check_tokens(tokens)
         from transformers.masking_utils import create_sliding_window_causal_mask
 
@@ -151,13 +152,13 @@ class HookedDeepseekV4(HookedRootModule):
     def _check_layer(self, layer: int) -> None:
         n = self.cfg.n_layers
         if isinstance(layer, bool) or not isinstance(layer, int) or not (0 <= layer < n):
-            raise ValueError(f"layer={layer!r} is out of range for a {n}-layer model (0..{n - 1})")
+            raise UserInputError(f"layer={layer!r} is out of range for a {n}-layer model (0..{n - 1})")
 
     def _compressor(self, layer: int) -> CompressorHooks:
         self._check_layer(layer)
         comp = self.blocks[layer].attn.compressor
         if not isinstance(comp, CompressorHooks):
-            raise ValueError(f"layer {layer} is a sliding-window-only layer (no compressor); compressed layers: "
+            raise UserInputError(f"layer {layer} is a sliding-window-only layer (no compressor); compressed layers: "
                              f"{self.cfg.compressed_layers}")
         return comp
 
@@ -179,7 +180,7 @@ class HookedDeepseekV4(HookedRootModule):
         uses) and ``b`` ``[slot, 1, d_head]`` (``position_bias`` laid out per slot, slot = half * S + i).
         Copies: edit `position_bias` to change the model. K = V, so both branches are the same gate."""
         if branch not in ("k", "v"):
-            raise ValueError(f"branch={branch!r} is not one of ('k', 'v')")
+            raise UserInputError(f"branch={branch!r} is not one of ('k', 'v')")
         comp = self._compressor(layer)
         S, d = comp.compress_rate, self.cfg.d_head
         halves = 2 if comp.two_halves else 1
@@ -213,10 +214,10 @@ class HookedDeepseekV4(HookedRootModule):
             per = (lambda t: t) if stride is None else (lambda t: t + t // stride)
             seq_len = next((t for t in range(n_key_slots + 1) if per(t) == n_key_slots), None)
             if seq_len is None:
-                raise ValueError(f"n_key_slots={n_key_slots} matches no sequence length for layer {layer}")
+                raise UserInputError(f"n_key_slots={n_key_slots} matches no sequence length for layer {layer}")
         T = query_pos + 1 if seq_len is None else seq_len
         if not (0 <= query_pos < T):
-            raise ValueError(f"query_pos={query_pos} is out of range 0..{T - 1}")
+            raise UserInputError(f"query_pos={query_pos} is out of range 0..{T - 1}")
         lower = query_pos - self.cfg.sliding_window + 1
         out = [("local", [p]) if lower <= p <= query_pos else ("masked", []) for p in range(T)]
         if stride is None:

@@ -1,0 +1,198 @@
+"""`HookedDeepseekV4` at one position: recompute the last query of a layer from a clean full forward.
+
+An edit at the final position ``p`` (a knockout of ``hook_z`` there) changes nothing at earlier
+positions, so each later layer only needs its output at ``p``. `clean_states` keeps, per layer,
+what one clean forward computed at every position (the mHC streams entering the layer, the
+attention input, the per-token K = V, the compressed entries, the indexer's entries and scores);
+`block_forward_last` then runs one decoder layer for position ``p`` alone:
+
+- mHC collapse / mix and the MoE act per token, on the ``[N, 1, hc_mult, d_model]`` streams;
+- keys: the sliding window's tokens ``p - sliding_window + 1 .. p`` (``p`` recomputed), then
+  every compressed entry; the entry whose window closes at ``p`` (``(p + 1) % S == 0``) is
+  recompressed from the edited token, through the layer's own `compress` maths;
+- CSA: the indexer's score row ``p`` is recomputed and HF's top-k runs on the clean ``[batch,
+  pos, entry]`` score tensor with that row replaced (the same tensor shape as the full forward,
+  so ties break alike); HCA: every entry closed at ``p`` is visible.
+
+Equal to the hooked full forward to 1e-5 (tests/test_deepseek_v4.py, via `ablate`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Optional
+
+import einops
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from phaseinterp.models.hf.compressor import CompressorHooks, _hf
+from phaseinterp.models.hf.config import CSA
+
+
+@dataclass(frozen=True)
+class LayerState:
+    """One layer's clean activations at every position of a prompt batch (``N`` rows)."""
+
+    resid_pre: Tensor  # [N, T, hc, d_model] streams entering the layer
+    attn_in: Tensor  # [N, T, d_model] collapsed + normed attention input
+    kv: Tensor  # [N, T, d_head] per-token K = V after RoPE
+    compressed: Optional[Tensor]  # [N, E, d_head] entries after RoPE (None: sliding-only layer)
+    index_compressed: Optional[Tensor]  # [N, E, d_index] (CSA only)
+    index_scores: Optional[Tensor]  # [N, T, E] masked indexer scores (CSA only)
+
+    def repeat(self, n: int) -> "LayerState":
+        """Each row repeated ``n`` times in place (row ``r`` -> rows ``r*n .. r*n+n-1``)."""
+        rep = {k: (v.repeat_interleave(n, 0) if isinstance(v, Tensor) else v) for k, v in self.__dict__.items()}
+        return replace(self, **rep)
+
+
+def _names(model, layer: int) -> dict[str, str]:
+    prefix = f"blocks.{layer}"
+    names = {"resid_pre": f"{prefix}.hook_resid_pre", "attn_in": f"{prefix}.hook_attn_in",
+             "kv": f"{prefix}.attn.hook_rot_kv"}
+    kind = model.cfg.layer_types[layer]
+    if model.cfg.layer_stride(layer) is not None:
+        names["compressed"] = f"{prefix}.attn.compressor.hook_rot_compressed"
+    if kind == CSA:
+        names["index_compressed"] = f"{prefix}.attn.compressor.indexer.hook_rot_compressed"
+        names["index_scores"] = f"{prefix}.attn.compressor.indexer.hook_scores"
+    return names
+
+
+@torch.inference_mode()
+def clean_states(model, tokens: Tensor) -> tuple[Tensor, list[LayerState]]:
+    """One clean full forward of ``tokens`` ``[N, T]``: logits ``[N, T, vocab]`` and every layer's `LayerState`."""
+    per_layer = [_names(model, layer) for layer in range(model.cfg.n_layers)]
+    wanted = {name for names in per_layer for name in names.values()}
+    logits, cache = model.run_with_cache(tokens, names_filter=lambda n: n in wanted, return_cache_object=False)
+    states = []
+    N = tokens.shape[0]
+    for layer, names in enumerate(per_layer):
+        got = {k: cache[v] for k, v in names.items() if v in cache}
+        comp = model.blocks[layer].attn.compressor
+        if "compressed" in names and "compressed" not in got:  # no window closed yet: compress fired no hook
+            got["compressed"] = got["kv"].new_zeros((N, 0, 1, model.cfg.d_head))
+        if "index_compressed" in names and "index_compressed" not in got:
+            got["index_compressed"] = got["kv"].new_zeros((N, 0, comp.indexer.hf.head_dim))
+        got["kv"] = got["kv"][:, :, 0]  # one shared KV head
+        if "compressed" in got:
+            got["compressed"] = got["compressed"][:, :, 0]
+        states.append(LayerState(**{k: got.get(k) for k in LayerState.__dataclass_fields__}))
+    return logits, states
+
+
+def _rope(model, position: int, like: Tensor) -> dict[str, tuple[Tensor, Tensor]]:
+    position_ids = torch.full((1, 1), position, device=like.device, dtype=torch.long)
+    hf = model.hf.model
+    return {kind: hf.rotary_emb(like, position_ids=position_ids, layer_type=kind) for kind in ("main", "compress")}
+
+
+def _window_tokens(state: LayerState, x_last: Tensor, first: int) -> Tensor:
+    """Attention inputs of positions ``first .. p`` with position ``p`` replaced by ``x_last``."""
+    return torch.cat([state.attn_in[:, first:-1], x_last], dim=1)
+
+
+def _recompressed(comp, state_entries: Tensor, state: LayerState, x_last: Tensor) -> Tensor:
+    """``state_entries`` with the entry whose window closes at ``p`` recompressed from the edited token."""
+    T = state.attn_in.shape[1]
+    S = comp.compress_rate
+    E = state_entries.shape[1]
+    if T % S or E == 0:
+        return state_entries  # position p lies in a window not closed yet: no entry holds it
+    j = E - 1  # its window ends at p
+    first_window = max(0, j - 1) if comp.two_halves else j  # CSA: the older half comes from window j-1
+    entries = comp.compress(_window_tokens(state, x_last, first_window * S), first_window=first_window)
+    return torch.cat([state_entries[:, :j], entries[:, -1:]], dim=1)
+
+
+def _visible_entries(attn, state: LayerState, x_last: Tensor, q_residual: Tensor, entries: Tensor) -> Tensor:
+    """Additive bias ``[N, E]`` of the compressed entries at ``p``: 0 visible, -inf not (HF's mask)."""
+    comp = attn.compressor
+    N, E = entries.shape[:2]
+    T = state.attn_in.shape[1]
+    closed = T // comp.compress_rate  # entries j < closed have closed windows at p = T - 1
+    if comp.kind != CSA:
+        entry = torch.arange(E, device=entries.device)
+        bias = entries.new_zeros((N, E))
+        return bias.masked_fill(entry.view(1, -1) >= closed, float("-inf"))
+    indexer = comp.indexer
+    ihf = indexer.hf
+    mod = _hf()
+    index_entries = _recompressed(indexer, state.index_compressed, state, x_last)
+    position_ids = torch.full((1, 1), T - 1, device=x_last.device, dtype=torch.long)
+    cos, sin = ihf.rotary_emb(x_last, position_ids=position_ids, layer_type=ihf.rope_layer_type)
+    q = ihf.q_b_proj(q_residual).view(N, 1, -1, ihf.head_dim).transpose(1, 2)
+    q = mod.apply_rotary_pos_emb(q, cos, sin).transpose(1, 2)
+    row = ihf.scorer(q, index_entries, x_last)  # [N, 1, E]
+    entry = torch.arange(E, device=row.device)
+    row = row.masked_fill(entry.view(1, 1, -1) >= closed, float("-inf"))
+    scores = state.index_scores.clone()
+    scores[:, -1] = row[:, 0]
+    top = scores.topk(min(ihf.index_topk, E), dim=-1).indices[:, -1]  # the full forward's tensor and call
+    top = torch.where(top >= closed, torch.full_like(top, -1), top)
+    safe = torch.where(top >= 0, top, torch.full_like(top, E))
+    bias = entries.new_full((N, E + 1), float("-inf"))
+    bias.scatter_(-1, safe, 0.0)
+    return bias[:, :E]
+
+
+def _attention_last(attn, state: LayerState, x_last: Tensor, rope, z_override) -> Tensor:
+    """HF ``DeepseekV4Attention`` for the query at ``p`` only: ``[N, 1, d_model]``."""
+    hf = attn.hf
+    mod = _hf()
+    N = x_last.shape[0]
+    T = state.attn_in.shape[1]
+    d = hf.head_dim
+    cos, sin = rope[hf.rope_layer_type]
+    q_residual = hf.q_a_norm(hf.q_a_proj(x_last))
+    q = hf.q_b_norm(hf.q_b_proj(q_residual).view(N, 1, -1, d))
+    q = mod.apply_rotary_pos_emb(q.transpose(1, 2), cos, sin)  # [N, head, 1, d]
+    kv = hf.kv_norm(hf.kv_proj(x_last)).view(N, 1, -1, d)
+    kv = mod.apply_rotary_pos_emb(kv.transpose(1, 2), cos, sin).transpose(1, 2)[:, :, 0]  # [N, 1, d]
+    first = max(0, T - hf.config.sliding_window)
+    keys = [state.kv[:, first:-1], kv]
+    bias = [x_last.new_zeros((N, T - first))]
+    if isinstance(attn.compressor, CompressorHooks):
+        entries = _recompressed(attn.compressor, state.compressed, state, x_last)
+        keys.append(entries)
+        bias.append(_visible_entries(attn, state, x_last, q_residual, entries))
+    keys = mod.repeat_kv(torch.cat(keys, dim=1).unsqueeze(1), hf.num_key_value_groups)  # [N, head, slot, d]
+    scores = torch.matmul(q, keys.transpose(2, 3)) * hf.scaling + torch.cat(bias, -1)[:, None, None]
+    sinks = hf.sinks.reshape(1, -1, 1, 1).expand(N, -1, 1, -1)
+    logits = torch.cat([scores, sinks], dim=-1)
+    logits = logits - logits.max(dim=-1, keepdim=True).values
+    pattern = F.softmax(logits, dim=-1, dtype=logits.dtype)[..., :-1]
+    z = torch.matmul(pattern.to(keys.dtype), keys)  # [N, head, 1, d]
+    z = mod.apply_rotary_pos_emb(z, cos, -sin).transpose(1, 2)  # [N, 1, head, d]
+    if z_override is not None:
+        mask, mean_z = z_override  # [N, head] bool, [head, d_head]
+        z = torch.where(mask[:, None, :, None], mean_z.to(z.dtype)[None, None], z)
+    grouped = hf.o_a_proj(einops.rearrange(z, "n 1 (g h) d -> n 1 g (h d)", g=hf.config.o_groups)).flatten(2)
+    return hf.o_b_proj(grouped)
+
+
+def block_forward_last(block, state: LayerState, streams: Tensor, token: Tensor, rope,
+                       z_override=None) -> Tensor:
+    """One decoder layer at ``p`` for ``streams`` ``[N, 1, hc, d_model]`` (the layer's input there);
+    ``token`` ``[N, 1]`` the token at ``p`` (hash routing); ``z_override`` ``(mask [N, head], mean_z
+    [head, d_head])`` replaces ``hook_z`` of the masked heads. Returns the layer's output streams at ``p``."""
+    hf = block.hf
+    dtype = streams.dtype
+    post, comb, collapsed = hf.attn_hc(streams)
+    attn_out = _attention_last(block.attn, state, hf.input_layernorm(collapsed), rope, z_override)
+    streams = post.to(dtype).unsqueeze(-1) * attn_out.unsqueeze(-2) + torch.matmul(
+        comb.to(dtype).transpose(-1, -2), streams)
+    post, comb, collapsed = hf.ffn_hc(streams)
+    mlp_out = hf.mlp(hf.post_attention_layernorm(collapsed), input_ids=token)
+    return post.to(dtype).unsqueeze(-1) * mlp_out.unsqueeze(-2) + torch.matmul(comb.to(dtype).transpose(-1, -2), streams)
+
+
+def logits_last(model, streams: Tensor) -> Tensor:
+    """Final mHC head, norm and unembedding of the streams at ``p``: ``[N, 1, vocab]``."""
+    hf = model.hf.model
+    return model.hf.lm_head(hf.norm(hf.hc_head(streams)))
+
+
+__all__ = ["LayerState", "block_forward_last", "clean_states", "logits_last"]

@@ -1,0 +1,327 @@
+"""The model protocol: what every model family provides to the experiments (docs/models.md).
+
+Experiments ask ``phase_model(model)`` instead of probing the model object (``hasattr``,
+``cfg.compression == ...``): it returns a `PhaseModel` adapter for phaseinterp's own
+`CompressedTransformer` (`CompressedFamily`) or a wrapped Hugging Face DeepSeek-V4
+(`DeepseekV4Family`), and `GenericModel` for any other ``nn.Module`` with a ``cfg`` that the
+phase profile can still evaluate (the mechanistic experiments refuse it, saying why).
+
+Per layer a family states its stride and window (None where the layer is uncompressed: a
+sliding-window-only DeepSeek-V4 layer, the full-attention twin), its KV heads and the query
+heads that read each, the boundary phases, the key-slot sources of ``hook_pattern``, where a
+KV head's mean replacement happens (`KnockoutPoint`), which parameters a gate shift rolls
+(`GateTarget`) and whether the cached-prefix fast ablation path exists.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Optional, Protocol, runtime_checkable
+
+import torch
+
+from phaseinterp.errors import UserInputError
+from phaseinterp.phase import boundary_phase
+
+
+class KnockoutPoint(NamedTuple):
+    """Where KV head ``kv_head`` of ``layer`` is mean-replaced: the per-query-head attention output
+    ``hook`` (``[batch, pos, head, d_head]``) of the ``query_heads`` that read it."""
+
+    hook: str
+    query_heads: tuple[int, ...]
+
+
+class GateTarget(NamedTuple):
+    """One gate parameter a cyclic shift rolls: ``parameter`` (edits write into the model), its
+    ``slot_axis``, its KV-head axis (None: one shared KV head), the gate-logit ``hook`` whose
+    per-slot mean the static-part shift moves, and ``layout``, how that hook's ``[slot, kv_head(,
+    d_head)]`` maps onto the parameter: ``"slot"`` (gated kernel), ``"own_deepseek"``
+    (``position_bias`` ``[S, half, kv_head, d_head]``) or ``"hf"`` (``[S, half * d_head]``)."""
+
+    parameter: torch.nn.Parameter
+    slot_axis: int
+    kv_axis: Optional[int]
+    hook: str
+    layout: str
+
+
+@runtime_checkable
+class PhaseModel(Protocol):
+    """What an experiment may ask of a model, whatever its family."""
+
+    model: Any
+    family: str
+
+    @property
+    def n_layers(self) -> int: ...
+
+    @property
+    def stride(self) -> int:
+        """The phase-defining stride S (phases are ``t mod S``)."""
+
+    @property
+    def is_compressed(self) -> bool: ...
+
+    @property
+    def label(self) -> str: ...
+
+    @property
+    def compressed_layers(self) -> list[int]: ...
+
+    def layer_stride(self, layer: int) -> Optional[int]:
+        """Positions between window starts of ``layer``; None where the layer is uncompressed."""
+
+    def layer_window(self, layer: int) -> Optional[int]:
+        """Slots per compressed entry of ``layer`` (W); None where the layer is uncompressed."""
+
+    def kv_heads(self, layer: int) -> dict[int, list[int]]:
+        """KV head -> the query heads that read it."""
+
+    def window_offsets(self, layer: int) -> tuple[int, ...]:
+        """Per KV head, where its window grid starts (windows at ``j*S + o``)."""
+
+    def boundary_phases(self, layer: int) -> tuple[int, ...]:
+        """Per KV head, the phase ``t mod S`` of the positions that close its windows (empty for an
+        uncompressed layer)."""
+
+    def key_slot_sources(self, layer: int, query_pos: int, n_key_slots: Optional[int] = None) -> list:
+        """``(kind, source positions)`` of each key slot of ``hook_pattern`` for one query."""
+
+    @property
+    def indexer_layers(self) -> list[int]:
+        """Layers whose compressed entries an indexer selects per query (DeepSeek-V4's CSA top-k)."""
+
+    def knockout_point(self, layer: int, kv_head: int) -> KnockoutPoint: ...
+
+    def gate_targets(self, layer: int, branch: str = "both") -> list[GateTarget]:
+        """The parameters a gate shift of ``layer`` rolls (ValueError where a shift has no meaning)."""
+
+    @property
+    def has_fast_ablation(self) -> bool:
+        """Whether the family has a cached-prefix ablation sweep (``interventions.knockout``'s engine
+        for ``family``); else `ablate` runs the hooked full forward per unit."""
+
+
+def _check_branch(branch: str) -> None:
+    if branch not in ("both", "k", "v"):
+        raise UserInputError(f"branch={branch!r} is not one of ('both', 'k', 'v')")
+
+
+class _Family:
+    """Shared by every family: the layer check and the knockout point (``hook_z`` of the query heads)."""
+
+    family = "generic"
+
+    def __init__(self, model):
+        self.model = model
+
+    @property
+    def cfg(self):
+        return self.model.cfg
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.cfg.n_layers)
+
+    @property
+    def stride(self) -> int:
+        return int(self.cfg.stride)
+
+    @property
+    def is_compressed(self) -> bool:
+        return bool(self.cfg.is_compressed)
+
+    @property
+    def label(self) -> str:
+        return str(self.cfg.label)
+
+    @property
+    def compressed_layers(self) -> list[int]:
+        return [layer for layer in range(self.n_layers) if self.layer_stride(layer) is not None]
+
+    @property
+    def indexer_layers(self) -> list[int]:
+        return []
+
+    def _check_layer(self, layer: int) -> None:
+        n = self.n_layers
+        if isinstance(layer, bool) or not isinstance(layer, int) or not (0 <= layer < n):
+            raise UserInputError(f"layer={layer!r} is out of range for a {n}-layer model (0..{n - 1})")
+
+    def kv_heads(self, layer: int) -> dict[int, list[int]]:
+        self._check_layer(layer)
+        return self.cfg.kv_head_groups()
+
+    def window_offsets(self, layer: int) -> tuple[int, ...]:
+        self._check_layer(layer)
+        return tuple(self.cfg.layer_window_offsets(layer))
+
+    def boundary_phases(self, layer: int) -> tuple[int, ...]:
+        rate = self.layer_stride(layer)
+        if rate is None:
+            return ()
+        # a window of `rate` positions closes at t = o + k*rate - 1; its phase on the shared stride S
+        return tuple(boundary_phase(rate, o) % self.stride for o in self.window_offsets(layer))
+
+    def knockout_point(self, layer: int, kv_head: int) -> KnockoutPoint:
+        groups = self.kv_heads(layer)
+        if kv_head not in groups:
+            raise UserInputError(f"kv_head={kv_head!r} is out of range for layer {layer} "
+                                 f"(KV heads 0..{len(groups) - 1})")
+        return KnockoutPoint(f"blocks.{layer}.attn.hook_z", tuple(int(h) for h in groups[kv_head]))
+
+    @property
+    def has_fast_ablation(self) -> bool:
+        return False
+
+
+class CompressedFamily(_Family):
+    """phaseinterp's own `CompressedTransformer` (every layer compressed alike, or none)."""
+
+    family = "compressed"
+
+    def layer_stride(self, layer: int) -> Optional[int]:
+        self._check_layer(layer)
+        return int(self.cfg.stride) if self.cfg.is_compressed else None
+
+    def layer_window(self, layer: int) -> Optional[int]:
+        self._check_layer(layer)
+        return int(self.cfg.window) if self.cfg.is_compressed else None
+
+    def key_slot_sources(self, layer: int, query_pos: int, n_key_slots: Optional[int] = None, kv_head: int = 0):
+        return self.model.key_slot_sources(layer, query_pos, n_key_slots, kv_head)
+
+    def gate_targets(self, layer: int, branch: str = "both") -> list[GateTarget]:
+        cfg = self.cfg
+        if not cfg.is_compressed:
+            raise UserInputError("cycle_gates: the full-attention model (compression=None) has no gates to shift")
+        _check_branch(branch)
+        self._check_layer(layer)
+        comp = self.model.blocks[layer].attn.compressor
+        prefix = f"blocks.{layer}.attn.compressor"
+        if cfg.compression == "deepseek":
+            if branch != "both":
+                raise UserInputError("cycle_gates: the deepseek kernel has one gate for K and V; use branch='both'")
+            # position_bias [S, half, kv_head, d_head]
+            return [GateTarget(comp.position_bias, 0, 2, f"{prefix}.hook_gate_logits_k", "own_deepseek")]
+        if cfg.window != cfg.stride:
+            raise UserInputError(
+                f"cycle_gates is defined for W = S (got window={cfg.window}, stride={cfg.stride}): "
+                "with overlapping gated windows a slot is not a phase"
+            )
+        if cfg.gate == "uniform":
+            raise UserInputError("cycle_gates: gate='uniform' has no offset-specific gate parameters to shift")
+        if cfg.tie_kv_gates and branch != "both":
+            raise UserInputError(f"cycle_gates: K and V gates are tied; branch={branch!r} cannot shift one alone")
+        branches = ("k",) if cfg.tie_kv_gates else (("k", "v") if branch == "both" else (branch,))
+        targets = []
+        for br in branches:
+            hook = f"{prefix}.hook_gate_logits_{br}"
+            targets.append(GateTarget(getattr(comp, f"Z_{br}"), 0, 1, hook, "slot_weight"))
+            bias = getattr(comp, f"b_{br}", None)  # None: gate_bias=False
+            if bias is not None:
+                targets.append(GateTarget(bias, 0, 1, hook, "slot"))
+        return targets
+
+    @property
+    def has_fast_ablation(self) -> bool:
+        return True  # forward_last over the KV cache
+
+
+class DeepseekV4Family(_Family):
+    """A wrapped Hugging Face DeepSeek-V4 (`HookedDeepseekV4`): CSA / HCA / sliding-only layers,
+    one shared KV head (K = V) per layer, windows on one grid starting at position 0."""
+
+    family = "deepseek_v4"
+
+    def layer_stride(self, layer: int) -> Optional[int]:
+        self._check_layer(layer)
+        return self.cfg.layer_stride(layer)
+
+    def layer_window(self, layer: int) -> Optional[int]:
+        self._check_layer(layer)
+        return self.cfg.layer_window(layer)
+
+    @property
+    def indexer_layers(self) -> list[int]:
+        from phaseinterp.models.hf.config import CSA
+
+        return [layer for layer, kind in enumerate(self.cfg.layer_types) if kind == CSA]
+
+    def key_slot_sources(self, layer: int, query_pos: int, n_key_slots: Optional[int] = None, kv_head: int = 0):
+        if kv_head != 0:
+            raise UserInputError(f"kv_head={kv_head!r}: DeepSeek-V4 layers have one shared KV head (0)")
+        return self.model.key_slot_sources(layer, query_pos, n_key_slots)
+
+    def gate_targets(self, layer: int, branch: str = "both") -> list[GateTarget]:
+        cfg = self.cfg
+        if not cfg.is_compressed:
+            raise UserInputError("cycle_gates: the full-attention model (compression=None) has no gates to shift")
+        _check_branch(branch)
+        if branch != "both":
+            raise UserInputError("cycle_gates: the deepseek kernel has one gate for K and V; use branch='both'")
+        self._check_layer(layer)
+        if self.layer_stride(layer) is None:
+            raise UserInputError(f"cycle_gates: layer {layer} is a sliding-window-only layer (no compressor); "
+                                 f"compressed layers: {self.compressed_layers}")
+        bias = self.model.position_bias(layer)  # [S, half * d_head] (HCA: [R, d_head]), one KV head
+        return [GateTarget(bias, 0, None, f"blocks.{layer}.attn.compressor.hook_gate_logits_k", "hf")]
+
+    @property
+    def has_fast_ablation(self) -> bool:
+        # models.hf.last_position; offloaded layers (device_map CPU/disk offload) keep their weights
+        # off the module between forwards, so those models take the hooked path
+        offloaded = self.model.metadata.get("checkpoint", {}).get("offloaded") or []
+        return not offloaded
+
+
+class GenericModel(_Family):
+    """Any other ``nn.Module`` mapping tokens to logits with a ``cfg`` (``stride``, optionally
+    ``d_vocab``, ``n_ctx``, ``label``, ``is_compressed``): enough for `phase_profile`; the
+    mechanistic experiments need a family above."""
+
+    family = "generic"
+
+    @property
+    def stride(self) -> Optional[int]:
+        return getattr(self.cfg, "stride", None)
+
+    @property
+    def is_compressed(self) -> bool:
+        return bool(getattr(self.cfg, "is_compressed", False))
+
+    @property
+    def label(self) -> str:
+        return str(getattr(self.cfg, "label", type(self.model).__name__))
+
+    @property
+    def n_layers(self) -> int:
+        return int(getattr(self.cfg, "n_layers", 0))
+
+    @property
+    def cfg(self):
+        return getattr(self.model, "cfg", None)
+
+    def _unsupported(self, *args, **kwargs):
+        raise UserInputError(f"{type(self.model).__name__} is not a phaseinterp model family (CompressedTransformer "
+                             "or a wrapped DeepSeek-V4, phaseinterp.from_hf): only phase_profile runs on it")
+
+    layer_stride = layer_window = key_slot_sources = gate_targets = kv_heads = window_offsets = _unsupported
+
+
+def phase_model(model) -> PhaseModel:
+    """The `PhaseModel` adapter of ``model`` (an adapter passes through)."""
+    if isinstance(model, _Family):
+        return model
+    from phaseinterp.models.transformer import CompressedTransformer
+
+    if isinstance(model, CompressedTransformer):
+        return CompressedFamily(model)
+    hf = __import__("sys").modules.get("phaseinterp.models.hf.deepseek_v4")  # loaded iff such a model exists
+    if hf is not None and isinstance(model, hf.HookedDeepseekV4):
+        return DeepseekV4Family(model)
+    return GenericModel(model)
+
+
+__all__ = ["CompressedFamily", "DeepseekV4Family", "GateTarget", "GenericModel", "KnockoutPoint", "PhaseModel",
+           "phase_model"]
