@@ -54,7 +54,7 @@ def deepseek_v4_section(model, task=None, out_dir: Union[str, Path, None] = None
     tables = {"dsv4_layers": layers.to_html(index=False, border=0)}
     if "compressed_sparse_attention" in cfg.layer_types:
         idx = indexer_phase(model, task, prompts=batch, batch_size=batch_size)
-        summary["indexer"] = idx.summary()
+        summary["indexer"] = idx.to_dict()
         figures["indexer_phase"] = idx.plot()
         tables["indexer_phase"] = idx.to_frame().to_html(index=False, border=0, float_format="%.3f")
         if out_dir is not None:

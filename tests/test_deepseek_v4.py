@@ -399,10 +399,10 @@ def test_indexer_phase_matches_hooks_and_ranks(model, tmp_path):
     frame = res.to_frame()
     assert set(frame.columns) >= {"layer", "phase", "n", "rate", "lower", "upper"}
     assert (frame.lower <= frame.rate).all() and (frame.rate <= frame.upper).all()
-    assert set(res.summary()["layers"]) == {0, 2}
-    assert "IndexerPhaseResult(" in repr(res) and "top-3" in repr(res)
+    assert set(res.to_dict()["layers"]) == {0, 2}
+    assert "IndexerPhaseResult" in repr(res) and res.summary().loc["top_k", "value"] == 3
     again = IndexerPhaseResult.load(res.save(tmp_path / "idx"))
-    assert again.to_frame().equals(res.to_frame())
+    assert again == res and again.to_frame().equals(res.to_frame())
     with pytest.raises(ValueError, match=r"layer=1 is not a CSA layer \(CSA layers: \[0, 2\]\)"):
         indexer_phase(model, TASK, layers=[1], prompts=prompts)
 
@@ -457,7 +457,7 @@ def test_tiny_dsv4_has_period_4_with_a_significant_gap():
     assert p.phase_lower[best] > p.phase_upper[worst]  # intervals separated
 
 
-def test_forcing_the_target_entry_changes_only_prompts_that_missed_it(model):
+def test_forcing_the_target_entry_changes_only_prompts_that_missed_it(model, tmp_path):
     from phaseinterp.interventions.indexer import force_target_selection, indexer_phase
 
     prompts = TASK.generate(3, seed=0, strict=False)
@@ -470,7 +470,10 @@ def test_forcing_the_target_entry_changes_only_prompts_that_missed_it(model):
     assert (rec.clean_correct[same] == rec.forced_correct[same]).all()
     frame = res.to_frame()
     assert list(frame.phase) == list(range(S)) and frame.n.sum() == len(prompts)
-    assert "ForcedSelectionResult(" in repr(res)
+    assert "ForcedSelectionResult" in repr(res)
+    again = type(res).load(res.save(tmp_path / "forced"))
+    assert again == res and again.to_frame().equals(res.to_frame())
+    assert res != type(res)(**{**res.__dict__, "top_k": res.top_k + 1})
 
 
 @_shipped("dsv4.1-tiny")

@@ -17,10 +17,8 @@ chi-square test that every phase has the same selection rate.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -28,7 +26,7 @@ import torch
 
 from phaseinterp.errors import UserInputError
 from phaseinterp import stats
-from phaseinterp._files import atomic_write_text
+from phaseinterp.results import Result
 from phaseinterp.interventions._common import fixed_answer_position, model_device, resolve_task
 from phaseinterp.models.protocol import phase_model
 
@@ -36,13 +34,15 @@ CSA = "compressed_sparse_attention"
 RATES = ("value_selected", "key_selected", "pair_selected")
 
 
-@dataclass(frozen=True, eq=False)
-class IndexerPhaseResult:
+@dataclass(frozen=True, eq=False, repr=False)
+class IndexerPhaseResult(Result):
     """Per (prompt, CSA layer) indexer outcomes at the answer position (``records``), by target phase.
 
     Each phase's rate rests on that phase's prompts (``n`` per row of `to_frame`); the
     homogeneity p-value tests the ``stride`` phase rates against one common rate (an indexer
-    blind to phase gives p ~ uniform, a phase-periodic one p -> 0 as prompts grow).
+    blind to phase gives p ~ uniform, a phase-periodic one p -> 0 as prompts grow). The shared
+    result protocol (`phaseinterp.results.Result`): ``summary()`` table, ``to_dict()``, ``save`` /
+    ``load`` (meta.json + arrays.npz), ``==`` by content.
     """
 
     records: pd.DataFrame
@@ -81,7 +81,8 @@ class IndexerPhaseResult:
         hit = self.records.assign(hit=(self.records.value_rank >= 0) & (self.records.value_rank < k))
         return hit.groupby(["layer", "phase"]).hit.mean().unstack("phase")
 
-    def summary(self, metric: str = "value_selected") -> dict[str, Any]:
+    def to_dict(self, metric: str = "value_selected") -> dict[str, Any]:
+        """Per CSA layer: the ``metric`` rate by phase, the worst phase, the gap, the homogeneity p-value."""
         frame = self.to_frame("phase", metric)
         per_layer = {}
         for layer, sub in frame.groupby("layer"):
@@ -112,34 +113,6 @@ class IndexerPhaseResult:
                           xaxis_title=f"target phase (position mod {self.stride})", yaxis_title="selection rate",
                           yaxis_range=[0, 1.02], template="plotly_white")
         return fig
-
-    def save(self, directory: Union[str, Path]) -> Path:
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        meta = {"kind": "IndexerPhaseResult", "stride": self.stride, "residue_modulus": self.residue_modulus,
-                "top_k": self.top_k, "model_label": self.model_label, "confidence": self.confidence}
-        atomic_write_text(directory / "records.csv", self.records.to_csv(index=False))
-        atomic_write_text(directory / "meta.json", json.dumps(meta, indent=2))
-        return directory
-
-    @classmethod
-    def load(cls, directory: Union[str, Path]) -> "IndexerPhaseResult":
-        directory = Path(directory)
-        for name in ("records.csv", "meta.json"):
-            if not (directory / name).is_file():
-                raise FileNotFoundError(f"{directory / name} does not exist")
-        meta = json.loads((directory / "meta.json").read_text())
-        if meta.pop("kind", None) != "IndexerPhaseResult":
-            raise UserInputError(f"{directory} does not hold an IndexerPhaseResult")
-        return cls(records=pd.read_csv(directory / "records.csv"), **meta)
-
-    def __repr__(self) -> str:
-        rates = self.to_frame().groupby("layer").rate.apply(lambda r: "/".join(f"{x:.2f}" for x in r))
-        body = "; ".join(f"L{l}: {r}" for l, r in rates.items())
-        return f"IndexerPhaseResult({self.model_label}, top-{self.top_k}, value selected by phase {body})"
-
-    def _repr_html_(self) -> str:
-        return f"<p>{self!r}</p>" + self.to_frame().to_html(index=False, float_format="%.3f")
 
 
 def _holding(position: np.ndarray, S: int, n_closed: np.ndarray) -> np.ndarray:
@@ -223,12 +196,13 @@ def indexer_phase(model, task=None, *, layers: Optional[Sequence[int]] = None, n
                               model_label=str(model.cfg.label), confidence=confidence)
 
 
-@dataclass(frozen=True, eq=False)
-class ForcedSelectionResult:
+@dataclass(frozen=True, eq=False, repr=False)
+class ForcedSelectionResult(Result):
     """Accuracy with the indexer as it is (``clean_correct``) and with its selection at the answer
     position forced to include every closed entry holding the target's value (``forced_correct``),
     per prompt (``records``). The forced entries replace the lowest-ranked selected ones, so the
-    count of kept entries (top-k) is unchanged. Rates per phase rest on that phase's prompts."""
+    count of kept entries (top-k) is unchanged. Rates per phase rest on that phase's prompts.
+    The shared result protocol (`phaseinterp.results.Result`)."""
 
     records: pd.DataFrame
     stride: int
@@ -253,7 +227,8 @@ class ForcedSelectionResult:
             rows.append(row)
         return pd.DataFrame(rows)
 
-    def summary(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
+        """Clean and forced accuracy by phase and their best-minus-worst gaps."""
         frame = self.to_frame()
         return {"model": self.model_label, "layers": list(self.layers), "top_k": self.top_k,
                 "n_prompts": int(len(self.records)),
@@ -276,21 +251,6 @@ class ForcedSelectionResult:
                                 f"— {self.model_label}", xaxis_title=f"target phase (mod {self.stride})",
                           yaxis_title="top-1 accuracy", yaxis_range=[0, 1.02], template="plotly_white")
         return fig
-
-    def save(self, directory: Union[str, Path]) -> Path:
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        meta = {"kind": "ForcedSelectionResult", "stride": self.stride, "layers": list(self.layers),
-                "top_k": self.top_k, "model_label": self.model_label, "confidence": self.confidence}
-        atomic_write_text(directory / "records.csv", self.records.to_csv(index=False))
-        atomic_write_text(directory / "meta.json", json.dumps(meta, indent=2))
-        return directory
-
-    def __repr__(self) -> str:
-        s = self.summary()
-        return (f"ForcedSelectionResult({self.model_label}, layers {s['layers']}: clean by phase "
-                f"{'/'.join(f'{x:.2f}' for x in s['clean_by_phase'])} -> forced "
-                f"{'/'.join(f'{x:.2f}' for x in s['forced_by_phase'])})")
 
 
 @torch.inference_mode()
