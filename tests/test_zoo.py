@@ -46,7 +46,7 @@ def test_every_zoo_model_uses_one_recipe():
     models with the shared recipe plus `zoo.DEEP_TRAIN`'s longer schedule, all of them alike.
     A seed replicate (``-seed1-``) differs in its seed only: model and data seed alike."""
     recipes: dict[str, dict] = {}
-    for name in pi.zoo.available():
+    for name in [n for n in pi.zoo.available() if n in pi.zoo.ENTRIES]:  # the own family's recipe
         train = dict(pi.zoo.entry(name).train)
         seed = train.pop("seed", 0)
         assert seed == (1 if "-seed1-" in name else 0), name
