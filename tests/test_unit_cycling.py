@@ -249,6 +249,11 @@ def test_specialized_units_rule_on_a_known_ablation():
     assert roles == {(0, 0): "specialized", (1, 0): "", (1, 1): "control"}
     assert [u["label"] for u in sel.units()] == ["L0H0", "L1H1"]
     assert sel.units("specialized")[0]["hurt_phases"] == [1, 2]
+    # a unit hurt at every phase is not specialized, even when S <= max_phases allows the count
+    everywhere = pi.AblationResult(units=units.iloc[:1], residue=residue, clean_correct=clean,
+                                   knockout_correct=np.zeros((residue.size, 1), bool), residue_modulus=8, stride=4,
+                                   scope="kv_head")
+    assert pi.specialized_units(model, ablation=everywhere, max_phases=4).table.role.tolist() == [""]
 
 
 # ------------------------------------------------------------ the shipped deep model

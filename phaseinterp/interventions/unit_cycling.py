@@ -35,6 +35,7 @@ from phaseinterp.interventions.cycling_stats import (
     unit_score_arrays,
 )
 from phaseinterp.interventions.knockout import calibration_mean_z, knockout_measures
+from phaseinterp.errors import UserInputError
 from phaseinterp.results import Result
 
 MEASURES = ("logprob", "accuracy")
@@ -139,7 +140,7 @@ class UnitCyclingResult(Result):
         c0, c, scored = self._arrays()
         S, boundary = self.stride, self.boundary_phase
         if not scored:
-            raise ValueError("no shift to score (every shift is 0 mod S)")
+            raise UserInputError("no shift to score (every shift is 0 mod S)")
         arr = unit_score_arrays(c0, c, scored, boundary)
         tests = unit_permutation_tests(c0, c, scored, seed=self.seed)
         rows = []
@@ -208,7 +209,7 @@ class UnitCyclingResult(Result):
         paired across shifts) of every score: per shift ``r2``, ``r2_no_boundary``, ``corr2``,
         ``mae``; pooled ``r2_pooled`` and ``n_identified``."""
         if not 0 < confidence < 1:
-            raise ValueError(f"confidence={confidence} is out of range (0, 1)")
+            raise UserInputError(f"confidence={confidence} is out of range (0, 1)")
         arr, a = self._boot, (1 - confidence) / 2
         rows = {}
         for k, d in enumerate(self.scored_shifts):
@@ -279,7 +280,7 @@ class UnitCyclingResult(Result):
 # ---------------------------------------------------------------- the experiment
 def _check_choice(name: str, value, options) -> None:
     if value not in options:
-        raise ValueError(f"{name}={value!r} is not one of {options}")
+        raise UserInputError(f"{name}={value!r} is not one of {options}")
 
 
 def _layer_units(model, layers: list[int], kv_heads: Optional[list[int]]) -> pd.DataFrame:
@@ -357,10 +358,10 @@ def unit_gate_cycling(
     _check_choice("measure", measure, MEASURES)
     _check_choice("mode", mode, MODES)
     if layers is None:
-        raise ValueError("score='unit' shifts and knocks out one unit: name it with layers=[...] (and kv_heads=...); "
+        raise UserInputError("score='unit' shifts and knocks out one unit: name it with layers=[...] (and kv_heads=...); "
                          "phaseinterp.specialized_units(model, task) picks units by a rule")
     if getattr(model, "training", False):
-        raise ValueError("gate_cycling needs the model in eval mode; call model.eval() first")
+        raise UserInputError("gate_cycling needs the model in eval mode; call model.eval() first")
     task = resolve_task(model, task)
     layers_list = check_layers(model, layers)
     heads = check_kv_heads(model, kv_heads)
@@ -370,19 +371,19 @@ def unit_gate_cycling(
     modulus = task.residue_modulus
     if isinstance(n_calibration, bool) or not isinstance(n_calibration, int) or not (
             modulus <= n_calibration <= MAX_PROMPTS):
-        raise ValueError(f"n_calibration={n_calibration!r} is out of range ({modulus}..{MAX_PROMPTS}): the mean "
+        raise UserInputError(f"n_calibration={n_calibration!r} is out of range ({modulus}..{MAX_PROMPTS}): the mean "
                          f"needs at least one calibration prompt per residue (R={modulus})")
     S = model.cfg.stride
     shifts = _check_shifts(shifts, S)
     if prompts is None:
         check_n_per_residue(n_per_residue, modulus)
     elif len(prompts) == 0:
-        raise ValueError("prompts holds 0 prompts")
+        raise UserInputError("prompts holds 0 prompts")
     batch = prompts if prompts is not None else task.generate(n_per_residue, seed=seed)
     answer_pos = fixed_answer_position(batch)
     calib = task.calibration(n_calibration, seed=calibration_seed)
     if fixed_answer_position(calib) != answer_pos:
-        raise ValueError("calibration prompts must share the evaluation prompts' answer position")
+        raise UserInputError("calibration prompts must share the evaluation prompts' answer position")
     calib_tokens = calib.tokens[:, : answer_pos + 1]
     units = _layer_units(model, layers_list, heads)
     mean_logits = mean_gate_logits(model, calib_tokens, layers_list, batch_size) if mode == "static" else None
@@ -506,7 +507,7 @@ def specialized_units(
     relative, on a phase with clean accuracy >= 10%). Rule:
 
     - **specialized**: hurt on 1..``max_phases`` (default 3) phases, all adjacent (circularly),
-      and the unit's gates can be cycled;
+      fewer than S (a unit hurt at every phase serves them all), and the unit's gates can be cycled;
     - **control** (negative control): among cyclable units hurt on no phase, the one whose
       largest absolute change over phases (pp) is smallest (ties: the lowest layer).
 
@@ -518,7 +519,7 @@ def specialized_units(
 
     check_int("max_phases", max_phases, 1)
     if not model.cfg.is_compressed:
-        raise ValueError("specialized_units: the full-attention model has no gates to cycle")
+        raise UserInputError("specialized_units: the full-attention model has no gates to cycle")
     if ablation is None:
         ablation = ablate(model, task, layer=layers, n_per_residue=n_per_residue, n_calibration=n_calibration,
                           seed=seed, calibration_seed=calibration_seed, batch_size=batch_size, progress=progress)
@@ -539,14 +540,16 @@ def specialized_units(
                          largest_change_pp=float(np.nanmax(np.abs(absolute.loc[(r.layer, r.kv_head)].to_numpy()))),
                          cyclable=cyclable(int(r.layer)), role=""))
     table = pd.DataFrame(rows)
-    special = (table.n_hurt >= 1) & (table.n_hurt <= max_phases) & table.contiguous & table.cyclable
+    S = model.cfg.stride
+    # a unit hurt at every phase serves all of them (at S <= max_phases "1..3 adjacent" would admit it)
+    special = (table.n_hurt >= 1) & (table.n_hurt <= min(max_phases, S - 1)) & table.contiguous & table.cyclable
     table.loc[special, "role"] = "specialized"
     quiet = table[(table.n_hurt == 0) & table.cyclable]
     if len(quiet):
         pick = quiet.sort_values(["largest_change_pp", "layer", "kv_head"]).index[0]
         table.loc[pick, "role"] = "control"
     rule = (f"specialized: knockout hurts 1..{max_phases} adjacent phases (Holm-significant, <= -50% relative, "
-            f"clean >= 10%) and nowhere else; control: a cyclable unit hurt on no phase with the smallest largest "
+            f"clean >= 10%), not every phase, and nowhere else; control: a cyclable unit hurt on no phase with the smallest largest "
             f"|change| (pp)")
     return UnitSelection(table=table, rule=rule, model_label=model.cfg.label, selection_seed=seed,
                          n_per_residue=int(ablation.residue.size // ablation.residue_modulus), max_phases=max_phases)
