@@ -235,7 +235,9 @@ def _run(args) -> int:
                                          device=getattr(args, "device", None), deepseek_v4=dsv4,
                                          remedy=remedy)
         print(rep.table())
-        print(f"\nreport written to {Path(args.out).resolve() / 'index.html'} in {rep.seconds:.0f} s")
+        sections = rep.summary.get("section_seconds", {})
+        print("\nseconds per section: " + ", ".join(f"{name} {sec:.1f}" for name, sec in sections.items()))
+        print(f"report written to {Path(args.out).resolve() / 'index.html'} in {rep.seconds:.0f} s")
         return 0
 
     _check_model_name(args.model)

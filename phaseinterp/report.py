@@ -267,6 +267,35 @@ def _replace_dir(staging: Path, final: Path) -> None:
         os.replace(staging, final)
 
 
+class PromptSets:
+    """Each prompt set of a report generated once and shared by the sections that use it:
+    ``get(task, n_per_residue, seed)`` is ``task.generate(n_per_residue, seed=seed)``, the same
+    batch every time it is asked for (tasks are frozen dataclasses, so equal tasks share)."""
+
+    def __init__(self):
+        self._sets: dict[tuple, Any] = {}
+
+    def get(self, task, n_per_residue: int, seed: int = 0):
+        key = (task, n_per_residue, seed)
+        if key not in self._sets:
+            self._sets[key] = task.generate(n_per_residue, seed=seed)
+        return self._sets[key]
+
+
+class SectionClock:
+    """Seconds per report section (``summary["section_seconds"]``, printed by ``phaseinterp demo``)."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self._start = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        """Charge the time since the previous lap to ``name`` (added up when a name repeats)."""
+        now = time.perf_counter()
+        self.seconds[name] = self.seconds.get(name, 0.0) + now - self._start
+        self._start = now
+
+
 def _build_report(model, final: Path, staging: list, *, twin, settings, task, device, progress, log, deepseek_v4,
                   remedy) -> Report:
     """`build_report`'s work: everything is written to a staging folder (appended to ``staging``)."""
@@ -275,6 +304,7 @@ def _build_report(model, final: Path, staging: list, *, twin, settings, task, de
     from phaseinterp.profile import phase_profile
 
     t0 = time.time()
+    clock, prompts = SectionClock(), PromptSets()
     settings = settings or ReportSettings()
     model = load_model(model, device)
     own_task = task is None  # the model's stored task: its profile can be reused by the remedy section
@@ -297,13 +327,16 @@ def _build_report(model, final: Path, staging: list, *, twin, settings, task, de
                                "task": task.to_dict() if hasattr(task, "to_dict") else repr(task),
                                "settings": settings.__dict__ | {"shifts": list(settings.shifts or ())}}
 
+    clock.lap("load models")
     log(f"[1/4] phase profile: {settings.n_per_residue} prompts x {task.residue_modulus} residues")
-    profiles = [phase_profile(model, task, settings.n_per_residue, label=_label(model), progress=progress)]
+    profile_prompts = prompts.get(task, settings.n_per_residue)
+    profiles = [phase_profile(model, profile_prompts, label=_label(model), progress=progress)]
     if twin is not None:
-        profiles.append(phase_profile(twin, task, settings.n_per_residue, stride=model.cfg.stride,
-                                      label=_label(twin), progress=progress))
+        profiles.append(phase_profile(twin, profile_prompts, stride=model.cfg.stride, label=_label(twin),
+                                      progress=progress))
+    clock.lap("phase profiles")
     names = [data_name(model)] + ([data_name(twin)] if twin is not None else [])
-    controls = _training_controls(model, twin, task, settings, device, progress, profiles, names)
+    controls = _training_controls(model, twin, task, settings, device, progress, profiles, names, prompts)
     for p, name in zip(profiles, names):
         write_profile_csvs(out, name, p)
     summary["profiles"] = [p.to_dict() for p in profiles]
@@ -311,11 +344,12 @@ def _build_report(model, final: Path, staging: list, *, twin, settings, task, de
     if controls:
         summary["training_controls"] = controls
         tables["phase_profile"] = _controls_html(controls)
+    clock.lap("training controls")
 
     if model.cfg.is_compressed:
         log(f"[2/4] per-KV-head mean replacement: every layer, {settings.ablation_per_residue} prompts per residue")
-        abl = ablate(model, task, n_per_residue=settings.ablation_per_residue,
-                     n_calibration=settings.n_calibration, progress=progress)
+        abl = ablate(model, task, n_per_residue=settings.ablation_per_residue, n_calibration=settings.n_calibration,
+                     progress=progress, prompts=prompts.get(task, settings.ablation_per_residue))
         spec = abl.specialization()
         atomic_write_text(out / "data" / "ablation.csv", abl.to_frame().to_csv(index=False))
         atomic_write_text(out / "data" / "ablation_specialization.csv", spec.to_csv(index=False))
@@ -323,6 +357,7 @@ def _build_report(model, final: Path, staging: list, *, twin, settings, task, de
         figures["ablation_heatmap"] = abl.plot()
         tables["ablation_heatmap"] = abl.summary().to_html(border=0)
         tables["ablation_heatmap"] += _frame_html(spec, "Specialization per unit (relative change, %)")
+        clock.lap("mean replacement")
 
         from phaseinterp import zoo
         from phaseinterp.interventions import cycling_fitness
@@ -347,7 +382,8 @@ def _build_report(model, final: Path, staging: list, *, twin, settings, task, de
             f"{list(settings.shifts) if settings.shifts else 'every distinct shift mod S'}")
         try:
             cyc = gate_cycling(cyc_model, cyc_task, settings.shifts, n_per_residue=settings.cycling_per_residue,
-                               progress=progress, n_boot=200)
+                               progress=progress, n_boot=200,
+                               prompts=prompts.get(cyc_task, settings.cycling_per_residue))
             atomic_write_text(out / "data" / "cycling.csv", cyc.to_frame().to_csv(index=False))
             atomic_write_text(out / "data" / "cycling_scores.csv", cyc.scores["per_shift"].to_csv(index=False))
             summary["cycling"] = cyc.to_dict() | {"model_used": cyc_name, "why_this_model": cyc_reason,
@@ -359,13 +395,17 @@ def _build_report(model, final: Path, staging: list, *, twin, settings, task, de
         except ValueError as err:
             summary["cycling_skipped"] = str(err)
             log(f"      skipped: {err}")
+        clock.lap("gate cycling")
         if not negative and "cycling" in summary:
             log(f"      unit-level gate cycling on {cyc_name}: units picked by specialized_units' rule")
-            unit = _unit_cycling(cyc_model, cyc_task, abl if cyc_model is model else None, settings, progress, out)
+            unit = _unit_cycling(cyc_model, cyc_task, abl if cyc_model is model else None, settings, progress, out,
+                                 prompts)
             summary["unit_cycling"] = unit["summary"]
             tables["unit_cycling"] = unit["html"]
             if unit["figure"] is not None:
                 figures["unit_cycling"] = unit["figure"]
+
+            clock.lap("unit-level gate cycling")
 
         log("[4/4] gate statistics")
         gp = gate_profile(model, task, n_per_residue=settings.gate_per_residue)
@@ -377,18 +417,23 @@ def _build_report(model, final: Path, staging: list, *, twin, settings, task, de
                             "alignment_mean_correlation": float(align.correlation.mean()) if len(align) else None}
         figures["gate_profile"] = gp.plot()
         tables["gate_profile"] = _frame_html(gp.heads, "Per head and branch")
+        clock.lap("gate statistics")
 
     from phaseinterp.report_conformance import conformance_report  # issue 24: light, own family only
 
     conformance_report(model, task, out, summary, figures, tables, log)
+    clock.lap("conformance")
 
     if deepseek_v4 is not None:
         deepseek_v4_report(dsv4, settings, out, summary, figures, tables, progress, log)
+        clock.lap("DeepSeek-V4")
 
     if remedy is not None:
         zoo_name = getattr(model, "metadata", {}).get("zoo_name")
         reuse = {zoo_name: profiles[0]} if zoo_name and own_task else {}  # same task, n_per_residue, seed 0
-        remedy_report(remedy, settings, out, summary, figures, tables, progress, log, reuse=reuse, device=device)
+        remedy_report(remedy, settings, out, summary, figures, tables, progress, log, reuse=reuse, device=device,
+                      prompts=prompts)
+        clock.lap("remedy")
 
     for fig in figures.values():
         tidy_figure(fig)
@@ -397,6 +442,8 @@ def _build_report(model, final: Path, staging: list, *, twin, settings, task, de
         log(f"      PNG export skipped: {static['skipped']}; the report has interactive HTML figures and CSVs")
     summary["static_images"] = static["written"]
     summary["static_skipped"] = static["skipped"]
+    clock.lap("PNG export")
+    summary["section_seconds"] = clock.seconds
     summary["seconds"] = time.time() - t0
     atomic_write_text(out / "summary.json", dumps(summary, indent=2))
     atomic_write_text(out / "index.html", _html(summary, figures, tables, static))
@@ -414,14 +461,11 @@ def _static_export(settings: ReportSettings, figures: dict, out: Path, export) -
     if export.find_browser() is None:
         return {"written": [], "skipped": "no Chromium for kaleido was found (apt-get install chromium, or set "
                                           "BROWSER_PATH)"}
-    written = []
-    for name, fig in figures.items():
-        try:
-            export.save(fig, out / f"{name}.png")
-        except export.ExportError as err:
-            return {"written": written, "skipped": f"kaleido failed: {' '.join(str(err).split())[:300]}"}
-        written.append(f"{name}.png")
-    return {"written": written, "skipped": None}
+    try:  # every PNG from one kaleido (one Chromium) session
+        export.save_static({out / f"{name}.png": fig for name, fig in figures.items()})
+    except export.ExportError as err:
+        return {"written": [], "skipped": f"kaleido failed: {' '.join(str(err).split())[:300]}"}
+    return {"written": [f"{name}.png" for name in figures], "skipped": None}
 
 
 def data_name(model) -> str:
@@ -437,7 +481,7 @@ def write_profile_csvs(out: Path, name: str, profile, parts=("residues", "phases
         atomic_write_text(out / "data" / f"profile_{name}_{part}.csv", frames[part]().to_csv(index=False))
 
 
-def _training_controls(model, twin, task, settings, device, progress, profiles, data_names) -> list[dict]:
+def _training_controls(model, twin, task, settings, device, progress, profiles, data_names, prompts) -> list[dict]:
     """Profile the equal-step and final-step pairs of ``model``'s zoo run (`zoo.training_controls`),
     reusing ``profiles`` already measured (``data_names``: their `data_name`s, extended in step with
     ``profiles``); returns one row per pair for the report."""
@@ -457,7 +501,7 @@ def _training_controls(model, twin, task, settings, device, progress, profiles, 
         for role, name in zip(("compressed", "twin"), names):
             if name not in by_name:
                 m = load_model(name, device)
-                by_name[name] = phase_profile(m, task, settings.n_per_residue, stride=model.cfg.stride,
+                by_name[name] = phase_profile(m, prompts.get(task, settings.n_per_residue), stride=model.cfg.stride,
                                               label=f"{name} (step {m.metadata.get('step')})", progress=progress)
                 profiles.append(by_name[name])
                 data_names.append(data_name(m))
@@ -489,7 +533,7 @@ def _controls_html(rows: list[dict]) -> str:
 UNIT_SCORE_SEED = 1  # held-out prompts of the unit-level score (the report's ablation used seed 0)
 
 
-def _unit_cycling(model, task, ablation, settings, progress, out: Path) -> dict:
+def _unit_cycling(model, task, ablation, settings, progress, out: Path, prompts: PromptSets) -> dict:
     """Unit-level gate cycling for the report: `specialized_units` picks units by its rule (on the
     report's own ablation, seed 0, when it is of this model; else on its selection split, seed
     1000), then the first specialized unit and the negative control are each cycled alone and
@@ -511,12 +555,13 @@ def _unit_cycling(model, task, ablation, settings, progress, out: Path) -> dict:
     summary: dict[str, Any] = {"rule": selection.rule, "selection": selection.to_dict(), "units": []}
     figure = None
     if not selection.units("specialized"):
-        parts.append("<p class='note'>No unit passes the rule on this model: no knockout hurts 1..3 adjacent phases "
-                     "and nowhere else (see unit_selection.csv).</p>")
+        parts.append("<p class='note'>No unit passes the rule on this model: no knockout hurts 1..3 adjacent "
+                     "phases (not all of them) and nowhere else (see unit_selection.csv).</p>")
     for u in picked:
         r = gate_cycling(model, task, settings.shifts, layers=u["layers"], kv_heads=u["kv_heads"], score="unit",
                          n_per_residue=settings.ablation_per_residue, seed=UNIT_SCORE_SEED,
-                         n_calibration=settings.n_calibration, n_boot=200, progress=progress)
+                         n_calibration=settings.n_calibration, n_boot=200, progress=progress,
+                         prompts=prompts.get(task, settings.ablation_per_residue, UNIT_SCORE_SEED))
         atomic_write_text(out / "data" / f"unit_cycling_{u['label']}.csv", r.profile_frame().to_csv(index=False))
         s, d = r.scores, r.to_dict()
         summary["units"].append({"unit": u["label"], "role": u["role"], "hurt_phases": u["hurt_phases"]} | d)
@@ -787,6 +832,7 @@ def _html(summary: dict, figures: dict, tables: dict, static: dict) -> str:
     summary_table.append("</table>")
     parts.append("".join(summary_table) + _meanings_html("".join(summary_table)))
     parts.append(_settings_html(summary))
+    parts.append(_timing_html(summary))
     titles = {"phase_profile": "Accuracy by phase", "ablation_heatmap": "Head x phase specialization",
               "gate_cycling": "Gate cycling: every layer's gates shifted (whole-profile score)",
               "unit_cycling": "Gate cycling, one unit at a time (unit-level score)",
@@ -807,6 +853,20 @@ def _html(summary: dict, figures: dict, tables: dict, static: dict) -> str:
         parts.append(f"<h2>Gate cycling</h2><p class='note'>Skipped: {html.escape(summary['cycling_skipped'])}</p>")
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def _timing_html(summary: dict) -> str:
+    """The report's own run time and its split by section (``summary["section_seconds"]``)."""
+    import torch
+
+    if "seconds" not in summary:
+        return ""
+    sections = summary.get("section_seconds", {})
+    body = "".join(f"<tr><td style='text-align:left'>{html.escape(name)}</td><td>{sec:.1f}</td></tr>"
+                   for name, sec in sections.items())
+    return (f"<h3>Run time</h3><p>This report took {summary['seconds']:.1f} s to build ({os.cpu_count()} CPU "
+            f"cores visible, {torch.get_num_threads()} torch threads).</p>"
+            f"<table><tr><th>section</th><th>seconds</th></tr>{body}</table>")
 
 
 def _settings_html(summary: dict) -> str:

@@ -42,9 +42,11 @@ def _heads(model) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def remedy_report(name: str, settings, out, summary, figures, tables, progress, log, reuse=None, device=None) -> None:
+def remedy_report(name: str, settings, out, summary, figures, tables, progress, log, reuse=None, device=None,
+                  prompts=None) -> None:
     """Profile the remedy pair at ``settings.n_per_residue`` (``reuse``: {zoo name: PhaseProfile}
-    already measured on the same prompts) and add the section to ``summary``/``figures``/``tables``."""
+    already measured on the same prompts; ``prompts``: the report's `PromptSets`, so a task's
+    prompts are generated once) and add the section to ``summary``/``figures``/``tables``."""
     from phaseinterp import zoo
     from phaseinterp.experiments.remedy import memory_per_token
     from phaseinterp.plot import profiles_figure
@@ -61,7 +63,8 @@ def remedy_report(name: str, settings, out, summary, figures, tables, progress, 
             profile = reuse[zoo_name]
         else:
             log(f"[remedy] {zoo_name}: phase profile, {settings.n_per_residue} prompts x {task.residue_modulus} residues")
-            profile = phase_profile(model, task, settings.n_per_residue, label=f"{zoo_name} ({role})",
+            batch = prompts.get(task, settings.n_per_residue) if prompts is not None else task
+            profile = phase_profile(model, batch, settings.n_per_residue, label=f"{zoo_name} ({role})",
                                     progress=progress)
         profiles.append(profile)
         memory = memory_per_token(model)

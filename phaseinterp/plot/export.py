@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import Iterable, Union
+from typing import Iterable, Mapping, Union
 
 import plotly.graph_objects as go
 
@@ -61,18 +61,47 @@ def save(fig: go.Figure, path: Union[str, Path], formats: Iterable[str] | None =
     return written
 
 
-def _write_static(fig: go.Figure, target: Path, kind: str, scale: float) -> None:
+def save_static(figures: Mapping[Union[str, Path], go.Figure], scale: float = 2.0) -> list[Path]:
+    """Write every ``{path: figure}`` as a static image (format from each suffix: png, svg, pdf)
+    in ONE kaleido session: one Chromium start for all of them instead of one per figure.
+    Returns the paths; `ExportError` (nothing promised written) when kaleido or Chromium is
+    missing or fails."""
+    import plotly.io as pio
+
+    targets = [Path(p) for p in figures]
+    kinds = [t.suffix.lstrip(".").lower() for t in targets]
+    bad = sorted({k for k in kinds if k not in STATIC_FORMATS})
+    if bad:
+        raise ValueError(f"format(s) {bad} not supported by save_static; use png, svg or pdf")
+    if not targets:
+        return []
+    _check_static(targets[0].name)
+    for t in targets:
+        t.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        pio.write_images(list(figures.values()), targets, format=kinds, scale=scale)
+    except Exception as err:  # kaleido wraps browser failures in several exception types
+        raise ExportError(f"kaleido could not write {', '.join(t.name for t in targets)}: {err}") from err
+    return targets
+
+
+def _check_static(name: str) -> None:
+    """kaleido and a Chromium are present (`ExportError` naming ``name`` otherwise)."""
     try:
         import kaleido  # noqa: F401
     except ImportError:
-        raise ExportError(f"writing {target.name} needs kaleido: pip install 'phaseinterp[export]'") from None
+        raise ExportError(f"writing {name} needs kaleido: pip install 'phaseinterp[export]'") from None
     browser = find_browser()
     if browser is None:
         raise ExportError(
-            f"writing {target.name} needs a local Chromium for kaleido (Debian: apt-get install chromium) "
+            f"writing {name} needs a local Chromium for kaleido (Debian: apt-get install chromium) "
             "or BROWSER_PATH pointing at one"
         )
     os.environ.setdefault("BROWSER_PATH", browser)
+
+
+def _write_static(fig: go.Figure, target: Path, kind: str, scale: float) -> None:
+    _check_static(target.name)
     try:
         fig.write_image(target, format=kind, scale=scale)
     except Exception as err:  # kaleido wraps browser failures in several exception types

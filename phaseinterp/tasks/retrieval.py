@@ -4,6 +4,7 @@ The moment-matched target placement is in `phaseinterp.tasks.placement`, the pro
 layout in `phaseinterp.tasks.layout`, the split parity in `phaseinterp.tasks.splits`.
 """
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,6 +20,15 @@ from phaseinterp.tasks.layout import residue_cycle_positions
 from phaseinterp.tasks.placement import TargetPlacement, check_target_band, match_target_moments
 from phaseinterp.tasks.splits import draw_mappings, split_rng
 from phaseinterp.tasks.vocab import Vocab
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_placement(lo: int, hi: int, modulus: int, n: int, strict: bool) -> TargetPlacement:
+    """`match_target_moments`, solved once per argument set (deterministic; a report asks for the
+    same placement many times). The positions are read-only: every caller shares them."""
+    placement = match_target_moments(lo, hi, modulus, n, strict=strict)
+    placement.positions.setflags(write=False)
+    return placement
 
 
 @dataclass(frozen=True, repr=False)
@@ -100,8 +110,9 @@ class KeyValueRetrieval(TaskSettings):
 
     def placement(self, n_per_residue: int, *, strict: bool = True) -> TargetPlacement:
         """Moment-matched target positions for ``n_per_residue`` prompts per residue (see ``match_target_moments``)."""
+        check_int("n_per_residue", n_per_residue, 1)
         lo, hi = self.target_range
-        return match_target_moments(lo, hi, self.residue_modulus, n_per_residue, strict=strict)
+        return _cached_placement(lo, hi, self.residue_modulus, n_per_residue, strict)
 
     # ------------------------------------------------------------- prompts
     def _build(
