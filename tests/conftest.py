@@ -72,5 +72,66 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+# ------------------------------------------------------------ shipped checkpoints
+# `@pytest.mark.zoo("w4s4", "full")`: the test needs these shipped checkpoints. Missing ones skip
+# the test on a developer's machine, but FAIL it under CI=true (`.ci/run`), so a release that lost
+# a checkpoint cannot pass CI by skipping.
+CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def shipped_checkpoints() -> set[str]:
+    """Names of every shipped checkpoint: the own zoo and the HF-format DeepSeek-V4 models."""
+    from phaseinterp import zoo
+    from phaseinterp.zoo import deepseek_v4 as hf_zoo
+
+    return set(zoo.available()) | set(hf_zoo.available())
+
+
+def pytest_runtest_setup(item):
+    for mark in item.iter_markers("zoo"):
+        missing = sorted(set(mark.args) - shipped_checkpoints())
+        if missing:
+            why = f"shipped checkpoint(s) {', '.join(missing)} missing (phaseinterp zoo list shows how to build them)"
+            if CI:
+                pytest.fail(f"{why}; under CI=true a missing checkpoint fails the run", pytrace=False)
+            pytest.skip(why)
+
+
+# Loaded zoo models and their profiles, shared by the whole test run (each loaded or measured once).
+# Tests must leave a shared model as they found it (interventions are context managers that
+# restore it); a test that changes a model for good loads its own copy.
+@pytest.fixture(scope="session")
+def zoo_model():
+    """``zoo_model(name)``: the shipped model ``name``, loaded once per test run."""
+    import phaseinterp as pi
+
+    loaded: dict = {}
+
+    def load(name: str):
+        if name not in loaded:
+            loaded[name] = pi.zoo.load(name)
+        return loaded[name]
+
+    return load
+
+
+@pytest.fixture(scope="session")
+def zoo_profile(zoo_model):
+    """``zoo_profile(name, n_per_residue, seed=0)``: ``phase_profile`` of the shipped model ``name``
+    on its own task, measured once per test run."""
+    import phaseinterp as pi
+
+    measured: dict = {}
+
+    def profile(name: str, n_per_residue: int, seed: int = 0):
+        key = (name, n_per_residue, seed)
+        if key not in measured:
+            model = zoo_model(name)
+            measured[key] = pi.phase_profile(model, pi.zoo.task_for(model), n_per_residue, seed=seed, progress=False)
+        return measured[key]
+
+    return profile
+
+
 # Ctrl-C and SIGTERM stop the run and end the processes tests started (tests/interrupts.py).
 from interrupts import pytest_configure, pytest_sessionfinish, run_child  # noqa: E402,F401

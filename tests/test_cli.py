@@ -119,6 +119,7 @@ def test_every_option_has_help():
     assert not missing
 
 
+@pytest.mark.slow  # spawns a process
 def test_help_does_not_import_torch_or_plotly():
     code = ("import sys; from phaseinterp.cli import main\n"
             "try:\n    main(['ablate', '--help'])\nexcept SystemExit:\n    pass\n"
@@ -146,11 +147,13 @@ def test_bad_arguments_exit_2_with_one_line(argv, message, checkpoint, capsys):
     assert message in err and len(err.splitlines()) == 1, err
 
 
+@pytest.mark.slow  # spawns a process
 def test_console_script_entry_point():
     out = subprocess.run([sys.executable, "-m", "phaseinterp.cli", "zoo", "frob"], capture_output=True, text=True)
     assert out.returncode == 2 and out.stderr.startswith("phaseinterp: error:")
 
 
+@pytest.mark.slow  # spawns Chromium
 def test_report_renders_in_headless_chromium(checkpoint, tmp_path):
     """The report opens in a real browser: a full-page screenshot with the figures drawn."""
     import shutil
@@ -185,11 +188,11 @@ def test_report_renders_in_headless_chromium(checkpoint, tmp_path):
     assert (pixels[600:] < 200).mean() > 0.01
 
 
+@pytest.mark.slow  # runs the demo
+@pytest.mark.zoo("w4s4", "full")
 def test_demo_quick_on_the_shipped_models(tmp_path, capsys):
     import phaseinterp as pi
 
-    if not {"w4s4", "full"} <= set(pi.zoo.available()):
-        pytest.skip("zoo checkpoints not built")
     assert main(["demo", "--quick", "--no-static", "--out", str(tmp_path / "demo")]) == 0
     out = capsys.readouterr().out
     assert "| w4s4 (W4/S4 gated) |" in out and "| full (full attention) |" in out
@@ -207,7 +210,7 @@ def test_demo_quick_on_the_shipped_models(tmp_path, capsys):
     assert stems and stems <= zoo_names, sorted(stems - zoo_names)
     # gate cycling at the grain of one unit: the rule's pick is named, with the rule (issue 20)
     unit = summary["unit_cycling"]
-    assert unit["rule"].startswith("specialized: knockout hurts 1..3 adjacent phases")
+    assert unit["rule"].startswith("specialized: knockout hurts 1..3 adjacent phases")  # not every phase
     assert unit["units"] and unit["units"][0]["role"] == "specialized" and unit["units"][0]["unit"].startswith("L")
     assert "Gate cycling, one unit at a time" in (tmp_path / "demo" / "index.html").read_text()
     if "dsv4-tiny" in pi.zoo.deepseek_v4.available():  # the DeepSeek-V4 section: HF architecture, same task
@@ -223,32 +226,28 @@ def test_demo_quick_on_the_shipped_models(tmp_path, capsys):
         assert (tmp_path / "demo" / "data" / "remedy_heads.csv").is_file()
 
 
+@pytest.mark.zoo("dsv4-tiny")
 def test_cli_accepts_the_hf_deepseek_v4_zoo_names(tmp_path, capsys):
     """`phaseinterp profile dsv4-tiny` loads the HF-format zoo model like any other zoo name."""
     from phaseinterp.profile import PhaseProfile
-    from phaseinterp.zoo import deepseek_v4 as hf_zoo
 
     pytest.importorskip("transformers")
-    if "dsv4-tiny" not in hf_zoo.available():
-        pytest.skip("dsv4-tiny not built")
     assert main(["profile", "dsv4-tiny", "--n-per-residue", "72", "--out", str(tmp_path / "p")]) == 0
     profile = PhaseProfile.load(tmp_path / "p")
     assert profile.stride == 4 and profile.period == 4
 
 
+@pytest.mark.zoo("dsv4-tiny")
 def test_the_cli_takes_a_deepseek_v4_zoo_model(tmp_path, capsys, monkeypatch):
     """One zoo, both families: `zoo list` names `dsv4-tiny` as shipped, `gates` runs on it, and
     `demo --model dsv4-tiny` / `report dsv4-tiny` reach `build_report` with it (the report itself:
     test_report_page; profile: the test above; ablate and cycle: the slow test below)."""
     from types import SimpleNamespace
 
-    import phaseinterp as pi
     from phaseinterp import report as report_module
     from phaseinterp.interventions import GateProfile
 
     pytest.importorskip("transformers")
-    if "dsv4-tiny" not in pi.zoo.available():
-        pytest.skip("dsv4-tiny not built")
     assert main(["zoo", "list"]) == 0
     line = next(row for row in capsys.readouterr().out.splitlines() if row.split()[:1] == ["dsv4-tiny"])
     assert "shipped" in line and "recipe only" not in line
@@ -264,14 +263,12 @@ def test_the_cli_takes_a_deepseek_v4_zoo_model(tmp_path, capsys, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.zoo("dsv4-tiny")
 def test_ablate_and_cycle_run_a_deepseek_v4_zoo_model(tmp_path):
     """ablate (the fast path) and cycle on `dsv4-tiny` through the CLI (about 2 CPU-minutes)."""
-    import phaseinterp as pi
     from phaseinterp.interventions import AblationResult, CyclingResult
 
     pytest.importorskip("transformers")
-    if "dsv4-tiny" not in pi.zoo.available():
-        pytest.skip("dsv4-tiny not built")
     assert main(["ablate", "dsv4-tiny", "--n-per-residue", "72", "--n-calibration", "24",
                  "--out", str(tmp_path / "a")]) == 0
     ablation = AblationResult.load(tmp_path / "a")

@@ -446,11 +446,11 @@ def test_tiny_dsv4_loads_from_the_zoo_with_its_task():
 
 
 @_shipped("dsv4-tiny")
-def test_tiny_dsv4_has_period_4_with_a_significant_gap():
+def test_tiny_dsv4_has_period_4_with_a_significant_gap(zoo_profile):
     """72 prompts per residue (the smallest moment-matched size, to keep the test short; RESULTS.md
-    reports 250 per residue from python benchmarks/dsv4_profiles.py: gap 86.3 pp)."""
-    model = pi.zoo.load("dsv4-tiny")
-    p = pi.phase_profile(model, pi.zoo.task_for(model), 72, seed=0, progress=False)
+    reports 250 per residue from python benchmarks/dsv4_profiles.py: gap 86.3 pp). The profile is
+    the test run's shared one (conftest `zoo_profile`; test_hf_release reads the same)."""
+    p = zoo_profile("dsv4-tiny", 72)
     assert p.period == 4 and p.period_p_value < 0.05, (p.period, p.period_p_value)
     assert p.phase_gap >= 0.05
     best, worst = int(np.nanargmax(p.phase_accuracy)), int(np.nanargmin(p.phase_accuracy))
@@ -477,12 +477,12 @@ def test_forcing_the_target_entry_changes_only_prompts_that_missed_it(model, tmp
 
 
 @_shipped("dsv4.1-tiny")
-def test_tiny_dsv4_1_has_period_2():
+def test_tiny_dsv4_1_has_period_2(zoo_model, zoo_profile):
     """The V4.1-shaped model (CSA rate 2): period 2, gap >= 5 pp, phase intervals apart (72 prompts per
     residue; RESULTS.md reports 250 per residue: 92.4% vs 99.9%, gap 7.5 pp)."""
-    model = pi.zoo.load("dsv4.1-tiny")
+    model = zoo_model("dsv4.1-tiny")
     assert model.cfg.stride == 2 and model.cfg.window == 4
-    p = pi.phase_profile(model, pi.zoo.task_for(model), 72, seed=0, progress=False)
+    p = zoo_profile("dsv4.1-tiny", 72)
     assert p.period == 2 and p.period_p_value < 0.05, (p.period, p.period_p_value)
     assert p.phase_gap >= 0.05
     best, worst = int(np.nanargmax(p.phase_accuracy)), int(np.nanargmin(p.phase_accuracy))

@@ -15,15 +15,14 @@ import phaseinterp as pi
 from phaseinterp.models.hf.export import export_release, parse_size, quantize_fp8_blocks
 from phaseinterp.models.hf.memory import config_from_dict
 from phaseinterp.models.hf.release_layout import INDEX_FILE, check_names_roundtrip, release_tensors
-from phaseinterp.zoo import deepseek_v4 as hf_zoo
 
-pytestmark = pytest.mark.skipif("dsv4-tiny" not in hf_zoo.available(), reason="dsv4-tiny checkpoint not shipped")
+pytestmark = pytest.mark.zoo("dsv4-tiny")
 N = 72  # prompts per residue: the smallest moment-matched size for the zoo task
 
 
 @pytest.fixture(scope="module")
-def shipped():
-    return pi.zoo.load("dsv4-tiny")
+def shipped(zoo_model):
+    return zoo_model("dsv4-tiny")  # the test run's shared copy (conftest); export and offloading read it only
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +34,8 @@ def exported(shipped, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def shipped_profile(shipped):
-    return pi.phase_profile(shipped, pi.zoo.task_for(shipped), N, seed=0, progress=False)
+def shipped_profile(zoo_profile):
+    return zoo_profile("dsv4-tiny", N)  # measured once per test run (conftest), shared with test_deepseek_v4
 
 
 def _copy(src, dst):

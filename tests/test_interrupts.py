@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # spawns processes and signals them
 TESTS = Path(__file__).resolve().parent
 
 # A test that starts a child (plain, or through run_child like the notebook tests) and waits.

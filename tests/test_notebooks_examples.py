@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 from conftest import run_child
 
-import phaseinterp as pi
+pytestmark = pytest.mark.slow  # runs notebooks and examples in child processes
+
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
-needs_zoo = pytest.mark.skipif(not {"w4s4", "full"} <= set(pi.zoo.available()), reason="zoo checkpoints not built")
+needs_zoo = pytest.mark.zoo("w4s4", "full")
 
 
 @needs_zoo
@@ -46,11 +47,11 @@ finally:
 
 
 @needs_zoo
-@pytest.mark.parametrize("script, args", [("stride_sweep.py", ["--n-per-residue", "72"]),
-                                          ("ablate_layer.py", ["--n-per-residue", "72", "--layer", "11"])])
+@pytest.mark.parametrize("script, args", [
+    ("stride_sweep.py", ["--n-per-residue", "72"]),
+    pytest.param("ablate_layer.py", ["--n-per-residue", "72", "--layer", "11"],
+                 marks=pytest.mark.zoo("deep12-w8s8-1kv-shared-equal"))])
 def test_example_runs(script, args, tmp_path):
-    if script == "ablate_layer.py" and "deep12-w8s8-1kv-shared-equal" not in pi.zoo.available():
-        pytest.skip("the paper-depth zoo model is not built")
     env = dict(os.environ, PHASEINTERP_NO_PROGRESS="1")
     out = run_child([sys.executable, str(ROOT / "examples" / script), "--out", str(tmp_path), *args], env=env,
                     timeout=600)

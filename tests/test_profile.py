@@ -143,6 +143,7 @@ def test_save_load_round_trip(tmp_path):
     assert loaded.to_frame()["correct"].equals(profile.to_frame()["correct"])
 
 
+@pytest.mark.slow  # spawns a process
 def test_plot_is_a_plotly_figure_and_core_imports_stay_light():
     profile = phase_profile(PhaseOracle(TASK.vocab, good={0, 1, 2}), TASK, 72, progress=False)
     fig = profile.plot()

@@ -57,6 +57,7 @@ def _chromium_or_skip():
         pytest.skip("chromium not installed")
 
 
+@pytest.mark.slow  # spawns Chromium
 # ------------------------------------------------------------- in the browser
 def test_report_page_in_headless_chromium(report):
     """Every figure draws plot elements, nothing sticks out of a 1400 px page, no None/nan/[]."""
@@ -69,6 +70,7 @@ def test_report_page_in_headless_chromium(report):
     assert problems(result) == []
 
 
+@pytest.mark.slow  # spawns Chromium
 def test_browser_check_fails_on_a_broken_figure_and_an_overflowing_table(report, tmp_path):
     """The check sees the page, not its text: a figure that draws nothing and a table wider than
     the page without a scrolling box are both reported."""
@@ -300,6 +302,7 @@ def test_readme_links_the_report_first_screen():
     assert "python -m phaseinterp.report_check screenshot" in readme and link.group(1) in readme
 
 
+@pytest.mark.slow  # spawns Chromium
 def test_screenshot_command_writes_a_png(report, tmp_path):
     from phaseinterp.report_check import main as check_main
 

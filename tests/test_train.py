@@ -12,6 +12,8 @@ from phaseinterp import CompressedConfig, CompressedTransformer
 from phaseinterp.tasks import KeyValueRetrieval
 from phaseinterp.train import CurriculumStage, TrainConfig, TrainingDiverged, latest_checkpoint, periodic_rows, train
 
+pytestmark = pytest.mark.slow  # trains
+
 TASK = KeyValueRetrieval(seq_len=64, n_records=8, n_demos=2, min_distance=20, residue_modulus=8)
 CFG = CompressedConfig(d_vocab=TASK.vocab.size, n_ctx=64, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1,
                        d_head=16, d_mlp=64, window=4, stride=4, local_window=8)

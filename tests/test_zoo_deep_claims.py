@@ -33,8 +33,7 @@ DEEP, TWIN = "deep12-w8s8-1kv-shared", "deep12-full"
 DEEP_EQ, TWIN_EQ = f"{DEEP}-equal", f"{TWIN}-equal"
 N_PER_RESIDUE = 72
 
-pytestmark = pytest.mark.skipif(not {DEEP, TWIN, DEEP_EQ, TWIN_EQ} <= set(pi.zoo.available()),
-                                reason="the paper-depth zoo models are not built")
+pytestmark = [pytest.mark.zoo(DEEP, TWIN, DEEP_EQ, TWIN_EQ), pytest.mark.slow]  # profiles the 12-layer checkpoints
 
 
 @functools.cache

@@ -16,8 +16,7 @@ import pytest
 import phaseinterp as pi
 from phaseinterp.experiments import memory_per_token
 
-pytestmark = pytest.mark.skipif(not {"w4s4", "w4s4-staggered"} <= set(pi.zoo.available()),
-                                reason="the remedy pair is not built")
+pytestmark = pytest.mark.zoo("w4s4", "w4s4-staggered")
 
 
 def _profile(name):
