@@ -53,6 +53,29 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write(Path(path), text.encode())
 
 
+def exchange_paths(a: Union[str, os.PathLike], b: Union[str, os.PathLike]) -> bool:
+    """Swap two existing paths in one atomic step (Linux ``renameat2(RENAME_EXCHANGE)``): a reader
+    sees either the old or the new one, never neither. False where the system cannot (another OS,
+    an old kernel or a file system without the flag): the caller falls back to two renames."""
+    import ctypes
+    import errno
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), os.fspath(b))
+
+
 def check_output_dir(path: Union[str, os.PathLike]) -> Path:
     """``path`` as a Path if a folder can be written there (it exists as a folder, or its nearest
     existing ancestor is a writable folder); otherwise a ValueError naming it. Creates nothing,

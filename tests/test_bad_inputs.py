@@ -87,7 +87,9 @@ BREAK = {"truncated_weights": _truncate_weights, "flipped_byte": _flip_byte, "tr
          # Model-dependent errors come from config.json, before the weights load: with weights that
          # cannot load, the message must still name the bad layer / stride / shift.
          "layer_checked_before_loading": _truncate_weights, "stride_checked_before_loading": _truncate_weights,
-         "shift_checked_before_loading": _truncate_weights}
+         "shift_checked_before_loading": _truncate_weights,
+         # the same for a Hugging Face DeepSeek-V4 checkpoint (dsv4-tiny with truncated weights)
+         "hf_layer_checked_before_loading": _truncate_weights, "hf_shift_checked_before_loading": _truncate_weights}
 
 
 # ------------------------------------------------------------------ CLI table
@@ -165,6 +167,9 @@ CLI_CASES = [
     ("layer checked before loading", ["ablate", "{broken}", "--layer", "7", "--out", "{out}"], ["layer=7", "(0..1)"]),
     ("stride checked before loading", ["profile", "{broken}", "--stride", "2", "--out", "{out}"], ["--stride 2"]),
     ("shift checked before loading", ["cycle", "{broken}", "--shifts", "8", "--out", "{out}"], ["shift=8", "S=4"]),
+    ("hf layer checked before loading", ["ablate", "{broken}", "--layer", "7", "--out", "{out}"],
+     ["layer=7", "3-layer model (0..2)"]),
+    ("hf shift checked before loading", ["cycle", "{broken}", "--shifts", "8", "--out", "{out}"], ["shift=8", "S=4"]),
     ("train resume with nothing to resume", ["train", "--resume", "--steps", "2", "--out", "{out}"],
      ["--resume", "{out}", "no run to resume"]),
     ("train resume in an empty folder", ["train", "--resume", "--steps", "2", "--out", "{empty}"],
@@ -198,7 +203,12 @@ def test_cli_bad_input(case_id, argv, expected, checkpoint, tmp_path, capsys, re
     (tmp_path / "full" / "keep.txt").write_text("the user's file")
     if "{broken}" in " ".join(argv):
         broken = tmp_path / "broken"
-        shutil.copytree(checkpoint, broken)
+        if case_id.startswith("hf "):
+            import phaseinterp as pi
+
+            shutil.copytree(pi.zoo.CHECKPOINT_DIR / "dsv4-tiny", broken)
+        else:
+            shutil.copytree(checkpoint, broken)
         BREAK[case_id.replace(" ", "_").replace("-", "_")](broken)
         places["{broken}"] = str(broken)
     run_before = None

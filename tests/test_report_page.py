@@ -310,3 +310,25 @@ def test_screenshot_command_writes_a_png(report, tmp_path):
     assert check_main(["screenshot", str(report), str(tmp_path / "first.png")]) == 0
     data = (tmp_path / "first.png").read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and int.from_bytes(data[16:20], "big") == 1400
+
+
+def test_previous_report_is_exchanged_in_one_atomic_step(tmp_path, monkeypatch):
+    """On Linux a previous report is swapped with the new one by renameat2(RENAME_EXCHANGE): no
+    instant without a report folder (no two-rename fallback is taken)."""
+    import sys
+
+    from phaseinterp import report
+    from phaseinterp._files import exchange_paths
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    (a / "f").write_text("a"), (b / "f").write_text("b")
+    if not sys.platform.startswith("linux") or not exchange_paths(a, b):
+        pytest.skip("no atomic exchange on this system: the documented fallback is two renames")
+    assert (a / "f").read_text() == "b" and (b / "f").read_text() == "a"
+    final, staging = tmp_path / "report", tmp_path / ".report.building"
+    final.mkdir(), staging.mkdir()
+    (final / "index.html").write_text("old"), (staging / "index.html").write_text("new")
+    monkeypatch.setattr(report.os, "replace", lambda *a, **k: pytest.fail("two renames were used"))
+    report._replace_dir(staging, final)
+    assert (final / "index.html").read_text() == "new" and not staging.exists()
