@@ -48,6 +48,21 @@ FLOWS = [
 ]
 
 
+def flow_line(run) -> str:
+    """One run on one line (the result's repr is a table)."""
+    s = run.to_dict()
+    return (f"{s['method']}, N={s['N']} S={s['S']} L={s['L']} m={s['heads']}, seed={s['seed']}: "
+            f"slots={s['slots']}, min p^K={s['min_p_key']:.3f}, min p^V={s['min_p_value']:.3f}, "
+            f"loss {s['loss_start']:.4f} -> {s['loss_end']:.4f} at t={s['t_end']:.4g}")
+
+
+def search_line(result) -> str:
+    """One global search on one line."""
+    s = result.to_dict()
+    return (f"N={s['N']} S={s['S']} L={s['L']} m={s['heads']} eps={s['eps']:g}: minimizer {s['minimizer']} "
+            f"loss {s['best_loss']:.5f}, margin {s['margin']:.3g}, holds={s['holds']}")
+
+
 def details() -> None:
     """The individual runs RESULTS quotes: a slow approach, a token-keyed gate, slot switches,
     spread gates with too few heads, and small-step gradient descent against the flow."""
@@ -60,7 +75,8 @@ def details() -> None:
         print(f"  t={run.t[i]:6.0f}  {[round(float(paired[i, h, r]), 4) for h, r in enumerate(run.slots())]}  "
               f"loss {run.loss[i]:.5f}")
     run = gradient_flow(IdealizedInductionModel(6, 3, 2, heads=2), rho=1.0, seed=14, t_max=5000, **flow)
-    print(f"\nrho=1, seed 14: {run}\n  population-mean p[head, branch, slot] {run.mean_p[-1].round(3).tolist()}"
+    print(f"\nrho=1, seed 14: {flow_line(run)}"
+          f"\n  population-mean p[head, branch, slot] {run.mean_p[-1].round(3).tolist()}"
           f"\n  worst-chunk p {run.min_p[-1].round(3).tolist()}")
     model = IdealizedInductionModel(6, 3, 2, heads=2, gamma=2.0, beta=0.5)
     for seed in (14, 49):
@@ -127,7 +143,7 @@ def main() -> None:
         for N, S, m, eps in [(6, 3, 2, 0.05), (6, 3, 2, 0.15), (7, 3, 2, 0.1)]:
             for seed in (0, 1):
                 model = IdealizedInductionModel(N, S, 2, heads=m, eps=eps, seed=seed)
-                print(f"  {global_search(model, n_random=16, steps=300)}")
+                print(f"  {search_line(global_search(model, n_random=16, steps=300))}")
     if args.skip_flow:
         return
     print("\n## Theorem 2: gradient flow of log-linear gates, kappa=0.1, eps=0, threshold 0.95 (worst chunk)")
@@ -137,7 +153,7 @@ def main() -> None:
         start = time.perf_counter()
         model = IdealizedInductionModel(N, S, L, heads=m, gamma=gamma, beta=beta)
         sweep = flow_seeds(model, range(args.seeds), rho=rho, t_max=t_max, stop_at=0.95, rtol=1e-5, atol=1e-8)
-        s = sweep.summary()
+        s = sweep.to_dict()
         df = sweep.to_frame()
         print(f"\n{label}: N={N} S={S} L={L} m={m} gamma={gamma:g} beta={beta:g} rho={rho:g} t_max={t_max:g}, "
               f"population {sweep.runs[0].settings['population']} ({sweep.runs[0].settings['n_sequences']} sequences), "

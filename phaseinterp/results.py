@@ -8,7 +8,8 @@ frozen dataclasses that inherit `Result`, so each has:
 - ``to_frame()``: the tidy per-row data; ``plot()``: a plotly figure (each class);
 - ``save(dir)`` / ``cls.load(dir)``: a folder with ``meta.json`` (kind, format version and
   every scalar field, strict JSON: no ``NaN`` tokens) and ``arrays.npz`` (every array and
-  every table column, no pickles), each written atomically;
+  every table column, no pickles), each written atomically; a field that holds a list of
+  results (a sweep of runs) stores each one in ``dir/<field>/<i>/`` in the same format;
 - a short ``repr`` (the summary table, never an array dump) and ``_repr_html_`` (the table
   plus the figure) for Jupyter;
 - ``==`` that compares contents, so two loaded copies of one result are equal.
@@ -60,8 +61,16 @@ def _plotly_js():
     _PLOTLY_JS_SENT = True
     return True
 
+
+_KINDS: dict[str, type] = {}  # "module.qualname" -> Result subclass, for loading nested results
+
+
 class Result:
     """Mixin for the frozen result dataclasses (declare them with ``eq=False, repr=False``)."""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        _KINDS[_kind_path(cls)] = cls
 
     def to_dict(self) -> dict[str, Any]:  # pragma: no cover - every subclass defines it
         raise NotImplementedError
@@ -117,13 +126,19 @@ class Result:
         ``directory`` must be a folder or not exist yet (a file there is a ValueError)."""
         directory = check_output_dir(directory)
         meta: dict[str, Any] = {"kind": type(self).__name__, "format": FORMAT, "fields": {}, "arrays": [],
-                                "frames": {}}
+                                "frames": {}, "results": {}}
         arrays: dict[str, np.ndarray] = {}
         for f in dataclasses.fields(self):
             if not f.init:
                 continue
             value = getattr(self, f.name)
-            if isinstance(value, np.ndarray):
+            if _is_result_list(value):
+                # Nested results (runs of different lengths) keep their own folders: no padding.
+                for i, item in enumerate(value):
+                    item.save(directory / f.name / str(i))
+                meta["results"][f.name] = {"kinds": [_kind_path(type(item)) for item in value],
+                                           "tuple": isinstance(value, tuple)}
+            elif isinstance(value, np.ndarray):
                 arrays[f.name] = _array_for_npz(value, f.name)
                 meta["arrays"].append(f.name)
             elif isinstance(value, pd.DataFrame):
@@ -167,6 +182,13 @@ class Result:
                 kwargs[name] = _frame_from_arrays(spec, name, stored)
         except KeyError as err:
             raise UserInputError(f"{directory / ARRAYS_FILE} lacks the array {err}: truncated or corrupt") from None
+        for name, spec in meta.get("results", {}).items():
+            items = []
+            for i, kind in enumerate(spec["kinds"]):
+                if kind not in _KINDS:
+                    raise UserInputError(f"{directory / name / str(i)} holds a {kind}, not a known result class")
+                items.append(_KINDS[kind].load(directory / name / str(i)))
+            kwargs[name] = tuple(items) if spec["tuple"] else items
         known = {f.name for f in dataclasses.fields(cls) if f.init}
         unknown = sorted(set(kwargs) - known)
         if unknown:
@@ -206,6 +228,14 @@ def settings_repr_html(obj: Any) -> str:
 
 
 # ---------------------------------------------------------------- encoding
+def _kind_path(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _is_result_list(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) and len(value) > 0 and all(isinstance(v, Result) for v in value)
+
+
 def _readable(value: Any) -> Any:
     if isinstance(value, (bool, np.bool_)):
         return bool(value)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -136,6 +138,9 @@ def test_confirm_runs_end_to_end_and_round_trips(payload, prompts, tmp_path):
     assert len(res.plot().data) >= 3
     back = ConfirmResult.load(res.save(tmp_path / "confirm"))
     assert back == res
+    assert isinstance(res.summary(), pd.DataFrame) and list(res.summary().index) == list(res.to_dict())
+    assert res != replace(res, n_hits=res.n_hits + 1)
+    assert res != replace(res, ablation_tests=res.ablation_tests.iloc[1:])
 
 
 def test_confirm_refuses_bad_requests(prompts):

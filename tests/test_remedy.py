@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -95,6 +97,9 @@ def test_remedy_analyses_on_known_curves(tmp_path):
     assert c["never_learned"] == [f"baseline seed {s} phase 3" for s in range(3)]
     loaded = RemedyResult.load(result.save(tmp_path / "remedy"))
     assert loaded == result and "baseline_peak_gap_step" in repr(result)
+    assert isinstance(result.summary(), pd.DataFrame) and list(result.summary().index) == list(result.to_dict())
+    assert result != replace(result, profiles=result.profiles.assign(accuracy=result.profiles.accuracy * 0.5))
+    assert result != replace(result, boundaries={**result.boundaries, "staggered": [1]})
     assert len(result.to_frame()) == 24 and len(result.plot().data) == 8
 
 

@@ -5,7 +5,9 @@ Sizes are tiny (S = 3 or 4, L = 2) so every test takes seconds; all draws are se
 
 from __future__ import annotations
 
+import json
 import math
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -13,6 +15,7 @@ import pytest
 import torch
 
 from phaseinterp import theory
+from phaseinterp.results import dumps
 from phaseinterp.theory import IdealizedInductionModel
 
 
@@ -207,7 +210,7 @@ def test_theorem2_flow_concentrates_each_head_on_one_slot():
     assert population.exact
     sweep = theory.flow_seeds(model, [0, 1, 2], rho=0.01, t_max=3000, stop_at=0.95, rtol=1e-5, atol=1e-8,
                               population=population)
-    s = sweep.summary()
+    s = sweep.to_dict()
     assert s["fraction_reached"] == 1.0 and s["fraction_slot_fixed"] == 1.0
     assert 0.0 <= s["collision_frequency"] <= 1.0 and s["chance_collision"] == pytest.approx(0.5)
     for run in sweep.runs:
@@ -253,29 +256,69 @@ def test_small_step_gradient_descent_matches_the_flow():
 
 
 def test_result_objects_protocol(tmp_path):
+    """Every theory result is on the shared protocol (`phaseinterp.results.Result`): a summary
+    table, JSON-ready headline numbers, meta.json + arrays.npz (a sweep's or a grid's nested
+    results in subfolders), == by content after a round trip, and != when any content differs."""
     model = tiny(max_exact=1)
     population = model.population(n_samples=64, seed=0)
     sweep = theory.flow_seeds(model, [0, 1], rho=0.5, t_max=100, stop_at=0.9, population=population, rtol=1e-4,
                               atol=1e-6)
     run = sweep.runs[0]
+    descent = theory.gradient_descent(model, learning_rate=2.5, t_max=10, rho=0.5, seed=0, population=population)
     search = theory.global_search(tiny(), n_random=2, n_refine_best=1, steps=20)
-    grid = theory.SearchGrid(results=[search])
-    for obj in (run, sweep, search, grid):
-        assert len(repr(obj)) < 300 and "<table" in obj._repr_html_()
-        assert isinstance(obj.summary(), dict) and len(obj.to_frame()) > 0
-        fig = obj.plot()
-        assert len(fig.data) > 0
+    bare = theory.global_search(tiny(), n_random=0, n_refine_best=0)  # no refinement: an empty table
+    grid = theory.SearchGrid(results=[search, bare])
+    for obj in (run, descent, sweep, search, bare, grid):
+        name = type(obj).__name__
+        text = repr(obj)
+        assert text.startswith(f"<{name}") and len(text.splitlines()) <= 18, text
+        assert "<table" in obj._repr_html_()
+        table = obj.summary()
+        assert isinstance(table, pd.DataFrame) and list(table.index) == list(obj.to_dict())
+        assert json.loads(dumps(obj.to_dict()))  # headline numbers are JSON-ready
+        assert len(obj.to_frame()) > 0 and len(obj.plot().data) > 0
+        folder = obj.save(tmp_path / f"{name}-{id(obj)}")
+        assert {"meta.json", "arrays.npz"} <= {p.name for p in folder.iterdir()}
+        again = type(obj).load(folder)
+        assert again == obj and again == type(obj).load(folder), name
+        assert repr(again) == repr(obj)
+        pd.testing.assert_frame_equal(again.to_frame(), obj.to_frame())
+    # A sweep and a grid keep each nested result in its own folder, in the same format.
+    assert theory.FlowResult.load(tmp_path / f"FlowSweep-{id(sweep)}" / "runs" / "1") == sweep.runs[1]
+    assert theory.SearchResult.load(tmp_path / f"SearchGrid-{id(grid)}" / "results" / "1") == bare
+    # Different contents are not equal, down to one number of one nested run.
+    assert run != sweep.runs[1] and run != descent and search != bare
+    assert run != replace(run, loss=run.loss + np.eye(1, len(run.loss))[0] * 1e-12)
+    assert run != replace(run, settings={**run.settings, "seed": 7})
+    assert sweep != replace(sweep, threshold=0.9)
+    assert sweep != theory.FlowSweep(runs=sweep.runs[:1], seeds=sweep.seeds[:1])
+    nudged = replace(sweep.runs[1], final_gates=sweep.runs[1].final_gates + 1e-9)
+    assert sweep != replace(sweep, runs=[run, nudged])
+    assert search != replace(search, refined=search.refined.assign(loss=search.refined.loss + 1e-9))
+    assert grid != theory.SearchGrid(results=[bare, search]) and grid != theory.SearchGrid(results=[search])
+    # The numbers the old summary dicts gave.
+    s = sweep.to_dict()
+    assert s["seeds"] == 2 and s["threshold"] == 0.95 and s["chance_collision"] == pytest.approx(0.5)
+    assert s["fraction_reached"] == float(sweep.to_frame().reached.mean())
+    assert run.to_dict()["slots"] == run.slots() and run.to_dict()["records"] == len(run.t)
+    assert grid.to_dict() == dict(grid_points=2, holds=2, min_margin=search.margin, all_hold=True)
+    assert list(grid.to_frame().best_refined_loss) == [search.best_refined_loss, math.inf]
     frame = run.to_frame()
     assert set(frame.columns) >= {"t", "head", "branch", "slot", "mean_p", "min_p", "loss"}
     assert len(frame) == len(run.t) * 2 * 2 * 3
     assert run.concentration().shape == (len(run.t), 2, 2)
-    loaded = theory.FlowSweep.load(sweep.save(tmp_path / "sweep"))
-    assert repr(loaded) == repr(sweep)
-    pd.testing.assert_frame_equal(loaded.to_frame(), sweep.to_frame())
-    np.testing.assert_array_equal(loaded.runs[1].mean_p, sweep.runs[1].mean_p)
-    back = theory.SearchResult.load(search.save(tmp_path / "search"))
-    assert back.summary() == search.summary()
-    assert theory.SearchGrid.load(grid.save(tmp_path / "grid")).summary() == grid.summary()
+
+
+def test_a_nested_result_of_an_unknown_kind_is_refused(tmp_path):
+    model = tiny(max_exact=1)
+    sweep = theory.flow_seeds(model, [0], rho=0.5, t_max=5, stop_at=None, rtol=1e-3, atol=1e-5,
+                              population=model.population(n_samples=16, seed=0))
+    folder = sweep.save(tmp_path / "sweep")
+    meta = json.loads((folder / "meta.json").read_text())
+    meta["results"]["runs"]["kinds"] = ["nowhere.NoSuchResult"]
+    (folder / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=r"runs/0 holds a nowhere.NoSuchResult, not a known result class"):
+        theory.FlowSweep.load(folder)
 
 
 def test_chance_collision():

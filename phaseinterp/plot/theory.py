@@ -44,7 +44,7 @@ def flow_figure(result, worst_chunk: bool = False, title: str | None = None) -> 
                           row=3, col=half + 1)
     fig.update_xaxes(type="log", title="flow time t")
     kind = "worst chunk" if worst_chunk else "population mean"
-    s = result.summary()
+    s = result.to_dict()
     return style(fig, title or (f"Gradient flow, N={s['N']} S={s['S']} L={s['L']} m={s['heads']}, seed {s['seed']}: "
                                 f"slots {slots} ({kind})"), width=max(760, 330 * cols), height=820)
 
@@ -53,7 +53,7 @@ def sweep_figure(sweep, title: str | None = None) -> go.Figure:
     """Across seeds: the final slot chosen by each head, the worst-chunk p^K(r_h) and p^V(r_h+1)
     reached, and how often heads collide compared with independent uniform choice."""
     df = sweep.to_frame()
-    s = sweep.summary()
+    s = sweep.to_dict()
     H = s["heads"]
     fig = make_subplots(rows=1, cols=3, subplot_titles=["slot chosen (count over seeds)",
                                                         "reached p (worst chunk)", "collisions"])
@@ -93,7 +93,7 @@ def search_figure(result, top: int = 20, title: str | None = None) -> go.Figure:
                                  showlegend=False), row=1, col=2)
     fig.add_hline(y=result.best_one_hot_loss, line=dict(dash="dot"), row=1, col=2)
     fig.update_yaxes(title="population loss", row=1, col=1)
-    s = result.summary()
+    s = result.to_dict()
     return style(fig, title or f"Theorem-1 search, N={s['N']} S={s['S']} m={s['heads']}: holds={s['holds']}",
                  width=1000, height=460)
 
@@ -110,5 +110,5 @@ def search_grid_figure(grid, title: str | None = None) -> go.Figure:
                          marker_color=PALETTE[1]))
     fig.update_layout(barmode="group")
     fig.update_yaxes(title="loss difference")
-    s = grid.summary()
+    s = grid.to_dict()
     return style(fig, title or f"Theorem 1 over the grid: holds at {s['holds']}/{s['grid_points']} points")

@@ -1,55 +1,27 @@
 """Result objects of the idealized-model experiments: one flow, a sweep over seeds, a global search.
 
-All share the phaseinterp protocol: ``summary()`` (a dict), ``to_frame()`` (tidy pandas),
-``plot()`` (plotly, imported lazily), ``save(dir)`` / ``load(dir)``, a short repr and
-``_repr_html_``.
+All are on the shared result protocol (`phaseinterp.results.Result`): ``to_dict()`` (the
+headline numbers), ``summary()`` (the same as a table), ``to_frame()``, ``plot()`` (plotly,
+imported lazily), ``save(dir)`` / ``load(dir)`` (meta.json + arrays.npz; a sweep or a grid keeps
+each run in its own subfolder), ``==`` by content, a short repr and ``_repr_html_``.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from phaseinterp._files import atomic_write, atomic_write_text, json_default
+from phaseinterp.results import Result
 
 KEY, VALUE = 0, 1
 
 
-def _save(directory, name: str, meta: dict, arrays: dict) -> Path:
-    import io
-
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
-    atomic_write(directory / f"{name}.npz", buffer.getvalue())
-    atomic_write_text(directory / f"{name}.json", json.dumps(meta, indent=1, default=json_default))
-    return directory
-
-
-def _load(directory, name: str) -> tuple[dict, dict]:
-    directory = Path(directory)
-    meta = json.loads((directory / f"{name}.json").read_text())
-    with np.load(directory / f"{name}.npz") as data:
-        arrays = {k: data[k] for k in data.files}
-    return meta, arrays
-
-
-def _html_table(title: str, summary: dict) -> str:
-    rows = "".join(f"<tr><th style='text-align:left'>{k}</th><td>{_fmt(v)}</td></tr>" for k, v in summary.items())
-    return f"<b>{title}</b><table>{rows}</table>"
-
-
-def _fmt(v) -> str:
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
+def _shape(config: dict) -> str:
+    return "N={N} S={S} L={L} m={heads}".format(**config)
 
 
 def effective_slots(p: np.ndarray) -> np.ndarray:
@@ -58,8 +30,8 @@ def effective_slots(p: np.ndarray) -> np.ndarray:
     return np.exp(-(p * np.log(p)).sum(-1))
 
 
-@dataclass(frozen=True)
-class FlowResult:
+@dataclass(frozen=True, eq=False, repr=False)
+class FlowResult(Result):
     """One gradient-flow (or gradient-descent) run of the log-linear gates.
 
     ``mean_p[i, h, b, r]``: population mean over chunks of p_h(r) for branch b (0 = key,
@@ -147,7 +119,13 @@ class FlowResult:
         """``[time, head, branch]`` effective number of slots ``exp(H(mean p))``."""
         return effective_slots(self.mean_p)
 
-    def summary(self) -> dict[str, Any]:
+    @property
+    def _title(self) -> str:
+        return f"FlowResult: {self.method}, {_shape(self.config)}, seed {self.settings.get('seed')}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The model, the init, each head's final slot and worst-chunk p, whether and when every
+        head reached 0.95, and the loss at start and end."""
         f = self.final()
         return dict(method=self.method, **{k: self.config[k] for k in ("N", "S", "L", "heads", "eps", "gamma", "beta")},
                     rho=self.settings.get("rho"), seed=self.settings.get("seed"), slots=self.slots(),
@@ -170,25 +148,6 @@ class FlowResult:
 
         return flow_figure(self, **kwargs)
 
-    def save(self, directory: Union[str, Path]) -> Path:
-        arrays = {k: getattr(self, k) for k in ("t", "loss", "mean_p", "min_p", "gate_norm", "initial_gates",
-                                                 "final_gates")}
-        return _save(directory, "flow", dict(config=self.config, method=self.method, settings=self.settings), arrays)
-
-    @classmethod
-    def load(cls, directory: Union[str, Path]) -> "FlowResult":
-        meta, arrays = _load(directory, "flow")
-        return cls(config=meta["config"], method=meta["method"], settings=meta["settings"], **arrays)
-
-    def __repr__(self) -> str:
-        s = self.summary()
-        return (f"FlowResult({self.method}, N={s['N']} S={s['S']} L={s['L']} m={s['heads']}, seed={s['seed']}: "
-                f"slots={s['slots']}, min p^K={s['min_p_key']:.3f}, min p^V={s['min_p_value']:.3f}, "
-                f"loss {s['loss_start']:.4f} -> {s['loss_end']:.4f} at t={s['t_end']:.4g})")
-
-    def _repr_html_(self) -> str:
-        return _html_table("FlowResult", self.summary()) + self.final().to_html(index=False)
-
 
 def chance_collision(heads: int, slots: int) -> float:
     """Probability that ``heads`` independent uniform choices among ``slots`` slots are not all distinct."""
@@ -198,12 +157,12 @@ def chance_collision(heads: int, slots: int) -> float:
     return 1 - distinct
 
 
-@dataclass(frozen=True)
-class FlowSweep:
+@dataclass(frozen=True, eq=False, repr=False)
+class FlowSweep(Result):
     """`gradient_flow` from many seeds: how often every head reaches ``threshold`` on one slot,
     whether slots stay fixed, how often heads collide. Each fraction rests on ``len(seeds)``
     runs; ``chance_collision`` is what heads picking slots independently and uniformly among
-    the S-1 non-boundary slots would give."""
+    the S-1 non-boundary slots would give. ``save`` writes each run to ``dir/runs/<i>/``."""
 
     runs: list
     seeds: list
@@ -220,7 +179,13 @@ class FlowSweep:
                              max_loss_increase=run.max_loss_increase(), t_end=float(run.t[-1])))
         return pd.DataFrame(rows)
 
-    def summary(self) -> dict[str, Any]:
+    @property
+    def _title(self) -> str:
+        return f"FlowSweep: {_shape(self.runs[0].config)}, {len(self.seeds)} seeds"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The model, and over the seeds: fraction reaching ``threshold``, fraction whose slots stay
+        fixed, collision frequency against chance, fraction with a monotone loss, slot counts."""
         df = self.to_frame()
         cfg = self.runs[0].config
         n = len(df)
@@ -239,33 +204,9 @@ class FlowSweep:
 
         return sweep_figure(self, **kwargs)
 
-    def save(self, directory: Union[str, Path]) -> Path:
-        directory = Path(directory)
-        for seed, run in zip(self.seeds, self.runs):
-            run.save(directory / f"seed{seed}")
-        atomic_write_text(directory / "sweep.json", json.dumps(dict(seeds=self.seeds, threshold=self.threshold)))
-        return directory
 
-    @classmethod
-    def load(cls, directory: Union[str, Path]) -> "FlowSweep":
-        directory = Path(directory)
-        meta = json.loads((directory / "sweep.json").read_text())
-        runs = [FlowResult.load(directory / f"seed{s}") for s in meta["seeds"]]
-        return cls(runs=runs, seeds=meta["seeds"], threshold=meta["threshold"])
-
-    def __repr__(self) -> str:
-        s = self.summary()
-        return (f"FlowSweep(N={s['N']} S={s['S']} L={s['L']} m={s['heads']}, {s['seeds']} seeds: "
-                f"reached {s['threshold']:g} in {s['fraction_reached']:.0%}, "
-                f"slot fixed {s['fraction_slot_fixed']:.0%}, "
-                f"collisions {s['collision_frequency']:.0%} (chance {s['chance_collision']:.0%}))")
-
-    def _repr_html_(self) -> str:
-        return _html_table("FlowSweep", self.summary()) + self.to_frame().to_html(index=False)
-
-
-@dataclass(frozen=True)
-class SearchResult:
+@dataclass(frozen=True, eq=False, repr=False)
+class SearchResult(Result):
     """Theorem-1 search at one model (`phaseinterp.theory.global_search`).
 
     ``one_hot``: exact loss of every one-hot assignment (rows up to relabelling heads), sorted;
@@ -282,8 +223,8 @@ class SearchResult:
     tol: float
     one_hot: pd.DataFrame
     refined: pd.DataFrame
-    refined_p_key: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0))
-    refined_p_value: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0))
+    refined_p_key: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    refined_p_value: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     @property
     def best_one_hot_loss(self) -> float:
@@ -313,7 +254,13 @@ class SearchResult:
         return bool(len(mins) > 0 and mins.claimed_form.all()
                     and self.best_refined_loss >= self.best_one_hot_loss - self.tol)
 
-    def summary(self) -> dict[str, Any]:
+    @property
+    def _title(self) -> str:
+        return f"SearchResult: {_shape(self.config)}, eps={self.config['eps']:g}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The model, the best one-hot and refined losses, the claimed form's margin, the minimizer,
+        how many random starts reached the best loss, and whether the claim holds."""
         mins = self.minimizers()
         random = self.refined[self.refined.start == "random"] if len(self.refined) else self.refined
         return dict(**{k: self.config[k] for k in ("N", "S", "L", "heads", "eps", "gamma", "beta")},
@@ -334,47 +281,26 @@ class SearchResult:
 
         return search_figure(self, **kwargs)
 
-    def save(self, directory: Union[str, Path]) -> Path:
-        meta = dict(config=self.config, population=self.population, n_sequences=self.n_sequences, tol=self.tol,
-                    one_hot=self.one_hot.to_dict(orient="list"), refined=self.refined.to_dict(orient="list"))
-        return _save(directory, "search", meta, dict(refined_p_key=self.refined_p_key,
-                                                     refined_p_value=self.refined_p_value))
 
-    @classmethod
-    def load(cls, directory: Union[str, Path]) -> "SearchResult":
-        meta, arrays = _load(directory, "search")
-        frames = {}
-        for name in ("one_hot", "refined"):
-            df = pd.DataFrame(meta[name])
-            for col in ("key_slots", "value_slots"):
-                if col in df:
-                    df[col] = df[col].map(tuple)
-            frames[name] = df
-        return cls(config=meta["config"], population=meta["population"], n_sequences=meta["n_sequences"],
-                   tol=meta["tol"], **frames, **arrays)
-
-    def __repr__(self) -> str:
-        s = self.summary()
-        return (f"SearchResult(N={s['N']} S={s['S']} L={s['L']} m={s['heads']} eps={s['eps']:g}: "
-                f"minimizer {s['minimizer']} loss {s['best_loss']:.5f}, margin {s['margin']:.3g}, holds={s['holds']})")
-
-    def _repr_html_(self) -> str:
-        return _html_table("SearchResult", self.summary()) + self.one_hot.head(10).to_html(index=False)
-
-
-@dataclass(frozen=True)
-class SearchGrid:
-    """`SearchResult` at every (N, S, m) of a grid; one row each in ``to_frame()``."""
+@dataclass(frozen=True, eq=False, repr=False)
+class SearchGrid(Result):
+    """`SearchResult` at every (N, S, m) of a grid; one row each (its ``to_dict()``) in
+    ``to_frame()``. ``save`` writes each point to ``dir/results/<i>/``."""
 
     results: list
 
+    @property
+    def _title(self) -> str:
+        return f"SearchGrid: {len(self.results)} points"
+
     def to_frame(self) -> pd.DataFrame:
-        return pd.DataFrame([r.summary() for r in self.results])
+        return pd.DataFrame([r.to_dict() for r in self.results])
 
     def holds(self) -> bool:
         return all(r.holds() for r in self.results)
 
-    def summary(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
+        """Grid points, at how many the claim holds, and the smallest margin."""
         df = self.to_frame()
         return dict(grid_points=len(df), holds=int(df.holds.sum()), min_margin=float(df.margin.min()),
                     all_hold=bool(df.holds.all()))
@@ -383,23 +309,3 @@ class SearchGrid:
         from phaseinterp.plot.theory import search_grid_figure
 
         return search_grid_figure(self, **kwargs)
-
-    def save(self, directory: Union[str, Path]) -> Path:
-        directory = Path(directory)
-        for i, r in enumerate(self.results):
-            r.save(directory / f"point{i}")
-        atomic_write_text(directory / "grid.json", json.dumps(dict(points=len(self.results))))
-        return directory
-
-    @classmethod
-    def load(cls, directory: Union[str, Path]) -> "SearchGrid":
-        directory = Path(directory)
-        n = json.loads((directory / "grid.json").read_text())["points"]
-        return cls(results=[SearchResult.load(directory / f"point{i}") for i in range(n)])
-
-    def __repr__(self) -> str:
-        s = self.summary()
-        return f"SearchGrid({s['grid_points']} points: claim holds at {s['holds']}, min margin {s['min_margin']:.3g})"
-
-    def _repr_html_(self) -> str:
-        return _html_table("SearchGrid", self.summary()) + self.to_frame().to_html(index=False)
