@@ -1,7 +1,8 @@
 """One protocol for every result object, and one on-disk format.
 
-`PhaseProfile`, `AblationResult`, `CyclingResult`, `GateProfile` and `DocstringResult` are
-frozen dataclasses that inherit `Result`, so each has:
+Every result class of the package (`PhaseProfile`, `AblationResult`, `CyclingResult`,
+`GateProfile`, `DocstringResult`, the confirmation, remedy, indexer and theory results, ...) is a
+frozen dataclass that inherits `Result`, so each has:
 
 - ``to_dict()``: the headline numbers, full precision, JSON-ready (each class defines it);
 - ``summary()``: the same numbers as a readable table (``pandas.DataFrame``, rounded);
