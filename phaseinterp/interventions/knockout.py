@@ -125,6 +125,20 @@ def _empty_layer_cache(model, n, device):
                       z(n, 0, cfg.n_kv_heads, cfg.d_head))
 
 
+def mean_replacement_hook(model, layer: int, heads, mean_z, answer_pos: int) -> tuple:
+    """``(hook name, hook function)`` that replaces ``hook_z`` of the query ``heads`` of ``layer`` at
+    ``answer_pos`` by their calibration mean ``mean_z[layer, heads]`` (the mean-replacement point of
+    the model protocol); for ``run_with_hooks(..., fwd_hooks=[...])``."""
+    heads = list(heads)
+
+    def replace(z, hook):
+        z = z.clone()
+        z[:, answer_pos, heads] = mean_z[layer, heads].to(z.dtype)
+        return z
+
+    return phase_model(model).knockout_point(int(layer), 0).hook, replace
+
+
 @torch.inference_mode()
 def _naive_knockouts(model, tokens, answer_pos, answer, units, mean_z, batch_size, bar):
     """One hooked full forward per unit (the obviously-correct reference for the fast path)."""
@@ -139,15 +153,8 @@ def _naive_knockouts(model, tokens, answer_pos, answer, units, mean_z, batch_siz
         clean_lp.append(lp)
         oks, lgs, lps = [], [], []
         for unit in units.itertuples():
-            heads = list(unit.heads)
-
-            def replace(z, hook, layer=unit.layer, heads=heads):
-                z = z.clone()
-                z[:, answer_pos, heads] = mean_z[layer, heads].to(z.dtype)
-                return z
-
-            hook = phase_model(model).knockout_point(int(unit.layer), 0).hook
-            lg = model.run_with_hooks(chunk, fwd_hooks=[(hook, replace)])[:, answer_pos]
+            lg = model.run_with_hooks(chunk, fwd_hooks=[mean_replacement_hook(model, unit.layer, unit.heads, mean_z,
+                                                                               answer_pos)])[:, answer_pos]
             ok, logit, lp = _answer_stats(lg, ans)
             oks.append(ok)
             lgs.append(logit)

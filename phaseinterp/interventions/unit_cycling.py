@@ -34,7 +34,7 @@ from phaseinterp.interventions.cycling_stats import (
     unit_permutation_tests,
     unit_score_arrays,
 )
-from phaseinterp.interventions.knockout import calibration_mean_z, knockout_measures
+from phaseinterp.interventions.knockout import calibration_mean_z, knockout_measures, mean_replacement_hook
 from phaseinterp.errors import UserInputError
 from phaseinterp.results import Result
 
@@ -291,18 +291,8 @@ def _layer_units(model, layers: list[int], kv_heads: Optional[list[int]]) -> pd.
     return pd.DataFrame([dict(layer=layer, kv_head=kv, heads=tuple(heads)) for layer in layers])
 
 
-def _joint_hooks(units: pd.DataFrame, mean_z, answer_pos: int) -> list:
-    hooks = []
-    for unit in units.itertuples():
-        heads = list(unit.heads)
-
-        def replace(z, hook, layer=unit.layer, heads=heads):
-            z = z.clone()
-            z[:, answer_pos, heads] = mean_z[layer, heads].to(z.dtype)
-            return z
-
-        hooks.append((f"blocks.{unit.layer}.attn.hook_z", replace))
-    return hooks
+def _joint_hooks(model, units: pd.DataFrame, mean_z, answer_pos: int) -> list:
+    return [mean_replacement_hook(model, unit.layer, unit.heads, mean_z, answer_pos) for unit in units.itertuples()]
 
 
 @torch.inference_mode()
@@ -312,7 +302,7 @@ def _joint_knockout(model, tokens, answer_pos, answer, units: pd.DataFrame, mean
     from phaseinterp.interventions._common import model_device
 
     device = model_device(model)
-    hooks = _joint_hooks(units, mean_z, answer_pos)
+    hooks = _joint_hooks(model, units, mean_z, answer_pos)
     answer = torch.as_tensor(answer)
     out: list[list[torch.Tensor]] = [[], [], [], []]
     for i in range(0, tokens.shape[0], batch_size):
