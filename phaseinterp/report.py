@@ -142,9 +142,28 @@ def peek_model(model_or_name):
         path = zoo.CHECKPOINT_DIR / str(model_or_name)
     try:
         config = json.loads((path / "config.json").read_text())
+        if config.get("model_type") == "deepseek_v4":
+            return _peek_hf(path, config)
         return SimpleNamespace(cfg=CompressedConfig.from_dict(config["model"]), metadata=config.get("metadata", {}))
-    except (OSError, ValueError, KeyError, TypeError):
-        return None  # not a phaseinterp checkpoint (HF) or a broken one: loading reports it
+    except (OSError, ValueError, KeyError, TypeError, ImportError):
+        return None  # not a checkpoint this can read (or no transformers), or a broken one: loading reports it
+
+
+def _peek_hf(path: Path, config: dict):
+    """A Hugging Face DeepSeek-V4 checkpoint's `DeepseekV4HookedConfig` and phaseinterp metadata from
+    its config.json and sidecar (transformers' config class only: no weights are read)."""
+    import json
+    from types import SimpleNamespace
+
+    from transformers import DeepseekV4Config
+
+    from phaseinterp.models.hf.config import DeepseekV4HookedConfig
+    from phaseinterp.models.hf.deepseek_v4 import SIDECAR_FILE
+
+    hf_config = DeepseekV4Config.from_dict({k: v for k, v in config.items() if k != "model_type"})
+    sidecar = path / SIDECAR_FILE
+    metadata = json.loads(sidecar.read_text()).get("metadata", {}) if sidecar.is_file() else {}
+    return SimpleNamespace(cfg=DeepseekV4HookedConfig.from_hf(hf_config, name=path.name), metadata=metadata)
 
 
 def check_report_dir(out_dir: Union[str, Path]) -> Path:
@@ -257,8 +276,14 @@ def _staging_dir(final: Path) -> Path:
 
 
 def _replace_dir(staging: Path, final: Path) -> None:
-    """Move ``staging`` to ``final``; a previous report there is moved aside first, then deleted."""
-    if final.exists():
+    """Move ``staging`` to ``final``. A previous report there is exchanged with the new one in one
+    atomic step where the system allows it (`exchange_paths`), then deleted; elsewhere it is moved
+    aside first (two renames: for an instant ``final`` is missing)."""
+    from phaseinterp._files import exchange_paths
+
+    if final.exists() and exchange_paths(staging, final):
+        shutil.rmtree(staging, ignore_errors=True)  # now holds the previous report
+    elif final.exists():
         old = final.parent / f".{final.name}.previous-{os.getpid()}"
         os.replace(final, old)
         os.replace(staging, final)
