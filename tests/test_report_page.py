@@ -175,6 +175,7 @@ def test_refolding_a_compressed_model_is_labelled(checkpoint):
     assert "re-folded by S=2" in refolded.label and "own stride is 4" in refolded.label
 
 
+@pytest.mark.slow  # builds the demo's report twice or more (file handling; the fast tier builds it once)
 # ------------------------------------------------------------- report folder
 def test_a_second_report_replaces_the_first_whole(checkpoint, tmp_path):
     from phaseinterp.report import build_report
@@ -189,6 +190,7 @@ def test_a_second_report_replaces_the_first_whole(checkpoint, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r"], "staging or previous folders left behind"
 
 
+@pytest.mark.slow  # builds the demo's report twice or more (file handling; the fast tier builds it once)
 def test_an_interrupted_report_leaves_the_previous_one(checkpoint, tmp_path):
     from phaseinterp.report import build_report
 
@@ -206,6 +208,7 @@ def test_an_interrupted_report_leaves_the_previous_one(checkpoint, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r"], "the staging folder was left behind"
 
 
+@pytest.mark.slow  # builds the demo's report twice or more (file handling; the fast tier builds it once)
 # --------------------------------------------------------------- permissions
 @pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
 def test_written_files_get_the_umask_permissions(umask, checkpoint, tmp_path):
