@@ -695,6 +695,8 @@ MEANINGS: dict[str, str] = {
     "boundary_phases": "the phases at the KV heads' own window boundaries (the last slot of a window)",
     "boundary_accuracy": "accuracy at each of those boundary phases (%)",
     "stored_bytes_per_token": "KV-cache bytes per token this implementation holds after n_ctx tokens (K and V)",
+    "section": "a part of this report, in the order it ran (Run time table)",
+    "seconds": "wall-clock seconds that part took on this machine, models loaded once at the start",
     "closed_bytes_per_token": "the same, counting only entries whose window has closed",
     "window_offset": "where the KV head's window grid starts (0 = the shared grid)",
     "boundary_phase": "that KV head's boundary phase: (offset + S - 1) mod S",
