@@ -15,6 +15,8 @@ from typing import Any, Optional
 
 import torch
 
+from phaseinterp.errors import UserInputError
+
 
 # ------------------------------------------------------------------ launcher
 @dataclass(frozen=True)
@@ -37,7 +39,7 @@ def _env_int(name: str, default: int) -> int:
     try:
         return int(text)
     except ValueError:
-        raise ValueError(f"environment variable {name}={text!r} is not an integer") from None
+        raise UserInputError(f"environment variable {name}={text!r} is not an integer") from None
 
 
 def launch_info() -> Launch:
@@ -49,7 +51,7 @@ def launch_info() -> Launch:
     world = _env_int("WORLD_SIZE", 1)
     rank, local = _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
     if world < 1 or not (0 <= rank < world):
-        raise ValueError(f"RANK={rank} is out of range for WORLD_SIZE={world} (0..{world - 1})")
+        raise UserInputError(f"RANK={rank} is out of range for WORLD_SIZE={world} (0..{world - 1})")
     return Launch(rank, world, local)
 
 
@@ -107,4 +109,4 @@ def _raise_any(error: Optional[str], launch: Launch) -> None:
     """Every rank raises when any rank found an error (so none waits on a collective)."""
     errors = [e for e in _all_gather(error, launch) if e]
     if errors:
-        raise ValueError(errors[0])
+        raise UserInputError(errors[0])  # the ranks check user input (the shard settings)

@@ -721,6 +721,16 @@ MEANINGS: dict[str, str] = {
     "hypothesised shift": "columns 0..S-1: R² of the hypothesis that the unit's phase moved by that many slots "
                           "(its contribution C_0((r - d') mod S) against the observed one)",
     "best": "the hypothesised shift that fits the observed contribution best (smallest residual)",
+    "kind": "conformance: 'answer' rows group prompts by the answer position's phase, 'cut' rows by the phase "
+            "at which the prefill was cut",
+    "max_abs_diff": "the largest |difference| of next-token log-probs between this implementation and the full "
+                    "forward, over the vocabulary and the prompts of that phase",
+    "mean_abs_diff": "the same difference averaged over the vocabulary and the prompts",
+    "agreement": "share of prompts whose top-1 next token is the same as the full forward's",
+    "accuracy_diff": "answer accuracy of this implementation minus the full forward's (0 = same answers)",
+    "statistic": "which difference the verdict reads (max or mean |d log p|)",
+    "tolerance": "the largest value of that statistic that passes",
+    "passed": "True when the statistic is within the tolerance at this phase",
     "chance": "the probability of identifying the applied shift by luck, exact over every arrangement of the S "
               "phase values (about 1/S)",
 }
