@@ -195,11 +195,20 @@ def expected_hook_shapes(cfg: CompressedConfig, batch: int, T: int) -> dict[str,
         if cfg.is_compressed:
             n_win = (T - cfg.window) // cfg.stride + 1
             band = cfg.local_window if cfg.memory == "local" else max(cfg.window - 1, cfg.stride - 1, 1)
-            gate = (batch, n_win, cfg.window, KV) + ((dh,) if cfg.gate == "vector" else ())
-            for br in ("k", "v"):
-                shapes[f"{b}.attn.compressor.hook_gate_logits_{br}"] = gate
-                shapes[f"{b}.attn.compressor.hook_gate_{br}"] = gate
-                shapes[f"{b}.attn.compressor.hook_{br}_compressed"] = (batch, n_win, KV, dh)
+            gate = (batch, n_win, cfg.window, KV) + ((dh,) if cfg.gate == "vector" or cfg.compression == "deepseek"
+                                                     else ())
+            entry = (batch, n_win, KV, dh)
+            c = f"{b}.attn.compressor"
+            shared = cfg.compression == "deepseek" or cfg.tie_kv_gates  # one gate feeds K and V
+            for br in ("",) if shared else ("_k", "_v"):
+                shapes[f"{c}.hook_gate_logits{br}"] = gate
+                shapes[f"{c}.hook_gate{br}"] = gate
+            if cfg.compression == "deepseek":  # K = V: one entry
+                for name in ("hook_kv_compressed", "hook_normed_kv_compressed", "hook_rot_kv_compressed"):
+                    shapes[f"{c}.{name}"] = entry
+            else:
+                for name in ("hook_k_compressed", "hook_v_compressed", "hook_rot_k_compressed"):
+                    shapes[f"{c}.{name}"] = entry
             shapes[f"{b}.attn.hook_attn_scores"] = (batch, H, T, band + n_win)
             shapes[f"{b}.attn.hook_pattern"] = (batch, H, T, band + n_win)
         else:

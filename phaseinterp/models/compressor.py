@@ -27,6 +27,7 @@ from torch import Tensor
 from transformer_lens.hook_points import HookPoint
 
 from phaseinterp.config import CompressedConfig
+from phaseinterp.errors import UserInputError
 
 
 @dataclass(frozen=True)
@@ -101,12 +102,25 @@ class Compressor(nn.Module):
             # position_bias[i, half]: the bias of slot ``half * S + i`` (HF's ape).
             self.position_bias = nn.Parameter(torch.zeros(S, halves, KV, dh))
             self.kv_norm_weight = nn.Parameter(torch.ones(dh))  # HF's kv_norm (RMSNorm) weight
-        self.hook_gate_logits_k = HookPoint()
-        self.hook_gate_logits_v = HookPoint()
-        self.hook_gate_k = HookPoint()
-        self.hook_gate_v = HookPoint()
-        self.hook_k_compressed = HookPoint()
-        self.hook_v_compressed = HookPoint()
+        # One gate feeding K and V (DeepSeek kernel, tied gates): one pair of gate hooks, and an
+        # edit moves both; separate K and V gates: a pair per branch (docs/hooks.md).
+        self.shared_gate = cfg.compression == "deepseek" or bool(cfg.tie_kv_gates)
+        if self.shared_gate:
+            self.hook_gate_logits = HookPoint()  # [batch, entry, slot, kv_head(, d_head)]
+            self.hook_gate = HookPoint()  # alpha, softmax over slot
+        else:
+            self.hook_gate_logits_k = HookPoint()
+            self.hook_gate_logits_v = HookPoint()
+            self.hook_gate_k = HookPoint()
+            self.hook_gate_v = HookPoint()
+        if cfg.compression == "deepseek":  # one entry serves as K and V (K = V)
+            self.hook_kv_compressed = HookPoint()  # [batch, entry, kv_head, d_head] gated sum, before kv_norm
+            self.hook_normed_kv_compressed = HookPoint()  # after kv_norm (the value), before RoPE
+            self.hook_rot_kv_compressed = HookPoint()  # after kv_norm + RoPE (the key)
+        else:
+            self.hook_k_compressed = HookPoint()  # [batch, entry, kv_head, d_head] gated sums, before norm/RoPE
+            self.hook_v_compressed = HookPoint()
+            self.hook_rot_k_compressed = HookPoint()  # the key after (QK-norm and) RoPE
 
     # ------------------------------------------------------------------ views
     def gate_parameters(self, branch: str = "k") -> GateParameters:
@@ -129,12 +143,16 @@ class Compressor(nn.Module):
         return GateParameters(Z=Z, b=b, kernel="gated", branch=branch)
 
     # ---------------------------------------------------------------- forward
-    def _gated_branch(
-        self,
-        branch: str,
-        h: Float[Tensor, "batch win slot *kv_head d_model"],
-        per_token: Float[Tensor, "batch win slot kv_head d_head"],
-    ) -> Float[Tensor, "batch win kv_head d_head"]:
+    def gate_hook(self, branch: str, logits: bool = False) -> str:
+        """Name (relative to this module) of the alpha (``logits=False``) or gate-logit hook that
+        feeds ``branch`` (``"k"``/``"v"``): ``hook_gate[_logits]`` where K and V share one gate."""
+        if branch not in ("k", "v"):
+            raise UserInputError(f"branch={branch!r} is not one of ('k', 'v')")
+        name = "hook_gate_logits" if logits else "hook_gate"
+        return name if self.shared_gate else f"{name}_{branch}"
+
+    def _gate_alpha(self, branch: str, h: Float[Tensor, "batch win slot *kv_head d_model"]) -> Tensor:
+        """Hooked alpha ``[batch, win, slot, kv_head(, d_head)]`` of the gated kernel's ``branch``."""
         cfg = self.cfg
         batch, n_win, W = h.shape[:3]
         br = "k" if cfg.tie_kv_gates else branch
@@ -148,8 +166,21 @@ class Compressor(nn.Module):
         bias = getattr(self, f"b_{br}", None)
         if bias is not None:
             logits = logits + bias
-        logits = getattr(self, f"hook_gate_logits_{branch}")(logits)
-        alpha = getattr(self, f"hook_gate_{branch}")(logits.softmax(dim=2))
+        logits = getattr(self, self.gate_hook(branch, logits=True))(logits)
+        return getattr(self, self.gate_hook(branch))(logits.softmax(dim=2))
+
+    def _gated_branch(
+        self,
+        branch: str,
+        h: Float[Tensor, "batch win slot *kv_head d_model"],
+        per_token: Float[Tensor, "batch win slot kv_head d_head"],
+        alpha: Optional[Tensor] = None,
+    ) -> Float[Tensor, "batch win kv_head d_head"]:
+        """``sum_i alpha_i * payload_i`` of ``branch``; ``alpha`` given: the shared gate's, else computed."""
+        cfg = self.cfg
+        hin = _input_axes(h)
+        if alpha is None:
+            alpha = self._gate_alpha(branch, h)
         if cfg.payload == "per_slot":
             payload = einops.einsum(h, getattr(self, f"C_{branch}"), f"{hin}, i k d m -> b j i k d")
         else:
@@ -158,9 +189,7 @@ class Compressor(nn.Module):
             alpha = alpha.unsqueeze(-1)
         return (alpha * payload).sum(dim=2)
 
-    def _deepseek(
-        self, h: Float[Tensor, "batch win slot *kv_head d_model"]
-    ) -> tuple[Float[Tensor, "batch win kv_head d_head"], Float[Tensor, "batch win kv_head d_head"]]:
+    def _deepseek(self, h: Float[Tensor, "batch win slot *kv_head d_model"]) -> Float[Tensor, "batch win kv_head d_head"]:
         cfg = self.cfg
         S = cfg.stride
         slot_half = torch.arange(cfg.window, device=h.device) // S
@@ -170,12 +199,9 @@ class Compressor(nn.Module):
         hin = _input_axes(h)
         logits = einops.einsum(h, gate_w, f"{hin}, i k d m -> b j i k d") + bias
         kv = einops.einsum(h, kv_w, f"{hin}, i k d m -> b j i k d")
-        # One gate serves both: the _k and _v hook points see (and may patch) it separately.
-        logits_k = self.hook_gate_logits_k(logits)
-        logits_v = self.hook_gate_logits_v(logits)
-        alpha_k = self.hook_gate_k(logits_k.softmax(dim=2))
-        alpha_v = self.hook_gate_v(logits_v.softmax(dim=2))
-        return (alpha_k * kv).sum(dim=2), (alpha_v * kv).sum(dim=2)
+        # One gate and one entry serve K and V: an edit of a gate hook moves both.
+        alpha = self.hook_gate(self.hook_gate_logits(logits).softmax(dim=2))
+        return self.hook_kv_compressed((alpha * kv).sum(dim=2))
 
     def forward(
         self,
@@ -188,13 +214,15 @@ class Compressor(nn.Module):
         ``h`` holds the attention input (after the pre-norm) of each window's tokens (per KV
         head ``[batch, win, slot, kv_head, d_model]`` when the heads' windows are staggered),
         ``k_tokens``/``v_tokens`` their per-token K/V projections (the payload when
-        ``payload="shared"``). Returned entries are hooked but not yet normalised/rotated.
+        ``payload="shared"``). Returned entries are hooked but not yet normalised/rotated; the
+        DeepSeek kernel returns its one K = V entry twice (the same tensor).
         """
         if self.cfg.compression == "deepseek":
-            k_hat, v_hat = self._deepseek(h)
-        else:
-            k_hat = self._gated_branch("k", h, k_tokens)
-            v_hat = self._gated_branch("v", h, v_tokens)
+            kv_hat = self._deepseek(h)
+            return kv_hat, kv_hat
+        alpha = self._gate_alpha("k", h) if self.shared_gate else None  # tied: one gate for both
+        k_hat = self._gated_branch("k", h, k_tokens, alpha)
+        v_hat = self._gated_branch("v", h, v_tokens, alpha)
         return self.hook_k_compressed(k_hat), self.hook_v_compressed(v_hat)
 
     def reset_parameters(self, generator: torch.Generator, std: float) -> None:

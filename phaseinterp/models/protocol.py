@@ -85,7 +85,17 @@ class PhaseModel(Protocol):
         uncompressed layer)."""
 
     def key_slot_sources(self, layer: int, query_pos: int, n_key_slots: Optional[int] = None) -> list:
-        """``(kind, source positions)`` of each key slot of ``hook_pattern`` for one query."""
+        """``(kind, source positions)`` of each key slot of ``hook_pattern`` / ``hook_attn_scores`` for
+        one query, in the one key layout of both families (docs/hooks.md): slots ``0..B-1`` the band
+        of exact tokens, oldest first (slot ``s`` holds token ``query_pos - B + 1 + s``; kind
+        ``"local"``, or ``"masked"`` outside the band), then slot ``B + j`` compressed entry ``j``
+        (``"entry"`` with the positions it reads, ``jS + g .. jS + g + W - 1``, once closed, else
+        ``"masked"``). ``B``: ``local_window`` / the tail width (own family), ``sliding_window``
+        (DeepSeek-V4). An uncompressed full-attention model has one slot per position (``"token"``)."""
+
+    def gate_hook(self, layer: int, branch: str, logits: bool = False) -> str:
+        """The alpha / gate-logit hook name feeding ``branch`` of ``layer`` (one for K and V where they
+        share a gate)."""
 
     @property
     def indexer_layers(self) -> list[int]:
@@ -163,6 +173,16 @@ class _Family:
         # a window of `rate` positions closes at t = o + k*rate - 1; its phase on the shared stride S
         return tuple(boundary_phase(rate, o) % self.stride for o in self.window_offsets(layer))
 
+    def gate_hook(self, layer: int, branch: str, logits: bool = False) -> str:
+        """The alpha (``logits=False``) or gate-logit hook feeding ``branch`` (``"k"``/``"v"``) of
+        ``layer``: ``...compressor.hook_gate[_logits]`` where K and V share one gate (DeepSeek kernels,
+        tied gates; an edit moves both), else ``hook_gate[_logits]_{branch}`` (docs/hooks.md)."""
+        if self.layer_stride(layer) is None:
+            raise UserInputError(f"layer {layer} has no compressor (no gates); compressed layers: "
+                                 f"{self.compressed_layers}")
+        comp = self.model.blocks[layer].attn.compressor
+        return f"blocks.{layer}.attn.compressor.{comp.gate_hook(branch, logits)}"
+
     def knockout_point(self, layer: int, kv_head: int) -> KnockoutPoint:
         groups = self.kv_heads(layer)
         if kv_head not in groups:
@@ -203,7 +223,7 @@ class CompressedFamily(_Family):
             if branch != "both":
                 raise UserInputError("cycle_gates: the deepseek kernel has one gate for K and V; use branch='both'")
             # position_bias [S, half, kv_head, d_head]
-            return [GateTarget(comp.position_bias, 0, 2, f"{prefix}.hook_gate_logits_k", "own_deepseek")]
+            return [GateTarget(comp.position_bias, 0, 2, f"{prefix}.hook_gate_logits", "own_deepseek")]
         if cfg.window != cfg.stride:
             raise UserInputError(
                 f"cycle_gates is defined for W = S (got window={cfg.window}, stride={cfg.stride}): "
@@ -216,7 +236,7 @@ class CompressedFamily(_Family):
         branches = ("k",) if cfg.tie_kv_gates else (("k", "v") if branch == "both" else (branch,))
         targets = []
         for br in branches:
-            hook = f"{prefix}.hook_gate_logits_{br}"
+            hook = f"{prefix}.{comp.gate_hook(br, logits=True)}"  # tied: the one hook_gate_logits
             targets.append(GateTarget(getattr(comp, f"Z_{br}"), 0, 1, hook, "slot_weight"))
             bias = getattr(comp, f"b_{br}", None)  # None: gate_bias=False
             if bias is not None:
@@ -265,7 +285,7 @@ class DeepseekV4Family(_Family):
             raise UserInputError(f"cycle_gates: layer {layer} is a sliding-window-only layer (no compressor); "
                                  f"compressed layers: {self.compressed_layers}")
         bias = self.model.position_bias(layer)  # [S, half * d_head] (HCA: [R, d_head]), one KV head
-        return [GateTarget(bias, 0, None, f"blocks.{layer}.attn.compressor.hook_gate_logits_k", "hf")]
+        return [GateTarget(bias, 0, None, f"blocks.{layer}.attn.compressor.hook_gate_logits", "hf")]
 
     @property
     def has_fast_ablation(self) -> bool:
@@ -306,7 +326,7 @@ class GenericModel(_Family):
         raise UserInputError(f"{type(self.model).__name__} is not a phaseinterp model family (CompressedTransformer "
                              "or a wrapped DeepSeek-V4, phaseinterp.from_hf): only phase_profile runs on it")
 
-    layer_stride = layer_window = key_slot_sources = gate_targets = kv_heads = window_offsets = _unsupported
+    layer_stride = layer_window = key_slot_sources = gate_targets = kv_heads = window_offsets = gate_hook = _unsupported
 
 
 def phase_model(model) -> PhaseModel:

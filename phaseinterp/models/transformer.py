@@ -3,7 +3,8 @@
 Qwen3-shaped backbone (pre-RMSNorm, SwiGLU, RoPE, optional QK-norm, GQA); attention in
 `phaseinterp.models.attention`, the compressor in `phaseinterp.models.compressor`.
 Built on TransformerLens's `HookedRootModule`, so ``run_with_cache``,
-``run_with_hooks`` and ``hooks()`` work unchanged. Hook names (TransformerLens's where
+``run_with_hooks`` and ``hooks()`` work unchanged. Hook names are the one vocabulary of both
+model families (docs/hooks.md lists every hook with its shape; TransformerLens's names where
 the concept matches):
 
     hook_embed                                         [batch, pos, d_model]
@@ -12,10 +13,13 @@ the concept matches):
     blocks.{l}.attn.hook_q                             [batch, pos, head, d_head]
     blocks.{l}.attn.hook_k / hook_v                    [batch, pos, kv_head, d_head]  per token
     blocks.{l}.attn.hook_rot_q / hook_rot_k            after QK-norm + RoPE
-    blocks.{l}.attn.compressor.hook_gate_logits_k/_v   [batch, window_idx, slot, kv_head(, d_head)]
+    blocks.{l}.attn.compressor.hook_gate_logits_k/_v   [batch, entry, slot, kv_head(, d_head)]  separate gates
     blocks.{l}.attn.compressor.hook_gate_k/_v          alpha, same shape
-    blocks.{l}.attn.compressor.hook_k_compressed/_v_compressed  [batch, window_idx, kv_head, d_head]
-    blocks.{l}.attn.hook_attn_scores / hook_pattern    [batch, head, query_pos, key_slot]
+    blocks.{l}.attn.compressor.hook_gate_logits / hook_gate   one gate for K and V (DeepSeek kernel, tied)
+    blocks.{l}.attn.compressor.hook_k_compressed/_v_compressed  [batch, entry, kv_head, d_head]  gated kernel
+    blocks.{l}.attn.compressor.hook_kv_compressed      the one K = V entry (DeepSeek kernel), before kv_norm
+    blocks.{l}.attn.compressor.hook_rot_k_compressed / hook_rot_kv_compressed  the entry key after RoPE
+    blocks.{l}.attn.hook_attn_scores / hook_pattern    [batch, head, query_pos, key_slot]  band, then entries
     blocks.{l}.attn.hook_z                             [batch, pos, head, d_head]
     blocks.{l}.attn.hook_result                        [batch, pos, head, d_model] (use_attn_result)
     blocks.{l}.hook_attn_out / hook_mlp_out            [batch, pos, d_model]

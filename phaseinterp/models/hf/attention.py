@@ -2,7 +2,7 @@
 
 Line-by-line re-implementations of HF's ``DeepseekV4Attention`` (eager) and
 ``DeepseekV4DecoderLayer`` over the HF modules' own parameters, with the ``blocks.{l}.*``
-HookPoints (shapes: `phaseinterp.models.hf.deepseek_v4`).
+HookPoints (every hook, its shape and the key layout: docs/hooks.md).
 """
 
 from __future__ import annotations
@@ -19,6 +19,51 @@ from phaseinterp.models.hf.compressor import CompressorHooks, _hf, _NoCompressor
 from phaseinterp.models.hf.config import SLIDING
 
 
+class NormHooks(nn.Module):
+    """An HF RMSNorm with TransformerLens's ``hook_normalized``: ``x * rsqrt(mean(x^2) + eps)``, before
+    the weight. A weighted ``DeepseekV4RMSNorm`` is re-implemented op for op (float32, weight, cast
+    back); an unweighted one (``q_b_norm``) is called and its output hooked."""
+
+    def __init__(self, hf_norm: nn.Module):
+        super().__init__()
+        object.__setattr__(self, "hf", hf_norm)
+        self.hook_normalized = HookPoint()
+
+    def forward(self, x: Tensor) -> Tensor:
+        hf = self.hf
+        if getattr(hf, "weight", None) is None:
+            return self.hook_normalized(hf(x))
+        dtype = x.dtype
+        x = x.to(torch.float32)
+        x = self.hook_normalized(x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + hf.variance_epsilon))
+        return (hf.weight * x).to(dtype)
+
+
+def band_view(full: Tensor, band: int, fill: float) -> Tensor:
+    """The key slots ``[..., T + E]`` (T tokens, then E entries) of HF's attention as phaseinterp's key
+    layout ``[..., band + E]``: slot ``s < band`` of query ``t`` is token ``t - band + 1 + s`` (``fill``
+    before the sequence start), then the entries (docs/hooks.md)."""
+    T = full.shape[-2]
+    padded = F.pad(full[..., :T], (band - 1, 0), value=fill)
+    idx = torch.arange(T, device=full.device)[:, None] + torch.arange(band, device=full.device)
+    tokens = padded.gather(-1, idx.expand(*full.shape[:-1], band))
+    return torch.cat([tokens, full[..., T:]], dim=-1)
+
+
+def from_band_view(full: Tensor, view: Tensor, band: int) -> Tensor:
+    """``full`` with the slots `band_view` shows replaced by ``view`` (an edit through the band layout);
+    token slots outside the band keep their (masked) values."""
+    T = full.shape[-2]
+    padded = F.pad(full[..., :T], (band - 1, 0))
+    idx = torch.arange(T, device=full.device)[:, None] + torch.arange(band, device=full.device)
+    tokens = padded.scatter(-1, idx.expand(*full.shape[:-1], band), view[..., :band].to(full.dtype))
+    return torch.cat([tokens[..., band - 1:], view[..., band:].to(full.dtype)], dim=-1)
+
+
+def _hooked(hook: HookPoint) -> bool:
+    return bool(hook._forward_hooks or hook._backward_hooks)
+
+
 class AttentionHooks(nn.Module):
     """HF ``DeepseekV4Attention`` (eager): shared-KV MQA over sliding-window tokens + compressed entries."""
 
@@ -28,6 +73,8 @@ class AttentionHooks(nn.Module):
         self.layer = layer
         kind = hf_attention.layer_type
         self.compressor = CompressorHooks(hf_attention.compressor, kind) if kind != SLIDING else _NoCompressor(layer)
+        self.q_norm = NormHooks(hf_attention.q_b_norm)
+        self.kv_norm = NormHooks(hf_attention.kv_norm)
         self.hook_q = HookPoint()
         self.hook_rot_q = HookPoint()
         self.hook_kv = HookPoint()
@@ -43,9 +90,9 @@ class AttentionHooks(nn.Module):
         d = hf.head_dim
         cos, sin = position_embeddings[hf.rope_layer_type]
         q_residual = hf.q_a_norm(hf.q_a_proj(x))
-        q = self.hook_q(hf.q_b_norm(hf.q_b_proj(q_residual).view(batch, T, -1, d)))
+        q = self.q_norm(self.hook_q(hf.q_b_proj(q_residual).view(batch, T, -1, d)))
         q = self.hook_rot_q(mod.apply_rotary_pos_emb(q.transpose(1, 2), cos, sin).transpose(1, 2)).transpose(1, 2)
-        kv = self.hook_kv(hf.kv_norm(hf.kv_proj(x)).view(batch, T, -1, d))
+        kv = self.kv_norm(self.hook_kv(hf.kv_proj(x).view(batch, T, -1, d)))
         kv = self.hook_rot_kv(mod.apply_rotary_pos_emb(kv.transpose(1, 2), cos, sin).transpose(1, 2)).transpose(1, 2)
         block_bias = None
         if isinstance(self.compressor, CompressorHooks):
@@ -61,12 +108,16 @@ class AttentionHooks(nn.Module):
         scores = torch.matmul(q, keys.transpose(2, 3)) * hf.scaling
         if mask is not None:
             scores = scores + mask
-        scores = self.hook_attn_scores(scores)
+        band = hf.config.sliding_window  # the hooks show phaseinterp's key layout: band, then entries
+        if _hooked(self.hook_attn_scores):
+            scores = from_band_view(scores, self.hook_attn_scores(band_view(scores, band, float("-inf"))), band)
         sinks = hf.sinks.reshape(1, -1, 1, 1).expand(batch, -1, T, -1)
         logits = torch.cat([scores, sinks], dim=-1)
         logits = logits - logits.max(dim=-1, keepdim=True).values
         probs = F.softmax(logits, dim=-1, dtype=logits.dtype)
-        pattern = self.hook_pattern(probs[..., :-1])
+        pattern = probs[..., :-1]
+        if _hooked(self.hook_pattern):
+            pattern = from_band_view(pattern, self.hook_pattern(band_view(pattern, band, 0.0)), band)
         pattern = F.dropout(pattern, p=hf.attention_dropout if self.training else 0.0, training=self.training)
         z = torch.matmul(pattern.to(keys.dtype), keys).transpose(1, 2).contiguous()  # [batch, pos, head, d]
         # K = V carries RoPE on its rope slice: rotate the output back by the query position.
@@ -82,9 +133,10 @@ class BlockHooks(nn.Module):
     def __init__(self, hf_layer: nn.Module, layer: int):
         super().__init__()
         object.__setattr__(self, "hf", hf_layer)
+        self.ln1 = NormHooks(hf_layer.input_layernorm)
         self.attn = AttentionHooks(hf_layer.self_attn, layer)
-        for name in ("hook_resid_pre", "hook_attn_in", "hook_attn_out", "hook_resid_mid", "hook_mlp_in",
-                     "hook_mlp_out", "hook_resid_post"):
+        self.ln2 = NormHooks(hf_layer.post_attention_layernorm)
+        for name in ("hook_resid_pre", "hook_attn_out", "hook_resid_mid", "hook_mlp_out", "hook_resid_post"):
             setattr(self, name, HookPoint())
 
     def forward(self, streams: Tensor, position_embeddings: dict, position_ids: Tensor, mask, input_ids) -> Tensor:
@@ -92,13 +144,13 @@ class BlockHooks(nn.Module):
         dtype = streams.dtype
         streams = self.hook_resid_pre(streams)
         post, comb, collapsed = hf.attn_hc(streams)
-        attn_out = self.attn(self.hook_attn_in(hf.input_layernorm(collapsed)), position_embeddings, position_ids, mask)
+        attn_out = self.attn(self.ln1(collapsed), position_embeddings, position_ids, mask)
         attn_out = self.hook_attn_out(attn_out)
         streams = post.to(dtype).unsqueeze(-1) * attn_out.unsqueeze(-2) + torch.matmul(
             comb.to(dtype).transpose(-1, -2), streams)
         streams = self.hook_resid_mid(streams)
         post, comb, collapsed = hf.ffn_hc(streams)
-        mlp_out = self.hook_mlp_out(hf.mlp(self.hook_mlp_in(hf.post_attention_layernorm(collapsed)), input_ids=input_ids))
+        mlp_out = self.hook_mlp_out(hf.mlp(self.ln2(collapsed), input_ids=input_ids))
         streams = post.to(dtype).unsqueeze(-1) * mlp_out.unsqueeze(-2) + torch.matmul(
             comb.to(dtype).transpose(-1, -2), streams)
         return self.hook_resid_post(streams)

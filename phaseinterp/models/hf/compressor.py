@@ -14,6 +14,7 @@ import torch.nn as nn
 from torch import Tensor
 from transformer_lens.hook_points import HookPoint
 
+from phaseinterp.errors import UserInputError
 from phaseinterp.models.hf.config import CSA, HCA
 
 
@@ -37,23 +38,27 @@ class _CompressionHooks(nn.Module):
     ``hf`` is the HF module (held, not registered: its weights belong to the HF model).
     """
 
-    def __init__(self, hf_module: nn.Module, two_halves: bool, alias_kv_gates: bool):
+    # One gate feeds the one K = V entry: an edit of hook_gate_logits / hook_gate moves K and V alike.
+    shared_gate = True
+
+    def __init__(self, hf_module: nn.Module, two_halves: bool, kv_head_axis: bool):
         super().__init__()
         object.__setattr__(self, "hf", hf_module)
         self.two_halves = two_halves
-        self.hook_kv = HookPoint()
+        self.kv_head_axis = kv_head_axis  # main compressor: hooks carry the (single) KV-head axis; indexer: none
+        self.hook_token_kv = HookPoint()
         self.hook_token_gate_logits = HookPoint()
-        if alias_kv_gates:
-            self.hook_gate_logits_k = HookPoint()
-            self.hook_gate_logits_v = HookPoint()
-            self.hook_gate_k = HookPoint()
-            self.hook_gate_v = HookPoint()
-        else:
-            self.hook_gate_logits = HookPoint()
-            self.hook_gate = HookPoint()
-        self.alias_kv_gates = alias_kv_gates
-        self.hook_compressed = HookPoint()
-        self.hook_rot_compressed = HookPoint()
+        self.hook_gate_logits = HookPoint()
+        self.hook_gate = HookPoint()
+        self.hook_kv_compressed = HookPoint()
+        self.hook_normed_kv_compressed = HookPoint()
+        self.hook_rot_kv_compressed = HookPoint()
+
+    def gate_hook(self, branch: str, logits: bool = False) -> str:
+        """Name (relative to this module) of the alpha / gate-logit hook feeding ``branch``: K = V share one."""
+        if branch not in ("k", "v"):
+            raise UserInputError(f"branch={branch!r} is not one of ('k', 'v')")
+        return "hook_gate_logits" if logits else "hook_gate"
 
     @property
     def position_bias(self) -> nn.Parameter:
@@ -70,18 +75,6 @@ class _CompressionHooks(nn.Module):
     def compress_rate(self) -> int:
         return int(self.hf.compress_rate)
 
-    def _gate_hooks(self, logits: Tensor) -> Tensor:
-        if self.alias_kv_gates:
-            logits = self.hook_gate_logits_v(self.hook_gate_logits_k(logits))
-        else:
-            logits = self.hook_gate_logits(logits)
-        return logits
-
-    def _alpha_hooks(self, alpha: Tensor) -> Tensor:
-        if self.alias_kv_gates:
-            return self.hook_gate_v(self.hook_gate_k(alpha))
-        return self.hook_gate(alpha)
-
     def compress(self, x: Tensor, first_window: int = 0) -> Tensor:
         """HF's stateless compression of every closed window of ``x`` ``[batch, pos, d_model]``.
 
@@ -96,7 +89,7 @@ class _CompressionHooks(nn.Module):
         d = hf.head_dim
         halves = 2 if self.two_halves else 1
         S = self.compress_rate
-        kv = self.hook_kv(hf.kv_proj(x).view(batch, T, halves, d)).reshape(batch, T, halves * d)
+        kv = self.hook_token_kv(hf.kv_proj(x).view(batch, T, halves, d)).reshape(batch, T, halves * d)
         gate = self.hook_token_gate_logits(hf.gate_proj(x).view(batch, T, halves, d)).reshape(batch, T, halves * d)
         usable = (T // S) * S
         chunk_kv, chunk_gate = kv[:, :usable], gate[:, :usable]
@@ -116,19 +109,19 @@ class _CompressionHooks(nn.Module):
                 new_gate[:, 1:, :S] = chunk_gate[:, :-1, :, :d]
         else:
             new_kv, new_gate = chunk_kv, chunk_gate
-        new_gate = self._unsqueezed(self._gate_hooks, new_gate)
+        new_gate = self._unsqueezed(self.hook_gate_logits, new_gate)
         alpha = new_gate.softmax(dim=2, dtype=torch.float32).to(new_kv.dtype)
-        alpha = self._unsqueezed(self._alpha_hooks, alpha)
-        compressed = hf.kv_norm((new_kv * alpha).sum(dim=2))
-        compressed = self._unsqueezed(self.hook_compressed, compressed)
+        alpha = self._unsqueezed(self.hook_gate, alpha)
+        compressed = self._unsqueezed(self.hook_kv_compressed, (new_kv * alpha).sum(dim=2))
+        compressed = self._unsqueezed(self.hook_normed_kv_compressed, hf.kv_norm(compressed))
         positions = ((torch.arange(n_windows, device=compressed.device) + first_window) * S).unsqueeze(0).expand(batch, -1)
         cos, sin = hf.rotary_emb(compressed, position_ids=positions, layer_type=hf.rope_layer_type)
         compressed = mod.apply_rotary_pos_emb(compressed.unsqueeze(1), cos, sin).squeeze(1)
-        return self._unsqueezed(self.hook_rot_compressed, compressed)
+        return self._unsqueezed(self.hook_rot_kv_compressed, compressed)
 
     def _unsqueezed(self, hook, t: Tensor) -> Tensor:
         # Main-compressor hooks carry the (single) KV-head axis; the indexer has none.
-        if not self.alias_kv_gates:
+        if not self.kv_head_axis:
             return hook(t)
         axis = 2 if t.ndim == 3 else 3
         return hook(t.unsqueeze(axis)).squeeze(axis)
@@ -138,7 +131,7 @@ class IndexerHooks(_CompressionHooks):
     """The Lightning Indexer: its own compressor, query heads, scores and top-k selection."""
 
     def __init__(self, hf_indexer: nn.Module):
-        super().__init__(hf_indexer, two_halves=True, alias_kv_gates=False)
+        super().__init__(hf_indexer, two_halves=True, kv_head_axis=False)
         self.hook_q = HookPoint()
         self.hook_scores = HookPoint()
         self.hook_selected = HookPoint()
@@ -170,7 +163,7 @@ class CompressorHooks(_CompressionHooks):
     """A CSA (two halves + indexer) or HCA (one half) compressor; returns entries and their mask."""
 
     def __init__(self, hf_compressor: nn.Module, kind: str):
-        super().__init__(hf_compressor, two_halves=kind == CSA, alias_kv_gates=True)
+        super().__init__(hf_compressor, two_halves=kind == CSA, kv_head_axis=True)
         self.kind = kind
         self.indexer = IndexerHooks(hf_compressor.indexer) if kind == CSA else None
 

@@ -4,38 +4,21 @@ The wrapper owns no weights: every parameter is the HF module's own. Its forward
 line-by-line re-implementation of `transformers.models.deepseek_v4` (5.24, eager
 attention, no KV cache) that calls the same submodules and parameters, with HookPoints
 where the paper's quantities appear; tests/test_deepseek_v4.py checks it against the plain
-HF forward to 1e-6. Hook names (TransformerLens's where the concept matches):
-
-    hook_embed                                     [batch, pos, d_model]
-    blocks.{l}.hook_resid_pre / _mid / _post       [batch, pos, hc_stream, d_model]  (mHC: hc_mult streams)
-    blocks.{l}.hook_attn_in / hook_mlp_in          [batch, pos, d_model]  collapsed + RMS-normed block input
-    blocks.{l}.hook_attn_out / hook_mlp_out        [batch, pos, d_model]
-    blocks.{l}.attn.hook_q / hook_rot_q            [batch, pos, head, d_head]   (before / after RoPE)
-    blocks.{l}.attn.hook_kv / hook_rot_kv          [batch, pos, kv_head=1, d_head]  per-token K = V
-    blocks.{l}.attn.hook_attn_scores / hook_pattern  [batch, head, query_pos, key_slot]  (sink dropped)
-    blocks.{l}.attn.hook_z                         [batch, pos, head, d_head]  before the output projection
-    blocks.{l}.attn.compressor.hook_kv             [batch, pos, half, d_head]   per-token payload (kv_proj)
-    blocks.{l}.attn.compressor.hook_token_gate_logits  [batch, pos, half, d_head]  gate_proj, before position_bias
-    blocks.{l}.attn.compressor.hook_gate_logits_k/_v   [batch, entry, slot, kv_head=1, d_head]  + position_bias
-    blocks.{l}.attn.compressor.hook_gate_k/_v      alpha, same shape (softmax over slot)
-    blocks.{l}.attn.compressor.hook_compressed     [batch, entry, kv_head=1, d_head]  after kv_norm, before RoPE
-    blocks.{l}.attn.compressor.hook_rot_compressed the same after RoPE (what attention reads)
-    blocks.{l}.attn.compressor.indexer.hook_kv / hook_token_gate_logits / hook_gate_logits / hook_gate
-    blocks.{l}.attn.compressor.indexer.hook_compressed / hook_rot_compressed  [batch, entry, d_index]
-    blocks.{l}.attn.compressor.indexer.hook_q      [batch, pos, index_head, d_index]
-    blocks.{l}.attn.compressor.indexer.hook_scores [batch, pos, entry]  (-inf for entries not yet closed)
-    blocks.{l}.attn.compressor.indexer.hook_selected  [batch, pos, top_k] int64, -1 = no entry
-    hook_final                                     [batch, pos, d_model]  hc_head + final norm
+HF forward to 1e-6. Hook names, shapes and the key layout of ``hook_pattern`` are phaseinterp's
+one vocabulary (docs/hooks.md; TransformerLens's names where the concept matches): the
+residual hooks carry the mHC ``hc_stream`` axis, K = V is one tensor (``attn.hook_kv``,
+``compressor.hook_kv_compressed``; no ``hook_k``/``hook_v``), and the one compression gate per
+layer is ``compressor.hook_gate_logits`` / ``hook_gate`` (an edit moves K and V alike).
 
 Layout (``half``, ``slot``): a CSA token has two halves; half 0 (HF's ``Ca``, the first
 ``head_dim`` channels of ``kv_proj``/``gate_proj``/``position_bias``) feeds the entry in
 which the token is among the OLDER S tokens, half 1 (``Cb``) the entry in which it is among
-the newer S. CSA entry ``j`` covers positions ``(j-1)S .. jS+S-1`` with slots ``0..S-1``
-(older, half 0) then ``S..2S-1`` (newer, half 1); entry 0 is HF's leading partial entry
-(tokens ``0..S-1``, newer half only; its older slots have logit -inf, alpha 0). HCA entry
-``j`` covers ``jR .. jR+R-1`` (one half, R slots). An entry is visible from ``t >= (j+1)S - 1``
-and (CSA) only if the indexer selects it. K = V: ``hook_gate_*_k`` and ``_v`` are one gate
-seen twice (``_v`` receives ``_k``'s output), so tools written for separate K/V gates run.
+the newer S. Entry ``j`` reads positions ``jS + g .. jS + g + W - 1`` (those >= 0) with grid
+start ``g = -S`` for CSA (W = 2S: slots ``0..S-1`` older, half 0, then ``S..2S-1`` newer, half
+1; entry 0 is HF's leading partial entry over tokens ``0..S-1``, its older slots have logit
+-inf, alpha 0) and ``g = 0`` for HCA (W = R, one half). An entry is visible from
+``t >= jS + g + W - 1`` and (CSA) only if the indexer selects it; its key is rotated at
+``jS + g + W - S`` (the own family's formulas with its window offset as ``g``).
 Hooks only exist on compressed layers; sliding-window-only layers have no compressor.
 """
 
@@ -55,15 +38,9 @@ from transformer_lens.HookedRootModule import HookedRootModule
 
 from phaseinterp.errors import UserInputError
 from phaseinterp.models.compressor import GateParameters
-from phaseinterp.models.hf.attention import AttentionHooks, BlockHooks  # noqa: F401 - AttentionHooks re-exported
-from phaseinterp.models.hf.compressor import (  # noqa: F401 - re-exported from their former home
-    CompressorHooks,
-    IndexerHooks,
-    _CompressionHooks,
-    _hf,
-    _NoCompressor,
-)
-from phaseinterp.models.hf.config import CSA, HCA, SLIDING, DeepseekV4HookedConfig  # noqa: F401
+from phaseinterp.models.hf.attention import BlockHooks, NormHooks
+from phaseinterp.models.hf.compressor import CompressorHooks
+from phaseinterp.models.hf.config import DeepseekV4HookedConfig
 from phaseinterp.models.hf.offload import execution_device, materialized
 
 SIDECAR_FILE = "phaseinterp.json"  # phaseinterp metadata (task, recipe) beside an HF checkpoint
@@ -87,7 +64,7 @@ class HookedDeepseekV4(HookedRootModule):
         self.metadata: dict[str, Any] = {}
         self.hook_embed = HookPoint()
         self.blocks = nn.ModuleList([BlockHooks(layer, i) for i, layer in enumerate(hf_model.model.layers)])
-        self.hook_final = HookPoint()
+        self.ln_final = NormHooks(hf_model.model.norm)
         self.setup()
         self.cfg.device = str(self.device)
 
@@ -131,7 +108,8 @@ class HookedDeepseekV4(HookedRootModule):
             with materialized(block.hf):  # offloaded layer: its weights in memory for this layer only
                 streams = block(streams, rope, position_ids, mask, tokens)
         streams = streams.to(execution_device(hf.norm))
-        final = self.hook_final(hf.norm(hf.hc_head(streams)))
+        with materialized(hf.norm):  # ln_final reads the norm's weight directly
+            final = self.ln_final(hf.hc_head(streams))
         if return_type is None:
             return None
         logits = self.hf.lm_head(final.to(execution_device(self.hf.lm_head)))
@@ -190,40 +168,40 @@ class HookedDeepseekV4(HookedRootModule):
         return GateParameters(Z=Z, b=b, kernel="deepseek", branch=branch)
 
     def entry_sources(self, layer: int, n_entries: int) -> list[list[int]]:
-        """Source positions of each compressed entry of ``layer`` (HF layout; CSA entry 0 is partial)."""
+        """Source positions of each compressed entry of ``layer``: entry ``j`` reads ``jS + g ..
+        jS + g + W - 1`` (those >= 0), grid start ``g = -S`` for CSA (entry 0 is HF's partial
+        entry over tokens ``0..S-1``), 0 for HCA (docs/hooks.md)."""
         comp = self._compressor(layer)
         S = comp.compress_rate
-        if comp.two_halves:
-            return [list(range(max(0, (j - 1) * S), (j + 1) * S)) for j in range(n_entries)]
-        return [list(range(j * S, (j + 1) * S)) for j in range(n_entries)]
+        W, g = (2 * S, -S) if comp.two_halves else (S, 0)
+        return [list(range(max(0, j * S + g), j * S + g + W)) for j in range(n_entries)]
 
     def key_slot_sources(self, layer: int, query_pos: int, n_key_slots: Optional[int] = None, *,
                          seq_len: Optional[int] = None) -> list[tuple[str, list[int]]]:
-        """``(kind, source positions)`` of every key slot of ``hook_pattern`` for one query.
+        """``(kind, source positions)`` of every key slot of ``hook_pattern`` / ``hook_attn_scores`` for one query.
 
-        HF layout: slots ``0..T-1`` are the tokens (``"local"`` inside the sliding window
-        ``query_pos - sliding_window + 1 .. query_pos``, else ``"masked"``), then one slot per
-        compressed entry (``"entry"`` once closed, else ``"masked"``; see `entry_sources`).
-        Whether the CSA indexer keeps a closed entry depends on the prompt: read
-        ``indexer.hook_selected``. ``T`` comes from ``seq_len``, else from ``n_key_slots``
-        (``T + T // S`` slots), else ``query_pos + 1``.
+        phaseinterp's key layout (docs/hooks.md): slots ``0..B-1`` (``B = sliding_window``) are the
+        band, oldest first (slot ``s`` holds token ``query_pos - B + 1 + s``, ``"local"``, or
+        ``"masked"`` before the sequence start), then slot ``B + j`` is compressed entry ``j``
+        (``"entry"`` once closed, else ``"masked"``; see `entry_sources`). Whether the CSA indexer
+        keeps a closed entry depends on the prompt: read ``indexer.hook_selected``. The entries
+        listed: ``n_key_slots - B`` when given, else those of a ``seq_len``-token forward
+        (``seq_len // S``), else the closed ones.
         """
         self._check_layer(layer)
         stride = self.cfg.layer_stride(layer)
-        if seq_len is None and n_key_slots is not None:
-            per = (lambda t: t) if stride is None else (lambda t: t + t // stride)
-            seq_len = next((t for t in range(n_key_slots + 1) if per(t) == n_key_slots), None)
-            if seq_len is None:
-                raise UserInputError(f"n_key_slots={n_key_slots} matches no sequence length for layer {layer}")
-        T = query_pos + 1 if seq_len is None else seq_len
-        if not (0 <= query_pos < T):
-            raise UserInputError(f"query_pos={query_pos} is out of range 0..{T - 1}")
-        lower = query_pos - self.cfg.sliding_window + 1
-        out = [("local", [p]) if lower <= p <= query_pos else ("masked", []) for p in range(T)]
+        B = self.cfg.sliding_window
+        if n_key_slots is not None and (n_key_slots < B or (stride is None and n_key_slots != B)):
+            raise UserInputError(f"n_key_slots={n_key_slots} does not fit layer {layer}'s key layout (the band of "
+                                 f"{B} slots{'' if stride is None else ', then the entries'})")
+        if query_pos < 0 or (seq_len is not None and query_pos >= seq_len):
+            raise UserInputError(f"query_pos={query_pos} is out of range 0..{(seq_len or query_pos + 1) - 1}")
+        out = [("local", [p]) if p >= 0 else ("masked", []) for p in range(query_pos - B + 1, query_pos + 1)]
         if stride is None:
             return out
         closed = (query_pos + 1) // stride
-        for j, sources in enumerate(self.entry_sources(layer, T // stride)):
+        n_entries = n_key_slots - B if n_key_slots is not None else (closed if seq_len is None else seq_len // stride)
+        for j, sources in enumerate(self.entry_sources(layer, n_entries)):
             out.append(("entry", sources) if j < closed else ("masked", []))
         return out
 

@@ -50,13 +50,13 @@ class LayerState:
 
 def _names(model, layer: int) -> dict[str, str]:
     prefix = f"blocks.{layer}"
-    names = {"resid_pre": f"{prefix}.hook_resid_pre", "attn_in": f"{prefix}.hook_attn_in",
+    names = {"resid_pre": f"{prefix}.hook_resid_pre", "attn_in": f"{prefix}.ln1.hook_normalized",
              "kv": f"{prefix}.attn.hook_rot_kv"}
     kind = model.cfg.layer_types[layer]
     if model.cfg.layer_stride(layer) is not None:
-        names["compressed"] = f"{prefix}.attn.compressor.hook_rot_compressed"
+        names["compressed"] = f"{prefix}.attn.compressor.hook_rot_kv_compressed"
     if kind == CSA:
-        names["index_compressed"] = f"{prefix}.attn.compressor.indexer.hook_rot_compressed"
+        names["index_compressed"] = f"{prefix}.attn.compressor.indexer.hook_rot_kv_compressed"
         names["index_scores"] = f"{prefix}.attn.compressor.indexer.hook_scores"
     return names
 
@@ -71,6 +71,8 @@ def clean_states(model, tokens: Tensor) -> tuple[Tensor, list[LayerState]]:
     N = tokens.shape[0]
     for layer, names in enumerate(per_layer):
         got = {k: cache[v] for k, v in names.items() if v in cache}
+        # ln1 applies its weight after hook_normalized (float32), then casts back: the attention input
+        got["attn_in"] = (model.blocks[layer].ln1.hf.weight * got["attn_in"]).to(got["resid_pre"].dtype)
         comp = model.blocks[layer].attn.compressor
         if "compressed" in names and "compressed" not in got:  # no window closed yet: compress fired no hook
             got["compressed"] = got["kv"].new_zeros((N, 0, 1, model.cfg.d_head))
