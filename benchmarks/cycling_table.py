@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 import phaseinterp as pi
-from phaseinterp.interventions.gate_cycling import canonical_shifts, cycling_fitness
+from phaseinterp.interventions.gate_shifts import canonical_shifts, cycling_fitness
 
 MODELS = ("deep12-w8s8-1kv-shared-equal", "deep12-w8s8-1kv-shared-seed1-equal", "w4s4-1kv-shared",
           "w8s4-deepseek", "dsv4-tiny", "dsv4.1-tiny", "w8s8-4kv")

@@ -49,7 +49,7 @@ def train_cmd(args) -> None:
 
 
 def fork_cmd(args) -> None:
-    import phaseinterp.train as T
+    import phaseinterp.train.compressed as T
 
     source_run = Path(getattr(args, "from"))
     source = source_run / "checkpoints" / f"step_{args.at:06d}"

@@ -17,8 +17,8 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-_SUBMODULES = {"phase", "stats", "tasks", "zoo", "plot", "report", "results", "profile", "evaluate",
-               "interventions", "models", "config", "train", "theory", "cli", "engines"}
+_SUBMODULES = {"phase", "stats", "tasks", "zoo", "plot", "report", "results", "profile", "errors",
+               "interventions", "models", "config", "train", "theory", "cli", "engines", "parallel", "experiments"}
 _NAMES = {
     "CompressedConfig": "phaseinterp.config",
     "PhaseProfile": "phaseinterp.profile",

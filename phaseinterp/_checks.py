@@ -3,7 +3,9 @@ value and the valid range, before any expensive work."""
 
 from __future__ import annotations
 
-from typing import Any
+import re
+
+from typing import Any, Union
 
 from phaseinterp.errors import UserInputError
 
@@ -56,3 +58,21 @@ def check_device(device: Any):
     if dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
         raise UserInputError(f"device={device!r}: MPS is not available on this machine (use 'cpu')")
     return dev
+
+
+def parse_size(value: Union[int, str], what: str = "size") -> int:
+    """Bytes from ``1000``, ``"256KB"``, ``"10MiB"``, ``"2GB"`` (KB = 10^3, KiB = 2^10); a UserInputError otherwise."""
+    if isinstance(value, bool):
+        raise UserInputError(f"{what}={value!r} is not a size (bytes as an int, or e.g. '256KB', '10MiB')")
+    if isinstance(value, int):
+        n = value
+    else:
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*", str(value), flags=re.IGNORECASE)
+        if match is None:
+            raise UserInputError(f"{what}={value!r} is not a size (bytes as an int, or e.g. '256KB', '10MiB', '80GB')")
+        number, unit = float(match.group(1)), (match.group(2) or "B").upper()
+        power = {"B": 0, "K": 1, "M": 2, "G": 3, "T": 4}[unit[0]]
+        n = int(number * ((1024 if "I" in unit else 1000) ** power))
+    if n <= 0:
+        raise UserInputError(f"{what}={value!r} must be a positive number of bytes")
+    return n

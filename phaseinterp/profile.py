@@ -1,5 +1,5 @@
 """The phase profile: top-1 retrieval accuracy by target residue and phase, with intervals
-(docs/science.md, "Evaluation protocol"). ``phaseinterp.evaluate`` is an alias of this module."""
+(docs/science.md, "Evaluation protocol")."""
 
 import os
 from dataclasses import dataclass

@@ -12,7 +12,7 @@ from jaxtyping import install_import_hook  # noqa: E402
 with install_import_hook("phaseinterp", "typecheck.typecheck"):
     import importlib
 
-    for _module in ("config", "phase", "stats", "tasks", "results", "profile", "evaluate", "models",
+    for _module in ("config", "phase", "stats", "tasks", "results", "profile", "models",
                     "interventions", "zoo"):
         importlib.import_module(f"phaseinterp.{_module}")
 

@@ -93,7 +93,7 @@ def test_readme_zoo_table_is_the_generated_one(capsys):
     """README's zoo table is `phaseinterp zoo list --markdown`, so the two cannot drift apart."""
     from pathlib import Path
 
-    from phaseinterp.cli import zoo_markdown
+    from phaseinterp.cli.commands import zoo_markdown
 
     assert main(["zoo", "list", "--markdown"]) == 0
     printed = capsys.readouterr().out.strip()
@@ -105,7 +105,7 @@ def test_readme_zoo_table_is_the_generated_one(capsys):
 def test_every_option_has_help():
     import argparse
 
-    from phaseinterp.cli import build_parser
+    from phaseinterp.cli.args import build_parser
 
     def walk(parser, path):
         for action in parser._actions:
@@ -202,7 +202,7 @@ def test_demo_quick_on_the_shipped_models(tmp_path, capsys):
     assert all(label.endswith(")") for label in labels[2:]), labels
     assert len(list((tmp_path / "demo" / "data").glob("*.csv"))) >= 10
     # data/ file names are derived once from each model's zoo name (not also from its label)
-    from phaseinterp.report import _slug
+    from phaseinterp.report.models import slug as _slug
 
     zoo_names = {_slug(n) for n in [*pi.zoo.ENTRIES, *pi.zoo.deepseek_v4.available()]}
     stems = {re.sub(r"^profile_(.*)_(residues|phases|prompts)\.csv$", r"\1", p.name)

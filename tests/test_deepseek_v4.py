@@ -104,26 +104,30 @@ def test_weights_are_shared_not_copied(hf, model):
 def expected_shapes(T: int, B: int = 2) -> dict[str, tuple]:
     d, H, D, hc = 16, 4, 32, 2
     n_csa, n_hca = T // S, T // R
-    shapes = {"hook_embed": (B, T, D), "hook_final": (B, T, D)}
+    L = 6  # sliding_window: the band of exact tokens in the key layout
+    shapes = {"hook_embed": (B, T, D), "ln_final.hook_normalized": (B, T, D)}
     for l, (kind, n, W) in enumerate([(CSA, n_csa, 2 * S), (HCA, n_hca, R), (CSA, n_csa, 2 * S)]):
         p = f"blocks.{l}."
         shapes.update({p + h: (B, T, hc, D) for h in ("hook_resid_pre", "hook_resid_mid", "hook_resid_post")})
-        shapes.update({p + h: (B, T, D) for h in ("hook_attn_in", "hook_attn_out", "hook_mlp_in", "hook_mlp_out")})
-        shapes.update({p + "attn.hook_q": (B, T, H, d), p + "attn.hook_rot_q": (B, T, H, d),
-                       p + "attn.hook_kv": (B, T, 1, d), p + "attn.hook_rot_kv": (B, T, 1, d),
-                       p + "attn.hook_attn_scores": (B, H, T, T + n), p + "attn.hook_pattern": (B, H, T, T + n),
+        shapes.update({p + h: (B, T, D) for h in ("ln1.hook_normalized", "hook_attn_out", "ln2.hook_normalized",
+                                                  "hook_mlp_out")})
+        shapes.update({p + "attn.hook_q": (B, T, H, d), p + "attn.q_norm.hook_normalized": (B, T, H, d),
+                       p + "attn.hook_rot_q": (B, T, H, d), p + "attn.hook_kv": (B, T, 1, d),
+                       p + "attn.kv_norm.hook_normalized": (B, T, 1, d), p + "attn.hook_rot_kv": (B, T, 1, d),
+                       p + "attn.hook_attn_scores": (B, H, T, L + n), p + "attn.hook_pattern": (B, H, T, L + n),
                        p + "attn.hook_z": (B, T, H, d)})
         c = p + "attn.compressor."
         halves = 2 if kind == CSA else 1
-        shapes.update({c + "hook_kv": (B, T, halves, d), c + "hook_token_gate_logits": (B, T, halves, d),
-                       c + "hook_compressed": (B, n, 1, d), c + "hook_rot_compressed": (B, n, 1, d)})
-        shapes.update({c + h: (B, n, W, 1, d) for h in ("hook_gate_logits_k", "hook_gate_logits_v",
-                                                         "hook_gate_k", "hook_gate_v")})
+        shapes.update({c + "hook_token_kv": (B, T, halves, d), c + "hook_token_gate_logits": (B, T, halves, d),
+                       c + "hook_kv_compressed": (B, n, 1, d), c + "hook_normed_kv_compressed": (B, n, 1, d),
+                       c + "hook_rot_kv_compressed": (B, n, 1, d)})
+        shapes.update({c + h: (B, n, W, 1, d) for h in ("hook_gate_logits", "hook_gate")})
         if kind == CSA:
             i, di = c + "indexer.", 8
-            shapes.update({i + "hook_kv": (B, T, 2, di), i + "hook_token_gate_logits": (B, T, 2, di),
+            shapes.update({i + "hook_token_kv": (B, T, 2, di), i + "hook_token_gate_logits": (B, T, 2, di),
                            i + "hook_gate_logits": (B, n, 2 * S, di), i + "hook_gate": (B, n, 2 * S, di),
-                           i + "hook_compressed": (B, n, di), i + "hook_rot_compressed": (B, n, di),
+                           i + "hook_kv_compressed": (B, n, di), i + "hook_normed_kv_compressed": (B, n, di),
+                           i + "hook_rot_kv_compressed": (B, n, di),
                            i + "hook_q": (B, T, 2, di), i + "hook_scores": (B, T, n), i + "hook_selected": (B, T, 3)})
     return shapes
 
@@ -136,34 +140,39 @@ def test_every_documented_hook_fires_with_its_shape(model, tokens):
         assert tuple(cache[name].shape) == shape, name
     sel = cache["blocks.0.attn.compressor.indexer.hook_selected"]
     assert sel.dtype == torch.int64 and int(sel[:, : S - 1].max()) == -1  # no entry closed before t = S - 1
-    alpha = cache["blocks.0.attn.compressor.hook_gate_k"]
+    alpha = cache["blocks.0.attn.compressor.hook_gate"]
     torch.testing.assert_close(alpha.sum(2), torch.ones_like(alpha.sum(2)))
     assert (alpha[:, 0, :S] == 0).all()  # HF's leading partial entry: newer half only
     # The pattern (sink dropped) sums to < 1 and sits only on slots key_slot_sources calls visible.
     pattern = cache["blocks.0.attn.hook_pattern"]
     assert float(pattern.sum(-1).max()) <= 1 + 1e-6
-    T = tokens.shape[1]
+    T, L = tokens.shape[1], 6
     for q in (0, 3, 20, T - 1):
         kinds = [k for k, _ in model.key_slot_sources(0, q, n_key_slots=pattern.shape[-1])]
         masked = torch.tensor([k == "masked" for k in kinds])
-        assert float(pattern[:, :, q, masked].abs().max()) == 0.0
-        assert kinds[q] == "local" and kinds.count("local") == min(q + 1, 6)
-        closed = [k for k in kinds[T:] if k == "entry"]
+        assert float(pattern[:, :, q, masked].abs().sum()) == 0.0
+        assert kinds[L - 1] == "local" and kinds.count("local") == min(q + 1, L)  # slot L-1: the query itself
+        closed = [k for k in kinds[L:] if k == "entry"]
         assert len(closed) == (q + 1) // S
-        hit = pattern[:, :, q, T:].sum((0, 1)) > 0
+        hit = pattern[:, :, q, L:].sum((0, 1)) > 0
         selected = set(cache["blocks.0.attn.compressor.indexer.hook_selected"][:, q].flatten().tolist()) - {-1}
         assert {int(j) for j in torch.nonzero(hit).flatten()} <= selected
 
 
-def test_key_slot_sources_hf_layout(model):
+def test_key_slot_sources_layout(model):
+    """Band of sliding_window (6) tokens, oldest first, then the entries (docs/hooks.md)."""
     sources = model.key_slot_sources(0, 11, seq_len=16)
-    assert len(sources) == 16 + 16 // S
-    assert sources[16] == ("entry", [0, 1, 2, 3])  # the leading partial entry
-    assert sources[17] == ("entry", list(range(0, 8)))
-    assert sources[18] == ("entry", list(range(4, 12)))  # closes at t = 11
-    assert sources[19] == ("masked", [])
+    assert len(sources) == 6 + 16 // S
+    assert sources[:6] == [("local", [p]) for p in range(6, 12)]
+    assert sources[6] == ("entry", [0, 1, 2, 3])  # the leading partial entry (grid start -S)
+    assert sources[7] == ("entry", list(range(0, 8)))
+    assert sources[8] == ("entry", list(range(4, 12)))  # closes at t = 11
+    assert sources[9] == ("masked", [])
+    assert model.key_slot_sources(0, 2)[:6] == [("masked", [])] * 3 + [("local", [p]) for p in range(3)]
     hca = model.key_slot_sources(1, 15, seq_len=16)
-    assert hca[16:] == [("entry", list(range(8))), ("entry", list(range(8, 16)))]
+    assert hca[6:] == [("entry", list(range(8))), ("entry", list(range(8, 16)))]
+    with pytest.raises(ValueError, match="n_key_slots=5 does not fit"):
+        model.key_slot_sources(0, 3, n_key_slots=5)
     with pytest.raises(ValueError, match="layer=3 is out of range"):
         model.key_slot_sources(3, 0)
     with pytest.raises(ValueError, match="query_pos=16 is out of range"):
@@ -183,7 +192,7 @@ def test_alpha_replacement_matches_hf_recomputation(tokens):
         return out
 
     with torch.no_grad():
-        hooked = model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.attn.compressor.hook_gate_k", one_hot)])
+        hooked = model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.attn.compressor.hook_gate", one_hot)])
         bias = hf_model.model.layers[0].self_attn.compressor.position_bias
         saved = bias.clone()
         bias.fill_(-1e4)  # every slot off (older half included) ...
@@ -201,7 +210,7 @@ def test_compressed_entry_replacement_matches_hf_recomputation(tokens):
     clean = hf_logits(hf_model, tokens)
     with torch.no_grad():
         hooked = model.run_with_hooks(
-            tokens, fwd_hooks=[("blocks.2.attn.compressor.hook_compressed", lambda t, hook: 3.0 * t)])
+            tokens, fwd_hooks=[("blocks.2.attn.compressor.hook_normed_kv_compressed", lambda t, hook: 3.0 * t)])
         weight = hf_model.model.layers[2].self_attn.compressor.kv_norm.weight
         weight.mul_(3.0)
         predicted = hf_logits(hf_model, tokens)
@@ -224,9 +233,9 @@ def test_indexer_selection_hook_controls_attention(model, tokens):
             _, patched = model.run_with_cache(tokens, names_filter=names, return_cache_object=False)
         finally:
             model.reset_hooks()
-    T = tokens.shape[1]
-    assert float(cache[names][..., T:].sum()) > 0
-    assert float(patched[names][..., T:].abs().max()) == 0.0
+    L = 6  # sliding_window: entries follow the band
+    assert float(cache[names][..., L:].sum()) > 0
+    assert float(patched[names][..., L:].abs().max()) == 0.0
 
 
 # ------------------------------------------------------------------ gates
@@ -420,7 +429,7 @@ def test_memory_estimate_counts_the_real_parameters():
 
 
 def test_report_section(model, tmp_path):
-    from phaseinterp.report_deepseek_v4 import deepseek_v4_section
+    from phaseinterp.report.sections.deepseek_v4 import deepseek_v4_section
 
     section = deepseek_v4_section(model, TASK, tmp_path, n_per_residue=2, log=lambda s: None)
     assert section["summary"]["wrapper_max_abs_logit_diff"] <= 1e-6

@@ -1,4 +1,4 @@
-"""Data-parallel experiments (phaseinterp.distributed): 2 processes on the gloo backend give the
+"""Data-parallel experiments (phaseinterp.parallel): 2 processes on the gloo backend give the
 single-process result; a killed rank's rerun computes only what is missing; shards of another
 run are refused, naming the field."""
 
@@ -17,7 +17,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from phaseinterp import distributed
+from phaseinterp import parallel
+from phaseinterp.parallel import runs
 from phaseinterp.interventions import ablate, gate_cycling
 from phaseinterp.profile import phase_profile
 
@@ -55,10 +56,10 @@ def _prompts(seed: int = 0):
 def _experiment(kind: str, model, out_dir, prompts, **kwargs):
     common = dict(out_dir=out_dir, prompts=prompts, chunk_size=CHUNK, progress=False, **kwargs)
     if kind == "profile":
-        return distributed.sharded_profile(model, _task(), **common)
+        return parallel.sharded_profile(model, _task(), **common)
     if kind == "ablate":
-        return distributed.sharded_ablate(model, _task(), n_calibration=8, batch_size=3, **common)
-    return distributed.sharded_gate_cycling(model, _task(), batch_size=3, **common)
+        return parallel.sharded_ablate(model, _task(), n_calibration=8, batch_size=3, **common)
+    return parallel.sharded_gate_cycling(model, _task(), batch_size=3, **common)
 
 
 def _single(kind: str, model, prompts):
@@ -74,7 +75,7 @@ def _worker(rank: int, world: int, port: int, job: dict) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank), PHASEINTERP_NO_PROGRESS="1")
     torch.set_num_threads(1)
-    write = distributed._write_shard
+    write = runs.write_shard
     log = Path(job["root"]) / f"computed-rank{rank}.txt"
 
     def logged_write(path, header, chunk, index, arrays):  # the count of chunks this rank computed
@@ -82,14 +83,14 @@ def _worker(rank: int, world: int, port: int, job: dict) -> None:
         with open(log, "a") as f:
             f.write(f"{chunk}\n")
         if job.get("crash_rank") == rank:  # killed after its first chunk, once rank 0 is done
-            others = [distributed.shard_path(Path(path).parent.parent, c) for c in range(0, N_CHUNKS, world)]
+            others = [parallel.shard_path(Path(path).parent.parent, c) for c in range(0, N_CHUNKS, world)]
             deadline = time.time() + 60
             while not all(p.is_file() for p in others) and time.time() < deadline:
                 time.sleep(0.05)
             (Path(job["root"]) / f"crashed-rank{rank}").touch()
             raise RuntimeError("simulated crash")
 
-    distributed._write_shard = logged_write
+    runs.write_shard = logged_write
     model, prompts = _model(), _prompts()
     for kind in job["kinds"]:
         result = _experiment(kind, model, Path(job["root"]) / kind, prompts)
@@ -161,7 +162,7 @@ def test_two_ranks_equal_one_process(tmp_path):
     for kind in kinds:
         single = _single(kind, model, prompts)
         _assert_same(kind, _load(kind, tmp_path / f"result-{kind}"), single)
-        _assert_same(kind, distributed.merge(tmp_path / kind), single)  # from the files alone
+        _assert_same(kind, parallel.merge(tmp_path / kind), single)  # from the files alone
         assert sorted(p.name for p in (tmp_path / kind / "shards").iterdir()) == [
             f"chunk-{c:06d}.npz" for c in range(N_CHUNKS)]
 
@@ -177,7 +178,7 @@ def test_killed_rank_rerun_computes_only_the_missing_chunks(tmp_path):
     before = {p.name: p.stat().st_mtime_ns for p in shards.iterdir()}
     assert sorted(before) == [f"chunk-{c:06d}.npz" for c in (0, 1, 2)]
     with pytest.raises(ValueError, match=r"lacks 1 of 4 chunks \(prompts 12\.\.15\)"):
-        distributed.merge(tmp_path / "ablate")
+        parallel.merge(tmp_path / "ablate")
 
     _launch(dict(root=str(tmp_path), kinds=["ablate"]))  # the same command again
     assert _computed(tmp_path) == {0: [], 1: [3]}  # only the killed rank's unfinished chunk
@@ -205,33 +206,33 @@ def test_mismatched_shards_are_refused_naming_the_field(tmp_path, change, field)
     prompts = task.generate(2, seed=change.get("seed", 0), strict=False)
     kwargs = dict(out_dir=tmp_path / "b", prompts=prompts, chunk_size=CHUNK, progress=False, batch_size=3,
                   seed=change.get("seed", 0), n_calibration=change.get("n_calibration", 8))
-    distributed.sharded_ablate(model, task, **kwargs)
+    parallel.sharded_ablate(model, task, **kwargs)
     shutil.copy(tmp_path / "b" / "shards" / "chunk-000001.npz", tmp_path / "a" / "shards" / "chunk-000001.npz")
     with pytest.raises(ValueError, match=rf"chunk-000001\.npz does not belong to .*field '{re.escape(field)}'"):
-        distributed.merge(tmp_path / "a")
+        parallel.merge(tmp_path / "a")
     # a rerun into a directory of another run is refused before any work, naming the field
     kwargs["out_dir"] = tmp_path / "a"
     with pytest.raises(ValueError, match=rf"field '{re.escape(field)}' differs"):
-        distributed.sharded_ablate(model, task, **kwargs)
+        parallel.sharded_ablate(model, task, **kwargs)
     _assert_same("ablate", reference, _single("ablate", _model(), _prompts()))
 
 
 def test_profile_of_a_ready_batch_equals_phase_profile(tmp_path):
     model, prompts = _model(), _prompts()
-    merged = distributed.sharded_profile(model, prompts, out_dir=tmp_path, chunk_size=5, progress=False)
+    merged = parallel.sharded_profile(model, prompts, out_dir=tmp_path, chunk_size=5, progress=False)
     _assert_same("profile", merged, phase_profile(model, prompts, progress=False))
     assert len(list((tmp_path / "shards").iterdir())) == 4  # 16 prompts in chunks of 5
 
 
 def test_merge_refuses_a_foreign_or_broken_directory(tmp_path):
     with pytest.raises(ValueError, match="not a sharded run directory"):
-        distributed.merge(tmp_path)
+        parallel.merge(tmp_path)
     _run_alone(tmp_path / "a")
     (tmp_path / "a" / "shards" / "chunk-000002.npz").write_bytes(b"not a zip")
     with pytest.raises(ValueError, match=r"chunk-000002\.npz is not a readable phaseinterp shard"):
-        distributed.merge(tmp_path / "a")
+        parallel.merge(tmp_path / "a")
     with pytest.raises(ValueError, match=r"chunk_size=0 must be an integer >= 1"):
-        distributed.sharded_ablate(_model(), _task(), out_dir=tmp_path / "c", prompts=_prompts(), chunk_size=0)
+        parallel.sharded_ablate(_model(), _task(), out_dir=tmp_path / "c", prompts=_prompts(), chunk_size=0)
 
 
 def test_cli_merge(tmp_path, capsys):
@@ -283,11 +284,11 @@ def test_launch_info_reads_the_launcher_environment(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("LOCAL_RANK", "1")
-    assert distributed.launch_info() == distributed.Launch(rank=3, world_size=4, local_rank=1)
+    assert parallel.launch_info() == parallel.Launch(rank=3, world_size=4, local_rank=1)
     monkeypatch.setenv("RANK", "4")
     with pytest.raises(ValueError, match=r"RANK=4 is out of range for WORLD_SIZE=4 \(0\.\.3\)"):
-        distributed.launch_info()
+        parallel.launch_info()
     monkeypatch.delenv("WORLD_SIZE")
     monkeypatch.delenv("RANK")
-    assert distributed.launch_info().world_size == 1
-    assert distributed.rank_device().type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert parallel.launch_info().world_size == 1
+    assert parallel.rank_device().type == ("cuda" if torch.cuda.is_available() else "cpu")

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import phaseinterp as pi
-from phaseinterp.models.hf.export import export_release, parse_size, quantize_fp8_blocks
+from phaseinterp._checks import parse_size
+from phaseinterp.models.hf.export import export_release, quantize_fp8_blocks
 from phaseinterp.models.hf.memory import config_from_dict
 from phaseinterp.models.hf.release_layout import INDEX_FILE, check_names_roundtrip, release_tensors
 

@@ -17,7 +17,8 @@ from phaseinterp.interventions import (
     mean_ablation,
     shifted_copy,
 )
-from phaseinterp.interventions.gate_cycling import canonical_shifts, cycling_scores
+from phaseinterp.interventions.cycling_stats import cycling_scores
+from phaseinterp.interventions.gate_shifts import canonical_shifts
 from conftest import make_model, small_task
 from phaseinterp.tasks import KeyValueRetrieval
 

@@ -148,7 +148,7 @@ def test_plot_is_a_plotly_figure_and_core_imports_stay_light():
     profile = phase_profile(PhaseOracle(TASK.vocab, good={0, 1, 2}), TASK, 72, progress=False)
     fig = profile.plot()
     assert type(fig).__name__ == "Figure" and len(fig.data) == 4 + 2  # 4 phases + line + phase bars
-    code = ("import sys, phaseinterp.profile, phaseinterp.evaluate, phaseinterp.tasks, phaseinterp.stats, "
+    code = ("import sys, phaseinterp.profile, phaseinterp.tasks, phaseinterp.stats, "
             "phaseinterp.interventions; assert 'plotly' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
 

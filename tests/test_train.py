@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-import phaseinterp.train as train_module
+import phaseinterp.train.compressed as train_module
 from phaseinterp import CompressedConfig, CompressedTransformer
 from phaseinterp.tasks import KeyValueRetrieval
 from phaseinterp.train import CurriculumStage, TrainConfig, TrainingDiverged, latest_checkpoint, periodic_rows, train

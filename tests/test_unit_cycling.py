@@ -25,7 +25,7 @@ from phaseinterp.interventions.cycling_stats import (
     unit_permutation_tests,
     unit_score_arrays,
 )
-from phaseinterp.interventions.gate_cycling import cycle_gates, mean_gate_logits, shift_static_gates
+from phaseinterp.interventions.gate_shifts import cycle_gates, mean_gate_logits, shift_static_gates
 from phaseinterp.interventions.knockout import calibration_mean_z, knockout_measures
 from phaseinterp.interventions.unit_cycling import _joint_knockout, _layer_units
 

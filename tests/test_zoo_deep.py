@@ -19,7 +19,7 @@ import torch
 
 import phaseinterp as pi
 from phaseinterp import zoo
-from phaseinterp.interventions.gate_cycling import cycling_scores
+from phaseinterp.interventions.cycling_stats import cycling_scores
 
 DEEP = "deep12-w8s8-1kv-shared"
 TWIN = "deep12-full"

@@ -3,12 +3,11 @@
 
 from phaseinterp.interventions.ablation import AblationResult, ablate, calibration_mean_z, mean_ablation
 from phaseinterp.interventions.confirm import ConfirmResult, confirm, replacement_ablation
-from phaseinterp.interventions.gate_cycling import (
-    CyclingResult,
+from phaseinterp.interventions.cycling_stats import cycling_scores
+from phaseinterp.interventions.gate_cycling import CyclingResult, gate_cycling
+from phaseinterp.interventions.gate_shifts import (
     cycle_gates,
     cycling_fitness,
-    cycling_scores,
-    gate_cycling,
     mean_gate_logits,
     shift_static_gates,
     shifted_copy,

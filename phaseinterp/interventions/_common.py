@@ -8,7 +8,6 @@ import numpy as np
 import torch
 
 from phaseinterp.errors import UserInputError
-from phaseinterp.tasks import resolve_task  # noqa: F401  (re-export; its home is phaseinterp.tasks)
 
 
 def model_device(model, device=None) -> torch.device:

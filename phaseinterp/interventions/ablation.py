@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional, Sequence, Union
 
 import numpy as np
 import pandas as pd
-import torch
 
 from phaseinterp.errors import UserInputError
 from phaseinterp._checks import MAX_PROMPTS, check_device, check_int, check_n_per_residue
@@ -30,10 +28,10 @@ from phaseinterp.interventions._common import (
     check_layers,
     fixed_answer_position,
     paired_bootstrap_relative_change,
-    resolve_task,
 )
 from phaseinterp.interventions.knockout import calibration_mean_z, knockout_measures
 from phaseinterp.models.protocol import phase_model
+from phaseinterp.tasks import resolve_task
 from phaseinterp.results import Result
 
 
@@ -320,7 +318,7 @@ def ablate(
         prompts: a pre-generated ``task.generate(...)`` batch to reuse across calls.
         calibration_mean: a precomputed `calibration_mean_z` ``[layer, head, d_head]`` of these
             calibration settings, to reuse across calls over slices of the prompts
-            (`phaseinterp.distributed`); default: computed here.
+            (`phaseinterp.parallel`); default: computed here.
 
     Returns an `AblationResult`; its ``relative_change`` is in RELATIVE percent
     (``100 * (knockout - clean) / clean``), not percentage points.

@@ -25,8 +25,9 @@ import pandas as pd
 import torch
 
 from phaseinterp._files import progress_bar
-from phaseinterp.interventions._common import fixed_answer_position, model_device, resolve_task
+from phaseinterp.interventions._common import fixed_answer_position, model_device
 from phaseinterp.results import Result
+from phaseinterp.tasks import resolve_task
 
 ABLATIONS = ("mean", "resample", "norm_matched")
 
@@ -299,7 +300,8 @@ def confirm(model, task=None, *, n_per_residue: int = 72, n_calibration: int = 2
     every unit x phase call. ``cycling=False`` skips gate cycling. ``prompts`` /
     ``nomination_prompts`` may pass pre-generated evaluation / nomination batches instead.
     """
-    from phaseinterp.interventions.gate_cycling import cycling_fitness, gate_cycling
+    from phaseinterp.interventions.gate_cycling import gate_cycling
+    from phaseinterp.interventions.gate_shifts import cycling_fitness
     from phaseinterp.interventions.gate_stats import gate_profile
 
     if correction not in ("holm", "bh"):

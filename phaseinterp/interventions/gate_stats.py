@@ -18,8 +18,9 @@ import torch
 from phaseinterp.errors import UserInputError
 from phaseinterp._checks import check_int, check_n_per_residue
 from phaseinterp.models.protocol import phase_model
-from phaseinterp.interventions._common import model_device, resolve_task
+from phaseinterp.interventions._common import model_device
 from phaseinterp.results import Result
+from phaseinterp.tasks import resolve_task
 
 
 def _entropy_exp(p, axis: int):
@@ -122,7 +123,9 @@ def gate_profile(model, task=None, *, n_per_residue: int = 8, seed: int = 0, bat
     batch = prompts if prompts is not None else task.generate(n_per_residue, seed=seed, strict=False)
     W, S = cfg.window, family.stride
     layers = family.compressed_layers  # an uncompressed layer (sliding-window-only) has no gates
-    names = [f"blocks.{l}.attn.compressor.hook_gate_{br}" for l in layers for br in ("k", "v")]
+    # one hook per gate: where K and V share one (DeepSeek kernels, tied gates), both branches read it
+    hook_of = {(l, br): family.gate_hook(l, br) for l in layers for br in ("k", "v")}
+    names = sorted(set(hook_of.values()))
     sums = {n: 0.0 for n in names}
     conc = {n: 0.0 for n in names}
     count = {n: 0 for n in names}
@@ -142,7 +145,7 @@ def gate_profile(model, task=None, *, n_per_residue: int = 8, seed: int = 0, bat
     for l in layers:
         offsets = family.window_offsets(l)
         for br in ("k", "v"):
-            n = f"blocks.{l}.attn.compressor.hook_gate_{br}"
+            n = hook_of[(l, br)]
             mean_alpha = sums[n] / count[n]  # [slot, kv]
             window_conc = conc[n] / count[n]
             static = _static_alpha(model, l, br)  # [slot, kv]

@@ -27,7 +27,8 @@ import torch
 from phaseinterp.errors import UserInputError
 from phaseinterp import stats
 from phaseinterp.results import Result
-from phaseinterp.interventions._common import fixed_answer_position, model_device, resolve_task
+from phaseinterp.tasks import resolve_task
+from phaseinterp.interventions._common import fixed_answer_position, model_device
 from phaseinterp.models.protocol import phase_model
 
 CSA = "compressed_sparse_attention"

@@ -28,7 +28,7 @@ import torch
 
 from phaseinterp._checks import MAX_PROMPTS, check_int, check_n_per_residue
 from phaseinterp._files import progress_bar
-from phaseinterp.interventions._common import check_layers, fixed_answer_position, resolve_task
+from phaseinterp.interventions._common import check_layers, fixed_answer_position
 from phaseinterp.interventions.cycling_stats import (
     strictly_identified,
     unit_permutation_tests,
@@ -37,6 +37,16 @@ from phaseinterp.interventions.cycling_stats import (
 from phaseinterp.interventions.knockout import calibration_mean_z, knockout_measures, mean_replacement_hook
 from phaseinterp.errors import UserInputError
 from phaseinterp.results import Result
+from phaseinterp.tasks import resolve_task
+from phaseinterp.interventions.gate_shifts import (
+    check_kv_heads,
+    check_shifts,
+    cycle_gates,
+    mean_gate_logits,
+    shift_static_gates,
+    shift_targets,
+    static_targets,
+)
 
 MEASURES = ("logprob", "accuracy")
 MODES = ("roll", "static")
@@ -335,16 +345,6 @@ def unit_gate_cycling(
     prompts=None,
 ) -> UnitCyclingResult:
     """`gate_cycling(model, task, shifts, layers=..., kv_heads=..., score="unit")`: see `gate_cycling`."""
-    from phaseinterp.interventions.gate_cycling import (
-        _check_shifts,
-        check_kv_heads,
-        cycle_gates,
-        mean_gate_logits,
-        shift_static_gates,
-        _static_targets,
-        _shift_targets,
-    )
-
     _check_choice("measure", measure, MEASURES)
     _check_choice("mode", mode, MODES)
     if layers is None:
@@ -355,7 +355,7 @@ def unit_gate_cycling(
     task = resolve_task(model, task)
     layers_list = check_layers(model, layers)
     heads = check_kv_heads(model, kv_heads)
-    (_static_targets if mode == "static" else lambda m, ls: _shift_targets(m, ls, "both"))(model, layers_list)
+    (static_targets if mode == "static" else lambda m, ls: shift_targets(m, ls, "both"))(model, layers_list)
     check_int("batch_size", batch_size, 1)
     check_int("n_boot", n_boot, 1)
     modulus = task.residue_modulus
@@ -364,7 +364,7 @@ def unit_gate_cycling(
         raise UserInputError(f"n_calibration={n_calibration!r} is out of range ({modulus}..{MAX_PROMPTS}): the mean "
                          f"needs at least one calibration prompt per residue (R={modulus})")
     S = model.cfg.stride
-    shifts = _check_shifts(shifts, S)
+    shifts = check_shifts(shifts, S)
     if prompts is None:
         check_n_per_residue(n_per_residue, modulus)
     elif len(prompts) == 0:
@@ -505,7 +505,6 @@ def specialized_units(
     Returns a `UnitSelection`; ``.units("specialized")`` gives `gate_cycling` arguments.
     """
     from phaseinterp.interventions.ablation import ablate
-    from phaseinterp.interventions.gate_cycling import _shift_targets
 
     check_int("max_phases", max_phases, 1)
     if not model.cfg.is_compressed:
@@ -518,7 +517,7 @@ def specialized_units(
 
     def cyclable(layer: int) -> bool:
         try:
-            _shift_targets(model, [layer], "both")
+            shift_targets(model, [layer], "both")
             return True
         except ValueError:
             return False

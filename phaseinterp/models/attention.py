@@ -18,6 +18,7 @@ memory and ``max(W, S) - 1`` (at least 1, plus the largest offset) for the uncom
 tail. Invalid slots (before the sequence start, outside the tail, entries not yet closed)
 hold ``-inf`` scores and zero probability. `CompressedAttention.key_slot_sources` maps
 slots back to positions. The full-attention baseline uses plain positions as key slots.
+HookedDeepseekV4 shows the same layout (docs/hooks.md).
 
 Positions: queries and band keys are rotated at their own position; compressed keys at
 ``j*S + o + W - S`` (DeepSeek-V4's convention: the first token of the window's newest
@@ -37,7 +38,7 @@ from torch import Tensor
 from transformer_lens.hook_points import HookPoint
 
 from phaseinterp.config import CompressedConfig
-from phaseinterp.models.cache import KVCache, LayerCache  # noqa: F401  (KVCache: re-exported)
+from phaseinterp.models.cache import LayerCache
 from phaseinterp.models.compressor import Compressor, RMSNorm, rms_norm
 from phaseinterp.models.rope import apply_rope, rotary_tables
 from phaseinterp.phase import n_closed_windows, n_visible_entries, tail_start, window_positions
@@ -182,12 +183,13 @@ class CompressedAttention(nn.Module):
             idx = start[:, None] + slots[None, :] - first  # [win, slot]
             k_hat, v_hat = self.compressor(h[:, idx], k[:, idx], v[:, idx])
             rot_pos = start + W - S
-        if cfg.compression == "deepseek":
-            k_hat = rms_norm(k_hat, self.compressor.kv_norm_weight, cfg.norm_eps)
-            v_hat = rms_norm(v_hat, self.compressor.kv_norm_weight, cfg.norm_eps)
-        elif cfg.qk_norm:
+        comp = self.compressor
+        if cfg.compression == "deepseek":  # one K = V entry: normalised once, the key rotated
+            v_hat = comp.hook_normed_kv_compressed(rms_norm(k_hat, comp.kv_norm_weight, cfg.norm_eps))
+            return comp.hook_rot_kv_compressed(self._rope(v_hat, rot_pos)), v_hat
+        if cfg.qk_norm:
             k_hat = self.k_norm.unhooked(k_hat)
-        return self._rope(k_hat, rot_pos), v_hat
+        return comp.hook_rot_k_compressed(self._rope(k_hat, rot_pos)), v_hat
 
     def _entry_range(self, before: int, after: int) -> tuple[int, int]:
         """Entries to (re)compute when the sequence grows from ``before`` to ``after`` tokens:

@@ -36,13 +36,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
+from phaseinterp.zoo.task import TASK
+
 CHECKPOINT_DIR = Path(__file__).parent / "checkpoints"
 
 BACKBONE: dict[str, Any] = dict(
     n_ctx=128, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_head=16, d_mlp=256, local_window=16, qk_norm=False,
 )
 
-TASK: dict[str, Any] = dict(seq_len=128, n_records=32, n_demos=4, residue_modulus=24, padding="in_sequence")
 
 TRAIN: dict[str, Any] = dict(
     steps=1500, batch_size=32, lr=3e-3, warmup_steps=100, weight_decay=0.1, grad_clip=1.0, seed=0,
@@ -340,7 +341,6 @@ def build(name: str, out_dir: Union[str, Path, None] = None, *, device=None, pro
     """
     import torch
 
-    from phaseinterp.models import CompressedTransformer
     from phaseinterp.train import train
 
     if threads is not None:

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from phaseinterp.errors import UserInputError
-from phaseinterp.models.hf.deepseek_v4 import SIDECAR_FILE, DeepseekV4HookedConfig, HookedDeepseekV4
+from phaseinterp.models.hf.config import DeepseekV4HookedConfig
+from phaseinterp.models.hf.deepseek_v4 import SIDECAR_FILE, HookedDeepseekV4
 
 SUPPORTED_MODEL_TYPES = ("deepseek_v4",)
 _WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "*.safetensors.index.json")

@@ -53,24 +53,6 @@ class ExportResult:
                 f"{self.n_fp8} FP8, {self.n_bytes:,} bytes)")
 
 
-def parse_size(value: Union[int, str], what: str = "size") -> int:
-    """Bytes from ``1000``, ``"256KB"``, ``"10MiB"``, ``"2GB"`` (KB = 10^3, KiB = 2^10); ValueError otherwise."""
-    if isinstance(value, bool):
-        raise ValueError(f"{what}={value!r} is not a size (bytes as an int, or e.g. '256KB', '10MiB')")
-    if isinstance(value, int):
-        n = value
-    else:
-        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*", str(value), flags=re.IGNORECASE)
-        if match is None:
-            raise ValueError(f"{what}={value!r} is not a size (bytes as an int, or e.g. '256KB', '10MiB', '80GB')")
-        number, unit = float(match.group(1)), (match.group(2) or "B").upper()
-        power = {"B": 0, "K": 1, "M": 2, "G": 3, "T": 4}[unit[0]]
-        n = int(number * ((1024 if "I" in unit else 1000) ** power))
-    if n <= 0:
-        raise ValueError(f"{what}={value!r} must be a positive number of bytes")
-    return n
-
-
 def quantize_fp8_blocks(weight, block: tuple[int, int] = FP8_BLOCK, scales: str = DEFAULT_FP8_SCALES):
     """``(q, scale)``: ``weight`` ``[..., rows, cols]`` as ``float8_e4m3fn`` with one scale per block.
 
@@ -167,6 +149,7 @@ def export_release(model: Any, out: Union[str, Path], *, fp8: bool = False, fp8_
     import torch
     from safetensors.torch import save
 
+    from phaseinterp._checks import parse_size
     from phaseinterp._files import atomic_write, check_output_dir, json_default, normal_mode
 
     if layout not in EXPORT_LAYOUTS:

@@ -52,7 +52,7 @@ def materialized(module: nn.Module) -> Iterator[nn.Module]:
 
 
 def _device_budgets(max_memory: dict) -> dict[Any, int]:
-    from phaseinterp.models.hf.export import parse_size
+    from phaseinterp._checks import parse_size
 
     if not isinstance(max_memory, dict) or not max_memory:
         raise ValueError(f"max_memory={max_memory!r} must be a non-empty dict of device -> size "

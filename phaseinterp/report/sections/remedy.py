@@ -1,6 +1,6 @@
 """The remedy report section: staggered compression windows against the shared grid.
 
-``remedy_report(staggered, ...)`` profiles a staggered-window zoo model (``w4s4-staggered``)
+The `Remedy` section profiles a staggered-window zoo model (``w4s4-staggered``)
 and its baseline twin (``zoo.entry(name).baseline``: the same backbone, recipe, seed and step,
 every KV head on the shared grid), and adds to the report: both phase profiles (phases of the
 shared stride ``t mod S``), each KV head's boundary phase per layer, and the measured KV-cache
@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import html
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Optional
 
 import pandas as pd
 
 from phaseinterp.errors import UserInputError
 from phaseinterp._files import atomic_write_text
+from phaseinterp.report.models import data_name
+from phaseinterp.report.section import ReportContext, Section, write_profile_csvs
 
 
 def check_remedy(name: str) -> tuple[str, str]:
@@ -42,14 +44,30 @@ def _heads(model) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def remedy_report(name: str, settings, out, summary, figures, tables, progress, log, reuse=None, device=None,
-                  prompts=None) -> None:
-    """Profile the remedy pair at ``settings.n_per_residue`` (``reuse``: {zoo name: PhaseProfile}
-    already measured on the same prompts; ``prompts``: the report's `PromptSets`, so a task's
-    prompts are generated once) and add the section to ``summary``/``figures``/``tables``."""
+class Remedy(Section):
+    """The remedy pair's phase profiles, boundary phases and KV memory."""
+
+    name = "remedy"
+
+    def skip_reason(self, ctx: ReportContext) -> Optional[str]:
+        return None if ctx.remedy is not None else ""
+
+    def compute(self, ctx: ReportContext) -> dict[str, Any]:
+        """Profile the remedy pair at ``settings.n_per_residue`` on the report's shared prompt sets; the
+        report's own profile is reused when it is the same zoo model on its stored task (same prompts)."""
+        zoo_name = getattr(ctx.model, "metadata", {}).get("zoo_name")
+        profiles = ctx.results.get("phase profiles")
+        reuse = {zoo_name: profiles[0]} if zoo_name and ctx.own_task and profiles else {}
+        return _measure_pair(ctx.remedy, ctx.settings, ctx.progress, ctx.log, reuse, ctx.device, ctx.prompts)
+
+    def render(self, ctx: ReportContext, result: dict[str, Any]) -> None:
+        _render(ctx, **result)
+
+
+def _measure_pair(name: str, settings, progress, log, reuse, device, prompts) -> dict[str, Any]:
+    """Both models' profiles, KV memory and boundary phases (baseline first)."""
     from phaseinterp import zoo
     from phaseinterp.experiments.remedy import memory_per_token
-    from phaseinterp.plot import profiles_figure
     from phaseinterp.profile import phase_profile
     from phaseinterp.tasks import resolve_task
 
@@ -77,12 +95,19 @@ def remedy_report(name: str, settings, out, summary, figures, tables, progress, 
                      "boundary_accuracy": [float(profile.phase_accuracy[b]) for b in boundaries],
                      "stored_bytes_per_token": memory["stored_bytes_per_token"],
                      "closed_bytes_per_token": memory["closed_bytes_per_token"]})
+    return {"names": (baseline_name, staggered_name), "rows": rows, "profiles": profiles, "heads": heads,
+            "reuse": reuse}
+
+
+def _render(ctx: ReportContext, names, rows, profiles, heads, reuse) -> None:
+    from phaseinterp.plot import profiles_figure
+
+    out, summary = ctx.out, ctx.summary
+    baseline_name, staggered_name = names
     table = pd.DataFrame(rows)
     head_table = pd.concat(heads, ignore_index=True)
     atomic_write_text(out / "data" / "remedy.csv", table.to_csv(index=False))
     atomic_write_text(out / "data" / "remedy_heads.csv", head_table.to_csv(index=False))
-    from phaseinterp.report import data_name, write_profile_csvs
-
     for p, row in zip(profiles, rows):
         if row["model"] in reuse:  # the report wrote it under the same name
             continue
@@ -92,12 +117,12 @@ def remedy_report(name: str, settings, out, summary, figures, tables, progress, 
         write_profile_csvs(out, name, p, parts=("residues", "phases"))
     summary["remedy"] = {"pair": [baseline_name, staggered_name], "rows": table.to_dict(orient="records"),
                          "profiles": [p.to_dict() for p in profiles]}
-    figures["remedy_profile"] = profiles_figure(profiles)
+    ctx.figures["remedy_profile"] = profiles_figure(profiles)
     gap_ratio = rows[1]["phase_gap"] / rows[0]["phase_gap"] if rows[0]["phase_gap"] > 0 else float("nan")
     shown = table.assign(mean=lambda t: (100 * t["mean"]).round(1), phase_gap=lambda t: (100 * t.phase_gap).round(1),
                          worst_phase_accuracy=lambda t: (100 * t.worst_phase_accuracy).round(1),
                          boundary_accuracy=lambda t: t.boundary_accuracy.map(lambda v: [round(100 * x, 1) for x in v]))
-    tables["remedy_profile"] = (
+    ctx.tables["remedy_profile"] = (
         f"<p>A remedy beyond the paper: <b>{html.escape(staggered_name)}</b> gives each KV head its own window grid "
         f"(KV head h compresses windows starting at j*S + o_h), so a record that straddles one head's window "
         f"boundary is interior for another; <b>{html.escape(baseline_name)}</b> is its twin on the shared grid "
@@ -109,4 +134,4 @@ def remedy_report(name: str, settings, out, summary, figures, tables, progress, 
         + "<h3>Boundary phase of each KV head</h3>" + head_table.to_html(index=False, border=0))
 
 
-__all__ = ["check_remedy", "remedy_report"]
+__all__ = ["Remedy", "check_remedy"]

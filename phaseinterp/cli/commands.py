@@ -1,43 +1,15 @@
-"""``phaseinterp``: the command line. Every subcommand mirrors a Python function.
-
-    phaseinterp demo    [--model NAME] [--out DIR] [--quick]      -> phaseinterp.report.build_report
-    phaseinterp profile MODEL [--n-per-residue N] [--out DIR]     -> phaseinterp.phase_profile
-    phaseinterp ablate  MODEL [--layer L ...] [--scope ...]       -> phaseinterp.ablate
-    phaseinterp cycle   MODEL [--shifts ...]                      -> phaseinterp.gate_cycling
-    phaseinterp gates   MODEL                                     -> phaseinterp.gate_profile
-    phaseinterp report  MODEL [--twin MODEL] --out DIR            -> phaseinterp.report.build_report
-    phaseinterp train   --out DIR [architecture and run options]  -> phaseinterp.train.train
-    phaseinterp zoo list [--markdown] | build NAME                -> phaseinterp.zoo
-    phaseinterp zoo export NAME --layout deepseek [--fp8 [--fp8-scales pow2|exact]] --out DIR
-                                                  -> phaseinterp.models.hf.export
-    phaseinterp merge DIR [--out DIR]                             -> phaseinterp.distributed.merge
-
-profile, ablate and cycle also run data-parallel under ``torchrun --nproc-per-node N -m
-phaseinterp ... --shard-dir DIR`` (phaseinterp.distributed).
-
-MODEL is a zoo name (``phaseinterp zoo list``) or a checkpoint directory. Bad arguments
-exit with code 2 and a one-line message naming the value, checked before any expensive
-work and before anything is written. This module imports only the standard library at
-the top, so ``--help`` answers at once; torch and plotly load when a command runs.
+"""The commands behind ``phaseinterp``: checks before any work (`preflight`), then each subcommand's
+work (`run`). Imports only the standard library at the top; torch and plotly load when a command runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import re
-import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
-from phaseinterp.cli_args import (  # noqa: F401  (re-exported: the public import path)
-    N_PER_RESIDUE_HELP, _device_arg, _model_arg, _non_negative, _out_arg, _Parser, _positive, _positive_float,
-    _scale_args, build_parser)
-from phaseinterp.errors import UserInputError  # standard library only, like this module
-
-
-class UsageError(UserInputError):
-    """Bad command-line input: reported in one line, exit code 2."""
+from phaseinterp.cli.args import UsageError
 
 
 # ------------------------------------------------------------------- the zoo
@@ -94,7 +66,7 @@ def _preflight(args) -> None:
 
         check_layers(peek, args.layer)
     if getattr(args, "kv_heads", None) is not None:
-        from phaseinterp.interventions.gate_cycling import check_kv_heads
+        from phaseinterp.interventions.gate_shifts import check_kv_heads
 
         check_kv_heads(peek, args.kv_heads)
     if args.command == "cycle" and args.shifts is not None:
@@ -137,29 +109,6 @@ def _check_placement(task, n_per_residue: int) -> None:
         task.placement(n_per_residue, strict=True)
 
 
-def _one_line(err: BaseException) -> str:
-    text = str(err).strip() or type(err).__name__
-    if isinstance(err, KeyError):
-        text = f"missing key {text}"
-    text = re.sub(r"\s*\(or pass strict=False[^)]*\)", "", text)  # the CLI has no such flag
-    text = re.sub(r"\s*\(valid: \[[^\]]{200,}\]\)", "", text)
-    return " ".join(text.split())
-
-
-def _user_errors() -> tuple[type, ...]:
-    """What the user can fix (one line, exit 2): bad input, a missing or unusable file, a broken
-    checkpoint or figure export. Any other exception (a bug) keeps its traceback."""
-    errors: list[type] = [UserInputError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
-                          FileExistsError, PermissionError]
-    models = sys.modules.get("phaseinterp.models.transformer")
-    if models is not None:
-        errors.append(models.CheckpointError)
-    export = sys.modules.get("phaseinterp.plot.export")
-    if export is not None:
-        errors.append(export.ExportError)
-    return tuple(errors)
-
-
 # ------------------------------------------------------------------ commands
 def _print_table(result) -> None:
     print(result.summary().to_string(header=False))
@@ -170,7 +119,8 @@ def _save(out: Optional[str], result) -> None:
         print(f"saved to {result.save(Path(out))}")
 
 
-def _run(args) -> int:
+def run(args) -> int:
+    """Run the parsed command ``args``; returns the exit code (bad input raises, `main` reports it)."""
     _check_out(args)
     if getattr(args, "device", None) is not None:
         from phaseinterp._checks import check_device
@@ -181,7 +131,7 @@ def _run(args) -> int:
     if args.command == "train":
         return _train(args)
     if args.command == "merge":
-        from phaseinterp.distributed import merge
+        from phaseinterp.parallel import merge
 
         result = merge(args.dir)
         _print_table(result)
@@ -223,7 +173,7 @@ def _run(args) -> int:
         remedy = getattr(args, "remedy", None)
         remedy = None if remedy in (None, "none") else remedy
         if remedy is not None:
-            from phaseinterp.report_remedy import check_remedy
+            from phaseinterp.report.sections.remedy import check_remedy
 
             try:
                 check_remedy(remedy)
@@ -248,16 +198,16 @@ def _run(args) -> int:
     from phaseinterp.tasks import resolve_task
 
     if getattr(args, "shard_dir", None) is not None or "WORLD_SIZE" in os.environ:
-        from phaseinterp import distributed
+        from phaseinterp import parallel
 
-        launch = distributed.launch_info()
+        launch = parallel.launch_info()
         if launch.world_size > 1 and args.shard_dir is None:
             raise UsageError(f"{args.command} runs in {launch.world_size} processes: pass --shard-dir DIR "
                              "(each process writes its prompts' results there; process 0 merges them)")
         if args.shard_dir is not None:
             _check_out(argparse.Namespace(out=args.shard_dir))
         if launch.world_size > 1 and args.device in (None, "cuda"):
-            args.device = str(distributed.rank_device(launch))  # one GPU per process
+            args.device = str(parallel.rank_device(launch))  # one GPU per process
     model = report_module.load_model(args.model, args.device)
     if getattr(args, "query_chunk", None) is not None:
         if not hasattr(model, "set_query_chunk"):
@@ -279,19 +229,19 @@ def _run(args) -> int:
                              f"(valid: {divisors})")
         _check_placement(task, args.n_per_residue)
         if args.shard_dir is not None:
-            from phaseinterp.distributed import sharded_profile
+            from phaseinterp.parallel import sharded_profile
 
             result = sharded_profile(model, task, args.n_per_residue, out_dir=args.shard_dir, seed=args.seed,
-                                     chunk_size=args.chunk_size, stride=args.stride, label=report_module._label(model))
+                                     chunk_size=args.chunk_size, stride=args.stride, label=report_module.model_label(model))
         else:
             result = phase_profile(model, task, args.n_per_residue, seed=args.seed, stride=args.stride,
-                                   label=report_module._label(model))
+                                   label=report_module.model_label(model))
     elif args.command == "ablate":
         from phaseinterp.interventions import ablate
 
         _check_placement(task, args.n_per_residue)
         if args.shard_dir is not None:
-            from phaseinterp.distributed import sharded_ablate
+            from phaseinterp.parallel import sharded_ablate
 
             result = sharded_ablate(model, task, out_dir=args.shard_dir, chunk_size=args.chunk_size, layer=args.layer,
                                     scope=args.scope, n_per_residue=args.n_per_residue,
@@ -317,7 +267,7 @@ def _run(args) -> int:
             _save(args.out, result)
             return 0
         if args.shard_dir is not None:
-            from phaseinterp.distributed import sharded_gate_cycling
+            from phaseinterp.parallel import sharded_gate_cycling
 
             result = sharded_gate_cycling(model, task, args.shifts, out_dir=args.shard_dir, chunk_size=args.chunk_size,
                                           layers=args.layer, branch=args.branch, n_per_residue=args.n_per_residue)
@@ -396,7 +346,8 @@ def _zoo_export(args) -> int:
     """`phaseinterp zoo export NAME --layout deepseek [--fp8 [--fp8-scales pow2|exact]] --out DIR`
     (every argument checked before loading)."""
     from phaseinterp._files import check_output_dir
-    from phaseinterp.models.hf.export import EXPORT_LAYOUTS, parse_size
+    from phaseinterp._checks import parse_size
+    from phaseinterp.models.hf.export import EXPORT_LAYOUTS
     from phaseinterp.zoo import deepseek_v4 as hf_zoo
 
     shipped = hf_zoo.available()
@@ -465,47 +416,3 @@ def _train(args) -> int:
     return 0
 
 
-def _interrupted(args) -> str:
-    """What an interrupt leaves behind, for the command that ran (never a promise it did not keep)."""
-    if args.command == "train" or (args.command == "zoo" and args.zoo_command == "build"):
-        if args.command == "train":
-            run, again = Path(args.out), "rerun with --resume to continue"
-        else:
-            from phaseinterp import zoo
-
-            run = Path(args.out_dir) if args.out_dir else Path("runs") / "zoo" / (zoo.entry(args.name).run or args.name)
-            again = "rerun the same command to continue"
-        latest = run / "checkpoints" / "LATEST"
-        if latest.is_file():
-            return f"interrupted; the last checkpoint in {run / 'checkpoints'} ({latest.read_text().strip()}) is intact: {again}"
-        return f"interrupted before the first checkpoint; nothing in {run} to resume"
-    if getattr(args, "shard_dir", None):
-        return f"interrupted; the finished shards in {args.shard_dir} are kept: rerun the same command to resume"
-    if args.command in ("demo", "report"):
-        return f"interrupted; {args.out} was not changed (a report is moved into place only when complete)"
-    if getattr(args, "out", None):
-        return f"interrupted; nothing was written to {args.out}"
-    return "interrupted"
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = build_parser()
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if not argv or argv == ["zoo"]:  # the list of commands, as --help prints it
-        (parser if not argv else parser._subparsers._group_actions[0].choices["zoo"]).print_help()
-        return 0
-    args = parser.parse_args(argv)
-    try:
-        return _run(args)
-    except KeyboardInterrupt:
-        print(f"phaseinterp: {_interrupted(args)}", file=sys.stderr)
-        return 130
-    except Exception as err:
-        if not isinstance(err, _user_errors()):
-            raise
-        print(f"phaseinterp: error: {_one_line(err)}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

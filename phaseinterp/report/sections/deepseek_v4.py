@@ -1,4 +1,4 @@
-"""The DeepSeek-V4 report section: what only a wrapped HF DeepSeek-V4 has (wire into `report.build_report`).
+"""The DeepSeek-V4 report section: what only a wrapped HF DeepSeek-V4 has (`build_report(deepseek_v4=...)`).
 
 ``section = deepseek_v4_section(model, task, out_dir)`` returns ``{"summary": ..., "figures": ...,
 "tables": ...}`` in the shapes `build_report` collects (JSON-safe summary; plotly figures; HTML
@@ -13,14 +13,16 @@ tables) and writes its CSVs under ``out_dir/data``. It adds, for a model from `p
 from __future__ import annotations
 
 import html
-
 from pathlib import Path
-from typing import Any, Callable, Union
+from typing import Any, Callable, Optional, Union
 
 import pandas as pd
 import torch
 
 from phaseinterp._files import atomic_write_text
+from phaseinterp.errors import UserInputError
+from phaseinterp.report.models import data_name
+from phaseinterp.report.section import ReportContext, Section, write_profile_csvs
 
 
 def deepseek_v4_section(model, task=None, out_dir: Union[str, Path, None] = None, *, n_per_residue: int = 24,
@@ -30,7 +32,7 @@ def deepseek_v4_section(model, task=None, out_dir: Union[str, Path, None] = None
     from phaseinterp.interventions.indexer import indexer_phase
 
     if not hasattr(model, "hf") or not hasattr(model.cfg, "layer_types"):
-        raise ValueError("deepseek_v4_section needs a wrapped DeepSeek-V4 (phaseinterp.from_hf / load_hf)")
+        raise UserInputError("deepseek_v4_section needs a wrapped DeepSeek-V4 (phaseinterp.from_hf / load_hf)")
     task = resolve_task(model, task)
     batch = task.generate(n_per_residue, seed=seed, strict=False)
     cfg = model.cfg
@@ -73,13 +75,13 @@ def load_deepseek_v4(model_or_name, device):
     """A wrapped DeepSeek-V4 or a shipped HF-format zoo name -> the wrapped model (checked before any work)."""
     if not isinstance(model_or_name, str):
         if not hasattr(model_or_name, "hf"):
-            raise ValueError(f"deepseek_v4={type(model_or_name).__name__} is not a wrapped DeepSeek-V4 "
+            raise UserInputError(f"deepseek_v4={type(model_or_name).__name__} is not a wrapped DeepSeek-V4 "
                              "(phaseinterp.from_hf / load_hf) or a shipped HF zoo name")
         return model_or_name
     from phaseinterp.zoo import deepseek_v4 as hf_zoo
 
     if model_or_name not in hf_zoo.available():
-        raise ValueError(f"deepseek_v4={model_or_name!r} is not a shipped HF DeepSeek-V4 zoo model "
+        raise UserInputError(f"deepseek_v4={model_or_name!r} is not a shipped HF DeepSeek-V4 zoo model "
                          f"(shipped: {', '.join(hf_zoo.available()) or 'none'})")
     return hf_zoo.load(model_or_name, device=device)
 
@@ -91,35 +93,46 @@ def _logit_check_words(diff: float) -> str:
     return f"Its logits differ from plain transformers' by at most {diff:.2g} on the section's prompts."
 
 
-def deepseek_v4_report(model, settings, out, summary, figures, tables, progress, log) -> None:
-    """The DeepSeek-V4 section: its phase profile (at its own compression rate) and `deepseek_v4_section`."""
-    from phaseinterp.plot import profiles_figure
-    from phaseinterp.profile import phase_profile
-    from phaseinterp.report import data_name, write_profile_csvs
+class DeepseekV4(Section):
+    """A Hugging Face DeepSeek-V4's phase profile (at its own compression rate) and `deepseek_v4_section`."""
 
-    from phaseinterp.tasks import resolve_task
+    name = "DeepSeek-V4"
 
-    task = resolve_task(model)
-    name = getattr(model, "metadata", {}).get("zoo_name", "DeepSeek-V4")
-    n = settings.ablation_per_residue
-    log(f"[dsv4] {name}: phase profile, {n} prompts x {task.residue_modulus} residues")
-    profile = phase_profile(model, task, n, label=f"{name} (HF DeepSeek-V4)", progress=progress)
-    write_profile_csvs(out, data_name(model), profile, parts=("residues", "phases"))
-    summary["profiles"].append(profile.to_dict())
-    section = deepseek_v4_section(model, task, out, n_per_residue=min(n, 24), log=log)
-    summary["deepseek_v4"] = {"model": name, **section["summary"]}
-    figures["dsv4_profile"] = profiles_figure([profile])
-    tables["dsv4_profile"] = (
-        f"<p>{html.escape(name)}: the Hugging Face DeepSeek-V4 architecture (transformers' modules, wrapped by "
-        f"<code>phaseinterp.from_hf</code> without copying weights), trained here on the same retrieval task. "
-        f"{_logit_check_words(section['summary']['wrapper_max_abs_logit_diff'])}</p>"
-        + section["tables"]["dsv4_layers"])
-    for key, fig in section["figures"].items():
-        figures[f"dsv4_{key}" if not key.startswith("dsv4") else key] = fig
-    if "indexer_phase" in section["tables"]:
-        tables["dsv4_indexer_phase"] = (
-            "<p>How often the CSA Lightning Indexer keeps the compressed entry that holds the target, by target "
-            "phase: whether top-k selection itself has a period.</p>" + section["tables"]["indexer_phase"])
+    def skip_reason(self, ctx: ReportContext) -> Optional[str]:
+        return None if ctx.deepseek_v4 is not None else ""
+
+    def compute(self, ctx: ReportContext) -> dict[str, Any]:
+        from phaseinterp.profile import phase_profile
+        from phaseinterp.tasks import resolve_task
+
+        model = ctx.deepseek_v4
+        task = resolve_task(model)
+        name = getattr(model, "metadata", {}).get("zoo_name", "DeepSeek-V4")
+        n = ctx.settings.ablation_per_residue
+        ctx.log(f"[dsv4] {name}: phase profile, {n} prompts x {task.residue_modulus} residues")
+        profile = phase_profile(model, task, n, label=f"{name} (HF DeepSeek-V4)", progress=ctx.progress)
+        section = deepseek_v4_section(model, task, ctx.out, n_per_residue=min(n, 24), log=ctx.log)
+        return {"name": name, "profile": profile, "section": section}
+
+    def render(self, ctx: ReportContext, result: dict[str, Any]) -> None:
+        from phaseinterp.plot import profiles_figure
+
+        name, profile, section = result["name"], result["profile"], result["section"]
+        write_profile_csvs(ctx.out, data_name(ctx.deepseek_v4), profile, parts=("residues", "phases"))
+        ctx.summary["profiles"].append(profile.to_dict())
+        ctx.summary["deepseek_v4"] = {"model": name, **section["summary"]}
+        ctx.figures["dsv4_profile"] = profiles_figure([profile])
+        ctx.tables["dsv4_profile"] = (
+            f"<p>{html.escape(name)}: the Hugging Face DeepSeek-V4 architecture (transformers' modules, wrapped by "
+            f"<code>phaseinterp.from_hf</code> without copying weights), trained here on the same retrieval task. "
+            f"{_logit_check_words(section['summary']['wrapper_max_abs_logit_diff'])}</p>"
+            + section["tables"]["dsv4_layers"])
+        for key, fig in section["figures"].items():
+            ctx.figures[f"dsv4_{key}" if not key.startswith("dsv4") else key] = fig
+        if "indexer_phase" in section["tables"]:
+            ctx.tables["dsv4_indexer_phase"] = (
+                "<p>How often the CSA Lightning Indexer keeps the compressed entry that holds the target, by target "
+                "phase: whether top-k selection itself has a period.</p>" + section["tables"]["indexer_phase"])
 
 
-__all__ = ["deepseek_v4_report", "deepseek_v4_section", "load_deepseek_v4"]
+__all__ = ["DeepseekV4", "deepseek_v4_section", "load_deepseek_v4"]

@@ -6,8 +6,8 @@ missing or NaN draws none), which elements stick out of the page (no scrolling b
 around them), and which texts say ``None``, ``nan``, ``[]`` where a value belongs.
 `first_screen_png` writes the first screen of a report as a PNG (README's picture)::
 
-    python -m phaseinterp.report_check screenshot REPORT_DIR docs/report_first_screen.png
-    python -m phaseinterp.report_check check REPORT_DIR
+    python -m phaseinterp.report.check screenshot REPORT_DIR docs/report_first_screen.png
+    python -m phaseinterp.report.check check REPORT_DIR
 
 Needs a Chromium (``chromium``, ``chromium-browser``, ``google-chrome`` or ``BROWSER_PATH``);
 the page is loaded from disk with networking off.

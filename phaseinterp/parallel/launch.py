@@ -1,4 +1,4 @@
-"""This process's place in a data-parallel job (`phaseinterp.distributed`), and the collectives
+"""This process's place in a data-parallel job (`phaseinterp.parallel`), and the collectives
 the ranks use to agree.
 
 Ranks, world size and the local rank come from the launcher's environment (``RANK``,
@@ -89,7 +89,7 @@ def _object_group():
     return _OBJECT_GROUPS[key]
 
 
-def _all_gather(obj: Any, launch: Launch) -> list:
+def all_gather(obj: Any, launch: Launch) -> list:
     if launch.world_size == 1:
         return [obj]
     out: list = [None] * launch.world_size
@@ -97,7 +97,7 @@ def _all_gather(obj: Any, launch: Launch) -> list:
     return out
 
 
-def _gather_to_main(obj: Any, launch: Launch) -> Optional[list]:
+def gather_to_main(obj: Any, launch: Launch) -> Optional[list]:
     if launch.world_size == 1:
         return [obj]
     out = [None] * launch.world_size if launch.is_main else None
@@ -105,8 +105,8 @@ def _gather_to_main(obj: Any, launch: Launch) -> Optional[list]:
     return out
 
 
-def _raise_any(error: Optional[str], launch: Launch) -> None:
+def raise_any(error: Optional[str], launch: Launch) -> None:
     """Every rank raises when any rank found an error (so none waits on a collective)."""
-    errors = [e for e in _all_gather(error, launch) if e]
+    errors = [e for e in all_gather(error, launch) if e]
     if errors:
         raise UserInputError(errors[0])  # the ranks check user input (the shard settings)

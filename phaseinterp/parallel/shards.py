@@ -1,4 +1,4 @@
-"""The files of a sharded run (`phaseinterp.distributed`): ``DIR/run.json`` (what the run is:
+"""The files of a sharded run (`phaseinterp.parallel`): ``DIR/run.json`` (what the run is:
 model hash, task, seed, settings) and one ``DIR/shards/chunk-NNNNNN.npz`` per chunk of prompts,
 each written atomically. Run identity (fingerprints, the first differing field), shard reading
 and writing, and `merge`, which rebuilds the result from a directory alone and refuses shards
@@ -48,14 +48,14 @@ def model_fingerprint(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
-def _prompts_fingerprint(batch) -> str:
+def prompts_fingerprint(batch) -> str:
     h = hashlib.sha256()
     for t in (batch.tokens, batch.answer, batch.answer_pos):
         h.update(t.to(torch.int64).contiguous().numpy().tobytes())
     return h.hexdigest()
 
 
-def _task_description(task, batch) -> Any:
+def task_description(task, batch) -> Any:
     if hasattr(task, "to_dict"):
         return task.to_dict()
     return getattr(batch, "task", None) or repr(task)
@@ -70,7 +70,7 @@ def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _first_difference(a: dict, b: dict) -> Optional[tuple[str, Any, Any]]:
+def first_difference(a: dict, b: dict) -> Optional[tuple[str, Any, Any]]:
     """The first field (dotted path) where two run headers differ, with both values."""
     fa, fb = _flatten(json.loads(json.dumps(a, default=json_default))), _flatten(
         json.loads(json.dumps(b, default=json_default)))
@@ -87,7 +87,7 @@ def _short(value: Any) -> str:
     return text if len(text) <= 70 else text[:67] + "..."
 
 
-def _mismatch(what: str, other: str, diff: tuple[str, Any, Any]) -> str:
+def mismatch(what: str, other: str, diff: tuple[str, Any, Any]) -> str:
     field, mine, theirs = diff
     return (f"{what} does not belong to {other}: field {field!r} differs ({_short(mine)} vs {_short(theirs)}); "
             "merge only shards of one model, task, seed and settings")
@@ -98,7 +98,7 @@ def shard_path(directory: Path, chunk: int) -> Path:
     return Path(directory) / SHARD_DIR / f"chunk-{chunk:06d}.npz"
 
 
-def _write_shard(path: Path, header: dict, chunk: int, index: np.ndarray, arrays: dict[str, np.ndarray]) -> None:
+def write_shard(path: Path, header: dict, chunk: int, index: np.ndarray, arrays: dict[str, np.ndarray]) -> None:
     payload = {"header": np.array(json.dumps(header, sort_keys=True, default=json_default)),
                "chunk": np.array(chunk), "index": np.asarray(index, dtype=np.int64)}
     dtypes = {}
@@ -114,7 +114,7 @@ def _write_shard(path: Path, header: dict, chunk: int, index: np.ndarray, arrays
     atomic_write(path, buffer.getvalue())
 
 
-def _read_shard(path: Path) -> tuple[dict, int, np.ndarray, dict[str, np.ndarray]]:
+def read_shard(path: Path) -> tuple[dict, int, np.ndarray, dict[str, np.ndarray]]:
     try:
         with np.load(path, allow_pickle=False) as data:
             header = json.loads(str(data["header"]))
@@ -129,11 +129,11 @@ def _read_shard(path: Path) -> tuple[dict, int, np.ndarray, dict[str, np.ndarray
     return header, chunk, index, arrays
 
 
-def _chunk_range(chunk: int, chunk_size: int, n: int) -> range:
+def chunk_range(chunk: int, chunk_size: int, n: int) -> range:
     return range(chunk * chunk_size, min((chunk + 1) * chunk_size, n))
 
 
-def _read_run(path: Path) -> dict:
+def read_run(path: Path) -> dict:
     try:
         header = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as err:
@@ -149,7 +149,7 @@ def _concat(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
             for name in parts[0]}
 
 
-def _assemble(header: dict, parts: list[dict[str, np.ndarray]]):
+def assemble(header: dict, parts: list[dict[str, np.ndarray]]):
     """The experiment's result from every chunk's arrays, in prompt order."""
     arrays, s = _concat(parts), header["settings"]
     if header["kind"] == "profile":
@@ -188,24 +188,24 @@ def merge(directory: Union[str, os.PathLike]):
     run_file = directory / RUN_FILE
     if not run_file.is_file():
         raise UserInputError(f"{run_file} does not exist: {str(directory)!r} is not a sharded run directory")
-    header = _read_run(run_file)
+    header = read_run(run_file)
     n, chunk_size = header["n_prompts"], header["chunk_size"]
     n_chunks = math.ceil(n / chunk_size)
     parts: dict[int, dict] = {}
     for path in sorted((directory / SHARD_DIR).glob("chunk-*.npz")):
-        old, chunk, index, arrays = _read_shard(path)
-        diff = _first_difference(header, old)
+        old, chunk, index, arrays = read_shard(path)
+        diff = first_difference(header, old)
         if diff:
-            raise UserInputError(_mismatch(str(path), f"the run in {directory} ({RUN_FILE})", diff))
+            raise UserInputError(mismatch(str(path), f"the run in {directory} ({RUN_FILE})", diff))
         expected = re.fullmatch(r"chunk-(\d+)\.npz", path.name)
         if expected is None or int(expected.group(1)) != chunk or not (0 <= chunk < n_chunks) or not np.array_equal(
-                index, np.asarray(_chunk_range(chunk, chunk_size, n))):
+                index, np.asarray(chunk_range(chunk, chunk_size, n))):
             raise UserInputError(f"{path} holds chunk {chunk} (prompts {index[:1].tolist()}..), which does not fit "
                              f"this run's {n_chunks} chunks of {chunk_size} prompts")
         parts[chunk] = arrays
     missing = [c for c in range(n_chunks) if c not in parts]
     if missing:
-        spans = ", ".join(f"{r.start}..{r.stop - 1}" for r in (_chunk_range(c, chunk_size, n) for c in missing[:5]))
+        spans = ", ".join(f"{r.start}..{r.stop - 1}" for r in (chunk_range(c, chunk_size, n) for c in missing[:5]))
         raise UserInputError(f"{directory} lacks {len(missing)} of {n_chunks} chunks (prompts {spans}"
                          f"{', ...' if len(missing) > 5 else ''}); rerun the same command to finish them")
-    return _assemble(header, [parts[c] for c in range(n_chunks)])
+    return assemble(header, [parts[c] for c in range(n_chunks)])

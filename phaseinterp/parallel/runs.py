@@ -31,13 +31,10 @@ import torch
 
 from phaseinterp.errors import UserInputError
 from phaseinterp._files import atomic_write, check_output_dir, json_default, progress_bar
-from phaseinterp.launcher import (  # noqa: F401  (re-exported: the public import path)
-    _OBJECT_GROUPS, Launch, _all_gather, _env_int, _gather_to_main, _object_group, _raise_any, init_distributed,
-    launch_info, rank_device)
-from phaseinterp.shards import (  # noqa: F401  (re-exported: the public import path)
-    IDENTITY_FIELDS, KINDS, RUN_FILE, SHARD_DIR, SHARD_FORMAT, _assemble, _chunk_range, _concat, _first_difference,
-    _flatten, _mismatch, _prompts_fingerprint, _read_run, _read_shard, _short, _task_description, _write_shard,
-    merge, model_fingerprint, shard_path)
+from phaseinterp.parallel.launch import Launch, all_gather, gather_to_main, init_distributed, raise_any, rank_device
+from phaseinterp.parallel.shards import (
+    RUN_FILE, SHARD_DIR, SHARD_FORMAT, assemble, chunk_range, first_difference, mismatch, model_fingerprint,
+    prompts_fingerprint, read_run, read_shard, shard_path, task_description, write_shard)
 
 
 # -------------------------------------------------------------------- engine
@@ -54,16 +51,16 @@ def _run(plan: _Plan, batch, out_dir, launch: Launch, progress: bool):
     header, n, chunk_size = plan.header, plan.header["n_prompts"], plan.header["chunk_size"]
     directory = check_output_dir(out_dir)
     (directory / SHARD_DIR).mkdir(parents=True, exist_ok=True)
-    ranks = _all_gather(header, launch)
-    diff = next(((r, d) for r, h in enumerate(ranks) if (d := _first_difference(h, ranks[0]))), None)
-    _raise_any(_mismatch(f"rank {diff[0]}", "rank 0's run", diff[1]) if diff else None, launch)
+    ranks = all_gather(header, launch)
+    diff = next(((r, d) for r, h in enumerate(ranks) if (d := first_difference(h, ranks[0]))), None)
+    raise_any(mismatch(f"rank {diff[0]}", "rank 0's run", diff[1]) if diff else None, launch)
 
     run_file = directory / RUN_FILE
     error = None
     if run_file.is_file():
         try:
-            diff = _first_difference(header, _read_run(run_file))
-            error = _mismatch("this run", f"the run already in {directory}", diff) if diff else None
+            diff = first_difference(header, read_run(run_file))
+            error = mismatch("this run", f"the run already in {directory}", diff) if diff else None
         except ValueError as err:
             error = str(err)
     n_chunks = math.ceil(n / chunk_size)
@@ -73,20 +70,20 @@ def _run(plan: _Plan, batch, out_dir, launch: Launch, progress: bool):
         path = shard_path(directory, c)
         if error is None and path.is_file():
             try:
-                old, chunk, index, arrays = _read_shard(path)
+                old, chunk, index, arrays = read_shard(path)
             except ValueError as err:
                 error = str(err)
                 continue
-            diff = _first_difference(header, old)
+            diff = first_difference(header, old)
             if diff:
-                error = _mismatch(str(path), f"the run in {directory}", diff)
-            elif chunk != c or not np.array_equal(index, np.asarray(_chunk_range(c, chunk_size, n))):
-                rows = _chunk_range(c, chunk_size, n)
+                error = mismatch(str(path), f"the run in {directory}", diff)
+            elif chunk != c or not np.array_equal(index, np.asarray(chunk_range(c, chunk_size, n))):
+                rows = chunk_range(c, chunk_size, n)
                 error = (f"{path} holds prompts {index[:1].tolist()}.. but chunk {c} is prompts "
                          f"{rows.start}..{rows.stop - 1}")
             else:
                 done[c] = arrays
-    _raise_any(error, launch)
+    raise_any(error, launch)
     if not run_file.is_file():
         atomic_write(run_file, json.dumps(header, indent=2, sort_keys=True, default=json_default).encode())
 
@@ -97,9 +94,9 @@ def _run(plan: _Plan, batch, out_dir, launch: Launch, progress: bool):
         if todo:
             plan.prepare()
         for c in todo:
-            rows = _chunk_range(c, chunk_size, n)
+            rows = chunk_range(c, chunk_size, n)
             arrays = plan.evaluate(batch.subset(slice(rows.start, rows.stop)))
-            _write_shard(shard_path(directory, c), header, c, np.arange(rows.start, rows.stop), arrays)
+            write_shard(shard_path(directory, c), header, c, np.arange(rows.start, rows.stop), arrays)
             done[c] = arrays
             if bar is not None:
                 bar.update(1)
@@ -107,7 +104,7 @@ def _run(plan: _Plan, batch, out_dir, launch: Launch, progress: bool):
         if bar is not None:
             bar.close()
 
-    gathered = _gather_to_main(done, launch)
+    gathered = gather_to_main(done, launch)
     if not launch.is_main:
         return None
     chunks: dict[int, dict] = {}
@@ -115,9 +112,9 @@ def _run(plan: _Plan, batch, out_dir, launch: Launch, progress: bool):
         chunks.update(part)
     for c, arrays in chunks.items():  # no shared file system: rank 0 keeps a complete copy
         if not shard_path(directory, c).is_file():
-            rows = _chunk_range(c, chunk_size, n)
-            _write_shard(shard_path(directory, c), header, c, np.arange(rows.start, rows.stop), arrays)
-    return _assemble(header, [chunks[c] for c in range(n_chunks)])
+            rows = chunk_range(c, chunk_size, n)
+            write_shard(shard_path(directory, c), header, c, np.arange(rows.start, rows.stop), arrays)
+    return assemble(header, [chunks[c] for c in range(n_chunks)])
 
 
 # --------------------------------------------------------------- experiments
@@ -148,8 +145,8 @@ def _setup(model, task, prompts, n_per_residue, seed, device, chunk_size, model_
     elif len(prompts) == 0:
         raise UserInputError("prompts holds 0 prompts")
     header = dict(format=SHARD_FORMAT, model_sha256=model_sha256 or model_fingerprint(model),
-                  task=_task_description(task, prompts), seed=seed, n_prompts=len(prompts),
-                  prompts_sha256=_prompts_fingerprint(prompts), chunk_size=chunk_size)
+                  task=task_description(task, prompts), seed=seed, n_prompts=len(prompts),
+                  prompts_sha256=prompts_fingerprint(prompts), chunk_size=chunk_size)
     return launch, model, task, prompts, header
 
 

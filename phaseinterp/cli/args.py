@@ -10,6 +10,12 @@ import argparse
 import math
 from typing import Optional
 
+from phaseinterp.errors import UserInputError  # standard library only, like this module
+
+
+class UsageError(UserInputError):
+    """Bad command-line input: reported in one line, exit code 2."""
+
 N_PER_RESIDUE_HELP = ("prompts per residue group (x R = 24 residues for the zoo task); moment matching needs 72, "
                       "77, 80 or any size from 86 for the zoo task; at most 500,000 prompts in all")
 
@@ -180,7 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     _out_arg(p, what="the result (meta.json + arrays.npz)")
     _scale_args(p)
 
-    p = sub.add_parser("merge", help="combine the shard files of a --shard-dir run (phaseinterp.distributed.merge)",
+    p = sub.add_parser("merge", help="combine the shard files of a --shard-dir run (phaseinterp.parallel.merge)",
                        description="Rebuild a sharded profile / ablate / cycle result from DIR's run.json and "
                        "shard files alone; refuses shards of another run (model hash, task, seed, settings), "
                        "naming the field, and names the prompts still missing.")

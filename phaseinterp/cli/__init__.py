@@ -1,0 +1,98 @@
+"""``phaseinterp``: the command line. Every subcommand mirrors a Python function.
+
+    phaseinterp demo    [--model NAME] [--out DIR] [--quick]      -> phaseinterp.report.build_report
+    phaseinterp profile MODEL [--n-per-residue N] [--out DIR]     -> phaseinterp.phase_profile
+    phaseinterp ablate  MODEL [--layer L ...] [--scope ...]       -> phaseinterp.ablate
+    phaseinterp cycle   MODEL [--shifts ...]                      -> phaseinterp.gate_cycling
+    phaseinterp gates   MODEL                                     -> phaseinterp.gate_profile
+    phaseinterp report  MODEL [--twin MODEL] --out DIR            -> phaseinterp.report.build_report
+    phaseinterp train   --out DIR [architecture and run options]  -> phaseinterp.train.train
+    phaseinterp zoo list [--markdown] | build NAME                -> phaseinterp.zoo
+    phaseinterp zoo export NAME --layout deepseek [--fp8 [--fp8-scales pow2|exact]] --out DIR
+                                                  -> phaseinterp.models.hf.export
+    phaseinterp merge DIR [--out DIR]                             -> phaseinterp.parallel.merge
+
+profile, ablate and cycle also run data-parallel under ``torchrun --nproc-per-node N -m
+phaseinterp ... --shard-dir DIR`` (phaseinterp.parallel).
+
+MODEL is a zoo name (``phaseinterp zoo list``) or a checkpoint directory. Bad arguments
+exit with code 2 and a one-line message naming the value, checked before any expensive
+work and before anything is written. This module imports only the standard library at
+the top, so ``--help`` answers at once; torch and plotly load when a command runs.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+from phaseinterp.cli import commands
+from phaseinterp.cli.args import build_parser
+from phaseinterp.errors import UserInputError  # standard library only, like this package
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip() or type(err).__name__
+    if isinstance(err, KeyError):
+        text = f"missing key {text}"
+    text = re.sub(r"\s*\(or pass strict=False[^)]*\)", "", text)  # the CLI has no such flag
+    text = re.sub(r"\s*\(valid: \[[^\]]{200,}\]\)", "", text)
+    return " ".join(text.split())
+
+
+def _user_errors() -> tuple[type, ...]:
+    """What the user can fix (one line, exit 2): bad input, a missing or unusable file, a broken
+    checkpoint or figure export. Any other exception (a bug) keeps its traceback."""
+    errors: list[type] = [UserInputError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
+                          FileExistsError, PermissionError]
+    models = sys.modules.get("phaseinterp.models.transformer")
+    if models is not None:
+        errors.append(models.CheckpointError)
+    export = sys.modules.get("phaseinterp.plot.export")
+    if export is not None:
+        errors.append(export.ExportError)
+    return tuple(errors)
+
+
+def _interrupted(args) -> str:
+    """What an interrupt leaves behind, for the command that ran (never a promise it did not keep)."""
+    if args.command == "train" or (args.command == "zoo" and args.zoo_command == "build"):
+        if args.command == "train":
+            run, again = Path(args.out), "rerun with --resume to continue"
+        else:
+            from phaseinterp import zoo
+
+            run = Path(args.out_dir) if args.out_dir else Path("runs") / "zoo" / (zoo.entry(args.name).run or args.name)
+            again = "rerun the same command to continue"
+        latest = run / "checkpoints" / "LATEST"
+        if latest.is_file():
+            return f"interrupted; the last checkpoint in {run / 'checkpoints'} ({latest.read_text().strip()}) is intact: {again}"
+        return f"interrupted before the first checkpoint; nothing in {run} to resume"
+    if getattr(args, "shard_dir", None):
+        return f"interrupted; the finished shards in {args.shard_dir} are kept: rerun the same command to resume"
+    if args.command in ("demo", "report"):
+        return f"interrupted; {args.out} was not changed (a report is moved into place only when complete)"
+    if getattr(args, "out", None):
+        return f"interrupted; nothing was written to {args.out}"
+    return "interrupted"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv == ["zoo"]:  # the list of commands, as --help prints it
+        (parser if not argv else parser._subparsers._group_actions[0].choices["zoo"]).print_help()
+        return 0
+    args = parser.parse_args(argv)
+    try:
+        return commands.run(args)
+    except KeyboardInterrupt:
+        print(f"phaseinterp: {_interrupted(args)}", file=sys.stderr)
+        return 130
+    except Exception as err:
+        if not isinstance(err, _user_errors()):
+            raise
+        print(f"phaseinterp: error: {_one_line(err)}", file=sys.stderr)
+        return 2

@@ -1,0 +1,244 @@
+"""Building a report: `build_report` checks its inputs, loads the models, runs the sections
+(`SECTIONS`, each on the section protocol of `phaseinterp.report.section`), exports PNGs in one
+kaleido session and writes the folder (index.html, PNGs, data/*.csv, summary.json) in a staging
+folder that replaces the target in one step."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from phaseinterp._files import atomic_write_text, check_output_dir
+from phaseinterp.errors import UserInputError
+from phaseinterp.report.models import check_twin, load_model
+from phaseinterp.report.page import num, page_html, tidy_figure
+from phaseinterp.report.section import ReportContext, SectionClock, run_sections
+from phaseinterp.report.sections.conformance import Conformance
+from phaseinterp.report.sections.deepseek_v4 import DeepseekV4
+from phaseinterp.report.sections.mechanisms import GateCycling, GateStatistics, MeanReplacement, UnitCycling
+from phaseinterp.report.sections.profile import PhaseProfiles, TrainingControls
+from phaseinterp.report.sections.remedy import Remedy
+from phaseinterp.results import dumps
+from phaseinterp.tasks import resolve_task
+
+# The report's sections, in page order; each declares the earlier sections it reads.
+SECTIONS = (PhaseProfiles(), TrainingControls(), MeanReplacement(), GateCycling(), UnitCycling(), GateStatistics(),
+            Conformance(), DeepseekV4(), Remedy())
+
+
+@dataclass
+class ReportSettings:
+    """Prompt counts of each report section (per residue; the zoo task has R = 24 residues),
+    calibration prompts, gate shifts (None: every distinct shift mod S) and PNG export."""
+
+    n_per_residue: int = 250
+    ablation_per_residue: int = 72
+    cycling_per_residue: int = 250
+    n_calibration: int = 256
+    shifts: Optional[tuple[int, ...]] = None  # None: every distinct shift mod S
+    gate_per_residue: int = 8
+    export_static: bool = True
+
+    @classmethod
+    def quick(cls) -> "ReportSettings":
+        return cls(n_per_residue=72, ablation_per_residue=72, cycling_per_residue=72, n_calibration=128,
+                   shifts=(-1, 1), gate_per_residue=4)
+
+
+@dataclass
+class Report:
+    out_dir: Path
+    summary: dict[str, Any]
+    figures: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def table(self) -> str:
+        """The short summary table printed by ``phaseinterp demo``."""
+        lines = ["| model | mean | worst phase (acc) | phase gap | residue gap | period |", "|---|---|---|---|---|---|"]
+        for p in self.summary["profiles"]:
+            period = p["period"] if p["period"] is not None else "none"
+            lines.append(f"| {p['label']} | {p['mean']:.3f} | {','.join(map(str, p['worst_phases']))} "
+                         f"({p['worst_phase_accuracy']:.3f}) | {100 * p['phase_gap']:.1f} pp | "
+                         f"{100 * p['gap']:.1f} pp | {period} (p={p['period_p_value']:.3f}) |")
+        abl = self.summary.get("ablation")
+        if abl:
+            heads = abl["specialized_heads"][:4] or ["none at <= -50%"]
+            lines.append(f"\nspecialized KV heads (knockout <= -50% on <= 3 adjacent phases): {'; '.join(heads)}")
+        cyc = self.summary.get("cycling")
+        if cyc:
+            lines.append(f"gate cycling on {cyc.get('model_used', cyc.get('model'))} (shifts {cyc.get('shifts')}, "
+                         f"{cyc.get('points_per_shift')} points per shift): "
+                         f"R^2 of the prediction (boundary excluded, pooled) = {num(cyc.get('r2_pooled'))}; "
+                         f"squared correlation = {num(cyc.get('corr2_pooled'))}; "
+                         f"shift identified in {cyc.get('identified')} "
+                         f"(permutation p = {num(cyc.get('identification_p'))})")
+            if cyc.get("why_this_model"):
+                lines.append(f"  why this model: {cyc['why_this_model']}")
+        elif self.summary.get("cycling_skipped"):
+            lines.append(f"gate cycling skipped: {self.summary['cycling_skipped']}")
+        remedy = self.summary.get("remedy")
+        if remedy:
+            base, stag = remedy["rows"]
+            lines.append(f"remedy: {stag['model']} (staggered windows) vs {base['model']} (shared grid), step "
+                         f"{stag['step']}: mean {stag['mean']:.3f} vs {base['mean']:.3f}, phase gap "
+                         f"{100 * stag['phase_gap']:.1f} vs {100 * base['phase_gap']:.1f} pp, KV memory "
+                         f"{stag['stored_bytes_per_token']:.0f} vs {base['stored_bytes_per_token']:.0f} B/token")
+        return "\n".join(lines)
+
+
+def check_report_dir(out_dir: Union[str, Path]) -> Path:
+    """``out_dir`` as a Path if a report can be written there: it does not exist, is empty, or holds
+    a previous report (index.html + summary.json of `build_report`), which the new report replaces
+    whole. Any other non-empty folder is a ValueError naming it (nothing of the user's is mixed with
+    or deleted by a report). Creates nothing."""
+    import json
+
+    out = check_output_dir(out_dir)
+    if not out.is_dir() or not any(out.iterdir()):
+        return out
+    try:
+        previous = json.loads((out / "summary.json").read_text())
+        is_report = (out / "index.html").is_file() and isinstance(previous, dict) and "profiles" in previous
+    except (OSError, ValueError):
+        is_report = False
+    if not is_report:
+        shown = sorted(p.name for p in out.iterdir())[:3]
+        raise UserInputError(f"output directory {str(out)!r} is not empty and holds no previous report (it has "
+                         f"{', '.join(shown)}{', ...' if len(list(out.iterdir())) > 3 else ''}); pass a new or "
+                         "empty folder, or a previous report's folder to replace it")
+    return out
+
+
+def build_report(model, out_dir: Union[str, Path], *, twin=None, settings: Optional[ReportSettings] = None,
+                 task=None, device=None, progress: bool = True, log=print, deepseek_v4=None,
+                 remedy=None) -> Report:
+    """Run every experiment on ``model`` (and the phase profile on ``twin``) and write the folder.
+
+    ``model`` / ``twin``: model objects, shipped zoo names or checkpoint directories (``twin``
+    default None: no twin; never ``model`` itself). ``out_dir``: a path that does not exist yet,
+    an empty folder, or the folder of a previous report, which is replaced whole: the new report
+    is built in a hidden folder beside it and renamed into place at the end, so no file of the
+    previous run survives and an interrupted run leaves the previous report as it was. Any other
+    non-empty folder is refused. It is checked, and both models are loaded, before anything is
+    computed or written. ``settings``
+    (default `ReportSettings()`; `ReportSettings.quick()` for a one-minute run) sets the prompt
+    counts. ``task`` default: the model's stored task. ``device``: as in `load_model`.
+    ``deepseek_v4`` (default None): a wrapped Hugging Face DeepSeek-V4 (`phaseinterp.from_hf`) or the
+    name of a shipped HF-format zoo model (``dsv4-tiny``): adds its phase profile, the wrapper's
+    logit check against plain transformers, its layer schedule and phase through the indexer.
+    ``remedy`` (default None): the zoo name of a staggered-window model (``w4s4-staggered``):
+    adds the remedy section (its phase profile beside its shared-grid twin's, each KV head's
+    boundary phase, measured KV memory per token; `phaseinterp.report.sections.remedy`).
+    Returns a `Report`; the folder holds index.html, data/*.csv, summary.json (strict JSON) and,
+    when kaleido and a Chromium are present, one PNG per figure (the HTML says when and why not).
+    """
+    final = check_report_dir(out_dir)
+    check_twin(model, twin)
+    staging: list[Path] = []
+    try:
+        report = _build_report(model, final, staging, twin=twin, settings=settings, task=task, device=device,
+                               progress=progress, log=log, deepseek_v4=deepseek_v4, remedy=remedy)
+        _replace_dir(staging[0], final)
+        return report
+    finally:
+        if staging and staging[0].exists():  # interrupted or failed: the previous report stays as it was
+            shutil.rmtree(staging[0], ignore_errors=True)
+
+
+def _staging_dir(final: Path) -> Path:
+    """An empty hidden folder beside ``final`` (same file system, so a rename moves it into place)."""
+    import tempfile
+
+    from phaseinterp._files import normal_mode
+
+    final.parent.mkdir(parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.building-"))
+    os.chmod(path, normal_mode(directory=True))  # mkdtemp's 0o700 would survive the rename
+    return path
+
+
+def _replace_dir(staging: Path, final: Path) -> None:
+    """Move ``staging`` to ``final``. A previous report there is exchanged with the new one in one
+    atomic step where the system allows it (`exchange_paths`), then deleted; elsewhere it is moved
+    aside first (two renames: for an instant ``final`` is missing)."""
+    from phaseinterp._files import exchange_paths
+
+    if final.exists() and exchange_paths(staging, final):
+        shutil.rmtree(staging, ignore_errors=True)  # now holds the previous report
+    elif final.exists():
+        old = final.parent / f".{final.name}.previous-{os.getpid()}"
+        os.replace(final, old)
+        os.replace(staging, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(staging, final)
+
+
+def _build_report(model, final: Path, staging: list, *, twin, settings, task, device, progress, log, deepseek_v4,
+                  remedy) -> Report:
+    """`build_report`'s work: everything is written to a staging folder (appended to ``staging``)."""
+    from phaseinterp.plot import export
+
+    t0 = time.time()
+    clock = SectionClock()
+    settings = settings or ReportSettings()
+    model = load_model(model, device)
+    own_task = task is None  # the model's stored task: its profile can be reused by the remedy section
+    task = resolve_task(model, task)
+    twin = load_model(twin, device) if twin is not None else None
+    dsv4 = None
+    if deepseek_v4 is not None:
+        from phaseinterp.report.sections.deepseek_v4 import load_deepseek_v4
+
+        dsv4 = load_deepseek_v4(deepseek_v4, device)
+    if remedy is not None:
+        from phaseinterp.report.sections.remedy import check_remedy
+
+        check_remedy(remedy)
+    staging.append(_staging_dir(final))
+    out = staging[0]
+    (out / "data").mkdir(parents=True, exist_ok=True)
+    ctx = ReportContext(model=model, task=task, settings=settings, out=out, twin=twin, device=device,
+                        progress=progress, log=log, own_task=own_task, deepseek_v4=dsv4, remedy=remedy)
+    ctx.summary.update({"model": model.cfg.label, "config": model.cfg.to_dict(),
+                        "task": task.to_dict() if hasattr(task, "to_dict") else repr(task),
+                        "settings": settings.__dict__ | {"shifts": list(settings.shifts or ())}})
+    clock.lap("load models")
+    run_sections(list(SECTIONS), ctx, clock)
+
+    summary, figures = ctx.summary, ctx.figures
+    for fig in figures.values():
+        tidy_figure(fig)
+    static = _static_export(settings, figures, out, export)
+    if static["skipped"]:
+        log(f"      PNG export skipped: {static['skipped']}; the report has interactive HTML figures and CSVs")
+    summary["static_images"] = static["written"]
+    summary["static_skipped"] = static["skipped"]
+    clock.lap("PNG export")
+    summary["section_seconds"] = clock.seconds
+    summary["seconds"] = time.time() - t0
+    atomic_write_text(out / "summary.json", dumps(summary, indent=2))
+    atomic_write_text(out / "index.html", page_html(summary, figures, ctx.tables, static))
+    return Report(out_dir=final, summary=summary, figures=figures, seconds=summary["seconds"])
+
+
+def _static_export(settings: ReportSettings, figures: dict, out: Path, export) -> dict[str, Any]:
+    """Write one PNG per figure when possible; otherwise say why (never fail the report over PNGs)."""
+    if not settings.export_static:
+        return {"written": [], "skipped": "PNG export turned off (--no-static / export_static=False)"}
+    try:
+        import kaleido  # noqa: F401
+    except ImportError:
+        return {"written": [], "skipped": "kaleido is not installed (pip install 'phaseinterp[export]')"}
+    if export.find_browser() is None:
+        return {"written": [], "skipped": "no Chromium for kaleido was found (apt-get install chromium, or set "
+                                          "BROWSER_PATH)"}
+    try:  # every PNG from one kaleido (one Chromium) session
+        export.save_static({out / f"{name}.png": fig for name, fig in figures.items()})
+    except export.ExportError as err:
+        return {"written": [], "skipped": f"kaleido failed: {' '.join(str(err).split())[:300]}"}
+    return {"written": [f"{name}.png" for name in figures], "skipped": None}

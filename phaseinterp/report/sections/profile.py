@@ -1,0 +1,120 @@
+"""The phase profile sections: the model (and its full-attention twin) on the report's prompts, and the
+equal-training controls of a zoo model (its compressed/twin pairs at the same training step)."""
+
+from __future__ import annotations
+
+import html
+from typing import Any, Optional
+
+from phaseinterp.report.models import data_name, load_model, model_label
+from phaseinterp.report.section import ReportContext, Section, write_profile_csvs
+
+
+class PhaseProfiles(Section):
+    """Accuracy by phase of the model and its twin (folded by the model's stride), on one prompt set."""
+
+    name = "phase profiles"
+
+    def compute(self, ctx: ReportContext) -> list:
+        from phaseinterp.profile import phase_profile
+
+        model, task, settings = ctx.model, ctx.task, ctx.settings
+        ctx.log(f"[1/4] phase profile: {settings.n_per_residue} prompts x {task.residue_modulus} residues")
+        prompts = ctx.prompts.get(task, settings.n_per_residue)
+        profiles = [phase_profile(model, prompts, label=model_label(model), progress=ctx.progress)]
+        if ctx.twin is not None:
+            profiles.append(phase_profile(ctx.twin, prompts, stride=model.cfg.stride, label=model_label(ctx.twin),
+                                          progress=ctx.progress))
+        return profiles
+
+    def render(self, ctx: ReportContext, profiles: list) -> None:
+        from phaseinterp.plot import profiles_figure
+
+        models = [ctx.model] + ([ctx.twin] if ctx.twin is not None else [])
+        for p, m in zip(profiles, models):
+            write_profile_csvs(ctx.out, data_name(m), p)
+        ctx.summary["profiles"] = [p.to_dict() for p in profiles]
+        ctx.figures["phase_profile"] = profiles_figure(profiles)
+
+
+class TrainingControls(Section):
+    """The zoo run's equal-step and final-step pairs, profiled on the same prompts (reusing the
+    profiles already measured); their profiles join the phase-profile figure."""
+
+    name = "training controls"
+    inputs = ("phase profiles",)
+
+    def skip_reason(self, ctx: ReportContext) -> Optional[str]:
+        from phaseinterp import zoo
+
+        pairs = zoo.training_controls(getattr(ctx.model, "metadata", {}).get("zoo_name", ""))
+        if not pairs or not all(n in zoo.available() for pair in pairs.values() for n in pair):
+            return ""  # not a zoo model with controls: nothing to say
+        return None
+
+    def compute(self, ctx: ReportContext) -> dict[str, Any]:
+        profiles = list(ctx.results["phase profiles"])
+        names = [data_name(ctx.model)] + ([data_name(ctx.twin)] if ctx.twin is not None else [])
+        known = len(profiles)
+        rows = _training_controls(ctx.model, ctx.twin, ctx.task, ctx.settings, ctx.device, ctx.progress, profiles,
+                                  names, ctx.prompts)
+        return {"rows": rows, "profiles": profiles[known:], "names": names[known:], "all": profiles}
+
+    def render(self, ctx: ReportContext, result: dict[str, Any]) -> None:
+        from phaseinterp.plot import profiles_figure
+
+        for p, name in zip(result["profiles"], result["names"]):
+            write_profile_csvs(ctx.out, name, p)
+        ctx.summary["profiles"] += [p.to_dict() for p in result["profiles"]]
+        ctx.figures["phase_profile"] = profiles_figure(result["all"])
+        ctx.summary["training_controls"] = result["rows"]
+        ctx.tables["phase_profile"] = _controls_html(result["rows"])
+
+
+def _training_controls(model, twin, task, settings, device, progress, profiles, data_names, prompts) -> list[dict]:
+    """Profile the equal-step and final-step pairs of ``model``'s zoo run (`zoo.training_controls`),
+    reusing ``profiles`` already measured (``data_names``: their `data_name`s, extended in step with
+    ``profiles``); returns one row per pair for the report."""
+    from phaseinterp import zoo
+    from phaseinterp.profile import phase_profile
+
+    pairs = zoo.training_controls(getattr(model, "metadata", {}).get("zoo_name", ""))
+    if not pairs or not all(n in zoo.available() for pair in pairs.values() for n in pair):
+        return []
+    by_name = {}
+    for m, p in ((model, profiles[0]), (twin, profiles[1] if twin is not None else None)):
+        if m is not None and getattr(m, "metadata", {}).get("zoo_name"):
+            by_name[m.metadata["zoo_name"]] = p
+    rows = []
+    for kind, names in pairs.items():
+        row: dict[str, Any] = {"pair": kind}
+        for role, name in zip(("compressed", "twin"), names):
+            if name not in by_name:
+                m = load_model(name, device)
+                by_name[name] = phase_profile(m, prompts.get(task, settings.n_per_residue), stride=model.cfg.stride,
+                                              label=f"{name} (step {m.metadata.get('step')})", progress=progress)
+                profiles.append(by_name[name])
+                data_names.append(data_name(m))
+            p = by_name[name]
+            row.update({role: name, f"{role}_step": zoo.snapshot_step(name), f"{role}_mean": p.mean,
+                        f"{role}_worst_phase_accuracy": float(min(p.phase_accuracy)),
+                        f"{role}_phase_gap": p.phase_gap, f"{role}_period": p.period})
+        rows.append(row)
+    return rows
+
+
+def _controls_html(rows: list[dict]) -> str:
+    def pct(v):
+        return f"{100 * v:.1f}%"
+
+    body = "".join(
+        f"<tr><td style='text-align:left'>{html.escape(r['pair'])}</td><td>{r['compressed_step']}</td>"
+        f"<td style='text-align:left'>{html.escape(r['compressed'])}</td><td>{pct(r['compressed_mean'])}</td>"
+        f"<td>{pct(r['compressed_worst_phase_accuracy'])}</td><td style='text-align:left'>{html.escape(r['twin'])}</td>"
+        f"<td>{pct(r['twin_mean'])}</td><td>{pct(r['twin_worst_phase_accuracy'])}</td>"
+        f"<td>{100 * r['twin_phase_gap']:.1f} pp</td></tr>" for r in rows)
+    return ("<h3>Equal-training controls</h3><p>The compressed model and its full-attention twin at the SAME "
+            "training step: the step at which both have first learned the task (held-out probe mean >= 60%, "
+            "computed from the training curves by <code>phaseinterp.zoo.equal_training_step</code>), and the "
+            "final step.</p><table><tr><th>pair</th><th>step</th><th>compressed</th><th>mean</th><th>worst phase"
+            "</th><th>twin</th><th>mean</th><th>worst phase</th><th>twin phase gap</th></tr>" + body + "</table>")

@@ -1,0 +1,157 @@
+"""Training loop of the tiny Hugging Face DeepSeek-V4s (`phaseinterp.zoo.deepseek_v4` holds their recipes).
+
+`train_tiny(recipe, out_dir)` trains ``DeepseekV4ForCausalLM`` from scratch on CPU with the zoo's
+task and batch mixture (periodic rows, the easy-stage curriculum). The Lightning Indexer gets no
+gradient through top-k in HF's forward; as in DeepSeek's recipe it is trained by a KL loss to the
+main attention's mass on the compressed entries (summed over heads, detached), with every closed
+entry kept during the first ``dense_fraction`` of the run, then ``index_topk`` entries.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Union
+
+
+def _set_index_topk(hf_model, k: int) -> None:
+    hf_model.config.index_topk = k
+    for layer in hf_model.model.layers:
+        comp = layer.self_attn.compressor
+        if getattr(comp, "indexer", None) is not None:
+            comp.indexer.index_topk = k
+
+
+def _indexer_kl(store: dict):
+    """KL(attention mass on entries || indexer softmax), mean over queries that see an entry."""
+    import torch
+
+    losses = []
+    for layer, pattern in store["pattern"].items():
+        scores = store["scores"][layer]  # [batch, pos, entry]
+        n_entries = scores.shape[-1]  # the pattern's key axis ends with the entries (docs/hooks.md)
+        mass = pattern[..., pattern.shape[-1] - n_entries:].sum(1).detach()  # [batch, pos, entry], summed over heads
+        total = mass.sum(-1, keepdim=True)
+        visible = torch.isfinite(scores).any(-1) & (total[..., 0] > 0)
+        if not visible.any():
+            continue
+        p = mass[visible] / total[visible]
+        log_q = torch.log_softmax(scores[visible].float(), dim=-1)
+        log_q = torch.where(p > 0, log_q, torch.zeros_like(log_q))
+        losses.append((p * (torch.log(p.clamp_min(1e-12)) - log_q)).sum(-1).mean())
+    return torch.stack(losses).mean() if losses else None
+
+
+def train_tiny(recipe, out_dir: Union[str, Path], *, progress: bool = True, log_every: int = 25):
+    """Train ``recipe`` from scratch; writes ``final/`` (HF format + sidecar), ``log.csv``, ``curves.csv``."""
+    import numpy as np
+    import pandas as pd
+    import torch
+    import torch.nn.functional as F
+    from transformers import DeepseekV4ForCausalLM
+
+    from phaseinterp.models.hf import from_hf
+    from phaseinterp.models.hf.config import CSA
+    from phaseinterp.train.compressed import periodic_rows
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    task = recipe.task_object()
+    vocab = task.vocab.size
+    torch.manual_seed(recipe.seed)
+    hf_model = DeepseekV4ForCausalLM(recipe.hf_config(vocab))
+    with torch.no_grad():  # HF inits position_bias and sinks at 0; small noise breaks slot symmetry
+        gen = torch.Generator().manual_seed(recipe.seed)
+        for name, p in hf_model.named_parameters():
+            if name.endswith("position_bias"):
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+    model = from_hf(hf_model, name=recipe.name)
+    dense_k = task.seq_len  # more than any number of closed entries: the indexer keeps all
+    decay = [p for n, p in hf_model.named_parameters() if p.ndim >= 2 and "embed" not in n]
+    no_decay = [p for n, p in hf_model.named_parameters() if not (p.ndim >= 2 and "embed" not in n)]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": recipe.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=recipe.lr, betas=(0.9, 0.95))
+    store: dict[str, dict] = {"pattern": {}, "scores": {}}
+    hooks = []
+    for layer, kind in enumerate(hf_model.config.layer_types):
+        if kind != CSA:
+            continue
+
+        def keep(t, hook, layer=layer, key="pattern"):
+            store[key][layer] = t
+
+        hooks.append((f"blocks.{layer}.attn.hook_pattern", keep))
+        hooks.append((f"blocks.{layer}.attn.compressor.indexer.hook_scores",
+                      lambda t, hook, layer=layer: store["scores"].__setitem__(layer, t)))
+    probe = task.generate(recipe.probe_per_residue, seed=12345, strict=False)
+    rows, curves = [], []
+    t0 = time.time()
+    n_periodic = int(round(recipe.periodic_fraction * recipe.batch_size))
+    for step in range(recipe.steps):
+        dense = step < recipe.dense_fraction * recipe.steps
+        _set_index_topk(hf_model, dense_k if dense else recipe.index_topk)
+        step_seed = recipe.seed * 1_000_003 + step
+        stage = ({"n_records": (4, 24), "n_queries": None} if step < recipe.easy_until * recipe.steps
+                 else {"n_queries": 8})
+        batch = task.sample_train(recipe.batch_size - n_periodic, step_seed, **stage)
+        gen = torch.Generator().manual_seed(step_seed)
+        p_tok, p_tgt, p_mask = periodic_rows(n_periodic, task.seq_len, vocab, recipe.periodic_block, gen,
+                                             low=len(task.vocab.specials))
+        tokens = torch.cat([batch.tokens, p_tok])
+        targets = torch.cat([batch.targets, p_tgt])
+        mask = torch.cat([batch.answer_mask, p_mask])
+        for group in opt.param_groups:
+            group["lr"] = recipe.lr_at(step)
+        model.train()
+        with model.hooks(fwd_hooks=hooks):
+            logits = model(tokens)
+        loss = F.cross_entropy(logits[mask].float(), targets[mask])
+        kl = _indexer_kl(store)
+        total = loss if kl is None else loss + recipe.indexer_loss_weight * kl
+        if not torch.isfinite(total):
+            raise RuntimeError(f"loss became {total.item()} at step {step}")
+        opt.zero_grad(set_to_none=True)
+        total.backward()
+        torch.nn.utils.clip_grad_norm_(hf_model.parameters(), recipe.grad_clip)
+        opt.step()
+        store["pattern"].clear()
+        store["scores"].clear()
+        n_task = recipe.batch_size - n_periodic
+        with torch.no_grad():
+            m = mask[:n_task]
+            acc = (logits[:n_task].argmax(-1)[m] == targets[:n_task][m]).float().mean().item()
+        rows.append(dict(step=step + 1, loss=loss.item(), indexer_kl=float("nan") if kl is None else kl.item(),
+                         accuracy=acc, lr=recipe.lr_at(step), dense_indexer=dense, seconds=time.time() - t0))
+        done = step + 1
+        if done % recipe.eval_every == 0 or done == recipe.steps:
+            model.eval()
+            with torch.inference_mode():
+                lg = model(probe.tokens)
+                pred = lg[torch.arange(lg.shape[0]), probe.answer_pos].argmax(-1)
+            correct = (pred == probe.answer).numpy()
+            frame = pd.DataFrame({"residue": probe.meta["residue"].to_numpy(), "correct": correct})
+            for r, grp in frame.groupby("residue"):
+                curves.append(dict(step=done, residue=int(r), phase=int(r) % recipe.csa_rate,
+                                   accuracy=float(grp.correct.mean()), n=int(len(grp))))
+            by_phase = frame.assign(phase=frame.residue % recipe.csa_rate).groupby("phase").correct.mean()
+            if progress:
+                print(f"step {done} probe by phase {np.round(by_phase.to_numpy(), 2).tolist()} "
+                      f"({time.time() - t0:.0f}s)", flush=True)
+        if progress and done % log_every == 0:
+            recent = rows[-log_every:]
+            print(f"step {done} loss {np.mean([r['loss'] for r in recent]):.3f} "
+                  f"kl {np.nanmean([r['indexer_kl'] for r in recent]):.3f} "
+                  f"acc {np.mean([r['accuracy'] for r in recent]):.2f} ({time.time() - t0:.0f}s)", flush=True)
+    model.eval()
+    _set_index_topk(hf_model, recipe.index_topk)
+    model.metadata.update({
+        "task": task.to_dict(), "task_type": type(task).__name__, "zoo_name": recipe.name,
+        "description": recipe.description, "command": recipe.command, "step": recipe.steps,
+        "recipe": json.loads(json.dumps(asdict(recipe), default=list)),
+    })
+    model.save_pretrained(out / "final")
+    pd.DataFrame(rows).to_csv(out / "log.csv", index=False)
+    pd.DataFrame(curves).to_csv(out / "curves.csv", index=False)
+    return model
