@@ -339,3 +339,17 @@ def test_previous_report_is_exchanged_in_one_atomic_step(tmp_path, monkeypatch):
     monkeypatch.setattr(report.os, "replace", lambda *a, **k: pytest.fail("two renames were used"))
     report._replace_dir(staging, final)
     assert (final / "index.html").read_text() == "new" and not staging.exists()
+
+
+def test_resolution_reads_separated_flat_or_not_and_can_fail():
+    """The report's size check: disjoint worst/best intervals are 'separated', a gap under 5 pp is
+    'flat', anything else 'NOT separated' (the check fails on an unresolved profile)."""
+    from phaseinterp.report.build import resolution
+
+    def profile(label, worst, best, gap):
+        return {"label": label, "n_per_residue": 72, "worst_phases": [3], "best_phase": 0, "phase_gap": gap,
+                "worst_phase_interval": list(worst), "best_phase_interval": list(best)}
+
+    rows = resolution([profile("a", (0.01, 0.04), (0.95, 0.99), 0.95), profile("b", (0.6, 0.7), (0.62, 0.72), 0.02),
+                       profile("c", (0.4, 0.6), (0.5, 0.7), 0.1)])
+    assert [r["verdict"] for r in rows] == ["separated", "flat", "NOT separated"]

@@ -112,7 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--twin", default="full",
                    help="full-attention twin: zoo name or checkpoint directory, 'none' to skip (default: full)")
     _out_arg(p, default="phaseinterp-report", what="the report (index.html, PNGs, CSVs, summary.json)")
-    p.add_argument("--quick", action="store_true", help="72 prompts per residue everywhere (about a minute)")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="also only shifts +-1 and fewer calibration prompts")
+    size.add_argument("--full", action="store_true", help="250 prompts per residue for the profiles and gate cycling "
+                                                          "(default 72: the report checks its intervals separate)")
     p.add_argument("--no-static", action="store_true", help="skip PNG export even if kaleido and Chromium exist")
     p.add_argument("--deepseek-v4", default="dsv4-tiny",
                    help="shipped HF DeepSeek-V4 zoo model for the report's DeepSeek-V4 section, 'none' to skip "
@@ -127,7 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
     _model_arg(p)
     p.add_argument("--twin", default=None, help="a full-attention twin to profile beside it (default: none)")
     _out_arg(p, required=True, what="the report (index.html, PNGs, CSVs, summary.json)")
-    p.add_argument("--quick", action="store_true", help="72 prompts per residue everywhere (about a minute)")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="also only shifts +-1 and fewer calibration prompts")
+    size.add_argument("--full", action="store_true", help="250 prompts per residue for the profiles and gate cycling "
+                                                          "(default 72: the report checks its intervals separate)")
     p.add_argument("--no-static", action="store_true", help="skip PNG export even if kaleido and Chromium exist")
 
     p = sub.add_parser("profile", help="accuracy by residue and phase (phaseinterp.phase_profile)",

@@ -179,7 +179,8 @@ def run(args) -> int:
                 check_remedy(remedy)
             except ValueError as err:
                 raise UsageError(f"--remedy: {err}; '--remedy none' skips the section") from None
-        settings = report_module.ReportSettings.quick() if args.quick else report_module.ReportSettings()
+        settings = (report_module.ReportSettings.quick() if args.quick else report_module.ReportSettings.full()
+                    if args.full else report_module.ReportSettings())
         settings.export_static = not args.no_static
         rep = report_module.build_report(args.model, args.out, twin=twin, settings=settings,
                                          device=getattr(args, "device", None), deepseek_v4=dsv4,

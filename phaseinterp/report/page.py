@@ -102,6 +102,13 @@ MEANINGS: dict[str, str] = {
     "statistic": "which difference the verdict reads (max or mean |d log p|)",
     "tolerance": "the largest value of that statistic that passes",
     "passed": "True when the statistic is within the tolerance at this phase",
+    "prompts per residue": "prompts measured per residue group (x R residues in all); the default is 72, "
+                           "--full takes 250",
+    "best phase": "the phase with the highest accuracy",
+    "worst-phase interval": "the 95% interval of the worst phase's accuracy",
+    "best-phase interval": "the 95% interval of the best phase's accuracy",
+    "verdict": "'separated': the two intervals do not overlap, so the phase gap is resolved at this size; 'flat': "
+               "the phase gap is under 5 pp, nothing to separate; 'NOT separated': rerun with more prompts (--full)",
     "chance": "the probability of identifying the applied shift by luck, exact over every arrangement of the S "
               "phase values (about 1/S)",
 }
@@ -239,6 +246,7 @@ def page_html(summary: dict, figures: dict, tables: dict, static: dict) -> str:
             f"<td>{period} ({'n/a' if p_value is None or p_value != p_value else f'{p_value:.3f}'})</td></tr>")
     summary_table.append("</table>")
     parts.append("".join(summary_table) + meanings_html("".join(summary_table)))
+    parts.append(resolution_html(summary))
     parts.append(settings_html(summary))
     parts.append(timing_html(summary))
     titles = {"phase_profile": "Accuracy by phase", "ablation_heatmap": "Head x phase specialization",
@@ -261,6 +269,30 @@ def page_html(summary: dict, figures: dict, tables: dict, static: dict) -> str:
         parts.append(f"<h2>Gate cycling</h2><p class='note'>Skipped: {html.escape(summary['cycling_skipped'])}</p>")
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def resolution_html(summary: dict) -> str:
+    """Whether each profile's phase gap is resolved at the report's prompt count (``summary["resolution"]``)."""
+    rows = summary.get("resolution") or []
+    if not rows:
+        return ""
+
+    def interval(v):
+        return f"[{100 * v[0]:.1f}%, {100 * v[1]:.1f}%]"
+
+    body = "".join(
+        f"<tr><td style='text-align:left'>{html.escape(r['model'])}</td><td>{r['n_per_residue']}</td>"
+        f"<td>{r['worst_phase']}</td><td>{interval(r['worst_interval'])}</td><td>{r['best_phase']}</td>"
+        f"<td>{interval(r['best_interval'])}</td><td style='text-align:left'>{r['verdict']}</td></tr>" for r in rows)
+    failed = [r["model"] for r in rows if r["verdict"] == "NOT separated"]
+    verdict = (f"<p class='note'>Not resolved at this size: {html.escape(', '.join(failed))}. Rerun with "
+               f"<code>--full</code> (250 prompts per residue).</p>" if failed else
+               "<p>Every profile's phase gap is resolved at this size (separated intervals) or the profile is flat; "
+               "<code>--full</code> reruns at 250 prompts per residue.</p>")
+    table = ("<h3>Are the intervals separated at this size?</h3><table><tr><th>model</th><th>prompts per residue</th>"
+             "<th>worst phase</th><th>worst-phase interval</th><th>best phase</th><th>best-phase interval</th>"
+             f"<th>verdict</th></tr>{body}</table>")
+    return table + verdict + meanings_html(table)
 
 
 def timing_html(summary: dict) -> str:
