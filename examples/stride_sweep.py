@@ -1,6 +1,6 @@
 """Accuracy by phase for every shipped zoo model (two strides, the DeepSeek kernel, full attention).
 
-    python examples/stride_sweep.py [--out figures/stride_sweep] [--n-per-residue 250]
+    python examples/stride_sweep.py [--out figures/stride_sweep] [--n-per-residue 250] [--models NAME ...]
 
 Writes an overlay figure (HTML, plus PNG when kaleido + Chromium are present) and a CSV of
 every model's phase profile.
@@ -19,11 +19,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="figures/stride_sweep")
     parser.add_argument("--n-per-residue", type=int, default=250)
+    parser.add_argument("--models", nargs="+", default=None, metavar="NAME",
+                        help="zoo names to profile (default: every shipped model of both families)")
     args = parser.parse_args()
+    shipped = pi.zoo.available()
+    unknown = [name for name in args.models or () if name not in shipped]
+    if unknown:
+        parser.error(f"--models {' '.join(unknown)}: not shipped zoo models (shipped: {', '.join(shipped)})")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     profiles = []
-    for name in pi.zoo.available():
+    for name in args.models or shipped:
         model = pi.zoo.load(name)
         task = pi.zoo.task_for(model)
         profiles.append(pi.phase_profile(model, task, args.n_per_residue, label=name))

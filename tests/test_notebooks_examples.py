@@ -46,9 +46,15 @@ finally:
 """
 
 
+SWEEP = ("w4s4", "w6s6", "w8s4-deepseek", "full", "deep12-w8s8-1kv-shared-equal", "dsv4-tiny")
+
+
 @needs_zoo
 @pytest.mark.parametrize("script, args", [
-    ("stride_sweep.py", ["--n-per-residue", "72"]),
+    # one model per kind (two strides, the DeepSeek kernel, full attention, a 12-layer model, HF DeepSeek-V4):
+    # the example runs; the zoo's science is tested in test_zoo*.py
+    pytest.param("stride_sweep.py", ["--n-per-residue", "72", "--models", *SWEEP],
+                 marks=pytest.mark.zoo(*SWEEP)),
     pytest.param("ablate_layer.py", ["--n-per-residue", "72", "--layer", "11"],
                  marks=pytest.mark.zoo("deep12-w8s8-1kv-shared-equal"))])
 def test_example_runs(script, args, tmp_path):
