@@ -454,6 +454,7 @@ def test_tiny_dsv4_loads_from_the_zoo_with_its_task():
         pi.zoo.load("dsv4-huge")
 
 
+@pytest.mark.slow  # profiles a shipped checkpoint at full size
 @_shipped("dsv4-tiny")
 def test_tiny_dsv4_has_period_4_with_a_significant_gap(zoo_profile):
     """72 prompts per residue (the smallest moment-matched size, to keep the test short; RESULTS.md
@@ -485,6 +486,7 @@ def test_forcing_the_target_entry_changes_only_prompts_that_missed_it(model, tmp
     assert res != type(res)(**{**res.__dict__, "top_k": res.top_k + 1})
 
 
+@pytest.mark.slow  # profiles a shipped checkpoint at full size
 @_shipped("dsv4.1-tiny")
 def test_tiny_dsv4_1_has_period_2(zoo_model, zoo_profile):
     """The V4.1-shaped model (CSA rate 2): period 2, gap >= 5 pp, phase intervals apart (72 prompts per

@@ -153,6 +153,7 @@ def _load(kind: str, path: Path):
     return {"profile": PhaseProfile, "ablate": AblationResult, "cycle": CyclingResult}[kind].load(path)
 
 
+@pytest.mark.slow  # spawns processes
 def test_two_ranks_equal_one_process(tmp_path):
     kinds = ["profile", "ablate", "cycle"]
     _launch(dict(root=str(tmp_path), kinds=kinds))
@@ -167,6 +168,7 @@ def test_two_ranks_equal_one_process(tmp_path):
             f"chunk-{c:06d}.npz" for c in range(N_CHUNKS)]
 
 
+@pytest.mark.slow  # spawns processes
 def test_killed_rank_rerun_computes_only_the_missing_chunks(tmp_path):
     # spawn re-raises whichever rank fails first: rank 1's crash, or rank 0 losing its peer in gloo
     with pytest.raises(Exception, match="simulated crash|Connection closed by peer"):

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1] / "phaseinterp"
 
 
@@ -119,6 +121,7 @@ def test_few_top_level_modules_and_readme_lists_every_package():
     assert missing == [], missing
 
 
+@pytest.mark.slow  # spawns a fresh interpreter
 def test_every_package_is_an_attribute_of_a_fresh_phaseinterp():
     """``pi.parallel``, ``pi.experiments``, ... load on first use; ``import phaseinterp`` loads no torch."""
     packages = sorted(p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file())

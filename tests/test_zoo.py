@@ -178,6 +178,7 @@ def test_gate_cycling_moves_the_weak_spots():
     assert (per_shift.boundary_rank <= 1).all()
 
 
+@pytest.mark.slow  # runs the default sizes on a shipped checkpoint
 @_available("w4s4")
 def test_one_line_calls_run_with_defaults():
     """`phaseinterp.ablate(model, layer=...)` and friends run exactly as written on a zoo model."""
