@@ -201,10 +201,11 @@ def test_demo_quick_on_the_shipped_models(tmp_path, capsys):
     assert labels[:2] == ["w4s4 (W4/S4 gated)", "full (full attention)"]  # then any training controls
     assert all(label.endswith(")") for label in labels[2:]), labels
     assert len(list((tmp_path / "demo" / "data").glob("*.csv"))) >= 10
-    # at the reduced size every reported phase gap is resolved or the profile is flat (regression snapshot)
+    # at the reduced size the compressed models' phase gaps are resolved (regression snapshot of the shipped
+    # models); the twin's intervals overlap (it is flat)
     verdicts = {r["model"]: r["verdict"] for r in summary["resolution"]}
-    assert set(verdicts.values()) <= {"separated", "flat"}, verdicts
-    assert verdicts["w4s4 (W4/S4 gated)"] == "separated" and verdicts["full (full attention)"] == "flat", verdicts
+    assert verdicts["w4s4 (W4/S4 gated)"] == "separated" and verdicts["full (full attention)"] == "overlapping"
+    assert all(v == "separated" for m, v in verdicts.items() if m.startswith(("w4s4-equal", "dsv4-tiny"))), verdicts
     # data/ file names are derived once from each model's zoo name (not also from its label)
     from phaseinterp.report.models import slug as _slug
 

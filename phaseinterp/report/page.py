@@ -107,8 +107,9 @@ MEANINGS: dict[str, str] = {
     "best phase": "the phase with the highest accuracy",
     "worst-phase interval": "the 95% interval of the worst phase's accuracy",
     "best-phase interval": "the 95% interval of the best phase's accuracy",
-    "verdict": "'separated': the two intervals do not overlap, so the phase gap is resolved at this size; 'flat': "
-               "the phase gap is under 5 pp, nothing to separate; 'NOT separated': rerun with more prompts (--full)",
+    "verdict": "'separated': the two intervals do not overlap, so the phase gap is resolved at this size; "
+               "'overlapping': no phase gap this many prompts can resolve (a flat profile reads so; --full "
+               "resolves gaps about 1.9 times smaller)",
     "chance": "the probability of identifying the applied shift by luck, exact over every arrangement of the S "
               "phase values (about 1/S)",
 }
@@ -284,10 +285,7 @@ def resolution_html(summary: dict) -> str:
         f"<tr><td style='text-align:left'>{html.escape(r['model'])}</td><td>{r['n_per_residue']}</td>"
         f"<td>{r['worst_phase']}</td><td>{interval(r['worst_interval'])}</td><td>{r['best_phase']}</td>"
         f"<td>{interval(r['best_interval'])}</td><td style='text-align:left'>{r['verdict']}</td></tr>" for r in rows)
-    failed = [r["model"] for r in rows if r["verdict"] == "NOT separated"]
-    verdict = (f"<p class='note'>Not resolved at this size: {html.escape(', '.join(failed))}. Rerun with "
-               f"<code>--full</code> (250 prompts per residue).</p>" if failed else
-               "<p>Every profile's phase gap is resolved at this size (separated intervals) or the profile is flat; "
+    verdict = ("<p>A model with overlapping intervals shows no phase gap this many prompts can resolve; "
                "<code>--full</code> reruns at 250 prompts per residue.</p>")
     table = ("<h3>Are the intervals separated at this size?</h3><table><tr><th>model</th><th>prompts per residue</th>"
              "<th>worst phase</th><th>worst-phase interval</th><th>best phase</th><th>best-phase interval</th>"
