@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 _SUBMODULES = {"phase", "stats", "tasks", "zoo", "plot", "report", "results", "profile", "errors",
                "interventions", "models", "config", "train", "theory", "cli", "engines", "parallel", "experiments"}
