@@ -35,6 +35,12 @@ def test_never_reached():
 """
 
 
+def _default_sigint() -> None:
+    """The inner run gets Ctrl-C as a terminal would deliver it, even when this suite runs in a
+    background shell job (which starts with SIGINT ignored, and Python then keeps it ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _alive(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
@@ -55,7 +61,7 @@ def test_interrupted_run_stops_and_ends_its_children(sig, through_run_child, tmp
     run = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "interrupts", "-p", "no:cacheprovider",
                             "--rootdir", str(tmp_path), str(tmp_path / "test_inner.py")],
                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           start_new_session=True)
+                           start_new_session=True, preexec_fn=_default_sigint)
     try:
         deadline = time.monotonic() + 60
         while not pids.exists() or (through_run_child and len(descendants(run.pid)) < 3):
