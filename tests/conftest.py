@@ -19,7 +19,8 @@ with install_import_hook("phaseinterp", "typecheck.typecheck"):
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# Under pytest-xdist (``-n 2`` in addopts) each worker takes one thread: two workers fill two cores.
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else max(1, min(2, os.cpu_count() or 1)))
 
 
 @pytest.fixture(autouse=True)
