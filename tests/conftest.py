@@ -19,7 +19,8 @@ with install_import_hook("phaseinterp", "typecheck.typecheck"):
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-# Under pytest-xdist (``-n 2`` in addopts) each worker takes one thread: two workers fill two cores.
+# Under pytest-xdist (``-n 2 --dist loadfile`` in addopts) each worker takes one thread: two workers fill two
+# cores; a file's tests stay on one worker, so module-level caches (the deep model's unit selection) hold.
 torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else max(1, min(2, os.cpu_count() or 1)))
 
 
