@@ -6,30 +6,12 @@
   ``DIR/shards/chunk-NNNNNN.npz``), their identity checks, and `merge`;
 - `phaseinterp.parallel.runs`: `sharded_profile`, `sharded_ablate`, `sharded_gate_cycling`.
 
-The public names are importable from here (``phaseinterp.parallel.sharded_ablate``), on first use.
+``import phaseinterp`` loads this package on first use (``pi.parallel``).
 """
 
-from __future__ import annotations
+from phaseinterp.parallel.launch import Launch, init_distributed, launch_info, rank_device
+from phaseinterp.parallel.runs import sharded_ablate, sharded_gate_cycling, sharded_profile
+from phaseinterp.parallel.shards import merge, model_fingerprint, shard_path
 
-import importlib
-from typing import Any
-
-_NAMES = ({name: "phaseinterp.parallel.runs" for name in ("sharded_profile", "sharded_ablate", "sharded_gate_cycling")}
-          | {name: "phaseinterp.parallel.launch" for name in ("Launch", "launch_info", "rank_device",
-                                                              "init_distributed")}
-          | {name: "phaseinterp.parallel.shards" for name in ("merge", "shard_path", "model_fingerprint")})
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _NAMES:
-        raise AttributeError(f"module 'phaseinterp.parallel' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_NAMES[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_NAMES))
-
-
-__all__ = sorted(_NAMES)
+__all__ = ["Launch", "init_distributed", "launch_info", "merge", "model_fingerprint", "rank_device", "shard_path",
+           "sharded_ablate", "sharded_gate_cycling", "sharded_profile"]
