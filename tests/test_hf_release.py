@@ -13,7 +13,13 @@ import torch
 
 import phaseinterp as pi
 from phaseinterp._checks import parse_size
-from phaseinterp.models.hf.export import export_release, quantize_fp8_blocks
+from phaseinterp.models.hf.export import (
+    export_release,
+    fp8_parameter_parts,
+    fp8_roundtrip,
+    fp8_roundtrip_parts,
+    quantize_fp8_blocks,
+)
 from phaseinterp.models.hf.memory import config_from_dict
 from phaseinterp.models.hf.release_layout import INDEX_FILE, check_names_roundtrip, release_tensors
 
@@ -155,6 +161,94 @@ def test_fp8_exact_export_loads_through_transformers_float_scales(shipped, tmp_p
     with pytest.raises(ValueError, match="fp8_scales='ue8m0' is not a scale format"):
         export_release(shipped, tmp_path / "bad", fp8=True, fp8_scales="ue8m0")
     assert not (tmp_path / "bad").exists()
+
+
+def test_fp8_roundtrip_is_idempotent():
+    """A weight on the FP8 grid (power-of-two scales) quantizes and dequantizes back bit for bit,
+    including the case where the block maximum rounds down to 224 * scale and the next scale halves."""
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        magnitude = 10 ** (torch.rand(1, generator=gen) * 20 - 10)
+        w = torch.randn(256, 384, generator=gen) * torch.logspace(-6, 2, 384) * magnitude
+        once = fp8_roundtrip(w)
+        assert torch.equal(fp8_roundtrip(once), once)
+        assert torch.equal(fp8_roundtrip(once, scales="pow2"), once)
+    s = 2.0 ** -7
+    w = torch.randn(128, 128, generator=gen) * 20 * s
+    w[0, 0], w[1, 1], w[2, 2] = 228 * s, -3 * 2 ** -9 * s, 5 * 2 ** -9 * s  # max: 228 -> e4m3 224; two e4m3 subnormals
+    q, scale = quantize_fp8_blocks(w)
+    assert scale.item() == s and q.float()[0, 0].item() == 224.0
+    once = fp8_roundtrip(w)
+    q2, scale2 = quantize_fp8_blocks(once)
+    assert scale2.item() == s / 2 and torch.equal(q2.float(), 2 * q.float())  # scale halves, every code doubles
+    assert torch.equal(fp8_roundtrip(once), once)
+    # every finite e4m3 value, as block content, for block maxima across the whole (224, 448] range of 2^-20..2^9 scales
+    codes = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    codes = codes[torch.isfinite(codes)]
+    for e in range(-20, 10, 3):
+        for m in torch.linspace(0.5, 1.0, 33)[1:].tolist():
+            block = codes[torch.randint(len(codes), (128, 128), generator=gen)] / 448 * (m * 448 * 2.0 ** e)
+            block[0, 0] = m * 448 * 2.0 ** e
+            once = fp8_roundtrip(block)
+            assert torch.equal(fp8_roundtrip(once), once), (e, m)
+
+
+def test_fp8_parts_are_exactly_what_the_export_quantizes(shipped, exported):
+    """`fp8_parameter_parts` (what FP8-native training fake-quantizes) is the exporter's own FP8 set:
+    rounding those parts of the shipped weights gives the FP8 export's loaded weights bit for bit."""
+    state = shipped.hf.state_dict()
+    parts = fp8_parameter_parts({k: v.shape for k, v in state.items()}, shipped.hf.config)
+    assert "model.layers.0.mlp.experts.gate_up_proj" in parts and "lm_head.weight" not in parts
+    assert len(parts["model.layers.0.mlp.experts.gate_up_proj"]) == 2 * shipped.hf.config.n_routed_experts
+    loaded = pi.load_hf(exported / "fp8", dtype=torch.float32).hf.state_dict()
+    assert set(loaded) == set(state)
+    for name, w in state.items():
+        want = fp8_roundtrip_parts(w, parts[name]) if name in parts else w
+        assert torch.equal(loaded[name], want), name
+    assert sum(not torch.equal(loaded[n], state[n]) for n in parts) == len(parts)  # float-trained: none on the grid
+
+
+def test_fp8_native_training_is_straight_through_and_snaps_onto_the_grid(tmp_path):
+    """``fp8_weights=True``: the forward sees the FP8-rounded weight, the gradient reaches the float32
+    weight unchanged (straight-through), and the saved weights are on the grid, so an FP8 export
+    loads them back bit for bit. (Two training steps of dsv4-tiny's recipe with ``fp8_weights``, 4 prompts a step.)"""
+    from dataclasses import replace
+
+    from transformers import DeepseekV4ForCausalLM
+
+    from phaseinterp.train.deepseek_v4 import _fp8_parametrize, _fp8_snap, train_tiny
+    from phaseinterp.zoo.deepseek_v4 import RECIPES
+
+    assert not RECIPES["dsv4-tiny"].fp8_weights and not RECIPES["dsv4.1-tiny"].fp8_weights  # default: float training
+    recipe = replace(RECIPES["dsv4-tiny"], fp8_weights=True)
+    torch.manual_seed(0)
+    hf = DeepseekV4ForCausalLM(recipe.hf_config(64))
+    linear = hf.model.layers[0].self_attn.o_b_proj
+    master = linear.weight.detach().clone()
+    parts = fp8_parameter_parts({n: p.shape for n, p in hf.named_parameters()}, hf.config)
+    done = _fp8_parametrize(hf)
+    wrapped = {n.replace(".parametrizations.", ".").removesuffix(".original") for n, _ in hf.named_parameters()
+               if ".parametrizations." in n}
+    assert wrapped == set(parts) and len(done) == len(parts)  # exactly the FP8 parts' parameters
+    assert torch.equal(linear.weight, fp8_roundtrip(master)) and not torch.equal(linear.weight, master)
+    c = torch.randn(master.shape)
+    (linear.weight * c).sum().backward()
+    assert torch.equal(linear.parametrizations.weight.original.grad, c)
+    _fp8_snap(done)
+    assert not any("parametrizations" in n for n in hf.state_dict())
+    assert torch.equal(linear.weight, fp8_roundtrip(master))
+
+    model = train_tiny(replace(recipe, steps=2, batch_size=4, eval_every=2, probe_per_residue=1), tmp_path,
+                       progress=False)
+    state = model.hf.state_dict()
+    assert not any("parametrizations" in n for n in state)
+    assert model.metadata["recipe"]["fp8_weights"] is True
+    parts = fp8_parameter_parts({k: v.shape for k, v in state.items()}, model.hf.config)
+    assert all(torch.equal(fp8_roundtrip_parts(state[n], parts[n]), state[n]) for n in parts)
+    assert not torch.equal(fp8_roundtrip(state["lm_head.weight"]), state["lm_head.weight"])  # BF16 in a release
+    export_release(model, tmp_path / "fp8", fp8=True)
+    loaded = pi.load_hf(tmp_path / "fp8", dtype=torch.float32).hf.state_dict()
+    assert all(torch.equal(loaded[k], state[k]) for k in state)
 
 
 # ------------------------------------------------------------------ FP8 precision

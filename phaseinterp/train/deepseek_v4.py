@@ -5,6 +5,12 @@ task and batch mixture (periodic rows, the easy-stage curriculum). The Lightning
 gradient through top-k in HF's forward; as in DeepSeek's recipe it is trained by a KL loss to the
 main attention's mass on the compressed entries (summed over heads, detached), with every closed
 entry kept during the first ``dense_fraction`` of the run, then ``index_topk`` entries.
+
+``recipe.fp8_weights``: FP8-native training, as a DeepSeek-V4 release is. Exactly the weights the
+release stores in FP8 (`phaseinterp.models.hf.export.fp8_parameter_parts`) go through fake
+quantization in every forward, ``w + (fp8_roundtrip(w) - w).detach()`` (straight-through; the
+exporter's own quantizer, e4m3 with power-of-two scales per 128 x 128 block), and are snapped onto
+that grid at the end, so the saved weights are exactly what an FP8 export stores.
 """
 
 from __future__ import annotations
@@ -44,6 +50,51 @@ def _indexer_kl(store: dict):
     return torch.stack(losses).mean() if losses else None
 
 
+def _fake_fp8(parts):
+    """A parametrization module: straight-through fake quantization of one HF parameter's FP8 parts
+    (forward value on the FP8 grid, gradient passed to the float32 master weight unchanged)."""
+    import torch
+
+    from phaseinterp.models.hf.export import fp8_roundtrip_parts
+
+    class FakeFP8(torch.nn.Module):
+        def forward(self, w):
+            return w + (fp8_roundtrip_parts(w, parts) - w).detach()
+
+    return FakeFP8()
+
+
+def _fp8_parametrize(hf_model) -> list:
+    """Register `_fake_fp8` on every parameter with FP8 parts; returns ``[(module, attr, parts), ...]``."""
+    from torch.nn.utils import parametrize
+
+    from phaseinterp.models.hf.export import fp8_parameter_parts
+
+    named = dict(hf_model.named_parameters())
+    parts = fp8_parameter_parts({n: p.shape for n, p in named.items()}, hf_model.config)
+    done = []
+    for name, index in parts.items():
+        module_name, _, attr = name.rpartition(".")
+        module = hf_model.get_submodule(module_name)
+        parametrize.register_parametrization(module, attr, _fake_fp8(index))
+        done.append((module, attr, index))
+    return done
+
+
+def _fp8_snap(parametrized: list) -> None:
+    """Remove the parametrizations and store the weights on the FP8 grid (``fp8_roundtrip``)."""
+    import torch
+    from torch.nn.utils import parametrize
+
+    from phaseinterp.models.hf.export import fp8_roundtrip_parts
+
+    for module, attr, index in parametrized:
+        parametrize.remove_parametrizations(module, attr, leave_parametrized=False)
+        with torch.no_grad():
+            param = getattr(module, attr)
+            param.copy_(fp8_roundtrip_parts(param, index))
+
+
 def train_tiny(recipe, out_dir: Union[str, Path], *, progress: bool = True, log_every: int = 25):
     """Train ``recipe`` from scratch; writes ``final/`` (HF format + sidecar), ``log.csv``, ``curves.csv``."""
     import numpy as np
@@ -67,6 +118,7 @@ def train_tiny(recipe, out_dir: Union[str, Path], *, progress: bool = True, log_
         for name, p in hf_model.named_parameters():
             if name.endswith("position_bias"):
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+    fp8 = _fp8_parametrize(hf_model) if getattr(recipe, "fp8_weights", False) else []
     model = from_hf(hf_model, name=recipe.name)
     dense_k = task.seq_len  # more than any number of closed entries: the indexer keeps all
     decay = [p for n, p in hf_model.named_parameters() if p.ndim >= 2 and "embed" not in n]
@@ -145,6 +197,8 @@ def train_tiny(recipe, out_dir: Union[str, Path], *, progress: bool = True, log_
                   f"kl {np.nanmean([r['indexer_kl'] for r in recent]):.3f} "
                   f"acc {np.mean([r['accuracy'] for r in recent]):.2f} ({time.time() - t0:.0f}s)", flush=True)
     model.eval()
+    if fp8:
+        _fp8_snap(fp8)
     _set_index_topk(hf_model, recipe.index_topk)
     model.metadata.update({
         "task": task.to_dict(), "task_type": type(task).__name__, "zoo_name": recipe.name,

@@ -72,6 +72,9 @@ class TinyRecipe:
     eval_every: int = 100
     probe_per_residue: int = 8
     task: dict[str, Any] = field(default_factory=dict)  # overrides of phaseinterp.zoo.TASK
+    # FP8-native (as a DeepSeek-V4 release): the weights the release stores in FP8 are fake-quantized
+    # in training (straight-through, the exporter's quantizer) and saved on the FP8 grid
+    fp8_weights: bool = False
 
     @property
     def command(self) -> str:

@@ -84,6 +84,70 @@ def quantize_fp8_blocks(weight, block: tuple[int, int] = FP8_BLOCK, scales: str 
     return q.to(torch.float8_e4m3fn), scale.to(torch.float32)
 
 
+def dequantize_fp8_blocks(q, scale):
+    """``q * scale`` in float32, one scale per block (the block read from the scale grid): what
+    transformers' ``Fp8Dequantize`` computes when it loads an FP8 checkpoint without FP8 kernels."""
+    import torch
+
+    rows, cols = q.shape[-2:]
+    sr, sc = scale.shape[-2:]
+    tiles = q.to(torch.float32).reshape(*q.shape[:-2], sr, rows // sr, sc, cols // sc)
+    return (tiles * scale.to(torch.float32).unsqueeze(-1).unsqueeze(-3)).reshape(q.shape)
+
+
+def fp8_roundtrip(weight, scales: str = DEFAULT_FP8_SCALES):
+    """``dequantize(quantize(weight))`` in float32: the weight an FP8 export of ``weight`` loads as.
+
+    With power-of-two scales (the default) this is a projection: a weight already on the grid comes
+    back bit for bit (`tests/test_hf_release.py::test_fp8_roundtrip_is_idempotent`). Why: a block's
+    scale ``s`` is the smallest power of two with ``amax / s <= 448``, so ``amax / s`` is in
+    ``(224, 448]``; e4m3 rounds that to ``m`` in ``[224, 448]``. Quantizing again, the new block max
+    ``m * s`` gives ``s' = s`` (then ``q' = q``) or, when ``m = 224`` (``amax / s`` rounded down),
+    ``s' = s / 2`` and ``q' = 2 q``, still e4m3 (``|2q| <= 448``, one exponent up), so ``q' s' = q s``.
+    """
+    return dequantize_fp8_blocks(*quantize_fp8_blocks(weight, scales=scales))
+
+
+def fp8_parameter_parts(named_shapes: dict[str, Any], hf_config: Any) -> dict[str, list]:
+    """Which elements of each HF parameter the release stores in FP8, as one index tensor per
+    released FP8 tensor: ``{hf_name: [flat indices shaped like the released tensor], ...}``.
+
+    Derived by running the exporter's own renaming and expert split (`release_tensors`) on index
+    tensors, so the parts are exactly those `export_release(fp8=True)` quantizes (one fused expert
+    stack ``gate_up_proj`` holds ``w1`` and ``w3`` of every expert: one part each). Parameters with no
+    FP8 part are left out."""
+    import math
+
+    import torch
+
+    quantized = _fp8_release_names(hf_config)
+    out: dict[str, list] = {}
+    covered: set[str] = set()
+    for name, shape in named_shapes.items():
+        index = torch.arange(math.prod(shape)).reshape(tuple(shape))
+        parts = {n: t for n, t in release_tensors({name: index}).items() if n in quantized}
+        if parts:
+            out[name] = list(parts.values())
+            covered.update(parts)
+    missing = sorted(quantized - covered)
+    if missing:
+        raise RuntimeError(f"FP8 parts: {missing[0]!r} is quantized by the release but no given parameter holds it")
+    return out
+
+
+def fp8_roundtrip_parts(weight, parts: list, scales: str = DEFAULT_FP8_SCALES):
+    """``weight`` (one HF parameter) with each FP8 part (`fp8_parameter_parts`) replaced by its
+    `fp8_roundtrip`; elements outside the parts are kept. No gradient flows through it."""
+    import torch
+
+    with torch.no_grad():
+        flat = weight.detach().reshape(-1)
+        out = flat.clone()
+        for index in parts:
+            out[index.reshape(-1)] = fp8_roundtrip(flat[index], scales=scales).to(out.dtype).reshape(-1)
+        return out.reshape(weight.shape)
+
+
 def release_config(hf_config: Any, fp8: bool, dtype: Optional[str] = None,
                    fp8_scales: str = DEFAULT_FP8_SCALES) -> dict:
     """``config.json`` in the release's fields: ``compress_rate_csa`` / ``compress_rate_hca``,
