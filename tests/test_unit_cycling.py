@@ -26,7 +26,7 @@ from phaseinterp.interventions.cycling_stats import (
     unit_score_arrays,
 )
 from phaseinterp.interventions.gate_shifts import cycle_gates, mean_gate_logits, shift_static_gates
-from phaseinterp.interventions.knockout import calibration_mean_z, knockout_measures
+from phaseinterp.interventions.knockout import calibration_mean_z, knockout_measures, shifted_knockouts
 from phaseinterp.interventions.unit_cycling import _joint_knockout, _layer_units
 
 SHIFTS = (-3, -2, -1, 1, 2, 3)
@@ -150,6 +150,36 @@ def test_joint_knockout_equals_the_fast_path():
     torch.testing.assert_close(lp, fast.clean_logprob, atol=1e-5, rtol=0)
     torch.testing.assert_close(lp_k, fast.knockout_logprob[:, 0], atol=1e-5, rtol=0)
     assert torch.equal(ok, fast.clean_correct) and torch.equal(ok_k, fast.knockout_correct[:, 0])
+
+
+@pytest.mark.parametrize("name, layer, mode", [("w4s4-1kv-shared", 1, "roll"), ("w4s4-1kv-shared", 0, "static"),
+                                               pytest.param("deep12-w8s8-1kv-shared-equal", 11, "roll",
+                                                            marks=pytest.mark.slow),
+                                               ("dsv4-tiny", 1, "roll")])
+def test_shared_lower_layers_equal_the_per_shift_loop_bit_for_bit(name, layer, mode):
+    """`shifted_knockouts` (layers below the shifted one run once for every shift) gives exactly what
+    calibrating and knocking out inside each shift gives: the same operations on the same batches."""
+    model = zoo_model(name)
+    task = pi.zoo.task_for(model)
+    batch = task.generate(1, seed=0, strict=False)
+    pos = int(batch.answer_pos[0])
+    calib = task.calibration(task.residue_modulus, seed=1).tokens[:, : pos + 1]
+    units = _layer_units(model, [layer], None)
+    mu = mean_gate_logits(model, calib, layers=[layer]) if mode == "static" else None
+    shift = (lambda d: shift_static_gates(model, d, [layer], mu)) if mode == "static" else (
+        lambda d: cycle_gates(model, d, [layer]))
+    shifts = (0, 1, -2)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    shared = shifted_knockouts(model, batch.tokens, pos, batch.answer, units, [lambda d=d: shift(d) for d in shifts],
+                               calib, 10)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    for d, got in zip(shifts, shared):
+        with shift(d):
+            want = knockout_measures(model, batch.tokens, pos, batch.answer, units,
+                                     calibration_mean_z(model, calib, pos, 10), 10)
+        for field in want._fields:
+            assert torch.equal(getattr(got, field), getattr(want, field)), (d, field)
+    assert not torch.equal(shared[0].clean_logprob, shared[1].clean_logprob)  # the shift did something
 
 
 # ------------------------------------------------------------ the experiment API

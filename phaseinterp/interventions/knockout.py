@@ -9,6 +9,10 @@ keeps one clean full forward's per-layer activations and calls
 `phaseinterp.models.hf.last_position.block_forward_last`. Naive path (`_naive_knockouts`): a hooked
 full forward per unit, the reference both fast paths equal to 1e-5. Which engine runs is the
 model protocol's answer (`PhaseModel.has_fast_ablation`, `family`).
+
+Unit-level gate cycling repeats one layer's knockout under several gate shifts of that layer:
+`shifted_knockouts` runs the layers below it once per prompt batch for every shift (own family;
+bit-identical to the per-shift loop, tested).
 """
 
 from __future__ import annotations
@@ -68,51 +72,166 @@ def calibration_mean_z(model, tokens: torch.Tensor, answer_pos: int, batch_size:
     return total / tokens.shape[0]
 
 
+def _prefix_cache(model, chunk: torch.Tensor, answer_pos: int, upto: int):
+    """Run layers ``0 .. upto - 1`` of the own family over the prefix ``chunk[:, :answer_pos]``:
+    (the KV cache with those layers filled, the prefix's residual stream entering layer ``upto``,
+    the answer token's residual entering layer ``upto`` (`Block.forward_last` over the cache),
+    the answer token's residuals entering each of those layers). The same operations, on the same
+    batch, as ``model(chunk[:, :answer_pos], cache=cache)`` restricted to those layers."""
+    cfg = model.cfg
+    n = chunk.shape[0]
+    cache = model.init_cache()
+    resid = None
+    if answer_pos > 0:
+        resid = model.hook_embed(model.W_E[chunk[:, :answer_pos].long()])
+        for layer in range(upto):
+            resid, cache.layers[layer] = model.blocks[layer](resid, cache.layers[layer], 0)
+        cache.length = answer_pos
+    else:
+        cache.layers = [_empty_layer_cache(model, n, chunk.device) for _ in range(cfg.n_layers)]
+    last = model.W_E[chunk[:, answer_pos]][:, None]
+    resid_pre = []
+    for layer in range(upto):
+        resid_pre.append(last)
+        last = model.blocks[layer].forward_last(last, cache.layers[layer])
+    return cache, resid, last, resid_pre
+
+
+def _finish_knockouts(model, cache, resid, last, resid_pre, start: int, ans, by_layer, units, mean_z, bar):
+    """Layers ``start ..`` over the prefix (when ``resid`` is given), then the answer position clean
+    and with each unit of ``by_layer`` mean-replaced: (clean ok, logit, log-prob; knocked ok, logit,
+    log-prob ``[n, unit]``)."""
+    cfg = model.cfg
+    if resid is not None:
+        for layer in range(start, cfg.n_layers):
+            resid, cache.layers[layer] = model.blocks[layer](resid, cache.layers[layer], 0)
+    resid_pre = list(resid_pre)
+    for layer in range(start, cfg.n_layers):
+        resid_pre.append(last)
+        last = model.blocks[layer].forward_last(last, cache.layers[layer])
+    clean = _answer_stats(model.unembed(last)[:, 0], ans)
+    n = last.shape[0]
+    device = last.device
+    out_ok = torch.zeros(n, len(units), dtype=torch.bool)
+    out_logit = torch.zeros(n, len(units))
+    out_lp = torch.zeros(n, len(units))
+    for layer, unit_idx in by_layer.items():
+        mask = torch.zeros(len(unit_idx), cfg.n_heads, dtype=torch.bool, device=device)
+        for v, u in enumerate(unit_idx):
+            mask[v, list(units.heads.iloc[u])] = True
+        r = resid_pre[layer].expand(-1, len(unit_idx), -1)
+        r = model.blocks[layer].forward_last(r, cache.layers[layer], (mask, mean_z[layer]))
+        for later in range(layer + 1, cfg.n_layers):
+            r = model.blocks[later].forward_last(r, cache.layers[later])
+        ok, logit, lp = _answer_stats(model.unembed(r), ans)  # logits [n, variant, vocab]
+        out_ok[:, unit_idx], out_logit[:, unit_idx], out_lp[:, unit_idx] = ok, logit, lp
+        if bar is not None:
+            bar.update(n * len(unit_idx))
+    return clean, (out_ok, out_logit, out_lp)
+
+
+def _collect(parts) -> KnockoutOutputs:
+    """`KnockoutOutputs` from per-batch ``(clean, knocked)`` triples."""
+    clean = [torch.cat(x) for x in zip(*[c for c, _ in parts])]
+    knocked = [torch.cat(x) for x in zip(*[k for _, k in parts])]
+    return KnockoutOutputs(clean[0], knocked[0], clean[1], knocked[1], clean[2], knocked[2])
+
+
 @torch.inference_mode()
 def _fast_knockouts(model, tokens, answer_pos, answer, units, mean_z, batch_size, bar):
     """(clean correct [N], knockout correct [N, U], clean answer logit [N], knockout answer logit [N, U])."""
-    cfg = model.cfg
     device = model_device(model)
     by_layer = {layer: [int(i) for i in grp.index] for layer, grp in units.groupby("layer")}
-    clean_ok, ko_ok, clean_logit, ko_logit, clean_lp, ko_lp = [], [], [], [], [], []
+    parts = []
     for i in range(0, tokens.shape[0], batch_size):
         chunk = tokens[i : i + batch_size, : answer_pos + 1].to(device)
         ans = answer[i : i + batch_size].to(device)
-        n = chunk.shape[0]
-        cache = model.init_cache()
-        if answer_pos > 0:
-            model(chunk[:, :answer_pos], cache=cache, return_type=None)
-        else:
-            cache.layers = [_empty_layer_cache(model, n, device) for _ in range(cfg.n_layers)]
-        resid = model.W_E[chunk[:, answer_pos]][:, None]
-        resid_pre = []
-        for layer, block in enumerate(model.blocks):
-            resid_pre.append(resid)
-            resid = block.forward_last(resid, cache.layers[layer])
-        ok, logit, lp = _answer_stats(model.unembed(resid)[:, 0], ans)
-        clean_ok.append(ok)
-        clean_logit.append(logit)
-        clean_lp.append(lp)
-        out_ok = torch.zeros(n, len(units), dtype=torch.bool)
-        out_logit = torch.zeros(n, len(units))
-        out_lp = torch.zeros(n, len(units))
-        for layer, unit_idx in by_layer.items():
-            mask = torch.zeros(len(unit_idx), cfg.n_heads, dtype=torch.bool, device=device)
-            for v, u in enumerate(unit_idx):
-                mask[v, list(units.heads.iloc[u])] = True
-            r = resid_pre[layer].expand(-1, len(unit_idx), -1)
-            r = model.blocks[layer].forward_last(r, cache.layers[layer], (mask, mean_z[layer]))
-            for later in range(layer + 1, cfg.n_layers):
-                r = model.blocks[later].forward_last(r, cache.layers[later])
-            ok, logit, lp = _answer_stats(model.unembed(r), ans)  # logits [n, variant, vocab]
-            out_ok[:, unit_idx], out_logit[:, unit_idx], out_lp[:, unit_idx] = ok, logit, lp
+        cache, resid, last, resid_pre = _prefix_cache(model, chunk, answer_pos, 0)
+        parts.append(_finish_knockouts(model, cache, resid, last, resid_pre, 0, ans, by_layer, units, mean_z, bar))
+    return _collect(parts)
+
+
+def shares_lower_layers(model) -> bool:
+    """Whether `shifted_knockouts` runs the layers below the edited one once for every variant
+    (the own family); elsewhere it reruns every layer per variant."""
+    return phase_model(model).family == "compressed"
+
+
+@torch.inference_mode()
+def shifted_knockouts(model, tokens, answer_pos: int, answer, units, variants, calib_tokens, batch_size: int = 64,
+                      bar=None):
+    """`calibration_mean_z` and `knockout_measures` for the units of ONE layer ``L`` under several
+    variants of the model (``variants``: zero-argument context-manager factories, each changing
+    only layer ``L``'s parameters or hooks, e.g. a shift of its gates; the mean is taken under the
+    same variant). Returns one `KnockoutOutputs` per variant.
+
+    Nothing below ``L`` changes between variants, so on the own family (`shares_lower_layers`)
+    layers ``0 .. L-1`` run once per prompt batch and every variant reruns only ``L ..``: the same
+    operations on the same batches as calling both functions inside each variant (bit-identical,
+    tested), at about ``(L + V (n_layers - L)) / (V n_layers)`` of the cost for V variants.
+    Elsewhere it is that per-variant loop. ``bar`` (optional) advances by one per prompt and variant."""
+    layers = sorted({int(layer) for layer in units.layer})
+    if len(layers) != 1:
+        raise ValueError(f"shifted_knockouts takes the units of one layer, got layers {layers}")
+    L = layers[0]
+    if not shares_lower_layers(model):
+        out = []
+        for variant in variants:
+            with variant():
+                mean_z = calibration_mean_z(model, calib_tokens, answer_pos, batch_size)
+                out.append(knockout_measures(model, tokens, answer_pos, answer, units, mean_z, batch_size))
             if bar is not None:
-                bar.update(n * len(unit_idx))
-        ko_ok.append(out_ok)
-        ko_logit.append(out_logit)
-        ko_lp.append(out_lp)
-    return KnockoutOutputs(torch.cat(clean_ok), torch.cat(ko_ok), torch.cat(clean_logit), torch.cat(ko_logit),
-                           torch.cat(clean_lp), torch.cat(ko_lp))
+                bar.update(tokens.shape[0])
+        return out
+    device = model_device(model)
+    mean_zs = _shifted_mean_z(model, calib_tokens, answer_pos, L, variants, batch_size)
+    answer = torch.as_tensor(answer)
+    by_layer = {L: [int(i) for i in units.index]}
+    parts: list[list] = [[] for _ in variants]
+    for i in range(0, tokens.shape[0], batch_size):
+        chunk = tokens[i : i + batch_size, : answer_pos + 1].to(device)
+        ans = answer[i : i + batch_size].to(device)
+        shared, resid, last, resid_pre = _prefix_cache(model, chunk, answer_pos, L)
+        for k, variant in enumerate(variants):
+            cache = type(shared)(layers=list(shared.layers), length=shared.length)
+            with variant():
+                parts[k].append(_finish_knockouts(model, cache, resid, last, resid_pre, L, ans, by_layer, units,
+                                                  mean_zs[k], None))
+            if bar is not None:
+                bar.update(chunk.shape[0])
+    return [_collect(p) for p in parts]
+
+
+def _shifted_mean_z(model, tokens, answer_pos: int, layer: int, variants, batch_size: int) -> list[torch.Tensor]:
+    """`calibration_mean_z` under each variant, layer ``layer`` only (the other layers are NaN),
+    layers below it run once per batch."""
+    name = phase_model(model).knockout_point(layer, 0).hook
+    device = model_device(model)
+    totals: list = [None] * len(variants)
+    got: list[torch.Tensor] = []
+
+    point = model.hook_dict[name]
+    for i in range(0, tokens.shape[0], batch_size):
+        chunk = tokens[i : i + batch_size, : answer_pos + 1].to(device).long()
+        resid = model.hook_embed(model.W_E[chunk])
+        for lower in range(layer):
+            resid, _ = model.blocks[lower](resid, None, 0)
+        for k, variant in enumerate(variants):
+            with variant():
+                handle = point.register_forward_hook(lambda module, inputs, z: got.append(z[:, answer_pos]))
+                try:
+                    model.blocks[layer](resid, None, 0)
+                finally:
+                    handle.remove()
+            z = torch.stack([got.pop()], 0).sum(1)[0]  # [head, d_head], summed as calibration_mean_z sums
+            totals[k] = z if totals[k] is None else totals[k] + z
+    out = []
+    for total in totals:
+        mean = torch.full((model.cfg.n_layers,) + tuple(total.shape), float("nan"), device=total.device,
+                          dtype=total.dtype)
+        mean[layer] = total / tokens.shape[0]
+        out.append(mean)
+    return out
 
 
 def _empty_layer_cache(model, n, device):

@@ -34,7 +34,7 @@ from phaseinterp.interventions.cycling_stats import (
     unit_permutation_tests,
     unit_score_arrays,
 )
-from phaseinterp.interventions.knockout import calibration_mean_z, knockout_measures, mean_replacement_hook
+from phaseinterp.interventions.knockout import calibration_mean_z, mean_replacement_hook, shifted_knockouts
 from phaseinterp.errors import UserInputError
 from phaseinterp.results import Result
 from phaseinterp.tasks import resolve_task
@@ -377,30 +377,36 @@ def unit_gate_cycling(
     calib_tokens = calib.tokens[:, : answer_pos + 1]
     units = _layer_units(model, layers_list, heads)
     mean_logits = mean_gate_logits(model, calib_tokens, layers_list, batch_size) if mode == "static" else None
-    bar = progress_bar(progress, len(shifts), f"unit gate cycling ({unit_label(layers_list, heads)})")
+    def variant(d):
+        return lambda: (shift_static_gates(model, d, layers_list, mean_logits, heads) if mode == "static"
+                        else cycle_gates(model, d, layers_list, "both", heads))
+
+    bar = progress_bar(progress, len(shifts) * len(batch), f"unit gate cycling ({unit_label(layers_list, heads)})")
     shifted, knocked, correct = [], [], []
+
+    def keep(lp_s, ok_s, lp_k, ok_k):
+        if measure == "accuracy":
+            shifted.append(ok_s.numpy().astype(float))
+            knocked.append(ok_k.numpy().astype(float))
+        else:
+            shifted.append(lp_s.numpy().astype(float))
+            knocked.append(lp_k.numpy().astype(float))
+        correct.append(ok_s.numpy().astype(bool))
+
     try:
-        for d in shifts:
-            context = (shift_static_gates(model, d, layers_list, mean_logits, heads) if mode == "static"
-                       else cycle_gates(model, d, layers_list, "both", heads))
-            with context:
-                mean_z = calibration_mean_z(model, calib_tokens, answer_pos, batch_size)
-                if len(layers_list) == 1:  # one layer: the cached-prefix fast path where the model has one
-                    out = knockout_measures(model, batch.tokens, answer_pos, batch.answer, units, mean_z, batch_size)
-                    lp_s, ok_s = out.clean_logprob, out.clean_correct
-                    lp_k, ok_k = out.knockout_logprob[:, 0], out.knockout_correct[:, 0]
-                else:
-                    lp_s, ok_s, lp_k, ok_k = _joint_knockout(model, batch.tokens, answer_pos, batch.answer, units,
-                                                             mean_z, batch_size)
-                if measure == "accuracy":
-                    shifted.append(ok_s.numpy().astype(float))
-                    knocked.append(ok_k.numpy().astype(float))
-                else:
-                    shifted.append(lp_s.numpy().astype(float))
-                    knocked.append(lp_k.numpy().astype(float))
-                correct.append(ok_s.numpy().astype(bool))
-            if bar is not None:
-                bar.update(1)
+        if len(layers_list) == 1:
+            # one layer: the layers below it do not change with the shift; they run once for every shift
+            # where the family allows (`shifted_knockouts`), and the last position uses the cached prefix
+            for out in shifted_knockouts(model, batch.tokens, answer_pos, batch.answer, units,
+                                         [variant(d) for d in shifts], calib_tokens, batch_size, bar):
+                keep(out.clean_logprob, out.clean_correct, out.knockout_logprob[:, 0], out.knockout_correct[:, 0])
+        else:
+            for d in shifts:
+                with variant(d)():
+                    mean_z = calibration_mean_z(model, calib_tokens, answer_pos, batch_size)
+                    keep(*_joint_knockout(model, batch.tokens, answer_pos, batch.answer, units, mean_z, batch_size))
+                if bar is not None:
+                    bar.update(len(batch))
     finally:
         if bar is not None:
             bar.close()
