@@ -118,6 +118,9 @@ RECIPES: dict[str, TinyRecipe] = {
                    "windows, Lightning Indexer top-8), CSA, HCA rate 32; 3 layers, d_model 64", csa_rate=4),
         TinyRecipe("dsv4.1-tiny", "tiny V4.1-shaped DeepSeek-V4 (HF DeepseekV4ForCausalLM): CSA rate 2 "
                    "(W = 4), indexer top-16, CSA, HCA rate 32; 3 layers, d_model 64", csa_rate=2, index_topk=16),
+        TinyRecipe("dsv4-tiny-fp8", "dsv4-tiny trained FP8-native (as a DeepSeek-V4 release): the weights the "
+                   "release stores in FP8 e4m3 (128 x 128 blocks, power-of-two scales) are fake-quantized in training "
+                   "and shipped on that grid, so an FP8 export is lossless", csa_rate=4, fp8_weights=True),
     ]
 }
 
