@@ -1,7 +1,9 @@
 """Real-checkpoint paths for DeepSeek-V4 (issue 23): DeepSeek's released layout, FP8, offloading.
 
 The shipped ``dsv4-tiny`` exported with ``phaseinterp zoo export`` is the fixture: it goes through
-`load_hf` and transformers' own conversion exactly as a downloaded checkpoint would.
+`load_hf` and transformers' own conversion exactly as a downloaded checkpoint would. ``dsv4-tiny-fp8``
+(the same recipe trained FP8-native, as a real release is) is the fixture for FP8: its FP8 export must
+load back bit for bit.
 """
 
 import json
@@ -25,6 +27,7 @@ from phaseinterp.models.hf.release_layout import INDEX_FILE, check_names_roundtr
 
 pytestmark = pytest.mark.zoo("dsv4-tiny")
 N = 72  # prompts per residue: the smallest moment-matched size for the zoo task
+FP8_NATIVE = "dsv4-tiny-fp8"  # dsv4-tiny's recipe trained FP8-native (fp8_weights=True)
 
 
 @pytest.fixture(scope="module")
@@ -252,6 +255,145 @@ def test_fp8_native_training_is_straight_through_and_snaps_onto_the_grid(tmp_pat
 
 
 # ------------------------------------------------------------------ FP8 precision
+
+
+def _answer_logits(model, batch, size: int = 256):
+    with torch.inference_mode():
+        return torch.cat([model(batch.tokens[i:i + size])[torch.arange(min(size, len(batch) - i)),
+                                                          batch.answer_pos[i:i + size]].float()
+                          for i in range(0, len(batch), size)])
+
+
+def _compare(model, ref_logits, batch, stride: int):
+    """``(max |logit diff|, top-1 agreement, agreement by phase)`` at the answer position."""
+    logits = _answer_logits(model, batch)
+    agree = (logits.argmax(-1) == ref_logits.argmax(-1)).numpy()
+    phase = batch.meta["residue"].to_numpy() % stride
+    by_phase = {int(k): float(agree[phase == k].mean()) for k in np.unique(phase)}
+    return (logits - ref_logits).abs().max().item(), float(agree.mean()), by_phase, logits
+
+
+@pytest.fixture(scope="module")
+def native_export(tmp_path_factory):
+    """``phaseinterp zoo export dsv4-tiny-fp8 --layout deepseek --fp8 --out DIR`` (power-of-two scales)."""
+    from phaseinterp.cli import main
+
+    out = tmp_path_factory.mktemp("native") / "fp8"
+    assert main(["zoo", "export", FP8_NATIVE, "--layout", "deepseek", "--fp8", "--out", str(out)]) == 0
+    return out
+
+
+@pytest.mark.zoo(FP8_NATIVE)
+def test_fp8_native_zoo_model_is_dsv4_tiny_trained_fp8(zoo_model):
+    """``dsv4-tiny-fp8`` is dsv4-tiny's recipe with ``fp8_weights=True`` and ships its FP8 parts on the grid."""
+    from dataclasses import replace
+
+    from phaseinterp.zoo.deepseek_v4 import RECIPES
+
+    recipe = RECIPES[FP8_NATIVE]
+    assert recipe == replace(RECIPES["dsv4-tiny"], name=FP8_NATIVE, description=recipe.description, fp8_weights=True)
+    model = zoo_model(FP8_NATIVE)
+    assert model.metadata["command"] == "python -m phaseinterp.zoo.deepseek_v4 dsv4-tiny-fp8"
+    assert model.metadata["recipe"]["fp8_weights"] is True and model.metadata["step"] == recipe.steps
+    state = model.hf.state_dict()
+    parts = fp8_parameter_parts({k: v.shape for k, v in state.items()}, model.hf.config)
+    assert all(torch.equal(fp8_roundtrip_parts(state[n], parts[n]), state[n]) for n in parts)
+
+
+@pytest.fixture(scope="module")
+def native_small(zoo_model):
+    """8 prompts per residue of dsv4-tiny-fp8's task and the float32 model's answer-position logits."""
+    ref = zoo_model(FP8_NATIVE)
+    batch = pi.zoo.task_for(ref).generate(8, seed=0, strict=False)
+    return batch, _answer_logits(ref, batch)
+
+
+@pytest.mark.zoo(FP8_NATIVE)
+def test_fp8_native_export_loads_bit_identical(zoo_model, native_export, native_small):
+    """The FP8-native model's FP8 export (e4m3, UE8M0 scales) loads back as exactly the shipped float32
+    weights, so its logits equal the shipped model's (max |diff| 0.0): names, block scales and
+    dequantization are all right. 8 prompts per residue here; the evaluation prompts in the slow test."""
+    ref = zoo_model(FP8_NATIVE)
+    model = pi.load_hf(native_export, dtype=torch.float32)
+    info = model.metadata["checkpoint"]
+    assert info["fp8"] and info["layout"] == "deepseek" and model.metadata["export"]["fp8_scales"] == "pow2"
+    raw = json.loads((native_export / "config.json").read_text())
+    assert raw["quantization_config"]["scale_fmt"] == "ue8m0"
+    got, want = model.hf.state_dict(), ref.hf.state_dict()
+    assert set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in want)
+    batch, ref_logits = native_small
+    diff, agree, by_phase, _ = _compare(model, ref_logits, batch, ref.cfg.stride)
+    assert diff == 0.0 and agree == 1.0 and set(by_phase.values()) == {1.0}, (diff, agree, by_phase)
+
+
+@pytest.mark.zoo(FP8_NATIVE)
+def test_fp8_native_negative_controls_one_scale_doubled(zoo_model, native_export, native_small, tmp_path):
+    """The check above can fail. The same export with one block's scale doubled (each weight of this
+    tiny model is a single 128 x 128 block): ``layers.0.attn.wo_b`` (attention output) loads, but its
+    logits move (measured max |diff| 8.5) and top-1 agreement drops to 0.66; ``layers.0.attn.wq_a``,
+    which the query RMSNorm after it almost cancels, keeps agreement at 1.0 and moves logits by
+    6e-6: only the exact max |diff| == 0 catches that one."""
+    from safetensors.torch import load_file, save_file
+
+    ref = zoo_model(FP8_NATIVE)
+    batch, ref_logits = native_small
+    measured = {}
+    for name in ("layers.0.attn.wo_b.scale", "layers.0.attn.wq_a.scale"):
+        folder = _copy(native_export, tmp_path / name)
+        shard = folder / json.loads((folder / INDEX_FILE).read_text())["weight_map"][name]
+        tensors = load_file(shard)
+        assert tensors[name].shape == (1, 1)
+        tensors[name] = tensors[name] * 2
+        save_file(tensors, shard, metadata={"format": "pt"})
+        measured[name] = _compare(pi.load_hf(folder, dtype=torch.float32), ref_logits, batch, ref.cfg.stride)[:3]
+    diff, agree, _ = measured["layers.0.attn.wo_b.scale"]
+    assert diff > 1.0 and agree < 0.99, measured
+    diff, agree, _ = measured["layers.0.attn.wq_a.scale"]
+    assert 0.0 < diff < 1e-4 and agree == 1.0, measured
+
+
+def test_fp8_block_layout_matches_transformers_dequantize():
+    """The tiny models' FP8 weights are one block each, so the block layout is checked here on a
+    multi-block weight: transformers' own ``Fp8Dequantize`` (the load path) gives exactly
+    `dequantize_fp8_blocks` of the exporter's blocks, and a transposed scale grid does not."""
+    from transformers.integrations.finegrained_fp8 import Fp8Dequantize
+
+    from phaseinterp.models.hf.export import dequantize_fp8_blocks
+
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(256, 256, generator=gen) * torch.logspace(-3, 0, 256)[:, None] * torch.logspace(0, -2, 256)
+    q, scale = quantize_fp8_blocks(w)
+    assert scale.shape == (2, 2) and len(set(scale.flatten().tolist())) > 1
+    theirs = Fp8Dequantize(None)._dequantize_one(q, scale, output_dtype=torch.float32)
+    assert torch.equal(theirs, dequantize_fp8_blocks(q, scale)) and torch.equal(theirs, fp8_roundtrip(w))
+    assert not torch.equal(Fp8Dequantize(None)._dequantize_one(q, scale.T, output_dtype=torch.float32), theirs)
+
+
+@pytest.mark.slow  # a 72-per-residue profile + two passes over its 1,728 prompts: 102 s on 2 busy shared cores
+@pytest.mark.zoo(FP8_NATIVE)
+def test_fp8_native_export_keeps_every_answer_on_the_evaluation_prompts(zoo_model, zoo_profile, native_export):
+    """The issue's FP8 criterion on the evaluation prompts (72 per residue, seed 0): top-1 agreement
+    with the float32 model >= 0.99 overall and at every phase (measured: 1.0, max |logit diff| 0.0),
+    and the phase accuracies inside the shipped model's 95% intervals."""
+    ref = zoo_model(FP8_NATIVE)
+    shipped_p = zoo_profile(FP8_NATIVE, N)
+    assert shipped_p.period == 4 and shipped_p.period_p_value < 0.05  # a phase fixture like dsv4-tiny
+    best, worst = int(np.nanargmax(shipped_p.phase_accuracy)), int(np.nanargmin(shipped_p.phase_accuracy))
+    assert shipped_p.phase_lower[best] > shipped_p.phase_upper[worst]
+    batch = pi.zoo.task_for(ref).generate(N, seed=0)
+    ref_logits = _answer_logits(ref, batch)
+    assert np.array_equal(ref_logits.argmax(-1).numpy(), shipped_p.records.predicted.to_numpy())
+    model = pi.load_hf(native_export, dtype=torch.float32)
+    diff, agree, by_phase, logits = _compare(model, ref_logits, batch, ref.cfg.stride)
+    assert diff == 0.0, diff
+    assert agree >= 0.99 and min(by_phase.values()) >= 0.99, (agree, by_phase)
+    correct = (logits.argmax(-1) == batch.answer).numpy()
+    phase = batch.meta["residue"].to_numpy() % ref.cfg.stride
+    acc = np.array([correct[phase == k].mean() for k in range(ref.cfg.stride)])
+    assert np.all(acc >= shipped_p.phase_lower) and np.all(acc <= shipped_p.phase_upper), \
+        (acc, shipped_p.phase_lower, shipped_p.phase_upper)
+
+
 @pytest.mark.slow  # two 72-per-residue profiles: ~3 min on 2 shared cores
 def test_fp8_export_loads_dequantized_and_keeps_the_phase_profile(shipped, exported, shipped_profile):
     """FP8 (e4m3, 128 x 128 blocks, UE8M0 scales) dequantized on CPU. Measured here: the phase
