@@ -3,6 +3,10 @@
     python benchmarks/dsv4_fp8_precision.py [--n-per-residue 72] [--models dsv4-tiny]
         [--fp8-scales pow2 exact] [--rest float32 bfloat16]
 
+``--models``: any shipped HF DeepSeek-V4 zoo names: dsv4-tiny and dsv4.1-tiny (trained in float32,
+rounded to FP8 by the export) or dsv4-tiny-fp8 (trained FP8-native, as a release is: its weights
+are already on the FP8 grid of the power-of-two scales).
+
 Exports each shipped model with `phaseinterp zoo export NAME --layout deepseek --fp8
 [--fp8-scales pow2|exact]` (rest in the model's float32, and with --dtype bfloat16 as the release
 stores it), loads it with `load_hf`

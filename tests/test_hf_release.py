@@ -369,36 +369,50 @@ def test_fp8_block_layout_matches_transformers_dequantize():
     assert not torch.equal(Fp8Dequantize(None)._dequantize_one(q, scale.T, output_dtype=torch.float32), theirs)
 
 
-@pytest.mark.slow  # a 72-per-residue profile + two passes over its 1,728 prompts: 102 s on 2 busy shared cores
+def _profile_with_logits(model, batch):
+    """``phase_profile(model, batch)`` and the answer-position logits of the same forward passes."""
+    outputs = []
+    handle = model.register_forward_hook(lambda module, args, out: outputs.append(out.detach().clone()))
+    try:
+        p = pi.phase_profile(model, batch, progress=False)
+    finally:
+        handle.remove()
+    logits = torch.cat(outputs)
+    return p, logits[torch.arange(len(batch)), batch.answer_pos].float()
+
+
+@pytest.mark.slow  # two 72-per-residue profiles (logits from the same passes): 59 s on 2 shared cores
 @pytest.mark.zoo(FP8_NATIVE)
-def test_fp8_native_export_keeps_every_answer_on_the_evaluation_prompts(zoo_model, zoo_profile, native_export):
+def test_fp8_native_export_keeps_every_answer_on_the_evaluation_prompts(zoo_model, native_export):
     """The issue's FP8 criterion on the evaluation prompts (72 per residue, seed 0): top-1 agreement
     with the float32 model >= 0.99 overall and at every phase (measured: 1.0, max |logit diff| 0.0),
-    and the phase accuracies inside the shipped model's 95% intervals."""
+    and the phase accuracies inside the shipped model's 95% intervals. The shipped model has period 4
+    with its best and worst phase intervals apart, as dsv4-tiny (a fixture for phase analysis)."""
     ref = zoo_model(FP8_NATIVE)
-    shipped_p = zoo_profile(FP8_NATIVE, N)
-    assert shipped_p.period == 4 and shipped_p.period_p_value < 0.05  # a phase fixture like dsv4-tiny
+    batch = pi.zoo.task_for(ref).generate(N, seed=0)
+    shipped_p, ref_logits = _profile_with_logits(ref, batch)
+    assert np.array_equal(ref_logits.argmax(-1).numpy(), shipped_p.records.predicted.to_numpy())
+    assert shipped_p.period == 4 and shipped_p.period_p_value < 0.05
     best, worst = int(np.nanargmax(shipped_p.phase_accuracy)), int(np.nanargmin(shipped_p.phase_accuracy))
     assert shipped_p.phase_lower[best] > shipped_p.phase_upper[worst]
-    batch = pi.zoo.task_for(ref).generate(N, seed=0)
-    ref_logits = _answer_logits(ref, batch)
-    assert np.array_equal(ref_logits.argmax(-1).numpy(), shipped_p.records.predicted.to_numpy())
     model = pi.load_hf(native_export, dtype=torch.float32)
-    diff, agree, by_phase, logits = _compare(model, ref_logits, batch, ref.cfg.stride)
-    assert diff == 0.0, diff
-    assert agree >= 0.99 and min(by_phase.values()) >= 0.99, (agree, by_phase)
-    correct = (logits.argmax(-1) == batch.answer).numpy()
-    phase = batch.meta["residue"].to_numpy() % ref.cfg.stride
-    acc = np.array([correct[phase == k].mean() for k in range(ref.cfg.stride)])
-    assert np.all(acc >= shipped_p.phase_lower) and np.all(acc <= shipped_p.phase_upper), \
-        (acc, shipped_p.phase_lower, shipped_p.phase_upper)
+    p, logits = _profile_with_logits(model, batch)
+    assert (logits - ref_logits).abs().max().item() == 0.0
+    agree = p.records.predicted.to_numpy() == shipped_p.records.predicted.to_numpy()
+    by_phase = p.records.assign(agree=agree).groupby("phase").agree.mean()
+    assert agree.mean() >= 0.99 and (by_phase >= 0.99).all(), by_phase
+    assert np.all(p.phase_accuracy >= shipped_p.phase_lower) and np.all(p.phase_accuracy <= shipped_p.phase_upper), \
+        (p.phase_accuracy, shipped_p.phase_lower, shipped_p.phase_upper)
+    assert p.period == 4
 
 
 @pytest.mark.slow  # two 72-per-residue profiles: ~3 min on 2 shared cores
 def test_fp8_export_loads_dequantized_and_keeps_the_phase_profile(shipped, exported, shipped_profile):
-    """FP8 (e4m3, 128 x 128 blocks, UE8M0 scales) dequantized on CPU. Measured here: the phase
+    """FP8 (e4m3, 128 x 128 blocks, UE8M0 scales) dequantized on CPU: the quantization loss of a
+    model trained in float32 and rounded afterwards (a release is trained FP8-native: that is
+    ``dsv4-tiny-fp8``, whose export loses nothing, tests above). Measured here: the phase
     accuracies stay inside the shipped model's Wilson intervals; top-1 agreement with the
-    full-precision model at the answer position is 95-96% (RESULTS section 11), below the
+    full-precision model at the answer position is 95.7% (RESULTS section 11), below the
     issue's 99% target: FP8's 3-bit mantissa flips near-tied predictions of this 2-layer-deep
     tiny model (every quantized module alone flips 0-2%). Exact float32 block scales
     (``fp8_scales="exact"``) measured 95.6%, so the power-of-two scale is not the cause."""
