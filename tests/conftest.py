@@ -22,6 +22,10 @@ import torch  # noqa: E402
 # Under pytest-xdist (``-n 2 --dist loadfile`` in addopts) each worker takes one thread: two workers fill two
 # cores; a file's tests stay on one worker, so module-level caches (the deep model's unit selection) hold.
 torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else max(1, min(2, os.cpu_count() or 1)))
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # the processes tests start (notebook kernels, examples, the demo, distributed ranks) inherit it:
+    # two threads each beside the other worker would oversubscribe the two cores
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(autouse=True)
