@@ -48,7 +48,7 @@ def main() -> None:
               f"({seconds:.0f} s for profile + selection)")
         print("| layer | " + " | ".join(f"phase {s}" for s in range(sel.stride)) + " | homogeneity p | mean rank |")
         print("|---|" + "---|" * sel.stride + "---|---|")
-        summary = sel.summary()
+        summary = sel.to_dict()
         frame = sel.to_frame()
         for layer, info in summary["layers"].items():
             sub = frame[frame.layer == layer].sort_values("phase")
