@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
+import warnings
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Mapping, Union
+from typing import Iterable, Iterator, Mapping, Optional, Union
 
 import plotly.graph_objects as go
 
@@ -78,11 +81,57 @@ def save_static(figures: Mapping[Union[str, Path], go.Figure], scale: float = 2.
     _check_static(targets[0].name)
     for t in targets:
         t.parent.mkdir(parents=True, exist_ok=True)
+    if _warming is not None:
+        _warming.join()  # a `static_session` is starting the browser: wait for it rather than start another
     try:
-        pio.write_images(list(figures.values()), targets, format=kinds, scale=scale)
+        with warnings.catch_warnings():  # a running session already holds plotly's kaleido options
+            warnings.filterwarnings("ignore", message="The kopts argument is ignored if using a server")
+            pio.write_images(list(figures.values()), targets, format=kinds, scale=scale)
     except Exception as err:  # kaleido wraps browser failures in several exception types
         raise ExportError(f"kaleido could not write {', '.join(t.name for t in targets)}: {err}") from err
     return targets
+
+
+_warming: Optional[threading.Thread] = None
+
+
+@contextmanager
+def static_session(enabled: bool = True) -> Iterator[None]:
+    """Start kaleido's browser now, in a background thread, and stop it on exit: a `save_static`
+    inside the block finds it running (or waits for it to finish starting) instead of starting
+    Chromium itself, so the start overlaps whatever the block computes first (`build_report`
+    uses it: its PNGs come last). The browser gets the same plotly.js/MathJax options plotly
+    passes per call. Nothing happens when ``enabled`` is false or static export is unavailable;
+    when the start fails, `save_static` starts its own browser as before (and reports its error).
+    """
+    global _warming
+    if not enabled or _warming is not None or not static_export_available():
+        yield
+        return
+    import kaleido
+    import plotly.io as pio
+
+    _check_static("the report's figures")
+    defaults = pio.defaults
+    options = {k: getattr(defaults, k) for k in ("plotlyjs", "mathjax", "headers") if getattr(defaults, k, None)}
+    started: list[bool] = []
+
+    def start() -> None:
+        try:
+            kaleido.start_sync_server(silence_warnings=True, **options)
+            started.append(True)
+        except Exception:  # noqa: BLE001 -- save_static then starts (and reports) its own browser
+            pass
+
+    _warming = threading.Thread(target=start, name="phaseinterp-kaleido-start", daemon=True)
+    _warming.start()
+    try:
+        yield
+    finally:
+        _warming.join()
+        _warming = None
+        if started:
+            kaleido.stop_sync_server(silence_warnings=True)
 
 
 def _check_static(name: str) -> None:

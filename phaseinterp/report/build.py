@@ -156,9 +156,12 @@ def build_report(model, out_dir: Union[str, Path], *, twin=None, settings: Optio
     final = check_report_dir(out_dir)
     check_twin(model, twin)
     staging: list[Path] = []
+    from phaseinterp.plot.export import static_session
+
     try:
-        report = _build_report(model, final, staging, twin=twin, settings=settings, task=task, device=device,
-                               progress=progress, log=log, deepseek_v4=deepseek_v4, remedy=remedy)
+        with static_session((settings or ReportSettings()).export_static):  # the browser starts while sections run
+            report = _build_report(model, final, staging, twin=twin, settings=settings, task=task, device=device,
+                                   progress=progress, log=log, deepseek_v4=deepseek_v4, remedy=remedy)
         _replace_dir(staging[0], final)
         return report
     finally:
