@@ -59,6 +59,7 @@ def run():
 if __name__ == "__main__":
     res = run()
     if sys.argv[1] == "record":
+        OUT.parent.mkdir(parents=True, exist_ok=True)
         torch.save(res, OUT)
         print("recorded", len(res))
     else:

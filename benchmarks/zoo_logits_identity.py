@@ -45,6 +45,7 @@ if __name__ == "__main__":
     mode = sys.argv[1]
     res = run_all(None if mode == "record" else list(torch.load(OUT)))
     if mode == "record":
+        OUT.parent.mkdir(parents=True, exist_ok=True)
         torch.save(res, OUT)
         print("recorded", list(res))
     else:
