@@ -80,6 +80,38 @@ def test_png_export(tmp_path):
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
 
 
+def test_a_warm_static_session_writes_the_same_png_and_stops(tmp_path, monkeypatch):
+    """`static_session` starts kaleido's browser in the background; `save_static` inside it waits for
+    that start and writes byte-identical PNGs; the session ends with no server left; disabled, it
+    starts nothing; a failed start leaves `save_static` to start its own browser."""
+    import kaleido
+    import plotly.graph_objects as go
+
+    from phaseinterp.plot import export
+
+    if not export.static_export_available():
+        if os.environ.get("CI"):
+            pytest.fail("CI must provide kaleido and chromium for static export")
+        pytest.skip("kaleido or chromium not installed")
+    fig = go.Figure(go.Bar(x=[0, 1, 2], y=[0.9, 0.2, 0.8]))
+    export.save_static({tmp_path / "cold.png": fig})
+    with export.static_session():
+        assert export._warming is not None
+        export.save_static({tmp_path / "warm.png": fig})
+    assert export._warming is None
+    assert (tmp_path / "warm.png").read_bytes() == (tmp_path / "cold.png").read_bytes()
+    with export.static_session(enabled=False):
+        assert export._warming is None
+
+    def broken(**kwargs):
+        raise RuntimeError("no browser today")
+
+    monkeypatch.setattr(kaleido, "start_sync_server", broken)
+    with export.static_session():
+        export.save_static({tmp_path / "fallback.png": fig})
+    assert (tmp_path / "fallback.png").read_bytes() == (tmp_path / "cold.png").read_bytes()
+
+
 def test_export_errors(tmp_path):
     import plotly.graph_objects as go
 
