@@ -154,7 +154,8 @@ def _fast_knockouts(model, tokens, answer_pos, answer, units, mean_z, batch_size
 def shares_lower_layers(model) -> bool:
     """Whether `shifted_knockouts` runs the layers below the edited one once for every variant
     (the own family); elsewhere it reruns every layer per variant."""
-    return phase_model(model).family == "compressed"
+    family = phase_model(model)
+    return family.family == "compressed" and family.has_fast_ablation
 
 
 @torch.inference_mode()
