@@ -156,12 +156,9 @@ def build_report(model, out_dir: Union[str, Path], *, twin=None, settings: Optio
     final = check_report_dir(out_dir)
     check_twin(model, twin)
     staging: list[Path] = []
-    from phaseinterp.plot.export import static_session
-
     try:
-        with static_session((settings or ReportSettings()).export_static):  # the browser starts while sections run
-            report = _build_report(model, final, staging, twin=twin, settings=settings, task=task, device=device,
-                                   progress=progress, log=log, deepseek_v4=deepseek_v4, remedy=remedy)
+        report = _build_report(model, final, staging, twin=twin, settings=settings, task=task, device=device,
+                               progress=progress, log=log, deepseek_v4=deepseek_v4, remedy=remedy)
         _replace_dir(staging[0], final)
         return report
     finally:
@@ -228,12 +225,13 @@ def _build_report(model, final: Path, staging: list, *, twin, settings, task, de
                         "task": task.to_dict() if hasattr(task, "to_dict") else repr(task),
                         "settings": settings.__dict__ | {"shifts": list(settings.shifts or ())}})
     clock.lap("load models")
-    run_sections(list(SECTIONS), ctx, clock)
-
-    summary, figures = ctx.summary, ctx.figures
-    for fig in figures.values():
-        tidy_figure(fig)
-    static = _static_export(settings, figures, out, export)
+    # the inputs are loaded and checked: kaleido's browser starts now, while the sections run
+    with export.static_session(settings.export_static):
+        run_sections(list(SECTIONS), ctx, clock)
+        summary, figures = ctx.summary, ctx.figures
+        for fig in figures.values():
+            tidy_figure(fig)
+        static = _static_export(settings, figures, out, export)
     if static["skipped"]:
         log(f"      PNG export skipped: {static['skipped']}; the report has interactive HTML figures and CSVs")
     summary["static_images"] = static["written"]
