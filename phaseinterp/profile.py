@@ -272,6 +272,8 @@ def phase_profile(
     n = len(batch)
     predicted = torch.empty(n, dtype=torch.long)
     answer_logprob = torch.empty(n, dtype=torch.float32)
+    # the own family reads the answer's logits without running its last layer at every position
+    last_only = family.family == "compressed" and hasattr(model, "last_logits")
     was_training = model.training
     model.eval()
     try:
@@ -280,13 +282,18 @@ def phase_profile(
             quiet = not progress or len(starts) < 2 or bool(os.environ.get("PHASEINTERP_NO_PROGRESS"))
             for start in tqdm(starts, desc="phase profile", disable=quiet):
                 stop = min(start + batch_size, n)
-                logits = _logits(model(batch.tokens[start:stop].to(device)))
-                if logits.ndim != 3 or logits.shape[:2] != (stop - start, batch.seq_len):
-                    raise UserInputError(f"model returned logits of shape {tuple(logits.shape)}; expected [batch, pos, d_vocab]")
-                rows = torch.arange(stop - start, device=logits.device)
-                last = logits[rows, batch.answer_pos[start:stop].to(logits.device)].float()
+                pos = batch.answer_pos[start:stop]
+                if last_only and bool((pos == pos[0]).all()):  # one answer position: the last-position path
+                    last = model.last_logits(batch.tokens[start:stop, : int(pos[0]) + 1].to(device)).float()
+                else:
+                    logits = _logits(model(batch.tokens[start:stop].to(device)))
+                    if logits.ndim != 3 or logits.shape[:2] != (stop - start, batch.seq_len):
+                        raise UserInputError(f"model returned logits of shape {tuple(logits.shape)}; "
+                                             "expected [batch, pos, d_vocab]")
+                    last = logits[torch.arange(stop - start, device=logits.device), pos.to(logits.device)].float()
+                rows = torch.arange(stop - start, device=last.device)
                 predicted[start:stop] = last.argmax(dim=-1).cpu()
-                answer = batch.answer[start:stop].to(logits.device)
+                answer = batch.answer[start:stop].to(last.device)
                 answer_logprob[start:stop] = torch.log_softmax(last, dim=-1)[rows, answer].cpu()
     finally:
         model.train(was_training)

@@ -56,11 +56,11 @@ def test_chunks_see_only_the_keys_they_need(monkeypatch):
     seen = []
     original = attn._attend
 
-    def spy(q, k_own, v_own, k_shared, v_shared, allowed, hooked=True, n_open=0):
+    def spy(q, band, k_shared, v_shared, allowed, hooked=True, n_open=0):
         seen.append((q.shape[1], k_shared.shape[1], hooked))
         # the entries every query of the chunk sees carry no mask
-        assert allowed.shape[-1] == k_own.shape[2] + k_shared.shape[1] - n_open
-        return original(q, k_own, v_own, k_shared, v_shared, allowed, hooked, n_open)
+        assert allowed.shape[-1] == band.width + k_shared.shape[1] - n_open
+        return original(q, band, k_shared, v_shared, allowed, hooked, n_open)
 
     monkeypatch.setattr(attn, "_attend", spy)
     with torch.no_grad():
@@ -122,7 +122,8 @@ def test_bad_query_chunk_raises(value):
 
 def test_last_position_ablation_is_one_prefix_pass_plus_the_last_position(monkeypatch):
     """With chunking on, the fast ablation equals the unchunked one, and evaluates each batch by
-    one forward over the prefix (``answer_pos`` tokens) plus `forward_last` for the last one."""
+    one forward over the prefix (``answer_pos`` tokens) plus `forward_last` for the last one; over
+    the prefix the last layer only fills its cache (nothing reads its outputs there)."""
     from phaseinterp.interventions import ablate
 
     task = small_task()
@@ -153,11 +154,13 @@ def test_last_position_ablation_is_one_prefix_pass_plus_the_last_position(monkey
     torch.testing.assert_close(torch.as_tensor(chunked.knockout_logit_answer),
                                torch.as_tensor(reference.knockout_logit_answer), rtol=0, atol=1e-5)
     n_batches = -(-len(prompts) // 4)
-    # calibration: 2 batches of 4 full prompts; evaluation: the prefix only (ends at answer_pos - 1)
+    # calibration: 2 batches of 4 full prompts; evaluation: the prefix only (ends at answer_pos - 1),
+    # attended by every layer but the last
     ends = calls["forward"]
     assert max(ends) == answer_pos + 1 and answer_pos in ends
     prefix_chunks = -(-answer_pos // 8)
-    assert len(ends) == model.cfg.n_layers * (2 * -(-(answer_pos + 1) // 8) + n_batches * prefix_chunks)
+    L = model.cfg.n_layers
+    assert len(ends) == L * 2 * -(-(answer_pos + 1) // 8) + (L - 1) * n_batches * prefix_chunks
     n_units = model.cfg.n_kv_heads * model.cfg.n_layers
     # clean last position per layer, then for each knocked-out layer that layer and the later ones
     assert calls["forward_last"] == n_batches * (model.cfg.n_layers + sum(

@@ -534,3 +534,86 @@ def test_staggered_memory_parity():
         assert all(lc.k_comp.shape == lc.v_comp.shape for lc in cache.layers)
     assert entries[None] == entries[(0, 2)] == [16, 16]  # windows 0..3, ..., 60..63
     assert entries[(1, 3)] == [15, 15]  # 1..4, ..., 57..60; 61..64 is not closed at length 64
+
+
+# ------------------------------------------------- the last position alone, and the band without gathering
+LAST_CONFIGS = {**NAMED_CONFIGS, "staggered": dict(window=4, stride=4, window_offsets="staggered"),
+                "staggered_tail": dict(window=8, stride=4, window_offsets="staggered", memory="uncompressed_tail")}
+
+
+@pytest.mark.parametrize("name", list(LAST_CONFIGS))
+@pytest.mark.parametrize("length", [1, 3, 37, 64])
+def test_last_logits_equal_the_full_forward(name, length):
+    """`last_logits` (the last layer attends from the final position only) equals the full forward's
+    last position, also with query chunks on; a sequence shorter than the band or a window too."""
+    model = make(3, **LAST_CONFIGS[name])
+    tokens = torch.randint(0, 32, (3, length), generator=torch.Generator().manual_seed(length))
+    with torch.no_grad():
+        full = model(tokens)[:, -1]
+        torch.testing.assert_close(model.last_logits(tokens), full, rtol=0, atol=1e-5)
+        model.set_query_chunk(7)
+        torch.testing.assert_close(model.last_logits(tokens), full, rtol=0, atol=1e-5)
+        # and a wrong answer is caught: the second-to-last position's logits differ
+        if length > 1:
+            assert not torch.allclose(model(tokens)[:, -2], full, atol=1e-3)
+
+
+def test_last_logits_with_a_hook_attached_is_the_full_forward():
+    """A hook anywhere makes `last_logits` the full forward: the hook fires on its usual shape and its
+    edit lands; without hooks the fast path runs (no hook_z of the last layer at every position)."""
+    model = make(0, window=4, stride=4)
+    tokens = torch.randint(0, 32, (2, 30), generator=torch.Generator().manual_seed(0))
+    seen = []
+
+    def scale(z, hook):
+        seen.append(tuple(z.shape))
+        return 50 * z
+
+    with torch.no_grad():
+        edited = model.run_with_hooks(tokens, fwd_hooks=[("blocks.1.attn.hook_z", scale)])[:, -1]
+        seen.clear()
+        with model.hooks(fwd_hooks=[("blocks.1.attn.hook_z", scale)]):
+            got = model.last_logits(tokens)
+        assert seen == [(2, 30, 4, 8)]
+        assert torch.equal(got, edited)
+        seen.clear()
+        clean = model.last_logits(tokens)
+        assert not seen and not torch.allclose(clean, edited, atol=1e-3)
+        torch.testing.assert_close(clean, model(tokens)[:, -1], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["W4S4", "tail", "full", "staggered"])
+def test_extend_cache_equals_the_forward_cache(name):
+    model = make(1, **LAST_CONFIGS[name])
+    resid = torch.randn(2, 23, 32, generator=torch.Generator().manual_seed(2))
+    block = model.blocks[1]
+    with torch.no_grad():
+        _, want = block(resid, None, 0)
+        got = block.extend_cache(resid, None, 0)
+        _, want2 = block(resid[:, 5:], block(resid[:, :5], None, 0)[1], 5)
+        got2 = block.extend_cache(resid[:, 5:], block.extend_cache(resid[:, :5], None, 0), 5)
+    for a, b in ((got, want), (got2, want2)):
+        for field in ("h", "k", "v", "k_rot", "k_comp", "v_comp"):
+            torch.testing.assert_close(getattr(a, field), getattr(b, field), rtol=0, atol=0, msg=field)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(1, 40), width=st.integers(1, 9), block=st.integers(1, 20), p0=st.integers(0, 30),
+       extra=st.integers(0, 5), kv=st.integers(1, 2), g=st.integers(1, 3))
+def test_block_band_equals_gathering_every_query_s_keys(n, width, block, p0, extra, kv, g):
+    """`BlockBand` (one dense matmul per query block, the band as its skewed diagonal) gives the
+    same band scores and the same pattern-weighted values as gathering each query's band keys."""
+    from phaseinterp.models.attention import BlockBand, GatheredBand
+
+    gen = torch.Generator().manual_seed(n * 1000 + width * 10 + block)
+    P, d = p0 + n + extra, 4  # the cache may hold positions past the queries
+    k, v = torch.randn(2, P, kv, d, generator=gen), torch.randn(2, P, kv, d, generator=gen)
+    band = p0 + torch.arange(n)[:, None] - width + 1 + torch.arange(width)
+    valid = (band >= 0)[None, None, None, :, :]
+    gathered = GatheredBand(k[:, band.clamp(min=0)], v[:, band.clamp(min=0)])
+    blocked = BlockBand(k, v, p0, n, width, block=max(block, width))
+    qg = torch.randn(2, n, kv, g, d, generator=gen)
+    torch.testing.assert_close(blocked.scores(qg).masked_fill(~valid, 0), gathered.scores(qg).masked_fill(~valid, 0),
+                               rtol=0, atol=1e-5)
+    p = torch.rand(2, kv, g, n, width, generator=gen).masked_fill(~valid, 0)
+    torch.testing.assert_close(blocked.mix(p), gathered.mix(p), rtol=0, atol=1e-5)

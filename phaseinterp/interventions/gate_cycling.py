@@ -167,7 +167,7 @@ def _correct(model, batch, answer_pos: int, batch_size: int) -> np.ndarray:
     out = []
     for i in range(0, batch.tokens.shape[0], batch_size):
         tokens = batch.tokens[i : i + batch_size, : answer_pos + 1].to(device)
-        logits = model(tokens)[:, answer_pos]
+        logits = model.last_logits(tokens) if hasattr(model, "last_logits") else model(tokens)[:, answer_pos]
         out.append((logits.argmax(-1).cpu() == torch.as_tensor(batch.answer[i : i + batch_size])).numpy())
     return np.concatenate(out)
 

@@ -104,7 +104,10 @@ def _finish_knockouts(model, cache, resid, last, resid_pre, start: int, ans, by_
     cfg = model.cfg
     if resid is not None:
         for layer in range(start, cfg.n_layers):
-            resid, cache.layers[layer] = model.blocks[layer](resid, cache.layers[layer], 0)
+            if layer == cfg.n_layers - 1:  # nothing reads the last layer's outputs over the prefix: its cache only
+                cache.layers[layer] = model.blocks[layer].extend_cache(resid, cache.layers[layer], 0)
+            else:
+                resid, cache.layers[layer] = model.blocks[layer](resid, cache.layers[layer], 0)
     resid_pre = list(resid_pre)
     for layer in range(start, cfg.n_layers):
         resid_pre.append(last)

@@ -49,6 +49,77 @@ from phaseinterp.phase import n_closed_windows, n_visible_entries, tail_start, w
 AUTO_CHUNK_ABOVE = 2048
 SCORE_BLOCK = 1 << 21
 MIN_AUTO_CHUNK = 16
+# Queries per block of `BlockBand` (at least the band width): one dense [block, block + B - 1] score matmul each.
+BAND_BLOCK = 16
+
+
+class GatheredBand:
+    """Band keys gathered per query (``k``, ``v``: ``[batch, query, slot, kv_head, d_head]``): the
+    layout of `CompressedAttention.forward_last`, whose few queries each bring their own keys."""
+
+    def __init__(self, k: Tensor, v: Tensor):
+        self.k, self.v, self.width = k, v, k.shape[2]
+
+    def scores(self, qg: Float[Tensor, "batch query kv_head group d_head"]) -> Float[Tensor, "batch kv_head group query slot"]:
+        return einops.einsum(qg, self.k, "b t k g d, b t s k d -> b k g t s")
+
+    def mix(self, p: Float[Tensor, "batch kv_head group query slot"]) -> Float[Tensor, "batch query kv_head group d_head"]:
+        return einops.einsum(p, self.v, "b k g t s, b t s k d -> b t k g d")
+
+
+class BlockBand:
+    """The band of ``n`` consecutive queries at positions ``p0 ..`` read from the cached keys
+    ``k``/``v`` (``[batch, pos, kv_head, d_head]``, positions ``0 ..``) without gathering them.
+
+    Slot ``s`` of the query at ``t`` holds position ``t - B + 1 + s`` (B = ``width``). The queries
+    are split into blocks of ``block``; a block's queries read one contiguous key window of
+    ``block + B - 1`` positions (an `unfold` view: no copy), so each block's scores are one dense
+    ``[block, block + B - 1]`` matmul whose skewed diagonal ``[block, B]`` is the band (a strided
+    view), and the pattern goes back through the same view. The same slots and numbers as
+    gathering every query's keys (`GatheredBand`, tested to 1e-5), in matmuls instead of a
+    ``[query, B, d_head]`` copy per query. Positions before 0 read zeros (their slots are masked)."""
+
+    def __init__(self, k: Tensor, v: Tensor, p0: int, n: int, width: int, block: Optional[int] = None):
+        self.width, self.n = width, n
+        self.block = c = min(n, block or max(width, BAND_BLOCK))
+        self.n_blocks = nb = -(-n // c)
+        self.span = w = c + width - 1
+        lo, hi = p0 - width + 1, p0 + nb * c  # key positions the blocks read, [lo, hi)
+        self.k_win, self.v_win = (self._windows(t, lo, hi) for t in (k, v))  # [b, n_blocks, kv, d, span]
+
+    def _windows(self, t: Tensor, lo: int, hi: int) -> Tensor:
+        front, back = max(0, -lo), max(0, hi - t.shape[1])
+        src = t[:, max(lo, 0): min(hi, t.shape[1])]
+        if front or back:
+            src = torch.cat([src.new_zeros(src.shape[0], front, *src.shape[2:]), src,
+                             src.new_zeros(src.shape[0], back, *src.shape[2:])], 1)
+        return src.unfold(1, self.span, self.block)
+
+    def _skew(self, dense: Tensor) -> Tensor:
+        """The band ``[b, n_blocks, kv, g, block, B]`` of contiguous ``dense`` ``[..., block, span]``:
+        element (i, s) is (i, i + s)."""
+        st = dense.stride()
+        return dense.as_strided(dense.shape[:-1] + (self.width,), st[:-2] + (self.span + 1, 1), dense.storage_offset())
+
+    def scores(self, qg: Float[Tensor, "batch query kv_head group d_head"]) -> Float[Tensor, "batch kv_head group query slot"]:
+        b, t, k, g, d = qg.shape
+        c, nb = self.block, self.n_blocks
+        q = qg if nb * c == t else torch.cat([qg, qg.new_zeros(b, nb * c - t, k, g, d)], 1)
+        q = q.reshape(b, nb, c, k, g, d).permute(0, 1, 3, 4, 2, 5).reshape(b, nb, k, g * c, d)
+        dense = torch.matmul(q, self.k_win).view(b, nb, k, g, c, self.span)  # [b, nb, kv, g, c, span]
+        band = self._skew(dense).permute(0, 2, 3, 1, 4, 5).reshape(b, k, g, nb * c, self.width)
+        return band[:, :, :, :t]
+
+    def mix(self, p: Float[Tensor, "batch kv_head group query slot"]) -> Float[Tensor, "batch query kv_head group d_head"]:
+        b, k, g, t, B = p.shape
+        c, nb = self.block, self.n_blocks
+        if nb * c != t:
+            p = torch.cat([p, p.new_zeros(b, k, g, nb * c - t, B)], 3)
+        dense = p.new_zeros(b, nb, k, g, c, self.span)
+        self._skew(dense).copy_(p.reshape(b, k, g, nb, c, B).permute(0, 3, 1, 2, 4, 5))
+        z = torch.matmul(dense.view(b, nb, k, g * c, self.span), self.v_win.transpose(-1, -2))  # [b, nb, kv, g c, d]
+        z = z.view(b, nb, k, g, c, -1).permute(0, 1, 4, 2, 3, 5).reshape(b, nb * c, k, g, -1)
+        return z[:, :t]
 
 
 class CompressedAttention(nn.Module):
@@ -218,8 +289,7 @@ class CompressedAttention(nn.Module):
     def _attend(
         self,
         q: Float[Tensor, "batch query head d_head"],
-        k_own: Float[Tensor, "batch query own kv_head d_head"],
-        v_own: Float[Tensor, "batch query own kv_head d_head"],
+        band: Union["GatheredBand", "BlockBand"],
         k_shared: Float[Tensor, "batch shared kv_head d_head"],
         v_shared: Float[Tensor, "batch shared kv_head d_head"],
         allowed: Bool[Tensor, "kv_head _query masked_slot"],
@@ -227,21 +297,16 @@ class CompressedAttention(nn.Module):
         n_open: int = 0,
     ) -> Float[Tensor, "batch query head d_head"]:
         """``z = pattern V``, ``pattern`` = the scores ``q.k / sqrt(d_head)`` of the allowed key
-        slots normalised over all slots ``[own | shared]`` at once. ``own`` keys belong to
-        one query (its band), ``shared`` keys to every query (entries, or all tokens for full
-        attention). The first ``n_open`` shared keys are visible to every query (a chunk's
-        older entries) and need no mask: ``allowed`` covers ``[own | shared[n_open:]]``."""
+        slots normalised over all slots ``[band | shared]`` at once. ``band`` keys belong to
+        one query (its band: `GatheredBand` or `BlockBand`, the same slots either way), ``shared``
+        keys to every query (entries, or all tokens for full attention). The first ``n_open``
+        shared keys are visible to every query (a chunk's older entries) and need no mask:
+        ``allowed`` covers ``[band | shared[n_open:]]``."""
         cfg = self.cfg
         qg = einops.rearrange(q, "b t (k g) d -> b t k g d", k=cfg.n_kv_heads)
-        scores = torch.cat(
-            [
-                einops.einsum(qg, k_own, "b t k g d, b t s k d -> b k g t s"),
-                einops.einsum(qg, k_shared, "b t k g d, b j k d -> b k g t j"),
-            ],
-            dim=-1,
-        )
+        scores = torch.cat([band.scores(qg), einops.einsum(qg, k_shared, "b t k g d, b j k d -> b k g t j")], dim=-1)
         scores.mul_(cfg.d_head**-0.5)
-        n_own, blocked = k_own.shape[2], ~allowed[:, None]  # [kv_head, 1 (group), query, masked_slot]
+        n_own, blocked = band.width, ~allowed[:, None]  # [kv_head, 1 (group), query, masked_slot]
         scores[..., :n_own].masked_fill_(blocked[..., :n_own], float("-inf"))
         scores[..., n_own + n_open:].masked_fill_(blocked[..., n_own:], float("-inf"))
         scores = einops.rearrange(scores, "b k g t s -> b (k g) t s")
@@ -249,7 +314,7 @@ class CompressedAttention(nn.Module):
         scores = hook("hook_attn_scores", scores)
         pattern = hook("hook_pattern", scores.softmax(dim=-1))
         pattern = einops.rearrange(pattern, "b (k g) t s -> b k g t s", k=cfg.n_kv_heads)
-        z = einops.einsum(pattern[..., :n_own], v_own, "b k g t s, b t s k d -> b t k g d")
+        z = band.mix(pattern[..., :n_own])
         z = z + einops.einsum(pattern[..., n_own:], v_shared, "b k g t j, b j k d -> b t k g d")
         return einops.rearrange(z, "b t k g d -> b t (k g) d")
 
@@ -282,6 +347,25 @@ class CompressedAttention(nn.Module):
                            for a, b in ranges], 1)
         z = self.hook_z(z)
         return self._output(z), cache
+
+    def extend_cache(self, x: Float[Tensor, "batch pos d_model"], cache: Optional[LayerCache] = None,
+                     start: int = 0) -> LayerCache:
+        """``forward(x, cache, start)[1]`` without the attention itself: the new tokens' K/V and the
+        windows they close (the K/V and compressor hook points fire)."""
+        positions = torch.arange(start, start + x.shape[1], device=x.device)
+        _, k, v, k_rot = self._project(x, positions)
+        return self._extend(cache, x, k, v, k_rot, start)
+
+    def forward_final(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch 1 d_model"]:
+        """The attention output at the LAST of the ``pos`` positions only (a sequence from position
+        0, no cache): every position's K/V and compressed entries, one query. Equals
+        ``forward(x)[0][:, -1:]`` (tested to 1e-5). Only the K/V and compressor hook points fire:
+        `CompressedTransformer.last_logits` calls it only while no hook is attached."""
+        positions = torch.arange(x.shape[1], device=x.device)
+        q_rot, k, v, k_rot = self._project(x, positions, hooked=False)
+        cache = self._extend(None, x, k, v, k_rot, 0)
+        last = x.shape[1] - 1
+        return self._output(self._attend_queries(q_rot[:, last:], cache, positions[last:], last=last))
 
     # Queries per chunk in `forward`: "auto" (the default), None (all at once) or a fixed
     # count. An execution setting, not part of the architecture: set it with
@@ -351,7 +435,8 @@ class CompressedAttention(nn.Module):
         first = None if last is None else last - q_rot.shape[1] + 1
         if not cfg.is_compressed:
             n_keys, n_open = (None, 0) if last is None else (last + 1, first + 1)
-            k_own = v_own = q_rot.new_zeros(q_rot.shape[0], q_rot.shape[1], 0, cfg.n_kv_heads, cfg.d_head)
+            empty = q_rot.new_zeros(q_rot.shape[0], q_rot.shape[1], 0, cfg.n_kv_heads, cfg.d_head)
+            band = GatheredBand(empty, empty)
             k_shared, v_shared = cache.k_rot[:, :n_keys], cache.v[:, :n_keys]
             allowed = self._band_allowed(positions, torch.arange(n_open, k_shared.shape[1], device=device))
         else:
@@ -360,12 +445,14 @@ class CompressedAttention(nn.Module):
                 W, S, o = cfg.window, cfg.stride, self.window_offsets
                 n_entries = n_visible_entries(last, W, S, min(o))
                 n_open = min(n_visible_entries(first, W, S, max(o)), n_entries)
-            band = positions[:, None] - self.band_width + 1 + torch.arange(self.band_width, device=device)
-            k_own, v_own = cache.k_rot[:, band.clamp(min=0)], cache.v[:, band.clamp(min=0)]
+            B = self.band_width
+            band_pos = positions[:, None] - B + 1 + torch.arange(B, device=device)
+            p0 = cache.h.shape[1] - q_rot.shape[1] if last is None else first  # the first query's position
+            band = BlockBand(cache.k_rot, cache.v, p0, q_rot.shape[1], B)
             k_shared, v_shared = cache.k_comp[:, :n_entries], cache.v_comp[:, :n_entries]
             entries = torch.arange(n_open, k_shared.shape[1], device=device)
-            allowed = torch.cat([self._band_allowed(positions, band), self._entry_allowed(positions, entries)], -1)
-        return self._attend(q_rot, k_own, v_own, k_shared, v_shared, allowed, hooked=last is None, n_open=n_open)
+            allowed = torch.cat([self._band_allowed(positions, band_pos), self._entry_allowed(positions, entries)], -1)
+        return self._attend(q_rot, band, k_shared, v_shared, allowed, hooked=last is None, n_open=n_open)
 
     def _extend(self, cache: Optional[LayerCache], x, k, v, k_rot, start: int) -> LayerCache:
         """The layer cache with the new tokens appended and newly closed windows compressed."""
@@ -428,7 +515,7 @@ class CompressedAttention(nn.Module):
             k_shared = torch.cat([k_shared, cache.k_comp[:, :first]], 1)
             v_shared = torch.cat([v_shared, cache.v_comp[:, :first]], 1)
             allowed.append(self._entry_allowed(query, torch.arange(first, device=x.device)))
-        z = self._attend(q_rot, k_own, v_own, k_shared, v_shared, torch.cat(allowed, -1), hooked=False)
+        z = self._attend(q_rot, GatheredBand(k_own, v_own), k_shared, v_shared, torch.cat(allowed, -1), hooked=False)
         if z_override is not None:
             mask, z_new = z_override
             z = torch.where(mask[None, :, :, None], z_new[None, None].to(z.dtype), z)

@@ -129,6 +129,17 @@ class Block(nn.Module):
         resid = resid + self.attn.forward_last(self.ln1.unhooked(resid), cache, z_override)
         return resid + self.mlp(self.ln2.unhooked(resid), hooked=False)
 
+    def extend_cache(self, resid: Float[Tensor, "batch pos d_model"], cache=None, start: int = 0):
+        """``forward(resid, cache, start)[1]`` only: the layer cache extended by the new tokens,
+        without computing their outputs (for the last layer, whose outputs at a prefix nothing reads)."""
+        return self.attn.extend_cache(self.ln1(self.hook_resid_pre(resid)), cache, start)
+
+    def forward_final(self, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch 1 d_model"]:
+        """The block's output at the last position only (a sequence from position 0, no cache;
+        see `CompressedAttention.forward_final`); no hook points fire but the K/V and compressor ones."""
+        last = resid[:, -1:] + self.attn.forward_final(self.ln1.unhooked(resid))
+        return last + self.mlp(self.ln2.unhooked(last), hooked=False)
+
 
 class CompressedTransformer(HookedRootModule):
     """Decoder-only transformer whose attention reads a chunk-compressed KV cache.
@@ -249,6 +260,22 @@ class CompressedTransformer(HookedRootModule):
         return F.cross_entropy(
             einops.rearrange(logits[:, :-1], "b t v -> (b t) v"), einops.rearrange(tokens[:, 1:], "b t -> (b t)")
         )
+
+    def last_logits(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch d_vocab"]:
+        """The logits at the LAST position, ``model(tokens)[:, -1]`` (equal to 1e-5, tested), at
+        less cost: every layer but the last runs over all positions; the last layer computes its
+        K/V and compressed entries over all positions but its attention and MLP at the final
+        position only (for a 2-layer model about half the work of a full forward). While any
+        hook is attached (``run_with_hooks``, ``hooks()``, `cycle_gates`' static mode...) it is
+        the full forward, so every hook sees what it always sees. What `phase_profile`, gate
+        cycling and mean replacement read: one answer per prompt."""
+        if any(h._forward_hooks or h._forward_pre_hooks or h._backward_hooks for h in self.hook_dict.values()):
+            return self(tokens)[:, -1]
+        self._check_tokens(tokens, 0)
+        resid = self.W_E[tokens.to(self.W_E.device).long()]
+        for block in self.blocks[:-1]:
+            resid, _ = block(resid, None, 0)
+        return self.unembed(self.blocks[-1].forward_final(resid))[:, 0]
 
     def run_with_cache(self, *model_args: Any, return_cache_object: bool = True, **kwargs: Any):
         """TransformerLens's ``run_with_cache``; wraps the activations in an ``ActivationCache``
