@@ -53,9 +53,9 @@ SWEEP = ("w4s4", "w6s6", "w8s4-deepseek", "full", "deep12-w8s8-1kv-shared-equal"
 @pytest.mark.parametrize("script, args", [
     # one model per kind (two strides, the DeepSeek kernel, full attention, a 12-layer model, HF DeepSeek-V4):
     # the example runs; the zoo's science is tested in test_zoo*.py
-    pytest.param("stride_sweep.py", ["--n-per-residue", "72", "--models", *SWEEP],
-                 marks=pytest.mark.zoo(*SWEEP)),
-    pytest.param("ablate_layer.py", ["--n-per-residue", "72", "--layer", "11"],
+    # --quick: smoke size (the scripts' numbers at full size are the zoo tests' claims)
+    pytest.param("stride_sweep.py", ["--quick", "--models", *SWEEP], marks=pytest.mark.zoo(*SWEEP)),
+    pytest.param("ablate_layer.py", ["--quick", "--layer", "11"],
                  marks=pytest.mark.zoo("deep12-w8s8-1kv-shared-equal"))])
 def test_example_runs(script, args, tmp_path):
     env = dict(os.environ, PHASEINTERP_NO_PROGRESS="1")
