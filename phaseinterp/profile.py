@@ -272,8 +272,8 @@ def phase_profile(
     n = len(batch)
     predicted = torch.empty(n, dtype=torch.long)
     answer_logprob = torch.empty(n, dtype=torch.float32)
-    # the own family reads the answer's logits without running its last layer at every position
-    last_only = family.family == "compressed" and hasattr(model, "last_logits")
+    # both families read the answer's logits without running their last layer at every position
+    last_only = family.family in ("compressed", "deepseek_v4") and hasattr(model, "last_logits")
     was_training = model.training
     model.eval()
     try:

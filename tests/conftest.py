@@ -103,6 +103,18 @@ def pytest_runtest_setup(item):
             pytest.skip(why)
 
 
+# The longest test files first (their measured seconds: benchmarks/RESULTS.md section 17), so that
+# under ``--dist loadfile`` neither worker starts a long file when the other is nearly done; the
+# rest keep their collection order. Only the order changes: every test still runs.
+LONGEST_FIRST = ("test_zoo_deep_claims.py", "test_unit_cycling.py", "test_notebooks_examples.py", "test_cli.py",
+                 "test_zoo.py", "test_hf_release.py", "test_deepseek_v4.py", "test_report_page.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: within a file, the file's order
+
+
 # Loaded zoo models and their profiles, shared by the whole test run (each loaded or measured once).
 # Tests must leave a shared model as they found it (interventions are context managers that
 # restore it); a test that changes a model for good loads its own copy.

@@ -548,3 +548,26 @@ def test_fast_knockouts_equal_the_hooked_full_forward(layer_types, length):
         else:
             torch.testing.assert_close(a, b, atol=1e-5, rtol=0, msg=name)
     assert (fast.knockout_logprob - fast.clean_logprob[:, None]).abs().max() > 1e-3  # the knockouts do something
+
+
+# ---------------------------------------------------------- the last position alone
+@pytest.mark.parametrize("layer_types", [[CSA, HCA, CSA], [CSA, CSA, HCA], [HCA, CSA, "sliding_attention"]],
+                         ids=["last-CSA", "last-HCA", "last-sliding"])
+def test_last_logits_equal_the_full_forward(layer_types):
+    """`HookedDeepseekV4.last_logits` (the last layer's attention and MoE at the final position only)
+    equals the full forward's last position: lengths inside the first window, at a window's close
+    (T % S == 0: the entry closed at p) and past it; with a hook attached it is the full forward."""
+    model = from_hf(make_hf(seed=3, layer_types=layer_types))
+    tokens = torch.randint(0, TASK.vocab.size, (3, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        for length in (1, 3, 8, 16, 23, 40):
+            full = model(tokens[:, :length])[:, -1]
+            torch.testing.assert_close(model.last_logits(tokens[:, :length]), full, rtol=0, atol=1e-5)
+            if length > 1:  # a wrong position is caught
+                assert not torch.allclose(model(tokens[:, :length])[:, -2], full, atol=1e-3)
+        seen = []
+        with model.hooks(fwd_hooks=[("blocks.2.hook_resid_post", lambda t, hook: seen.append(t.shape) or 3 * t)]):
+            edited = model.last_logits(tokens)
+        assert seen == [torch.Size([3, 40, 2, 32])]
+        torch.testing.assert_close(edited, model.run_with_hooks(
+            tokens, fwd_hooks=[("blocks.2.hook_resid_post", lambda t, hook: 3 * t)])[:, -1], rtol=0, atol=0)

@@ -138,6 +138,19 @@ class IndexerHooks(_CompressionHooks):
 
     def forward(self, x: Tensor, q_residual: Tensor, position_ids: Tensor) -> Tensor:
         """Top-``index_topk`` entry indices per query ``[batch, pos, k]`` (-1 where fewer are closed)."""
+        scores, compressed = self.scores(x, q_residual, position_ids)
+        n_entries = compressed.shape[1]
+        top_k = min(self.hf.index_topk, n_entries)
+        if n_entries == 0:
+            return self.hook_selected(scores.topk(top_k, dim=-1).indices)
+        threshold = (position_ids + 1) // self.hf.compress_rate  # entries j < threshold are closed
+        top = scores.topk(top_k, dim=-1).indices
+        top = torch.where(top >= threshold.unsqueeze(-1), torch.full_like(top, -1), top)
+        return self.hook_selected(top)
+
+    def scores(self, x: Tensor, q_residual: Tensor, position_ids: Tensor) -> tuple[Tensor, Tensor]:
+        """(``hook_scores``: every query's score of every entry ``[batch, pos, entry]``, -inf on entries
+        not closed yet; the indexer's entries ``[batch, entry, d_index]``)."""
         hf = self.hf
         mod = _hf()
         batch, T, _ = x.shape
@@ -147,16 +160,12 @@ class IndexerHooks(_CompressionHooks):
         q = self.hook_q(mod.apply_rotary_pos_emb(q, cos_q, sin_q).transpose(1, 2))
         scores = hf.scorer(q, compressed, x)  # [batch, pos, entry]
         n_entries = compressed.shape[1]
-        top_k = min(hf.index_topk, n_entries)
         if n_entries == 0:
-            return self.hook_selected(self.hook_scores(scores).topk(top_k, dim=-1).indices)
+            return self.hook_scores(scores), compressed
         threshold = (position_ids + 1) // hf.compress_rate  # entries j < threshold are closed
         entry = torch.arange(n_entries, device=scores.device)
         scores = scores.masked_fill(entry.view(1, 1, -1) >= threshold.unsqueeze(-1), float("-inf"))
-        scores = self.hook_scores(scores)
-        top = scores.topk(top_k, dim=-1).indices
-        top = torch.where(top >= threshold.unsqueeze(-1), torch.full_like(top, -1), top)
-        return self.hook_selected(top)
+        return self.hook_scores(scores), compressed
 
 
 class CompressorHooks(_CompressionHooks):

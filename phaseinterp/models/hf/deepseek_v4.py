@@ -88,6 +88,21 @@ class HookedDeepseekV4(HookedRootModule):
         if return_type not in ("logits", "loss", None):
             raise UserInputError(f"return_type={return_type!r} is not one of ('logits', 'loss', None)")
         self._check_tokens(tokens)
+        hf = self.hf.model
+        streams, inputs = self._through(self.blocks, *self._decoder_inputs(tokens))
+        tokens = inputs[0]
+        streams = streams.to(execution_device(hf.norm))
+        with materialized(hf.norm):  # ln_final reads the norm's weight directly
+            final = self.ln_final(hf.hc_head(streams))
+        if return_type is None:
+            return None
+        logits = self.hf.lm_head(final.to(execution_device(self.hf.lm_head)))
+        if return_type == "logits":
+            return logits
+        return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), tokens[:, 1:].flatten().to(logits.device))
+
+    def _decoder_inputs(self, tokens: Tensor) -> tuple:
+        """(tokens, streams entering layer 0, position ids, mask, rope) of a forward over ``tokens``."""
         from transformers.masking_utils import create_sliding_window_causal_mask
 
         hf = self.hf.model
@@ -98,7 +113,12 @@ class HookedDeepseekV4(HookedRootModule):
                                                  cache=None, position_ids=position_ids)
         streams = embeds.unsqueeze(2).expand(-1, -1, self.cfg.hc_mult, -1).contiguous()
         rope = {kind: hf.rotary_emb(embeds, position_ids=position_ids, layer_type=kind) for kind in ("main", "compress")}
-        for block in self.blocks:
+        return tokens, streams, position_ids, mask, rope
+
+    @staticmethod
+    def _through(blocks, tokens, streams, position_ids, mask, rope) -> tuple:
+        """``streams`` through ``blocks`` (each on its execution device): (streams, the inputs moved along)."""
+        for block in blocks:
             device = execution_device(block.hf.input_layernorm)  # device_map: a decoder layer runs on one device
             if streams.device != device:
                 streams, position_ids = streams.to(device), position_ids.to(device)
@@ -107,15 +127,34 @@ class HookedDeepseekV4(HookedRootModule):
                 tokens = tokens.to(device)
             with materialized(block.hf):  # offloaded layer: its weights in memory for this layer only
                 streams = block(streams, rope, position_ids, mask, tokens)
-        streams = streams.to(execution_device(hf.norm))
-        with materialized(hf.norm):  # ln_final reads the norm's weight directly
-            final = self.ln_final(hf.hc_head(streams))
-        if return_type is None:
-            return None
-        logits = self.hf.lm_head(final.to(execution_device(self.hf.lm_head)))
-        if return_type == "logits":
-            return logits
-        return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), tokens[:, 1:].flatten().to(logits.device))
+        return streams, (tokens, position_ids, mask, rope)
+
+    def last_logits(self, tokens: Tensor) -> Tensor:
+        """The logits at the LAST position, ``model(tokens)[:, -1]`` (equal to 1e-5, tested), at less
+        cost: every layer but the last runs over all positions; the last layer computes its K = V,
+        compressed entries and indexer scores over all positions but its attention and MoE at the
+        final position only (`models.hf.last_position`; offloaded layers are brought in as the
+        forward brings them). While any hook is attached it is the full forward. What
+        `phase_profile` and gate cycling read."""
+        from phaseinterp.models.hf.last_position import block_forward_last, layer_state, logits_last, _rope
+
+        if any(h._forward_hooks or h._forward_pre_hooks or h._backward_hooks for h in self.hook_dict.values()):
+            return self(tokens)[:, -1]
+        self._check_tokens(tokens)
+        with torch.inference_mode():
+            streams, (tokens, position_ids, mask, rope) = self._through(self.blocks[:-1], *self._decoder_inputs(tokens))
+            last = self.blocks[-1]
+            device = execution_device(last.hf.input_layernorm)
+            streams, tokens = streams.to(device), tokens.to(device)
+            position_ids = position_ids.to(device)
+            rope = {k: (c.to(device), s.to(device)) for k, (c, s) in rope.items()}
+            with materialized(last.hf):  # offloaded layer: its weights in memory for this layer only
+                state = layer_state(last, streams, rope, position_ids)
+                out = block_forward_last(last, state, streams[:, -1:], tokens[:, -1:],
+                                         _rope(self, tokens.shape[1] - 1, state.attn_in), None)
+            out = out.to(execution_device(self.hf.model.norm))
+            with materialized(self.hf.model.norm):
+                return logits_last(self, out)[:, 0]
 
     def run_with_cache(self, *model_args: Any, return_cache_object: bool = True, **kwargs: Any):
         """TransformerLens's ``run_with_cache`` (an ``ActivationCache`` unless ``return_cache_object=False``)."""

@@ -85,6 +85,31 @@ def clean_states(model, tokens: Tensor) -> tuple[Tensor, list[LayerState]]:
     return logits, states
 
 
+@torch.inference_mode()
+def layer_state(block, streams: Tensor, rope, position_ids: Tensor) -> LayerState:
+    """The `LayerState` of ``block`` for its input ``streams`` ``[N, T, hc, d_model]``, without its
+    attention queries or its MoE: the same ops as the block's forward up to those (what
+    `clean_states` reads from a full forward's hooks), for a layer whose output only ``p`` needs."""
+    hf, attn = block.hf, block.attn
+    ahf = attn.hf
+    mod = _hf()
+    N, T = streams.shape[:2]
+    d = ahf.head_dim
+    _, _, collapsed = hf.attn_hc(streams)
+    x = block.ln1(collapsed)
+    cos, sin = rope[ahf.rope_layer_type]
+    kv = attn.kv_norm(attn.hook_kv(ahf.kv_proj(x).view(N, T, -1, d)))
+    kv = attn.hook_rot_kv(mod.apply_rotary_pos_emb(kv.transpose(1, 2), cos, sin).transpose(1, 2))[:, :, 0]
+    compressed = index_compressed = index_scores = None
+    comp = attn.compressor
+    if isinstance(comp, CompressorHooks):
+        compressed = comp.compress(x)  # [N, E, d_head], rotated
+        if comp.kind == CSA:
+            index_scores, index_compressed = comp.indexer.scores(x, ahf.q_a_norm(ahf.q_a_proj(x)), position_ids)
+    return LayerState(resid_pre=streams, attn_in=x, kv=kv, compressed=compressed, index_compressed=index_compressed,
+                      index_scores=index_scores)
+
+
 def _rope(model, position: int, like: Tensor) -> dict[str, tuple[Tensor, Tensor]]:
     position_ids = torch.full((1, 1), position, device=like.device, dtype=torch.long)
     hf = model.hf.model
@@ -197,4 +222,4 @@ def logits_last(model, streams: Tensor) -> Tensor:
     return model.hf.lm_head(hf.norm(hf.hc_head(streams)))
 
 
-__all__ = ["LayerState", "block_forward_last", "clean_states", "logits_last"]
+__all__ = ["LayerState", "block_forward_last", "clean_states", "layer_state", "logits_last"]
