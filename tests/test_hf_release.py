@@ -370,15 +370,24 @@ def test_fp8_block_layout_matches_transformers_dequantize():
 
 
 def _profile_with_logits(model, batch):
-    """``phase_profile(model, batch)`` and the answer-position logits of the same forward passes."""
+    """``phase_profile(model, batch)`` and the answer-position logits of the same passes (the profile
+    reads them through ``model.last_logits``: one answer position per batch)."""
     outputs = []
-    handle = model.register_forward_hook(lambda module, args, out: outputs.append(out.detach().clone()))
+    original = model.last_logits
+
+    def spy(tokens):
+        out = original(tokens)
+        outputs.append(out.detach().clone())
+        return out
+
+    model.last_logits = spy  # an instance attribute over the method, deleted below
     try:
         p = pi.phase_profile(model, batch, progress=False)
     finally:
-        handle.remove()
+        del model.last_logits
     logits = torch.cat(outputs)
-    return p, logits[torch.arange(len(batch)), batch.answer_pos].float()
+    assert logits.shape == (len(batch), model.cfg.d_vocab)
+    return p, logits.float()
 
 
 @pytest.mark.slow  # two 72-per-residue profiles (logits from the same passes): 59 s on 2 shared cores
