@@ -617,3 +617,21 @@ def test_block_band_equals_gathering_every_query_s_keys(n, width, block, p0, ext
                                rtol=0, atol=1e-5)
     p = torch.rand(2, kv, g, n, width, generator=gen).masked_fill(~valid, 0)
     torch.testing.assert_close(blocked.mix(p), gathered.mix(p), rtol=0, atol=1e-5)
+
+
+def test_mlp_row_blocks_are_bit_identical_to_the_whole_batch():
+    """`SwiGLU` runs its rows in blocks of `MLP_ROWS` while its hooks are idle: the same numbers, bit
+    for bit, as the one-shot path a hook sees (and the hooks still see the whole batch)."""
+    from phaseinterp.models.transformer import MLP_ROWS
+
+    model = make(0, window=4, stride=4)
+    mlp = model.blocks[0].mlp
+    x = torch.randn(3, MLP_ROWS // 2 + 7, 32, generator=torch.Generator().manual_seed(0))  # 1.5 blocks + a rest
+    seen = []
+    with torch.no_grad():
+        blocked = mlp(x)
+        with model.hooks(fwd_hooks=[("blocks.0.mlp.hook_post", lambda t, hook: seen.append(t.shape))]):
+            whole = mlp(x)
+    assert seen == [torch.Size([3, MLP_ROWS // 2 + 7, 64])]
+    assert torch.equal(blocked, whole)
+    assert torch.equal(mlp(x, hooked=False), whole)
