@@ -83,7 +83,7 @@ class BlockBand:
         self.width, self.n = width, n
         self.block = c = min(n, block or max(width, BAND_BLOCK))
         self.n_blocks = nb = -(-n // c)
-        self.span = w = c + width - 1
+        self.span = c + width - 1
         lo, hi = p0 - width + 1, p0 + nb * c  # key positions the blocks read, [lo, hi)
         self.k_win, self.v_win = (self._windows(t, lo, hi) for t in (k, v))  # [b, n_blocks, kv, d, span]
 
