@@ -359,7 +359,7 @@ class CompressedAttention(nn.Module):
     def forward_final(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch 1 d_model"]:
         """The attention output at the LAST of the ``pos`` positions only (a sequence from position
         0, no cache): every position's K/V and compressed entries, one query. Equals
-        ``forward(x)[0][:, -1:]`` (tested to 1e-5). Only the K/V and compressor hook points fire:
+        ``forward(x)[0][:, -1:]`` (tested to 1e-5). Only the compressor's hook points fire:
         `CompressedTransformer.last_logits` calls it only while no hook is attached."""
         positions = torch.arange(x.shape[1], device=x.device)
         q_rot, k, v, k_rot = self._project(x, positions, hooked=False)

@@ -158,7 +158,7 @@ class Block(nn.Module):
 
     def forward_final(self, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch 1 d_model"]:
         """The block's output at the last position only (a sequence from position 0, no cache;
-        see `CompressedAttention.forward_final`); no hook points fire but the K/V and compressor ones."""
+        see `CompressedAttention.forward_final`); no hook points fire but the compressor's."""
         last = resid[:, -1:] + self.attn.forward_final(self.ln1.unhooked(resid))
         return last + self.mlp(self.ln2.unhooked(last), hooked=False)
 
