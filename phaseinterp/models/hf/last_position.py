@@ -85,7 +85,6 @@ def clean_states(model, tokens: Tensor) -> tuple[Tensor, list[LayerState]]:
     return logits, states
 
 
-@torch.inference_mode()
 def layer_state(block, streams: Tensor, rope, position_ids: Tensor) -> LayerState:
     """The `LayerState` of ``block`` for its input ``streams`` ``[N, T, hc, d_model]``, without its
     attention queries or its MoE: the same ops as the block's forward up to those (what
