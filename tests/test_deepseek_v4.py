@@ -571,3 +571,13 @@ def test_last_logits_equal_the_full_forward(layer_types):
         assert seen == [torch.Size([3, 40, 2, 32])]
         torch.testing.assert_close(edited, model.run_with_hooks(
             tokens, fwd_hooks=[("blocks.2.hook_resid_post", lambda t, hook: 3 * t)])[:, -1], rtol=0, atol=0)
+
+
+def test_last_logits_keep_the_caller_s_grad_mode(model, tokens):
+    """Gradients flow through `last_logits` as through the forward (no inference mode inside)."""
+    out = model.last_logits(tokens)
+    assert out.requires_grad and not out.is_inference()
+    out[:, 0].sum().backward()
+    grads = [p.grad for p in model.hf.model.layers[-1].parameters() if p.grad is not None]
+    assert grads and any(g.abs().sum() > 0 for g in grads)
+    model.hf.zero_grad(set_to_none=True)
