@@ -293,8 +293,9 @@ def _naive_knockouts(model, tokens, answer_pos, answer, units, mean_z, batch_siz
 
 @torch.inference_mode()
 def _fast_knockouts_deepseek_v4(model, tokens, answer_pos, answer, units, mean_z, batch_size, bar):
-    """The fast path on a wrapped DeepSeek-V4: one clean full forward per prompt batch keeps every
-    layer's activations (`clean_states`); each unit then reruns only the answer position through
+    """The fast path on a wrapped DeepSeek-V4: one clean pass per prompt batch keeps every layer's
+    activations (`clean_states`; the last layer runs at the answer position only, as the own
+    family's engine only fills its cache); each unit then reruns only the answer position through
     its layer and the later ones (`block_forward_last`), a layer's units as one batch of variants."""
     from phaseinterp.models.hf.last_position import _rope, block_forward_last, clean_states, logits_last
 
@@ -306,8 +307,8 @@ def _fast_knockouts_deepseek_v4(model, tokens, answer_pos, answer, units, mean_z
         chunk = tokens[i : i + batch_size, : answer_pos + 1].to(device)
         ans = answer[i : i + batch_size].to(device)
         n = chunk.shape[0]
-        logits, states = clean_states(model, chunk)
-        ok, logit, lp = _answer_stats(logits[:, answer_pos], ans)
+        logits, states = clean_states(model, chunk)  # logits at answer_pos, the chunk's last position
+        ok, logit, lp = _answer_stats(logits, ans)
         clean_ok.append(ok)
         clean_logit.append(logit)
         clean_lp.append(lp)

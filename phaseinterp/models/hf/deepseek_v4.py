@@ -136,24 +136,13 @@ class HookedDeepseekV4(HookedRootModule):
         final position only (`models.hf.last_position`; offloaded layers are brought in as the
         forward brings them). While any hook is attached it is the full forward. What
         `phase_profile` and gate cycling read."""
-        from phaseinterp.models.hf.last_position import block_forward_last, layer_state, logits_last, _rope
+        from phaseinterp.models.hf.last_position import last_layer_at_p
 
         if any(h._forward_hooks or h._forward_pre_hooks or h._backward_hooks for h in self.hook_dict.values()):
             return self(tokens)[:, -1]
         self._check_tokens(tokens)
-        streams, (tokens, position_ids, mask, rope) = self._through(self.blocks[:-1], *self._decoder_inputs(tokens))
-        last = self.blocks[-1]
-        device = execution_device(last.hf.input_layernorm)
-        streams, tokens = streams.to(device), tokens.to(device)
-        position_ids = position_ids.to(device)
-        rope = {k: (c.to(device), s.to(device)) for k, (c, s) in rope.items()}
-        with materialized(last.hf):  # offloaded layer: its weights in memory for this layer only
-            state = layer_state(last, streams, rope, position_ids)
-            out = block_forward_last(last, state, streams[:, -1:], tokens[:, -1:],
-                                     _rope(self, tokens.shape[1] - 1, state.attn_in), None)
-        out = out.to(execution_device(self.hf.model.norm))
-        with materialized(self.hf.model.norm):
-            return logits_last(self, out)[:, 0]
+        streams, (tokens, position_ids, _, rope) = self._through(self.blocks[:-1], *self._decoder_inputs(tokens))
+        return last_layer_at_p(self, streams, tokens, position_ids, rope)[1]
 
     def run_with_cache(self, *model_args: Any, return_cache_object: bool = True, **kwargs: Any):
         """TransformerLens's ``run_with_cache`` (an ``ActivationCache`` unless ``return_cache_object=False``)."""

@@ -63,10 +63,21 @@ def _names(model, layer: int) -> dict[str, str]:
 
 @torch.inference_mode()
 def clean_states(model, tokens: Tensor) -> tuple[Tensor, list[LayerState]]:
-    """One clean full forward of ``tokens`` ``[N, T]``: logits ``[N, T, vocab]`` and every layer's `LayerState`."""
-    per_layer = [_names(model, layer) for layer in range(model.cfg.n_layers)]
+    """One clean pass over ``tokens`` ``[N, T]``: the logits at the last position ``p`` ``[N, vocab]``
+    and every layer's `LayerState`. Every layer but the last runs over all positions (its state read
+    from its hooks); the last layer's state comes from `layer_state` and its output at ``p`` from
+    `block_forward_last`, as in `HookedDeepseekV4.last_logits` (nothing reads its other positions)."""
+    *lower, last = range(model.cfg.n_layers)
+    per_layer = [_names(model, layer) for layer in lower]
     wanted = {name for names in per_layer for name in names.values()}
-    logits, cache = model.run_with_cache(tokens, names_filter=lambda n: n in wanted, return_cache_object=False)
+    cache: dict[str, Tensor] = {}
+
+    def keep(t: Tensor, hook) -> None:
+        cache[hook.name] = t.detach()
+
+    with model.hooks(fwd_hooks=[(lambda n: n in wanted, keep)]):
+        streams, (tokens, position_ids, _, rope) = model._through(model.blocks[:-1], *model._decoder_inputs(tokens))
+    last_state, logits = last_layer_at_p(model, streams, tokens, position_ids, rope)
     states = []
     N = tokens.shape[0]
     for layer, names in enumerate(per_layer):
@@ -82,6 +93,7 @@ def clean_states(model, tokens: Tensor) -> tuple[Tensor, list[LayerState]]:
         if "compressed" in got:
             got["compressed"] = got["compressed"][:, :, 0]
         states.append(LayerState(**{k: got.get(k) for k in LayerState.__dataclass_fields__}))
+    states.append(last_state)
     return logits, states
 
 
@@ -107,6 +119,25 @@ def layer_state(block, streams: Tensor, rope, position_ids: Tensor) -> LayerStat
             index_scores, index_compressed = comp.indexer.scores(x, ahf.q_a_norm(ahf.q_a_proj(x)), position_ids)
     return LayerState(resid_pre=streams, attn_in=x, kv=kv, compressed=compressed, index_compressed=index_compressed,
                       index_scores=index_scores)
+
+
+def last_layer_at_p(model, streams: Tensor, tokens: Tensor, position_ids: Tensor, rope) -> tuple[LayerState, Tensor]:
+    """The last layer's `LayerState` for its input ``streams`` ``[N, T, hc, d_model]`` and the model's
+    logits at ``p = T - 1`` ``[N, vocab]``, the layer run at ``p`` only (on its execution device,
+    offloaded weights brought in as the forward brings them)."""
+    from phaseinterp.models.hf.offload import execution_device, materialized
+
+    block = model.blocks[-1]
+    device = execution_device(block.hf.input_layernorm)
+    streams, tokens, position_ids = streams.to(device), tokens.to(device), position_ids.to(device)
+    rope = {k: (c.to(device), s.to(device)) for k, (c, s) in rope.items()}
+    with materialized(block.hf):
+        state = layer_state(block, streams, rope, position_ids)
+        out = block_forward_last(block, state, streams[:, -1:], tokens[:, -1:],
+                                 _rope(model, tokens.shape[1] - 1, state.attn_in), None)
+    norm = model.hf.model.norm
+    with materialized(norm):
+        return state, logits_last(model, out.to(execution_device(norm)))[:, 0]
 
 
 def _rope(model, position: int, like: Tensor) -> dict[str, tuple[Tensor, Tensor]]:
@@ -221,4 +252,4 @@ def logits_last(model, streams: Tensor) -> Tensor:
     return model.hf.lm_head(hf.norm(hf.hc_head(streams)))
 
 
-__all__ = ["LayerState", "block_forward_last", "clean_states", "layer_state", "logits_last"]
+__all__ = ["LayerState", "block_forward_last", "clean_states", "last_layer_at_p", "layer_state", "logits_last"]
