@@ -80,7 +80,7 @@ class BlockBand:
     ``[query, B, d_head]`` copy per query. Positions before 0 read zeros (their slots are masked)."""
 
     def __init__(self, k: Tensor, v: Tensor, p0: int, n: int, width: int, block: Optional[int] = None):
-        self.width, self.n = width, n
+        self.width = width
         self.block = c = min(n, block or max(width, BAND_BLOCK))
         self.n_blocks = nb = -(-n // c)
         self.span = c + width - 1

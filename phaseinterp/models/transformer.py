@@ -291,7 +291,7 @@ class CompressedTransformer(HookedRootModule):
         hook is attached (``run_with_hooks``, ``hooks()``, `cycle_gates`' static mode...) it is
         the full forward, so every hook sees what it always sees. What `phase_profile`, gate
         cycling and mean replacement read: one answer per prompt."""
-        if any(h._forward_hooks or h._forward_pre_hooks or h._backward_hooks for h in self.hook_dict.values()):
+        if any(_has_hooks(h) for h in self.hook_dict.values()):
             return self(tokens)[:, -1]
         self._check_tokens(tokens, 0)
         resid = self.W_E[tokens.to(self.W_E.device).long()]

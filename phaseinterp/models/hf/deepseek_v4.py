@@ -137,8 +137,9 @@ class HookedDeepseekV4(HookedRootModule):
         forward brings them). While any hook is attached it is the full forward. What
         `phase_profile` and gate cycling read."""
         from phaseinterp.models.hf.last_position import last_layer_at_p
+        from phaseinterp.models.transformer import _has_hooks
 
-        if any(h._forward_hooks or h._forward_pre_hooks or h._backward_hooks for h in self.hook_dict.values()):
+        if any(_has_hooks(h) for h in self.hook_dict.values()):
             return self(tokens)[:, -1]
         self._check_tokens(tokens)
         streams, (tokens, position_ids, _, rope) = self._through(self.blocks[:-1], *self._decoder_inputs(tokens))
