@@ -49,6 +49,7 @@ _NAMES = {
     "conformance": "phaseinterp.engines",  # issue 24: implementations compared per phase
     "ConformanceResult": "phaseinterp.engines",
     "OpenAIEngine": "phaseinterp.engines",
+    "keep_freed_memory": "phaseinterp.models.allocator",  # CPU speed: glibc keeps freed memory
 }
 
 

@@ -187,7 +187,7 @@ def phase_profile(
     n_per_residue: int = 250,
     *,
     seed: int = 0,
-    batch_size: int = 256,
+    batch_size: int = 64,
     device: str | torch.device | None = None,
     stride: int | None = None,
     label: str | None = None,
@@ -213,7 +213,8 @@ def phase_profile(
             and every size from 86 work, other small sizes raise naming the nearest workable
             one; at most ``MAX_PROMPTS // R`` (500,000 prompts per call). Ignored for a TaskBatch.
         seed: prompt seed (default 0); also seeds the bootstrap and the permutation test.
-        batch_size: prompts per forward pass (default 256, >= 1).
+        batch_size: prompts per forward pass (default 64, >= 1: at this size a forward's
+            intermediates stay in cache; 256 ran 1.2-1.6x slower, `benchmarks/batch_size.py`).
         device: where the prompts go (default: the model's device); must exist on this machine.
         stride: fold residues to phases with this stride (default ``model.cfg.stride``; another
             stride on a compressed model is a deliberate re-folding and the label says so); R must be

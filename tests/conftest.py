@@ -19,6 +19,16 @@ with install_import_hook("phaseinterp", "typecheck.typecheck"):
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from phaseinterp.models import allocator  # noqa: E402
+
+# As the command line does before every command: freed memory stays in the process (a forward's
+# intermediates are not page-faulted in again each layer; `phaseinterp.models.allocator`). The
+# processes tests start (notebook kernels, examples, the demo) get the same through glibc's
+# environment variables.
+allocator.keep_freed_memory()
+for _name, _value in allocator.ENVIRONMENT.items():
+    os.environ.setdefault(_name, _value)
+
 # Under pytest-xdist (``-n 2 --dist loadfile`` in addopts) each worker takes one thread: two workers fill two
 # cores; a file's tests stay on one worker, so module-level caches (the deep model's unit selection) hold.
 torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else max(1, min(2, os.cpu_count() or 1)))

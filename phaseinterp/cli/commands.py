@@ -119,6 +119,15 @@ def _save(out: Optional[str], result) -> None:
         print(f"saved to {result.save(Path(out))}")
 
 
+def _keep_freed_memory() -> None:
+    """Every command that runs models keeps freed memory in the process (`phaseinterp.models.allocator`:
+    the forwards' intermediates are not page-faulted in again each layer). Listing the zoo does not
+    import torch, so it is left out."""
+    from phaseinterp.models.allocator import keep_freed_memory
+
+    keep_freed_memory()
+
+
 def run(args) -> int:
     """Run the parsed command ``args``; returns the exit code (bad input raises, `main` reports it)."""
     _check_out(args)
@@ -128,6 +137,7 @@ def run(args) -> int:
         check_device(args.device)
     if args.command == "zoo":
         return _zoo(args)
+    _keep_freed_memory()
     if args.command == "train":
         return _train(args)
     if args.command == "merge":
@@ -328,6 +338,7 @@ def _zoo(args) -> int:
             status = "shipped" if shipped else "recipe only"
             print(f"{name:24s} {status:12s} {description}\n{'':24s} {'':12s} rebuild: {command}")
         return 0
+    _keep_freed_memory()
     if args.zoo_command == "export":
         return _zoo_export(args)
     from phaseinterp.zoo import deepseek_v4 as hf_zoo

@@ -187,7 +187,7 @@ def gate_cycling(
     seed: int = 0,
     n_calibration: int = 256,
     calibration_seed: int = 1,
-    batch_size: int = 128,
+    batch_size: int = 64,
     n_boot: int = 1000,
     progress: bool = True,
     prompts=None,
@@ -227,7 +227,7 @@ def gate_cycling(
         seed: prompt seed (default 0), also the bootstrap seed.
         n_calibration / calibration_seed: calibration prompts (disjoint mappings) for the unit
             score's mean replacement and the static mode's mean logits (default 256, seed 1).
-        batch_size: prompts per forward pass (default 128).
+        batch_size: prompts per forward pass (default 64, as `phase_profile`).
         n_boot: bootstrap replicates of the result's ``intervals`` (default 1000).
         progress: show a progress bar (default True).
         prompts: a pre-generated ``task.generate(...)`` batch to reuse across calls.
