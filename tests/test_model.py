@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from phaseinterp import CheckpointError, CompressedConfig, CompressedTransformer
+from phaseinterp.models.attention import CompressedAttention
 from conftest import GATE_BIASES, make_model
 from reference import reference_attention
 
@@ -580,6 +581,36 @@ def test_last_logits_with_a_hook_attached_is_the_full_forward():
         clean = model.last_logits(tokens)
         assert not seen and not torch.allclose(clean, edited, atol=1e-3)
         torch.testing.assert_close(clean, model(tokens)[:, -1], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2, 4])
+def test_fused_full_attention_equals_the_slot_path(kv_heads, monkeypatch):
+    """Full attention with idle score/pattern hooks runs torch's fused kernel (`_attend_causal`); it
+    equals the slot path the hooks see (a pattern hook attached) to 1e-5: one pass, query chunks,
+    a cache grown in pieces and token by token. A broken mask (every key visible) is caught."""
+    model = make(2, compression=None, n_kv_heads=kv_heads)
+    tokens = torch.randint(0, 32, (3, 41), generator=torch.Generator().manual_seed(kv_heads))
+    calls = []
+    fused = CompressedAttention._attend_causal
+    monkeypatch.setattr(CompressedAttention, "_attend_causal", lambda self, *a: calls.append(1) or fused(self, *a))
+    with torch.no_grad():
+        with model.hooks(fwd_hooks=[(f"blocks.{layer}.attn.hook_pattern", lambda p, hook: p)
+                                    for layer in range(model.cfg.n_layers)]):
+            slots = model(tokens)
+        assert not calls, "a pattern hook must see the slot path"
+        torch.testing.assert_close(model(tokens), slots, rtol=0, atol=1e-5)
+        assert len(calls) == model.cfg.n_layers
+        torch.testing.assert_close(model.last_logits(tokens), slots[:, -1], rtol=0, atol=1e-5)
+        model.set_query_chunk(6)
+        torch.testing.assert_close(model(tokens), slots, rtol=0, atol=1e-5)
+        model.set_query_chunk("auto")
+        cache = model.init_cache()
+        pieces = [model(tokens[:, a:b], cache=cache) for a, b in ((0, 17), (17, 18), (18, 41))]
+        torch.testing.assert_close(torch.cat(pieces, 1), slots, rtol=0, atol=1e-5)
+        monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                            lambda q, k, v, is_causal=False, attn_mask=None, scale=None: torch.softmax(
+                                scale * q @ k.transpose(-1, -2), -1) @ v)
+        assert not torch.allclose(model(tokens), slots, atol=1e-3)
 
 
 @pytest.mark.parametrize("name", ["W4S4", "tail", "full", "staggered"])

@@ -33,6 +33,7 @@ from typing import Optional, Union
 import einops
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from transformer_lens.hook_points import HookPoint
@@ -371,6 +372,9 @@ class CompressedAttention(nn.Module):
     # count. An execution setting, not part of the architecture: set it with
     # `CompressedTransformer.set_query_chunk`.
     query_chunk: Union[int, str, None] = "auto"
+    # Full attention (the twin) through torch's fused kernel while no hook reads its scores or
+    # pattern (`_attend_causal`); False: the slot path always (benchmarks/full_attention_speed.py).
+    fused_full_attention: bool = True
 
     def n_key_slots(self, query_pos: int) -> int:
         """Key slots a query at ``query_pos`` can see: the band plus its visible entries (every
@@ -431,6 +435,8 @@ class CompressedAttention(nn.Module):
         """
         cfg = self.cfg
         device = q_rot.device
+        if not cfg.is_compressed and self.fused_full_attention and (last is not None or not self._scores_hooked()):
+            return self._attend_causal(q_rot, cache, cache.h.shape[1] if last is None else last + 1)
         # a chunk (``last`` given): keys visible to its first query are visible to all, need no mask
         first = None if last is None else last - q_rot.shape[1] + 1
         if not cfg.is_compressed:
@@ -453,6 +459,31 @@ class CompressedAttention(nn.Module):
             entries = torch.arange(n_open, k_shared.shape[1], device=device)
             allowed = torch.cat([self._band_allowed(positions, band_pos), self._entry_allowed(positions, entries)], -1)
         return self._attend(q_rot, band, k_shared, v_shared, allowed, hooked=last is None, n_open=n_open)
+
+    def _attend_causal(
+        self,
+        q_rot: Float[Tensor, "batch query head d_head"],
+        cache: LayerCache,
+        n_keys: int,
+    ) -> Float[Tensor, "batch query head d_head"]:
+        """Full attention (the twin) while nothing reads its scores or pattern: torch's fused
+        ``scaled_dot_product_attention`` of the queries at positions ``n_keys - query .. n_keys - 1``
+        over the cached keys ``0 .. n_keys - 1``, each query seeing the keys up to its own
+        position. The same softmax as the slot path (`_attend`, which the hooks see), summed in
+        another order: equal to it to 1e-5 (tested)."""
+        cfg = self.cfg
+        n = q_rot.shape[1]
+        k, v = cache.k_rot[:, :n_keys].transpose(1, 2), cache.v[:, :n_keys].transpose(1, 2)  # [b, kv, key, d]
+        group = cfg.n_heads // cfg.n_kv_heads
+        if group > 1:  # query head h reads KV head h // group
+            k, v = (t[:, :, None].expand(-1, -1, group, -1, -1).flatten(1, 2) for t in (k, v))
+        q = q_rot.transpose(1, 2)
+        if n == n_keys:  # queries at 0 .. n-1: the causal triangle
+            z = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=cfg.d_head**-0.5)
+        else:
+            mask = torch.arange(n_keys, device=q.device) <= torch.arange(n_keys - n, n_keys, device=q.device)[:, None]
+            z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=cfg.d_head**-0.5)
+        return z.transpose(1, 2)
 
     def _extend(self, cache: Optional[LayerCache], x, k, v, k_rot, start: int) -> LayerCache:
         """The layer cache with the new tokens appended and newly closed windows compressed."""
