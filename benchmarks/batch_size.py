@@ -3,6 +3,7 @@ the sizes it replaces (256 and 128) and a smaller one (32).
 
     python benchmarks/batch_size.py [--models w4s4 w8s8-4kv full deep12-w8s8-1kv-shared-equal deep12-full-equal dsv4-tiny]
                                     [--prompts 512] [--sizes 32 64 128 256] [--repeats 5] [--threads 1]
+                                    [--keep-freed-memory]
 
 For each zoo model: the answer logits (`last_logits`, what `phase_profile` and whole-profile gate
 cycling read) of the same ``--prompts`` prompts (its own task, seed 0), run in batches of each
@@ -11,8 +12,10 @@ size is printed as a ratio to the 64-prompt batches (> 1: slower than 64). The l
 size are compared with those of size 64 (max |difference|; 0 means bit-identical).
 
 Why a size matters on a CPU: a batch's attention scores and MLP intermediates are
-``batch x heads x positions x slots`` floats; at 256 prompts of 128 tokens they leave the cache
-and every elementwise pass (mask, softmax, copies) goes to memory.
+``batch x heads x positions x slots`` floats. Under glibc's default allocator, blocks above its
+mmap threshold are mapped fresh and page-faulted in on every allocation, and the larger the batch
+the more of them (`benchmarks/allocator.py`); ``--keep-freed-memory`` compares the sizes without
+that (as the command line and the tests run).
 """
 
 from __future__ import annotations
@@ -50,7 +53,11 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[32, 64, 128, 256])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--keep-freed-memory", action="store_true",
+                        help="call phaseinterp.keep_freed_memory() first (default: glibc's defaults)")
     args = parser.parse_args()
+    if args.keep_freed_memory:
+        print(f"keep_freed_memory: {pi.keep_freed_memory()}")
     if 64 not in args.sizes:
         parser.error("--sizes must include 64, the default every ratio is taken against")
     torch.set_num_threads(args.threads)
