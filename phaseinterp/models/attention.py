@@ -312,7 +312,7 @@ class CompressedAttention(nn.Module):
         additive = torch.zeros(allowed.shape[:-1] + (scores.shape[-1],), dtype=scores.dtype, device=scores.device)
         additive[..., :n_own].masked_fill_(~allowed[..., :n_own], float("-inf"))
         additive[..., n_own + n_open:].masked_fill_(~allowed[..., n_own:], float("-inf"))
-        scores = torch.add(additive[:, None], scores, alpha=cfg.d_head**-0.5)  # [b, kv_head, group, query, slot]
+        scores = torch.add(additive[:, None], scores, alpha=cfg.d_head**-0.5, out=scores)  # in place: [b, k, g, t, s]
         scores = einops.rearrange(scores, "b k g t s -> b (k g) t s")
         hook = self._hook if hooked else (lambda name, t: t)
         scores = hook("hook_attn_scores", scores)
