@@ -306,13 +306,10 @@ class CompressedAttention(nn.Module):
         cfg = self.cfg
         qg = einops.rearrange(q, "b t (k g) d -> b t k g d", k=cfg.n_kv_heads)
         scores = torch.cat([band.scores(qg), einops.einsum(qg, k_shared, "b t k g d, b j k d -> b k g t j")], dim=-1)
-        n_own = band.width
-        # scale, then mask by adding 0 where allowed and -inf elsewhere (the same bits as filling -inf,
-        # one pass instead of two); the first n_open shared keys are visible to every query
-        additive = torch.zeros(allowed.shape[:-1] + (scores.shape[-1],), dtype=scores.dtype, device=scores.device)
-        additive[..., :n_own].masked_fill_(~allowed[..., :n_own], float("-inf"))
-        additive[..., n_own + n_open:].masked_fill_(~allowed[..., n_own:], float("-inf"))
-        scores.mul_(cfg.d_head**-0.5).add_(additive[:, None])  # in place (autograd allows it): [b, k, g, t, s]
+        scores.mul_(cfg.d_head**-0.5)
+        n_own, blocked = band.width, ~allowed[:, None]  # [kv_head, 1 (group), query, masked_slot]
+        scores[..., :n_own].masked_fill_(blocked[..., :n_own], float("-inf"))
+        scores[..., n_own + n_open:].masked_fill_(blocked[..., n_own:], float("-inf"))
         scores = einops.rearrange(scores, "b k g t s -> b (k g) t s")
         hook = self._hook if hooked else (lambda name, t: t)
         scores = hook("hook_attn_scores", scores)
