@@ -213,8 +213,8 @@ def phase_profile(
             and every size from 86 work, other small sizes raise naming the nearest workable
             one; at most ``MAX_PROMPTS // R`` (500,000 prompts per call). Ignored for a TaskBatch.
         seed: prompt seed (default 0); also seeds the bootstrap and the permutation test.
-        batch_size: prompts per forward pass (default 64, >= 1: at this size a forward's
-            intermediates stay in cache; 256 ran 1.2-1.6x slower, `benchmarks/batch_size.py`).
+        batch_size: prompts per forward pass (default 64, >= 1; under glibc's default allocator
+            256 ran 1.0-1.6x slower, with `keep_freed_memory` within 5%: `benchmarks/batch_size.py`).
         device: where the prompts go (default: the model's device); must exist on this machine.
         stride: fold residues to phases with this stride (default ``model.cfg.stride``; another
             stride on a compressed model is a deliberate re-folding and the label says so); R must be

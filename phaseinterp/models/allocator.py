@@ -7,8 +7,7 @@ fresh ``mmap`` and gives them back on free, and trims the heap top above the tri
 every such intermediate is page-faulted in and zeroed again by the kernel. On the 2-core machine
 keeping freed memory made zoo models' forwards 1.05-1.21x faster at 64 prompts per batch and up to
 1.7x at 256 (`benchmarks/allocator.py`: minor page faults, system time and wall time with and
-without). The numbers do not change: only where the
-memory comes from.
+without). The numbers do not change: only where the memory comes from.
 
 `keep_freed_memory` raises both thresholds for this process (``mallopt``). The command line calls
 it before every command; the test suite calls it too (and sets the equivalent environment
@@ -24,7 +23,6 @@ instead of returning to the system, as with a GPU caching allocator.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import sys
 
 # glibc's mallopt parameters (malloc.h)
@@ -49,8 +47,7 @@ def keep_freed_memory() -> bool:
     if not sys.platform.startswith("linux"):
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
+        mallopt = ctypes.CDLL(None).mallopt  # the process's own symbols: glibc's (no ldconfig subprocess)
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
