@@ -113,11 +113,15 @@ def pytest_runtest_setup(item):
             pytest.skip(why)
 
 
-# The longest test files first (their measured seconds: benchmarks/RESULTS.md section 17), so that
-# under ``--dist loadfile`` neither worker starts a long file when the other is nearly done; the
-# rest keep their collection order. Only the order changes: every test still runs.
+# The longest test files first (their summed seconds in one run: benchmarks/RESULTS.md section 20),
+# so that under ``--dist loadfile`` neither worker starts a long file when the other is nearly done;
+# the rest keep their collection order. Only the order changes: every test still runs. The order
+# holds only with ``--no-loadscope-reorder`` (pyproject's addopts; pytest-xdist >= 3.8): by default
+# xdist re-sorts the files by their NUMBER of tests, which sent the 7-test, 3-minute
+# test_zoo_deep_claims.py to the end of the run while the other worker sat idle.
 LONGEST_FIRST = ("test_zoo_deep_claims.py", "test_unit_cycling.py", "test_notebooks_examples.py", "test_cli.py",
-                 "test_zoo.py", "test_hf_release.py", "test_deepseek_v4.py", "test_report_page.py")
+                 "test_zoo.py", "test_report_page.py", "test_distributed.py", "test_hf_release.py",
+                 "test_model.py", "test_deepseek_v4.py")
 
 
 def pytest_collection_modifyitems(config, items):
