@@ -334,3 +334,37 @@ def test_gate_profile_uniform_and_one_hot(prompts):
     np.testing.assert_allclose(prof.heads.window_concentration, 1.0, atol=1e-4)
     np.testing.assert_allclose(prof.heads.static_concentration, 1.0, atol=1e-4)
     assert prof.mean_alpha("k").shape == (3, 2, 4)
+
+
+@pytest.mark.parametrize("name", ["w4s4-1kv-shared", "dsv4-tiny"])
+def test_gate_cycling_reuses_a_profile_of_the_same_model_and_prompts(zoo_model, name, tmp_path):
+    """``baseline=`` takes the shift-0 row from a phase profile: the same result as rerunning it, on
+    both families, also from a saved profile; a profile of other prompts or of another model (here
+    the same model with its gates shifted for good) is refused before the shifted passes run."""
+    import phaseinterp as pi
+    from phaseinterp.profile import PhaseProfile
+
+    model = zoo_model(name)
+    task = pi.zoo.task_for(model)
+    pick = np.arange(0, 72 * task.residue_modulus, 24)  # 3 prompts per residue
+    batch = task.generate(72, seed=0).subset(pick)
+    profile = pi.phase_profile(model, batch, progress=False)
+    run = lambda **kw: gate_cycling(model, task, shifts=(1,), prompts=batch, n_boot=10, progress=False, **kw)  # noqa: E731
+    plain = run()
+    assert plain.correct[0].any() and not plain.correct[0].all()  # a row the comparison can get wrong
+    np.testing.assert_array_equal(run(baseline=profile).correct, plain.correct)
+    profile.save(tmp_path / "profile")
+    np.testing.assert_array_equal(run(baseline=PhaseProfile.load(tmp_path / "profile")).correct, plain.correct)
+
+    other_prompts = task.generate(72, seed=1).subset(pick)
+    with pytest.raises(ValueError, match="differ from the prompts"):
+        run(baseline=pi.phase_profile(model, other_prompts, progress=False))
+    with pytest.raises(ValueError, match=f"profiles 24 prompts but gate cycling runs {len(batch)}"):
+        run(baseline=pi.phase_profile(model, batch.subset(np.arange(24)), progress=False))
+    moved = shifted_copy(model, 1)
+    with pytest.raises(ValueError, match="does not match this model"):
+        run(baseline=pi.phase_profile(moved, batch, progress=False))
+    with pytest.raises(ValueError, match="must be a PhaseProfile"):
+        run(baseline=plain)
+    with pytest.raises(ValueError, match="score='unit' measures the unit's own contribution"):
+        gate_cycling(model, task, shifts=(1,), layers=[0], score="unit", prompts=batch, baseline=profile)

@@ -161,15 +161,55 @@ class CyclingResult(Result):
         return gate_cycling_figure(self, **kwargs)
 
 
+def _answer_logits(model, tokens: torch.Tensor, answer_pos: int) -> torch.Tensor:
+    tokens = tokens[:, : answer_pos + 1].to(model_device(model))
+    return model.last_logits(tokens) if hasattr(model, "last_logits") else model(tokens)[:, answer_pos]
+
+
 @torch.inference_mode()
 def _correct(model, batch, answer_pos: int, batch_size: int) -> np.ndarray:
-    device = model_device(model)
     out = []
     for i in range(0, batch.tokens.shape[0], batch_size):
-        tokens = batch.tokens[i : i + batch_size, : answer_pos + 1].to(device)
-        logits = model.last_logits(tokens) if hasattr(model, "last_logits") else model(tokens)[:, answer_pos]
+        logits = _answer_logits(model, batch.tokens[i : i + batch_size], answer_pos)
         out.append((logits.argmax(-1).cpu() == torch.as_tensor(batch.answer[i : i + batch_size])).numpy())
     return np.concatenate(out)
+
+
+@torch.inference_mode()
+def _baseline_correct(model, baseline, batch, answer_pos: int, batch_size: int) -> np.ndarray:
+    """The unshifted row from ``baseline`` (a `PhaseProfile`), after checking that it profiled these
+    prompts (its records) and this model (the first batch rerun: same predictions, log-probs to 1e-4)."""
+    from phaseinterp.profile import PhaseProfile
+
+    if not isinstance(baseline, PhaseProfile):
+        raise UserInputError(f"baseline must be a PhaseProfile (phase_profile(model, prompts)), got "
+                             f"{type(baseline).__name__}")
+    records, n = baseline.records, len(batch)
+    missing = [c for c in ("predicted", "answer_logprob", "correct") if c not in records]
+    if missing:
+        raise UserInputError(f"baseline's records lack {missing}: pass a profile made by phase_profile, which records "
+                             "each prompt's prediction")
+    if len(records) != n:
+        raise UserInputError(f"baseline profiles {len(records)} prompts but gate cycling runs {n}: profile the same "
+                             "prompts (pass one batch as prompts= to both)")
+    meta = batch.meta.reset_index(drop=True)
+    columns = [(c, meta[c].to_numpy()) for c in meta.columns] + [("answer", batch.answer.numpy())]
+    for name, values in columns:
+        if name not in records or not np.array_equal(records[name].to_numpy(), values):
+            raise UserInputError(f"baseline's records differ from the prompts in {name!r}: it profiled other prompts "
+                                 "(pass one batch as prompts= to both)")
+    k = min(batch_size, n)
+    logits = _answer_logits(model, batch.tokens[:k], answer_pos).float()
+    predicted = logits.argmax(-1).cpu().numpy()
+    logprob = logits.log_softmax(-1).gather(1, batch.answer[:k, None].to(logits.device).long())[:, 0].cpu().numpy()
+    recorded = records["predicted"].to_numpy()[:k]
+    gap = float(np.abs(logprob - records["answer_logprob"].to_numpy()[:k]).max())
+    if not np.array_equal(predicted, recorded) or not gap <= 1e-4:
+        changed = int((predicted != recorded).sum())
+        raise UserInputError(f"baseline does not match this model: rerun unshifted on the first {k} prompts it "
+                             f"predicts {changed} answer(s) differently and the answer log-probs differ by up to "
+                             f"{gap:.2g} (at most 1e-4 allowed); profile this model, unshifted, on these prompts")
+    return records["correct"].to_numpy().astype(bool)
 
 
 def gate_cycling(
@@ -191,6 +231,7 @@ def gate_cycling(
     n_boot: int = 1000,
     progress: bool = True,
     prompts=None,
+    baseline=None,
 ):
     """The gate-cycling experiment (`cycle_gates` is the context manager it uses).
 
@@ -231,6 +272,13 @@ def gate_cycling(
         n_boot: bootstrap replicates of the result's ``intervals`` (default 1000).
         progress: show a progress bar (default True).
         prompts: a pre-generated ``task.generate(...)`` batch to reuse across calls.
+        baseline: profile score only: a `PhaseProfile` of this model, unshifted, on the same
+            prompts (``phase_profile(model, prompts)``, also one loaded with ``PhaseProfile.load``).
+            Its per-prompt correctness becomes the shift-0 row, so that pass is not run again (one
+            pass of ``len(shifts) + 1``). Checked first: its records must list the same prompts (every
+            column of the prompts' ``meta`` and the answers), and the unshifted model, rerun on the
+            first batch, must predict the tokens the profile recorded with answer log-probs within
+            1e-4; otherwise a ValueError says what differs.
     """
     if score not in ("profile", "unit"):
         raise UserInputError(f"score={score!r} is not one of ('profile', 'unit')")
@@ -241,6 +289,9 @@ def gate_cycling(
             raise UserInputError(f"branch={branch!r}: score='unit' shifts the unit's K and V gates together (branch='both')")
         from phaseinterp.interventions.unit_cycling import unit_gate_cycling
 
+        if baseline is not None:
+            raise UserInputError("baseline= reuses a phase profile as the unshifted row of the profile score; "
+                                 "score='unit' measures the unit's own contribution, which a profile does not hold")
         return unit_gate_cycling(model, task, shifts, layers=layers, kv_heads=kv_heads, measure=measure, mode=mode,
                                  n_per_residue=n_per_residue, seed=seed, n_calibration=n_calibration,
                                  calibration_seed=calibration_seed, batch_size=batch_size, n_boot=n_boot,
@@ -267,6 +318,7 @@ def gate_cycling(
         raise UserInputError("prompts holds 0 prompts")
     batch = prompts if prompts is not None else task.generate(n_per_residue, seed=seed)
     answer_pos = fixed_answer_position(batch)
+    unshifted = None if baseline is None else _baseline_correct(model, baseline, batch, answer_pos, batch_size)
     mean_logits = None
     if mode == "static":
         calib = task.calibration(n_calibration, seed=calibration_seed)
@@ -275,6 +327,11 @@ def gate_cycling(
     rows = []
     try:
         for d in shifts:
+            if d == 0 and unshifted is not None:
+                rows.append(unshifted)
+                if bar is not None:
+                    bar.update(1)
+                continue
             context = (shift_static_gates(model, d, layers_list, mean_logits, heads) if mode == "static"
                        else cycle_gates(model, d, layers_list, branch, heads))
             with context:
