@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import torch
 
-from phaseinterp import CompressedConfig, CompressedTransformer
+from phaseinterp import CompressedTransformer
 from phaseinterp.interventions import (
     AblationResult,
     CyclingResult,
@@ -20,7 +20,6 @@ from phaseinterp.interventions import (
 from phaseinterp.interventions.cycling_stats import cycling_scores
 from phaseinterp.interventions.gate_shifts import canonical_shifts
 from conftest import make_model, small_task
-from phaseinterp.tasks import KeyValueRetrieval
 
 TASK = small_task()
 BASE = dict(d_vocab=TASK.vocab.size, n_ctx=64, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, d_head=8,
