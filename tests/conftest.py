@@ -124,6 +124,14 @@ LONGEST_FIRST = ("test_zoo_deep_claims.py", "test_unit_cycling.py", "test_notebo
                  "test_model.py", "test_deepseek_v4.py")
 
 
+def _warn_if_reordered(config) -> None:
+    """Called by pytest_configure (imported below from tests/interrupts.py, which also sets SIGTERM)."""
+    if config.getoption("dist", "no") == "loadfile" and config.getoption("loadscopereorder", False):
+        config.issue_config_time_warning(pytest.PytestConfigWarning(
+            "xdist re-sorts the test files by their number of tests (--loadscope-reorder), so the longest files "
+            "no longer run first (LONGEST_FIRST in tests/conftest.py); the suite takes longer"), stacklevel=2)
+
+
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: within a file, the file's order
@@ -166,4 +174,10 @@ def zoo_profile(zoo_model):
 
 
 # Ctrl-C and SIGTERM stop the run and end the processes tests started (tests/interrupts.py).
-from interrupts import pytest_configure, pytest_sessionfinish, run_child  # noqa: E402,F401
+from interrupts import pytest_sessionfinish, run_child  # noqa: E402,F401
+from interrupts import pytest_configure as _interrupts_configure  # noqa: E402
+
+
+def pytest_configure(config):
+    _interrupts_configure(config)
+    _warn_if_reordered(config)
