@@ -44,9 +44,19 @@ def test_profile_ablate_cycle_gates_write_results(checkpoint, tmp_path, capsys):
     assert main(["cycle", str(checkpoint), "--shifts", "1", "-1", "--n-per-residue", "40",
                  "--out", str(tmp_path / "c")]) == 0
     assert (tmp_path / "c" / "meta.json").is_file()
+    # --baseline: the unshifted row from the profile above (same model, same prompts): the same result
+    assert main(["cycle", str(checkpoint), "--shifts", "1", "-1", "--n-per-residue", "40", "--baseline",
+                 str(tmp_path / "p"), "--out", str(tmp_path / "cb")]) == 0
+    from phaseinterp import CyclingResult
+
+    assert (CyclingResult.load(tmp_path / "cb").correct == CyclingResult.load(tmp_path / "c").correct).all()
+    early = capsys.readouterr().out
+    assert main(["cycle", str(checkpoint), "--shifts", "1", "--n-per-residue", "72", "--baseline",
+                 str(tmp_path / "p")]) == 2  # other prompts: refused in one line
+    assert "baseline profiles 320 prompts but gate cycling runs 576" in capsys.readouterr().err
     assert main(["gates", str(checkpoint), "--n-per-residue", "40", "--out", str(tmp_path / "g")]) == 0
     assert (tmp_path / "g" / "arrays.npz").is_file() and (tmp_path / "p" / "meta.json").is_file()
-    out = capsys.readouterr().out
+    out = early + capsys.readouterr().out
     assert "period_p_value" in out and "homogeneity_p_value" in out  # profile summary table
     assert "kv_head" in out and "shift" in out  # ablation table, cycling table
     assert "window_concentration" in out  # gate statistics
@@ -133,6 +143,8 @@ def test_help_does_not_import_torch_or_plotly():
     (["ablate", "{ckpt}", "--layer", "7"], "layer=7 is out of range for a 2-layer model (0..1)"),
     (["profile", "{ckpt}", "--n-per-residue", "0"], "0 must be >= 1"),
     (["cycle", "{ckpt}", "--branch", "q"], "invalid choice: 'q'"),
+    (["cycle", "{ckpt}", "--baseline", "no-such-profile"], "does not exist (not a saved PhaseProfile)"),
+    (["cycle", "{ckpt}", "--score", "unit", "--layer", "1", "--baseline", "p"], "--baseline is the unshifted row"),
     (["zoo", "build", "nonexistent"], "unknown zoo model 'nonexistent'"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
 ])

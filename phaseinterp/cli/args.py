@@ -188,6 +188,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "gate logit (default: roll)")
     p.add_argument("--measure", choices=["logprob", "accuracy"], default="logprob",
                    help="the unit score's measure (default: logprob, the mean answer log-prob)")
+    p.add_argument("--baseline", metavar="DIR", default=None,
+                   help="profile score: a profile of this model on the same prompts, written by `phaseinterp "
+                        "profile MODEL --out DIR` with the same --n-per-residue; its per-prompt results are the "
+                        "unshifted row, so that pass is not run again (checked first on one batch) (default: none)")
     p.add_argument("--n-per-residue", type=_positive, default=250, help=N_PER_RESIDUE_HELP + " (default: 250)")
     _out_arg(p, what="the result (meta.json + arrays.npz)")
     _scale_args(p)

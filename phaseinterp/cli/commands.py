@@ -52,7 +52,14 @@ def _preflight(args) -> None:
     shifts, and the prompt count against the stored task."""
     from phaseinterp.report import peek_model
 
-    if args.command == "cycle" and args.score == "unit":  # model-independent: before anything loads
+    if args.command == "cycle" and args.baseline is not None:  # model-independent: before anything loads
+        if args.score == "unit" or args.shard_dir is not None:
+            raise UsageError("--baseline is the unshifted row of the profile score in one process; drop --baseline, "
+                             "or --score unit / --shard-dir")
+        from phaseinterp.profile import PhaseProfile
+
+        args.baseline_profile = PhaseProfile.load(args.baseline)  # a missing or corrupt folder: one line
+    if args.command == "cycle" and args.score == "unit":
         if args.shard_dir is not None:
             raise UsageError("--shard-dir runs the profile score only; drop --score unit or --shard-dir")
         if args.layer is None:
@@ -286,7 +293,8 @@ def run(args) -> int:
                 return 0
         else:
             result = gate_cycling(model, task, args.shifts, layers=args.layer, branch=args.branch,
-                                  kv_heads=args.kv_heads, mode=args.mode, n_per_residue=args.n_per_residue)
+                                  kv_heads=args.kv_heads, mode=args.mode, n_per_residue=args.n_per_residue,
+                                  baseline=getattr(args, "baseline_profile", None))
         print("accuracy per shift x phase:")
         print(result.phase_accuracy().round(3).to_string())
     else:  # gates

@@ -191,13 +191,13 @@ def _baseline_correct(model, baseline, batch, answer_pos: int, batch_size: int) 
                              "each prompt's prediction")
     if len(records) != n:
         raise UserInputError(f"baseline profiles {len(records)} prompts but gate cycling runs {n}: profile the same "
-                             "prompts (pass one batch as prompts= to both)")
+                             "prompts (the same n_per_residue and seed, or one batch passed as prompts= to both)")
     meta = batch.meta.reset_index(drop=True)
     columns = [(c, meta[c].to_numpy()) for c in meta.columns] + [("answer", batch.answer.numpy())]
     for name, values in columns:
         if name not in records or not np.array_equal(records[name].to_numpy(), values):
             raise UserInputError(f"baseline's records differ from the prompts in {name!r}: it profiled other prompts "
-                                 "(pass one batch as prompts= to both)")
+                                 "(the same n_per_residue and seed, or one batch passed as prompts= to both)")
     k = min(batch_size, n)
     logits = _answer_logits(model, batch.tokens[:k], answer_pos).float()
     predicted = logits.argmax(-1).cpu().numpy()
