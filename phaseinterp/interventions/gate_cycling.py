@@ -203,11 +203,9 @@ def _baseline_correct(model, baseline, batch, answer_pos: int, batch_size: int) 
     predicted = logits.argmax(-1).cpu().numpy()
     logprob = logits.log_softmax(-1).gather(1, batch.answer[:k, None].to(logits.device).long())[:, 0].cpu().numpy()
     recorded, recorded_logprob = records["predicted"].to_numpy()[:k], records["answer_logprob"].to_numpy()[:k]
-    same_logprob = np.isclose(logprob, recorded_logprob, rtol=0, atol=1e-4)  # -inf matches -inf
-    with np.errstate(invalid="ignore"):
-        diff = np.nan_to_num(np.abs(logprob - recorded_logprob), nan=np.inf)
-    gap = float(np.where(same_logprob, 0.0, diff).max(initial=0.0))
-    if not np.array_equal(predicted, recorded) or not same_logprob.all():
+    off = ~np.isclose(logprob, recorded_logprob, rtol=0, atol=1e-4)  # -inf matches -inf
+    gap = float(np.nan_to_num(np.abs(logprob[off] - recorded_logprob[off]), nan=np.inf).max(initial=0.0))
+    if not np.array_equal(predicted, recorded) or off.any():
         changed = int((predicted != recorded).sum())
         raise UserInputError(f"baseline does not match this model: rerun unshifted on the first {k} prompts it "
                              f"predicts {changed} answer(s) differently and the answer log-probs differ by up to "
