@@ -210,6 +210,7 @@ def train(
     progress: bool = True,
     stop_after: Optional[int] = None,
     metadata: Optional[dict] = None,
+    init_from: Optional[Union[str, Path]] = None,
 ) -> TrainResult:
     """Train ``config`` from scratch on ``task`` (see the module docstring).
 
@@ -220,6 +221,10 @@ def train(
     fresh run when ``out_dir`` holds none yet (re-running a sweep resumes the runs it has); the
     CLI's ``train --resume`` refuses a folder with nothing to resume.
     ``stop_after`` ends the run early after that many steps (for tests of resume).
+    ``init_from`` (a saved model folder, e.g. a zoo checkpoint) starts from its weights instead of
+    ``config``'s random initialisation, with a fresh optimizer and ``train_config``'s schedule: a
+    post-training run. Its architecture must equal ``config``'s (refused otherwise, naming the fields);
+    the folder is recorded in the run's metadata as ``init_from``.
 
     Refused before any step (ValueError naming the value): a ``config.stride`` that does not
     divide the task's residue modulus R (the model could not be profiled by phase; the zoo task
@@ -248,6 +253,9 @@ def train(
     ckpt = out / "checkpoints" if out is not None else None
 
     model = CompressedTransformer(config.replace(seed=tc.seed)).to(device)
+    if init_from is not None:
+        _init_weights(model, Path(init_from))
+        metadata = {**(metadata or {}), "init_from": str(init_from)}
     optimizer = _make_optimizer(model, tc)
     start, log_rows, curve_rows = 0, [], []
     if resume and ckpt is not None and latest_checkpoint(ckpt) is not None:
@@ -321,6 +329,23 @@ def train(
         atomic_write(out / LOG_FILE, log.to_csv(index=False).encode())
         atomic_write(out / CURVES_FILE, curves.to_csv(index=False).encode())
     return TrainResult(model=model, out_dir=out, log=log, curves=curves)
+
+
+def _init_weights(model: CompressedTransformer, folder: Path) -> None:
+    """Copy a saved model's weights into ``model`` (post-training), refusing another architecture."""
+    if not (folder / "config.json").is_file():
+        raise UserInputError(f"init_from={str(folder)!r} is not a saved model folder (no config.json there)")
+    source = CompressedTransformer.from_pretrained(folder)
+    ignore = {"seed"}
+    was = {k: v for k, v in source.cfg.to_dict().items() if k not in ignore}
+    now = {k: v for k, v in model.cfg.to_dict().items() if k not in ignore}
+    diff = sorted(k for k in set(was) | set(now) if was.get(k) != now.get(k))
+    if diff:
+        raise UserInputError(f"init_from={str(folder)!r} has "
+                             + ", ".join(f"{k}={was.get(k)!r}" for k in diff)
+                             + " but the config asks for " + ", ".join(f"{k}={now.get(k)!r}" for k in diff))
+    with torch.no_grad():
+        model.load_state_dict(source.state_dict())
 
 
 def _make_optimizer(model, tc: TrainConfig) -> torch.optim.Optimizer:

@@ -70,6 +70,15 @@ TRAIN: dict[str, Any] = dict(
 # rule below): period 8 with phases 5 and 6 weak but above chance (benchmarks/RESULTS.md §8).
 DEEP_TRAIN: dict[str, Any] = dict(steps=3000, snapshot_steps=tuple(range(100, 3001, 100)))
 
+# Post-training (issue 36): continue a shipped compressed model on another data mixture. The pretraining
+# mixture is half periodic rows (the copy circuit) and a curriculum; post-training drops both: every
+# row is a retrieval prompt of the final task (8 queries), at a third of the peak learning rate with a
+# short warm-up and the same cosine decay, for a third of the pretraining steps. The evaluation task
+# is the zoo task, unchanged, so the post-trained profile is measured on exactly the base's prompts.
+POST_TRAIN: dict[str, Any] = dict(steps=500, lr=1e-3, warmup_steps=50, periodic_fraction=0.0,
+                                  curriculum=({"until": 1.0, "task": {"n_queries": 8}},),
+                                  snapshot_steps=tuple(range(100, 501, 100)))
+
 EQUAL_TRAINING = "equal-training"  # snapshot_step value: ship the equal-training step with ``pair``
 LEARNED_MEAN = 0.60  # "has learned the task": held-out probe mean accuracy >= 60%
 
@@ -88,6 +97,7 @@ class ZooEntry:
     run: Optional[str] = None  # the training run (runs/zoo/<run>) when another entry's run is reused
     pair: Optional[str] = None  # the partner of an equal-training pair (snapshot_step=EQUAL_TRAINING)
     baseline: Optional[str] = None  # a remedy model's twin on the shared window grid (same recipe, seed, step)
+    init_from: Optional[str] = None  # post-training: the shipped zoo model whose weights the run starts from
 
     def model_config(self, vocab_size: int):
         from phaseinterp.config import CompressedConfig
@@ -187,6 +197,45 @@ ENTRIES: dict[str, ZooEntry] = {
                  dict(compression=None, window=8, stride=8), backbone=dict(n_layers=12, n_kv_heads=1, seed=1),
                  train=dict(DEEP_TRAIN, seed=1), snapshot_step=EQUAL_TRAINING, run="deep12-full-seed1",
                  pair="deep12-w8s8-1kv-shared-seed1-equal"),
+        # Seeds 2 and 3 of the equal-training pair (issue 36): the identical recipe with model and data
+        # seed 2 or 3, the same snapshot rule; added after seeds 0 and 1 were analysed, so the unit rule
+        # of `specialized_units` (fixed before they existed) is tested on them, not tuned to them.
+        ZooEntry("deep12-w8s8-1kv-shared-seed2-equal", "deep12-w8s8-1kv-shared-equal with model and data "
+                 "seed 2 (the identical recipe), at its own equal-training step with deep12-full-seed2-equal",
+                 dict(compression="gated", window=8, stride=8, gate="scalar", payload="shared"),
+                 backbone=dict(n_layers=12, n_kv_heads=1, seed=2), train=dict(DEEP_TRAIN, seed=2),
+                 snapshot_step=EQUAL_TRAINING, run="deep12-w8s8-1kv-shared-seed2",
+                 pair="deep12-full-seed2-equal"),
+        ZooEntry("deep12-full-seed2-equal", "deep12-full-equal with seed 2, at the equal-training step "
+                 "with deep12-w8s8-1kv-shared-seed2-equal",
+                 dict(compression=None, window=8, stride=8), backbone=dict(n_layers=12, n_kv_heads=1, seed=2),
+                 train=dict(DEEP_TRAIN, seed=2), snapshot_step=EQUAL_TRAINING, run="deep12-full-seed2",
+                 pair="deep12-w8s8-1kv-shared-seed2-equal"),
+        ZooEntry("deep12-w8s8-1kv-shared-seed3-equal", "deep12-w8s8-1kv-shared-equal with model and data "
+                 "seed 3 (the identical recipe), at its own equal-training step with deep12-full-seed3-equal",
+                 dict(compression="gated", window=8, stride=8, gate="scalar", payload="shared"),
+                 backbone=dict(n_layers=12, n_kv_heads=1, seed=3), train=dict(DEEP_TRAIN, seed=3),
+                 snapshot_step=EQUAL_TRAINING, run="deep12-w8s8-1kv-shared-seed3",
+                 pair="deep12-full-seed3-equal"),
+        ZooEntry("deep12-full-seed3-equal", "deep12-full-equal with seed 3, at the equal-training step "
+                 "with deep12-w8s8-1kv-shared-seed3-equal",
+                 dict(compression=None, window=8, stride=8), backbone=dict(n_layers=12, n_kv_heads=1, seed=3),
+                 train=dict(DEEP_TRAIN, seed=3), snapshot_step=EQUAL_TRAINING, run="deep12-full-seed3",
+                 pair="deep12-w8s8-1kv-shared-seed3-equal"),
+        # Stride 12 (issue 36): the paper's fourth stride. Four KV heads as for w8s8-4kv (two learned 2 of
+        # 8 phases at stride 8); the zoo task's residue modulus 24 is a multiple of 12, so every phase is
+        # measured with the same moment matching. Its twin is the full-attention run with stride 12 as
+        # the folding reference, both at the final step.
+        ZooEntry("w12s12-4kv", "compressed, non-overlapping W = S = 12, scalar gates, FOUR KV heads: the "
+                 "fourth stride of the paper's period claim",
+                 dict(compression="gated", window=12, stride=12, gate="scalar"), backbone=dict(n_kv_heads=4)),
+        ZooEntry("w4s4-post", "w4s4 (its final step) post-trained: POST_TRAIN's 500 steps of retrieval-only rows "
+                 "(no periodic rows, no curriculum) at a third of the learning rate; the same architecture and "
+                 "evaluation task; ships its final step",
+                 dict(compression="gated", window=4, stride=4, gate="scalar"), train=POST_TRAIN, init_from="w4s4"),
+        ZooEntry("full-s12", "full-attention twin of w12s12-4kv: the identical backbone (four KV heads) and "
+                 "recipe, no compression, stride 12 as the reference for folding phases; final step",
+                 dict(compression=None, window=12, stride=12), backbone=dict(n_kv_heads=4)),
     ]
 }
 
@@ -350,8 +399,15 @@ def build(name: str, out_dir: Union[str, Path, None] = None, *, device=None, pro
     task = e.task_object()
     tc = e.train_config()
     run_dir = Path(out_dir) if out_dir is not None else Path("runs") / "zoo" / (e.run or name)
+    init = None
+    if e.init_from is not None:
+        init = CHECKPOINT_DIR / e.init_from
+        if not (init / "config.json").is_file():
+            raise FileNotFoundError(f"{name!r} post-trains the shipped {e.init_from!r}, which is not in {init}; build it "
+                                    f"with `phaseinterp zoo build {e.init_from}`")
     result = train(e.model_config(task.vocab.size), task, train_config=tc, device=device, out_dir=run_dir,
-                   resume=resume, progress=progress, metadata={"zoo_name": name, "command": e.command})
+                   resume=resume, progress=progress, metadata={"zoo_name": name, "command": e.command},
+                   init_from=init)
     step = snapshot_step(name, run_dir)
     source = run_dir / f"snapshot_{step:06d}"
     if not (source / "config.json").is_file():
