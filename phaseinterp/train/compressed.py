@@ -250,6 +250,11 @@ def train(
         check_device(device)
     device = torch.device(device) if device is not None else torch.device("cpu")
     out = Path(out_dir) if out_dir is not None else None
+    if out is not None:  # a previous run is continued only with resume=True; nothing else is written over
+        from phaseinterp._files import check_write_target
+
+        out = check_write_target(out, "training run", overwrite=resume, name="out_dir",
+                                 flag="resume=True (CLI: --resume) to continue it")
     ckpt = out / "checkpoints" if out is not None else None
 
     model = CompressedTransformer(config.replace(seed=tc.seed)).to(device)
@@ -311,7 +316,8 @@ def train(
                 bar.update(1)
             if out is not None and done in tc.snapshot_steps:
                 model.eval()
-                model.save_pretrained(out / f"snapshot_{done:06d}", metadata={"step": done})
+                model.save_pretrained(out / f"snapshot_{done:06d}", metadata={"step": done},
+                                      overwrite=resume)  # a resumed run writes the same step again
             if ckpt is not None and (done % tc.checkpoint_every == 0 or done == end):
                 _save_checkpoint(ckpt, model, optimizer, done, log_rows, curve_rows)
     except KeyboardInterrupt:
