@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Callable, Optional, Union
 
 import numpy as np
 
@@ -95,6 +97,131 @@ def check_output_dir(path: Union[str, os.PathLike]) -> Path:
     if not os.access(probe, os.W_OK | os.X_OK):
         raise UserInputError(f"output directory {str(path)!r} is not writable ({str(probe)!r} denies write access)")
     return path
+
+
+# ------------------------------------------------------------ saved objects
+# What each writer leaves in its folder, in the order they are recognised: (marker test, kind).
+RESULT_KIND = "{} result"  # a `Result.save` folder, named by its class
+
+
+def saved_kind(path: Union[str, os.PathLike]) -> Optional[str]:
+    """What ``path`` holds, as a kind name: ``None`` when it does not exist or is an empty folder,
+    ``"file"``, one of ``"<Class> result"`` (`phaseinterp.results.Result.save`), ``"phaseinterp
+    checkpoint"`` (`CompressedTransformer.save_pretrained`), ``"Hugging Face checkpoint"`` (an HF
+    ``save_pretrained`` or a DeepSeek-layout export), ``"report"`` (`build_report`), ``"shard
+    folder"`` (a ``--shard-dir`` run) or ``"training run"`` (`train(out_dir=)`), else ``"other
+    files"`` (a folder of something else)."""
+    path = Path(path)
+    if not path.exists() and not path.is_symlink():
+        return None
+    if not path.is_dir():
+        return "file"
+    names = {p.name for p in path.iterdir()}
+    if not names:
+        return None
+    if "meta.json" in names and "arrays.npz" in names:
+        try:
+            meta = json.loads((path / "meta.json").read_text())
+            if isinstance(meta, dict) and isinstance(meta.get("kind"), str):
+                return RESULT_KIND.format(meta["kind"])
+        except (OSError, ValueError):
+            pass
+    if "config.json" in names:
+        try:
+            config = json.loads((path / "config.json").read_text())
+        except (OSError, ValueError):
+            config = None
+        if isinstance(config, dict) and "weights_sha256" in config:
+            return "phaseinterp checkpoint"
+        if isinstance(config, dict) and "model_type" in config:
+            return "Hugging Face checkpoint"
+    if "index.html" in names and "summary.json" in names:
+        return "report"
+    if "run.json" in names or "shards" in names:
+        return "shard folder"
+    if "checkpoints" in names or "log.csv" in names:
+        return "training run"
+    return "other files"
+
+
+def check_write_target(path: Union[str, os.PathLike], kind: str, *, overwrite: bool = False,
+                       name: str = "directory", flag: str = "overwrite=True (CLI: --overwrite) to replace it") -> Path:
+    """The one rule for every writer: may ``kind`` be written to the folder ``path``?
+
+    Yes when ``path`` does not exist or is an empty folder (and a folder can be made there:
+    `check_output_dir`). When it holds a previous object of the same ``kind`` (`saved_kind`), only
+    with ``overwrite=True`` (CLI ``--overwrite``), and the writer then replaces it whole and
+    atomically (`write_dir_atomically`). Anything else there (a file, another kind of saved object,
+    other files) is never replaced: a `UserInputError` naming the argument, the path, what it holds
+    and what would be accepted (``flag`` names the switch that allows the same kind). Creates
+    nothing, so a refusal leaves no trace.
+
+    Writers that use it (``tests/test_bad_inputs.py::WRITERS`` walks each one):
+    `Result.save` (every result object, `PhaseProfile` included), `CompressedTransformer.save_pretrained`,
+    `HookedDeepseekV4.save_pretrained`, `phaseinterp.models.hf.export.export_release` (zoo export),
+    `phaseinterp.report.build_report` (reports), the shard folders of `phaseinterp.parallel`
+    (``kind="shard folder"``: a folder of the same run is resumed, which its run header checks) and
+    `phaseinterp.train.train` ``out_dir`` (``kind="training run"``: resumed with ``resume=True``).
+    """
+    target = check_output_dir(path)
+    held = saved_kind(target)
+    if held is None:
+        return target
+    shown = f"{name}={str(path)!r}"
+    if held == "file":
+        raise UserInputError(f"{shown} is an existing file, not a folder; pass a new folder for the {kind}")
+    if held == kind:
+        if overwrite:
+            return target
+        raise UserInputError(f"{shown} already holds a {held}; pass {flag}, or a new or empty folder")
+    if held == "other files":
+        entries = sorted(p.name for p in target.iterdir())
+        listed = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+        raise UserInputError(f"{shown} is not empty and holds no saved {kind} (it has {listed}); pass a new or empty "
+                             f"folder (or a previous {kind}'s folder: pass {flag})")
+    raise UserInputError(f"{shown} holds a {held}, not a {kind}: it is never replaced by one; pass a new or empty "
+                         "folder")
+
+
+def staging_dir(final: Path) -> Path:
+    """An empty hidden folder beside ``final`` (same file system, so a rename moves it into place),
+    with the mode a plain ``mkdir`` would give (not mkdtemp's 0o700)."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp"))
+    os.chmod(path, normal_mode(directory=True))
+    return path
+
+
+def move_into_place(staging: Path, final: Path) -> None:
+    """Move the finished folder ``staging`` to ``final``. A previous folder there is exchanged with
+    the new one in one atomic step where the system allows it (`exchange_paths`), then deleted;
+    elsewhere it is moved aside first (two renames: for an instant ``final`` is missing)."""
+    final = Path(final)
+    if final.exists() and exchange_paths(staging, final):
+        shutil.rmtree(staging, ignore_errors=True)  # now holds the previous folder
+    elif final.exists():
+        old = final.parent / f".{final.name}.previous-{os.getpid()}"
+        os.replace(final, old)
+        os.replace(staging, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(staging, final)
+
+
+def write_dir_atomically(final: Union[str, os.PathLike], write: Callable[[Path], Any]) -> Path:
+    """Call ``write(staging)`` on an empty sibling folder of ``final``, then move it into place
+    (`move_into_place`): a reader sees the previous folder or the complete new one, and a failure
+    or interrupt leaves ``final`` as it was. Check ``final`` first with `check_write_target`."""
+    final = Path(final)
+    staging = staging_dir(final)
+    try:
+        write(staging)
+        move_into_place(staging, final)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    return final
 
 
 def json_default(value: Any) -> Any:

@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from phaseinterp.errors import UserInputError
-from phaseinterp._files import atomic_write, check_output_dir
+from phaseinterp._files import RESULT_KIND, atomic_write, check_write_target, write_dir_atomically
 
 FORMAT = 1
 META_FILE = "meta.json"
@@ -121,11 +121,17 @@ class Result:
     __hash__ = None  # contents hold arrays: equal results need not hash alike
 
     # ------------------------------------------------------------------ files
-    def save(self, directory: Union[str, os.PathLike]) -> Path:
-        """Write ``directory/meta.json`` + ``directory/arrays.npz`` (atomic writes); returns the folder.
+    def save(self, directory: Union[str, os.PathLike], overwrite: bool = False) -> Path:
+        """Write ``directory/meta.json`` + ``directory/arrays.npz``; returns the folder.
 
-        ``directory`` must be a folder or not exist yet (a file there is a ValueError)."""
-        directory = check_output_dir(directory)
+        ``directory`` must not exist yet or be empty; a previous result of the same class there is
+        replaced only with ``overwrite=True`` (whole and atomically: the new folder is written beside
+        it and renamed into place), and nothing else is ever replaced (`check_write_target`)."""
+        directory = check_write_target(directory, RESULT_KIND.format(type(self).__name__), overwrite=overwrite)
+        return write_dir_atomically(directory, self._write)
+
+    def _write(self, directory: Path) -> None:
+        """Write the two files (and nested results' folders) into the new folder ``directory``."""
         meta: dict[str, Any] = {"kind": type(self).__name__, "format": FORMAT, "fields": {}, "arrays": [],
                                 "frames": {}, "results": {}}
         arrays: dict[str, np.ndarray] = {}
@@ -136,7 +142,8 @@ class Result:
             if _is_result_list(value):
                 # Nested results (runs of different lengths) keep their own folders: no padding.
                 for i, item in enumerate(value):
-                    item.save(directory / f.name / str(i))
+                    (directory / f.name / str(i)).mkdir(parents=True)
+                    item._write(directory / f.name / str(i))
                 meta["results"][f.name] = {"kinds": [_kind_path(type(item)) for item in value],
                                            "tuple": isinstance(value, tuple)}
             elif isinstance(value, np.ndarray):
@@ -146,18 +153,24 @@ class Result:
                 meta["frames"][f.name] = _frame_to_arrays(value, f.name, arrays)
             else:
                 meta["fields"][f.name] = _encode(value)
-        directory.mkdir(parents=True, exist_ok=True)
         buf = io.BytesIO()
         np.savez(buf, **arrays)
         atomic_write(directory / ARRAYS_FILE, buf.getvalue())
         atomic_write(directory / META_FILE, json.dumps(meta, indent=1, allow_nan=False).encode())
-        return directory
 
     @classmethod
     def load(cls, directory: Union[str, os.PathLike]):
         """Read a folder written by ``save``; raises FileNotFoundError when a file is missing and
         ValueError when it is truncated, corrupt or holds another kind of result."""
+        if isinstance(directory, (bytes, bool)) or not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
+            raise UserInputError(f"directory={directory!r} is not a path to a saved {cls.__name__} folder")
         directory = Path(directory)
+        if not directory.exists():
+            raise FileNotFoundError(f"directory={str(directory)!r} does not exist (expected a saved {cls.__name__} "
+                                    f"folder: {META_FILE} + {ARRAYS_FILE})")
+        if not directory.is_dir():
+            raise UserInputError(f"directory={str(directory)!r} is a file; a saved {cls.__name__} is a folder "
+                                 f"({META_FILE} + {ARRAYS_FILE})")
         for name in (META_FILE, ARRAYS_FILE):
             if not (directory / name).is_file():
                 raise FileNotFoundError(f"{directory / name} does not exist (not a saved {cls.__name__})")

@@ -329,7 +329,7 @@ def _unchecked(fn):
 
 
 def _saved(model, tmp: Path) -> Path:
-    return model.save_pretrained(tmp / "saved")
+    return model.save_pretrained(tmp / "saved", overwrite=True)  # called twice for the twin row
 
 
 def _profile(model):

@@ -363,7 +363,7 @@ def _zoo(args) -> int:
 
 
 def _zoo_export(args) -> int:
-    """`phaseinterp zoo export NAME --layout deepseek [--fp8 [--fp8-scales pow2|exact]] --out DIR`
+    """`phaseinterp zoo export NAME --layout deepseek [--fp8 [--fp8-scales pow2|exact]] [--experts fp4|fp8|float] --out DIR`
     (every argument checked before loading)."""
     from phaseinterp._files import check_output_dir
     from phaseinterp._checks import parse_size
@@ -381,6 +381,12 @@ def _zoo_export(args) -> int:
         raise UsageError(f"--fp8-scales {args.fp8_scales!r} is not supported (valid: {', '.join(FP8_SCALES)})")
     if args.fp8_scales is not None and not args.fp8:
         raise UsageError("--fp8-scales needs --fp8 (only FP8 weights have block scales)")
+    from phaseinterp.models.hf.export import EXPERT_FORMATS
+
+    if args.experts is not None and args.experts not in EXPERT_FORMATS:
+        raise UsageError(f"--experts {args.experts!r} is not supported (valid: {', '.join(EXPERT_FORMATS)})")
+    if args.experts == "fp8" and not args.fp8:
+        raise UsageError("--experts fp8 needs --fp8 (FP8 expert blocks are part of an FP8 export)")
     dtypes = {"float32": "float32", "bfloat16": "bfloat16"}
     if args.dtype is not None and args.dtype not in dtypes:
         raise UsageError(f"--dtype {args.dtype!r} is not supported (valid: {', '.join(dtypes)})")
@@ -397,7 +403,7 @@ def _zoo_export(args) -> int:
 
     model = hf_zoo.load(args.name)
     result = export_release(model, out, fp8=args.fp8, fp8_scales=args.fp8_scales or DEFAULT_FP8_SCALES,
-                            layout=args.layout, max_shard_bytes=args.max_shard_size,
+                            layout=args.layout, max_shard_bytes=args.max_shard_size, experts=args.experts,
                             dtype=None if args.dtype is None else getattr(torch, dtypes[args.dtype]))
     fp8 = f", FP8 ({args.fp8_scales or DEFAULT_FP8_SCALES} scales)" if args.fp8 else ""
     print(f"exported {args.name} ({args.layout} layout{fp8}): {result}")
@@ -431,7 +437,7 @@ def _train(args) -> int:
 
     result = train(config, task, train_config=e.train_config(), steps=args.steps, batch_size=args.batch_size,
                    lr=args.lr, seed=args.seed, device=args.device, out_dir=args.out, resume=args.resume)
-    result.model.save_pretrained(final)
+    result.model.save_pretrained(final, overwrite=args.resume)  # a resumed run writes its final model again
     print(f"trained {result.model.cfg.label}: final loss {result.log.loss.iloc[-1]:.4f}; model saved to {final}")
     return 0
 

@@ -354,18 +354,21 @@ class CompressedTransformer(HookedRootModule):
         return f"CompressedTransformer({self.cfg.label}, layers={self.cfg.n_layers}, params={n_params:,})"
 
     # ----------------------------------------------------------- checkpoints
-    def save_pretrained(self, directory: Union[str, Path], metadata: Optional[dict] = None) -> Path:
-        """Write ``model.safetensors`` + ``config.json`` atomically (temp file + rename).
+    def save_pretrained(self, directory: Union[str, Path], metadata: Optional[dict] = None,
+                        overwrite: bool = False) -> Path:
+        """Write ``model.safetensors`` + ``config.json`` into a new folder, moved into place in one
+        rename (`phaseinterp._files.write_dir_atomically`).
 
-        The config records the weights' SHA-256, so a truncated or corrupt file is
-        reported on load instead of being loaded.
+        The config records the weights' SHA-256, so a truncated or corrupt file is reported on load
+        instead of being loaded. ``directory`` must not exist or be empty; a previous phaseinterp
+        checkpoint there is replaced only with ``overwrite=True``, anything else never
+        (`phaseinterp._files.check_write_target`).
         """
         from safetensors.torch import save as save_bytes
 
-        from phaseinterp._files import check_output_dir
+        from phaseinterp._files import check_write_target, write_dir_atomically
 
-        directory = check_output_dir(directory)  # a file there is a ValueError, before any writing
-        directory.mkdir(parents=True, exist_ok=True)
+        directory = check_write_target(directory, "phaseinterp checkpoint", overwrite=overwrite)
         tensors = {k: v.detach().to("cpu").contiguous() for k, v in self.state_dict().items()}
         blob = save_bytes(tensors)
         meta = dict(self.metadata)
@@ -377,9 +380,12 @@ class CompressedTransformer(HookedRootModule):
             "weights_bytes": len(blob),
             "metadata": meta,
         }
-        atomic_write(directory / WEIGHTS_FILE, blob)
-        atomic_write(directory / CONFIG_FILE, json.dumps(config, indent=2, sort_keys=True).encode())
-        return directory
+
+        def write(folder: Path) -> None:
+            atomic_write(folder / WEIGHTS_FILE, blob)
+            atomic_write(folder / CONFIG_FILE, json.dumps(config, indent=2, sort_keys=True).encode())
+
+        return write_dir_atomically(directory, write)
 
     @classmethod
     def from_pretrained(
