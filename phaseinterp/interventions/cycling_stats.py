@@ -1,8 +1,9 @@
 """Scores of the gate-cycling prediction ``A_d(r) = A_0((r - d) mod S)`` (docs/science.md, "Gate cycling").
 
 Parameter-free fit (coefficient of determination) and squared correlation of predicted against
-observed per-phase accuracy changes, the circular displacement estimate, and the shift
-identification / permutation test; `gate_cycling` and `CyclingResult` score with these.
+observed per-phase accuracy changes, the circular displacement estimate, the movement R² over
+shifts (`movement_scores`: the paper's figure), and the shift identification / permutation test;
+`gate_cycling`, `CyclingResult` and `UnitCyclingResult` score with these.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from phaseinterp.errors import UserInputError
 
 
 def coefficient_of_determination(predicted: np.ndarray, observed: np.ndarray) -> float:
@@ -127,7 +130,9 @@ def cycling_scores(acc0: np.ndarray, observed: dict[int, np.ndarray], *, n_permu
 
     Pooled over shifts: ``r2_pooled`` and ``corr2_pooled`` on the (S-1) x shifts non-boundary
     points [9 for three shifts]; ``n_identified`` of ``n_shifts``; ``identification_p``: the
-    joint permutation p of the mean headline score (>= 1/216 for three shifts at S = 4).
+    joint permutation p of the mean headline score (>= 1/216 for three shifts at S = 4);
+    ``movement_r2`` / ``movement_corr2``: the paper's figure, ``displacement`` against the applied
+    shift over the shifts (`movement_scores`; one point per shift [3]; NaN with fewer than 2).
     """
     acc0 = np.asarray(acc0, float)
     S = len(acc0)
@@ -172,6 +177,8 @@ def cycling_scores(acc0: np.ndarray, observed: dict[int, np.ndarray], *, n_permu
         out["corr2_pooled"] = squared_correlation(pred, obs)
     else:
         out["r2_pooled"] = out["corr2_pooled"] = float("nan")
+    out["movement_r2"], out["movement_corr2"] = movement_point(
+        per_shift["displacement"] if rows else [], [int(d) for d in observed], S)
     out["identification_p"] = float("nan")
     if n_permutations > 0 and rows:
         per_p, joint_p = _permutation_p(acc0, {d: np.asarray(a, float) for d, a in observed.items()},
@@ -285,3 +292,148 @@ def unit_permutation_tests(c0: np.ndarray, c: np.ndarray, shifts, *, limit: int 
     return dict(r2_p=np.array(r2_p), identification_null=np.array(null_id), identified=identified,
                 n_identified=n_identified, identification_p=poisson_binomial_tail(null_id, n_identified),
                 exact=exact, n_arrangements=len(perms))
+
+
+# ---------------------------------------------------------------- movement R²
+# The paper's figure ("R² between shift and weak-spot movement"): per applied shift d, where did
+# the weak spot (whole profile) or the unit's contribution peak go, and does that displacement
+# equal d? docs/science.md, "Movement R²".
+def representative_shift(shifts, stride: int) -> np.ndarray:
+    """Each shift's representative in ``(-S/2, S/2]`` (``d mod S``, minus S above S/2): the one
+    convention for applied shifts and measured displacements, fixed before any data."""
+    d = np.asarray(shifts, int) % stride
+    return np.where(d > stride // 2, d - stride, d)
+
+
+def profile_displacements(acc0: np.ndarray, acc: np.ndarray) -> np.ndarray:
+    """Where the weak spots went, for whole-profile results, vectorised over leading axes.
+
+    ``acc0`` ``[..., S]`` (unshifted accuracy per phase), ``acc`` ``[..., D, S]`` (under each shift).
+    The estimate is the hypothesised shift ``k = 0..S-1`` whose prediction ``A_0((r - k) mod S)``
+    best explains the observed per-phase change on the S-1 non-boundary phases (the largest
+    coefficient of determination = least squares, the same estimate as `displacement` and the
+    ``displacement`` column of `cycling_scores`), as its representative in (-S/2, S/2]. Ties go to
+    the smallest k (k = 0, "did not move", first); observations that do not vary give k = 0."""
+    acc0, acc = np.asarray(acc0, float), np.asarray(acc, float)
+    S = acc0.shape[-1]
+    keep = np.arange(S - 1)
+    hyp = acc0[..., _rolled_index(S, np.arange(S))]  # [..., K, S]: A_0((r - k) mod S)
+    change = (acc - acc0[..., None, :])[..., keep]  # [..., D, S-1]
+    pred = (hyp - acc0[..., None, :])[..., keep]  # [..., K, S-1]
+    ss_res = ((change[..., :, None, :] - pred[..., None, :, :]) ** 2).sum(-1)  # [..., D, K]
+    ss_tot = ((change - change.mean(-1, keepdims=True)) ** 2).sum(-1)  # [..., D]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        score = np.where(ss_tot[..., None] > 1e-12, 1.0 - ss_res / ss_tot[..., None], -np.inf)
+    return representative_shift(np.argmax(score, axis=-1), S)
+
+
+def contribution_displacements(ss_res_by_hypothesis: np.ndarray) -> np.ndarray:
+    """Where a unit's contribution peak went (unit-level results): the hypothesised shift with the
+    smallest residual over all S phases (`unit_score_arrays`' ``ss_res_by_hypothesis``
+    ``[..., D, S]``; on whole circles least squares over rolls = the argmax of the circular
+    cross-correlation of the shifted and unshifted contributions), as its representative in
+    (-S/2, S/2]; ties go to the smallest k (a flat contribution reads "did not move")."""
+    ss = np.asarray(ss_res_by_hypothesis, float)
+    return representative_shift(np.argmin(ss, axis=-1), ss.shape[-1])
+
+
+def _movement_arrays(displacement: np.ndarray, applied: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Movement R² and squared correlation over the last axis (shifts), vectorised."""
+    delta = np.asarray(displacement, float)
+    ss_res = ((delta - applied) ** 2).sum(-1)
+    centred = delta - delta.mean(-1, keepdims=True)
+    ss_tot = (centred ** 2).sum(-1)
+    applied_c = applied - applied.mean()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        # every displacement equal while the applied shifts differ: nothing moved, R² = -inf
+        r2 = np.where(ss_tot > 1e-12, 1.0 - ss_res / ss_tot, np.where(ss_res > 1e-12, -np.inf, np.nan))
+        denom = np.sqrt(ss_tot * (applied_c ** 2).sum())
+        corr2 = np.where((denom > 1e-12) & (delta.shape[-1] >= 3), ((centred * applied_c).sum(-1) / denom) ** 2, np.nan)
+    return r2, corr2
+
+
+def _check_movement_inputs(displacement, shifts, stride) -> tuple[np.ndarray, np.ndarray, int]:
+    import numbers
+
+    if isinstance(stride, bool) or not isinstance(stride, numbers.Integral) or stride < 2:
+        raise UserInputError(f"stride={stride!r} must be an integer >= 2 (a phase needs at least two values)")
+    stride = int(stride)
+    shifts = list(np.asarray(shifts).reshape(-1)) if not isinstance(shifts, (list, tuple)) else list(shifts)
+    for d in shifts:
+        if isinstance(d, (bool, np.bool_)) or not isinstance(d, numbers.Integral):
+            raise UserInputError(f"shift={d!r} must be an integer number of slots")
+        if d % stride == 0:
+            raise UserInputError(f"shift={d} is 0 mod S={stride}: it moves nothing and cannot be scored; use shifts "
+                                 f"in 1..{stride - 1} or their negatives")
+    if len({d % stride for d in shifts}) != len(shifts):
+        raise UserInputError(f"shifts={[int(d) for d in shifts]} repeat a shift mod S={stride} (d and d - S are one "
+                             "intervention; count it once)")
+    if len(shifts) < 2:
+        raise UserInputError(f"shifts={[int(d) for d in shifts]}: movement R² needs at least 2 shifts distinct mod "
+                             f"S={stride} (an R² over one point is undefined); S = {stride} allows up to {stride - 1}")
+    delta = np.asarray(displacement)
+    if delta.shape[-1:] != (len(shifts),):
+        raise UserInputError(f"displacement has shape {delta.shape}, expected [..., {len(shifts)}] (one per shift)")
+    if not np.issubdtype(delta.dtype, np.integer):
+        raise UserInputError(f"displacement must hold integer slot counts, got dtype {delta.dtype}")
+    low, high = -((stride - 1) // 2), stride // 2
+    bad = delta[(delta < low) | (delta > high)]
+    if bad.size:
+        raise UserInputError(f"displacement={int(bad.flat[0])} is out of range for S={stride} ({low}..{high}: the "
+                             "representative in (-S/2, S/2])")
+    return delta.astype(int), representative_shift(np.asarray(shifts, int), stride), stride
+
+
+def movement_scores(displacement, shifts, stride: int, *, bootstrap=None, confidence: float = 0.95) -> dict:
+    """Movement R²: did the weak spot (or a unit's contribution peak) move by the applied shift?
+
+    ``displacement`` ``[D]``: the measured displacement per applied shift (`profile_displacements`
+    or `contribution_displacements`: integers in (-S/2, S/2]); ``shifts`` ``[D]``: the applied
+    shifts (nonzero and distinct mod S, at least 2; each is compared as its representative in
+    (-S/2, S/2], the displacements' convention: no unwrapping toward the applied shift, which
+    would make any displacement look close to it). ``bootstrap`` ``[B, D]`` (optional):
+    displacements of B bootstrap resamples of the prompts, for the intervals.
+
+    Returns ``movement_r2 = 1 - sum (delta - d)^2 / sum (delta - mean delta)^2`` (parameter-free,
+    D points: 3 at S = 4 with shifts -1, 1, 2; 6 at S = 8 with +-1..+-3; 1 = a perfect match, <= 0
+    when the displacements explain nothing, -inf when every displacement is the same while the
+    applied shifts differ: the spot stayed put), ``movement_corr2`` (squared correlation of delta
+    with d, slope and intercept free; NaN below 3 points), ``n_points``, and ``per_shift``: applied
+    ``shift``, its representative ``applied``, ``displacement``, ``low``/``high`` (percentile bootstrap
+    interval, an observed replicate value at each end), ``error`` (``displacement - applied``) and
+    ``circular_error`` (the same, as the representative in (-S/2, S/2]: a near miss across the
+    wrap point reads 1 here and S - 1 in ``error``). With ``bootstrap``: ``movement_r2_ci``.
+    Raises `UserInputError` naming the value for fewer than 2 shifts, repeated or zero shifts mod S,
+    and displacements that are not integers in (-S/2, S/2]."""
+    delta, applied, S = _check_movement_inputs(displacement, shifts, stride)
+    if delta.ndim != 1:
+        raise UserInputError(f"displacement has shape {delta.shape}; pass one displacement per shift, [{len(applied)}]")
+    if not 0 < confidence < 1:
+        raise UserInputError(f"confidence={confidence} is out of range (0, 1)")
+    r2, corr2 = _movement_arrays(delta, applied)
+    error = delta - applied
+    per = pd.DataFrame(dict(shift=[int(d) for d in shifts], applied=applied, displacement=delta,
+                            low=np.nan, high=np.nan, error=error, circular_error=representative_shift(error, S)))
+    out = dict(movement_r2=float(r2), movement_corr2=float(corr2), n_points=len(applied), per_shift=per)
+    if bootstrap is not None:
+        boot, _, _ = _check_movement_inputs(bootstrap, shifts, S)
+        if boot.ndim != 2:
+            raise UserInputError(f"bootstrap has shape {boot.shape}, expected [replicates, {len(applied)}]")
+        a = (1 - confidence) / 2
+        per["low"] = np.quantile(boot, a, axis=0, method="inverted_cdf")
+        per["high"] = np.quantile(boot, 1 - a, axis=0, method="inverted_cdf")
+        boot_r2, _ = _movement_arrays(boot, applied)
+        finite = boot_r2[~np.isnan(boot_r2)]
+        out["movement_r2_ci"] = ([float(np.quantile(finite, a, method="inverted_cdf")),
+                                  float(np.quantile(finite, 1 - a, method="inverted_cdf"))] if finite.size
+                                 else [float("nan"), float("nan")])
+    return out
+
+
+def movement_point(displacement, shifts, stride: int) -> tuple[float, float]:
+    """``(movement_r2, movement_corr2)`` for a result's `scores`: NaN, NaN with fewer than 2 shifts
+    (one point has no R²; `movement_scores` raises there instead)."""
+    if len(shifts) < 2:
+        return float("nan"), float("nan")
+    s = movement_scores(np.asarray(displacement, int), list(shifts), stride)
+    return s["movement_r2"], s["movement_corr2"]

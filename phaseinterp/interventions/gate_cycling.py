@@ -21,7 +21,7 @@ from phaseinterp._checks import check_int, check_n_per_residue
 from phaseinterp._files import progress_bar
 from phaseinterp.errors import UserInputError
 from phaseinterp.interventions._common import check_layers, fixed_answer_position, model_device
-from phaseinterp.interventions.cycling_stats import cycling_scores
+from phaseinterp.interventions.cycling_stats import cycling_scores, movement_scores, profile_displacements
 from phaseinterp.interventions.gate_shifts import (
     check_kv_heads,
     check_shifts,
@@ -87,8 +87,46 @@ class CyclingResult(Result):
         parameter-free prediction on the S-1 non-boundary phases; ``corr2`` the squared
         correlation; all-phase and interior versions; MAE; mean drop; the score of every
         hypothesised shift, the circular displacement, identification and its permutation p),
-        pooled ``r2_pooled``/``corr2_pooled`` and the joint ``identification_p``."""
+        pooled ``r2_pooled``/``corr2_pooled``, the joint ``identification_p``, and ``movement_r2`` /
+        ``movement_corr2`` (the paper's figure: displacement against applied shift; `movement`)."""
         return self._scores_for(n_permutations=9999)
+
+    def _bootstrap_accuracy(self) -> np.ndarray:
+        """Phase accuracies of ``n_boot`` resamples of the prompts (within residue groups, the same
+        draw for every shift): ``[B, shift, S]``."""
+        rng = np.random.default_rng(self.seed)
+        S, B = self.stride, self.n_boot
+        sums, counts = np.zeros((B, len(self.shifts), S)), np.zeros(S)
+        values = self.correct.astype(float)
+        for g in range(self.residue_modulus):
+            idx = np.flatnonzero(self.residue == g)
+            if idx.size == 0:
+                continue
+            draw = idx[rng.integers(0, idx.size, size=(B, idx.size))]  # [B, n_g]
+            sums[:, :, g % S] += values[:, draw].sum(-1).T
+            counts[g % S] += idx.size
+        return sums / counts
+
+    def movement(self, confidence: float = 0.95) -> dict:
+        """Movement R² (docs/science.md, "Movement R²"): did the weak spot move by the applied shift?
+
+        Per scored shift d the displacement of the weak spots is the ``displacement`` column of
+        ``scores`` (the best of the S hypotheses ``A_0((r - k) mod S)`` on the S-1 non-boundary
+        phases, as its representative in (-S/2, S/2]; the boundary phase is left out because it
+        stays weak under every shift and would pull every estimate toward "did not move"), with a
+        percentile bootstrap interval (``n_boot`` resamples of the prompts within residue groups,
+        paired across shifts, seed ``seed``). Over the shifts: ``movement_r2 = 1 - sum (delta - d)^2
+        / sum (delta - mean delta)^2`` (one point per shift: 3 at S = 4), its bootstrap interval
+        ``movement_r2_ci`` and ``movement_corr2``; `movement_scores` has every column. The result's
+        own prompts are the held-out ones (`gate_cycling` draws evaluation prompts, seed 0 by
+        default; the shifts are fixed, not picked). Raises `UserInputError` with fewer than 2
+        scored shifts."""
+        scored = list(self.scored_shifts)
+        point = self.scores["per_shift"].set_index("shift").loc[scored, "displacement"].to_numpy(int)
+        acc = self._bootstrap_accuracy()
+        order = list(self.shifts)
+        boot = profile_displacements(acc[:, order.index(0)], acc[:, [order.index(d) for d in scored]])
+        return movement_scores(point, scored, self.stride, bootstrap=boot, confidence=confidence)
 
     def identification(self) -> pd.DataFrame:
         """Shift-identification table: rows = applied shift, columns = hypothesised shift
@@ -132,15 +170,22 @@ class CyclingResult(Result):
     def to_dict(self) -> dict:
         """Headline scores (see ``scores`` / `cycling_scores`); keys are JSON-ready. ``r2_*`` is
         the coefficient of determination of the parameter-free prediction (boundary excluded;
-        S-1 points per shift), ``corr2_*`` the squared correlation (slope and intercept fitted)."""
+        S-1 points per shift), ``corr2_*`` the squared correlation (slope and intercept fitted);
+        ``movement_r2`` (with its bootstrap interval) asks only where the weak spot went
+        (`movement`; NaN with fewer than 2 shifts), ``identified`` whether the applied shift is
+        the best hypothesis."""
         s = self.scores
         ps = s["per_shift"].set_index("shift")
         by = lambda col, cast=float: {int(d): cast(ps.loc[d, col]) for d in ps.index}  # noqa: E731
+        movement = self.movement() if s["n_shifts"] >= 2 else None
         return {
             "model": self.model_label,
             "shifts": [int(d) for d in ps.index],
             "points_per_shift": self.stride - 1,
             "r2_pooled": s["r2_pooled"],
+            "movement_r2": s["movement_r2"],
+            "movement_r2_ci": movement["movement_r2_ci"] if movement else [float("nan")] * 2,
+            "identified": f"{s['n_identified']} of {s['n_shifts']}",
             "r2_by_shift": by("r2"),
             "corr2_pooled": s["corr2_pooled"],
             "corr2_by_shift": by("corr2"),
@@ -149,8 +194,10 @@ class CyclingResult(Result):
             "mae_by_shift": by("mae"),
             "mean_drop_by_shift": by("mean_drop"),
             "displacement_by_shift": by("displacement", int),
-            "identified": f"{s['n_identified']} of {s['n_shifts']}",
             "identification_p": s["identification_p"],
+            "movement_corr2": s["movement_corr2"],
+            "displacement_ci_by_shift": ({int(r.shift): [int(r.low), int(r.high)]
+                                          for r in movement["per_shift"].itertuples()} if movement else {}),
             "identification_p_by_shift": by("identification_p") if "identification_p" in ps else {},
             "boundary_rank_by_shift": by("boundary_rank", int),
         }

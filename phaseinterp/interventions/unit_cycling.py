@@ -30,6 +30,9 @@ from phaseinterp._checks import MAX_PROMPTS, check_int, check_n_per_residue
 from phaseinterp._files import progress_bar
 from phaseinterp.interventions._common import check_layers, fixed_answer_position
 from phaseinterp.interventions.cycling_stats import (
+    contribution_displacements,
+    movement_point,
+    movement_scores,
     strictly_identified,
     unit_permutation_tests,
     unit_score_arrays,
@@ -146,7 +149,10 @@ class UnitCyclingResult(Result):
         the smallest residual, signed), ``identified`` (the applied shift is strictly best),
         ``r2_p`` (exact permutation p of ``r2``), ``identification_null`` (chance of identifying
         it by luck, about 1/S). Pooled: ``r2_pooled``, ``n_identified`` of ``n_shifts``,
-        ``identification_p`` (exact joint p of at least that many identifications)."""
+        ``identification_p`` (exact joint p of at least that many identifications), and
+        ``movement_r2`` / ``movement_corr2``: the paper's figure, ``best`` (the displacement of the
+        contribution peak) against the applied shift over the shifts (one point per shift: 6 at
+        S = 8; NaN with fewer than 2 shifts; `movement` adds the bootstrap intervals)."""
         c0, c, scored = self._arrays()
         S, boundary = self.stride, self.boundary_phase
         if not scored:
@@ -168,9 +174,31 @@ class UnitCyclingResult(Result):
             tot = arr["ss_tot"][k]
             row.update({f"hypothesis_{h}": float(1 - ss[h] / tot) if tot > 1e-12 else float("nan") for h in range(S)})
             rows.append(row)
-        return dict(per_shift=pd.DataFrame(rows), r2_pooled=float(arr["r2_pooled"]), n_shifts=len(scored),
+        per_shift = pd.DataFrame(rows)
+        movement_r2, movement_corr2 = movement_point(per_shift["best"], scored, S)
+        return dict(per_shift=per_shift, r2_pooled=float(arr["r2_pooled"]), n_shifts=len(scored),
                     n_identified=tests["n_identified"], identification_p=tests["identification_p"],
+                    movement_r2=movement_r2, movement_corr2=movement_corr2,
                     permutations_exact=tests["exact"], n_arrangements=tests["n_arrangements"])
+
+    def movement(self, confidence: float = 0.95) -> dict:
+        """Movement R² (docs/science.md, "Movement R²"): did the unit's contribution peak move by the
+        applied shift?
+
+        Per scored shift d the displacement is ``best`` in ``scores`` (the hypothesised shift k whose
+        ``C_0((r - k) mod S)`` has the smallest residual over all S phases, i.e. the argmax of the
+        circular cross-correlation of ``C_d`` with ``C_0``, as its representative in (-S/2, S/2]; the
+        boundary phase is kept, as in the unit's R² and identification, whose estimate this is), with
+        a percentile bootstrap interval from the same resamples as `intervals` (prompts within
+        residue groups, paired across shifts). Over the shifts: ``movement_r2 = 1 - sum (delta -
+        d)^2 / sum (delta - mean delta)^2`` (one point per shift), ``movement_r2_ci``,
+        ``movement_corr2``; `movement_scores` has every column. Computed on the result's prompts:
+        the held-out split when the unit was picked by `specialized_units` (selection seed 1000,
+        scoring seed 0 by default). Raises `UserInputError` with fewer than 2 scored shifts."""
+        scored = list(self.scored_shifts)
+        point = self.scores["per_shift"].set_index("shift").loc[scored, "best"].to_numpy(int)
+        return movement_scores(point, scored, self.stride, bootstrap=self._boot["displacement"],
+                               confidence=confidence)
 
     def identification(self) -> pd.DataFrame:
         """Rows = applied shift, columns = hypothesised shift 0..S-1 (R² of that hypothesis), plus
@@ -205,6 +233,7 @@ class UnitCyclingResult(Result):
         c = c_all[:, [order.index(d) for d in scored]]
         arr = unit_score_arrays(c0, c, scored, self.boundary_phase)
         arr["identified"] = strictly_identified(arr["ss_res_by_hypothesis"], scored)
+        arr["displacement"] = contribution_displacements(arr["ss_res_by_hypothesis"])
         arr["contribution"] = c_all
         return arr
 
@@ -259,12 +288,14 @@ class UnitCyclingResult(Result):
 
     def to_dict(self) -> dict:
         """Headline numbers: the unit, how it was shifted and measured, the pooled R² with its 95%
-        interval, R² per shift (S points each, all phases), identification and its exact joint p,
-        and where the unit's contribution peaks per shift."""
+        interval, the movement R² with its interval (`movement`: did the peak move by the applied
+        shift; NaN with fewer than 2 shifts), identification and its exact joint p, R² per shift
+        (S points each, all phases), and where the unit's contribution peaks per shift."""
         s = self.scores
         ps = s["per_shift"].set_index("shift")
         iv = self.intervals()
         by = lambda col, cast=float: {int(d): cast(ps.loc[d, col]) for d in ps.index}  # noqa: E731
+        movement = self.movement() if s["n_shifts"] >= 2 else None
         c0 = self.contribution().loc[0].to_numpy()
         return {
             "model": self.model_label, "unit": self.unit, "mode": self.mode, "measure": self.measure,
@@ -272,10 +303,15 @@ class UnitCyclingResult(Result):
             "n_prompts": int(self.residue.size),
             "r2_pooled": s["r2_pooled"],
             "r2_pooled_ci": [float(iv.loc["r2_pooled", "low"]), float(iv.loc["r2_pooled", "high"])],
-            "r2_by_shift": by("r2"), "r2_no_boundary_by_shift": by("r2_no_boundary"),
+            "movement_r2": s["movement_r2"],
+            "movement_r2_ci": movement["movement_r2_ci"] if movement else [float("nan")] * 2,
             "identified": f"{s['n_identified']} of {s['n_shifts']}",
+            "r2_by_shift": by("r2"), "r2_no_boundary_by_shift": by("r2_no_boundary"),
             "identification_p": s["identification_p"],
+            "movement_corr2": s["movement_corr2"],
             "best_hypothesis_by_shift": by("best", int),
+            "displacement_ci_by_shift": ({int(r.shift): [int(r.low), int(r.high)]
+                                          for r in movement["per_shift"].itertuples()} if movement else {}),
             "unshifted_peak_phase": int(np.argmax(c0)),
             "peak_phase_by_shift": by("peak_phase", int),
             "boundary_observed_by_shift": by("boundary_observed"),

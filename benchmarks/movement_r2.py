@@ -1,0 +1,110 @@
+"""The paper's statistic, movement R², on the shipped models (issue 36, item 1).
+
+    python benchmarks/movement_r2.py run --models w4s4-1kv-shared --out runs/movement_r2
+    python benchmarks/movement_r2.py run --profile w4s4-1kv-shared --out runs/movement_r2
+    python benchmarks/movement_r2.py table --out runs/movement_r2
+
+``run --models``: for each model, the units of `benchmarks/cycling_table.py` (picked by
+`specialized_units`' rule on the selection split, seed 1000, plus the negative control), each
+cycled alone on held-out prompts (seed 0) by the shifts +-1..+-3 distinct mod S, saved under
+``OUT/<model>/<unit>`` (the same runs as RESULTS section 13's table). ``run --profile``: the
+whole-model roll (every layer's gates shifted, ``score="profile"``) on held-out prompts, saved
+under ``OUT/<model>/profile``. ``table``: loads every saved result and prints, per row, the
+movement R² (`movement_scores`: where the weak spot / the contribution peak went, against the
+applied shift) beside the strict profile R² and the identification count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("PHASEINTERP_NO_PROGRESS", "1")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import phaseinterp as pi  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cycling_table import MODELS, run_model  # noqa: E402
+
+
+def _fmt(x: float, digits: int = 2) -> str:
+    return "nan" if not np.isfinite(x) else f"{x:.{digits}f}"
+
+
+def run(args) -> None:
+    out = Path(args.out)
+    for name in args.profile:
+        t0 = time.time()
+        model = pi.zoo.load(name)
+        result = pi.gate_cycling(model, pi.zoo.task_for(model), n_per_residue=args.n_per_residue,
+                                 n_boot=args.n_boot, progress=False)
+        result.save(out / name / "profile")
+        print(f"# {name} profile roll: {time.time() - t0:.0f} s", flush=True)
+    for name in args.models:
+        rows = run_model(name, args.n_per_residue, args.n_boot, out)
+        print("\n".join(rows), flush=True)
+
+
+def _row(label: str, what: str, result) -> str:
+    s = result.scores
+    S = result.stride
+    if s["n_shifts"] < 2:
+        return (f"| `{label}` | {what} | S={S}, {s['n_shifts']} shift | not defined: one shift distinct mod S is one "
+                f"point | {_fmt(s['r2_pooled'])} | {s['n_identified']} of {s['n_shifts']} |")
+    m = result.movement()
+    low, high = m["movement_r2_ci"]
+    moves = ", ".join(f"{r.shift:+d}->{r.displacement:+d} [{r.low:+d}, {r.high:+d}]" for r in m["per_shift"].itertuples())
+    return (f"| `{label}` | {what} | S={S}, {m['n_points']} shifts | {moves} | **{_fmt(m['movement_r2'])}** "
+            f"[{_fmt(low)}, {_fmt(high)}]; r² {_fmt(m['movement_corr2'])} | {_fmt(s['r2_pooled'])} | "
+            f"{s['n_identified']} of {s['n_shifts']} |")
+
+
+def table(args) -> None:
+    from phaseinterp.interventions.gate_cycling import CyclingResult
+
+    out = Path(args.out)
+    rows = ["| model | what was shifted (role; hurt phases, selection split) | points | applied -> measured "
+            "displacement [95% CI] | movement R² [95% CI]; r² | strict R² (pooled) | identified |",
+            "|---|---|---|---|---|---|---|"]
+    for folder in sorted(p for p in out.iterdir() if p.is_dir()):
+        label = folder.name
+        if (folder / "profile").exists():
+            rows.append(_row(label, "every layer (whole-profile roll)", CyclingResult.load(folder / "profile")))
+        picks = {}
+        if (folder / "selection").exists():
+            picks = {u["label"]: u for u in pi.UnitSelection.load(folder / "selection").units()}
+        for unit in sorted(p for p in folder.iterdir() if p.name in picks):
+            u = picks[unit.name]
+            rows.append(_row(label, f"{unit.name} ({u['role']}; hurt phases {u['hurt_phases']})",
+                             pi.UnitCyclingResult.load(unit)))
+    print("\n".join(rows))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--models", nargs="*", default=[])
+    r.add_argument("--profile", nargs="*", default=[])
+    r.add_argument("--n-per-residue", type=int, default=72)
+    r.add_argument("--n-boot", type=int, default=1000)
+    r.add_argument("--out", default="runs/movement_r2")
+    r.add_argument("--threads", type=int, default=1)
+    t = sub.add_parser("table")
+    t.add_argument("--out", default="runs/movement_r2")
+    args = parser.parse_args()
+    if args.command == "run":
+        torch.set_num_threads(args.threads)
+        run(args)
+    else:
+        table(args)
+
+
+if __name__ == "__main__":
+    main()
