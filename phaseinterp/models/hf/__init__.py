@@ -48,7 +48,9 @@ def load_hf(path: Union[str, Path], device_map: Union[str, dict, None] = None, d
     ``model.safetensors.index.json``), which transformers' conversion mapping renames. FP8
     checkpoints (``quantization_config.quant_method == "fp8"``, e4m3 weights with block
     ``.scale``) are dequantized to ``dtype`` on machines without FP8 kernels (CPU, GPUs below
-    compute capability 8.9) and kept in FP8 with transformers' kernels otherwise.
+    compute capability 8.9) and kept in FP8 with transformers' kernels otherwise. MXFP4 routed
+    experts (``expert_dtype: "fp4"``, as released) are read by the same quantizer; beside float
+    dense weights they are always dequantized.
 
     ``device_map`` / ``max_memory`` / ``offload_folder`` go to ``from_pretrained`` (accelerate):
     ``device_map="auto"`` spreads whole decoder layers over the GPUs, then CPU, then disk
@@ -95,6 +97,7 @@ def load_hf(path: Union[str, Path], device_map: Union[str, dict, None] = None, d
     if any(path.glob("*.safetensors")) or (path / "model.safetensors.index.json").exists():
         files = inspect_checkpoint(path, raw_config)
     fp8 = files is not None and bool(files.fp8_tensors)
+    fp4 = files is not None and bool(files.fp4_tensors)
     if max_memory is not None or device_map is not None:
         from phaseinterp.models.hf.offload import check_max_memory
 
@@ -112,10 +115,11 @@ def load_hf(path: Union[str, Path], device_map: Union[str, dict, None] = None, d
     if offload_folder is not None:
         kwargs["offload_folder"] = str(offload_folder)
     dequantize = False
-    if fp8:
+    if fp8 or fp4:
         from transformers import FineGrainedFP8Config
 
-        dequantize = not fp8_kernels_available()
+        # FP4 experts beside float dense weights: transformers' FP8 modules would expect FP8 dense weights
+        dequantize = not fp8_kernels_available() or not fp8
         quant = {k: v for k, v in files.quantization.items() if k != "quant_method"}
         quant["expert_dtype"] = quant.get("expert_dtype", raw_config.get("expert_dtype", "fp8"))
         kwargs["quantization_config"] = FineGrainedFP8Config(**{**quant, "dequantize": dequantize})
@@ -127,7 +131,7 @@ def load_hf(path: Union[str, Path], device_map: Union[str, dict, None] = None, d
     placed = getattr(hf_model, "hf_device_map", None) or {}
     on_gpu = any(v not in ("cpu", "disk") for v in placed.values())  # then "cpu" means CPU offload too
     model.metadata["checkpoint"] = {
-        "path": str(path), "layout": files.layout if files is not None else "hf", "fp8": fp8,
+        "path": str(path), "layout": files.layout if files is not None else "hf", "fp8": fp8, "fp4_experts": fp4,
         "dequantized": dequantize,
         "offloaded": sorted(k for k, v in placed.items() if v == "disk" or (on_gpu and v == "cpu")),
     }

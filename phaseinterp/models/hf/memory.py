@@ -3,7 +3,7 @@
 The model is instantiated on PyTorch's ``meta`` device (shapes only), so the count is exact
 for the architecture transformers builds from that config. Weight bytes = parameters x bytes
 per parameter; the routed experts can be counted at a different width (the released
-checkpoints ship FP8 experts). ``python -m phaseinterp.models.hf.memory [config.json|DIR]``
+DeepSeek-V4 checkpoints ship MXFP4 experts, `FP4_EXPERT_BYTES`; FP8 is the older V3-style width). ``python -m phaseinterp.models.hf.memory [config.json|DIR]``
 prints the table (no argument: transformers' default ``DeepseekV4Config``, the V4-Flash shape).
 """
 
@@ -14,6 +14,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
+
+
+# MXFP4 experts as released: half a byte per value plus one E8M0 scale byte per 32 values
+FP4_EXPERT_BYTES = 0.5 + 1 / 32
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,7 @@ class MemoryEstimate:
     def summary(self) -> dict[str, Any]:
         return {"n_params": self.n_params, "n_expert_params": self.n_expert_params, "n_layers": self.n_layers,
                 "bf16_gib": round(self.weight_gib(2.0), 1), "fp8_experts_bf16_rest_gib": round(self.weight_gib(2.0, 1.0), 1),
+                "fp4_experts_bf16_rest_gib": round(self.weight_gib(2.0, FP4_EXPERT_BYTES), 1),
                 "fp32_gib": round(self.weight_gib(4.0), 1)}
 
 

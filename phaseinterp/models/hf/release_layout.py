@@ -7,6 +7,10 @@ transformers renames at load time (``conversion_mapping.py``, ``"deepseek_v4"``)
 check it; `check_names_roundtrip` asks transformers' own renaming code to map every
 exported name back (the exporter refuses to write a name that does not come back).
 
+FP4: the routed experts are MXFP4 as released (``ffn.experts.{e}.w1.weight`` int8 ``[rows, cols/2]``, two
+e2m1 codes per byte, low nibble first, + ``.scale``: one E8M0 exponent per 32 values), config
+``expert_dtype: "fp4"`` (`phaseinterp.models.hf.export.quantize_mxfp4`).
+
 FP8: the modules transformers' ``FineGrainedFP8`` integration replaces by FP8 modules
 (every ``nn.Linear`` / grouped linear / routed-expert stack except ``lm_head`` and the
 compressor / indexer projections DeepSeek ships in BF16, ``_keep_in_fp32_modules``) are
@@ -30,6 +34,8 @@ INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 FP8_BLOCK = (128, 128)  # FineGrainedFP8Config's default weight_block_size (DeepSeek's release block)
 FP8_DTYPES = ("F8_E4M3",)  # safetensors' name for float8_e4m3fn
+FP4_DTYPES = ("I8", "U8")  # MXFP4 experts: two e2m1 codes per byte (the release and transformers: int8)
+_FP4_EXPERT = re.compile(r"^layers\.\d+\.ffn\.experts\.\d+\.w[123]\.weight$")
 LAYOUTS = ("hf", "deepseek")
 
 # HF name (without the "model." prefix) -> DeepSeek name, applied in order; each rule is the
@@ -46,7 +52,9 @@ _LEAF_RULES: tuple[tuple[str, str], ...] = (
     (r"\.compressor\.indexer\.scorer\.weights_proj\.", ".indexer.weights_proj."),  # \.indexer\.weights_proj\.
     (r"\.compressor\.indexer\.q_b_proj\.", ".indexer.wq_b."),       # \.indexer\.wq_b\.
     (r"\.compressor\.indexer\.", ".indexer.compressor."),           # \.indexer\.compressor\.
-    (r"\.kv_norm\.", ".norm."),                                     # \.norm\.
+    # the compressors' norms are ``compressor.norm``; the attention's own stays ``attn.kv_norm``
+    # (the release's name, and what llama.cpp's converter reads; transformers keeps it as is)
+    (r"\.compressor\.kv_norm\.", ".compressor.norm."),              # \.norm\.
     (r"\.position_bias$", ".ape"),                                  # \.ape
     (r"\.q_a_proj\.", ".wq_a."),                                    # \.wq_a\.
     (r"\.self_attn\.q_b_proj\.", ".self_attn.wq_b."),               # \.self_attn\.wq_b\.
@@ -171,6 +179,7 @@ class CheckpointFiles:
     quantization: Optional[dict] = None  # config.json's quantization_config
     n_bytes: int = 0
     fp8_tensors: tuple[str, ...] = field(default=())
+    fp4_tensors: tuple[str, ...] = field(default=())  # MXFP4 routed experts (int8, two e2m1 codes per byte)
 
     @property
     def shards(self) -> list[str]:
@@ -247,6 +256,16 @@ def inspect_checkpoint(path: Path, config: dict) -> CheckpointFiles:
     layout = _detect_layout(path, list(weight_map), config)
     quant = config.get("quantization_config")
     fp8 = tuple(sorted(t for t, d in dtypes.items() if d in FP8_DTYPES))
+    fp4 = tuple(sorted(t for t, d in dtypes.items() if d in FP4_DTYPES and _FP4_EXPERT.match(t)))
+    for t in fp4:
+        stem = t[: -len(".weight")]
+        if f"{stem}.scale" not in weight_map:
+            raise ValueError(f"{path / weight_map[t]}: MXFP4 expert {t!r} has no scales ({stem}.scale); FP4 "
+                             "weights cannot be dequantized without them")
+    if fp4 and not (isinstance(quant, dict) and quant.get("quant_method") == "fp8"
+                    and (quant.get("expert_dtype") or config.get("expert_dtype")) == "fp4"):
+        raise ValueError(f"{path / weight_map[fp4[0]]} holds MXFP4 expert {fp4[0]!r} but {path / 'config.json'} "
+                         "does not declare expert_dtype 'fp4' with a quantization_config of quant_method 'fp8'")
     if fp8:
         if not isinstance(quant, dict) or quant.get("quant_method") != "fp8":
             raise ValueError(f"{path / weight_map[fp8[0]]} holds FP8 tensor {fp8[0]!r} but {path / 'config.json'} "
@@ -259,7 +278,8 @@ def inspect_checkpoint(path: Path, config: dict) -> CheckpointFiles:
                                  f"({stem}.scale or {stem}.weight_scale_inv); FP8 weights cannot be dequantized "
                                  "without them")
     return CheckpointFiles(path=path, layout=layout, weight_map=dict(weight_map), dtypes=dtypes,
-                           quantization=quant if isinstance(quant, dict) else None, n_bytes=n_bytes, fp8_tensors=fp8)
+                           quantization=quant if isinstance(quant, dict) else None, n_bytes=n_bytes, fp8_tensors=fp8,
+                           fp4_tensors=fp4)
 
 
 def _detect_layout(path: Path, names: list[str], config: dict) -> str:
