@@ -1,7 +1,8 @@
 """Errors by kind: what the user passed is wrong (`UserInputError`), as opposed to a bug.
 
 `UserInputError` subclasses ValueError, so ``except ValueError`` keeps catching bad input;
-the command line reports it (and missing files, unreadable checkpoints) in one line with
+`EngineError` is a model server that cannot answer (a RuntimeError);
+the command line reports both (and missing files, unreadable checkpoints) in one line with
 exit code 2, and lets every other exception keep its traceback.
 """
 
@@ -13,4 +14,10 @@ class UserInputError(ValueError):
     the valid range (``layer=31 is out of range for a 12-layer model (0..11)``)."""
 
 
-__all__ = ["UserInputError"]
+class EngineError(RuntimeError):
+    """An engine (a model server) could not answer: unreachable, timed out, or failing after every
+    retry. The message names the server and, from `phase_profile`, how many answers were kept and
+    where; the command line reports it in one line with exit code 2."""
+
+
+__all__ = ["EngineError", "UserInputError"]

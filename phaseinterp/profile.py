@@ -181,8 +181,13 @@ def _logits(output: Any) -> torch.Tensor:
     return output.logits if hasattr(output, "logits") else output
 
 
+def _is_engine(model: Any) -> bool:
+    """An engine (`phaseinterp.engines.Engine`: a callable returning next-token log-probs), not a model."""
+    return not isinstance(model, torch.nn.Module) and callable(model)
+
+
 def phase_profile(
-    model: torch.nn.Module,
+    model: Any,
     task: Any,
     n_per_residue: int = 250,
     *,
@@ -196,8 +201,12 @@ def phase_profile(
     n_bootstrap: int = 2000,
     n_permutations: int = 1999,
     progress: bool = True,
+    tokenizer: Any = None,
+    resume_dir: str | os.PathLike | None = None,
+    retries: int = 3,
+    retry_wait: float = 1.0,
 ) -> PhaseProfile:
-    """Top-1 accuracy of ``model`` on ``task`` by the target's residue mod R and phase mod S.
+    """Top-1 accuracy of ``model`` (or of an engine) on ``task`` by the target's residue mod R and phase mod S.
 
     A prompt is correct when the argmax over the full vocabulary of the logits at
     ``answer_pos`` is ``answer`` (docs/science.md, "Evaluation protocol").
@@ -205,7 +214,14 @@ def phase_profile(
     Parameters:
         model: any ``nn.Module`` mapping tokens ``[batch, pos]`` to logits ``[batch, pos, d_vocab]``
             (or an object with ``.logits``), with a ``cfg`` holding ``d_vocab``, ``n_ctx`` and
-            ``stride`` (a full-attention twin keeps the reference stride there).
+            ``stride`` (a full-attention twin keeps the reference stride there). Or an engine
+            (`phaseinterp.engines.Engine`: ``OpenAIEngine`` for a vLLM/SGLang server, ``CacheEngine``,
+            ...): each prompt goes to it as token ids up to its answer position, and the profile is
+            built from its answers (`phaseinterp.engines.answers`: the prediction is the argmax of
+            the log-probs it reports, the whole vocabulary or its top-k, ties to the lowest id; an
+            answer outside the reported top-k is wrong and its ``answer_logprob`` is NaN). With an
+            engine ``stride`` is required, ``device`` does not apply and ``label`` defaults to
+            ``engine.name``; ``resume_dir``, ``retries`` and ``retry_wait`` apply to engines only.
         task: a task with ``generate(n_per_residue, seed)`` (e.g. ``KeyValueRetrieval``,
             ``phaseinterp.zoo.task_for(model)``) or a ready ``TaskBatch``.
         n_per_residue: prompts per residue group (default 250; total ``n_per_residue * R``).
@@ -226,9 +242,17 @@ def phase_profile(
             mapping is shared by several prompts).
         n_permutations: permutations of the period test (default 1999).
         progress: show a progress bar (default True; also off when ``PHASEINTERP_NO_PROGRESS`` is set).
+        tokenizer: passed to ``task.generate(..., tokenizer=)`` (e.g. a Hugging Face tokenizer for
+            ``NeedleRetrieval``); with an engine its size must not exceed the engine's ``d_vocab``.
+        resume_dir: (engines) a folder journaling every finished batch of answers, written
+            atomically; a rerun with the same folder asks only for the rest (default: none).
+        retries: (engines) further tries of a batch that fails with a network or server error, waiting
+            ``retry_wait * 2**k`` seconds (at most 60) before try ``k + 1`` (defaults 3 and 1.0).
 
     Returns a `PhaseProfile` (accuracies are fractions in [0, 1]). The model runs in eval mode
-    under ``torch.inference_mode`` and its training flag is restored afterwards.
+    under ``torch.inference_mode`` and its training flag is restored afterwards. An engine
+    serving the same model gives identical records when it reports the whole vocabulary's
+    log-probs computed as here (tests/test_engine_profile.py).
     """
     if interval not in INTERVALS:
         raise UserInputError(f"interval={interval!r} is not one of {INTERVALS}")
@@ -240,6 +264,14 @@ def phase_profile(
             f"task={task!r} is neither a task (with .generate, e.g. KeyValueRetrieval) nor a TaskBatch; "
             "see phaseinterp.zoo.task_for(model)"
         )
+    if _is_engine(model):
+        return _engine_profile(model, task, n_per_residue, seed=seed, batch_size=batch_size, device=device,
+                               stride=stride, label=label, confidence=confidence, interval=interval,
+                               n_bootstrap=n_bootstrap, n_permutations=n_permutations, progress=progress,
+                               tokenizer=tokenizer, resume_dir=resume_dir, retries=retries, retry_wait=retry_wait)
+    if resume_dir is not None:
+        raise UserInputError("resume_dir= journals an engine's answers; for an in-process model use "
+                             "phaseinterp.parallel.sharded_profile(model, task, out_dir=DIR)")
     device = check_device(device)
     family = phase_model(model)  # any nn.Module with a cfg: GenericModel
     cfg = family.cfg
@@ -249,17 +281,8 @@ def phase_profile(
             raise UserInputError("the model has no cfg.stride; pass stride= explicitly")
     if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
         raise UserInputError(f"stride={stride!r} must be an integer >= 1")
-    if hasattr(task, "generate"):
-        R = task.residue_modulus
-        check_residue_modulus(R, stride)
-        check_n_per_residue(n_per_residue, R)
-        batch = task.generate(n_per_residue, seed=seed)
-    else:
-        batch = task
-    if len(batch) == 0:
-        raise UserInputError("the batch holds 0 prompts; generate at least one per residue")
+    batch = _prompts(task, n_per_residue, seed, stride, tokenizer)
     R = batch.residue_modulus
-    check_residue_modulus(R, stride)
     d_vocab, n_ctx = getattr(cfg, "d_vocab", None), getattr(cfg, "n_ctx", None)  # optional for GenericModel
     if n_ctx is not None and batch.seq_len > n_ctx:
         raise UserInputError(f"prompts have {batch.seq_len} tokens but the model's n_ctx is {n_ctx}")
@@ -299,15 +322,7 @@ def phase_profile(
     finally:
         model.train(was_training)
 
-    records = batch.meta.copy()
-    residues = records["residue"].to_numpy()
-    if residues.min() < 0 or residues.max() >= R:
-        raise UserInputError(f"meta.residue must lie in 0..{R - 1}")
-    records["phase"] = residues % stride
-    records["answer"] = batch.answer.numpy()
-    records["predicted"] = predicted.numpy()
-    records["correct"] = records["predicted"] == records["answer"]
-    records["answer_logprob"] = answer_logprob.numpy()
+    records = _records(batch, stride, predicted.numpy(), answer_logprob.numpy())
     if label is None:
         label = family.label
     own = family.stride
@@ -316,6 +331,71 @@ def phase_profile(
     return profile_from_records(
         records, R, stride, label=label, confidence=confidence, interval=interval, n_bootstrap=n_bootstrap,
         n_permutations=n_permutations, seed=seed,
+    )
+
+
+def _prompts(task: Any, n_per_residue: int, seed: int, stride: int, tokenizer: Any) -> Any:
+    """The task's prompts (``task.generate``, checked first) or a ready TaskBatch."""
+    if hasattr(task, "generate"):
+        R = task.residue_modulus
+        check_residue_modulus(R, stride)
+        check_n_per_residue(n_per_residue, R)
+        extra = {} if tokenizer is None else {"tokenizer": tokenizer}
+        batch = task.generate(n_per_residue, seed=seed, **extra)
+    else:
+        if tokenizer is not None:
+            raise UserInputError("tokenizer= lays out a task's prompts; this TaskBatch is laid out already")
+        batch = task
+    if len(batch) == 0:
+        raise UserInputError("the batch holds 0 prompts; generate at least one per residue")
+    check_residue_modulus(batch.residue_modulus, stride)
+    return batch
+
+
+def _records(batch: Any, stride: int, predicted: np.ndarray, answer_logprob: np.ndarray) -> pd.DataFrame:
+    """One row per prompt: the task's metadata plus ``phase``, ``answer``, ``predicted``, ``correct``,
+    ``answer_logprob``."""
+    R = batch.residue_modulus
+    records = batch.meta.copy()
+    residues = records["residue"].to_numpy()
+    if residues.min() < 0 or residues.max() >= R:
+        raise UserInputError(f"meta.residue must lie in 0..{R - 1}")
+    records["phase"] = residues % stride
+    records["answer"] = batch.answer.numpy()
+    records["predicted"] = predicted
+    records["correct"] = records["predicted"] == records["answer"]
+    records["answer_logprob"] = answer_logprob
+    return records
+
+
+def _engine_profile(engine: Any, task: Any, n_per_residue: int, *, seed: int, batch_size: int, device: Any,
+                    stride: int | None, label: str | None, confidence: float, interval: str, n_bootstrap: int,
+                    n_permutations: int, progress: bool, tokenizer: Any, resume_dir: Any, retries: int,
+                    retry_wait: float) -> PhaseProfile:
+    """`phase_profile` from an engine's answers (`phaseinterp.engines.answers.engine_answers`)."""
+    from phaseinterp.engines.answers import check_engine, check_ids_fit, engine_answers
+
+    name = check_engine(engine)
+    if device is not None:
+        raise UserInputError(f"device={device!r} does not apply to an engine (it runs where it is served); drop it")
+    if stride is None:
+        raise UserInputError(f"phase_profile(engine, ...) needs stride=: the compression stride S of the model "
+                             f"behind {name!r} (an engine does not report it)")
+    if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
+        raise UserInputError(f"stride={stride!r} must be an integer >= 1")
+    d_vocab = getattr(engine, "d_vocab", None)
+    size = len(tokenizer) if tokenizer is not None and hasattr(tokenizer, "__len__") else None
+    if d_vocab is not None and size is not None and size > d_vocab:
+        raise UserInputError(f"the tokenizer has {size} tokens but engine {name!r} has d_vocab={d_vocab}: it is not "
+                             "the served model's tokenizer (its ids could fall outside the model's vocabulary)")
+    batch = _prompts(task, n_per_residue, seed, stride, tokenizer)
+    check_ids_fit(batch, d_vocab, f"engine {name!r}")
+    answers = engine_answers(engine, batch, batch_size=batch_size, resume_dir=resume_dir, retries=retries,
+                             retry_wait=retry_wait, progress=progress)
+    records = _records(batch, stride, answers.predicted, answers.answer_logprob)
+    return profile_from_records(
+        records, batch.residue_modulus, stride, label=name if label is None else label, confidence=confidence,
+        interval=interval, n_bootstrap=n_bootstrap, n_permutations=n_permutations, seed=seed,
     )
 
 

@@ -12,18 +12,29 @@ of the first generated token; its keys are read as ``"token_id:N"`` (vLLM's
 ``return_tokens_as_token_ids``), plain integers, or through ``token_to_id`` (e.g. a
 tokenizer's ``convert_tokens_to_ids``) for servers that return token strings. Entries outside
 the top-k stay ``NaN``: the conformance check then compares the reported ones only.
+
+Errors: a server that cannot be reached, times out or answers HTTP 408/429/5xx raises
+`phaseinterp.errors.EngineError` (worth retrying: `phase_profile` does, with backoff); a bad
+URL, an HTTP 4xx, an answer with fewer choices than prompts, without log-probs or with token
+ids outside ``0..d_vocab-1`` raise `phaseinterp.errors.UserInputError` naming the problem.
 """
 
 from __future__ import annotations
 
 import json
+import socket
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any, Callable, Optional
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
+
+from phaseinterp.errors import EngineError, UserInputError
+
+RETRYABLE_HTTP = (408, 429, 500, 502, 503, 504)  # the server is busy or restarting: worth another try
 
 
 class OpenAIEngine:
@@ -38,11 +49,19 @@ class OpenAIEngine:
                  token_to_id: Optional[Callable[[str], int]] = None, headers: Optional[dict] = None,
                  timeout: float = 60.0, name: Optional[str] = None):
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
-            raise ValueError(f"base_url={base_url!r} must start with http:// or https://")
+            raise UserInputError(f"base_url={base_url!r} must start with http:// or https://")
+        try:
+            parts = urllib.parse.urlsplit(base_url)
+            parts.port  # noqa: B018 - raises on a port that is not a number in 0..65535
+        except ValueError as err:
+            raise UserInputError(f"base_url={base_url!r} is not a valid URL ({err})") from None
+        if not parts.hostname or parts.query or parts.fragment:
+            raise UserInputError(f"base_url={base_url!r} must be http(s)://HOST[:PORT][/PATH] with a host and no "
+                                 "query or fragment, e.g. http://localhost:8000")
         if isinstance(d_vocab, bool) or not isinstance(d_vocab, int) or d_vocab < 1:
-            raise ValueError(f"d_vocab={d_vocab!r} must be an integer >= 1")
+            raise UserInputError(f"d_vocab={d_vocab!r} must be an integer >= 1")
         if isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int) or top_logprobs < 1:
-            raise ValueError(f"top_logprobs={top_logprobs!r} must be an integer >= 1")
+            raise UserInputError(f"top_logprobs={top_logprobs!r} must be an integer >= 1")
         base = base_url.rstrip("/")
         self.url = base + ("/completions" if base.endswith("/v1") else "/v1/completions")
         self.model, self.d_vocab, self.top_logprobs = model, d_vocab, top_logprobs
@@ -54,9 +73,24 @@ class OpenAIEngine:
                                          headers={"Content-Type": "application/json", **self.headers})
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                return json.loads(response.read())
+                text = response.read()
         except urllib.error.HTTPError as err:
-            raise RuntimeError(f"{self.url} answered HTTP {err.code}: {err.read()[:300]!r}") from None
+            detail = f"{self.url} answered HTTP {err.code}: {err.read()[:300]!r}"
+            if err.code in RETRYABLE_HTTP:
+                raise EngineError(detail) from None
+            raise UserInputError(f"{detail} (check the URL and the model name {self.model!r})") from None
+        except (urllib.error.URLError, OSError) as err:  # refused, unknown host, reset, timed out
+            reason = getattr(err, "reason", err)
+            if isinstance(reason, socket.timeout) or isinstance(err, TimeoutError):
+                reason = f"no answer within timeout={self.timeout} s"
+            raise EngineError(f"cannot reach {self.url}: {reason}") from None
+        try:
+            answer = json.loads(text)
+        except ValueError:
+            raise UserInputError(f"{self.url} answered with something other than JSON: {text[:200]!r}") from None
+        if not isinstance(answer, dict):
+            raise UserInputError(f"{self.url} answered {type(answer).__name__}, not a JSON object with 'choices'")
+        return answer
 
     def _token_id(self, key: str) -> int:
         if key.startswith("token_id:"):
@@ -66,8 +100,8 @@ class OpenAIEngine:
         try:
             return int(key)
         except ValueError:
-            raise ValueError(f"cannot map the returned token {key!r} to an id: ask the server for "
-                             "return_tokens_as_token_ids or pass token_to_id=") from None
+            raise UserInputError(f"cannot map the returned token {key!r} to an id: ask the server for "
+                                 "return_tokens_as_token_ids or pass token_to_id=") from None
 
     def __call__(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch d_vocab"]:
         body = {"model": self.model, "prompt": tokens.tolist(), "max_tokens": 1, "temperature": 0,
@@ -75,17 +109,23 @@ class OpenAIEngine:
         choices = self._post(body).get("choices")
         if not isinstance(choices, list) or len(choices) != tokens.shape[0]:
             got = len(choices) if isinstance(choices, list) else choices
-            raise RuntimeError(f"{self.url} returned {got} choices for {tokens.shape[0]} prompts")
+            raise UserInputError(f"{self.url} returned {got} choices for {tokens.shape[0]} prompts (a server that "
+                                 "takes one prompt per request needs batch_size=1)")
         out = torch.full((tokens.shape[0], self.d_vocab), float("nan"))
         for position, choice in enumerate(choices):
-            row = choice.get("index", position)
-            top = (choice.get("logprobs") or {}).get("top_logprobs") or []
-            if not top:
-                raise RuntimeError(f"{self.url} returned no top_logprobs for prompt {row}")
+            row = choice.get("index", position) if isinstance(choice, dict) else position
+            if not isinstance(row, int) or not 0 <= row < tokens.shape[0]:
+                raise UserInputError(f"{self.url} returned choice index {row!r} for {tokens.shape[0]} prompts")
+            top = ((choice.get("logprobs") or {}).get("top_logprobs") or []) if isinstance(choice, dict) else []
+            if not top or not isinstance(top[0], dict) or not top[0]:
+                raise UserInputError(f"{self.url} returned no top_logprobs for prompt {row}: the server must answer "
+                                     f"'logprobs': {self.top_logprobs} with choices[i].logprobs.top_logprobs (vLLM: "
+                                     "start it with --max-logprobs >= that)")
             for key, value in top[0].items():
                 token = self._token_id(key)
                 if not 0 <= token < self.d_vocab:
-                    raise ValueError(f"the server returned token id {token}, outside 0..{self.d_vocab - 1}")
+                    raise UserInputError(f"{self.url} returned token id {token}, outside 0..{self.d_vocab - 1} "
+                                         f"(d_vocab={self.d_vocab}): the served model's vocabulary is not the task's")
                 out[row, token] = float(value)
         return out
 
