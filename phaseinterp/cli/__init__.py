@@ -2,6 +2,8 @@
 
     phaseinterp demo    [--model NAME] [--out DIR] [--quick]      -> phaseinterp.report.build_report
     phaseinterp profile MODEL [--n-per-residue N] [--out DIR]     -> phaseinterp.phase_profile
+    phaseinterp profile [MODEL] --engine URL --model-name NAME [--tokenizer DIR]
+                                                  -> phaseinterp.phase_profile(OpenAIEngine(...), task)
     phaseinterp ablate  MODEL [--layer L ...] [--scope ...]       -> phaseinterp.ablate
     phaseinterp cycle   MODEL [--shifts ...]                      -> phaseinterp.gate_cycling
     phaseinterp gates   MODEL                                     -> phaseinterp.gate_profile
@@ -30,7 +32,7 @@ from typing import Optional, Sequence
 
 from phaseinterp.cli import commands
 from phaseinterp.cli.args import build_parser
-from phaseinterp.errors import UserInputError  # standard library only, like this package
+from phaseinterp.errors import EngineError, UserInputError  # standard library only, like this package
 
 
 def _one_line(err: BaseException) -> str:
@@ -45,7 +47,7 @@ def _one_line(err: BaseException) -> str:
 def _user_errors() -> tuple[type, ...]:
     """What the user can fix (one line, exit 2): bad input, a missing or unusable file, a broken
     checkpoint or figure export. Any other exception (a bug) keeps its traceback."""
-    errors: list[type] = [UserInputError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
+    errors: list[type] = [UserInputError, EngineError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
                           FileExistsError, PermissionError]
     models = sys.modules.get("phaseinterp.models.transformer")
     if models is not None:

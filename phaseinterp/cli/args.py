@@ -94,7 +94,8 @@ def _scale_args(p):
                    help="write each finished chunk of prompts here (atomically) and resume from it on a rerun; "
                         "required under torchrun / accelerate launch, where each process takes a slice of the "
                         "prompts and process 0 merges them (default: one process, no shards)")
-    p.add_argument("--chunk-size", type=_positive, default=64, help="prompts per shard file (default: 64)")
+    p.add_argument("--chunk-size", type=_positive, default=64,
+                   help="prompts per shard file; with profile --engine, prompts per request (default: 64)")
     p.add_argument("--query-chunk", type=_positive, default=None,
                    help="attention queries per chunk for long prompts: memory linear in the prompt length, same "
                         "numbers (default: all at once)")
@@ -137,8 +138,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-static", action="store_true", help="skip PNG export even if kaleido and Chromium exist")
 
     p = sub.add_parser("profile", help="accuracy by residue and phase (phaseinterp.phase_profile)",
-                       description="Top-1 retrieval accuracy by target residue (mod R) and phase (mod S).")
-    _model_arg(p)
+                       description="Top-1 retrieval accuracy by target residue (mod R) and phase (mod S), of a "
+                       "model in this process or (--engine) of a model behind an OpenAI-compatible server.")
+    p.add_argument("model", nargs="?", default=None,
+                   help="zoo name with a shipped checkpoint (see `phaseinterp zoo list`) or a checkpoint directory "
+                        "(config.json + model.safetensors); with --engine, the served model's task, vocabulary, "
+                        "stride and label (or pass --tokenizer instead)")
+    _device_arg(p)
+    p.add_argument("--engine", metavar="URL", default=None,
+                   help="ask an OpenAI-compatible server (vLLM, SGLang: /v1/completions with token-id prompts and "
+                        "logprobs) instead of running MODEL here, e.g. http://localhost:8000 (default: in process)")
+    p.add_argument("--model-name", default=None, help="with --engine: the model name the server serves (required)")
+    p.add_argument("--tokenizer", metavar="DIR", default=None,
+                   help="with --engine and no MODEL: a Hugging Face tokenizer folder; the task is then a needle task "
+                        "laid out in its ids (--seq-len; --stride required)")
+    p.add_argument("--seq-len", type=_positive, default=8192,
+                   help="with --tokenizer: the needle prompts' length in tokens (default: 8192)")
+    p.add_argument("--top-logprobs", type=_positive, default=20,
+                   help="with --engine: log-probs asked per prompt; a prompt is correct when its answer is the "
+                        "argmax of those reported (vLLM caps it at --max-logprobs, default 20) (default: 20)")
+    p.add_argument("--d-vocab", type=_positive, default=None,
+                   help="with --engine: the served model's vocabulary size (default: MODEL's, or the tokenizer's)")
+    p.add_argument("--retries", type=_non_negative, default=3,
+                   help="with --engine: further tries of a request that fails (unreachable, HTTP 5xx), waiting "
+                        "1, 2, 4 ... s (default: 3)")
+    p.add_argument("--timeout", type=_positive_float, default=600.0,
+                   help="with --engine: seconds to wait for one request's answer (default: 600)")
+    p.add_argument("--label", default=None, help="the profile's name (default: the model's label)")
     p.add_argument("--n-per-residue", type=_positive, default=250, help=N_PER_RESIDUE_HELP + " (default: 250)")
     p.add_argument("--stride", type=_positive, default=None,
                    help="fold residues to phases with this stride; must divide R, and for a compressed model "

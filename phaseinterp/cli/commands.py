@@ -208,6 +208,10 @@ def run(args) -> int:
         print(f"report written to {Path(args.out).resolve() / 'index.html'} in {rep.seconds:.0f} s")
         return 0
 
+    if args.command == "profile" and (args.engine is not None or args.model is None):
+        from phaseinterp.cli.engine import engine_profile
+
+        return engine_profile(args)
     _check_model_name(args.model)
     if args.command == "conformance":
         return _conformance(args)
@@ -250,10 +254,11 @@ def run(args) -> int:
             from phaseinterp.parallel import sharded_profile
 
             result = sharded_profile(model, task, args.n_per_residue, out_dir=args.shard_dir, seed=args.seed,
-                                     chunk_size=args.chunk_size, stride=args.stride, label=report_module.model_label(model))
+                                     chunk_size=args.chunk_size, stride=args.stride,
+                                     label=args.label or report_module.model_label(model))
         else:
             result = phase_profile(model, task, args.n_per_residue, seed=args.seed, stride=args.stride,
-                                   label=report_module.model_label(model))
+                                   label=args.label or report_module.model_label(model))
     elif args.command == "ablate":
         from phaseinterp.interventions import ablate
 

@@ -1,0 +1,104 @@
+"""``phaseinterp profile --engine URL --model-name NAME``: the phase profile of a served model
+(`phaseinterp.phase_profile` over an `OpenAIEngine`, issue 34). Imports only the standard library
+at the top, like the rest of the command line.
+
+The task comes from MODEL (a zoo name or checkpoint directory: its stored task, vocabulary size,
+stride and label, so the output folder equals the in-process ``phaseinterp profile MODEL``'s) or
+from ``--tokenizer DIR`` (a `NeedleRetrieval` laid out in that Hugging Face tokenizer's ids;
+``--stride`` is then required).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from phaseinterp.cli.args import UsageError
+
+
+def _tokenizer(directory: str):
+    path = Path(directory)
+    if not path.is_dir():
+        raise FileNotFoundError(f"--tokenizer {directory!r} is not a directory (a Hugging Face tokenizer folder: "
+                                "tokenizer.json or the files save_pretrained writes)")
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise UsageError("--tokenizer needs Hugging Face transformers (the 'hf' extra: pip install -e '.[hf]')") from None
+    try:
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError) as err:
+        raise UsageError(f"--tokenizer {directory!r} holds no readable tokenizer ({' '.join(str(err).split())[:200]})") \
+            from None
+
+
+def engine_profile(args) -> int:
+    """Run ``phaseinterp profile`` against ``--engine`` (every argument checked before a request)."""
+    if args.engine is None:
+        raise UsageError("profile needs MODEL (a zoo name or checkpoint directory), or --engine URL --model-name NAME")
+    if not args.model_name:
+        raise UsageError("--engine needs --model-name NAME: the model name the server serves (its /v1/models id)")
+    if (args.model is None) == (args.tokenizer is None):
+        raise UsageError("--engine takes the task from MODEL (a zoo name or checkpoint directory: its task, "
+                         "vocabulary and stride) or from --tokenizer DIR (a needle task in that tokenizer's ids); "
+                         "pass exactly one")
+    if args.shard_dir is not None:
+        from phaseinterp._files import check_output_dir
+
+        check_output_dir(args.shard_dir)
+    from phaseinterp.engines import OpenAIEngine
+
+    OpenAIEngine(args.engine, args.model_name, d_vocab=1)  # the URL, checked before anything loads
+    tokenizer, label = None, args.label
+    if args.tokenizer is not None:
+        if args.stride is None:
+            raise UsageError("--tokenizer needs --stride S: the compression stride of the served model")
+        if args.padding is not None:
+            raise UsageError("--padding applies to MODEL's stored task; the needle task pads in sequence")
+        from phaseinterp._checks import check_n_per_residue
+        from phaseinterp.tasks import NeedleRetrieval
+
+        task = NeedleRetrieval(seq_len=args.seq_len)
+        if task.residue_modulus % args.stride:
+            raise UsageError(f"--stride {args.stride} does not divide the needle task's R={task.residue_modulus}")
+        check_n_per_residue(args.n_per_residue, task.residue_modulus)
+        tokenizer = _tokenizer(args.tokenizer)
+        task.placement(args.n_per_residue, tokenizer, strict=True)
+        d_vocab = args.d_vocab or len(tokenizer)
+        stride = args.stride
+    else:
+        from dataclasses import replace
+
+        from phaseinterp._checks import check_n_per_residue
+        from phaseinterp.report import check_model_source, load_model, model_label, peek_model
+        from phaseinterp.tasks import resolve_task
+
+        check_model_source(args.model)
+        described = peek_model(args.model)
+        if described is None:  # a Hugging Face checkpoint: its config is read by loading it
+            described = load_model(args.model)
+        task = resolve_task(described)
+        if args.padding:
+            task = replace(task, padding=args.padding)
+        own = described.cfg.stride
+        if args.stride is not None and getattr(described.cfg, "is_compressed", False) and args.stride != own:
+            raise UsageError(f"--stride {args.stride} is not {args.model}'s own stride S={own}: omit --stride")
+        stride = args.stride or own
+        if task.residue_modulus % stride:
+            raise UsageError(f"--stride {stride} does not divide the task's R={task.residue_modulus}")
+        check_n_per_residue(args.n_per_residue, task.residue_modulus)
+        task.placement(args.n_per_residue, strict=True)
+        d_vocab = args.d_vocab or described.cfg.d_vocab
+        label = label or model_label(described)
+    engine = OpenAIEngine(args.engine, args.model_name, d_vocab=d_vocab, top_logprobs=args.top_logprobs,
+                          timeout=args.timeout,
+                          token_to_id=None if tokenizer is None else tokenizer.convert_tokens_to_ids)
+    from phaseinterp.profile import phase_profile
+
+    result = phase_profile(engine, task, args.n_per_residue, seed=args.seed, stride=stride, label=label,
+                           batch_size=args.chunk_size, resume_dir=args.shard_dir, retries=args.retries,
+                           tokenizer=tokenizer)
+    print(result.summary().to_string(header=False))
+    if args.out:
+        overwrite = {"overwrite": True} if getattr(args, "overwrite", False) else {}
+        print(f"saved to {result.save(Path(args.out), **overwrite)}")
+    return 0
