@@ -1,0 +1,215 @@
+"""llama.cpp's DeepSeek-V4 against transformers (issue 34): the fixture, the conversion, the table.
+
+    python benchmarks/llama_cpp_dsv4.py fixture runs/llama_cpp/fixture
+    python benchmarks/llama_cpp_dsv4.py convert runs/llama_cpp/fixture/release runs/llama_cpp/fixture.gguf \
+        --llama-cpp-src /tmp/llsrc/src/llama_cpp_python-0.3.36/vendor/llama.cpp
+    python benchmarks/llama_cpp_dsv4.py conformance runs/llama_cpp/fixture/release runs/llama_cpp/fixture.gguf \
+        --out runs/llama_cpp/conformance
+
+``fixture``: a DeepSeek-V4 with the published attention settings llama.cpp's loader accepts
+(``DeepseekV4Config()``'s head_dim 512 / rotary 64 / indexer head 128 / top-k 512 / window 128,
+``hc_mult`` 4, compress ratios 0, 4 and 128), scaled down elsewhere (3 layers: sliding, CSA, HCA;
+hidden 256; 4 query heads in 4 output groups; 4 routed experts, top-2; one hash-routed layer;
+vocabulary 512), **random weights** (seeded; no CPU time to train one here), the embedding drawn
+at std 1 and the unembedding at 0.15, so the next-token logits spread with a std of about 2.4,
+neither near-uniform (where a check of log-probs would pass anything) nor one-hot. It is exported with
+`phaseinterp.models.hf.export.export_release` (DeepSeek's layout, MXFP4 experts, float32 elsewhere)
+beside a synthetic byte-level BPE tokenizer (`write_tokenizer`).
+
+``convert``: llama.cpp's own ``convert_hf_to_gguf.py`` with one accommodation: its BPE
+pre-tokenizer check (a hash of how the tokenizer splits a fixed text, matched against the
+tokenizers of published models) cannot know a synthetic tokenizer, so an unrecognised hash is
+named ``"default"`` instead of raising. Only the tokenizer's pre-split rule is affected;
+phaseinterp sends token ids, so llama.cpp never tokenizes text here.
+
+``conformance``: `phaseinterp.conformance` of `LlamaCppEngine` (full prompt, and the prompt
+prefilled in pieces cut at the given phases, each piece one ``llama_decode``) against
+transformers (`load_hf` of the exported folder: the experts as the GGUF holds them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import runpy
+import sys
+import time
+from pathlib import Path
+
+CSA, HCA, SWA = "compressed_sparse_attention", "heavily_compressed_attention", "sliding_attention"
+FIXTURE = dict(num_hidden_layers=3, layer_types=[SWA, CSA, HCA], hidden_size=256, num_attention_heads=4,
+               o_groups=4, q_lora_rank=256, o_lora_rank=256, index_n_heads=4, n_routed_experts=4,
+               num_experts_per_tok=2, moe_intermediate_size=256, num_hash_layers=1, vocab_size=512,
+               num_nextn_predict_layers=0, max_position_embeddings=8192)
+TASK = dict(seq_len=2304, n_records=48, n_demos=4, residue_modulus=4, padding="in_sequence")
+
+
+def build_fixture(out: Path, seed: int = 0):
+    """The fixture model (see module doc), exported to ``out / "release"`` with its tokenizer."""
+    import torch
+    from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
+
+    import phaseinterp as pi
+    from phaseinterp.models.hf.export import export_release
+    from phaseinterp.tasks import KeyValueRetrieval
+
+    torch.manual_seed(seed)
+    config = DeepseekV4Config(**FIXTURE)
+    hf = DeepseekV4ForCausalLM(config).float().eval()
+    with torch.no_grad():
+        hf.model.embed_tokens.weight.normal_(0.0, 1.0)
+        hf.lm_head.weight.normal_(0.0, 0.15)  # final RMS-normed state x 256 dims: logits of std ~2.4
+    model = pi.from_hf(hf, name="dsv4-llamacpp-fixture")
+    task = KeyValueRetrieval(**TASK)
+    model.metadata.update({"task": task.to_dict(), "task_type": "KeyValueRetrieval",
+                           "fixture": {"config": FIXTURE, "seed": seed, "weights": "random (embed std 1, head std 0.15)",
+                                       "command": f"python benchmarks/llama_cpp_dsv4.py fixture {out}"}})
+    result = export_release(model, out / "release", max_shard_bytes="200MB")
+    write_tokenizer(out / "release", config.vocab_size, config.bos_token_id, config.eos_token_id)
+    return result
+
+
+def write_tokenizer(folder: Path, vocab_size: int, bos: int, eos: int) -> None:
+    """A byte-level BPE tokenizer of exactly ``vocab_size`` tokens (``tokenizer.json`` and
+    ``tokenizer_config.json``): the 256 byte symbols (GPT-2's byte-to-unicode map; the first
+    ``vocab_size - 1`` of them for a smaller vocabulary), then merges of byte pairs up to the size. Synthetic: it only gives llama.cpp's converter the token list and
+    merges a GGUF vocabulary needs; the model's ids are the task's, never text."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    if vocab_size < 3:
+        raise ValueError(f"vocab_size={vocab_size} is too small for a BPE vocabulary with a merge (>= 3)")
+    byte_map = _bytes_to_unicode()
+    base = [byte_map[b] for b in range(min(256, vocab_size - 1))]  # a smaller model: the first byte symbols
+    vocab = {s: i for i, s in enumerate(base)}
+    merges = []
+    for k in range(vocab_size - len(base)):  # llama.cpp's BPE loader needs at least one merge
+        a, b = base[(k // len(base)) % len(base)], base[k % len(base)]
+        merges.append((a, b))
+        vocab[a + b] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.save(str(folder / "tokenizer.json"))
+    inverse = {i: s for s, i in vocab.items()}
+    special = {f"{k}_token": inverse[i] for k, i in (("bos", bos), ("eos", eos)) if i is not None}
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", **special, "add_bos_token": False, "model_max_length": 8192},
+        indent=2))
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+def convert(release: Path, gguf: Path, llama_cpp_src: Path, outtype: str = "f32") -> float:
+    """llama.cpp's ``convert_hf_to_gguf.py RELEASE --outfile GGUF --outtype OUTTYPE`` with the
+    pre-tokenizer accommodation (module doc), in this process; returns the seconds it took."""
+    src = Path(llama_cpp_src)
+    script = src / "convert_hf_to_gguf.py"
+    if not script.is_file():
+        raise FileNotFoundError(f"{script} does not exist (pass llama.cpp's source folder, e.g. the vendor/llama.cpp "
+                                "of llama-cpp-python's sdist)")
+    sys.path[:0] = [str(src / "gguf-py"), str(src)]
+    from conversion.base import TextModel
+
+    original = TextModel.get_vocab_base_pre
+
+    def get_vocab_base_pre(self, tokenizer) -> str:
+        try:
+            return original(self, tokenizer)
+        except NotImplementedError:  # the hash of a synthetic tokenizer: llama.cpp's default pre-split rule
+            return "default"
+
+    TextModel.get_vocab_base_pre = get_vocab_base_pre
+    argv = sys.argv
+    sys.argv = [str(script), str(release), "--outfile", str(gguf), "--outtype", outtype]
+    start = time.perf_counter()
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    finally:
+        sys.argv = argv
+    return time.perf_counter() - start
+
+
+def conformance(release: Path, gguf: Path, out: Path, *, cut_phases, n_per_residue: int = 1,
+                cache_type: str = "f16", chunk: int = 512, threads=None):
+    """The per-phase table of llama.cpp (full prompt, and prefill cut at ``cut_phases`` mod 128)
+    against transformers; saved to ``out`` (`ConformanceResult.save`)."""
+    import torch
+
+    import phaseinterp as pi
+    from phaseinterp.engines import chunked_pieces, conformance as run_conformance, cut_period
+    from phaseinterp.engines.llama_cpp import LlamaCppEngine
+
+    model = pi.load_hf(release, dtype=torch.float32)
+    task = pi.zoo.task_for(model)
+    period = cut_period(model)
+    base = LlamaCppEngine(gguf, n_ctx=task.seq_len + 8, n_batch=task.seq_len + 8, cache_type=cache_type,
+                          n_threads=threads, name="llama.cpp")
+    engines = {"llama.cpp": base}
+    for c in cut_phases:
+        engines[f"llama.cpp@cut{c}"] = base.with_schedule(
+            lambda n, c=c: chunked_pieces(n, c, period, chunk), f"llama.cpp@cut{c}")
+    start = time.perf_counter()
+    result = run_conformance(model, task, modes=(), engines=engines, n_per_residue=n_per_residue, seed=0,
+                             label=f"llama.cpp ({cache_type} cache) vs transformers", progress=True)
+    seconds = time.perf_counter() - start
+    result.save(out)
+    return result, seconds
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("tokenizer", help="write the synthetic tokenizer beside an exported checkpoint")
+    t.add_argument("release")
+    f = sub.add_parser("fixture")
+    f.add_argument("out")
+    f.add_argument("--seed", type=int, default=0)
+    c = sub.add_parser("convert")
+    c.add_argument("release")
+    c.add_argument("gguf")
+    c.add_argument("--llama-cpp-src", required=True)
+    c.add_argument("--outtype", default="f32")
+    k = sub.add_parser("conformance")
+    k.add_argument("release")
+    k.add_argument("gguf")
+    k.add_argument("--out", required=True)
+    k.add_argument("--cut-phases", default="0,1,2,3,64,127")
+    k.add_argument("--n-per-residue", type=int, default=1)
+    k.add_argument("--cache-type", default="f16")
+    k.add_argument("--chunk", type=int, default=512)
+    k.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args(argv)
+    if args.command == "tokenizer":
+        cfg = json.loads((Path(args.release) / "config.json").read_text())
+        write_tokenizer(Path(args.release), cfg["vocab_size"], cfg.get("bos_token_id"), cfg.get("eos_token_id"))
+    elif args.command == "fixture":
+        start = time.perf_counter()
+        print(build_fixture(Path(args.out), args.seed), f"({time.perf_counter() - start:.1f} s)")
+    elif args.command == "convert":
+        print(f"converted in {convert(Path(args.release), Path(args.gguf), Path(args.llama_cpp_src), args.outtype):.1f} s")
+    else:
+        cuts = [int(x) for x in args.cut_phases.split(",") if x]
+        result, seconds = conformance(Path(args.release), Path(args.gguf), Path(args.out), cut_phases=cuts,
+                                      n_per_residue=args.n_per_residue, cache_type=args.cache_type,
+                                      chunk=args.chunk, threads=args.threads)
+        import pandas as pd
+
+        with pd.option_context("display.width", 200, "display.max_rows", 500):
+            print(result.table[["setting", "kind", "phase", "n", "max_abs_diff", "mean_abs_diff", "agreement",
+                                "passed"]].to_string(index=False))
+        print(f"{seconds:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

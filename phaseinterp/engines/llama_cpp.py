@@ -1,0 +1,128 @@
+"""`LlamaCppEngine`: next-token log-probs from llama.cpp in process (``llama-cpp-python``).
+
+A GGUF file is loaded once (``llama_cpp.Llama``); each prompt row is fed as token ids (no
+tokenizer: the phase the task laid out is the phase llama.cpp sees) into a fresh sequence, in the
+pieces of ``schedule`` (``None``: the whole prompt in one call), each piece one ``llama_decode``
+(``n_batch`` = ``n_ubatch`` must hold the largest piece, so llama.cpp adds no cut of its own).
+The last position's logits are read and turned into float32 log-probs. Install with
+``pip install 'phaseinterp[llama]'`` (``llama-cpp-python>=0.3.36``, built from source: it
+includes DeepSeek-V4, ``src/models/deepseek4.cpp``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional, Union
+
+import numpy as np
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from phaseinterp._checks import check_int
+from phaseinterp.engines.adapters import Schedule, _check_pieces
+from phaseinterp.errors import UserInputError
+
+EXTRA = "llama"  # pyproject's optional extra
+CACHE_TYPES = ("f16", "f32")  # llama.cpp's KV cache types offered here (GGML_TYPE_F16 = 1, GGML_TYPE_F32 = 0)
+
+
+def import_llama_cpp():
+    """``llama_cpp``, or an ImportError that names the extra to install."""
+    try:
+        import llama_cpp
+    except ImportError as err:
+        raise ImportError(f"LlamaCppEngine needs llama-cpp-python (>= 0.3.36, DeepSeek-V4 support): pip install "
+                          f"'phaseinterp[{EXTRA}]' (it builds llama.cpp from source; {err})") from None
+    return llama_cpp
+
+
+class LlamaCppEngine:
+    """An `Engine` over a GGUF model run by llama.cpp (see module doc).
+
+    Parameters:
+        gguf_path: the ``.gguf`` file (llama.cpp's ``convert_hf_to_gguf.py`` output).
+        n_ctx: context length llama.cpp allocates (the longest prompt must fit).
+        n_batch: tokens per ``llama_decode`` (also ``n_ubatch``): the largest piece of ``schedule``;
+            default ``n_ctx`` (a whole prompt in one call).
+        schedule: prompt length -> piece lengths (`phaseinterp.engines.chunked_pieces`, ...), or
+            ``None`` for the whole prompt at once.
+        cache_type: the KV cache's element type, ``"f16"`` (llama.cpp's default) or ``"f32"``.
+        n_threads: CPU threads (default: llama.cpp's choice).
+        flash_attn: llama.cpp's flash attention (default off).
+        name: the engine's name in results.
+    """
+
+    def __init__(self, gguf_path: Union[str, Path], n_ctx: int = 4096, n_batch: Optional[int] = None, *,
+                 schedule: Optional[Schedule] = None, cache_type: str = "f16", n_threads: Optional[int] = None,
+                 flash_attn: bool = False, name: Optional[str] = None, verbose: bool = False):
+        path = Path(gguf_path)
+        if not path.is_file():
+            raise UserInputError(f"gguf_path={str(gguf_path)!r} does not exist or is not a file (a GGUF model, "
+                                 "e.g. the output of llama.cpp's convert_hf_to_gguf.py)")
+        check_int("n_ctx", n_ctx, 1)
+        n_batch = n_ctx if n_batch is None else n_batch
+        check_int("n_batch", n_batch, 1)
+        if n_batch > n_ctx:
+            raise UserInputError(f"n_batch={n_batch} is larger than n_ctx={n_ctx} (valid: 1..{n_ctx})")
+        if cache_type not in CACHE_TYPES:
+            raise UserInputError(f"cache_type={cache_type!r} is not supported (valid: {', '.join(CACHE_TYPES)})")
+        if n_threads is not None:
+            check_int("n_threads", n_threads, 1)
+        llama_cpp = import_llama_cpp()
+        ggml_type = {"f16": llama_cpp.GGML_TYPE_F16, "f32": llama_cpp.GGML_TYPE_F32}[cache_type]
+        self.llama = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch,
+                                     n_threads=n_threads, n_threads_batch=n_threads, logits_all=False,
+                                     type_k=ggml_type, type_v=ggml_type, flash_attn=flash_attn, verbose=verbose)
+        self.path, self.n_ctx, self.n_batch, self.schedule = path, n_ctx, n_batch, schedule
+        self.cache_type, self.d_vocab = cache_type, int(self.llama.n_vocab())
+        self.name = name or f"llama.cpp:{path.name}"
+
+    def with_schedule(self, schedule: Optional[Schedule], name: str) -> "LlamaCppEngine":
+        """The same loaded model fed in another schedule (a view sharing ``self.llama``; not thread-safe)."""
+        view = object.__new__(LlamaCppEngine)
+        view.__dict__.update(self.__dict__)
+        view.schedule, view.name = schedule, name
+        return view
+
+    def _pieces(self, length: int) -> list[int]:
+        pieces = _check_pieces(self.schedule(length) if self.schedule is not None else [length], length)
+        if max(pieces) > self.n_batch:
+            raise UserInputError(f"a piece of {max(pieces)} tokens exceeds n_batch={self.n_batch}: llama.cpp would cut "
+                                 f"it at its own batch boundaries; raise n_batch (valid: up to n_ctx={self.n_ctx})")
+        return pieces
+
+    def logits(self, row: Int[Tensor, "pos"]) -> np.ndarray:
+        """The float32 logits after ``row``'s last token, the prompt fed in this engine's pieces."""
+        ids = [int(t) for t in row.tolist()]
+        if len(ids) > self.n_ctx:
+            raise UserInputError(f"a prompt of {len(ids)} tokens does not fit n_ctx={self.n_ctx}")
+        bad = [t for t in ids if not 0 <= t < self.d_vocab]
+        if bad:
+            raise UserInputError(f"token id {bad[0]} is outside the GGUF's vocabulary (0..{self.d_vocab - 1})")
+        self.llama.reset()  # n_tokens = 0: the next eval removes every cached position of the sequence
+        pos = 0
+        for n in self._pieces(len(ids)):
+            self.llama.eval(ids[pos:pos + n])
+            pos += n
+        import llama_cpp
+
+        out = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.llama.ctx, -1), shape=(self.d_vocab,))
+        return out.astype(np.float32, copy=True)
+
+    def __call__(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch d_vocab"]:
+        if tokens.ndim != 2:
+            raise UserInputError(f"tokens must be [batch, pos], got shape {tuple(tokens.shape)}")
+        rows = [torch.from_numpy(self.logits(row)) for row in tokens.cpu()]
+        return torch.log_softmax(torch.stack(rows).float(), dim=-1)
+
+    def close(self) -> None:
+        """Free llama.cpp's model and context now (also done when the engine is garbage-collected)."""
+        self.llama.close()
+
+    def __repr__(self) -> str:
+        return (f"LlamaCppEngine({str(self.path)!r}, n_ctx={self.n_ctx}, n_batch={self.n_batch}, "
+                f"cache_type={self.cache_type!r}, d_vocab={self.d_vocab})")
+
+
+__all__ = ["CACHE_TYPES", "LlamaCppEngine", "import_llama_cpp"]
