@@ -301,3 +301,73 @@ def test_a_tokenizer_that_does_not_match_the_engine_is_refused_before_any_reques
                                              r"d_vocab=60 \(0\.\.59\)"):
         phase_profile(small, batch, stride=4, progress=False)
     assert server.requests == 0
+
+
+# ------------------------------------------------------------------ the command line
+def _main(args):
+    from phaseinterp.cli import main
+
+    return main(args)
+
+
+@pytest.mark.slow  # two 1,728-prompt profiles through the CLI (~20 s on the 2-core machine)
+def test_cli_profile_against_an_engine_writes_the_in_process_folder(w4s4, serve, tmp_path):
+    server = serve()
+    assert _main(["profile", "w4s4", "--n-per-residue", "72", "--out", str(tmp_path / "here")]) == 0
+    assert _main(["profile", "w4s4", "--engine", server.url, "--model-name", "w4s4", "--top-logprobs", "108",
+                  "--n-per-residue", "72", "--shard-dir", str(tmp_path / "journal"),
+                  "--out", str(tmp_path / "served")]) == 0
+    here, served = PhaseProfile.load(tmp_path / "here"), PhaseProfile.load(tmp_path / "served")
+    assert served == here and served.label == here.label == "w4s4 (W4/S4 gated)"
+    assert json.loads((tmp_path / "served" / "meta.json").read_text()) == json.loads(
+        (tmp_path / "here" / "meta.json").read_text())
+    assert len(list((tmp_path / "journal" / "answers").glob("batch-*.npz"))) == 27
+
+
+def separator_tokenizer(words):
+    """`word_level_tokenizer` that also reads the needle task's paragraph break as ``<sep>``."""
+    from tokenizers import normalizers
+
+    fast = word_level_tokenizer(words)
+    fast.backend_tokenizer.normalizer = normalizers.Replace("\n\n", " <sep> ")
+    return fast
+
+
+def test_cli_profile_with_a_tokenizer_sends_the_ids_it_laid_out(w4s4, serve, tmp_path):
+    from phaseinterp.tasks import NeedleRetrieval
+
+    tokenizer = separator_tokenizer(pi.tasks.Vocab.default().tokens)
+    tokenizer.save_pretrained(tmp_path / "tok")
+    server = serve()
+    assert _main(["profile", "--engine", server.url, "--model-name", "w4s4", "--tokenizer", str(tmp_path / "tok"),
+                  "--stride", "4", "--seq-len", "128", "--n-per-residue", "42", "--top-logprobs", "5",
+                  "--out", str(tmp_path / "p")]) == 0
+    batch = NeedleRetrieval(seq_len=128).generate(42, seed=0, tokenizer=tokenizer)
+    assert server.received == sent_prompts(batch)
+    loaded = PhaseProfile.load(tmp_path / "p")
+    assert loaded.label == "openai:w4s4" and int(loaded.residue_n.sum()) == 42 * 24
+    assert (loaded.records["answer"].to_numpy() == batch.answer.numpy()).all()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--engine", "localhost:8000", "--model-name", "m", "w4s4"], "base_url='localhost:8000' must start with http"),
+    (["--engine", "http://127.0.0.1:9", "w4s4"], "--engine needs --model-name NAME"),
+    (["--engine", "http://127.0.0.1:9", "--model-name", "m"], "pass exactly one"),
+    (["--engine", "http://127.0.0.1:9", "--model-name", "m", "--tokenizer", "/nonexistent/tok", "--stride", "4"],
+     "--tokenizer '/nonexistent/tok' is not a directory"),
+    (["--engine", "http://127.0.0.1:9", "--model-name", "m", "--tokenizer", "/tmp"], "--tokenizer needs --stride S"),
+    ([], "profile needs MODEL"),
+])
+def test_cli_engine_bad_arguments_exit_2_in_one_line(args, message, capsys):
+    assert _main(["profile", *args, "--n-per-residue", "72"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and err.count("\n") == 0, err
+
+
+def test_cli_unreachable_server_exits_2_in_one_line(capsys, tmp_path):
+    url = f"http://127.0.0.1:{_closed_port()}"
+    assert _main(["profile", "w4s4", "--engine", url, "--model-name", "w4s4", "--retries", "0", "--n-per-residue",
+                  "72", "--shard-dir", str(tmp_path / "j")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("phaseinterp: error: engine 'openai:w4s4' failed on prompts 0..63 1 times") and \
+        "cannot reach" in err and "0 of 1728 answers are kept in" in err and err.count("\n") == 0, err
