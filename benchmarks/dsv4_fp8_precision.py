@@ -7,7 +7,7 @@
 rounded to FP8 by the export) or dsv4-tiny-fp8 (trained FP8-native, as a release is: its weights
 are already on the FP8 grid of the power-of-two scales).
 
-Exports each shipped model with `phaseinterp zoo export NAME --layout deepseek --fp8
+Exports each shipped model with `phaseinterp zoo export NAME --layout deepseek --fp8 --experts fp8
 [--fp8-scales pow2|exact]` (rest in the model's float32, and with --dtype bfloat16 as the release
 stores it), loads it with `load_hf`
 (FP8 dequantized on a machine without FP8 kernels), and compares with the shipped model on the
@@ -54,7 +54,7 @@ def main() -> None:
             rest = None if rest_name == "float32" else torch.bfloat16
             with tempfile.TemporaryDirectory() as tmp:
                 out = Path(tmp) / "ck"
-                export_release(ref, out, fp8=True, fp8_scales=scales, dtype=rest)
+                export_release(ref, out, fp8=True, fp8_scales=scales, dtype=rest, experts="fp8")  # FP8 everywhere
                 model = pi.load_hf(out, dtype=torch.float32)
                 p = pi.phase_profile(model, batch, progress=False)
                 with torch.no_grad():
