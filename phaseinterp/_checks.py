@@ -39,25 +39,111 @@ def check_n_per_residue(value: Any, modulus: int | None = None, name: str = "n_p
     return value
 
 
-def check_device(device: Any):
-    """A ``torch.device`` that exists on this machine; None stays None (the model's own device)."""
+def _devices_here() -> str:
+    """What exists on this machine, for error messages: ``cpu, cuda:0..cuda:1, mps``."""
+    import torch
+
+    here = ["cpu"]
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if n:
+        here.append("cuda:0" if n == 1 else f"cuda:0..cuda:{n - 1}")
+    if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+        here.append("mps")
+    return ", ".join(here)
+
+
+def check_device(device: Any, name: str = "device"):
+    """A ``torch.device`` that exists on this machine; None stays None (the model's own device).
+
+    The one device check of the package, used by every function and command that takes a device
+    (``tests/test_bad_inputs.py`` walks them): a string or `torch.device` naming a CPU other than
+    ``cpu``/``cpu:0``, CUDA on a build or machine without it, a GPU index beyond the count, or MPS
+    where absent is a `UserInputError` naming the argument, the value and what exists here."""
     if device is None:
         return None
     import torch
 
+    if isinstance(device, bool) or not isinstance(device, (str, int, torch.device)):
+        raise UserInputError(f"{name}={device!r} is not a torch device (e.g. 'cpu', 'cuda', 'cuda:0', 'mps'; "
+                             f"this machine has {_devices_here()})")
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError, ValueError):
-        raise UserInputError(f"device={device!r} is not a torch device (e.g. 'cpu', 'cuda', 'cuda:0', 'mps')") from None
+        raise UserInputError(f"{name}={device!r} is not a torch device (e.g. 'cpu', 'cuda', 'cuda:0', 'mps'; "
+                             f"this machine has {_devices_here()})") from None
+    if dev.type == "cpu" and dev.index not in (None, 0):
+        raise UserInputError(f"{name}={device!r}: there is one CPU device, 'cpu' (= 'cpu:0'); this machine has "
+                             f"{_devices_here()}")
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise UserInputError(f"device={device!r}: CUDA is not available on this machine (use 'cpu')")
+            raise UserInputError(f"{name}={device!r}: CUDA is not available on this machine (use 'cpu'; this "
+                                 f"machine has {_devices_here()})")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            n = torch.cuda.device_count()
-            raise UserInputError(f"device={device!r}: this machine has {n} CUDA device(s) (cuda:0..cuda:{n - 1})")
-    if dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise UserInputError(f"device={device!r}: MPS is not available on this machine (use 'cpu')")
+            raise UserInputError(f"{name}={device!r}: this machine has {torch.cuda.device_count()} CUDA device(s) "
+                                 f"({_devices_here()})")
+    elif dev.type == "mps":
+        if not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+            raise UserInputError(f"{name}={device!r}: MPS is not available on this machine (this machine has "
+                                 f"{_devices_here()})")
+    elif dev.type != "cpu":
+        raise UserInputError(f"{name}={device!r}: phaseinterp runs on cpu, cuda or mps (this machine has "
+                             f"{_devices_here()})")
     return dev
+
+
+# device_map values transformers/accelerate take besides devices: strategies and offload targets.
+DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
+DEVICE_MAP_OFFLOAD = ("disk",)
+
+
+def check_device_map(device_map: Any, name: str = "device_map"):
+    """``device_map`` as transformers takes it, with every device in it checked by `check_device`:
+    None, a strategy (``"auto"``, ``"balanced"``, ``"balanced_low_0"``, ``"sequential"``), one device
+    (``"cpu"``, ``"cuda:0"``, an int GPU index, a `torch.device`), or a dict module name -> device
+    (``"disk"`` offload allowed). Anything else, or a dict naming a device this machine lacks, is a
+    `UserInputError` naming the argument, the entry and what exists, before any weights load."""
+    if device_map is None:
+        return None
+    if isinstance(device_map, str) and device_map in DEVICE_MAP_STRATEGIES:
+        return device_map
+    if isinstance(device_map, dict):
+        if not device_map:
+            raise UserInputError(f"{name}={{}} is empty: give module name -> device, or a strategy "
+                                 f"({', '.join(DEVICE_MAP_STRATEGIES)})")
+        for module, dev in device_map.items():
+            if not isinstance(module, str):
+                raise UserInputError(f"{name} key {module!r} is not a module name (a string such as 'model.layers.0')")
+            if isinstance(dev, str) and dev in DEVICE_MAP_OFFLOAD:
+                continue
+            check_device(f"cuda:{dev}" if isinstance(dev, int) and not isinstance(dev, bool) and dev >= 0 else dev,
+                         name=f"{name}[{module!r}]")
+        return device_map
+    if isinstance(device_map, int) and not isinstance(device_map, bool):
+        check_device(f"cuda:{device_map}" if device_map >= 0 else device_map, name=name)
+        return device_map
+    if isinstance(device_map, (str,)) or type(device_map).__name__ == "device":
+        check_device(device_map, name=name)
+        return device_map
+    raise UserInputError(f"{name}={device_map!r} is not a device map: None, a strategy ({', '.join(DEVICE_MAP_STRATEGIES)}), "
+                         "a device ('cpu', 'cuda:0') or a dict module name -> device")
+
+
+def check_dtype(dtype: Any, name: str = "dtype", allow_auto: bool = False):
+    """A floating ``torch.dtype`` from a dtype or its name as transformers takes it (``"bfloat16"``,
+    ``"torch.float16"``, ``"float32"``, ``"half"``); None stays None, and ``"auto"`` stays ``"auto"``
+    where ``allow_auto``. Anything else is a `UserInputError` naming the argument and the valid names."""
+    import torch
+
+    if dtype is None or (allow_auto and dtype == "auto"):
+        return dtype
+    if isinstance(dtype, str):
+        value = getattr(torch, dtype.removeprefix("torch."), None)
+        if isinstance(value, torch.dtype) and value.is_floating_point:
+            return value
+    elif isinstance(dtype, torch.dtype) and dtype.is_floating_point:
+        return dtype
+    valid = "torch.float32, torch.bfloat16, torch.float16 or their names ('bfloat16', ...)" + (", 'auto'" if allow_auto else "")
+    raise UserInputError(f"{name}={dtype!r} is not a floating torch dtype ({valid})")
 
 
 def parse_size(value: Union[int, str], what: str = "size") -> int:

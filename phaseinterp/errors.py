@@ -20,4 +20,9 @@ class EngineError(RuntimeError):
     where; the command line reports it in one line with exit code 2."""
 
 
-__all__ = ["EngineError", "UserInputError"]
+class MissingPathError(UserInputError, FileNotFoundError):
+    """A path the user gave does not exist (or lacks a file the reader needs): both a
+    `UserInputError` and a ``FileNotFoundError``, so either ``except`` catches it."""
+
+
+__all__ = ["MissingPathError", "EngineError", "UserInputError"]

@@ -33,8 +33,8 @@ from typing import Any, Union
 import numpy as np
 import pandas as pd
 
-from phaseinterp.errors import UserInputError
-from phaseinterp._files import RESULT_KIND, atomic_write, check_write_target, write_dir_atomically
+from phaseinterp.errors import MissingPathError, UserInputError
+from phaseinterp._files import RESULT_KIND, atomic_write, check_write_target, saved_kind, write_dir_atomically
 
 FORMAT = 1
 META_FILE = "meta.json"
@@ -166,14 +166,16 @@ class Result:
             raise UserInputError(f"directory={directory!r} is not a path to a saved {cls.__name__} folder")
         directory = Path(directory)
         if not directory.exists():
-            raise FileNotFoundError(f"directory={str(directory)!r} does not exist (expected a saved {cls.__name__} "
+            raise MissingPathError(f"directory={str(directory)!r} does not exist (expected a saved {cls.__name__} "
                                     f"folder: {META_FILE} + {ARRAYS_FILE})")
         if not directory.is_dir():
             raise UserInputError(f"directory={str(directory)!r} is a file; a saved {cls.__name__} is a folder "
                                  f"({META_FILE} + {ARRAYS_FILE})")
         for name in (META_FILE, ARRAYS_FILE):
             if not (directory / name).is_file():
-                raise FileNotFoundError(f"{directory / name} does not exist (not a saved {cls.__name__})")
+                held = saved_kind(directory) or "nothing (an empty folder)"
+                raise MissingPathError(f"{directory / name} does not exist: {str(directory)!r} holds {held}, not a saved "
+                                       f"{cls.__name__} (written by its .save(dir))")
         try:
             meta = json.loads((directory / META_FILE).read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as err:

@@ -188,7 +188,10 @@ def test_a_second_report_replaces_the_first_whole(checkpoint, tmp_path):
     build_report(str(checkpoint), out, settings=_settings((1,)), progress=False, log=lambda *_: None)
     (out / "phase_profile.png").write_bytes(b"a figure of another model")
     (out / "data" / "profile_other_model_phases.csv").write_text("stale")
-    build_report(str(checkpoint), out, settings=_settings((1,)), progress=False, log=lambda *_: None)
+    with pytest.raises(ValueError, match="already holds a report.*overwrite=True"):  # never replaced silently
+        build_report(str(checkpoint), out, settings=_settings((1,)), progress=False, log=lambda *_: None)
+    assert (out / "phase_profile.png").read_bytes() == b"a figure of another model"
+    build_report(str(checkpoint), out, settings=_settings((1,)), progress=False, log=lambda *_: None, overwrite=True)
     assert not (out / "phase_profile.png").exists() and not (out / "data" / "profile_other_model_phases.csv").exists()
     assert (out / "index.html").is_file() and (out / "summary.json").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r"], "staging or previous folders left behind"
@@ -207,7 +210,7 @@ def test_an_interrupted_report_leaves_the_previous_one(checkpoint, tmp_path):
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        build_report(str(checkpoint), out, settings=_settings((1,)), progress=False, log=interrupt)
+        build_report(str(checkpoint), out, settings=_settings((1,)), progress=False, log=interrupt, overwrite=True)
     assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r"], "the staging folder was left behind"
 

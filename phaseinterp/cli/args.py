@@ -83,10 +83,15 @@ def _device_arg(p):
                    help="torch device, e.g. cpu, cuda, cuda:1, mps (default: cpu); must exist on this machine")
 
 
-def _out_arg(p, default: Optional[str] = None, required: bool = False, what: str = "the result"):
+def _out_arg(p, default: Optional[str] = None, required: bool = False, what: str = "the result",
+             overwrite: bool = True):
     default_text = f" (default: {default})" if default else (" (required)" if required else " (default: print only)")
     p.add_argument("--out", default=default, required=required,
-                   help=f"directory to write {what} to; must be a directory or not exist yet{default_text}")
+                   help=f"directory to write {what} to; must not exist yet or be empty{default_text}")
+    if overwrite:
+        p.add_argument("--overwrite", action="store_true",
+                       help="replace a previous output of the same kind in --out (whole and atomically); "
+                            "anything else there is never replaced")
 
 
 def _scale_args(p):
@@ -279,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true",
                    help="continue the run in --out; refuses a changed architecture, recipe or step count")
     _device_arg(p)
-    _out_arg(p, required=True, what="checkpoints, logs and the final model")
+    _out_arg(p, required=True, what="checkpoints, logs and the final model", overwrite=False)
 
     p = sub.add_parser("zoo", help="list or rebuild the zoo models", description="The zoo: shipped checkpoints "
                        "and recipes without a shipped checkpoint.")
@@ -305,5 +310,5 @@ def build_parser() -> argparse.ArgumentParser:
                    "or exact (float32 max|w|/448, scale_fmt float); needs --fp8")
     e.add_argument("--dtype", default=None, help="dtype of the other tensors: float32 or bfloat16 (default: the model's)")
     e.add_argument("--max-shard-size", default="256KB", help="largest shard, e.g. 256KB, 5GB (default: 256KB)")
-    e.add_argument("--out", required=True, help="new (or empty) checkpoint directory")
+    _out_arg(e, required=True, what="the exported checkpoint")
     return parser

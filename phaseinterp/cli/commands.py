@@ -30,13 +30,34 @@ def zoo_markdown() -> str:
 
 
 # ------------------------------------------------------------------- checks
+# What each command writes to --out, for the shared write rule (`phaseinterp._files.check_write_target`);
+# merge's result kind is known only from its run header, so its save checks it.
+OUT_KINDS = {"demo": "report", "report": "report", "profile": "PhaseProfile result", "ablate": "AblationResult result",
+             "gates": "GateProfile result", "conformance": "ConformanceResult result", "train": "training run"}
+
+
+def _out_kind(args) -> Optional[str]:
+    if args.command == "cycle":
+        return "UnitCyclingResult result" if args.score == "unit" else "CyclingResult result"
+    if args.command == "zoo" and getattr(args, "zoo_command", None) == "export":
+        return "Hugging Face checkpoint"
+    return OUT_KINDS.get(args.command)
+
+
 def _check_out(args) -> None:
-    from phaseinterp._files import check_output_dir
+    """--out and --out-dir, before any work: a path a folder can be made at, and (the shared rule)
+    nothing there that this command would replace without --overwrite."""
+    from phaseinterp._files import check_output_dir, check_write_target
 
     for attr in ("out", "out_dir"):
         value = getattr(args, attr, None)
-        if value is not None:
+        if value is None:
+            continue
+        kind = _out_kind(args) if attr == "out" else None
+        if kind is None or kind == "training run":  # train: --resume decides (`_train`); zoo build resumes its run
             check_output_dir(value)
+        else:
+            check_write_target(value, kind, overwrite=getattr(args, "overwrite", False), name=f"--{attr.replace('_', '-')}")
 
 
 def _check_model_name(name: str) -> None:
@@ -121,9 +142,9 @@ def _print_table(result) -> None:
     print(result.summary().to_string(header=False))
 
 
-def _save(out: Optional[str], result) -> None:
+def _save(out: Optional[str], result, overwrite: bool = False) -> None:
     if out:
-        print(f"saved to {result.save(Path(out))}")
+        print(f"saved to {result.save(Path(out), overwrite=overwrite)}")
 
 
 def _keep_freed_memory() -> None:
@@ -152,7 +173,7 @@ def run(args) -> int:
 
         result = merge(args.dir)
         _print_table(result)
-        _save(args.out, result)
+        _save(args.out, result, args.overwrite)
         return 0
     if args.command in ("demo", "report"):
         from phaseinterp import report as report_module
@@ -173,7 +194,7 @@ def run(args) -> int:
             except ValueError:
                 raise UsageError(f"--twin {twin} is the model itself ({args.model}): a model is never its own twin; "
                                  "pass a different model as --twin (a full-attention twin), or --twin none") from None
-        report_module.check_report_dir(args.out)
+        report_module.check_report_dir(args.out, args.overwrite)
         dsv4 = getattr(args, "deepseek_v4", None)
         dsv4 = None if dsv4 in (None, "none") else dsv4
         if dsv4 is not None:
@@ -201,7 +222,7 @@ def run(args) -> int:
         settings.export_static = not args.no_static
         rep = report_module.build_report(args.model, args.out, twin=twin, settings=settings,
                                          device=getattr(args, "device", None), deepseek_v4=dsv4,
-                                         remedy=remedy)
+                                         remedy=remedy, overwrite=args.overwrite)
         print(rep.table())
         sections = rep.summary.get("section_seconds", {})
         print("\nseconds per section: " + ", ".join(f"{name} {sec:.1f}" for name, sec in sections.items()))
@@ -287,7 +308,7 @@ def run(args) -> int:
             print(result.contribution().round(3).to_string())
             print(result.identification().round(3).to_string())
             _print_table(result)
-            _save(args.out, result)
+            _save(args.out, result, args.overwrite)
             return 0
         if args.shard_dir is not None:
             from phaseinterp.parallel import sharded_gate_cycling
@@ -312,7 +333,7 @@ def run(args) -> int:
     if result is None:  # a sharded profile on a process other than 0
         return 0
     _print_table(result)
-    _save(args.out, result)
+    _save(args.out, result, args.overwrite)
     return 0
 
 
@@ -336,7 +357,7 @@ def _conformance(args) -> int:
         print(result.table[columns].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     print()
     _print_table(result)
-    _save(args.out, result)
+    _save(args.out, result, args.overwrite)
     return 0
 
 
@@ -399,16 +420,16 @@ def _zoo_export(args) -> int:
         parse_size(args.max_shard_size, "--max-shard-size")
     except ValueError as err:
         raise UsageError(str(err)) from None
-    out = check_output_dir(args.out)
-    if out.exists() and any(out.iterdir()):
-        raise UsageError(f"--out {args.out!r} is not empty (export writes a fresh checkpoint folder)")
+    from phaseinterp._files import check_write_target
+
+    out = check_write_target(args.out, "Hugging Face checkpoint", overwrite=args.overwrite, name="--out")
     import torch
 
     from phaseinterp.models.hf.export import export_release
 
     model = hf_zoo.load(args.name)
     result = export_release(model, out, fp8=args.fp8, fp8_scales=args.fp8_scales or DEFAULT_FP8_SCALES,
-                            layout=args.layout, max_shard_bytes=args.max_shard_size, experts=args.experts,
+                            layout=args.layout, max_shard_bytes=args.max_shard_size, overwrite=args.overwrite, experts=args.experts,
                             dtype=None if args.dtype is None else getattr(torch, dtypes[args.dtype]))
     fp8 = f", FP8 ({args.fp8_scales or DEFAULT_FP8_SCALES} scales)" if args.fp8 else ""
     print(f"exported {args.name} ({args.layout} layout{fp8}): {result}")

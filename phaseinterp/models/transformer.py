@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -79,8 +80,9 @@ def check_tokens(tokens, n_ctx: int, d_vocab: int, start: int = 0) -> None:
         raise UserInputError(f"token id {bad} is outside the vocabulary (valid ids: 0..{d_vocab - 1})")
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint directory is missing, truncated or corrupt."""
+class CheckpointError(UserInputError, RuntimeError):
+    """A checkpoint directory is missing, truncated or corrupt: the user's file, so a `UserInputError`
+    (one line, exit 2 on the command line); still a RuntimeError for callers that catch that."""
 
 
 # Tokens per block of the MLP's rows while its hooks are idle (`SwiGLU.forward`): 512 x d_mlp floats
@@ -394,7 +396,16 @@ class CompressedTransformer(HookedRootModule):
         """Load a directory written by `save_pretrained`; verifies size and checksum first."""
         from safetensors.torch import load as load_bytes
 
+        from phaseinterp._checks import check_device
+
+        device = check_device(device)  # before reading any weights
+        if isinstance(directory, (bytes, bool)) or not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
+            raise UserInputError(f"directory={directory!r} is not a path to a checkpoint folder (config.json + "
+                                 f"{WEIGHTS_FILE})")
         directory = Path(directory)
+        if directory.is_file():
+            raise CheckpointError(f"{directory} is a file; a phaseinterp checkpoint is a folder ({CONFIG_FILE} + "
+                                  f"{WEIGHTS_FILE}, written by save_pretrained)")
         config_path, weights_path = directory / CONFIG_FILE, directory / WEIGHTS_FILE
         for path in (config_path, weights_path):
             if not path.is_file():
@@ -431,8 +442,6 @@ class CompressedTransformer(HookedRootModule):
                 f"{weights_path} does not fit the model described by {config_path}: {detail}") from None
         model.metadata = dict(config.get("metadata", {}))
         if device is not None:
-            from phaseinterp._checks import check_device
-
-            model.to(check_device(device))
+            model.to(device)
         return model
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from phaseinterp._files import atomic_write_text, check_output_dir
+from phaseinterp._files import atomic_write_text, check_write_target, move_into_place, staging_dir
 from phaseinterp.errors import UserInputError
 from phaseinterp.report.models import check_twin, load_model
 from phaseinterp.report.page import num, page_html, tidy_figure
@@ -107,37 +107,23 @@ class Report:
         return "\n".join(lines)
 
 
-def check_report_dir(out_dir: Union[str, Path]) -> Path:
-    """``out_dir`` as a Path if a report can be written there: it does not exist, is empty, or holds
-    a previous report (index.html + summary.json of `build_report`), which the new report replaces
-    whole. Any other non-empty folder is a ValueError naming it (nothing of the user's is mixed with
-    or deleted by a report). Creates nothing."""
-    import json
-
-    out = check_output_dir(out_dir)
-    if not out.is_dir() or not any(out.iterdir()):
-        return out
-    try:
-        previous = json.loads((out / "summary.json").read_text())
-        is_report = (out / "index.html").is_file() and isinstance(previous, dict) and "profiles" in previous
-    except (OSError, ValueError):
-        is_report = False
-    if not is_report:
-        shown = sorted(p.name for p in out.iterdir())[:3]
-        raise UserInputError(f"output directory {str(out)!r} is not empty and holds no previous report (it has "
-                         f"{', '.join(shown)}{', ...' if len(list(out.iterdir())) > 3 else ''}); pass a new or "
-                         "empty folder, or a previous report's folder to replace it")
-    return out
+def check_report_dir(out_dir: Union[str, Path], overwrite: bool = False) -> Path:
+    """``out_dir`` as a Path if a report can be written there: it does not exist or is empty, or
+    (with ``overwrite=True``, CLI ``--overwrite``) holds a previous report (index.html + summary.json
+    of `build_report`), which the new report replaces whole. Anything else is a UserInputError
+    naming it (nothing of the user's is mixed with or deleted by a report): the shared rule of
+    `phaseinterp._files.check_write_target`. Creates nothing."""
+    return check_write_target(out_dir, "report", overwrite=overwrite, name="out_dir")
 
 
 def build_report(model, out_dir: Union[str, Path], *, twin=None, settings: Optional[ReportSettings] = None,
                  task=None, device=None, progress: bool = True, log=print, deepseek_v4=None,
-                 remedy=None) -> Report:
+                 remedy=None, overwrite: bool = False) -> Report:
     """Run every experiment on ``model`` (and the phase profile on ``twin``) and write the folder.
 
     ``model`` / ``twin``: model objects, shipped zoo names or checkpoint directories (``twin``
     default None: no twin; never ``model`` itself). ``out_dir``: a path that does not exist yet,
-    an empty folder, or the folder of a previous report, which is replaced whole: the new report
+    an empty folder, or (``overwrite=True``) the folder of a previous report, which is replaced whole: the new report
     is built in a hidden folder beside it and renamed into place at the end, so no file of the
     previous run survives and an interrupted run leaves the previous report as it was. Any other
     non-empty folder is refused. It is checked, and both models are loaded, before anything is
@@ -153,7 +139,7 @@ def build_report(model, out_dir: Union[str, Path], *, twin=None, settings: Optio
     Returns a `Report`; the folder holds index.html, data/*.csv, summary.json (strict JSON) and,
     when kaleido and a Chromium are present, one PNG per figure (the HTML says when and why not).
     """
-    final = check_report_dir(out_dir)
+    final = check_report_dir(out_dir, overwrite)
     check_twin(model, twin)
     staging: list[Path] = []
     try:
@@ -166,33 +152,8 @@ def build_report(model, out_dir: Union[str, Path], *, twin=None, settings: Optio
             shutil.rmtree(staging[0], ignore_errors=True)
 
 
-def _staging_dir(final: Path) -> Path:
-    """An empty hidden folder beside ``final`` (same file system, so a rename moves it into place)."""
-    import tempfile
-
-    from phaseinterp._files import normal_mode
-
-    final.parent.mkdir(parents=True, exist_ok=True)
-    path = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.building-"))
-    os.chmod(path, normal_mode(directory=True))  # mkdtemp's 0o700 would survive the rename
-    return path
-
-
-def _replace_dir(staging: Path, final: Path) -> None:
-    """Move ``staging`` to ``final``. A previous report there is exchanged with the new one in one
-    atomic step where the system allows it (`exchange_paths`), then deleted; elsewhere it is moved
-    aside first (two renames: for an instant ``final`` is missing)."""
-    from phaseinterp._files import exchange_paths
-
-    if final.exists() and exchange_paths(staging, final):
-        shutil.rmtree(staging, ignore_errors=True)  # now holds the previous report
-    elif final.exists():
-        old = final.parent / f".{final.name}.previous-{os.getpid()}"
-        os.replace(final, old)
-        os.replace(staging, final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(staging, final)
+_staging_dir = staging_dir  # the shared helpers of phaseinterp._files (one rule for every writer)
+_replace_dir = move_into_place
 
 
 def _build_report(model, final: Path, staging: list, *, twin, settings, task, device, progress, log, deepseek_v4,

@@ -15,6 +15,8 @@ the page is loaded from disk with networking off.
 
 from __future__ import annotations
 
+from phaseinterp.errors import MissingPathError  # a missing path the user gave: one line, exit 2
+
 import html
 import json
 import os
@@ -99,7 +101,7 @@ def find_chromium() -> Optional[str]:
 def _chromium(args: list[str], profile: Path, timeout: float) -> subprocess.CompletedProcess:
     browser = find_chromium()
     if browser is None:
-        raise FileNotFoundError("no Chromium found (install chromium, or set BROWSER_PATH)")
+        raise MissingPathError("no Chromium found (install chromium, or set BROWSER_PATH)")
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
              "--disable-background-networking", "--disable-component-update", "--disable-sync",
              "--hide-scrollbars", f"--user-data-dir={profile}"]

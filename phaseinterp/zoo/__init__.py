@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
+from phaseinterp.errors import MissingPathError  # a missing path or checkpoint: one line, exit 2
 from phaseinterp.zoo.task import TASK
 
 CHECKPOINT_DIR = Path(__file__).parent / "checkpoints"
@@ -271,7 +272,7 @@ def run_curves(name: str, run_dir: Union[str, Path, None] = None):
     for path in candidates:
         if path.is_file():
             return pd.read_csv(path)
-    raise FileNotFoundError(f"no training curves for {name!r} (looked in {', '.join(map(str, candidates))}); "
+    raise MissingPathError(f"no training curves for {name!r} (looked in {', '.join(map(str, candidates))}); "
                             f"build the run with `phaseinterp zoo build {run}`")
 
 
@@ -363,7 +364,7 @@ def load(name: str, device=None):
     entry(name)
     path = CHECKPOINT_DIR / name
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(
+        raise MissingPathError(
             f"zoo model {name!r} is known but its checkpoint is not in {path}; build it with "
             f"`phaseinterp zoo build {name}`"
         )
@@ -403,7 +404,7 @@ def build(name: str, out_dir: Union[str, Path, None] = None, *, device=None, pro
     if e.init_from is not None:
         init = CHECKPOINT_DIR / e.init_from
         if not (init / "config.json").is_file():
-            raise FileNotFoundError(f"{name!r} post-trains the shipped {e.init_from!r}, which is not in {init}; build it "
+            raise MissingPathError(f"{name!r} post-trains the shipped {e.init_from!r}, which is not in {init}; build it "
                                     f"with `phaseinterp zoo build {e.init_from}`")
     result = train(e.model_config(task.vocab.size), task, train_config=tc, device=device, out_dir=run_dir,
                    resume=resume, progress=progress, metadata={"zoo_name": name, "command": e.command},
@@ -411,7 +412,7 @@ def build(name: str, out_dir: Union[str, Path, None] = None, *, device=None, pro
     step = snapshot_step(name, run_dir)
     source = run_dir / f"snapshot_{step:06d}"
     if not (source / "config.json").is_file():
-        raise FileNotFoundError(f"snapshot {source} was not written; snapshot_steps must include {step}")
+        raise MissingPathError(f"snapshot {source} was not written; snapshot_steps must include {step}")
     if install:
         install_snapshot(name, source, result.curves, result.model.metadata)
     return source

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from phaseinterp.errors import UserInputError
+from phaseinterp.errors import MissingPathError, UserInputError
 
 CHECKPOINT_DIR = Path(__file__).parent / "checkpoints"
 CSA, HCA = "compressed_sparse_attention", "heavily_compressed_attention"
@@ -148,7 +148,7 @@ def install_run(name: str, run_dir: Union[str, Path]) -> Path:
     run_dir = Path(run_dir)
     source = run_dir / "final"
     if not (source / "config.json").is_file():
-        raise FileNotFoundError(f"{source} holds no finished model (no config.json)")
+        raise MissingPathError(f"{source} holds no finished model (no config.json)")
     target, tmp = CHECKPOINT_DIR / name, CHECKPOINT_DIR / f".{name}.tmp"
     if tmp.exists():
         shutil.rmtree(tmp)
@@ -173,7 +173,7 @@ def load(name: str, device=None):
         raise UserInputError(f"unknown tiny DeepSeek-V4 {name!r}; known: {sorted(RECIPES)}")
     path = CHECKPOINT_DIR / name
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"zoo model {name!r} is known but its checkpoint is not in {path}; build it with "
+        raise MissingPathError(f"zoo model {name!r} is known but its checkpoint is not in {path}; build it with "
                                 f"`{RECIPES[name].command}`")
     model = load_hf(path, name=name)
     if device is not None:

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from phaseinterp.errors import UserInputError
+from phaseinterp.errors import MissingPathError, UserInputError
 from phaseinterp.models.hf.config import DeepseekV4HookedConfig
 from phaseinterp.models.hf.deepseek_v4 import SIDECAR_FILE, HookedDeepseekV4
 
@@ -69,12 +69,12 @@ def load_hf(path: Union[str, Path], device_map: Union[str, dict, None] = None, d
 
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"{path} does not exist (load_hf reads a local checkpoint directory)")
+        raise MissingPathError(f"{path} does not exist (load_hf reads a local checkpoint directory)")
     if not path.is_dir():
         raise UserInputError(f"{path} is not a directory (load_hf reads a local checkpoint directory)")
     config_path = path / "config.json"
     if not config_path.is_file():
-        raise FileNotFoundError(f"{config_path} does not exist: {path} is not a Hugging Face model directory")
+        raise MissingPathError(f"{config_path} does not exist: {path} is not a Hugging Face model directory")
     try:
         raw_config = json.loads(config_path.read_text())
     except json.JSONDecodeError as err:
@@ -83,7 +83,7 @@ def load_hf(path: Union[str, Path], device_map: Union[str, dict, None] = None, d
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise UserInputError(f"{path}: model_type={model_type!r} is not supported (supported: {SUPPORTED_MODEL_TYPES})")
     if not any(any(path.glob(p)) for p in _WEIGHT_PATTERNS):
-        raise FileNotFoundError(f"{path} has a config.json but no weights (*.safetensors or pytorch_model*.bin)")
+        raise MissingPathError(f"{path} has a config.json but no weights (*.safetensors or pytorch_model*.bin)")
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point) and dtype != "auto":
         raise UserInputError(f"dtype={dtype!r} is not a floating torch dtype (e.g. torch.bfloat16) or 'auto'")
     if offload_folder is not None and device_map is None:

@@ -199,10 +199,11 @@ def _natural(name: str):
 def export_release(model: Any, out: Union[str, Path], *, fp8: bool = False, fp8_scales: str = DEFAULT_FP8_SCALES,
                    dtype: Any = None,
                    max_shard_bytes: Union[int, str] = DEFAULT_SHARD_BYTES, metadata: Optional[dict] = None,
-                   layout: str = "deepseek") -> ExportResult:
+                   layout: str = "deepseek", overwrite: bool = False) -> ExportResult:
     """Write ``model`` (a `HookedDeepseekV4` or a ``DeepseekV4ForCausalLM``) to ``out`` in DeepSeek's layout.
 
-    ``out`` must not exist or be an empty folder; everything is written to a temporary folder
+    ``out`` must not exist or be an empty folder, or (``overwrite=True``) hold a previous HF
+    checkpoint (`phaseinterp._files.check_write_target`); everything is written to a temporary folder
     beside it and renamed into place (a failed export leaves nothing). ``fp8``: the modules
     DeepSeek quantizes become ``float8_e4m3fn`` + ``.scale`` (128 x 128 blocks); ``fp8_scales``:
     ``"pow2"`` (power-of-two scales, ``scale_fmt="ue8m0"``, DeepSeek-V4's format, the default) or
@@ -223,9 +224,9 @@ def export_release(model: Any, out: Union[str, Path], *, fp8: bool = False, fp8_
         raise ValueError(f"fp8_scales={fp8_scales!r} is not a scale format (valid: {', '.join(FP8_SCALES)})")
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise ValueError(f"dtype={dtype!r} is not a floating torch dtype (e.g. torch.bfloat16, torch.float32)")
-    out = check_output_dir(out)
-    if out.exists() and any(out.iterdir()):
-        raise ValueError(f"output directory {str(out)!r} is not empty (export writes a fresh checkpoint folder)")
+    from phaseinterp._files import check_write_target, move_into_place
+
+    out = check_write_target(out, "Hugging Face checkpoint", overwrite=overwrite, name="out")
     hf = getattr(model, "hf", model)
     config = hf.config
     if getattr(config, "model_type", None) != "deepseek_v4":
@@ -279,9 +280,7 @@ def export_release(model: Any, out: Union[str, Path], *, fp8: bool = False, fp8_
         meta["export"] = {"layout": layout, "fp8": fp8, "dtype": dtype_name, "fp8_block": list(FP8_BLOCK),
                           "fp8_scales": fp8_scales if fp8 else None}
         atomic_write(tmp / SIDECAR_FILE, json.dumps({"metadata": meta}, indent=2, default=json_default).encode())
-        if out.exists():
-            out.rmdir()  # empty (checked above)
-        os.replace(tmp, out)
+        move_into_place(tmp, out)  # empty, absent or (overwrite=True) a previous checkpoint: checked above
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

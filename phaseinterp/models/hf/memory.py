@@ -9,6 +9,8 @@ prints the table (no argument: transformers' default ``DeepseekV4Config``, the V
 
 from __future__ import annotations
 
+from phaseinterp.errors import MissingPathError  # a missing path the user gave: one line, exit 2
+
 import json
 import sys
 from dataclasses import dataclass
@@ -66,7 +68,7 @@ def estimate_memory(config: Union[str, Path, Any, None] = None) -> MemoryEstimat
         path = Path(config)
         path = path / "config.json" if path.is_dir() else path
         if not path.is_file():
-            raise FileNotFoundError(f"{path} does not exist (pass a config.json or a checkpoint directory)")
+            raise MissingPathError(f"{path} does not exist (pass a config.json or a checkpoint directory)")
         config = config_from_dict(json.loads(path.read_text()))
     with torch.device("meta"):
         model = DeepseekV4ForCausalLM(config)
@@ -158,7 +160,7 @@ def _as_config(config: Union[str, Path, Any, None]) -> Any:
         path = Path(config)
         path = path / "config.json" if path.is_dir() else path
         if not path.is_file():
-            raise FileNotFoundError(f"{path} does not exist (pass a config.json or a checkpoint directory)")
+            raise MissingPathError(f"{path} does not exist (pass a config.json or a checkpoint directory)")
         return config_from_dict(json.loads(path.read_text()))
     return config
 

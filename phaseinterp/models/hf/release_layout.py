@@ -24,6 +24,8 @@ stored as ``float8_e4m3fn`` with one scale per ``128 x 128`` block under ``<modu
 
 from __future__ import annotations
 
+from phaseinterp.errors import MissingPathError  # a missing path the user gave: one line, exit 2
+
 import json
 import re
 from dataclasses import dataclass, field
@@ -225,15 +227,15 @@ def inspect_checkpoint(path: Path, config: dict) -> CheckpointFiles:
             raise ValueError(f"{index}: 'weight_map' is empty or not an object")
         missing = sorted({f for f in weight_map.values() if not (path / f).is_file()})
         if missing:
-            raise FileNotFoundError(f"{index} lists shard {path / missing[0]}, which does not exist"
+            raise MissingPathError(f"{index} lists shard {path / missing[0]}, which does not exist"
                                     + (f" ({len(missing)} shards missing: {missing})" if len(missing) > 1 else ""))
     elif shard_like:
-        raise FileNotFoundError(f"{index} does not exist, but {path} holds shards ({shard_like[0]}, ...): "
+        raise MissingPathError(f"{index} does not exist, but {path} holds shards ({shard_like[0]}, ...): "
                                 "a sharded checkpoint needs its index file")
     elif (path / SINGLE_FILE).is_file():
         weight_map = None
     else:
-        raise FileNotFoundError(f"{path} has a config.json but no safetensors weights ({SINGLE_FILE} or {INDEX_FILE})")
+        raise MissingPathError(f"{path} has a config.json but no safetensors weights ({SINGLE_FILE} or {INDEX_FILE})")
 
     dtypes: dict[str, str] = {}
     n_bytes = 0
