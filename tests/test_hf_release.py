@@ -38,8 +38,9 @@ def shipped(zoo_model):
 @pytest.fixture(scope="module")
 def exported(shipped, tmp_path_factory):
     root = tmp_path_factory.mktemp("release")
-    export_release(shipped, root / "fp32")
-    export_release(shipped, root / "fp8", fp8=True)
+    export_release(shipped, root / "fp32", experts="float")  # unquantized experts: loads back bit for bit
+    export_release(shipped, root / "fp8", fp8=True, experts="fp8")
+    export_release(shipped, root / "fp4")  # the default: MXFP4 experts, as released
     return root
 
 
@@ -61,8 +62,11 @@ def test_release_names_are_deepseeks_and_transformers_maps_them_back(shipped, ex
                  "layers.0.attn.compressor.wgate.weight", "layers.0.attn.indexer.compressor.ape",
                  "layers.0.attn.indexer.wq_b.weight", "layers.0.attn.indexer.weights_proj.weight",
                  "layers.0.ffn.gate.bias", "layers.0.ffn.experts.1.w3.weight", "layers.2.ffn.shared_experts.w2.weight",
-                 "layers.1.hc_attn_fn", "layers.1.attn_norm.weight", "layers.1.ffn_norm.weight"):
+                 "layers.1.hc_attn_fn", "layers.1.attn_norm.weight", "layers.1.ffn_norm.weight",
+                 "layers.0.attn.kv_norm.weight", "layers.0.attn.compressor.norm.weight",
+                 "layers.0.attn.indexer.compressor.norm.weight"):
         assert name in names, name
+    assert "layers.0.attn.norm.weight" not in names  # the release (and llama.cpp's converter) name it kv_norm
     assert not any(n.startswith("model.") or "self_attn" in n or "gate_up_proj" in n for n in names)
     assert len(set(names.values())) > 1  # sharded
     check_names_roundtrip(list(names), shipped.hf.config)  # raises if any name misses
@@ -86,6 +90,7 @@ def test_release_config_folds_back_to_the_shipped_config(shipped, exported):
                                           "weight_block_size": [128, 128], "scale_fmt": "ue8m0"}
     assert raw["expert_dtype"] == "fp8" and raw["compress_rate_csa"] == 4 and raw["compress_rate_hca"] == 32
     assert "compress_rates" not in raw and raw["num_hash_layers"] == 0
+    assert raw["compress_ratios"] == [4, 4, 32]  # one per layer (CSA, CSA, HCA), as the release's config
     back = config_from_dict(raw).to_dict()
     want = shipped.hf.config.to_dict()
     for key in ("compress_rates", "layer_types", "mlp_layer_types", "rope_parameters", "partial_rotary_factor",
@@ -275,11 +280,13 @@ def _compare(model, ref_logits, batch, stride: int):
 
 @pytest.fixture(scope="module")
 def native_export(tmp_path_factory):
-    """``phaseinterp zoo export dsv4-tiny-fp8 --layout deepseek --fp8 --out DIR`` (power-of-two scales)."""
+    """``phaseinterp zoo export dsv4-tiny-fp8 --layout deepseek --fp8 --experts fp8 --out DIR`` (power-of-two
+    scales; the experts in FP8 blocks, the grid the model was trained on)."""
     from phaseinterp.cli import main
 
     out = tmp_path_factory.mktemp("native") / "fp8"
-    assert main(["zoo", "export", FP8_NATIVE, "--layout", "deepseek", "--fp8", "--out", str(out)]) == 0
+    assert main(["zoo", "export", FP8_NATIVE, "--layout", "deepseek", "--fp8", "--experts", "fp8",
+                 "--out", str(out)]) == 0
     return out
 
 
@@ -439,6 +446,81 @@ def test_fp8_export_loads_dequantized_and_keeps_the_phase_profile(shipped, expor
     assert (by_phase >= 0.9).all(), by_phase
 
 
+# ------------------------------------------------------------------ MXFP4 experts (issue 34)
+def test_mxfp4_packing_is_the_release_layout_both_readers_decode():
+    """Codes and bytes by hand: element 2i in the low nibble, 2i+1 in the high one, one E8M0 byte per 32
+    values; transformers' own FP4 dequantizer (``expert_dtype="fp4"``) reads the export back exactly."""
+    from transformers.integrations.finegrained_fp8 import Fp8Dequantize
+
+    from phaseinterp.models.hf.export import dequantize_mxfp4, mxfp4_roundtrip, quantize_mxfp4
+
+    row = torch.tensor([0.5, -6.0, 1.0, 0.25, 0.75, 2.5, 5.0, -1.25] + [0.0] * 24)  # group max 6: scale 2^0
+    packed, scale = quantize_mxfp4(torch.stack([row, row * 2.0 ** -3]))
+    assert packed.dtype == torch.int8 and packed.shape == (2, 16) and scale.shape == (2, 1)
+    assert scale.view(torch.uint8).tolist() == [[127], [124]]
+    # codes: .5->1, -6->15, 1->2, .25->0 (tie to even), .75->2 (tie to even), 2.5->4, 5->6, -1.25->10 (-1.0)
+    assert packed.view(torch.uint8)[0, :4].tolist() == [1 | 15 << 4, 2 | 0 << 4, 2 | 4 << 4, 6 | 10 << 4]
+    w = torch.randn(64, 96) * torch.logspace(-3, 1, 96)
+    q, s = quantize_mxfp4(w)
+    ours = dequantize_mxfp4(q, s)
+    theirs = Fp8Dequantize(None)._dequantize_one(q, s, output_dtype=torch.float32)
+    assert torch.equal(ours, theirs) and torch.equal(mxfp4_roundtrip(ours), ours)  # a projection
+    groups = w.reshape(64, 3, 32)
+    # error <= half the widest e2m1 step (4 -> 6) times the scale, and the scale is < 2 max|w| / 6
+    assert ((ours.reshape(64, 3, 32) - groups).abs() <= groups.abs().amax(-1, keepdim=True) / 3).all()
+    with pytest.raises(ValueError, match="multiple of 32"):
+        quantize_mxfp4(torch.zeros(4, 48))
+
+
+def test_fp4_export_loads_as_the_model_with_experts_rounded(shipped, exported):
+    """The default export stores the routed experts as MXFP4 (int8 + E8M0 ``.scale``, ``expert_dtype`` "fp4")
+    and `load_hf` gives exactly `round_experts_mxfp4` of the shipped model: every tensor equal, so the
+    logits are equal (max |diff| 0.0); the rounding itself is not nothing (the unrounded model differs)."""
+    import copy
+
+    from safetensors import safe_open
+
+    from phaseinterp.models.hf.export import round_experts_mxfp4
+
+    folder = exported / "fp4"
+    raw = json.loads((folder / "config.json").read_text())
+    assert raw["expert_dtype"] == "fp4" and raw["quantization_config"]["quant_method"] == "fp8"
+    weight_map = json.loads((folder / INDEX_FILE).read_text())["weight_map"]
+    with safe_open(folder / weight_map["layers.0.ffn.experts.1.w2.weight"], "pt") as f:
+        assert f.get_slice("layers.0.ffn.experts.1.w2.weight").get_dtype() == "I8"
+    with safe_open(folder / weight_map["layers.0.ffn.experts.1.w2.scale"], "pt") as f:
+        assert f.get_slice("layers.0.ffn.experts.1.w2.scale").get_dtype() == "F8_E8M0"
+    model = pi.load_hf(folder)
+    info = model.metadata["checkpoint"]
+    assert info["fp4_experts"] and not info["fp8"] and info["dequantized"] and info["layout"] == "deepseek"
+    twin = round_experts_mxfp4(copy.deepcopy(shipped))
+    got, want = model.hf.state_dict(), twin.hf.state_dict()
+    assert set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in want)
+    tokens = pi.zoo.task_for(shipped).generate(2, seed=0, strict=False).tokens[:8]
+    with torch.no_grad():
+        loaded, rounded, exact = (m.hf(input_ids=tokens).logits for m in (model, twin, shipped))
+    assert (loaded - rounded).abs().max().item() == 0.0 and (rounded - exact).abs().max().item() > 1e-4
+
+
+def test_fp4_experts_without_scales_or_config(exported, tmp_path, no_loading):
+    from safetensors.torch import load_file, save_file
+
+    folder = _copy(exported / "fp4", tmp_path / "ck")
+    index = json.loads((folder / INDEX_FILE).read_text())
+    config = json.loads((folder / "config.json").read_text())
+    config.pop("expert_dtype")
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="holds MXFP4 expert .* does not declare expert_dtype 'fp4'"):
+        pi.load_hf(folder)
+    for shard in set(index["weight_map"].values()):
+        tensors = {k: v for k, v in load_file(folder / shard).items() if not k.endswith("w1.scale")}
+        save_file(tensors, folder / shard, metadata={"format": "pt"})
+    index["weight_map"] = {k: v for k, v in index["weight_map"].items() if not k.endswith("w1.scale")}
+    (folder / INDEX_FILE).write_text(json.dumps(index))
+    with pytest.raises(ValueError, match=r"MXFP4 expert 'layers.0.ffn.experts.0.w1.weight' has no scales"):
+        pi.load_hf(folder)
+
+
 # ------------------------------------------------------------------ offloading
 @pytest.fixture(scope="module")
 def offloaded(exported, tmp_path_factory):
@@ -558,6 +640,10 @@ def test_export_refuses_bad_input_and_leaves_nothing(shipped, tmp_path):
         export_release(shipped, tmp_path / "a", layout="hf")
     with pytest.raises(ValueError, match="not a size"):
         export_release(shipped, tmp_path / "a", max_shard_bytes="big")
+    with pytest.raises(ValueError, match="experts='int4' is not an expert format"):
+        export_release(shipped, tmp_path / "a", experts="int4")
+    with pytest.raises(ValueError, match="experts='fp8' .* needs fp8=True"):
+        export_release(shipped, tmp_path / "a", experts="fp8")
     assert not (tmp_path / "a").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["full"]
     assert parse_size("10MiB") == 10 * 2 ** 20 and parse_size("2GB") == 2 * 10 ** 9
 
@@ -574,8 +660,11 @@ def test_cli_zoo_export(tmp_path, capsys):
                           (["dsv4-tiny", "--layout", "deepseek", "--fp8", "--fp8-scales", "ue8m0"],
                            "--fp8-scales 'ue8m0' is not supported"),
                           (["dsv4-tiny", "--layout", "deepseek", "--fp8-scales", "exact"], "--fp8-scales needs --fp8"),
-                          (["dsv4-tiny", "--layout", "deepseek"], "is not empty")):
-        assert main(["zoo", "export", *argv, "--out", str(out)]) == 2
+                          (["dsv4-tiny", "--layout", "deepseek", "--experts", "fp8"], "--experts fp8 needs --fp8"),
+                          (["dsv4-tiny", "--layout", "deepseek", "--experts", "int4"], "--experts 'int4' is not"),
+                          (["dsv4-tiny", "--layout", "deepseek"], "already holds a Hugging Face checkpoint")):
+        target = out if message.startswith("already") else tmp_path / "fresh"  # the write rule checks --out first
+        assert main(["zoo", "export", *argv, "--out", str(target)]) == 2
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1, err
 

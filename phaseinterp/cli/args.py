@@ -308,6 +308,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--fp8-scales", default=None,
                    help="FP8 block scales: pow2 (powers of two, scale_fmt ue8m0, DeepSeek-V4's format; the default) "
                    "or exact (float32 max|w|/448, scale_fmt float); needs --fp8")
+    e.add_argument("--experts", default=None,
+                   help="routed experts: fp4 (MXFP4 as DeepSeek-V4 releases them, what llama.cpp's converter needs; "
+                   "the default), fp8 (FP8 blocks, needs --fp8) or float (unquantized)")
     e.add_argument("--dtype", default=None, help="dtype of the other tensors: float32 or bfloat16 (default: the model's)")
     e.add_argument("--max-shard-size", default="256KB", help="largest shard, e.g. 256KB, 5GB (default: 256KB)")
     _out_arg(e, required=True, what="the exported checkpoint")
