@@ -166,3 +166,12 @@ def test_wrap_around_uses_one_fixed_representative():
 def test_bad_movement_inputs_name_the_value(args, kwargs, match):
     with pytest.raises(UserInputError, match=match):
         movement_scores(*args, **kwargs)
+
+
+def test_the_report_states_movement_beside_the_strict_r2_and_identification():
+    from phaseinterp.report.sections.mechanisms import _cycling_html, _movement_html
+
+    text = _cycling_html(_profile_oracle(lambda d: d, n=20), "oracle", "built to move")
+    assert "Movement R²" in text and "<b>1.00</b>" in text and "Headline R²" in text and "Shift identification" in text
+    assert "+1 &rarr; +1 [+1, +1]" in text
+    assert "not defined" in _movement_html(_unit_oracle(lambda d: d, shifts=(1,)), "the unit's contribution peak")

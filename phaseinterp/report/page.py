@@ -75,7 +75,13 @@ MEANINGS: dict[str, str] = {
                  "exact, 0 = no better than the mean change, negative = worse than that",
     "r2_by_shift": "the same R² for each shift alone (S - 1 points each)",
     "corr2_pooled": "squared correlation of predicted and observed changes (a fitted line: slope and intercept "
-                    "free), the paper's figure",
+                    "free)",
+    "movement_r2": "the paper's figure: did the weak spot (or the unit's peak) move by the applied shift? R² = "
+                   "1 - sum (displacement - shift)^2 / sum (displacement - mean)^2 over the shifts, one point each; "
+                   "-inf when the spot never moved",
+    "movement_r2_ci": "95% bootstrap interval of the movement R² (prompts resampled within residue groups)",
+    "movement_corr2": "squared correlation of displacement with applied shift (a fitted line)",
+    "displacement_ci_by_shift": "95% bootstrap interval of each shift's measured displacement (slots)",
     "corr2_by_shift": "the same per shift",
     "r2_all_by_shift": "R² on every phase including the boundary phase (the boundary stays weak under every shift, "
                        "so this is usually low)",
@@ -83,7 +89,8 @@ MEANINGS: dict[str, str] = {
                             "hugely negative when the observed changes are nearly equal",
     "mae_by_shift": "mean absolute error of the predicted accuracy changes",
     "mean_drop_by_shift": "how much the mean accuracy falls under the shift",
-    "displacement_by_shift": "the hypothesised shift that explains the observed profile best",
+    "displacement_by_shift": "the hypothesised shift that explains the observed profile best, in (-S/2, S/2]: "
+                             "where the weak spot went",
     "identified": "how many applied shifts are the best of the S hypotheses",
     "identification_p": "permutation p-value of identifying that many shifts by chance",
     "identification_p_by_shift": "the same p-value per shift",

@@ -193,8 +193,29 @@ def _unit_cycling(model, task, ablation, settings, progress, out: Path, prompts:
             f"(chance per shift about 1/{r.stride}). Parameter-free R² over all {r.stride} phases, pooled: "
             f"{s['r2_pooled']:.2f} [{low:.2f}, {high:.2f}] (negative when the shifted contribution has the right "
             f"place but not the size of the unshifted one).</p>")
+        parts.append(_movement_html(r, "the unit's contribution peak"))
         parts.append(r.identification().to_html(border=0, float_format=fmt))
     return {"summary": summary, "html": "".join(parts), "figure": figure}
+
+
+def _movement_html(result, what: str) -> str:
+    """The movement R² (docs/science.md, "Movement R²") in words, beside the strict R² and identification."""
+    s = result.scores
+    if s["n_shifts"] < 2:
+        return (f"<p><b>Movement R²</b> (did {what} move by the applied shift?): not defined with "
+                f"{s['n_shifts']} shift distinct mod S (one point).</p>")
+    m = result.movement()
+    low, high = m["movement_r2_ci"]
+    moves = ", ".join(f"{r.shift:+d} &rarr; {r.displacement:+d} [{r.low:+d}, {r.high:+d}]"
+                      for r in m["per_shift"].itertuples())
+    return (f"<p><b>Movement R²</b> (the paper's figure: did {what} move by the applied shift?): "
+            f"<b>{m['movement_r2']:.2f}</b> [{low:.2f}, {high:.2f}] over {m['n_points']} shifts (1 &minus; "
+            f"&Sigma;(&delta; &minus; d)&sup2; / &Sigma;(&delta; &minus; mean &delta;)&sup2;; &minus;inf when &delta; "
+            f"never changes); squared correlation {m['movement_corr2']:.2f}. Applied &rarr; measured displacement "
+            f"&delta; (the best of the {result.stride} hypotheses, in (&minus;S/2, S/2], no unwrapping toward the "
+            f"applied shift) [95% bootstrap interval]: {moves}. It asks only where the spot went; the strict R² asks "
+            f"whether the whole profile is the rolled clean one, identification whether the applied shift is the "
+            f"best hypothesis.</p>")
 
 
 def _cycling_html(cyc, name: str, reason: str, negative: bool = False) -> str:
@@ -209,9 +230,9 @@ def _cycling_html(cyc, name: str, reason: str, negative: bool = False) -> str:
             f"changes of the {cyc.stride - 1} non-boundary phases per shift (distinct shifts mod S only). "
             f"Headline R² = 1 &minus; SS<sub>res</sub>/SS<sub>tot</sub> of the parameter-free prediction, pooled "
             f"over {len(ps) * (cyc.stride - 1)} points: <b>{s['r2_pooled']:.2f}</b>; squared correlation with a "
-            f"fitted line (the paper's figure): {s['corr2_pooled']:.2f}. {html.escape(per)}. Shift identification: "
+            f"fitted line: {s['corr2_pooled']:.2f}. {html.escape(per)}. Shift identification: "
             f"{s['n_identified']} of {s['n_shifts']} applied shifts are the best of the {cyc.stride} hypotheses; "
-            f"joint permutation p = {s['identification_p']:.3g}.</p>")
+            f"joint permutation p = {s['identification_p']:.3g}.</p>" + _movement_html(cyc, "the weak spot"))
     if negative:
         text += ("<p class='note'>Negative control: this model is not fit for the experiment (see above); its "
                  "scores measure the collapse of every phase, not the paper's prediction.</p>")
