@@ -34,7 +34,7 @@ from cycling_table import MODELS, run_model  # noqa: E402
 
 
 def _fmt(x: float, digits: int = 2) -> str:
-    return "nan" if not np.isfinite(x) else f"{x:.{digits}f}"
+    return ("-inf" if x == -np.inf else "nan") if not np.isfinite(x) else f"{x:.{digits}f}"
 
 
 def run(args) -> None:
@@ -51,17 +51,32 @@ def run(args) -> None:
         print("\n".join(rows), flush=True)
 
 
+def chance(stride: int, shifts, observed: float) -> float:
+    """P(movement R² >= observed) when each shift's displacement is drawn uniformly and independently
+    from the S representatives (every one of the S^D outcomes enumerated): how often a spot that
+    moves at random scores this well."""
+    import itertools
+
+    from phaseinterp.interventions.cycling_stats import _movement_arrays, representative_shift
+
+    reps = representative_shift(np.arange(stride), stride)
+    grid = np.array(list(itertools.product(reps, repeat=len(shifts))))
+    r2, _ = _movement_arrays(grid, representative_shift(shifts, stride))
+    return float(np.mean(np.nan_to_num(r2, nan=-np.inf) >= observed - 1e-12))
+
+
 def _row(label: str, what: str, result) -> str:
     s = result.scores
     S = result.stride
     if s["n_shifts"] < 2:
         return (f"| `{label}` | {what} | S={S}, {s['n_shifts']} shift | not defined: one shift distinct mod S is one "
-                f"point | {_fmt(s['r2_pooled'])} | {s['n_identified']} of {s['n_shifts']} |")
+                f"point | - | {_fmt(s['r2_pooled'])} | {s['n_identified']} of {s['n_shifts']} |")
     m = result.movement()
     low, high = m["movement_r2_ci"]
     moves = ", ".join(f"{r.shift:+d}->{r.displacement:+d} [{r.low:+d}, {r.high:+d}]" for r in m["per_shift"].itertuples())
     return (f"| `{label}` | {what} | S={S}, {m['n_points']} shifts | {moves} | **{_fmt(m['movement_r2'])}** "
-            f"[{_fmt(low)}, {_fmt(high)}]; r² {_fmt(m['movement_corr2'])} | {_fmt(s['r2_pooled'])} | "
+            f"[{_fmt(low)}, {_fmt(high)}]; r² {_fmt(m['movement_corr2'])} | "
+            f"{chance(S, m['per_shift']['shift'].to_numpy(), m['movement_r2']):.3g} | {_fmt(s['r2_pooled'])} | "
             f"{s['n_identified']} of {s['n_shifts']} |")
 
 
@@ -70,8 +85,9 @@ def table(args) -> None:
 
     out = Path(args.out)
     rows = ["| model | what was shifted (role; hurt phases, selection split) | points | applied -> measured "
-            "displacement [95% CI] | movement R² [95% CI]; r² | strict R² (pooled) | identified |",
-            "|---|---|---|---|---|---|---|"]
+            "displacement [95% CI] | movement R² [95% CI]; r² | chance of >= that R² | strict R² (pooled) | "
+            "identified |",
+            "|---|---|---|---|---|---|---|---|"]
     for folder in sorted(p for p in out.iterdir() if p.is_dir()):
         label = folder.name
         if (folder / "profile").exists():
