@@ -3,7 +3,7 @@
 
 from phaseinterp.interventions.ablation import AblationResult, ablate, calibration_mean_z, mean_ablation
 from phaseinterp.interventions.confirm import ConfirmResult, confirm, replacement_ablation
-from phaseinterp.interventions.cycling_stats import cycling_scores
+from phaseinterp.interventions.cycling_stats import cycling_scores, movement_scores
 from phaseinterp.interventions.gate_cycling import CyclingResult, gate_cycling
 from phaseinterp.interventions.gate_shifts import (
     cycle_gates,
@@ -31,6 +31,7 @@ __all__ = [
     "mean_ablation",
     "replacement_ablation",
     "mean_gate_logits",
+    "movement_scores",
     "shift_static_gates",
     "shifted_copy",
     "specialized_units",
