@@ -254,7 +254,7 @@ def test_fp8_native_training_is_straight_through_and_snaps_onto_the_grid(tmp_pat
     parts = fp8_parameter_parts({k: v.shape for k, v in state.items()}, model.hf.config)
     assert all(torch.equal(fp8_roundtrip_parts(state[n], parts[n]), state[n]) for n in parts)
     assert not torch.equal(fp8_roundtrip(state["lm_head.weight"]), state["lm_head.weight"])  # BF16 in a release
-    export_release(model, tmp_path / "fp8", fp8=True)
+    export_release(model, tmp_path / "fp8", fp8=True, experts="fp8")  # trained on the FP8 grid, experts too
     loaded = pi.load_hf(tmp_path / "fp8", dtype=torch.float32).hf.state_dict()
     assert all(torch.equal(loaded[k], state[k]) for k in state)
 
