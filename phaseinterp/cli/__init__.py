@@ -10,7 +10,7 @@
     phaseinterp report  MODEL [--twin MODEL] --out DIR            -> phaseinterp.report.build_report
     phaseinterp train   --out DIR [architecture and run options]  -> phaseinterp.train.train
     phaseinterp zoo list [--markdown] | build NAME                -> phaseinterp.zoo
-    phaseinterp zoo export NAME --layout deepseek [--fp8 [--fp8-scales pow2|exact]] --out DIR
+    phaseinterp zoo export NAME --layout deepseek [--fp8 [--fp8-scales pow2|exact]] [--experts fp4|fp8|float] --out DIR
                                                   -> phaseinterp.models.hf.export
     phaseinterp merge DIR [--out DIR]                             -> phaseinterp.parallel.merge
 
