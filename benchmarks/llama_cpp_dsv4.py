@@ -140,9 +140,9 @@ def convert(release: Path, gguf: Path, llama_cpp_src: Path, outtype: str = "f32"
 
 
 def conformance(release: Path, gguf: Path, out: Path, *, cut_phases, n_per_residue: int = 1,
-                cache_type: str = "f16", chunk: int = 512, threads=None):
-    """The per-phase table of llama.cpp (full prompt, and prefill cut at ``cut_phases`` mod 128)
-    against transformers; saved to ``out`` (`ConformanceResult.save`)."""
+                cache_types=("f16",), chunk: int = 512, threads=None):
+    """The per-phase table of llama.cpp (full prompt, and prefill cut at ``cut_phases`` mod 128; one
+    set per KV cache type) against transformers; saved to ``out`` (`ConformanceResult.save`)."""
     import torch
 
     import phaseinterp as pi
@@ -152,15 +152,17 @@ def conformance(release: Path, gguf: Path, out: Path, *, cut_phases, n_per_resid
     model = pi.load_hf(release, dtype=torch.float32)
     task = pi.zoo.task_for(model)
     period = cut_period(model)
-    base = LlamaCppEngine(gguf, n_ctx=task.seq_len + 8, n_batch=task.seq_len + 8, cache_type=cache_type,
-                          n_threads=threads, name="llama.cpp")
-    engines = {"llama.cpp": base}
-    for c in cut_phases:
-        engines[f"llama.cpp@cut{c}"] = base.with_schedule(
-            lambda n, c=c: chunked_pieces(n, c, period, chunk), f"llama.cpp@cut{c}")
+    engines = {}
+    for cache_type in cache_types:
+        base = LlamaCppEngine(gguf, n_ctx=task.seq_len + 8, n_batch=task.seq_len + 8, cache_type=cache_type,
+                              n_threads=threads, name=f"{cache_type}:full")
+        engines[base.name] = base
+        for c in cut_phases:
+            name = f"{cache_type}:cut{c}"
+            engines[name] = base.with_schedule(lambda n, c=c: chunked_pieces(n, c, period, chunk), name)
     start = time.perf_counter()
     result = run_conformance(model, task, modes=(), engines=engines, n_per_residue=n_per_residue, seed=0,
-                             label=f"llama.cpp ({cache_type} cache) vs transformers", progress=True)
+                             label="llama.cpp vs transformers (DeepSeek-V4 fixture)", progress=True)
     seconds = time.perf_counter() - start
     result.save(out)
     return result, seconds
@@ -185,7 +187,7 @@ def main(argv=None) -> int:
     k.add_argument("--out", required=True)
     k.add_argument("--cut-phases", default="0,1,2,3,64,127")
     k.add_argument("--n-per-residue", type=int, default=1)
-    k.add_argument("--cache-type", default="f16")
+    k.add_argument("--cache-types", default="f16,f32")
     k.add_argument("--chunk", type=int, default=512)
     k.add_argument("--threads", type=int, default=None)
     args = parser.parse_args(argv)
@@ -200,7 +202,7 @@ def main(argv=None) -> int:
     else:
         cuts = [int(x) for x in args.cut_phases.split(",") if x]
         result, seconds = conformance(Path(args.release), Path(args.gguf), Path(args.out), cut_phases=cuts,
-                                      n_per_residue=args.n_per_residue, cache_type=args.cache_type,
+                                      n_per_residue=args.n_per_residue, cache_types=args.cache_types.split(","),
                                       chunk=args.chunk, threads=args.threads)
         import pandas as pd
 

@@ -1,0 +1,134 @@
+"""llama.cpp's DeepSeek-V4 (llama-cpp-python) against transformers (issue 34).
+
+The fixture (`benchmarks/llama_cpp_dsv4.py`): a random-weight DeepSeek-V4 with the published
+attention settings llama.cpp accepts, exported in DeepSeek's layout (MXFP4 experts) and converted
+by llama.cpp's own ``convert_hf_to_gguf.py``. The converter ships in llama.cpp's source, not in
+the wheel: ``PHASEINTERP_LLAMA_CPP_SRC`` names that folder (``.ci/run`` sets it). Under ``CI=true``
+a missing ``llama_cpp`` or converter fails these tests; elsewhere they are skipped.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from phaseinterp.errors import UserInputError
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "llama_cpp_dsv4.py"
+CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def _missing(why: str):
+    if CI:
+        pytest.fail(f"{why}; under CI=true the llama.cpp tests must run (pip install '.[llama]')", pytrace=False)
+    pytest.skip(why)
+
+
+# ------------------------------------------------------------------ bad inputs (no llama.cpp needed)
+def test_missing_gguf_path_is_a_clear_error(tmp_path):
+    from phaseinterp.engines.llama_cpp import LlamaCppEngine
+
+    with pytest.raises(UserInputError, match=r"gguf_path='.*nope.gguf' does not exist"):
+        LlamaCppEngine(tmp_path / "nope.gguf")
+
+
+def test_missing_llama_cpp_names_the_extra(tmp_path, monkeypatch):
+    from phaseinterp.engines.llama_cpp import LlamaCppEngine
+
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import llama_cpp -> ImportError
+    with pytest.raises(ImportError, match=r"pip install 'phaseinterp\[llama\]'"):
+        LlamaCppEngine(gguf)
+    for kwargs, message in (({"n_ctx": 0}, "n_ctx=0"), ({"n_ctx": 64, "n_batch": 65}, "n_batch=65 is larger"),
+                            ({"cache_type": "q8_0"}, "cache_type='q8_0' is not supported")):
+        with pytest.raises(UserInputError, match=message):
+            LlamaCppEngine(gguf, **kwargs)
+
+
+# ------------------------------------------------------------------ the fixture through llama.cpp
+@pytest.fixture(scope="module")
+def gguf(tmp_path_factory):
+    """(release folder, GGUF path): the fixture built, exported and converted once per module."""
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError as err:
+        _missing(f"llama-cpp-python is not installed ({err})")
+    src = os.environ.get("PHASEINTERP_LLAMA_CPP_SRC")
+    if not src or not (Path(src) / "convert_hf_to_gguf.py").is_file():
+        _missing(f"PHASEINTERP_LLAMA_CPP_SRC={src!r} does not name llama.cpp's source (with convert_hf_to_gguf.py)")
+    root = tmp_path_factory.mktemp("llama_cpp")
+    for argv in (["fixture", str(root / "fixture")],
+                 ["convert", str(root / "fixture" / "release"), str(root / "fixture.gguf"), "--llama-cpp-src", src]):
+        done = subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, cwd=ROOT)
+        assert done.returncode == 0, done.stderr[-3000:]
+    return root / "fixture" / "release", root / "fixture.gguf"
+
+
+@pytest.fixture(scope="module")
+def reference(gguf):
+    import phaseinterp as pi
+
+    return pi.load_hf(gguf[0], dtype=torch.float32)
+
+
+@pytest.mark.slow
+def test_engine_reads_the_gguf_and_resets_between_prompts(gguf):
+    """Next-token log-probs for each row; a prompt's answer does not depend on the prompt before it
+    (the sequence and DeepSeek-V4's compressor states are cleared); bad prompts are named."""
+    from phaseinterp.engines import chunked_pieces
+    from phaseinterp.engines.llama_cpp import LlamaCppEngine
+
+    engine = LlamaCppEngine(gguf[1], n_ctx=640, n_batch=640, name="llama.cpp")
+    assert engine.d_vocab == 512 and "n_ctx=640" in repr(engine)
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randint(2, 512, (1, 600), generator=g), torch.randint(2, 512, (1, 600), generator=g)
+    first = engine(a)
+    assert first.shape == (1, 512) and torch.allclose(first.exp().sum(), torch.tensor(1.0), atol=1e-4)
+    engine(b)
+    assert torch.equal(engine(a), first)
+    both = engine(torch.cat([a, b]))
+    assert torch.equal(both[0], first[0])
+    cut = engine.with_schedule(lambda n: chunked_pieces(n, 1, 4, 128), "cut")
+    assert cut.name == "cut" and cut.llama is engine.llama
+    with pytest.raises(UserInputError, match="does not fit n_ctx=640"):
+        engine(torch.zeros(1, 641, dtype=torch.long))
+    with pytest.raises(UserInputError, match="token id 512 is outside"):
+        engine(torch.full((1, 4), 512))
+    with pytest.raises(UserInputError, match="exceeds n_batch=64"):
+        LlamaCppEngine(gguf[1], n_ctx=640, n_batch=64)(a)
+
+
+@pytest.mark.slow
+def test_llama_cpp_agrees_with_transformers_past_the_indexer_top_k(gguf, reference):
+    """The conformance check (issue 34): 4 prompts of 2,304 tokens (so the CSA layer's indexer keeps
+    512 of up to 576 compressed entries), each at its 4 answer phases, through llama.cpp whole and
+    prefilled in pieces cut at phases 1 and 64 (mod 128) with an f32 KV cache: every phase within
+    `LLAMA_CPP_F32_TOLERANCE`, top-1 identical."""
+    import phaseinterp as pi
+    from phaseinterp.engines import chunked_pieces, conformance, cut_period
+    from phaseinterp.engines.llama_cpp import LlamaCppEngine
+
+    task = pi.zoo.task_for(reference)
+    period = cut_period(reference)
+    assert period == 128 and task.seq_len == 2304
+    base = LlamaCppEngine(gguf[1], n_ctx=2312, n_batch=2312, cache_type="f32", name="llama.cpp")
+    engines = {"llama.cpp": base}
+    for c in (1, 64):
+        engines[f"cut{c}"] = base.with_schedule(lambda n, c=c: chunked_pieces(n, c, period, 512), f"cut{c}")
+    result = conformance(reference, task, modes=(), engines=engines, n_per_residue=1, seed=0,
+                         tolerance={name: LLAMA_CPP_F32_TOLERANCE for name in engines}, progress=False)
+    table = result.table
+    assert set(table.setting) == set(engines) and len(table[table.kind == "answer"]) == 3 * 4
+    assert table.passed.all(), table[["setting", "kind", "phase", "max_abs_diff"]]
+    assert (table.agreement == 1.0).all()
+
+
+# max |d log p| per phase allowed to llama.cpp (f32 KV cache) against transformers. The issue's manual
+# trial (same attention settings, random weights) measured <= 1e-3 below 2,048 tokens and 2.8e-3 past it,
+# where the indexer's top-k selects; a misplaced or missing compressed entry moves log-probs by far more.
+LLAMA_CPP_F32_TOLERANCE = 1e-2
