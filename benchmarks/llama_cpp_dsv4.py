@@ -5,6 +5,7 @@
         --llama-cpp-src /tmp/llsrc/src/llama_cpp_python-0.3.36/vendor/llama.cpp
     python benchmarks/llama_cpp_dsv4.py conformance runs/llama_cpp/fixture/release runs/llama_cpp/fixture.gguf \
         --out runs/llama_cpp/conformance
+    python benchmarks/llama_cpp_dsv4.py server runs/llama_cpp/fixture/release runs/llama_cpp/fixture.gguf
 
 ``fixture``: a DeepSeek-V4 with the published attention settings llama.cpp's loader accepts
 (``DeepseekV4Config()``'s head_dim 512 / rotary 64 / indexer head 128 / top-k 512 / window 128,
@@ -21,6 +22,8 @@ pre-tokenizer check (a hash of how the tokenizer splits a fixed text, matched ag
 tokenizers of published models) cannot know a synthetic tokenizer, so an unrecognised hash is
 named ``"default"`` instead of raising. Only the tokenizer's pre-split rule is affected;
 phaseinterp sends token ids, so llama.cpp never tokenizes text here.
+
+``server``: llama-cpp-python's OpenAI-compatible server on the GGUF, asked through `OpenAIEngine`.
 
 ``conformance``: `phaseinterp.conformance` of `LlamaCppEngine` (full prompt, and the prompt
 prefilled in pieces cut at the given phases, each piece one ``llama_decode``) against
@@ -168,6 +171,92 @@ def conformance(release: Path, gguf: Path, out: Path, *, cut_phases, n_per_resid
     return result, seconds
 
 
+def server_check(release: Path, gguf: Path, port: int = 8765, n_prompts: int = 2, timeout: float = 600.0) -> dict:
+    """llama-cpp-python's own OpenAI-compatible server (``python -m llama_cpp.server``, its ``[server]``
+    extra) on the GGUF, asked through `OpenAIEngine` exactly as a vLLM server would be (token-id
+    prompts, top-20 log-probs). Returns what came back: the error, or the top-k against transformers."""
+    import subprocess
+    import urllib.request
+
+    import torch
+
+    import phaseinterp as pi
+    from phaseinterp.engines import OpenAIEngine
+
+    model = pi.load_hf(release, dtype=torch.float32)
+    task = pi.zoo.task_for(model)
+    tokens = task.generate(1, seed=0, strict=False).tokens[:n_prompts]
+    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--n_ctx", str(task.seq_len + 8),
+           "--n_batch", str(task.seq_len + 8), "--host", "127.0.0.1", "--port", str(port)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = {"command": " ".join(cmd)}
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2).read()
+                break
+            except OSError:
+                if proc.poll() is not None:
+                    out["server_exit"] = proc.returncode
+                    out["server_output"] = proc.stdout.read()[-2000:]
+                    return out
+                time.sleep(1)
+        engine = OpenAIEngine(f"http://127.0.0.1:{port}", "fixture", d_vocab=model.cfg.d_vocab, timeout=timeout)
+        try:
+            got = engine(tokens)
+        except Exception as err:  # what the real server answers is the finding
+            out["error"] = f"{type(err).__name__}: {err}"
+            return out
+        with torch.no_grad():
+            ref = torch.log_softmax(model.hf(input_ids=tokens, use_cache=False).logits[:, -1].float(), -1)
+        seen = ~torch.isnan(got)
+        out["reported_per_prompt"] = seen.sum(1).tolist()
+        out["max_abs_diff"] = float((got - ref).abs()[seen].max())
+        out["top1_agree"] = (torch.where(seen, got, torch.tensor(-float("inf"))).argmax(1) == ref.argmax(1)).tolist()
+        return out
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def positions(release: Path, gguf: Path, cache_type: str = "f32", bucket: int = 256) -> "object":
+    """Where along one prompt llama.cpp departs from transformers: max |d log p| over the vocabulary at
+    every position of the first evaluation prompt (llama.cpp with ``logits_all``, the prompt in one
+    ``llama_decode``), summarised per ``bucket`` positions and per phase mod 4 / mod 128. The
+    indexer's top-k (512 of the CSA layer's ``(t + 1) // 4`` entries) starts to choose at t = 2,051."""
+    import llama_cpp
+    import numpy as np
+    import pandas as pd
+    import torch
+
+    import phaseinterp as pi
+
+    model = pi.load_hf(release, dtype=torch.float32)
+    task = pi.zoo.task_for(model)
+    ids = task.generate(1, seed=0, strict=False).tokens[:1]
+    n = ids.shape[1]
+    ggml = {"f16": llama_cpp.GGML_TYPE_F16, "f32": llama_cpp.GGML_TYPE_F32}[cache_type]
+    llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=n + 8, n_batch=n + 8, n_ubatch=n + 8, logits_all=True,
+                          type_k=ggml, type_v=ggml, verbose=False)
+    llm.eval(ids[0].tolist())
+    ours = torch.log_softmax(torch.from_numpy(np.array(llm.scores[:n], dtype=np.float32)), -1)
+    with torch.no_grad():
+        ref = torch.log_softmax(model.hf(input_ids=ids, use_cache=False).logits[0].float(), -1)
+    diff = (ours - ref).abs().amax(-1).numpy()
+    frame = pd.DataFrame({"pos": np.arange(n), "max_abs_diff": diff,
+                          "top1_agree": (ours.argmax(-1) == ref.argmax(-1)).numpy()})
+    frame["bucket"] = frame.pos // bucket * bucket
+    print(frame.groupby("bucket").agg(max_abs_diff=("max_abs_diff", "max"), top1=("top1_agree", "mean")).to_string())
+    print(frame.groupby(frame.pos % 4).max_abs_diff.max().rename("max by pos mod 4").to_string())
+    worst = frame.nlargest(5, "max_abs_diff")
+    print("worst positions:", worst[["pos", "max_abs_diff"]].to_dict("records"))
+    return frame
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -190,6 +279,14 @@ def main(argv=None) -> int:
     k.add_argument("--cache-types", default="f16,f32")
     k.add_argument("--chunk", type=int, default=512)
     k.add_argument("--threads", type=int, default=None)
+    q = sub.add_parser("positions")
+    q.add_argument("release")
+    q.add_argument("gguf")
+    q.add_argument("--cache-type", default="f32")
+    v = sub.add_parser("server")
+    v.add_argument("release")
+    v.add_argument("gguf")
+    v.add_argument("--port", type=int, default=8765)
     args = parser.parse_args(argv)
     if args.command == "tokenizer":
         cfg = json.loads((Path(args.release) / "config.json").read_text())
@@ -199,6 +296,10 @@ def main(argv=None) -> int:
         print(build_fixture(Path(args.out), args.seed), f"({time.perf_counter() - start:.1f} s)")
     elif args.command == "convert":
         print(f"converted in {convert(Path(args.release), Path(args.gguf), Path(args.llama_cpp_src), args.outtype):.1f} s")
+    elif args.command == "positions":
+        positions(Path(args.release), Path(args.gguf), args.cache_type)
+    elif args.command == "server":
+        print(json.dumps(server_check(Path(args.release), Path(args.gguf), args.port), indent=2))
     else:
         cuts = [int(x) for x in args.cut_phases.split(",") if x]
         result, seconds = conformance(Path(args.release), Path(args.gguf), Path(args.out), cut_phases=cuts,
