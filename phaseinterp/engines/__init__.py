@@ -17,9 +17,10 @@ from phaseinterp.engines.adapters import (
     full_pieces,
 )
 from phaseinterp.engines.check import DEFAULT_TOLERANCE, DTYPES, MODES, conformance, cut_period, phase_table
+from phaseinterp.engines.llama_cpp import LlamaCppEngine  # llama_cpp itself is imported on first use
 from phaseinterp.engines.openai import OpenAIEngine
 from phaseinterp.engines.result import ConformanceResult
 
-__all__ = ["CacheEngine", "ConformanceResult", "DEFAULT_TOLERANCE", "DTYPES", "Engine", "MODES", "OpenAIEngine",
+__all__ = ["CacheEngine", "ConformanceResult", "DEFAULT_TOLERANCE", "DTYPES", "Engine", "LlamaCppEngine", "MODES", "OpenAIEngine",
            "TransformersEngine", "cast_copy", "chunked_pieces", "conformance", "cut_period", "decode_pieces",
            "engine_for", "full_pieces", "phase_table"]
