@@ -260,7 +260,7 @@ def train(
     model = CompressedTransformer(config.replace(seed=tc.seed)).to(device)
     if init_from is not None:
         _init_weights(model, Path(init_from))
-        metadata = {**(metadata or {}), "init_from": str(init_from)}
+        metadata = {"init_from": str(init_from), **(metadata or {})}
     optimizer = _make_optimizer(model, tc)
     start, log_rows, curve_rows = 0, [], []
     if resume and ckpt is not None and latest_checkpoint(ckpt) is not None:

@@ -407,8 +407,9 @@ def build(name: str, out_dir: Union[str, Path, None] = None, *, device=None, pro
             raise MissingPathError(f"{name!r} post-trains the shipped {e.init_from!r}, which is not in {init}; build it "
                                     f"with `phaseinterp zoo build {e.init_from}`")
     result = train(e.model_config(task.vocab.size), task, train_config=tc, device=device, out_dir=run_dir,
-                   resume=resume, progress=progress, metadata={"zoo_name": name, "command": e.command},
-                   init_from=init)
+                   resume=resume, progress=progress, init_from=init,
+                   metadata={"zoo_name": name, "command": e.command,
+                             **({"init_from": e.init_from} if e.init_from else {})})
     step = snapshot_step(name, run_dir)
     source = run_dir / f"snapshot_{step:06d}"
     if not (source / "config.json").is_file():
