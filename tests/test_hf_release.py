@@ -41,6 +41,7 @@ def exported(shipped, tmp_path_factory):
     export_release(shipped, root / "fp32", experts="float")  # unquantized experts: loads back bit for bit
     export_release(shipped, root / "fp8", fp8=True, experts="fp8")
     export_release(shipped, root / "fp4")  # the default: MXFP4 experts, as released
+    export_release(shipped, root / "release", fp8=True)  # FP8 dense + MXFP4 experts: DeepSeek-V4's release format
     return root
 
 
@@ -500,6 +501,24 @@ def test_fp4_export_loads_as_the_model_with_experts_rounded(shipped, exported):
     with torch.no_grad():
         loaded, rounded, exact = (m.hf(input_ids=tokens).logits for m in (model, twin, shipped))
     assert (loaded - rounded).abs().max().item() == 0.0 and (rounded - exact).abs().max().item() > 1e-4
+
+
+def test_release_format_fp8_dense_fp4_experts_loads_as_both_roundings(shipped, exported):
+    """``fp8=True`` with the default experts is the release's own format: FP8 blocks for the dense
+    weights, MXFP4 experts. `load_hf` (dequantized here) gives exactly the model with its FP8 parts
+    rounded by `fp8_roundtrip_parts` and its experts by `round_experts_mxfp4`."""
+    import copy
+
+    from phaseinterp.models.hf.export import round_experts_mxfp4
+
+    model = pi.load_hf(exported / "release", dtype=torch.float32)
+    info = model.metadata["checkpoint"]
+    assert info["fp8"] and info["fp4_experts"]
+    twin = round_experts_mxfp4(copy.deepcopy(shipped)).hf.state_dict()
+    parts = fp8_parameter_parts({k: v.shape for k, v in twin.items()}, shipped.hf.config)
+    want = {k: fp8_roundtrip_parts(v, parts[k]) if k in parts and ".experts." not in k else v for k, v in twin.items()}
+    got = model.hf.state_dict()
+    assert set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in want)
 
 
 def test_fp4_experts_without_scales_or_config(exported, tmp_path, no_loading):
