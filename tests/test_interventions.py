@@ -194,8 +194,11 @@ def test_cycle_gates_restores_exactly(kw):
 def test_shift_algebra():
     model = make(window=4, stride=4)
     state = _state(model)
-    identity = shifted_copy(model, 4)
-    _assert_same_state(identity, state)
+    for no_op in (0, 4, -8):  # 0 mod S moves nothing: refused as gate_cycling and the CLI refuse it
+        with pytest.raises(ValueError, match=f"shift={no_op} is 0 mod S=4"):
+            shifted_copy(model, no_op)
+        with pytest.raises(ValueError, match=f"shift={no_op} is 0 mod S=4"):
+            cycle_gates(model, no_op).__enter__()
     there_and_back = shifted_copy(shifted_copy(model, 3), -3)
     _assert_same_state(there_and_back, state)
     one = shifted_copy(model, 1, layers=0, branch="k")

@@ -9,6 +9,8 @@ section 11 records (`python benchmarks/cycling_table.py --models deep12-w8s8-1kv
 
 from __future__ import annotations
 
+import contextlib
+
 import functools
 import itertools
 import os
@@ -168,6 +170,8 @@ def test_shared_lower_layers_equal_the_per_shift_loop_bit_for_bit(name, layer, m
     mu = mean_gate_logits(model, calib, layers=[layer]) if mode == "static" else None
     shift = (lambda d: shift_static_gates(model, d, [layer], mu)) if mode == "static" else (
         lambda d: cycle_gates(model, d, [layer]))
+    unshifted = shift
+    shift = lambda d: contextlib.nullcontext(model) if d == 0 else unshifted(d)  # noqa: E731 (0 mod S is refused)
     shifts = (0, 1, -2)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     shared = shifted_knockouts(model, batch.tokens, pos, batch.answer, units, [lambda d=d: shift(d) for d in shifts],

@@ -98,10 +98,10 @@ def _preflight(args) -> None:
 
         check_kv_heads(peek, args.kv_heads)
     if args.command == "cycle" and args.shifts is not None:
-        for d in args.shifts:
-            if d % cfg.stride == 0:
-                raise UsageError(f"shift={d} is 0 mod S={cfg.stride}: it moves nothing (the unshifted model is always "
-                                 f"measured); use shifts in 1..{cfg.stride - 1} or their negatives")
+        from phaseinterp.interventions.gate_shifts import check_nonzero_shift
+
+        for d in args.shifts:  # the rule of the experiment and of cycle_gates, before the weights load
+            check_nonzero_shift(d, cfg.stride)
     task = None
     if isinstance(peek.metadata.get("task"), dict):
         from phaseinterp.tasks import resolve_task

@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import functools
 import warnings
 from dataclasses import dataclass
@@ -380,7 +382,8 @@ def gate_cycling(
                 if bar is not None:
                     bar.update(1)
                 continue
-            context = (shift_static_gates(model, d, layers_list, mean_logits, heads) if mode == "static"
+            context = (contextlib.nullcontext(model) if d == 0  # the unshifted row (cycle_gates refuses 0 mod S)
+                       else shift_static_gates(model, d, layers_list, mean_logits, heads) if mode == "static"
                        else cycle_gates(model, d, layers_list, branch, heads))
             with context:
                 rows.append(_correct(model, batch, answer_pos, batch_size))

@@ -35,10 +35,25 @@ def shift_targets(model, layers: list[int], branch: str) -> list[tuple[torch.nn.
     return [(t.parameter, t.slot_axis, t.kv_axis) for layer in layers for t in family.gate_targets(layer, branch)]
 
 
-def check_shift(shift) -> int:
+def check_shift(shift, model=None) -> int:
+    """``shift`` as an int: an integer number of slots, and (given ``model``) non-zero mod its
+    stride S. The one rule for a gate shift, shared by the experiments (`check_shifts`), the
+    interventions (`cycle_gates`, `shifted_copy`, `shift_static_gates`) and the CLI: a shift
+    that is 0 mod S moves nothing, so every one of them refuses it with the same message."""
     if isinstance(shift, bool) or not isinstance(shift, (int, np.integer)):
         raise UserInputError(f"shift={shift!r} must be an integer number of slots")
-    return int(shift)
+    shift = int(shift)
+    S = getattr(getattr(model, "cfg", None), "stride", None) if model is not None else None
+    if S is not None:
+        check_nonzero_shift(shift, S)
+    return shift
+
+
+def check_nonzero_shift(shift: int, S: int) -> None:
+    """A UserInputError when ``shift`` is 0 mod S (it moves nothing)."""
+    if shift % S == 0:
+        raise UserInputError(f"shift={shift} is 0 mod S={S}: it moves nothing (the unshifted model is always "
+                             f"measured); use shifts in 1..{S - 1} or their negatives")
 
 
 def check_kv_heads(model, kv_heads) -> Optional[list[int]]:
@@ -101,7 +116,7 @@ def cycle_gates(model, shift: int, layers: Union[int, Sequence[int], None] = Non
     DeepSeek kernel and tied gates allow only "both"). Defined for W = S gated models and the
     DeepSeek kernel. Restores every parameter bit-exactly on exit, also when the body raises.
     """
-    shift = check_shift(shift)
+    shift = check_shift(shift, model)
     heads = check_kv_heads(model, kv_heads)
     targets = shift_targets(model, check_layers(model, layers), branch)
     pairs = [(p, _rolled(p.detach().clone(), shift, axis, kv_axis, heads)) for p, axis, kv_axis in targets]
@@ -113,8 +128,8 @@ def shifted_copy(model, shift: int, layers: Union[int, Sequence[int], None] = No
                  kv_heads: Union[int, Sequence[int], None] = None):
     """A deep copy of ``model`` with its gates permanently shifted by ``shift`` slots (the
     original is untouched); ``layers``, ``branch`` and ``kv_heads`` as in `cycle_gates`."""
+    shift = check_shift(shift, model)
     twin = copy.deepcopy(model)
-    shift = check_shift(shift)
     heads = check_kv_heads(twin, kv_heads)
     targets = shift_targets(twin, check_layers(twin, layers), branch)
     with torch.no_grad():
@@ -191,7 +206,7 @@ def shift_static_gates(model, shift: int, layers: Union[int, Sequence[int], None
     preference moves by ``d`` slots while the prompt-dependent part ``Z_i h - E[Z_i h]`` stays
     with its slot (docs/science.md explains why this differs from rolling ``Z`` and ``b``).
     ``kv_heads`` as in `cycle_gates`. Restores every parameter bit-exactly on exit."""
-    shift = check_shift(shift)
+    shift = check_shift(shift, model)
     heads = check_kv_heads(model, kv_heads)
     pairs = []
     for layer, name, bias, layout, kv_axis in static_targets(model, check_layers(model, layers)):
@@ -260,9 +275,5 @@ def check_shifts(shifts, S: int) -> tuple[int, ...]:
     if not requested:
         raise UserInputError(f"shifts={list(shifts)!r} is empty; pass at least one shift in 1..{S - 1} (mod S={S})")
     for d in requested:
-        if d % S == 0:
-            raise UserInputError(
-                f"shift={d} is 0 mod S={S}: it moves nothing (the unshifted model is always measured); "
-                f"use shifts in 1..{S - 1} or their negatives"
-            )
+        check_nonzero_shift(d, S)
     return tuple(dict.fromkeys([0] + requested))

@@ -17,6 +17,8 @@ phase structure); `gate_cycling(..., score="unit")` scores a unit on held-out pr
 
 from __future__ import annotations
 
+import contextlib
+
 import functools
 import warnings
 from dataclasses import dataclass
@@ -414,7 +416,8 @@ def unit_gate_cycling(
     units = _layer_units(model, layers_list, heads)
     mean_logits = mean_gate_logits(model, calib_tokens, layers_list, batch_size) if mode == "static" else None
     def variant(d):
-        return lambda: (shift_static_gates(model, d, layers_list, mean_logits, heads) if mode == "static"
+        return lambda: (contextlib.nullcontext(model) if d == 0  # the unshifted row (cycle_gates refuses 0 mod S)
+                        else shift_static_gates(model, d, layers_list, mean_logits, heads) if mode == "static"
                         else cycle_gates(model, d, layers_list, "both", heads))
 
     bar = progress_bar(progress, len(shifts) * len(batch), f"unit gate cycling ({unit_label(layers_list, heads)})")

@@ -177,7 +177,7 @@ def unit_cycling_figure(result, title: str | None = None) -> go.Figure:
         fig.update_xaxes(dtick=1, title_text="phase" if row == rows else None, row=row, col=col)
     fig.update_yaxes(title_text=f"contribution ({unit})", col=1)
     name = title or f"Unit-level gate cycling: {result.model_label}, unit {result.unit} ({result.mode})"
-    return style(fig, name, width=min(1400, 320 * cols + 120), height=300 * rows + 140)
+    return style(fig, name, width=min(1100, 320 * cols + 120), height=300 * rows + 140)  # fits the report's page
 
 
 def gate_profile_figure(profile, branch: str = "k", title: str | None = None) -> go.Figure:

@@ -15,8 +15,6 @@ the page is loaded from disk with networking off.
 
 from __future__ import annotations
 
-from phaseinterp.errors import MissingPathError  # a missing path the user gave: one line, exit 2
-
 import html
 import json
 import os
@@ -27,6 +25,8 @@ import sys
 import tempfile
 from pathlib import Path
 from typing import Optional, Union
+
+from phaseinterp.errors import MissingPathError, UserInputError
 
 MARKER = "phaseinterp-check"
 
@@ -108,13 +108,36 @@ def _chromium(args: list[str], profile: Path, timeout: float) -> subprocess.Comp
     return subprocess.run([browser, *flags, *args], capture_output=True, text=True, timeout=timeout)
 
 
+def report_page(page: Union[str, os.PathLike], name: str = "page") -> Path:
+    """The HTML file to check for ``page``: an ``.html`` file, or a report folder's ``index.html``
+    (relative paths are relative to the working directory). A missing path, a folder without
+    ``index.html`` or a file that is not an HTML page is a one-line error naming it."""
+    if isinstance(page, (bytes, bool)) or not isinstance(page, (str, os.PathLike)) or not os.fspath(page):
+        raise UserInputError(f"{name}={page!r} is not a path to a report folder or an HTML page")
+    path = Path(page)
+    if not path.exists():
+        raise MissingPathError(f"{name}={str(page)!r} does not exist (expected a report folder or its index.html)")
+    if path.is_dir():
+        if not (path / "index.html").is_file():
+            raise MissingPathError(f"{name}={str(page)!r} is a folder without index.html: not a report folder "
+                                   "(written by `phaseinterp demo` / `phaseinterp report` / build_report)")
+        return path / "index.html"
+    if path.suffix.lower() not in (".html", ".htm"):
+        raise UserInputError(f"{name}={str(page)!r} is not an HTML page (expected a report folder or an .html file)")
+    try:
+        head = path.read_bytes()[:4096].decode("utf-8").lower()
+    except UnicodeDecodeError:
+        head = ""
+    if "<html" not in head and "<!doctype html" not in head and "<body" not in head:
+        raise UserInputError(f"{name}={str(page)!r} is not an HTML page (no <html> or <body> in its first 4 KB)")
+    return path
+
+
 def check_page(page: Union[str, Path], width: int = 1400, height: int = 1000, timeout: float = 120) -> dict:
     """Render ``page`` (an HTML file, or a report folder's index.html) at ``width`` px and return
     ``{"width", "scroll_width", "figures": [{"id", "drawn"}], "overflow": [...], "bad_text": [...]}``.
     ``drawn`` counts plot elements with geometry inside each figure's plot area."""
-    page = Path(page)
-    if page.is_dir():
-        page = page / "index.html"
+    page = report_page(page)
     with tempfile.TemporaryDirectory(prefix="phaseinterp-check-") as tmp:
         probe = Path(page.parent) / f".{page.stem}.check-{os.getpid()}.html"  # beside it: relative links resolve
         text = page.read_text()
@@ -133,6 +156,8 @@ def check_page(page: Union[str, Path], width: int = 1400, height: int = 1000, ti
 
 def problems(result: dict) -> list[str]:
     """`check_page`'s answer as a list of human-readable problems (empty: the page is fine)."""
+    if not result["figures"]:  # nothing was checked: never "ok" (every report has figures)
+        return ["the page has no figures: nothing to check (is it a phaseinterp report?)"]
     out = [f"figure {f['id']} drew no plot elements" for f in result["figures"] if f["drawn"] == 0]
     if result["scroll_width"] > result["width"] + 1:
         out.append(f"the page is {result['scroll_width']} px wide in a {result['width']} px window")
@@ -145,9 +170,12 @@ def problems(result: dict) -> list[str]:
 def first_screen_png(page: Union[str, Path], png: Union[str, Path], width: int = 1400, height: int = 900,
                      timeout: float = 120) -> Path:
     """Write the first ``width`` x ``height`` px of ``page`` (a report's index.html or its folder) to ``png``."""
-    page, png = Path(page), Path(png)
-    if page.is_dir():
-        page = page / "index.html"
+    page = report_page(page)
+    if isinstance(png, (bytes, bool)) or not isinstance(png, (str, os.PathLike)) or Path(png).suffix.lower() != ".png":
+        raise UserInputError(f"png={png!r} must be a path ending in .png")
+    png = Path(png)
+    if png.is_dir():
+        raise UserInputError(f"png={str(png)!r} is a folder; pass a file path ending in .png")
     png.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="phaseinterp-shot-") as tmp:
         shot = Path(tmp) / "shot.png"
@@ -163,13 +191,19 @@ def first_screen_png(page: Union[str, Path], png: Union[str, Path], width: int =
 
 def main(argv: Optional[list[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) >= 2 and argv[0] == "check":
-        found = problems(check_page(argv[1]))
-        print("\n".join(found) or "ok: every figure drew, nothing overflows, no None/nan/[] texts")
-        return 1 if found else 0
-    if len(argv) == 3 and argv[0] == "screenshot":
-        print(f"wrote {first_screen_png(argv[1], argv[2])}")
-        return 0
+    try:
+        if len(argv) == 2 and argv[0] == "check":
+            result = check_page(argv[1])
+            found = problems(result)
+            print("\n".join(found) or f"ok: {len(result['figures'])} figures drew, nothing overflows, no None/nan/[] "
+                  "texts")
+            return 1 if found else 0
+        if len(argv) == 3 and argv[0] == "screenshot":
+            print(f"wrote {first_screen_png(argv[1], argv[2])}")
+            return 0
+    except UserInputError as err:  # a missing or wrong path: one line, exit 2 (as the CLI)
+        print(f"phaseinterp.report.check: error: {err}", file=sys.stderr)
+        return 2
     print(__doc__.split("::")[1].split("Needs")[0].rstrip(), file=sys.stderr)
     return 2
 

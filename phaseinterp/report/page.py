@@ -183,14 +183,21 @@ def tidy_tables(text: str) -> str:
     return re.sub(r"(<td[^>]*>)\s*\[\]\s*(</td>)", r"\1none\2", text)
 
 
+PAGE_WIDTH = 1150  # the page's max-width (px), set in page_html's style
+FIGURE_WIDTH = PAGE_WIDTH - 50  # the widest figure: the column less padding and a scroll bar's room
+
+
 def tidy_figure(fig) -> None:
-    """House style for every report figure: integer ticks on phase and slot axes (phases are
-    integers), and overlapping line series told apart by dash and marker, not colour alone."""
+    """House style for every report figure: at most `FIGURE_WIDTH` px wide (the page's column, so
+    nothing sticks out: `phaseinterp.report.check`), integer ticks on phase and slot axes (phases
+    are integers), and overlapping line series told apart by dash and marker, not colour alone."""
     import re
 
     from phaseinterp.plot.compare import DASHES, SYMBOLS
 
     layout = fig.layout
+    if layout.width is not None and layout.width > FIGURE_WIDTH:
+        layout.width = FIGURE_WIDTH
     if layout.title and layout.title.text:
         layout.title.text = re.sub(r"(?<![\w.])nan\b", "n/a", layout.title.text)  # an undefined score
     for annotation in layout.annotations or ():
@@ -225,7 +232,7 @@ def page_html(summary: dict, figures: dict, tables: dict, static: dict) -> str:
 
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>phaseinterp report</title>",
-        "<style>body{font-family:Helvetica,Arial,sans-serif;max-width:1150px;margin:24px auto;padding:0 12px;"
+        "<style>body{font-family:Helvetica,Arial,sans-serif;max-width:" + str(PAGE_WIDTH) + "px;margin:24px auto;padding:0 12px;"
         "color:#222}table{border-collapse:collapse;margin:8px 0;display:block;max-width:100%;overflow-x:auto}"
         "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}h2{margin-top:36px}"
         ".note{background:#fff6e0;border-left:4px solid #e0a000;padding:6px 10px}"
