@@ -323,7 +323,7 @@ def _fast_knockouts_deepseek_v4(model, tokens, answer_pos, answer, units, mean_z
                 mask[v, list(units.heads.iloc[u])] = True
             mask = mask.repeat(n, 1)  # row r: prompt r // V, variant r % V
             token = chunk[:, answer_pos:].repeat_interleave(V, 0)
-            streams = states[layer].resid_pre[:, answer_pos:].repeat_interleave(V, 0)
+            streams = states[layer].resid_pre.repeat_interleave(V, 0)  # the streams at answer_pos
             for later in range(layer, model.cfg.n_layers):
                 state = states[later] if V == 1 else states[later].repeat(V)
                 streams = block_forward_last(model.blocks[later], state, streams, token, rope,

@@ -15,6 +15,7 @@ from torch import Tensor
 from transformer_lens.hook_points import HookPoint
 
 from phaseinterp.errors import UserInputError
+from phaseinterp.models.hf.chunking import chunk_ranges, query_context
 from phaseinterp.models.hf.config import CSA, HCA
 
 
@@ -147,6 +148,40 @@ class IndexerHooks(_CompressionHooks):
         top = scores.topk(top_k, dim=-1).indices
         top = torch.where(top >= threshold.unsqueeze(-1), torch.full_like(top, -1), top)
         return self.hook_selected(top)
+
+    def select(self, x: Tensor, q_residual: Tensor, position_ids: Tensor, query_chunk="auto") -> Tensor:
+        """`forward`'s top-``index_topk`` selection ``[batch, pos, k]`` (-1 where fewer are closed), with the
+        scores computed per query chunk (``[batch, chunk, entry]``, never ``[batch, pos, entry]``).
+
+        ``hook_q`` and ``hook_selected`` fire once with their full shapes; ``hook_scores`` (``[pos,
+        entry]`` by nature) fires once per chunk with ``ctx["query_range"]``. Each chunk's score rows
+        have every entry of the prompt as columns (later ones -inf), as in transformers' one call, and
+        ``torch.topk`` is called on them: a row's selection does not depend on how many rows share the
+        call (checked on CPU with exact ties, tests/test_dsv4_long.py), so ties break as transformers
+        breaks them."""
+        hf = self.hf
+        mod = _hf()
+        batch, T, _ = x.shape
+        compressed = self.compress(x)  # [batch, entry, d_index]
+        n_entries = compressed.shape[1]
+        cos_q, sin_q = hf.rotary_emb(x, position_ids=position_ids, layer_type=hf.rope_layer_type)
+        q = hf.q_b_proj(q_residual).view(batch, T, -1, hf.head_dim).transpose(1, 2)
+        q = self.hook_q(mod.apply_rotary_pos_emb(q, cos_q, sin_q).transpose(1, 2))  # [batch, pos, head, d]
+        top_k = min(self.hf.index_topk, n_entries)
+        selected = torch.full((batch, T, top_k), -1, dtype=torch.long, device=x.device)
+        entry = torch.arange(n_entries, device=x.device)
+        per_query = batch * max(1, n_entries) * (q.shape[2] + 2)
+        for a, b in chunk_ranges(T, per_query, query_chunk):
+            scores = hf.scorer(q[:, a:b], compressed, x[:, a:b])  # [batch, C, entry]
+            threshold = (position_ids[:, a:b] + 1) // hf.compress_rate
+            if n_entries:
+                scores = scores.masked_fill(entry.view(1, 1, -1) >= threshold.unsqueeze(-1), float("-inf"))
+            with query_context((self.hook_scores,), a, b):
+                scores = self.hook_scores(scores)
+            if top_k:
+                top = scores.topk(top_k, dim=-1).indices
+                selected[:, a:b] = torch.where(top >= threshold.unsqueeze(-1), torch.full_like(top, -1), top)
+        return self.hook_selected(selected)
 
     def scores(self, x: Tensor, q_residual: Tensor, position_ids: Tensor) -> tuple[Tensor, Tensor]:
         """(``hook_scores``: every query's score of every entry ``[batch, pos, entry]``, -inf on entries

@@ -39,6 +39,7 @@ from transformer_lens.HookedRootModule import HookedRootModule
 from phaseinterp.errors import UserInputError
 from phaseinterp.models.compressor import GateParameters
 from phaseinterp.models.hf.attention import BlockHooks, NormHooks
+from phaseinterp.models.hf.chunking import check_query_chunk, is_chunked
 from phaseinterp.models.hf.compressor import CompressorHooks
 from phaseinterp.models.hf.config import DeepseekV4HookedConfig
 from phaseinterp.models.hf.offload import execution_device, materialized
@@ -77,11 +78,62 @@ class HookedDeepseekV4(HookedRootModule):
     def device(self) -> torch.device:
         return execution_device(self.hf.model.embed_tokens)  # accelerate's execution device when offloaded
 
+    # ------------------------------------------------------------ long prompts
+    def set_query_chunk(self, query_chunk: Any) -> "HookedDeepseekV4":
+        """How the attention runs its queries: ``"auto"`` (the default), None or an integer >= 1.
+
+        ``"auto"``: a forward over more than `attention.AUTO_CHUNK_ABOVE` (2,048) tokens runs every
+        layer's attention in query chunks, each chunk against only the keys it can see (the band, the
+        closed HCA entries, the CSA indexer's top-k per query, the indexer's own scores per chunk), with
+        chunks sized so the largest block stays within `attention.SCORE_BLOCK` elements, and the
+        MLP/MoE and hyper-connections in blocks of `attention.TOKEN_BLOCK` tokens: peak memory grows
+        linearly in T. Shorter forwards run transformers' eager attention (the ``[T, T + entries]``
+        scores) unchanged. None: always the eager path (quadratic). An integer: chunks of that many
+        queries at any length. Both paths equal transformers' forward (tests/test_dsv4_long.py).
+        Per-token hooks fire once with their full shapes on both paths; the per-query ``[pos, key_slot]``
+        hooks (``hook_attn_scores``, ``hook_pattern``, ``indexer.hook_scores``) fire once per chunk on
+        the chunked path (docs/deepseek_v4.md, "Long prompts on real checkpoints"). Returns the model."""
+        check_query_chunk(query_chunk)
+        for block in self.blocks:
+            block.attn.query_chunk = query_chunk
+            block.query_chunk = query_chunk
+        return self
+
+    @property
+    def query_chunk(self) -> Any:
+        """Queries per attention chunk (`set_query_chunk`): "auto", None (all at once) or a count."""
+        return self.blocks[0].attn.query_chunk
+
+    def get_caching_hooks(self, *args: Any, **kwargs: Any):
+        """TransformerLens's caching hooks, made to join the chunks of a chunked forward: a per-query
+        hook that fires once per query chunk (``ctx["query_range"]``) is cached as the whole
+        ``[..., pos, key_slot]`` tensor, not as its last chunk."""
+        cache, fwd, bwd = super().get_caching_hooks(*args, **kwargs)
+
+        def joining(fn):
+            def hook(tensor: Tensor, hook) -> None:
+                span = hook.ctx.get("query_range")
+                if span is None or span[0] == 0 or hook.name not in cache:
+                    return fn(tensor, hook)
+                previous = cache[hook.name]
+                fn(tensor, hook)
+                axis = 1 if hook.name.endswith("indexer.hook_scores") else -2
+                if kwargs.get("remove_batch_dim") and axis == 1:
+                    axis = 0
+                cache[hook.name] = torch.cat([previous, cache[hook.name]], dim=axis)
+            return hook
+
+        return cache, [(name, joining(fn)) for name, fn in fwd], bwd
+
     # ---------------------------------------------------------------- forward
     def _check_tokens(self, tokens: Tensor) -> None:
         from phaseinterp.models.transformer import check_tokens
 
-        check_tokens(tokens, self.cfg.n_ctx, self.cfg.d_vocab)
+        n = self.cfg.n_ctx
+        if isinstance(tokens, Tensor) and tokens.ndim == 2 and tokens.shape[1] > n:
+            raise UserInputError(f"a prompt of {tokens.shape[1]} tokens exceeds the model's max_position_embeddings="
+                                 f"{n} (valid lengths: 1..{n})")
+        check_tokens(tokens, n, self.cfg.d_vocab)
 
     def forward(self, tokens: Tensor, *, return_type: Optional[str] = "logits") -> Optional[Tensor]:
         """Logits ``[batch, pos, d_vocab]`` (``"logits"``), the mean next-token loss (``"loss"``) or None."""
@@ -109,8 +161,10 @@ class HookedDeepseekV4(HookedRootModule):
         tokens = tokens.to(self.device).long()
         embeds = self.hook_embed(hf.embed_tokens(tokens))
         position_ids = torch.arange(tokens.shape[1], device=embeds.device).unsqueeze(0)
-        mask = create_sliding_window_causal_mask(config=hf.config, inputs_embeds=embeds, attention_mask=None,
-                                                 cache=None, position_ids=position_ids)
+        mask = None  # the chunked attention masks per chunk; the [T, T] mask is the dense path's only
+        if not is_chunked(self.query_chunk, tokens.shape[1]):
+            mask = create_sliding_window_causal_mask(config=hf.config, inputs_embeds=embeds, attention_mask=None,
+                                                     cache=None, position_ids=position_ids)
         streams = embeds.unsqueeze(2).expand(-1, -1, self.cfg.hc_mult, -1).contiguous()
         rope = {kind: hf.rotary_emb(embeds, position_ids=position_ids, layer_type=kind) for kind in ("main", "compress")}
         return tokens, streams, position_ids, mask, rope

@@ -10,9 +10,15 @@ attention input, the per-token K = V, the compressed entries, the indexer's entr
 - keys: the sliding window's tokens ``p - sliding_window + 1 .. p`` (``p`` recomputed), then
   every compressed entry; the entry whose window closes at ``p`` (``(p + 1) % S == 0``) is
   recompressed from the edited token, through the layer's own `compress` maths;
-- CSA: the indexer's score row ``p`` is recomputed and HF's top-k runs on the clean ``[batch,
-  pos, entry]`` score tensor with that row replaced (the same tensor shape as the full forward,
-  so ties break alike); HCA: every entry closed at ``p`` is visible.
+- CSA: the indexer's score row ``p`` is recomputed and HF's top-k runs on it, a row over every
+  entry of the prompt (later ones -inf) as in the full forward, so ties break alike (a row's
+  top-k does not depend on the other rows of the call; tests/test_dsv4_long.py); HCA: every
+  entry closed at ``p`` is visible.
+
+A `LayerState` keeps only what position ``p`` reads: the streams at ``p``, the attention input
+and K = V of the last ``tail`` positions (the sliding window and the windows of the entry that
+closes at ``p``), and every compressed entry. Its memory is O(entries + window) per layer, not
+O(T), so a knockout at 128K tokens keeps every layer's state.
 
 Equal to the hooked full forward to 1e-5 (tests/test_deepseek_v4.py, via `ablate`).
 """
@@ -33,19 +39,33 @@ from phaseinterp.models.hf.config import CSA
 
 @dataclass(frozen=True)
 class LayerState:
-    """One layer's clean activations at every position of a prompt batch (``N`` rows)."""
+    """What one layer's output at the final position ``p = seq_len - 1`` reads from a clean pass over a
+    prompt batch (``N`` rows): the tails hold the last ``tail`` positions (``seq_len - tail .. p``)."""
 
-    resid_pre: Tensor  # [N, T, hc, d_model] streams entering the layer
-    attn_in: Tensor  # [N, T, d_model] collapsed + normed attention input
-    kv: Tensor  # [N, T, d_head] per-token K = V after RoPE
+    seq_len: int  # T: the prompt length (p = T - 1)
+    resid_pre: Tensor  # [N, 1, hc, d_model] streams entering the layer at p
+    attn_in: Tensor  # [N, tail, d_model] collapsed + normed attention input of the last positions
+    kv: Tensor  # [N, tail, d_head] per-token K = V after RoPE, last positions
     compressed: Optional[Tensor]  # [N, E, d_head] entries after RoPE (None: sliding-only layer)
     index_compressed: Optional[Tensor]  # [N, E, d_index] (CSA only)
-    index_scores: Optional[Tensor]  # [N, T, E] masked indexer scores (CSA only)
+
+    @property
+    def offset(self) -> int:
+        """Absolute position of the first kept position (``attn_in[:, 0]``)."""
+        return self.seq_len - self.attn_in.shape[1]
 
     def repeat(self, n: int) -> "LayerState":
         """Each row repeated ``n`` times in place (row ``r`` -> rows ``r*n .. r*n+n-1``)."""
         rep = {k: (v.repeat_interleave(n, 0) if isinstance(v, Tensor) else v) for k, v in self.__dict__.items()}
         return replace(self, **rep)
+
+
+def tail_length(model, layer: int) -> int:
+    """Positions before ``p`` that ``p``'s output in ``layer`` reads: the sliding window and the
+    windows of the entry that closes at ``p`` (two for CSA, whose entry spans 2S tokens), plus ``p``."""
+    stride = model.cfg.layer_stride(layer)
+    window = 0 if stride is None else (2 * stride if model.cfg.layer_types[layer] == CSA else stride)
+    return max(model.cfg.sliding_window, window) + 1
 
 
 def _names(model, layer: int) -> dict[str, str]:
@@ -57,8 +77,16 @@ def _names(model, layer: int) -> dict[str, str]:
         names["compressed"] = f"{prefix}.attn.compressor.hook_rot_kv_compressed"
     if kind == CSA:
         names["index_compressed"] = f"{prefix}.attn.compressor.indexer.hook_rot_kv_compressed"
-        names["index_scores"] = f"{prefix}.attn.compressor.indexer.hook_scores"
     return names
+
+
+def _trimmed(key: str, t: Tensor, tail: int) -> Tensor:
+    """A hooked per-token activation cut to what `LayerState` keeps (entries are kept whole)."""
+    if key == "resid_pre":
+        return t[:, -1:].clone()
+    if key in ("attn_in", "kv"):
+        return t[:, -tail:].clone()
+    return t.detach()
 
 
 @torch.inference_mode()
@@ -69,17 +97,18 @@ def clean_states(model, tokens: Tensor) -> tuple[Tensor, list[LayerState]]:
     `block_forward_last`, as in `HookedDeepseekV4.last_logits` (nothing reads its other positions)."""
     *lower, last = range(model.cfg.n_layers)
     per_layer = [_names(model, layer) for layer in lower]
-    wanted = {name for names in per_layer for name in names.values()}
+    wanted = {name: (layer, key) for layer, names in enumerate(per_layer) for key, name in names.items()}
     cache: dict[str, Tensor] = {}
 
     def keep(t: Tensor, hook) -> None:
-        cache[hook.name] = t.detach()
+        layer, key = wanted[hook.name]
+        cache[hook.name] = _trimmed(key, t.detach(), tail_length(model, layer))
 
     with model.hooks(fwd_hooks=[(lambda n: n in wanted, keep)]):
         streams, (tokens, position_ids, _, rope) = model._through(model.blocks[:-1], *model._decoder_inputs(tokens))
     last_state, logits = last_layer_at_p(model, streams, tokens, position_ids, rope)
     states = []
-    N = tokens.shape[0]
+    N, T = tokens.shape
     for layer, names in enumerate(per_layer):
         got = {k: cache[v] for k, v in names.items() if v in cache}
         # ln1 applies its weight after hook_normalized (float32), then casts back: the attention input
@@ -92,33 +121,36 @@ def clean_states(model, tokens: Tensor) -> tuple[Tensor, list[LayerState]]:
         got["kv"] = got["kv"][:, :, 0]  # one shared KV head
         if "compressed" in got:
             got["compressed"] = got["compressed"][:, :, 0]
-        states.append(LayerState(**{k: got.get(k) for k in LayerState.__dataclass_fields__}))
+        states.append(LayerState(seq_len=T, **{k: got.get(k) for k in LayerState.__dataclass_fields__ if k != "seq_len"}))
     states.append(last_state)
     return logits, states
 
 
-def layer_state(block, streams: Tensor, rope, position_ids: Tensor) -> LayerState:
+def layer_state(block, streams: Tensor, rope, position_ids: Tensor, tail: int) -> LayerState:
     """The `LayerState` of ``block`` for its input ``streams`` ``[N, T, hc, d_model]``, without its
     attention queries or its MoE: the same ops as the block's forward up to those (what
     `clean_states` reads from a full forward's hooks), for a layer whose output only ``p`` needs."""
+    from phaseinterp.models.hf.chunking import TOKEN_BLOCK
+
     hf, attn = block.hf, block.attn
     ahf = attn.hf
     mod = _hf()
     N, T = streams.shape[:2]
     d = ahf.head_dim
-    _, _, collapsed = hf.attn_hc(streams)
+    collapsed = torch.cat([hf.attn_hc(streams[:, a:a + TOKEN_BLOCK])[2] for a in range(0, T, TOKEN_BLOCK)], dim=1)
     x = block.ln1(collapsed)
+    del collapsed
     cos, sin = rope[ahf.rope_layer_type]
     kv = attn.kv_norm(attn.hook_kv(ahf.kv_proj(x).view(N, T, -1, d)))
     kv = attn.hook_rot_kv(mod.apply_rotary_pos_emb(kv.transpose(1, 2), cos, sin).transpose(1, 2))[:, :, 0]
-    compressed = index_compressed = index_scores = None
+    compressed = index_compressed = None
     comp = attn.compressor
     if isinstance(comp, CompressorHooks):
         compressed = comp.compress(x)  # [N, E, d_head], rotated
         if comp.kind == CSA:
-            index_scores, index_compressed = comp.indexer.scores(x, ahf.q_a_norm(ahf.q_a_proj(x)), position_ids)
-    return LayerState(resid_pre=streams, attn_in=x, kv=kv, compressed=compressed, index_compressed=index_compressed,
-                      index_scores=index_scores)
+            index_compressed = comp.indexer.compress(x)
+    return LayerState(seq_len=T, resid_pre=streams[:, -1:], attn_in=x[:, -tail:], kv=kv[:, -tail:],
+                      compressed=compressed, index_compressed=index_compressed)
 
 
 def last_layer_at_p(model, streams: Tensor, tokens: Tensor, position_ids: Tensor, rope) -> tuple[LayerState, Tensor]:
@@ -132,8 +164,8 @@ def last_layer_at_p(model, streams: Tensor, tokens: Tensor, position_ids: Tensor
     streams, tokens, position_ids = streams.to(device), tokens.to(device), position_ids.to(device)
     rope = {k: (c.to(device), s.to(device)) for k, (c, s) in rope.items()}
     with materialized(block.hf):
-        state = layer_state(block, streams, rope, position_ids)
-        out = block_forward_last(block, state, streams[:, -1:], tokens[:, -1:],
+        state = layer_state(block, streams, rope, position_ids, tail_length(model, model.cfg.n_layers - 1))
+        out = block_forward_last(block, state, state.resid_pre, tokens[:, -1:],
                                  _rope(model, tokens.shape[1] - 1, state.attn_in), None)
     norm = model.hf.model.norm
     with materialized(norm):
@@ -148,12 +180,14 @@ def _rope(model, position: int, like: Tensor) -> dict[str, tuple[Tensor, Tensor]
 
 def _window_tokens(state: LayerState, x_last: Tensor, first: int) -> Tensor:
     """Attention inputs of positions ``first .. p`` with position ``p`` replaced by ``x_last``."""
-    return torch.cat([state.attn_in[:, first:-1], x_last], dim=1)
+    if first < state.offset:
+        raise RuntimeError(f"position {first} lies before the kept tail (from {state.offset})")
+    return torch.cat([state.attn_in[:, first - state.offset:-1], x_last], dim=1)
 
 
 def _recompressed(comp, state_entries: Tensor, state: LayerState, x_last: Tensor) -> Tensor:
     """``state_entries`` with the entry whose window closes at ``p`` recompressed from the edited token."""
-    T = state.attn_in.shape[1]
+    T = state.seq_len
     S = comp.compress_rate
     E = state_entries.shape[1]
     if T % S or E == 0:
@@ -168,7 +202,7 @@ def _visible_entries(attn, state: LayerState, x_last: Tensor, q_residual: Tensor
     """Additive bias ``[N, E]`` of the compressed entries at ``p``: 0 visible, -inf not (HF's mask)."""
     comp = attn.compressor
     N, E = entries.shape[:2]
-    T = state.attn_in.shape[1]
+    T = state.seq_len
     closed = T // comp.compress_rate  # entries j < closed have closed windows at p = T - 1
     if comp.kind != CSA:
         entry = torch.arange(E, device=entries.device)
@@ -185,9 +219,7 @@ def _visible_entries(attn, state: LayerState, x_last: Tensor, q_residual: Tensor
     row = ihf.scorer(q, index_entries, x_last)  # [N, 1, E]
     entry = torch.arange(E, device=row.device)
     row = row.masked_fill(entry.view(1, 1, -1) >= closed, float("-inf"))
-    scores = state.index_scores.clone()
-    scores[:, -1] = row[:, 0]
-    top = scores.topk(min(ihf.index_topk, E), dim=-1).indices[:, -1]  # the full forward's tensor and call
+    top = row.topk(min(ihf.index_topk, E), dim=-1).indices[:, -1]  # the full forward's row (every entry)
     top = torch.where(top >= closed, torch.full_like(top, -1), top)
     safe = torch.where(top >= 0, top, torch.full_like(top, E))
     bias = entries.new_full((N, E + 1), float("-inf"))
@@ -200,7 +232,7 @@ def _attention_last(attn, state: LayerState, x_last: Tensor, rope, z_override) -
     hf = attn.hf
     mod = _hf()
     N = x_last.shape[0]
-    T = state.attn_in.shape[1]
+    T = state.seq_len
     d = hf.head_dim
     cos, sin = rope[hf.rope_layer_type]
     q_residual = hf.q_a_norm(hf.q_a_proj(x_last))
@@ -209,7 +241,7 @@ def _attention_last(attn, state: LayerState, x_last: Tensor, rope, z_override) -
     kv = hf.kv_norm(hf.kv_proj(x_last)).view(N, 1, -1, d)
     kv = mod.apply_rotary_pos_emb(kv.transpose(1, 2), cos, sin).transpose(1, 2)[:, :, 0]  # [N, 1, d]
     first = max(0, T - hf.config.sliding_window)
-    keys = [state.kv[:, first:-1], kv]
+    keys = [state.kv[:, first - state.offset:-1], kv]
     bias = [x_last.new_zeros((N, T - first))]
     if isinstance(attn.compressor, CompressorHooks):
         entries = _recompressed(attn.compressor, state.compressed, state, x_last)

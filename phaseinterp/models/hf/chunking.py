@@ -1,0 +1,57 @@
+"""Long prompts on `HookedDeepseekV4`: when a forward runs in query chunks, and how large they are.
+
+Under ``query_chunk="auto"`` (`HookedDeepseekV4.set_query_chunk`) a forward over more than
+AUTO_CHUNK_ABOVE tokens runs its attention in query chunks whose largest block (the chunk's scores
+over its key slots, the gathered band keys, the indexer's per-head scores) holds at most
+SCORE_BLOCK elements; shorter forwards run transformers' eager attention unchanged. The MLP/MoE
+and the hyper-connections run in blocks of TOKEN_BLOCK tokens above that length.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+AUTO_CHUNK_ABOVE = 2048
+SCORE_BLOCK = 1 << 24
+TOKEN_BLOCK = 4096
+
+
+def check_query_chunk(query_chunk) -> None:
+    """Refuse a ``query_chunk`` other than "auto", None or an integer >= 1, naming it."""
+    from phaseinterp.errors import UserInputError
+
+    if query_chunk is not None and query_chunk != "auto" and (
+            isinstance(query_chunk, bool) or not isinstance(query_chunk, int) or query_chunk < 1):
+        raise UserInputError(f"query_chunk={query_chunk!r} must be 'auto', None (no chunking) or an integer >= 1")
+
+
+def is_chunked(query_chunk, T: int) -> bool:
+    """Whether a ``T``-token forward runs the chunked attention under ``query_chunk``."""
+    if query_chunk is None:
+        return False
+    return T > AUTO_CHUNK_ABOVE if query_chunk == "auto" else True
+
+
+def chunk_ranges(T: int, per_query: int, query_chunk) -> list[tuple[int, int]]:
+    """Query ranges ``[(a, b), ...]`` covering ``0..T-1``: ``query_chunk`` queries each (an int), or
+    under "auto" as many as keep ``per_query * queries <= SCORE_BLOCK`` (at least one)."""
+    size = query_chunk if isinstance(query_chunk, int) else max(1, SCORE_BLOCK // max(1, per_query))
+    return [(a, min(a + size, T)) for a in range(0, T, size)]
+
+
+@contextmanager
+def query_context(hooks, a: int, b: int):
+    """Tell ``hooks`` which query positions the activation they are about to see covers: a hook
+    function reads ``hook.ctx["query_range"] == (a, b)`` (a chunked forward calls the per-query
+    ``[pos, key_slot]`` hooks once per query chunk; `HookedDeepseekV4.run_with_cache` joins the chunks)."""
+    for hook in hooks:
+        hook.ctx["query_range"] = (a, b)
+    try:
+        yield
+    finally:
+        for hook in hooks:
+            hook.ctx.pop("query_range", None)
+
+
+__all__ = ["AUTO_CHUNK_ABOVE", "SCORE_BLOCK", "TOKEN_BLOCK", "check_query_chunk", "chunk_ranges", "is_chunked",
+           "query_context"]

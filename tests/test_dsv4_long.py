@@ -1,0 +1,237 @@
+"""DeepSeek-V4 at long prompts: the chunked attention (`HookedDeepseekV4.set_query_chunk`) equals
+transformers' eager forward at every position, ties in the indexer's top-k break as transformers
+breaks them, hooks keep their meaning per chunk, and knockouts run through the chunked path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+from transformers import DeepseekV4Config, DeepseekV4ForCausalLM  # noqa: E402
+
+from phaseinterp.errors import UserInputError  # noqa: E402
+from phaseinterp.models.hf import from_hf  # noqa: E402
+from phaseinterp.models.hf.chunking import AUTO_CHUNK_ABOVE, is_chunked  # noqa: E402
+
+CSA, HCA, SLIDING = "compressed_sparse_attention", "heavily_compressed_attention", "sliding_attention"
+
+
+def published_attention(vocab: int = 64, **kw) -> DeepseekV4Config:
+    """A small-width random V4 with the published attention settings: sliding window 128, CSA rate 4,
+    HCA rate 128, index top-k 512, hc_mult 4 (narrow everything else so CPU runs long prompts)."""
+    base = dict(
+        vocab_size=vocab, hidden_size=32, moe_intermediate_size=16, num_hidden_layers=3, num_attention_heads=2,
+        head_dim=16, q_lora_rank=16, n_routed_experts=2, num_experts_per_tok=1, n_shared_experts=1,
+        layer_types=[CSA, HCA, SLIDING], compress_rates={CSA: 4, HCA: 128}, hc_mult=4, hc_sinkhorn_iters=3,
+        mlp_layer_types=["hash_moe", "moe", "moe"], sliding_window=128, o_groups=2, o_lora_rank=16,
+        index_n_heads=2, index_head_dim=8, index_topk=512, partial_rotary_factor=0.5,
+        max_position_embeddings=1 << 20, attn_implementation="eager", bos_token_id=None, eos_token_id=None,
+    )
+    return DeepseekV4Config(**{**base, **kw})
+
+
+def randomized(config: DeepseekV4Config, seed: int = 0) -> DeepseekV4ForCausalLM:
+    """A random V4 whose gates, sinks and hash routes are not at their degenerate zero init."""
+    torch.manual_seed(seed)
+    model = DeepseekV4ForCausalLM(config).eval()
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("position_bias", "sinks")):
+                p.copy_(torch.randn(p.shape, generator=gen))
+        for name, buf in model.named_buffers():
+            if name.endswith("tid2eid"):
+                buf.copy_(torch.randint(0, config.n_routed_experts, buf.shape, generator=gen))
+    return model
+
+
+def tokens_of(vocab: int, T: int, batch: int = 1, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, vocab, (batch, T), generator=torch.Generator().manual_seed(seed))
+
+
+def assert_equal_to_eager(hf, model, tokens, chunks=(1, 7, 64), atol=1e-4):
+    with torch.no_grad():
+        ref = hf(tokens, use_cache=False).logits
+        for chunk in chunks:
+            model.set_query_chunk(chunk)
+            try:
+                out = model(tokens)
+            finally:
+                model.set_query_chunk("auto")
+            diff = (out - ref).abs().max().item()
+            assert diff <= atol, f"query_chunk={chunk}, T={tokens.shape[1]}: max |logit diff| {diff:.2e}"
+
+
+@pytest.fixture(scope="module")
+def small():
+    hf = randomized(published_attention(index_topk=6, sliding_window=8, compress_rates={CSA: 4, HCA: 16}))
+    return hf, from_hf(hf)
+
+
+# --------------------------------------------------------------------- numerics
+@pytest.mark.parametrize("T", [1, 3, 4, 5, 9, 15, 16, 17, 31, 47, 70])
+def test_chunked_equals_eager_at_every_position_short(small, T):
+    """Shorter than one CSA entry, than the window, than one HCA entry, and past the top-k: every
+    position's logits (every phase of both rates) equal transformers' eager forward."""
+    hf, model = small
+    assert_equal_to_eager(hf, model, tokens_of(64, T, batch=2, seed=T), chunks=(1, 7, 64) if T <= 17 else (7, 64))
+
+
+@pytest.mark.parametrize("name", ["dsv4-tiny", "dsv4.1-tiny"])
+def test_chunked_equals_eager_on_the_trained_tiny_models(name):
+    from phaseinterp import zoo
+
+    if name not in zoo.available():
+        pytest.skip(f"{name} is not shipped")
+    model = zoo.load(name)
+    T = model.cfg.n_ctx
+    assert_equal_to_eager(model.hf, model, tokens_of(model.cfg.d_vocab, T, batch=2), chunks=(16, 100))
+
+
+@pytest.mark.slow
+def test_chunked_equals_eager_with_the_published_attention_settings():
+    """Window 128, rates 4 and 128, top-k 512, at 2,300 tokens (575 CSA entries: the top-k selects
+    from position 2,051 on; 17 HCA entries): every position, so every phase of both rates."""
+    hf = randomized(published_attention())
+    model = from_hf(hf)
+    assert_equal_to_eager(hf, model, tokens_of(64, 2300), chunks=(256, 1000))
+
+
+def test_top_k_ties_break_as_transformers_breaks_them(small):
+    """With the indexer's query projection at zero every closed entry scores exactly 0.0: each row's
+    top-k is a choice among ties. The chunked selection equals transformers' (its one [T, entry] call)."""
+    hf, model = small
+    comp = model.blocks[0].attn.compressor
+    tokens = tokens_of(64, 90, batch=2, seed=3)
+    saved = comp.indexer.hf.q_b_proj.weight.detach().clone()
+    try:
+        with torch.no_grad():
+            comp.indexer.hf.q_b_proj.weight.zero_()
+            x = torch.randn(2, 90, hf.config.hidden_size, generator=torch.Generator().manual_seed(0))
+            q_residual = torch.randn(2, 90, hf.config.q_lora_rank, generator=torch.Generator().manual_seed(1))
+            position_ids = torch.arange(90).unsqueeze(0)
+            reference = comp.hf.indexer(x, q_residual, position_ids, None, 0)  # transformers' own module
+            scores, _ = comp.indexer.scores(x, q_residual, position_ids)
+            assert (scores[:, -1, :20] == 0).all()  # the ties are real
+            for chunk in (1, 5, 90):
+                chosen = comp.indexer.select(x, q_residual, position_ids, chunk)
+                assert torch.equal(chosen.sort(-1).values, reference.sort(-1).values), chunk
+            model.set_query_chunk(5)
+            chunked = model(tokens)
+            model.set_query_chunk("auto")
+            torch.testing.assert_close(chunked, hf(tokens, use_cache=False).logits, atol=1e-4, rtol=0)
+    finally:
+        with torch.no_grad():
+            comp.indexer.hf.q_b_proj.weight.copy_(saved)
+        model.set_query_chunk("auto")
+
+
+def test_auto_chunks_only_above_the_threshold(small):
+    _, model = small
+    assert model.query_chunk == "auto"
+    assert not is_chunked("auto", AUTO_CHUNK_ABOVE) and is_chunked("auto", AUTO_CHUNK_ABOVE + 1)
+    assert not is_chunked(None, 10**6) and is_chunked(3, 2)
+
+
+# ------------------------------------------------------------------------ hooks
+def test_per_token_hooks_keep_their_shapes_and_pattern_hooks_fire_per_chunk(small):
+    hf, model = small
+    tokens = tokens_of(64, 40, batch=2, seed=5)
+    with torch.no_grad():
+        _, dense = model.run_with_cache(tokens)
+        model.set_query_chunk(16)
+        try:
+            seen = []
+            pattern_name = "blocks.0.attn.hook_pattern"
+            model.run_with_hooks(tokens, fwd_hooks=[(pattern_name, lambda t, hook: seen.append(
+                (tuple(t.shape), hook.ctx["query_range"])))])
+            _, chunked = model.run_with_cache(tokens)
+        finally:
+            model.set_query_chunk("auto")
+    assert [r for _, r in seen] == [(0, 16), (16, 32), (32, 40)]
+    assert all(shape[2] == b - a for shape, (a, b) in seen)
+    assert set(dense.keys()) == set(chunked.keys())
+    for name in dense.keys():
+        assert chunked[name].shape == dense[name].shape, name
+        if chunked[name].is_floating_point():
+            torch.testing.assert_close(chunked[name], dense[name], atol=1e-5, rtol=0, msg=name)
+        else:
+            assert torch.equal(chunked[name].sort(-1).values, dense[name].sort(-1).values), name
+
+
+def test_an_edit_through_the_pattern_hook_is_the_same_edit_on_both_paths(small):
+    """Zero every compressed entry's attention weight of layer 1 (HCA) through ``hook_pattern``: the
+    chunked path (hook called per chunk) and the eager path give the same logits."""
+    hf, model = small
+    band = hf.config.sliding_window
+    tokens = tokens_of(64, 50, batch=2, seed=6)
+
+    def drop_entries(pattern, hook):
+        pattern = pattern.clone()
+        pattern[..., band:] = 0
+        return pattern
+
+    hooks = [("blocks.1.attn.hook_pattern", drop_entries)]
+    with torch.no_grad():
+        dense = model.run_with_hooks(tokens, fwd_hooks=hooks)
+        model.set_query_chunk(9)
+        try:
+            chunked = model.run_with_hooks(tokens, fwd_hooks=hooks)
+        finally:
+            model.set_query_chunk("auto")
+        clean = model(tokens)
+    torch.testing.assert_close(chunked, dense, atol=1e-5, rtol=0)
+    assert (dense - clean).abs().max() > 1e-3  # the edit did something
+
+
+# -------------------------------------------------------------------- knockouts
+def test_knockout_through_the_chunked_path_equals_the_hooked_forward(small):
+    """The fast knockout (clean state tails + the answer position) equals a hooked full forward when
+    the clean pass runs chunked."""
+    from phaseinterp.interventions.knockout import knockout_measures
+    import pandas as pd
+
+    hf, model = small
+    tokens = tokens_of(64, 45, batch=3, seed=7)
+    answer = torch.tensor([1, 2, 3])
+    units = pd.DataFrame({"layer": [0, 1, 2], "heads": [[0], [1], [0, 1]]})
+    mean_z = torch.randn(3, model.cfg.n_heads, model.cfg.d_head, generator=torch.Generator().manual_seed(0))
+    model.set_query_chunk(8)
+    try:
+        fast = knockout_measures(model, tokens, 44, answer, units, mean_z, method="fast")
+        naive = knockout_measures(model, tokens, 44, answer, units, mean_z, method="naive")
+    finally:
+        model.set_query_chunk("auto")
+    torch.testing.assert_close(fast.knockout_logprob, naive.knockout_logprob, atol=1e-4, rtol=0)
+    torch.testing.assert_close(fast.clean_logprob, naive.clean_logprob, atol=1e-4, rtol=0)
+
+
+def test_last_logits_at_long_prompts_equal_the_full_forward(small):
+    hf, model = small
+    tokens = tokens_of(64, 77, batch=2, seed=8)
+    model.set_query_chunk(10)
+    try:
+        with torch.no_grad():
+            torch.testing.assert_close(model.last_logits(tokens), model(tokens)[:, -1], atol=1e-5, rtol=0)
+    finally:
+        model.set_query_chunk("auto")
+
+
+# ------------------------------------------------------------------- bad inputs
+@pytest.mark.parametrize("bad", [0, -1, True, 2.5, "16"])
+def test_query_chunk_must_be_auto_none_or_a_positive_int(small, bad):
+    _, model = small
+    with pytest.raises(UserInputError, match="query_chunk"):
+        model.set_query_chunk(bad)
+    assert model.query_chunk == "auto"
+
+
+def test_a_prompt_longer_than_max_position_embeddings_is_refused_by_name():
+    hf = randomized(published_attention(max_position_embeddings=64, sliding_window=8,
+                                        compress_rates={CSA: 4, HCA: 16}))
+    model = from_hf(hf)
+    with pytest.raises(UserInputError, match=r"65 tokens exceeds the model's max_position_embeddings=64"):
+        model(tokens_of(64, 65))
+    with pytest.raises(UserInputError, match="max_position_embeddings=64"):
+        model.last_logits(tokens_of(64, 65))
