@@ -417,7 +417,12 @@ class CompressedTransformer(HookedRootModule):
         if not isinstance(config, dict):
             raise CheckpointError(f"{config_path} holds a {type(config).__name__}, not a checkpoint config")
         if config.get("format") != CHECKPOINT_FORMAT:
-            raise CheckpointError(f"{config_path}: unsupported checkpoint format {config.get('format')!r}")
+            if "model_type" in config:  # another loader's folder: say which one takes it
+                raise CheckpointError(f"{directory} holds a Hugging Face checkpoint (model_type="
+                                      f"{config['model_type']!r}), not a phaseinterp checkpoint: load it with "
+                                      "phaseinterp.load_hf (or pass the folder to the CLI / report.load_model)")
+            raise CheckpointError(f"{config_path}: unsupported checkpoint format {config.get('format')!r} (a "
+                                  f"phaseinterp checkpoint has format {CHECKPOINT_FORMAT}, written by save_pretrained)")
         missing = [k for k in ("model", "weights_bytes", "weights_sha256") if k not in config]
         if missing:
             raise CheckpointError(f"{config_path} lacks the field(s) {missing}: truncated or not written by save_pretrained")

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from phaseinterp.errors import MissingPathError  # a missing path or checkpoint: one line, exit 2
+from phaseinterp.errors import MissingPathError, UserInputError  # the user's paths and names: one line, exit 2
 from phaseinterp.zoo.task import TASK
 
 CHECKPOINT_DIR = Path(__file__).parent / "checkpoints"
@@ -356,9 +356,13 @@ def load(name: str, device=None):
     ``name``: one of `available()` (``phaseinterp zoo list`` marks the rest "recipe only": they
     raise FileNotFoundError naming the build command); ``device``: a torch device this machine
     has (default: cpu)."""
+    from phaseinterp._checks import check_device
     from phaseinterp.models import CompressedTransformer
     from phaseinterp.zoo import deepseek_v4 as hf_zoo  # HF-format DeepSeek-V4 checkpoints (issue 12)
 
+    check_device(device)  # before reading any weights
+    if not isinstance(name, str):
+        raise UserInputError(f"name={name!r} is not a zoo name (a string; `phaseinterp zoo list`)")
     if name in hf_zoo.RECIPES:
         return hf_zoo.load(name, device=device)
     entry(name)

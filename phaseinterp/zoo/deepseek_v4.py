@@ -167,9 +167,11 @@ def available() -> list[str]:
 
 def load(name: str, device=None):
     """A shipped tiny DeepSeek-V4 (`HookedDeepseekV4`, eval mode, evaluation task in ``.metadata``)."""
+    from phaseinterp._checks import check_device
     from phaseinterp.models.hf import load_hf
 
-    if name not in RECIPES:
+    device = check_device(device)  # before reading any weights
+    if not isinstance(name, str) or name not in RECIPES:
         raise UserInputError(f"unknown tiny DeepSeek-V4 {name!r}; known: {sorted(RECIPES)}")
     path = CHECKPOINT_DIR / name
     if not (path / "config.json").is_file():

@@ -8,6 +8,7 @@ is imported only when a model is wrapped or loaded (``pip install 'phaseinterp[h
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -67,6 +68,12 @@ def load_hf(path: Union[str, Path], device_map: Union[str, dict, None] = None, d
     """
     import torch
 
+    from phaseinterp._checks import check_device_map, check_dtype
+
+    device_map = check_device_map(device_map)  # every device named exists here: before any weight is read
+    dtype = check_dtype(dtype, allow_auto=True)  # "bfloat16" as transformers takes it
+    if isinstance(path, (bytes, bool)) or not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+        raise UserInputError(f"path={path!r} is not a path to a local checkpoint folder")
     path = Path(path)
     if not path.exists():
         raise MissingPathError(f"{path} does not exist (load_hf reads a local checkpoint directory)")
@@ -84,8 +91,6 @@ def load_hf(path: Union[str, Path], device_map: Union[str, dict, None] = None, d
         raise UserInputError(f"{path}: model_type={model_type!r} is not supported (supported: {SUPPORTED_MODEL_TYPES})")
     if not any(any(path.glob(p)) for p in _WEIGHT_PATTERNS):
         raise MissingPathError(f"{path} has a config.json but no weights (*.safetensors or pytorch_model*.bin)")
-    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point) and dtype != "auto":
-        raise UserInputError(f"dtype={dtype!r} is not a floating torch dtype (e.g. torch.bfloat16) or 'auto'")
     if offload_folder is not None and device_map is None:
         raise UserInputError(f"offload_folder={str(offload_folder)!r} needs device_map (e.g. device_map='auto')")
     from transformers import DeepseekV4ForCausalLM
@@ -94,6 +99,8 @@ def load_hf(path: Union[str, Path], device_map: Union[str, dict, None] = None, d
     from phaseinterp.models.hf.release_layout import inspect_checkpoint
 
     files = None
+    for weights in sorted(path.glob("*.safetensors")):
+        check_safetensors_file(weights)
     if any(path.glob("*.safetensors")) or (path / "model.safetensors.index.json").exists():
         files = inspect_checkpoint(path, raw_config)
     fp8 = files is not None and bool(files.fp8_tensors)
@@ -123,7 +130,13 @@ def load_hf(path: Union[str, Path], device_map: Union[str, dict, None] = None, d
         quant = {k: v for k, v in files.quantization.items() if k != "quant_method"}
         quant["expert_dtype"] = quant.get("expert_dtype", raw_config.get("expert_dtype", "fp8"))
         kwargs["quantization_config"] = FineGrainedFP8Config(**{**quant, "dequantize": dequantize})
-    hf_model = DeepseekV4ForCausalLM.from_pretrained(str(path), **kwargs)
+    try:
+        hf_model = DeepseekV4ForCausalLM.from_pretrained(str(path), **kwargs)
+    except RuntimeError as err:  # transformers' shape check: config.json and the weights disagree
+        if "mismatched_sizes" not in str(err) and "size mismatch" not in str(err):
+            raise
+        raise UserInputError(f"{config_path} does not fit the weights in {path}: tensor shapes differ (see transformers' "
+                             "load report above); use the config.json the weights were saved with") from None
     model = from_hf(hf_model, name=name or path.name)
     sidecar = path / SIDECAR_FILE
     if sidecar.is_file():
@@ -136,6 +149,32 @@ def load_hf(path: Union[str, Path], device_map: Union[str, dict, None] = None, d
         "offloaded": sorted(k for k, v in placed.items() if v == "disk" or (on_gpu and v == "cpu")),
     }
     return model
+
+
+def check_safetensors_file(file: Path) -> None:
+    """A UserInputError naming ``file`` when it is not a complete safetensors file: shorter than its
+    8-byte header length, a header that is not JSON, or tensor data reaching past the end (a
+    truncated download or copy), read from the header alone, before transformers opens it."""
+    import struct
+
+    size = file.stat().st_size
+    what = f"{file} is not a complete safetensors file"
+    with open(file, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise UserInputError(f"{what}: {size} bytes, shorter than its 8-byte header length (truncated or empty)")
+        (n,) = struct.unpack("<Q", head)
+        if n > size - 8:
+            raise UserInputError(f"{what}: its header claims {n:,} bytes but the file has {size:,} (truncated)")
+        try:
+            header = json.loads(f.read(n))
+        except (ValueError, UnicodeDecodeError):
+            raise UserInputError(f"{what}: its header is not JSON (corrupt)") from None
+    ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)
+            and isinstance(v.get("data_offsets"), list) and len(v["data_offsets"]) == 2]
+    if not isinstance(header, dict) or (ends and max(ends) > size - 8 - n):
+        raise UserInputError(f"{what}: its tensors need {8 + n + max(ends or [0]):,} bytes but the file has {size:,} "
+                             "(truncated)")
 
 
 def fp8_kernels_available() -> bool:
