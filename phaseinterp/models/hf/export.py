@@ -319,8 +319,9 @@ def export_release(model: Any, out: Union[str, Path], *, fp8: bool = False, fp8_
                              "'float')")
     if fp8_scales not in FP8_SCALES:
         raise ValueError(f"fp8_scales={fp8_scales!r} is not a scale format (valid: {', '.join(FP8_SCALES)})")
-    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise ValueError(f"dtype={dtype!r} is not a floating torch dtype (e.g. torch.bfloat16, torch.float32)")
+    from phaseinterp._checks import check_dtype
+
+    dtype = check_dtype(dtype)  # a torch dtype or its name ("bfloat16"), as transformers takes it
     from phaseinterp._files import check_write_target, move_into_place
 
     out = check_write_target(out, "Hugging Face checkpoint", overwrite=overwrite, name="out")
