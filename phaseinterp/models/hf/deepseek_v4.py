@@ -292,12 +292,18 @@ class HookedDeepseekV4(HookedRootModule):
         return f"HookedDeepseekV4({self.cfg.label}, layers={self.cfg.n_layers}, params={n_params:,})"
 
     # ----------------------------------------------------------- checkpoints
-    def save_pretrained(self, directory: Union[str, Path], metadata: Optional[dict] = None) -> Path:
-        """HF ``save_pretrained`` (safetensors + config.json) plus ``phaseinterp.json`` with ``metadata``."""
-        from phaseinterp._files import atomic_write, json_default
+    def save_pretrained(self, directory: Union[str, Path], metadata: Optional[dict] = None,
+                        overwrite: bool = False) -> Path:
+        """HF ``save_pretrained`` (safetensors + config.json) plus ``phaseinterp.json`` with ``metadata``,
+        into a new folder moved into place in one rename; a previous HF checkpoint there is replaced
+        only with ``overwrite=True``, anything else never (`phaseinterp._files.check_write_target`)."""
+        from phaseinterp._files import atomic_write, check_write_target, json_default, write_dir_atomically
 
-        directory = Path(directory)
-        self.hf.save_pretrained(directory)
+        directory = check_write_target(directory, "Hugging Face checkpoint", overwrite=overwrite)
         meta = {**self.metadata, **(metadata or {})}
-        atomic_write(directory / SIDECAR_FILE, json.dumps({"metadata": meta}, indent=2, default=json_default).encode())
-        return directory
+
+        def write(folder: Path) -> None:
+            self.hf.save_pretrained(folder)
+            atomic_write(folder / SIDECAR_FILE, json.dumps({"metadata": meta}, indent=2, default=json_default).encode())
+
+        return write_dir_atomically(directory, write)
