@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from phaseinterp.errors import UserInputError
-from phaseinterp._files import atomic_write, check_output_dir, json_default, progress_bar
+from phaseinterp._files import atomic_write, check_write_target, json_default, progress_bar
 from phaseinterp.parallel.launch import Launch, all_gather, gather_to_main, init_distributed, raise_any, rank_device
 from phaseinterp.parallel.shards import (
     RUN_FILE, SHARD_DIR, SHARD_FORMAT, assemble, chunk_range, first_difference, mismatch, model_fingerprint,
@@ -49,7 +49,10 @@ class _Plan:
 
 def _run(plan: _Plan, batch, out_dir, launch: Launch, progress: bool):
     header, n, chunk_size = plan.header, plan.header["n_prompts"], plan.header["chunk_size"]
-    directory = check_output_dir(out_dir)
+    # the shared write rule: a shard folder (of this run: its run.json is checked below) is resumed,
+    # anything else there is refused
+    directory = check_write_target(out_dir, "shard folder", overwrite=True, name="out_dir",
+                                   flag="the same run's shard folder")
     (directory / SHARD_DIR).mkdir(parents=True, exist_ok=True)
     ranks = all_gather(header, launch)
     diff = next(((r, d) for r, h in enumerate(ranks) if (d := first_difference(h, ranks[0]))), None)

@@ -205,7 +205,7 @@ def train_tiny(recipe, out_dir: Union[str, Path], *, progress: bool = True, log_
         "description": recipe.description, "command": recipe.command, "step": recipe.steps,
         "recipe": json.loads(json.dumps(asdict(recipe), default=list)),
     })
-    model.save_pretrained(out / "final")
+    model.save_pretrained(out / "final", overwrite=True)  # a rebuild replaces its own run's final model
     pd.DataFrame(rows).to_csv(out / "log.csv", index=False)
     pd.DataFrame(curves).to_csv(out / "curves.csv", index=False)
     return model
