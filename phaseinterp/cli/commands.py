@@ -248,7 +248,10 @@ def run(args) -> int:
             raise UsageError(f"{args.command} runs in {launch.world_size} processes: pass --shard-dir DIR "
                              "(each process writes its prompts' results there; process 0 merges them)")
         if args.shard_dir is not None:
-            _check_out(argparse.Namespace(out=args.shard_dir))
+            from phaseinterp._files import check_write_target
+
+            check_write_target(args.shard_dir, "shard folder", overwrite=True, name="--shard-dir",
+                               flag="the same run's shard folder")  # a previous run is resumed, nothing else touched
         if launch.world_size > 1 and args.device in (None, "cuda"):
             args.device = str(parallel.rank_device(launch))  # one GPU per process
     model = report_module.load_model(args.model, args.device)

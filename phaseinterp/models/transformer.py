@@ -178,7 +178,11 @@ class CompressedTransformer(HookedRootModule):
         if isinstance(cfg, dict):
             cfg = CompressedConfig.from_dict(cfg)
         if not isinstance(cfg, CompressedConfig):
-            raise TypeError(f"cfg must be a CompressedConfig, got {type(cfg).__name__}")
+            raise UserInputError(f"cfg={type(cfg).__name__} must be a CompressedConfig (or its dict)")
+        if device is not None:
+            from phaseinterp._checks import check_device
+
+            device = check_device(device)  # before allocating any weights
         self.cfg = cfg.replace()
         self.metadata: dict[str, Any] = {}
         self.W_E = nn.Parameter(torch.zeros(cfg.d_vocab, cfg.d_model))

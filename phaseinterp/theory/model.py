@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from typing import Iterator, Optional, Union
 
 import torch
+
+from phaseinterp.errors import UserInputError  # bad arguments: one line naming the value
 from jaxtyping import Float, Int
 from torch import Tensor
 
@@ -25,23 +27,23 @@ GRAM_ATOL = 1e-12
 
 def _check_int(name: str, value, low: int, high: Optional[int] = None, why: str = "") -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name}={value!r} must be an integer")
+        raise UserInputError(f"{name}={value!r} must be an integer")
     if value < low or (high is not None and value > high):
         bound = f"{low}..{high}" if high is not None else f">= {low}"
-        raise ValueError(f"{name}={value} is out of range ({bound}){why}")
+        raise UserInputError(f"{name}={value} is out of range ({bound}){why}")
     return value
 
 
 def _check_float(name: str, value, low: float, high: float = math.inf, *, low_open: bool = False,
                  high_open: bool = True, why: str = "") -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{name}={value!r} must be a finite number")
+        raise UserInputError(f"{name}={value!r} must be a finite number")
     value = float(value)
     below = value <= low if low_open else value < low
     above = value >= high if high_open else value > high
     if below or above:
         left, right = "(" if low_open else "[", ")" if high_open else "]"
-        raise ValueError(f"{name}={value:g} is out of range {left}{low:g}, {high:g}{right}{why}")
+        raise UserInputError(f"{name}={value:g} is out of range {left}{low:g}, {high:g}{right}{why}")
     return value
 
 
@@ -70,7 +72,7 @@ def check_equiangular(embeddings: Float[Tensor, "vocab dim"], kappa: float, eps:
     pair of rows; return the largest deviation."""
     dev = gram_deviation(embeddings, kappa)
     if dev > eps + GRAM_ATOL:
-        raise ValueError(f"embeddings are not {eps:g}-nearly equiangular with kappa={kappa:g}: "
+        raise UserInputError(f"embeddings are not {eps:g}-nearly equiangular with kappa={kappa:g}: "
                          f"max |x.x' - kappa - 1{{x=x'}}| = {dev:.3g} > eps={eps:g}")
     return dev
 
@@ -84,6 +86,9 @@ def equiangular_embeddings(n_tokens: int, kappa: float, eps: float, *, seed: int
     ``kappa 11^T + I`` has eigenvalues 1 and ``1 + N kappa``, and ``||E||_2 <= N eps``, so
     ``N eps < 1`` keeps the Gram matrix positive definite: hence the valid range of eps.
     """
+    from phaseinterp._checks import check_device
+
+    device = check_device(device)
     n_tokens = _check_int("N", n_tokens, 2)
     kappa = _check_float("kappa", kappa, 0.0)
     eps = _check_float("eps", eps, 0.0, 1.0 / n_tokens,
@@ -204,7 +209,7 @@ class IdealizedInductionModel:
         slots = torch.arange(S - 1)
         if symmetric:
             if self.eps != 0:
-                raise ValueError(f"symmetric=True needs eps=0 (got eps={self.eps:g}): "
+                raise UserInputError(f"symmetric=True needs eps=0 (got eps={self.eps:g}): "
                                  "perturbed embeddings make contexts differ")
             tokens = torch.arange(S * L).reshape(1, L, S).expand(S - 1, L, S).clone()
             return self._population(tokens, slots, True, "symmetric")
@@ -281,9 +286,9 @@ class IdealizedInductionModel:
         """``p`` as a float64 ``[head, slot]`` tensor of probability vectors, or ValueError."""
         p = torch.as_tensor(p, dtype=torch.float64, device=self.device)
         if p.shape != (self.heads, self.S):
-            raise ValueError(f"{name} has shape {tuple(p.shape)}; expected (heads, S) = ({self.heads}, {self.S})")
+            raise UserInputError(f"{name} has shape {tuple(p.shape)}; expected (heads, S) = ({self.heads}, {self.S})")
         if not torch.isfinite(p).all() or (p < -1e-9).any() or ((p.sum(-1) - 1).abs() > 1e-6).any():
-            raise ValueError(f"{name} rows must be probability vectors (entries >= 0, sum 1); got {p.tolist()}")
+            raise UserInputError(f"{name} rows must be probability vectors (entries >= 0, sum 1); got {p.tolist()}")
         p = p.clamp_min(0)
         return p / p.sum(-1, keepdim=True)
 
@@ -291,6 +296,6 @@ class IdealizedInductionModel:
         """Theorem 1's configuration for the given key slots r_h: ``p^K_h = e_{r_h}``, ``p^V_h = e_{r_h+1}``."""
         slots = list(slots)
         if len(slots) != self.heads or any(not 0 <= r <= self.S - 2 for r in slots):
-            raise ValueError(f"slots={slots} must give one key slot in 0..{self.S - 2} per head ({self.heads})")
+            raise UserInputError(f"slots={slots} must give one key slot in 0..{self.S - 2} per head ({self.heads})")
         eye = torch.eye(self.S, dtype=torch.float64, device=self.device)
         return eye[slots], eye[[r + 1 for r in slots]]
