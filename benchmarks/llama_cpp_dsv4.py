@@ -65,7 +65,8 @@ def build_fixture(out: Path, seed: int = 0):
     model = pi.from_hf(hf, name="dsv4-llamacpp-fixture")
     task = KeyValueRetrieval(**TASK)
     model.metadata.update({"task": task.to_dict(), "task_type": "KeyValueRetrieval",
-                           "fixture": {"config": FIXTURE, "seed": seed, "weights": "random (embed std 1, head std 0.15)",
+                           "fixture": {"config": FIXTURE, "seed": seed,
+                                       "weights": "random (embed std 1, head std 0.15)",
                                        "command": f"python benchmarks/llama_cpp_dsv4.py fixture {out}"}})
     result = export_release(model, out / "release", max_shard_bytes="200MB")
     write_tokenizer(out / "release", config.vocab_size, config.bos_token_id, config.eos_token_id)
@@ -75,8 +76,9 @@ def build_fixture(out: Path, seed: int = 0):
 def write_tokenizer(folder: Path, vocab_size: int, bos: int, eos: int) -> None:
     """A byte-level BPE tokenizer of exactly ``vocab_size`` tokens (``tokenizer.json`` and
     ``tokenizer_config.json``): the 256 byte symbols (GPT-2's byte-to-unicode map; the first
-    ``vocab_size - 1`` of them for a smaller vocabulary), then merges of byte pairs up to the size. Synthetic: it only gives llama.cpp's converter the token list and
-    merges a GGUF vocabulary needs; the model's ids are the task's, never text."""
+    ``vocab_size - 1`` of them for a smaller vocabulary), then merges of byte pairs up to the size.
+    Synthetic: it only gives llama.cpp's converter the token list and merges a GGUF vocabulary needs;
+    the model's ids are the task's, never text."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     if vocab_size < 3:
@@ -101,7 +103,7 @@ def write_tokenizer(folder: Path, vocab_size: int, bos: int, eos: int) -> None:
 
 
 def _bytes_to_unicode() -> dict[int, str]:
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     cs = bs[:]
     n = 0
     for b in range(256):
@@ -295,7 +297,8 @@ def main(argv=None) -> int:
         start = time.perf_counter()
         print(build_fixture(Path(args.out), args.seed), f"({time.perf_counter() - start:.1f} s)")
     elif args.command == "convert":
-        print(f"converted in {convert(Path(args.release), Path(args.gguf), Path(args.llama_cpp_src), args.outtype):.1f} s")
+        seconds = convert(Path(args.release), Path(args.gguf), Path(args.llama_cpp_src), args.outtype)
+        print(f"converted in {seconds:.1f} s")
     elif args.command == "positions":
         positions(Path(args.release), Path(args.gguf), args.cache_type)
     elif args.command == "server":

@@ -50,6 +50,74 @@ def test_missing_llama_cpp_names_the_extra(tmp_path, monkeypatch):
             LlamaCppEngine(gguf, **kwargs)
 
 
+class _FakeLlama:
+    """Records what `LlamaCppEngine` asks of ``llama_cpp.Llama``: the constructor's settings, each
+    ``reset`` and ``eval`` call; its logits after a call are a function of every token fed since the
+    last reset, so a lost or repeated piece changes them."""
+
+    instances: list = []
+
+    def __init__(self, **kwargs):
+        self.kwargs, self.calls, self.fed = kwargs, [], []
+        _FakeLlama.instances.append(self)
+
+    def n_vocab(self):
+        return 8
+
+    def reset(self):
+        self.calls.append("reset")
+        self.fed = []
+
+    def eval(self, ids):
+        self.calls.append(len(ids))
+        self.fed += list(ids)
+        import ctypes
+
+        logits = [float((sum(self.fed) * (v + 1)) % 7) for v in range(8)]
+        self.buffer = (ctypes.c_float * 8)(*logits)
+
+    @property
+    def ctx(self):
+        return self
+
+
+def _fake_llama_cpp():
+    import ctypes
+    import types
+
+    module = types.ModuleType("llama_cpp")
+    module.Llama, module.GGML_TYPE_F32, module.GGML_TYPE_F16 = _FakeLlama, 0, 1
+    module.llama_get_logits_ith = lambda ctx, i: ctypes.cast(ctx.buffer, ctypes.POINTER(ctypes.c_float))
+    return module
+
+
+def test_engine_feeds_each_row_fresh_in_the_schedules_pieces(tmp_path, monkeypatch):
+    """Without llama.cpp: a stand-in ``llama_cpp`` shows the engine's side of the contract. Each row
+    starts with ``reset``; the pieces of the schedule are the ``eval`` calls, in order; the batch is
+    ``n_batch`` = ``n_ubatch`` (llama.cpp adds no cut), the cache type reaches ``type_k``/``type_v``; the
+    answer is the log-softmax of the logits after the last piece."""
+    from phaseinterp.engines import chunked_pieces
+    from phaseinterp.engines.llama_cpp import LlamaCppEngine
+
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    monkeypatch.setitem(sys.modules, "llama_cpp", _fake_llama_cpp())
+    engine = LlamaCppEngine(gguf, n_ctx=64, n_batch=32, cache_type="f32", n_threads=1)
+    fake = _FakeLlama.instances[-1]
+    assert fake.kwargs["n_batch"] == fake.kwargs["n_ubatch"] == 32
+    assert fake.kwargs["type_k"] == 0 == fake.kwargs["type_v"]  # GGML_TYPE_F32
+    assert fake.kwargs["logits_all"] is False and engine.d_vocab == 8
+    tokens = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 0, 1, 2], [2, 2, 2, 2, 2, 2, 2, 2, 2, 2]])
+    cut = engine.with_schedule(lambda n: chunked_pieces(n, 1, 4, 4), "cut@1")
+    out = cut(tokens)
+    assert fake.calls == ["reset", 1, 4, 4, 1] * 2  # cuts at positions 1, 5 and 9 (phase 1 mod 4), then decode
+    for row, expect_sum in ((0, 31), (1, 20)):
+        logits = torch.tensor([float((expect_sum * (v + 1)) % 7) for v in range(8)])
+        assert torch.allclose(out[row], torch.log_softmax(logits, -1))
+    fake.calls.clear()
+    assert torch.equal(engine(tokens), out) and fake.calls == ["reset", 10] * 2  # whole prompt: one call
+
+
 # ------------------------------------------------------------------ the fixture through llama.cpp
 @pytest.fixture(scope="module")
 def gguf(tmp_path_factory):
