@@ -159,7 +159,7 @@ def check_write_target(path: Union[str, os.PathLike], kind: str, *, overwrite: b
     Writers that use it (``tests/test_bad_inputs.py::WRITERS`` walks each one):
     `Result.save` (every result object, `PhaseProfile` included), `CompressedTransformer.save_pretrained`,
     `HookedDeepseekV4.save_pretrained`, `phaseinterp.models.hf.export.export_release` (zoo export),
-    `phaseinterp.report.build_report` (reports), the shard folders of `phaseinterp.parallel`
+    `phaseinterp.report.build_report` (reports), the shard folders of `phaseinterp.parallel` (``runs._run``)
     (``kind="shard folder"``: a folder of the same run is resumed, which its run header checks) and
     `phaseinterp.train.train` ``out_dir`` (``kind="training run"``: resumed with ``resume=True``).
     """

@@ -449,3 +449,364 @@ def test_an_internal_error_keeps_its_traceback(monkeypatch):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1, proc.stderr
     assert "Traceback (most recent call last)" in proc.stderr and "ValueError: an internal bug" in proc.stderr
+
+
+# ----------------------------------------------------- the write rule (issue 37)
+# Every function that writes a user's folder, by "module:qualname", and how to write `target`
+# with it (`overwrite` passed through where the writer takes it). `test_every_writer_is_listed`
+# finds the writers in the source (a public function with an out/out_dir/directory/path argument
+# whose body writes), so a new writer that is neither listed here nor in WRITERS_EXEMPT fails.
+def _write_result(model, target, overwrite=False):
+    return _profile(model).save(target, overwrite=overwrite)
+
+
+def _write_checkpoint(model, target, overwrite=False):
+    return model.save_pretrained(target, overwrite=overwrite)
+
+
+def _write_hf_checkpoint(model, target, overwrite=False):
+    return _dsv4().save_pretrained(target, overwrite=overwrite)
+
+
+def _write_export(model, target, overwrite=False):
+    from phaseinterp.models.hf.export import export_release
+
+    return export_release(_dsv4(), target, overwrite=overwrite)
+
+
+def _write_report(model, target, overwrite=False):
+    from phaseinterp.report import build_report
+
+    return build_report(model, target, overwrite=overwrite, progress=False, log=lambda *_: None)
+
+
+def _write_shards(model, target, overwrite=False):
+    from phaseinterp.parallel import sharded_profile
+
+    return sharded_profile(model, TASK, 23, out_dir=target, progress=False)
+
+
+def _write_training_run(model, target, overwrite=False):
+    from phaseinterp.train import train
+
+    return train(CFG.replace(n_layers=1), TASK, steps=1, batch_size=2, out_dir=target, resume=overwrite,
+                 progress=False)
+
+
+_DSV4 = []
+
+
+def _dsv4():
+    if not _DSV4:
+        import phaseinterp as pi
+
+        _DSV4.append(pi.zoo.load("dsv4-tiny"))
+    return _DSV4[0]
+
+
+# writer -> (how to write, the kind it writes, whether a second write is cheap enough to run here)
+WRITERS = {
+    "phaseinterp.results:Result.save": (_write_result, "PhaseProfile result", True),
+    "phaseinterp.models.transformer:CompressedTransformer.save_pretrained": (_write_checkpoint,
+                                                                             "phaseinterp checkpoint", True),
+    "phaseinterp.models.hf.deepseek_v4:HookedDeepseekV4.save_pretrained": (_write_hf_checkpoint,
+                                                                           "Hugging Face checkpoint", True),
+    "phaseinterp.models.hf.export:export_release": (_write_export, "Hugging Face checkpoint", True),
+    "phaseinterp.report.build:build_report": (_write_report, "report", False),  # twice: test_report_page (slow)
+    "phaseinterp.parallel.runs:_run": (_write_shards, "shard folder", False),  # a rerun resumes: test_distributed
+    "phaseinterp.train.compressed:train": (_write_training_run, "training run", True),
+}
+# Writers outside the rule, each with the reason. Internal helpers write only into a folder a
+# listed writer has just made (a report's staging folder, a result's new folder).
+WRITERS_EXEMPT = {
+    "phaseinterp._files:atomic_write": "the primitive every writer uses for one file",
+    "phaseinterp._files:atomic_write_text": "the primitive every writer uses for one file",
+    "phaseinterp._files:check_write_target": "the rule itself",
+    "phaseinterp.results:Result.load": "a reader",
+    "phaseinterp.parallel.shards:write_shard": "one shard file inside a folder `_run` checked",
+    "phaseinterp.report.section:write_profile_csvs": "CSV files inside a report's staging folder",
+    "phaseinterp.report.sections.deepseek_v4:deepseek_v4_section": "CSV files inside a report's staging folder",
+    "phaseinterp.experiments.remedy:compare_remedy": "a resumable sweep: each run folder goes through train(resume=True)",
+    "phaseinterp.train.deepseek_v4:train_tiny": "the zoo rebuild's own run folder (runs/zoo/NAME); its final model "
+                                                 "goes through HookedDeepseekV4.save_pretrained",
+    "phaseinterp.engines.answers:_open_journal": "an engine profile's resumable journal (left: issue 37 follow-up)",
+    "phaseinterp.plot.export:save": "single figure files, not folders (left: issue 37 follow-up)",
+    "phaseinterp.report.check:first_screen_png": "one PNG file (README's picture)",
+    "phaseinterp.results:Result._write": "fills the new folder Result.save's write_dir_atomically made",
+    "phaseinterp.report.sections.mechanisms:_unit_cycling": "CSV files inside a report's staging folder",
+    "phaseinterp.engines.answers:_write_batch": "a batch file inside an engine profile's journal",
+}
+_PATH_ARGS = {"directory", "out", "out_dir", "output_dir", "path", "png", "dest", "target"}
+_WRITES = ("atomic_write", "save_pretrained(", ".mkdir(", "write_text(", "write_bytes(", "to_csv(", "os.replace",
+           "write_dir_atomically", ".save(", "move_into_place(", "_replace_dir(")
+
+
+def _writers_in_source() -> set[str]:
+    import ast
+
+    import phaseinterp
+
+    root = Path(phaseinterp.__file__).parent
+    found = set()
+    for file in sorted(root.rglob("*.py")):
+        if "cli" in file.relative_to(root).parts:  # the CLI's writers are the API's (test_every_out_verb_...)
+            continue
+        text = file.read_text()
+        module = ".".join(("phaseinterp", *file.relative_to(root).with_suffix("").parts)).removesuffix(".__init__")
+        tree = ast.parse(text)
+        for parent in [tree, *[n for n in tree.body if isinstance(n, ast.ClassDef)]]:
+            for node in parent.body:
+                if not isinstance(node, ast.FunctionDef):
+                    continue
+                args = {a.arg for a in node.args.args + node.args.kwonlyargs}
+                source = ast.get_source_segment(text, node) or ""
+                if args & _PATH_ARGS and any(w in source for w in _WRITES):
+                    name = node.name if parent is tree else f"{parent.name}.{node.name}"
+                    found.add(f"{module}:{name}")
+    return found
+
+
+def test_every_writer_is_listed_and_uses_the_rule():
+    import importlib
+    import inspect
+
+    found = _writers_in_source()
+    assert found - set(WRITERS) - set(WRITERS_EXEMPT) == set(), "a writer outside the write rule (list it in WRITERS)"
+    assert set(WRITERS) - found == set(), "WRITERS names a function the source no longer has"
+    for name in WRITERS:
+        module, qualname = name.split(":")
+        obj = importlib.import_module(module)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+        source = inspect.getsource(obj)
+        assert "check_write_target" in source or "check_report_dir" in source, f"{name} does not call the rule"
+    from phaseinterp._files import check_write_target
+
+    for name in WRITERS:  # the rule's docstring lists the writers that use it
+        assert name.split(":")[1].split(".")[-1] in check_write_target.__doc__ or \
+            name.split(":")[1] in check_write_target.__doc__, name
+
+
+def _user_files(folder: Path) -> Path:
+    folder.mkdir()
+    (folder / "notes.txt").write_text("the user's notes")
+    return folder
+
+
+@pytest.mark.parametrize("writer", sorted(WRITERS))
+def test_a_writer_never_replaces_what_it_did_not_write(writer, model, tmp_path):
+    """A folder of the user's files, or of another saved kind, is refused in one line naming the
+    argument and what it holds; nothing there changes and no temporary folder is left."""
+    write, kind, _ = WRITERS[writer]
+    from phaseinterp.errors import UserInputError
+
+    mine = _user_files(tmp_path / "mine")
+    other = tmp_path / "other"
+    if kind == "phaseinterp checkpoint":
+        _profile(model).save(other)
+    else:
+        model.save_pretrained(other)
+    a_file = tmp_path / "a_file.txt"
+    a_file.write_text("keep me")
+    before = _snapshot(tmp_path)
+    for target, expected in ((mine, "notes.txt"), (other, "holds a"), (a_file, "existing file")):
+        with pytest.raises(UserInputError) as info:
+            write(model, target)
+        assert expected in str(info.value) and str(target) in str(info.value), str(info.value)
+        with pytest.raises(UserInputError):
+            write(model, target, overwrite=True)  # overwrite replaces only the same kind
+    assert _snapshot(tmp_path) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file.txt", "mine", "other"]
+
+
+@pytest.mark.parametrize("writer", sorted(w for w, (_, _, cheap) in WRITERS.items() if cheap))
+def test_a_writer_replaces_its_own_kind_only_with_overwrite(writer, model, tmp_path):
+    from phaseinterp._files import saved_kind
+    from phaseinterp.errors import UserInputError
+
+    write, kind, _ = WRITERS[writer]
+    target = tmp_path / "t"
+    write(model, target)
+    assert saved_kind(target) == kind
+    (target / "marker.txt").write_text("from the first write")
+    with pytest.raises(UserInputError, match="already holds a"):
+        write(model, target)
+    assert (target / "marker.txt").is_file()
+    write(model, target, overwrite=True)
+    assert saved_kind(target) == kind
+    if kind != "training run":  # a resumed run continues in its folder; the others are replaced whole
+        assert not (target / "marker.txt").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t"], "a staging folder was left behind"
+
+
+def test_every_out_verb_refuses_without_overwrite(model, checkpoint, tmp_path, capsys):
+    """Every CLI verb with --overwrite refuses a folder that holds another saved kind or the user's files."""
+    from phaseinterp.cli.args import build_parser
+
+    sub = build_parser()._subparsers._group_actions[0].choices
+    verbs = [v for v, p in sub.items() if any("--overwrite" in a.option_strings for a in p._actions)]
+    verbs += [f"zoo {z}" for z, p in sub["zoo"]._subparsers._group_actions[0].choices.items()
+              if any("--overwrite" in a.option_strings for a in p._actions)]
+    assert {"demo", "report", "profile", "ablate", "cycle", "gates", "conformance", "merge", "zoo export"} <= set(verbs)
+    mine = _user_files(tmp_path / "mine")
+    argv = {"demo": ["demo"], "report": ["report", str(checkpoint)], "profile": ["profile", str(checkpoint)],
+            "ablate": ["ablate", str(checkpoint)], "cycle": ["cycle", str(checkpoint)], "gates": ["gates", str(checkpoint)],
+            "conformance": ["conformance", str(checkpoint)], "merge": ["merge", str(tmp_path / "mine")],
+            "zoo export": ["zoo", "export", "dsv4-tiny", "--layout", "deepseek"]}
+    before = _snapshot(tmp_path)
+    for verb in verbs:
+        if verb == "merge":
+            continue  # its kind is read from the shards' run header: refused at save (API rows above)
+        for extra in ([], ["--overwrite"]):
+            assert main(argv[verb] + ["--out", str(mine), *extra]) == 2, verb
+            err = capsys.readouterr().err.strip()
+            assert len(err.splitlines()) == 1 and "notes.txt" in err, (verb, err)
+    assert _snapshot(tmp_path) == before
+
+
+# ------------------------------------------------------ devices (issue 37)
+# Every public function or method that takes a device / device_map, and a call with a bad one.
+BAD_DEVICE, BAD_MAP = "cpu:1", {"model.layers.0": "cuda:7"}
+
+
+def _device_calls():
+    import phaseinterp as pi
+    from phaseinterp.report.sections.deepseek_v4 import load_deepseek_v4
+    from phaseinterp.theory.model import IdealizedInductionModel, equiangular_embeddings
+
+    batch = TASK.generate(23, seed=0)
+    return {
+        "phaseinterp.interventions.ablation:ablate": lambda m, t: pi.ablate(m, device=BAD_DEVICE, prompts=batch),
+        "phaseinterp.interventions.ablation:mean_ablation": lambda m, t: pi.mean_ablation(m, device=BAD_DEVICE,
+                                                                                          prompts=batch),
+        "phaseinterp.models.hf:load_hf": lambda m, t: pi.load_hf(pi.zoo.CHECKPOINT_DIR / "dsv4-tiny",
+                                                                 device_map=BAD_MAP),
+        "phaseinterp.models.transformer:CompressedTransformer.__init__": lambda m, t: CompressedTransformer(
+            CFG, device=BAD_DEVICE),
+        "phaseinterp.models.transformer:CompressedTransformer.from_pretrained": lambda m, t: (
+            CompressedTransformer.from_pretrained(_saved(m, t), device=BAD_DEVICE)),
+        "phaseinterp.parallel.runs:sharded_ablate": lambda m, t: pi.parallel.sharded_ablate(
+            m, TASK, out_dir=t / "s", device=BAD_DEVICE),
+        "phaseinterp.parallel.runs:sharded_gate_cycling": lambda m, t: pi.parallel.sharded_gate_cycling(
+            m, TASK, [1], out_dir=t / "s", device=BAD_DEVICE),
+        "phaseinterp.parallel.runs:sharded_profile": lambda m, t: pi.parallel.sharded_profile(
+            m, TASK, 23, out_dir=t / "s", device=BAD_DEVICE),
+        "phaseinterp.profile:phase_profile": lambda m, t: pi.phase_profile(m, batch, device=BAD_DEVICE),
+        "phaseinterp.report.build:build_report": lambda m, t: pi.report.build_report(m, t / "r", device=BAD_DEVICE),
+        "phaseinterp.report.models:load_model": lambda m, t: pi.report.load_model("w4s4", BAD_DEVICE),
+        "phaseinterp.report.sections.deepseek_v4:load_deepseek_v4": lambda m, t: load_deepseek_v4("dsv4-tiny",
+                                                                                                   BAD_DEVICE),
+        "phaseinterp.tasks.docstring:DocstringProbe.run": lambda m, t: _unchecked(type(_docstring_probe()).run)(
+            _docstring_probe(), m, None, device=BAD_DEVICE),
+        "phaseinterp.theory.model:IdealizedInductionModel.__init__": lambda m, t: IdealizedInductionModel(
+            32, 4, 8, 2, device=BAD_DEVICE),
+        "phaseinterp.theory.model:equiangular_embeddings": lambda m, t: equiangular_embeddings(8, 0.1, 0.0,
+                                                                                             device=BAD_DEVICE),
+        "phaseinterp.train.compressed:train": lambda m, t: pi.train.train(CFG, TASK, steps=1, device=BAD_DEVICE),
+        "phaseinterp.zoo:build": lambda m, t: pi.zoo.build("w4s4", t / "z", device=BAD_DEVICE),
+        "phaseinterp.zoo.deepseek_v4:load": lambda m, t: pi.zoo.deepseek_v4.load("dsv4-tiny", device=BAD_DEVICE),
+        "phaseinterp.zoo:load": lambda m, t: pi.zoo.load("w4s4", device=BAD_DEVICE),
+    }
+
+
+def _docstring_probe():
+    from phaseinterp.tasks.docstring import DocstringProbe
+
+    return DocstringProbe.__new__(DocstringProbe)  # the device is checked before the probe's prompts are built
+
+
+# Parameters named device that are not a user's choice of device (checked, or internal plumbing).
+DEVICE_EXEMPT = {
+    "phaseinterp._checks:check_device": "the check itself", "phaseinterp._checks:check_device_map": "the check itself",
+    "phaseinterp.config:CompressedConfig.__init__": "a record of where the model was built, set by the model",
+    "phaseinterp.interventions._common:model_device": "resolves an already checked device",
+    "phaseinterp.models.hf.config:DeepseekV4HookedConfig.__init__": "a record of the wrapped model's device",
+    "phaseinterp.models.hf.offload:check_max_memory": "reads a device_map load_hf has checked",
+    "phaseinterp.models.rope:rotary_tables": "internal: the model's own device",
+    "phaseinterp.report.section:ReportContext.__init__": "internal: build_report checked it",
+}
+
+
+def _device_functions() -> set[str]:
+    import importlib
+    import inspect
+    import pkgutil
+
+    import phaseinterp
+
+    found = set()
+    for info in pkgutil.walk_packages(phaseinterp.__path__, "phaseinterp."):
+        if ".cli" in info.name or info.name.endswith("__main__"):
+            continue
+        try:
+            module = importlib.import_module(info.name)
+        except ImportError:  # an optional extra that is not installed
+            continue
+        for name, obj in vars(module).items():
+            if name.startswith("_") or getattr(obj, "__module__", None) != module.__name__:
+                continue
+            members = [(name, obj)] if inspect.isfunction(obj) else []
+            if inspect.isclass(obj):
+                members = [(f"{name}.{m}", getattr(f, "__func__", f)) for m, f in vars(obj).items()
+                           if (not m.startswith("_") or m == "__init__") and inspect.isfunction(getattr(f, "__func__", f))]
+            for qualname, fn in members:
+                try:
+                    params = inspect.signature(fn).parameters
+                except (TypeError, ValueError):
+                    continue
+                if {"device", "device_map"} & set(params):
+                    found.add(f"{module.__name__}:{qualname}")
+    return found
+
+
+def test_every_device_argument_is_walked():
+    assert _device_functions() - set(_device_calls()) - set(DEVICE_EXEMPT) == set(), \
+        "a function takes a device but is not in _device_calls()"
+    assert set(_device_calls()) - _device_functions() == set()
+
+
+DEVICE_IDS = ["phaseinterp.interventions.ablation:ablate", "phaseinterp.interventions.ablation:mean_ablation",
+              "phaseinterp.models.hf:load_hf", "phaseinterp.models.transformer:CompressedTransformer.__init__",
+              "phaseinterp.models.transformer:CompressedTransformer.from_pretrained",
+              "phaseinterp.parallel.runs:sharded_ablate", "phaseinterp.parallel.runs:sharded_gate_cycling",
+              "phaseinterp.parallel.runs:sharded_profile", "phaseinterp.profile:phase_profile",
+              "phaseinterp.report.build:build_report", "phaseinterp.report.models:load_model",
+              "phaseinterp.report.sections.deepseek_v4:load_deepseek_v4", "phaseinterp.tasks.docstring:DocstringProbe.run",
+              "phaseinterp.theory.model:IdealizedInductionModel.__init__", "phaseinterp.theory.model:equiangular_embeddings",
+              "phaseinterp.train.compressed:train", "phaseinterp.zoo:build", "phaseinterp.zoo.deepseek_v4:load",
+              "phaseinterp.zoo:load"]
+
+
+@pytest.mark.parametrize("name", DEVICE_IDS)
+def test_a_device_that_does_not_exist_is_one_error_before_any_work(name, model, tmp_path):
+    from phaseinterp.errors import UserInputError
+
+    assert set(DEVICE_IDS) == set(_device_calls())
+    with pytest.raises(UserInputError) as info:
+        _device_calls()[name](model, tmp_path)
+    message = str(info.value)
+    bad = "cuda:7" if name.endswith("load_hf") else BAD_DEVICE
+    assert repr(bad) in message and "this machine has" in message, message
+    assert ("device_map" if name.endswith("load_hf") else "device") in message, message
+    assert [p.name for p in tmp_path.iterdir()] in ([], ["saved"]), "written before the device was checked"
+
+
+def test_every_device_verb_refuses_a_device_that_does_not_exist(checkpoint, tmp_path, capsys):
+    from phaseinterp.cli.args import build_parser
+
+    sub = build_parser()._subparsers._group_actions[0].choices
+    verbs = {v: [v] for v, p in sub.items() if any("--device" in a.option_strings for a in p._actions)}
+    verbs.update({f"zoo {z}": ["zoo", z] for z, p in sub["zoo"]._subparsers._group_actions[0].choices.items()
+                  if any("--device" in a.option_strings for a in p._actions)})
+    assert {"demo", "report", "profile", "ablate", "cycle", "gates", "conformance", "train", "zoo build"} <= set(verbs)
+    model_arg = {"report", "profile", "ablate", "cycle", "gates", "conformance"}
+    for verb, argv in verbs.items():
+        argv = argv + ([str(checkpoint)] if verb in model_arg else ["w4s4"] if verb == "zoo build" else [])
+        argv += ["--out", str(tmp_path / "out")] if verb not in ("zoo build",) else ["--out-dir", str(tmp_path / "out")]
+        for bad in ("cpu:1", "cuda:7", "mps", "banana"):
+            if bad == "cuda:7" and torch.cuda.device_count() > 7:
+                continue
+            assert main(argv + ["--device", bad]) == 2, (verb, bad)
+            err = capsys.readouterr().err.strip()
+            assert len(err.splitlines()) == 1 and f"device={bad!r}" in err and "this machine has" in err, (verb, err)
+    assert not (tmp_path / "out").exists()

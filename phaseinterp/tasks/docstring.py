@@ -132,10 +132,11 @@ class DocstringProbe:
         label: str | None = None,
     ) -> "DocstringResult":
         """Score every (family, length) prompt with ``model`` (logits ``[batch, pos, d_vocab]``)."""
-        frame, prompts, right, wrong = self.build(tokenizer)
         from phaseinterp._checks import check_device
 
-        device = check_device(device) if device is not None else next(model.parameters()).device
+        checked = check_device(device)  # before building any prompt
+        frame, prompts, right, wrong = self.build(tokenizer)
+        device = checked if checked is not None else next(model.parameters()).device
         n_ctx = getattr(getattr(model, "cfg", None), "n_ctx", None)
         longest = max(len(p) for p in prompts) + max(len(right), len(wrong))
         if n_ctx is not None and longest > n_ctx:
