@@ -114,7 +114,7 @@ def report_page(page: Union[str, os.PathLike], name: str = "page") -> Path:
     ``index.html`` or a file that is not an HTML page is a one-line error naming it."""
     if isinstance(page, (bytes, bool)) or not isinstance(page, (str, os.PathLike)) or not os.fspath(page):
         raise UserInputError(f"{name}={page!r} is not a path to a report folder or an HTML page")
-    path = Path(page)
+    path = Path(page).resolve()  # a file:// URI needs an absolute path; relative ones are from the working directory
     if not path.exists():
         raise MissingPathError(f"{name}={str(page)!r} does not exist (expected a report folder or its index.html)")
     if path.is_dir():
