@@ -356,3 +356,51 @@ def test_resolution_reads_separated_or_overlapping():
     rows = resolution([profile("a", (0.01, 0.04), (0.95, 0.99), 0.95), profile("b", (0.6, 0.7), (0.62, 0.72), 0.02),
                        profile("c", (0.4, 0.6), (0.6, 0.8), 0.2)])
     assert [r["verdict"] for r in rows] == ["separated", "overlapping", "overlapping"]
+
+
+# ------------------------------------------------ the checker's own inputs (issue 37)
+def test_the_checker_names_what_it_cannot_check(tmp_path, monkeypatch, capsys):
+    """A missing path, a folder without a report, a file that is not HTML: one line, exit 2; a
+    page without figures is never "ok"; a relative path is read from the working directory."""
+    from phaseinterp.report.check import main as check_main, problems, report_page
+
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "notes.txt").write_text("not a page")
+    for args, said in ((["check", "nope"], "does not exist"), (["check", "empty"], "without index.html"),
+                       (["check", "notes.txt"], "not an HTML page"), (["screenshot", "empty", "x.png"], "index.html")):
+        monkeypatch.chdir(tmp_path)
+        assert check_main(args) == 2, args
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and said in err, err
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "index.html").write_text("<!doctype html><html><body><p>hello</p></body></html>")
+    assert report_page("r") == (tmp_path / "r" / "index.html").resolve()
+    assert problems({"width": 1400, "scroll_width": 1400, "figures": [], "overflow": [], "bad_text": []}) == [
+        "the page has no figures: nothing to check (is it a phaseinterp report?)"]
+
+
+def test_report_figures_fit_the_page(report):
+    """No figure is wider than the page's column (the default report's unit-cycling figure was
+    1,400 px on a 1,150 px page): every layout width in the page is at most FIGURE_WIDTH."""
+    import plotly.graph_objects as go
+
+    from phaseinterp.report.page import FIGURE_WIDTH, PAGE_WIDTH, tidy_figure
+
+    assert FIGURE_WIDTH < PAGE_WIDTH
+    widths = [float(w) for w in re.findall(r'"width":\s*([0-9.]+)', (report / "index.html").read_text())]
+    assert widths and max(widths) <= FIGURE_WIDTH
+    wide = go.Figure(go.Scatter(x=[0, 1], y=[0, 1]))
+    wide.update_layout(width=1400)
+    tidy_figure(wide)
+    assert wide.layout.width == FIGURE_WIDTH
+
+
+@pytest.mark.slow  # the default demo: 805 s on two busy cores (RESULTS: 340-409 s on two quieter ones)
+@pytest.mark.zoo("w4s4", "full", "w4s4-1kv-shared", "dsv4-tiny", "w4s4-staggered")
+def test_the_default_demo_report_passes_its_own_check(tmp_path):
+    """The main job's own output (`phaseinterp demo`, not --quick) passes `phaseinterp.report.check`."""
+    from phaseinterp.report.check import check_page, problems
+
+    _chromium_or_skip()  # before the long build
+    assert main(["demo", "--no-static", "--out", str(tmp_path / "demo")]) == 0
+    assert problems(check_page(tmp_path / "demo", width=1400)) == []
