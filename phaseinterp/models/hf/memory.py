@@ -103,9 +103,12 @@ class ForwardMemory:
     indexer: int
     logits: int
     kv_cache: int  # sliding window + compressed entries + indexer entries, all layers (generation)
+    chunked: bool = False  # the chunked forward's terms (`_chunked_terms`), else the eager forward's
 
     @property
     def peak(self) -> int:
+        if self.chunked:  # the indexer's chunk loop ends before the attention's begins
+            return self.weights + self.persistent + max(self.attention, self.indexer, self.logits)
         return self.weights + self.persistent + max(self.attention + self.indexer, self.logits)
 
     def summary(self) -> dict[str, Any]:
@@ -117,9 +120,17 @@ class ForwardMemory:
 
 def estimate_forward_memory(config: Union[str, Path, Any, None], seq_len: int, batch: int = 1,
                             act_bytes: int = 2, weight_bytes: float = 2.0,
-                            expert_weight_bytes: float | None = None) -> ForwardMemory:
+                            expert_weight_bytes: float | None = None, query_chunk: Any = "auto",
+                            logits: bool = True) -> ForwardMemory:
     """`ForwardMemory` of ``config`` at ``seq_len`` tokens: activations at ``act_bytes`` per value
-    (2 = bf16; the indexer scores are fp32 whatever the dtype), weights as in `MemoryEstimate.weight_gib`."""
+    (2 = bf16; the indexer scores are fp32 whatever the dtype), weights as in `MemoryEstimate.weight_gib`.
+
+    ``query_chunk``: the wrapper's setting (`HookedDeepseekV4.set_query_chunk`); when the forward runs
+    chunked at this length (above 2,048 tokens under "auto") the chunked path's terms are counted
+    (`_chunked_terms`), else the eager path's. ``logits=False``: the final ``[batch, T, vocab]`` logits
+    are not counted (`last_logits`, what `phase_profile` and the knockouts read)."""
+    from phaseinterp.models.hf.chunking import is_chunked
+
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
         raise ValueError(f"seq_len={seq_len!r} must be a positive int")
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
@@ -128,6 +139,12 @@ def estimate_forward_memory(config: Union[str, Path, Any, None], seq_len: int, b
     est = estimate_memory(cfg)
     weights = int(est.weight_gib(weight_bytes, expert_weight_bytes) * 2**30)
     T, B, a = seq_len, batch, act_bytes
+    if is_chunked(query_chunk, T):
+        persistent, attention, indexer = _chunked_terms(cfg, T, B, a, query_chunk)
+        kv = _kv_cache(cfg, T, B, a)
+        return ForwardMemory(seq_len=T, batch=B, weights=weights, persistent=persistent, attention=attention,
+                             indexer=indexer, logits=B * T * cfg.vocab_size * a if logits else 0, kv_cache=kv,
+                             chunked=True)
     H, D, d = cfg.num_attention_heads, cfg.hidden_size, cfg.head_dim
     rates = cfg.compress_rates
     kinds = list(cfg.layer_types)
@@ -141,12 +158,62 @@ def estimate_forward_memory(config: Union[str, Path, Any, None], seq_len: int, b
     csa = "compressed_sparse_attention" in kinds
     indexer = 2 * B * T * cfg.index_n_heads * entries("compressed_sparse_attention") * 4 if csa else 0
     persistent = B * T * T * a + 2 * B * T * cfg.hc_mult * D * a
-    logits = B * T * cfg.vocab_size * a
-    window = min(T, cfg.sliding_window)
-    kv = sum(B * (window + entries(k)) * d * a for k in kinds)
-    kv += sum(B * entries(k) * cfg.index_head_dim * a for k in kinds if k == "compressed_sparse_attention")
+    final_logits = B * T * cfg.vocab_size * a if logits else 0
     return ForwardMemory(seq_len=T, batch=B, weights=weights, persistent=persistent, attention=attention,
-                         indexer=indexer, logits=logits, kv_cache=kv)
+                         indexer=indexer, logits=final_logits, kv_cache=_kv_cache(cfg, T, B, a))
+
+
+def _kv_cache(cfg: Any, T: int, B: int, a: int) -> int:
+    """The KV cache a generating engine keeps: the sliding window, the compressed and indexer entries."""
+    kinds = list(cfg.layer_types)
+    entries = lambda kind: 0 if kind == "sliding_attention" else T // cfg.compress_rates[kind]  # noqa: E731
+    window = min(T, cfg.sliding_window)
+    kv = sum(B * (window + entries(k)) * cfg.head_dim * a for k in kinds)
+    return kv + sum(B * entries(k) * cfg.index_head_dim * a for k in kinds if k == "compressed_sparse_attention")
+
+
+def _chunked_terms(cfg: Any, T: int, B: int, a: int, query_chunk: Any = "auto") -> tuple[int, int, int]:
+    """(persistent, attention phase, indexer phase) bytes of the chunked forward's largest layer, counted
+    from reading `attention.AttentionHooks._attend_chunked`, `compressor.IndexerHooks.select` and
+    `attention.BlockHooks.forward` (not fitted; `benchmarks/dsv4_long.py` compares it with measured peaks).
+
+    Alive through a layer, per token: the streams entering it and those it builds (``2 hc D``), the mHC
+    weights of the token blocks (``post``, ``comb``, float32), the collapsed input and its normed copy
+    (``2 D``), ``q_residual``, the rotated ``q`` (``H d``) and ``K = V``; the rotary tables (main,
+    compress, the indexer's queries: cos and sin). A CSA layer adds the indexer's rotated queries
+    (``index_heads x index_head_dim``), its selection ``[T, top_k]`` (int64) and both entry sets.
+    Then the larger of two phases: the indexer's scores of one query chunk (three float32 copies of
+    ``[chunk, index_heads, entries]`` in transformers' scorer: matmul, relu, weighting) or the
+    attention of one query chunk (the gathered band and entry keys, about six copies of the
+    ``[heads, chunk, key_slots]`` scores) with the output ``z`` ``[T, H, d]`` filling beside it."""
+    from phaseinterp.models.hf.chunking import SCORE_BLOCK
+
+    H, D, d, hc = cfg.num_attention_heads, cfg.hidden_size, cfg.head_dim, cfg.hc_mult
+    Hi, di, k, W = cfg.index_n_heads, cfg.index_head_dim, cfg.index_topk, cfg.sliding_window
+    rope_half = int(d * cfg.partial_rotary_factor) // 2
+    kinds = list(cfg.layer_types)
+    csa = "compressed_sparse_attention" in kinds
+    E = T // cfg.compress_rates["compressed_sparse_attention"] if csa else 0
+    hca = [T // cfg.compress_rates[kind] for kind in kinds if kind == "heavily_compressed_attention"]
+    per_token = 2 * hc * D * a + (hc + hc * hc) * 4 + 2 * D * a + (cfg.q_lora_rank + H * d + d) * a
+    persistent = B * T * per_token + 6 * T * rope_half * 4
+    if csa:
+        persistent += B * E * (d + di) * a + B * T * Hi * di * a + B * T * min(k, E) * 8
+    elif hca:
+        persistent += B * max(hca) * d * a
+
+    def chunk(per_query: int) -> int:
+        size = query_chunk if isinstance(query_chunk, int) else max(1, SCORE_BLOCK // max(1, per_query))
+        return min(T, size)
+
+    indexer = 0
+    if csa and E:
+        Ci = chunk(B * E * (Hi + 2))
+        indexer = 3 * B * Ci * Hi * E * 4
+    slots = W + max([min(k, E)] + hca)
+    C = chunk(B * max(H * (slots + 1), slots * d))
+    attention = B * C * (slots * d + W * d + 6 * H * (slots + 1)) * a + B * T * H * d * a
+    return persistent, attention, indexer
 
 
 def _as_config(config: Union[str, Path, Any, None]) -> Any:
@@ -172,10 +239,7 @@ def measure_forward_peak(model: Any, tokens: Any) -> int:
     tensor storage an op creates is counted from its creation until Python frees it (a
     ``TorchDispatchMode`` with weak-reference finalizers), the same quantity the CUDA counter reports.
     """
-    import weakref
-
     import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
 
     weights = sum(p.numel() * p.element_size() for p in model.parameters() if p.device.type != "meta")
     device = next(model.parameters()).device
@@ -187,6 +251,19 @@ def measure_forward_peak(model: Any, tokens: Any) -> int:
             model(tokens.to(device))
         torch.cuda.synchronize(device)
         return weights + torch.cuda.max_memory_allocated(device) - base
+
+    with torch.no_grad():
+        return weights + measure_call_peak(lambda: model(tokens))
+
+
+def measure_call_peak(fn) -> int:
+    """Peak bytes of the tensor storage created during ``fn()`` and alive at once (CPU): every storage an
+    op creates is counted from its creation until Python frees it (a ``TorchDispatchMode`` with
+    weak-reference finalizers), the quantity ``torch.cuda.max_memory_allocated`` reports on CUDA."""
+    import weakref
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
 
     state = {"live": 0, "peak": 0}
     seen: set[int] = set()
@@ -210,9 +287,9 @@ def measure_forward_peak(model: Any, tokens: Any) -> int:
                         weakref.finalize(storage, release, key, n)
             return out
 
-    with torch.no_grad(), _Track():
-        model(tokens)
-    return weights + state["peak"]
+    with _Track():
+        fn()
+    return state["peak"]
 
 
 DEVICE_SIZES_GB = (80, 141)  # H100/A100 80 GB, H200 141 GB (decimal GB, as sold)
