@@ -257,6 +257,8 @@ def phase_profile(
     if interval not in INTERVALS:
         raise UserInputError(f"interval={interval!r} is not one of {INTERVALS}")
     check_int("batch_size", batch_size, 1)
+    check_int("n_permutations", n_permutations, 1, 1_000_000)  # issue 37: a huge or negative count crashed numpy
+    check_int("n_bootstrap", n_bootstrap, 1, 1_000_000)
     if not (isinstance(confidence, float) and 0 < confidence < 1):
         raise UserInputError(f"confidence={confidence!r} must be a float in (0, 1)")
     if not (hasattr(task, "generate") or hasattr(task, "tokens")):

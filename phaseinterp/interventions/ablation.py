@@ -252,7 +252,14 @@ def _units(model, layers: list[int], scope: str, heads: Optional[Sequence[Sequen
     rows = []
     for layer in layers:
         if heads is not None:
+            if isinstance(heads, (str, bytes)) or not isinstance(heads, (list, tuple)) or len(heads) == 0:
+                raise UserInputError(f"heads={heads!r} must be a non-empty list of query-head groups, e.g. [[0, 1], [2]] "
+                                     f"(ids in 0..{cfg.n_heads - 1})")
             for i, group in enumerate(heads):
+                if not isinstance(group, (list, tuple, range)) or any(
+                        isinstance(h, bool) or not isinstance(h, (int, np.integer)) for h in group):
+                    raise UserInputError(f"heads={list(heads)!r}: each group must be a list of query head ids in "
+                                         f"0..{cfg.n_heads - 1}, got {group!r}")
                 group = tuple(int(h) for h in group)
                 bad = [h for h in group if not (0 <= h < cfg.n_heads)]
                 if bad or not group:
@@ -339,6 +346,8 @@ def ablate(
     check_residue_modulus(modulus, stride)
     if prompts is None:
         check_n_per_residue(n_per_residue, modulus)
+    elif not (hasattr(prompts, "tokens") and hasattr(prompts, "answer_pos")):
+        raise UserInputError(f"prompts={type(prompts).__name__} is not a prompt batch (task.generate(n_per_residue))")
     elif len(prompts) == 0:
         raise UserInputError("prompts holds 0 prompts")
     if isinstance(n_calibration, bool) or not isinstance(n_calibration, int) or not (

@@ -167,6 +167,11 @@ def mean_gate_logits(model, tokens: Tensor, layers: Union[int, Sequence[int], No
     Returns ``{hook name: [slot, kv_head(, d_head)]}`` for each gate-logit hook of ``layers``
     (entries whose logit is -inf, such as the older half of DeepSeek-V4's partial entry 0,
     are left out of the mean)."""
+    from phaseinterp._checks import check_int
+
+    batch_size = check_int("batch_size", batch_size, 1)
+    if not isinstance(tokens, Tensor) or tokens.ndim != 2 or tokens.dtype not in (torch.int32, torch.int64):
+        raise UserInputError(f"tokens={type(tokens).__name__} must be integer token ids [batch, pos]")
     targets = static_targets(model, check_layers(model, layers))
     names = sorted({t[1] for t in targets})
     sums: dict[str, Tensor] = {}

@@ -11,21 +11,23 @@ from typing import Any
 import numpy as np
 from jaxtyping import Int
 
+from phaseinterp.errors import UserInputError
+
 PADDINGS = ("prefix", "in_sequence")
 
 
 def check_int(name: str, value: Any, minimum: int, maximum: int | None = None) -> None:
-    """TypeError unless ``value`` is an integer; ValueError naming the valid range unless in it."""
+    """A UserInputError unless ``value`` is an integer in the valid range (named in the message)."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name}={value!r} must be an integer")
+        raise UserInputError(f"{name}={value!r} must be an integer")
     if value < minimum or (maximum is not None and value > maximum):
         valid = f"{minimum}..{maximum}" if maximum is not None else f">= {minimum}"
-        raise ValueError(f"{name}={value} is out of range (valid: {valid})")
+        raise UserInputError(f"{name}={value} is out of range (valid: {valid})")
 
 
 def check_padding(padding: str) -> None:
     if padding not in PADDINGS:
-        raise ValueError(f"padding={padding!r} is not one of {PADDINGS}")
+        raise UserInputError(f"padding={padding!r} is not one of {PADDINGS}")
 
 
 def feasible_index_range(

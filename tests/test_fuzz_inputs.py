@@ -1,0 +1,453 @@
+"""A fuzzer over the public surface (issue 37): every public function of ``phaseinterp.__all__`` and
+every CLI subcommand, called with drawn argument values of the wrong type, out of range, empty,
+None, NaN, negative, huge, and paths that are missing, relative, a file, a folder, unwritable or
+another kind of saved object. Each call either succeeds or raises `UserInputError` naming the
+argument (CLI: exit code 2 and one line); no other exception escapes phaseinterp's own checks,
+and a refused call writes nothing.
+
+Bounded: the smallest model (2 layers, d_model 32, R = 8), 23 prompts per residue, and a fixed
+seed (``derandomize=True``) with ``max_examples`` per function from ``PHASEINTERP_FUZZ_EXAMPLES``
+(default 12). A larger run: ``PHASEINTERP_FUZZ_EXAMPLES=500 python -m pytest tests/test_fuzz_inputs.py -n 0``.
+The CLI tier stops each command where its checks end (the model load, the experiment, the
+training loop are replaced by a sentinel), so it tests the checks, not the experiments.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import stat
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import phaseinterp as pi
+from phaseinterp import CompressedConfig, CompressedTransformer
+from phaseinterp.errors import UserInputError
+from phaseinterp.tasks import KeyValueRetrieval
+
+EXAMPLES = int(os.environ.get("PHASEINTERP_FUZZ_EXAMPLES", "12"))
+FUZZ = settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None,
+                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+TASK = KeyValueRetrieval(seq_len=64, n_records=8, n_demos=2, min_distance=20, residue_modulus=8)
+CFG = CompressedConfig(d_vocab=TASK.vocab.size, n_ctx=64, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1,
+                       d_head=16, d_mlp=64, window=4, stride=4, local_window=8)
+COUNTS: dict[str, int] = {}
+HOOK_ERRORS: tuple[type, ...] = ()  # the test suite's runtime type checker (conftest), which users do not have
+try:
+    from beartype.roar import BeartypeCallHintViolation
+    from jaxtyping import TypeCheckError
+
+    HOOK_ERRORS = (TypeCheckError, BeartypeCallHintViolation)
+except ImportError:  # pragma: no cover
+    pass
+
+
+def U(fn):
+    """``fn`` without the test suite's type-checking wrapper: a user calls the function itself, whose
+    own checks are what the fuzzer tests (as ``_unchecked`` in test_bad_inputs)."""
+    return getattr(fn, "__wrapped__", fn)  # inputs tried per class (printed by test_report_counts; RESULTS quotes them)
+
+# ----------------------------------------------------------------- values
+HUGE = 10**12
+values = st.one_of(
+    st.none(), st.booleans(), st.integers(-3, 12), st.sampled_from([-1, 0, HUGE, -HUGE, 2**63]),
+    st.floats(allow_nan=True, allow_infinity=True, width=32), st.sampled_from([math.nan, math.inf, -0.0, 1.5]),
+    st.text(max_size=6), st.sampled_from(["", "1", "nan", "-1", "bfloat16", "cpu:1", "cuda:7", "mps", "x" * 300]),
+    st.lists(st.integers(-3, 9), max_size=4), st.just([]), st.just(()), st.just({}),
+    st.dictionaries(st.text(max_size=3), st.integers(0, 3), max_size=2), st.just(object()),
+    st.just(torch.tensor([1.0, math.nan])),
+)
+PATH_KINDS = ["missing", "relative-missing", "file", "empty-folder", "user-folder", "unwritable", "result", "checkpoint",
+              "hf-checkpoint", "", "nul"]
+
+
+def _classify(value) -> str:
+    """The class of a drawn value, for the counts in RESULTS."""
+    if value is None:
+        return "None"
+    if isinstance(value, bool) or not isinstance(value, (int, float, str, list, tuple, dict)):
+        return "wrong type"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN/inf"
+    if isinstance(value, (int, float)):
+        return "negative" if value < 0 else "huge" if abs(value) >= 10**9 else "out of range"
+    if len(value) == 0:
+        return "empty"
+    return "wrong type" if isinstance(value, (str, dict)) else "out of range"
+
+
+def _count(kind: str) -> None:
+    COUNTS[kind] = COUNTS.get(kind, 0) + 1
+
+
+@pytest.fixture(scope="module")
+def places(tmp_path_factory):
+    """A checkpoint, a saved result, an HF checkpoint, a file, an unwritable folder (each kept unchanged)."""
+    root = tmp_path_factory.mktemp("fuzz")
+    model = CompressedTransformer(CFG)
+    model.metadata.update(task=TASK.to_dict(), task_type="KeyValueRetrieval")
+    model.save_pretrained(root / "checkpoint")
+    U(pi.phase_profile)(model, TASK.generate(23, seed=0), progress=False, n_permutations=19).save(root / "result")
+    (root / "hf-checkpoint").mkdir()
+    (root / "hf-checkpoint" / "config.json").write_text('{"model_type": "deepseek_v4"}')
+    (root / "file").write_text("a user's file")
+    (root / "user-folder").mkdir()
+    (root / "user-folder" / "notes.txt").write_text("the user's notes")
+    (root / "empty-folder").mkdir()
+    (root / "unwritable").mkdir()
+    os.chmod(root / "unwritable", stat.S_IRUSR | stat.S_IXUSR)
+    return root
+
+
+@pytest.fixture(scope="module")
+def model(places):
+    return CompressedTransformer.from_pretrained(places / "checkpoint").eval()
+
+
+def _path(kind: str, root: Path):
+    if kind == "":
+        return ""
+    if kind == "nul":
+        return str(root / "a\x00b")
+    if kind == "relative-missing":
+        return "no/such/relative/path"
+    if kind == "unwritable":
+        return root / "unwritable" / "new"
+    return root / kind
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _names_it(err: BaseException, names: tuple[str, ...], value) -> bool:
+    text = str(err)
+    return any(n in text for n in names) or (isinstance(value, (str, int)) and not isinstance(value, bool)
+                                               and repr(value) in text)
+
+
+def _call(fn, names: tuple[str, ...], value, kind: str):
+    """Run ``fn()``; success or a UserInputError naming the argument; anything else fails the test."""
+    _count(kind)
+    try:
+        result = fn()
+    except HOOK_ERRORS:  # a class constructor, which the hook wraps where U() cannot reach: not ours to judge
+        _count("stopped by the test's type hook")
+        return None
+    except UserInputError as err:
+        assert _names_it(err, names, value), f"{names[0]}={value!r}: the message does not name it: {err}"
+        assert "\n" not in str(err).strip() or len(str(err)) < 2000, err
+        return None
+    return result
+
+
+# ------------------------------------------------------- API: the experiments
+def _batch():
+    return TASK.generate(23, seed=0)
+
+
+API = {  # function -> {argument: (names the message may use, call(model, value))}
+    "phase_profile": {
+        "task": (("task",), lambda m, v: U(pi.phase_profile)(m, v, progress=False, n_permutations=9)),
+        "n_per_residue": (("n_per_residue",), lambda m, v: U(pi.phase_profile)(m, TASK, v, progress=False,
+                                                                              n_permutations=9)),
+        "stride": (("stride",), lambda m, v: U(pi.phase_profile)(m, _batch(), stride=v, progress=False, n_permutations=9)),
+        "batch_size": (("batch_size",), lambda m, v: U(pi.phase_profile)(m, _batch(), batch_size=v, progress=False,
+                                                                        n_permutations=9)),
+        "seed": (("seed",), lambda m, v: U(pi.phase_profile)(m, TASK, 23, seed=v, progress=False, n_permutations=9)),
+        "device": (("device",), lambda m, v: U(pi.phase_profile)(m, _batch(), device=v, progress=False, n_permutations=9)),
+        "confidence": (("confidence",), lambda m, v: U(pi.phase_profile)(m, _batch(), confidence=v, progress=False,
+                                                                        n_permutations=9)),
+        "n_permutations": (("n_permutations",), lambda m, v: U(pi.phase_profile)(m, _batch(), n_permutations=v,
+                                                                                progress=False)),
+    },
+    "ablate": {
+        "layer": (("layer",), lambda m, v: U(pi.ablate)(m, layer=v, prompts=_batch(), n_calibration=8, progress=False)),
+        "scope": (("scope",), lambda m, v: U(pi.ablate)(m, scope=v, prompts=_batch(), n_calibration=8, progress=False)),
+        "n_calibration": (("n_calibration",), lambda m, v: U(pi.ablate)(m, n_calibration=v, prompts=_batch(),
+                                                                       progress=False)),
+        "method": (("method",), lambda m, v: U(pi.ablate)(m, method=v, prompts=_batch(), n_calibration=8, progress=False)),
+        "batch_size": (("batch_size",), lambda m, v: U(pi.ablate)(m, batch_size=v, prompts=_batch(), n_calibration=8,
+                                                                 progress=False)),
+        "heads": (("heads",), lambda m, v: U(pi.ablate)(m, heads=v, prompts=_batch(), n_calibration=8, progress=False)),
+        "prompts": (("prompts",), lambda m, v: U(pi.ablate)(m, prompts=v, n_calibration=8, progress=False)),
+    },
+    "gate_cycling": {
+        "shifts": (("shifts", "shift"), lambda m, v: U(pi.gate_cycling)(m, shifts=v, prompts=_batch(), progress=False,
+                                                                      n_boot=9)),
+        "layers": (("layers", "layer"), lambda m, v: U(pi.gate_cycling)(m, shifts=[1], layers=v, prompts=_batch(),
+                                                                      progress=False, n_boot=9)),
+        "kv_heads": (("kv_heads", "kv_head"), lambda m, v: U(pi.gate_cycling)(m, shifts=[1], kv_heads=v, prompts=_batch(),
+                                                                            progress=False, n_boot=9)),
+        "branch": (("branch",), lambda m, v: U(pi.gate_cycling)(m, shifts=[1], branch=v, prompts=_batch(), progress=False,
+                                                              n_boot=9)),
+        "mode": (("mode",), lambda m, v: U(pi.gate_cycling)(m, shifts=[1], mode=v, prompts=_batch(), progress=False,
+                                                          n_boot=9)),
+        "score": (("score",), lambda m, v: U(pi.gate_cycling)(m, shifts=[1], score=v, prompts=_batch(), progress=False,
+                                                            n_boot=9)),
+        "n_boot": (("n_boot",), lambda m, v: U(pi.gate_cycling)(m, shifts=[1], n_boot=v, prompts=_batch(),
+                                                              progress=False)),
+    },
+    "gate_profile": {
+        "n_per_residue": (("n_per_residue",), lambda m, v: U(pi.gate_profile)(m, TASK, n_per_residue=v)),
+        "batch_size": (("batch_size",), lambda m, v: U(pi.gate_profile)(m, TASK, n_per_residue=2, batch_size=v)),
+    },
+    "cycle_gates": {
+        "shift": (("shift",), lambda m, v: _enter(pi.cycle_gates(m, v))),
+        "layers": (("layers", "layer"), lambda m, v: _enter(pi.cycle_gates(m, 1, layers=v))),
+        "branch": (("branch",), lambda m, v: _enter(pi.cycle_gates(m, 1, branch=v))),
+        "kv_heads": (("kv_heads", "kv_head"), lambda m, v: _enter(pi.cycle_gates(m, 1, kv_heads=v))),
+    },
+    "shifted_copy": {
+        "shift": (("shift",), lambda m, v: U(pi.shifted_copy)(m, v)),
+        "layers": (("layers", "layer"), lambda m, v: U(pi.shifted_copy)(m, 1, layers=v)),
+        "branch": (("branch",), lambda m, v: U(pi.shifted_copy)(m, 1, branch=v)),
+    },
+    "mean_gate_logits": {
+        "tokens": (("tokens",), lambda m, v: U(pi.mean_gate_logits)(m, v)),
+        "layers": (("layers", "layer"), lambda m, v: U(pi.mean_gate_logits)(m, _batch().tokens[:4, :40], layers=v)),
+        "batch_size": (("batch_size",), lambda m, v: U(pi.mean_gate_logits)(m, _batch().tokens[:4, :40], batch_size=v)),
+    },
+    "specialized_units": {
+        "max_phases": (("max_phases",), lambda m, v: U(pi.specialized_units)(m, TASK, max_phases=v, n_per_residue=23,
+                                                                          n_calibration=8, progress=False)),
+        "layers": (("layers", "layer"), lambda m, v: U(pi.specialized_units)(m, TASK, layers=v, n_per_residue=23,
+                                                                           n_calibration=8, progress=False)),
+    },
+    "CompressedTransformer": {
+        "cfg": (("cfg",), lambda m, v: CompressedTransformer(v)),
+        "device": (("device",), lambda m, v: CompressedTransformer(CFG, device=v)),
+    },
+    "CompressedConfig": {
+        field: ((field,), (lambda f: lambda m, v: CompressedConfig(**{f: v}))(field))
+        for field in ("d_model", "n_layers", "n_heads", "n_kv_heads", "window", "stride", "local_window", "gate")
+    },
+    "zoo.load": {
+        "name": (("name",), lambda m, v: U(pi.zoo.load)(v)),
+        "device": (("device",), lambda m, v: U(pi.zoo.load)("w4s4", device=v)),
+    },
+    "load_hf": {
+        "device_map": (("device_map",), lambda m, v: U(pi.load_hf)(pi.zoo.CHECKPOINT_DIR / "dsv4-tiny", device_map=v)),
+        "dtype": (("dtype",), lambda m, v: U(pi.load_hf)(pi.zoo.CHECKPOINT_DIR / "dsv4-tiny", dtype=v)),
+    },
+    "from_hf": {"hf_model": (("from_hf", "hf_model"), lambda m, v: U(pi.from_hf)(v))},
+    "OpenAIEngine": {
+        "base_url": (("base_url",), lambda m, v: pi.OpenAIEngine(v, "m", 32)),
+        "d_vocab": (("d_vocab",), lambda m, v: pi.OpenAIEngine("http://127.0.0.1:9/v1", "m", v)),
+        "top_logprobs": (("top_logprobs",), lambda m, v: pi.OpenAIEngine("http://127.0.0.1:9/v1", "m", 32,
+                                                                           top_logprobs=v)),
+        "timeout": (("timeout",), lambda m, v: pi.OpenAIEngine("http://127.0.0.1:9/v1", "m", 32, timeout=v)),
+    },
+}
+# Public names of phaseinterp.__all__ the table above does not call, with the reason.
+NOT_CALLED = {
+    "AblationResult": "a result class: its load is fuzzed in test_fuzz_paths",
+    "CyclingResult": "a result class: its load is fuzzed in test_fuzz_paths",
+    "GateProfile": "a result class: its load is fuzzed in test_fuzz_paths",
+    "PhaseProfile": "a result class: load and save are fuzzed in test_fuzz_paths",
+    "IndexerPhaseResult": "a result class", "ForcedSelectionResult": "a result class",
+    "ConformanceResult": "a result class", "UnitCyclingResult": "a result class", "UnitSelection": "a result class",
+    "CheckpointError": "an error class", "KVCache": "the model's cache object, built by the model",
+    "mean_ablation": "the same function as ablate (an alias)",
+    "shift_static_gates": "shares check_shift/check_layers/check_kv_heads with cycle_gates (fuzzed)",
+    "indexer_phase": "DeepSeek-V4 only (a dsv4 model per call: too slow for the fast tier); its layers/n_per_residue "
+                     "checks are shared with gate_cycling",
+    "force_target_selection": "DeepSeek-V4 only, as indexer_phase",
+    "conformance": "runs three implementations per call: fuzzed through the CLI's checks",
+    "phase": "a module", "stats": "a module", "tasks": "a module", "theory": "a module", "zoo": "a module (zoo.load is fuzzed)",
+}
+COVERED = set(API) | {"zoo"}
+
+
+def _enter(manager):
+    with manager:
+        return None
+
+
+def test_every_public_function_is_fuzzed_or_says_why_not():
+    public = set(pi.__all__)
+    assert public - COVERED - set(NOT_CALLED) == set(), "a public name neither fuzzed nor listed in NOT_CALLED"
+    assert set(NOT_CALLED) - public == set()
+
+
+CASES = [(fn, arg) for fn, args in API.items() for arg in args]
+
+
+@pytest.mark.parametrize("fn, arg", CASES, ids=[f"{f}-{a}" for f, a in CASES])
+def test_fuzz_api(fn, arg, model, places):
+    names, call = API[fn][arg]
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    before = _snapshot(places)
+
+    @FUZZ
+    @given(value=values)
+    def run(value):
+        _call(lambda: call(model, value), names, value, _classify(value))
+
+    run()
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items()), "the model was changed"
+    assert _snapshot(places) == before
+
+
+# ------------------------------------------------------------------ paths
+PATH_CALLS = {
+    "PhaseProfile.load": (("directory",), lambda m, p, places: U(pi.PhaseProfile.load)(p)),
+    "AblationResult.load": (("directory",), lambda m, p, places: U(pi.AblationResult.load)(p)),
+    "PhaseProfile.save": (("directory",), lambda m, p, places: U(pi.PhaseProfile.load)(places / "result").save(p)),
+    "CompressedTransformer.save_pretrained": (("directory",), lambda m, p, places: m.save_pretrained(p)),
+    "CompressedTransformer.from_pretrained": (("directory",), lambda m, p, places: CompressedTransformer.from_pretrained(p)),
+    "load_hf": (("path",), lambda m, p, places: U(pi.load_hf)(p)),
+    "report.check_report_dir": (("out_dir",), lambda m, p, places: U(pi.report.check_report_dir)(p)),
+    "report.check.report_page": (("page",), lambda m, p, places: __import__(
+        "phaseinterp.report.check", fromlist=["x"]).report_page(p)),
+    "train(out_dir)": (("out_dir",), lambda m, p, places: _train_checks_only(p)),
+}
+
+
+def _train_checks_only(out_dir):
+    """train's own checks on ``out_dir``, stopping before the first step (the sentinel)."""
+    from phaseinterp.train import compressed
+
+    original = compressed._make_optimizer
+
+    def stop(*args, **kwargs):
+        raise _Reached
+
+    compressed._make_optimizer = stop
+    try:
+        pi.train.train(CFG.replace(n_layers=1), TASK, steps=1, out_dir=out_dir, progress=False)
+    except _Reached:
+        return None
+    finally:
+        compressed._make_optimizer = original
+
+
+class _Reached(Exception):
+    """Raised where a command's checks end and its work would begin."""
+
+
+@pytest.mark.parametrize("name", sorted(PATH_CALLS))
+def test_fuzz_paths(name, model, places, tmp_path, monkeypatch):
+    names, call = PATH_CALLS[name]
+    monkeypatch.chdir(tmp_path)
+    before = _snapshot(places)
+
+    @FUZZ
+    @given(kind=st.sampled_from(PATH_KINDS), as_str=st.booleans())
+    def run(kind, as_str):
+        path = _path(kind, places)
+        path = str(path) if as_str else path
+        _count(f"path: {kind}")
+        try:
+            call(model, path, places)
+        except UserInputError as err:
+            assert _names_it(err, names + (str(path),), None) or str(path) in str(err), (name, kind, str(err))
+        assert _snapshot(places) == before, f"{name} changed {kind}"
+        assert not list(Path(tmp_path).iterdir()) or name.endswith(("save", "save_pretrained", "train(out_dir)")), \
+            f"{name} wrote into the working directory"
+        for child in list(Path(tmp_path).iterdir()):  # a successful save of a relative path: start the next clean
+            import shutil
+
+            shutil.rmtree(child) if child.is_dir() else child.unlink()
+
+    run()
+    assert not (places / "unwritable" / "new").exists()
+
+
+# ------------------------------------------------------------------- the CLI
+def _cli_verbs():
+    from phaseinterp.cli.args import build_parser
+
+    sub = build_parser()._subparsers._group_actions[0].choices
+    verbs = {}
+    for verb, parser in sub.items():
+        if verb == "zoo":
+            for z, zp in parser._subparsers._group_actions[0].choices.items():
+                verbs[f"zoo {z}"] = zp
+        else:
+            verbs[verb] = parser
+    return verbs
+
+
+CLI_VALUES = ["", "0", "-1", "nan", "inf", "1e9", "999999999999", "x", "1,x", "bfloat16", "cpu:1", "cuda:7", "mps",
+              "no/such/relative", "{file}", "{user-folder}", "{result}", "{checkpoint}", "{unwritable}/new",
+              "{empty-folder}", "w4s4", "dsv4-tiny", "none"]
+
+
+def _stop_work(monkeypatch):
+    """Replace each command's work (model loads, experiments, training, building) by the sentinel."""
+    import phaseinterp.report as report
+    import phaseinterp.train as train
+    from phaseinterp import zoo
+    from phaseinterp.models.hf import export
+    from phaseinterp.zoo import deepseek_v4 as hf_zoo
+
+    def stop(*args, **kwargs):
+        raise _Reached
+
+    for owner, name in ((report, "load_model"), (report, "build_report"), (train, "train"), (zoo, "build"),
+                        (hf_zoo, "build"), (hf_zoo, "load"), (export, "export_release")):
+        monkeypatch.setattr(owner, name, stop)
+
+
+@pytest.mark.parametrize("verb", sorted(_cli_verbs()))
+def test_fuzz_cli(verb, places, tmp_path, monkeypatch, capsys):
+    from phaseinterp.cli import main
+
+    parser = _cli_verbs()[verb]
+    options = [a for a in parser._actions if a.option_strings and a.dest not in ("help",)]
+    positionals = [a for a in parser._actions if not a.option_strings]
+    _stop_work(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    before = _snapshot(places)
+
+    @FUZZ
+    @given(option=st.sampled_from(options + positionals), raw=st.sampled_from(CLI_VALUES))
+    def run(option, raw):
+        value = raw.format(**{k: str(places / k) for k in ("file", "user-folder", "result", "checkpoint",
+                                                           "unwritable", "empty-folder")}) if "{" in raw else raw
+        argv = verb.split()
+        base = {"model": str(places / "checkpoint"), "name": "dsv4-tiny" if verb == "zoo export" else "w4s4",
+                "dir": str(places / "empty-folder")}
+        for p in positionals:
+            argv.append(value if p is option else base.get(p.dest, "x"))
+        if option in options:
+            if option.nargs == 0:
+                argv.append(option.option_strings[-1])
+            else:
+                argv += [option.option_strings[-1], value]
+        if verb == "zoo export" and option.dest != "layout":
+            argv += ["--layout", "deepseek"]
+        if verb == "zoo export" and option.dest != "out" or verb == "train" and option.dest != "out":
+            argv += ["--out", str(tmp_path / "out")]
+        _count(f"cli: {verb}")
+        try:
+            code = main(argv)
+        except _Reached:
+            code = "reached"
+        except SystemExit as exit_info:  # argparse
+            code = exit_info.code
+        err = capsys.readouterr().err.strip()
+        assert code in (0, 2, "reached"), (argv, code, err)
+        if code == 2:
+            lines = err.splitlines()
+            assert len(lines) == 1 and lines[0].startswith("phaseinterp: error:"), (argv, err)
+        assert _snapshot(places) == before, f"{argv} changed a user's files"
+        if code == 2:
+            assert not (tmp_path / "out").exists(), f"{argv} left an output folder"
+        for child in list(tmp_path.iterdir()):
+            import shutil
+
+            shutil.rmtree(child) if child.is_dir() else child.unlink()
+
+    run()
+
+
+def test_report_counts(capsys):
+    """Prints how many inputs each class got in this process (run the whole file to see them all)."""
+    with capsys.disabled():
+        print("\nfuzz inputs per class:", dict(sorted(COUNTS.items())))
