@@ -78,24 +78,32 @@ def exchange_paths(a: Union[str, os.PathLike], b: Union[str, os.PathLike]) -> bo
     raise OSError(err, os.strerror(err), os.fspath(b))
 
 
-def check_output_dir(path: Union[str, os.PathLike]) -> Path:
+def is_path(value: Any) -> bool:
+    """Whether ``value`` can name a file: a non-empty str or os.PathLike (not bytes) without NUL bytes."""
+    if isinstance(value, (bytes, bool)) or not isinstance(value, (str, os.PathLike)):
+        return False
+    text = os.fspath(value)
+    return isinstance(text, str) and bool(text) and "\x00" not in text
+
+
+def check_output_dir(path: Union[str, os.PathLike], name: str = "output directory") -> Path:
     """``path`` as a Path if a folder can be written there (it exists as a folder, or its nearest
     existing ancestor is a writable folder); otherwise a ValueError naming it. Creates nothing,
     so callers can check before any expensive work and leave no partial output."""
-    if isinstance(path, (bytes, bool)) or not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
-        raise UserInputError(f"output directory {path!r} must be a non-empty path")
+    if not is_path(path):
+        raise UserInputError(f"{name}={path!r} must be a non-empty path (a str or pathlib.Path, no NUL)")
     path = Path(path)
     if path.exists() and not path.is_dir():
-        raise UserInputError(f"output directory {str(path)!r} is an existing file, not a directory")
+        raise UserInputError(f"{name}={str(path)!r} is an existing file, not a directory")
     probe = path
     while not probe.exists():
         if probe.parent == probe:
             break
         probe = probe.parent
     if probe.exists() and not probe.is_dir():
-        raise UserInputError(f"output directory {str(path)!r} cannot be created: {str(probe)!r} is a file")
+        raise UserInputError(f"{name}={str(path)!r} cannot be created: {str(probe)!r} is a file")
     if not os.access(probe, os.W_OK | os.X_OK):
-        raise UserInputError(f"output directory {str(path)!r} is not writable ({str(probe)!r} denies write access)")
+        raise UserInputError(f"{name}={str(path)!r} is not writable ({str(probe)!r} denies write access)")
     return path
 
 
@@ -163,7 +171,7 @@ def check_write_target(path: Union[str, os.PathLike], kind: str, *, overwrite: b
     (``kind="shard folder"``: a folder of the same run is resumed, which its run header checks) and
     `phaseinterp.train.train` ``out_dir`` (``kind="training run"``: resumed with ``resume=True``).
     """
-    target = check_output_dir(path)
+    target = check_output_dir(path, name)
     held = saved_kind(target)
     if held is None:
         return target

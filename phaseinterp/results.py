@@ -162,7 +162,9 @@ class Result:
     def load(cls, directory: Union[str, os.PathLike]):
         """Read a folder written by ``save``; raises FileNotFoundError when a file is missing and
         ValueError when it is truncated, corrupt or holds another kind of result."""
-        if isinstance(directory, (bytes, bool)) or not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
+        from phaseinterp._files import is_path
+
+        if not is_path(directory):
             raise UserInputError(f"directory={directory!r} is not a path to a saved {cls.__name__} folder")
         directory = Path(directory)
         if not directory.exists():

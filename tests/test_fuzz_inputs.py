@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import stat
 from pathlib import Path
 
@@ -295,9 +296,9 @@ def test_fuzz_api(fn, arg, model, places):
 
 # ------------------------------------------------------------------ paths
 PATH_CALLS = {
-    "PhaseProfile.load": (("directory",), lambda m, p, places: U(pi.PhaseProfile.load)(p)),
-    "AblationResult.load": (("directory",), lambda m, p, places: U(pi.AblationResult.load)(p)),
-    "PhaseProfile.save": (("directory",), lambda m, p, places: U(pi.PhaseProfile.load)(places / "result").save(p)),
+    "PhaseProfile.load": (("directory",), lambda m, p, places: pi.PhaseProfile.load(p)),
+    "AblationResult.load": (("directory",), lambda m, p, places: pi.AblationResult.load(p)),
+    "PhaseProfile.save": (("directory",), lambda m, p, places: pi.PhaseProfile.load(places / "result").save(p)),
     "CompressedTransformer.save_pretrained": (("directory",), lambda m, p, places: m.save_pretrained(p)),
     "CompressedTransformer.from_pretrained": (("directory",), lambda m, p, places: CompressedTransformer.from_pretrained(p)),
     "load_hf": (("path",), lambda m, p, places: U(pi.load_hf)(p)),
@@ -342,20 +343,26 @@ def test_fuzz_paths(name, model, places, tmp_path, monkeypatch):
         path = _path(kind, places)
         path = str(path) if as_str else path
         _count(f"path: {kind}")
+        existed = kind not in ("", "nul") and Path(path).exists()
         try:
             call(model, path, places)
         except UserInputError as err:
             assert _names_it(err, names + (str(path),), None) or str(path) in str(err), (name, kind, str(err))
-        assert _snapshot(places) == before, f"{name} changed {kind}"
+            assert existed or kind in ("", "nul") or not Path(path).exists(), f"{name} refused {kind} but wrote it"
+        else:  # a successful write to a new path (as root, "unwritable" is writable): start the next one clean
+            if not existed and kind not in ("", "nul") and Path(path).exists():
+                shutil.rmtree(path) if Path(path).is_dir() else Path(path).unlink()
+            if kind == "empty-folder":  # an empty folder is a valid target: empty it again
+                shutil.rmtree(path)
+                Path(path).mkdir()
+        after = _snapshot(places)
+        assert after == before, (f"{name} changed {kind}", sorted(set(after) ^ set(before)))
         assert not list(Path(tmp_path).iterdir()) or name.endswith(("save", "save_pretrained", "train(out_dir)")), \
             f"{name} wrote into the working directory"
         for child in list(Path(tmp_path).iterdir()):  # a successful save of a relative path: start the next clean
-            import shutil
-
             shutil.rmtree(child) if child.is_dir() else child.unlink()
 
     run()
-    assert not (places / "unwritable" / "new").exists()
 
 
 # ------------------------------------------------------------------- the CLI
@@ -440,8 +447,6 @@ def test_fuzz_cli(verb, places, tmp_path, monkeypatch, capsys):
         if code == 2:
             assert not (tmp_path / "out").exists(), f"{argv} left an output folder"
         for child in list(tmp_path.iterdir()):
-            import shutil
-
             shutil.rmtree(child) if child.is_dir() else child.unlink()
 
     run()

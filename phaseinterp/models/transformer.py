@@ -403,7 +403,9 @@ class CompressedTransformer(HookedRootModule):
         from phaseinterp._checks import check_device
 
         device = check_device(device)  # before reading any weights
-        if isinstance(directory, (bytes, bool)) or not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
+        from phaseinterp._files import is_path
+
+        if not is_path(directory):
             raise UserInputError(f"directory={directory!r} is not a path to a checkpoint folder (config.json + "
                                  f"{WEIGHTS_FILE})")
         directory = Path(directory)

@@ -112,7 +112,9 @@ def report_page(page: Union[str, os.PathLike], name: str = "page") -> Path:
     """The HTML file to check for ``page``: an ``.html`` file, or a report folder's ``index.html``
     (relative paths are relative to the working directory). A missing path, a folder without
     ``index.html`` or a file that is not an HTML page is a one-line error naming it."""
-    if isinstance(page, (bytes, bool)) or not isinstance(page, (str, os.PathLike)) or not os.fspath(page):
+    from phaseinterp._files import is_path
+
+    if not is_path(page):
         raise UserInputError(f"{name}={page!r} is not a path to a report folder or an HTML page")
     path = Path(page).resolve()  # a file:// URI needs an absolute path; relative ones are from the working directory
     if not path.exists():

@@ -72,7 +72,9 @@ def load_hf(path: Union[str, Path], device_map: Union[str, dict, None] = None, d
 
     device_map = check_device_map(device_map)  # every device named exists here: before any weight is read
     dtype = check_dtype(dtype, allow_auto=True)  # "bfloat16" as transformers takes it
-    if isinstance(path, (bytes, bool)) or not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+    from phaseinterp._files import is_path
+
+    if not is_path(path):
         raise UserInputError(f"path={path!r} is not a path to a local checkpoint folder")
     path = Path(path)
     if not path.exists():
