@@ -49,15 +49,16 @@ def main() -> None:
         if not entry["complete"]:
             print(f"\n{label}: not estimated ({entry['missing']}); source: {entry['source']}")
             continue
-        print(f"\n{label} (source: {entry['source'].split(':')[0]}); weights FP8 experts + BF16 rest, "
-              "activations BF16, batch 1, the wrapper's eager full forward:")
-        print("| tokens | weights (GB) | forward activations (GB) | generation KV cache (GB) | 80 GB devices | 141 GB devices |")
-        print("|---|---|---|---|---|---|")
+        print(f"\n{label} (source: {entry['source'].split(':')[0]}); weights MXFP4 experts + BF16 rest, "
+              "activations BF16, batch 1, the chunked forward (`memory_plan`):")
+        print("| tokens | experiment | weights (GB) | one layer's activations (GB) | knockout state (GB) | "
+              "80 GB devices | 141 GB devices |")
+        print("|---|---|---|---|---|---|---|")
         from phaseinterp.models.hf.memory import config_from_dict
 
         for row in memory_plan(config_from_dict(entry["config"])):
-            cells = [row["tokens"], f"{row['weights_gb']:.1f}", f"{row['activations_gb']:,.1f}",
-                     f"{row['kv_cache_gb']:.2f}"]
+            cells = [f"{row['tokens']:,}", row["experiment"], f"{row['weights_gb']:.1f}",
+                     f"{row['activations_gb']:,.1f}", f"{row['state_gb']:.1f}"]
             cells += ["does not fit (one layer's activations exceed a device)" if row[k] is None else row[k]
                       for k in ("devices_80gb", "devices_141gb")]
             print("| " + " | ".join(str(c) for c in cells) + " |")

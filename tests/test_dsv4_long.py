@@ -235,3 +235,61 @@ def test_a_prompt_longer_than_max_position_embeddings_is_refused_by_name():
         model(tokens_of(64, 65))
     with pytest.raises(UserInputError, match="max_position_embeddings=64"):
         model.last_logits(tokens_of(64, 65))
+
+
+# ------------------------------------------------------------- memory and scale
+@pytest.mark.slow
+def test_memory_estimate_of_the_chunked_forward_is_within_15_percent_of_the_measured_peak():
+    from phaseinterp.models.hf.memory import estimate_forward_memory, measure_call_peak
+
+    hf = randomized(published_attention())
+    model = from_hf(hf)
+    tokens = tokens_of(64, 3000)
+    with torch.no_grad():
+        measured = measure_call_peak(lambda: model(tokens, return_type=None))
+    est = estimate_forward_memory(hf.config, 3000, batch=1, act_bytes=4, weight_bytes=4, logits=False)
+    assert est.chunked
+    ratio = (est.peak - est.weights) / measured
+    assert 0.85 <= ratio <= 1.15, f"estimate / measured = {ratio:.3f}"
+
+
+def test_memory_plan_names_devices_for_a_profile_and_an_ablation():
+    from phaseinterp.models.hf.memory import memory_plan
+
+    rows = memory_plan()
+    assert [(r["tokens"], r["experiment"]) for r in rows] == [
+        (131072, "phase profile"), (131072, "one-layer ablation"),
+        (1048576, "phase profile"), (1048576, "one-layer ablation")]
+    at_128k = rows[0]
+    assert at_128k["devices_80gb"] >= at_128k["devices_141gb"] >= 2
+    assert rows[1]["state_gb"] > 0 and rows[1]["devices_80gb"] >= at_128k["devices_80gb"]
+    assert rows[2]["devices_80gb"] is None  # one layer's activations exceed a device at 1M tokens
+
+
+def test_the_gpu_script_refuses_a_machine_without_cuda(capsys, monkeypatch):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "benchmarks" / "dsv4_gpu.py"
+    spec = importlib.util.spec_from_file_location("dsv4_gpu", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert script.main([]) == 2
+    assert "CUDA is not available" in capsys.readouterr().err
+    assert script.main(["--tokens", "0"]) == 2
+    assert script.main(["--layers", "44"]) == 2
+
+
+def test_the_paper_protocol_task_lays_out_128k_tokens_of_16000_records():
+    from phaseinterp.tasks import NeedleRetrieval
+
+    task = NeedleRetrieval.paper_protocol()
+    geometry = task._geometry(task.pools())
+    assert (task.seq_len, geometry["n_records"], task.record_len, task.residue_modulus) == (131072, 16000, 8, 24)
+    centre = (geometry["lo"] + geometry["hi"]) / 2
+    assert abs(centre - (1 + 248 * 8)) < 80  # where the 249th record lies
+    batch = NeedleRetrieval.paper_protocol(seq_len=4096, n_records=400).generate(1, seed=0, strict=False)
+    assert batch.tokens.shape == (24, 4096)
+    with pytest.raises(ValueError, match="target_record=500 is out of range"):
+        NeedleRetrieval.paper_protocol(seq_len=4096, n_records=400, target_record=500)

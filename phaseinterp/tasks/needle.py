@@ -108,6 +108,21 @@ class NeedleRetrieval(TaskSettings):
     value_pieces: tuple[str, ...] | None = None
     filler_pieces: tuple[str, ...] | None = None
     separator: str = "\n\n"
+    target_record: int | None = None  # centre the target band on this record (1-based); None: the middle
+
+    @classmethod
+    def paper_protocol(cls, **overrides: Any) -> "NeedleRetrieval":
+        """The paper's long-context protocol: 131,072-token prompts of 16,000 key-value records (4 key and
+        4 value tokens each: 128,000 tokens, the rest fillers for the padding), the target band centred
+        on the 249th record, residues mod 24 (so every phase of strides 4, 6, 8, 12 and 24 is measured
+        with the same moment matching). Use ``phase_profile(model, task, n_per_residue=256,
+        tokenizer=...)`` for the paper's 256 prompts per residue group (what it reports: 6,144 prompts
+        of 128K tokens). The target's position varies by residue inside a ``target_window`` band, so the
+        record that holds it is the 249th give or take ``target_window / 8`` records. ``overrides``
+        replace any field (a tokenizer's own pieces, a shorter ``seq_len`` to try it first)."""
+        settings = dict(seq_len=131072, n_records=16000, key_tokens=4, value_tokens=4, n_demos=2,
+                        residue_modulus=24, target_window=120, filler_tokens=64, target_record=249)
+        return cls(**{**settings, **overrides})
 
     def __post_init__(self) -> None:
         check_int("key_tokens", self.key_tokens, 1)
@@ -118,6 +133,8 @@ class NeedleRetrieval(TaskSettings):
         check_int("target_window", self.target_window, 1)
         check_padding(self.padding)
         check_int("seq_len", self.seq_len, 1)
+        if self.target_record is not None:
+            check_int("target_record", self.target_record, 1)
         for name in ("key_pieces", "value_pieces", "filler_pieces"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, tuple(getattr(self, name)))
@@ -162,7 +179,10 @@ class NeedleRetrieval(TaskSettings):
                 f"(needs >= {self.seq_len - slack})"
             )
         start = len(pools.head)
-        middle = self.seq_len // 2
+        if self.target_record is not None and self.target_record > n_records:
+            raise ValueError(f"target_record={self.target_record} is out of range 1..{n_records} (the records)")
+        middle = (self.seq_len // 2 if self.target_record is None
+                  else start + (self.target_record - 1) * L + slack * (self.target_record - 1) // n_records)
         lo = max(start, middle - self.target_window // 2)
         hi = min(start + slack + L * (n_records - 1), middle + (self.target_window - 1) // 2)
         check_target_band(

@@ -306,18 +306,46 @@ def devices_needed(fm: ForwardMemory, device_gb: int) -> Optional[int]:
     return max(1, -(-fm.weights // (cap - act)))
 
 
-def memory_plan(config: Union[str, Path, Any, None] = None, lengths: tuple[int, ...] = (8192, 65536, 1048576),
-                expert_weight_bytes: float = 1.0) -> list[dict[str, Any]]:
-    """Rows: per length, weights (FP8 experts + BF16 rest), activation peak of the wrapper's full forward,
-    KV cache for generation, and the 80 GB / 141 GB devices needed (None: does not fit any number)."""
+def ablation_state_bytes(config: Any, seq_len: int, batch: int = 1, act_bytes: int = 2) -> int:
+    """Bytes the fast knockout keeps from its clean pass (`last_position.clean_states`), all layers: per
+    layer the streams at the answer position, the attention input and K = V of the last ``tail``
+    positions, and every compressed entry (CSA: also the indexer's); plus the calibration means
+    ``[layer, head, d_head]`` (float32). Linear in T through the entries only (T/4 per CSA layer)."""
+    cfg = _as_config(config)
+    T, B, a = seq_len, batch, act_bytes
+    total = 0
+    for kind in cfg.layer_types:
+        rate = cfg.compress_rates.get(kind) if kind != "sliding_attention" else None
+        window = 0 if rate is None else (2 * rate if kind == "compressed_sparse_attention" else rate)
+        tail = max(cfg.sliding_window, window) + 1
+        total += B * (cfg.hc_mult * cfg.hidden_size + tail * (cfg.hidden_size + cfg.head_dim)) * a
+        if rate is not None:
+            total += B * (T // rate) * cfg.head_dim * a
+            if kind == "compressed_sparse_attention":
+                total += B * (T // rate) * cfg.index_head_dim * a
+    return total + cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim * 4
+
+
+def memory_plan(config: Union[str, Path, Any, None] = None, lengths: tuple[int, ...] = (131072, 1048576),
+                expert_weight_bytes: float = FP4_EXPERT_BYTES) -> list[dict[str, Any]]:
+    """Rows: per length and experiment (``"phase profile"``: one prompt's forward to the last position,
+    `last_logits`; ``"one-layer ablation"``: the same plus the knockout's kept clean state and the
+    calibration means), weights (MXFP4 routed experts as released, `FP4_EXPERT_BYTES`; BF16
+    rest), the chunked forward's activation peak, the state, and the 80 GB / 141 GB devices needed
+    (None: one layer's activations exceed a device). The weights and the state spread over the
+    devices layer by layer; every device must also hold one layer's activation peak."""
     rows = []
     for T in lengths:
-        fm = estimate_forward_memory(config, T, act_bytes=2, weight_bytes=2.0, expert_weight_bytes=expert_weight_bytes)
-        row = {"tokens": T, "weights_gb": fm.weights / 1e9, "activations_gb": (fm.peak - fm.weights) / 1e9,
-               "kv_cache_gb": fm.kv_cache / 1e9}
-        for size in DEVICE_SIZES_GB:
-            row[f"devices_{size}gb"] = devices_needed(fm, size)
-        rows.append(row)
+        fm = estimate_forward_memory(config, T, act_bytes=2, weight_bytes=2.0, expert_weight_bytes=expert_weight_bytes,
+                                     logits=False)
+        act = fm.peak - fm.weights
+        for experiment, state in (("phase profile", 0), ("one-layer ablation", ablation_state_bytes(config, T))):
+            row = {"tokens": T, "experiment": experiment, "weights_gb": fm.weights / 1e9, "activations_gb": act / 1e9,
+                   "state_gb": state / 1e9, "kv_cache_gb": fm.kv_cache / 1e9}
+            for size in DEVICE_SIZES_GB:
+                cap = size * 10**9
+                row[f"devices_{size}gb"] = None if act >= cap else max(1, -(-(fm.weights + state) // (cap - act)))
+            rows.append(row)
     return rows
 
 
