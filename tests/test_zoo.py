@@ -6,6 +6,8 @@ about phases (residues folded mod S) and significance; see benchmarks/RESULTS.md
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -44,7 +46,7 @@ def test_zoo_lists_and_loads():
 def test_every_zoo_model_uses_one_recipe():
     """Every 2-layer zoo model was trained with the shared recipe; the paper-depth (12-layer)
     models with the shared recipe plus `zoo.DEEP_TRAIN`'s longer schedule, all of them alike.
-    A seed replicate (``-seed1-``) differs in its seed only: model and data seed alike.
+    A seed replicate (``-seedN-``) differs in its seed only: model and data seed alike.
     A post-trained model (``init_from``) continues its base with `zoo.POST_TRAIN`: checked in
     `test_post_trained_model_is_its_base_continued_with_post_train`."""
     recipes: dict[str, dict] = {}
@@ -52,7 +54,8 @@ def test_every_zoo_model_uses_one_recipe():
     for name in own:  # the own family's pretraining recipe
         train = dict(pi.zoo.entry(name).train)
         seed = train.pop("seed", 0)
-        assert seed == (1 if "-seed1-" in name else 0), name
+        named = re.search(r"-seed(\d+)-", name)
+        assert seed == (int(named.group(1)) if named else 0), name
         key = "deep" if train == pi.zoo.DEEP_TRAIN else "shared"
         assert train in ({}, pi.zoo.DEEP_TRAIN), f"{name} overrides the recipe"
         model = pi.zoo.load(name)
