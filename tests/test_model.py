@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from phaseinterp import CheckpointError, CompressedConfig, CompressedTransformer
 from phaseinterp.models.attention import CompressedAttention
 from conftest import GATE_BIASES, make_model
-from reference import reference_attention
+from phaseinterp.models.reference import reference_attention
 
 SMALL = dict(d_vocab=32, n_ctx=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_head=8, d_mlp=64, local_window=5)
 

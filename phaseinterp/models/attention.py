@@ -24,6 +24,11 @@ Positions: queries and band keys are rotated at their own position; compressed k
 ``j*S + o + W - S`` (DeepSeek-V4's convention: the first token of the window's newest
 S-block; equals ``j`` when W = S = 1). QK-norm, when on, normalises queries, band keys
 and compressed keys alike. Values are never rotated.
+
+The specification this file is tested against, one query at a time and readable beside
+docs/science.md: `phaseinterp.models.reference`. Which of the paths below runs when (full
+sequence, query chunks, the cache, `forward_final`, `forward_last`, the fused twin kernel):
+docs/models.md, "Which path runs when".
 """
 
 from __future__ import annotations

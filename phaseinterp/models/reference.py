@@ -1,7 +1,24 @@
-"""Slow, obviously-correct reference attention: one query at a time, explicit key lists.
+"""The specification of compressed attention: one query at a time, explicit key lists.
 
-Shares no code with `phaseinterp.models.attention` beyond reading its parameters, so a
-match to 1e-5 checks the vectorized layout, masks and compressor maths.
+This file is the readable statement of what `phaseinterp.models.attention` computes, written
+straight from docs/science.md section 2 ("Compressor", "Attention"). It shares no code with the
+vectorized model beyond reading its parameters: every fast path (the full-sequence forward, query
+chunks, the incremental cache, `forward_final`, `forward_last`, the band layouts, the fused
+full-attention kernel; docs/models.md, "Which path runs when") is tested against it to 1e-5
+(tests/test_model.py). It is slow (Python loops over positions, heads and slots): use it to read
+or to check, never to run experiments.
+
+For one sequence ``x`` ``[pos, d_model]`` (the attention input, after the pre-norm) and query
+``t``, per query head (reading KV head ``head // (n_heads / n_kv_heads)``):
+
+    keys    = band(t)  (exact tokens, rotated at their own position)
+            + [entry(j) for every window j closed by t: j*S + o + W - 1 <= t]
+              (rotated at j*S + o + W - S)
+    z_t     = softmax_keys(q_t . k / sqrt(d_head)) @ values
+    out_t   = sum_heads z_t[head] @ W_O[head]
+
+``band(t)`` is the last ``L = local_window`` tokens (``memory="local"``) or the tokens after the
+last closed window (``memory="uncompressed_tail"``). ``entry(j)`` is `compressed_entry`.
 """
 
 from __future__ import annotations
@@ -11,12 +28,14 @@ import math
 import torch
 
 
-def _rms(x, w, eps):
+def rms(x, w, eps):
+    """RMS normalisation ``x / sqrt(mean(x^2) + eps) * w`` (QK-norm, DeepSeek's kv_norm)."""
     return x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps) * w
 
 
-def _rope(x, pos, dims, base):
-    """Rotate-half RoPE of one vector ``x`` [d] at integer position ``pos`` on its first ``dims`` dims."""
+def rope(x, pos, dims, base):
+    """Rotate-half RoPE of one vector ``x`` [d] at integer position ``pos`` on its first ``dims`` dims:
+    pair ``(x[i], x[dims/2 + i])`` turns by ``pos * base^(-2i/dims)``."""
     if dims == 0:
         return x
     out = x.clone()
@@ -30,9 +49,16 @@ def _rope(x, pos, dims, base):
     return out
 
 
-def _entry(attn, h, k_tok, v_tok, j, head, offset=0):
-    """Compressed (key, value) of window j (positions ``j*S + offset ..``) for one KV head,
-    straight from docs/science.md section 2."""
+def compressed_entry(attn, h, k_tok, v_tok, j, head, offset=0):
+    """Compressed (key, value) of window j (positions ``j*S + offset .. j*S + offset + W - 1``) for
+    KV head ``head``, before normalisation and RoPE (docs/science.md, "Compressor").
+
+    ``h`` ``[pos, d_model]``: the attention input; ``k_tok``/``v_tok`` ``[pos, kv_head, d_head]``:
+    the per-token projections (the payload when ``payload="shared"``). Gated kernel, per branch:
+    ``s_i = Z_i h_i + b_i``, ``alpha = softmax_i(s)``, ``entry = sum_i alpha_i * payload_i``.
+    DeepSeek kernel (one entry is both key and value): slot ``i`` uses the projections of half
+    ``i // S``: ``s_i = gate_proj[half] h_i + position_bias[i mod S, half]``,
+    ``entry = rms(sum_i alpha_i * kv_proj[half] h_i, kv_norm)`` (normalised here already)."""
     cfg = attn.cfg
     comp = attn.compressor
     W, S = cfg.window, cfg.stride
@@ -45,7 +71,7 @@ def _entry(attn, h, k_tok, v_tok, j, head, offset=0):
             payloads.append(comp.kv_proj[half, head] @ h[p])
         alpha = torch.softmax(torch.stack(logits), dim=0)  # [slot, d]
         kv = (alpha * torch.stack(payloads)).sum(0)
-        kv = _rms(kv, comp.kv_norm_weight, cfg.norm_eps)
+        kv = rms(kv, comp.kv_norm_weight, cfg.norm_eps)
         return kv, kv
     out = []
     for branch, tok in (("k", k_tok), ("v", v_tok)):
@@ -54,10 +80,8 @@ def _entry(attn, h, k_tok, v_tok, j, head, offset=0):
         for i, p in enumerate(slots):
             if cfg.gate == "uniform":
                 s = torch.zeros(())
-            elif cfg.gate == "scalar":
+            else:  # scalar: Z_i [d_model] -> one logit; vector: Z_i [d_head, d_model] -> one per channel
                 s = getattr(comp, f"Z_{gb}")[i, head] @ h[p]
-            else:
-                s = getattr(comp, f"Z_{gb}")[i, head] @ h[p]  # [d]
             if cfg.gate != "uniform" and cfg.gate_bias:
                 s = s + getattr(comp, f"b_{gb}")[i, head]
             logits.append(s)
@@ -72,7 +96,8 @@ def _entry(attn, h, k_tok, v_tok, j, head, offset=0):
 
 @torch.no_grad()
 def reference_attention(attn, x):
-    """attn output ``[pos, d_model]`` for one sequence ``x`` ``[pos, d_model]`` (the attention input)."""
+    """The attention output ``[pos, d_model]`` of layer ``attn`` (a `CompressedAttention`) for one
+    sequence ``x`` ``[pos, d_model]`` (the attention input), one query at a time."""
     cfg = attn.cfg
     T = x.shape[0]
     W, S, L = cfg.window, cfg.stride, cfg.local_window
@@ -88,15 +113,15 @@ def reference_attention(attn, x):
             kv = head // g
             q = x[t] @ q_w[head]
             if cfg.qk_norm:
-                q = _rms(q, attn.q_norm.w, cfg.norm_eps)
-            q = _rope(q, t, dims, cfg.rope_base)
+                q = rms(q, attn.q_norm.w, cfg.norm_eps)
+            q = rope(q, t, dims, cfg.rope_base)
             keys, values = [], []
 
             def exact(p):
                 k = k_tok[p, kv]
                 if cfg.qk_norm:
-                    k = _rms(k, attn.k_norm.w, cfg.norm_eps)
-                keys.append(_rope(k, p, dims, cfg.rope_base))
+                    k = rms(k, attn.k_norm.w, cfg.norm_eps)
+                keys.append(rope(k, p, dims, cfg.rope_base))
                 values.append(v_tok[p, kv])
 
             if not cfg.is_compressed:
@@ -114,10 +139,10 @@ def reference_attention(attn, x):
                 for p in local:
                     exact(p)
                 for j in closed:
-                    k, v = _entry(attn, x, k_tok, v_tok, j, kv, o)
+                    k, v = compressed_entry(attn, x, k_tok, v_tok, j, kv, o)
                     if cfg.compression != "deepseek" and cfg.qk_norm:
-                        k = _rms(k, attn.k_norm.w, cfg.norm_eps)
-                    keys.append(_rope(k, j * S + o + W - S, dims, cfg.rope_base))
+                        k = rms(k, attn.k_norm.w, cfg.norm_eps)
+                    keys.append(rope(k, j * S + o + W - S, dims, cfg.rope_base))
                     values.append(v)
             scores = torch.stack([q @ k for k in keys]) / math.sqrt(cfg.d_head)
             p_attn = torch.softmax(scores, dim=0)
@@ -125,3 +150,6 @@ def reference_attention(attn, x):
         for head in range(cfg.n_heads):
             out[t] += z_heads[head] @ o_w[head]
     return out
+
+
+__all__ = ["compressed_entry", "reference_attention", "rms", "rope"]
