@@ -1,7 +1,7 @@
 """phaseinterp: mechanistic interpretability of chunk-compressed attention (phase sensitivity).
 
     import phaseinterp as pi
-    model = pi.zoo.load("w4s4")                      # a shipped compressed model
+    model = pi.load("w4s4")                          # a zoo name or a checkpoint folder, either family
     logits, cache = model.run_with_cache(tokens)     # TransformerLens hooks
     profile = pi.phase_profile(model, pi.zoo.task_for(model))
     result = pi.ablate(model, layer=1)               # per-KV-head mean replacement
@@ -10,10 +10,7 @@ Names are imported on first use (``import phaseinterp`` itself loads neither tor
 plotly), so the command line answers ``--help`` at once.
 """
 
-from __future__ import annotations
-
-import importlib
-from typing import Any
+import importlib as _importlib
 
 __version__ = "0.2.0"
 
@@ -21,6 +18,7 @@ _SUBMODULES = {"phase", "stats", "tasks", "zoo", "plot", "report", "results", "p
                "interventions", "models", "config", "train", "theory", "cli", "engines", "parallel", "experiments"}
 _NAMES = {
     "CompressedConfig": "phaseinterp.config",
+    "load": "phaseinterp.models.loading",  # one loader: zoo names, own checkpoints, HF DeepSeek-V4 folders
     "PhaseProfile": "phaseinterp.profile",
     "phase_profile": "phaseinterp.profile",
     "AblationResult": "phaseinterp.interventions",
@@ -53,19 +51,20 @@ _NAMES = {
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str):
     if name in _NAMES:
-        value = getattr(importlib.import_module(_NAMES[name]), name)
+        value = getattr(_importlib.import_module(_NAMES[name]), name)
     elif name in _SUBMODULES:
-        value = importlib.import_module(f"phaseinterp.{name}")
+        value = _importlib.import_module(f"phaseinterp.{name}")
     else:
         raise AttributeError(f"module 'phaseinterp' has no attribute {name!r}")
     globals()[name] = value
     return value
 
 
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_NAMES) | _SUBMODULES)
+def __dir__() -> list:
+    """The public surface only: the lazy names, the packages and ``__version__`` (no import plumbing)."""
+    return sorted(set(_NAMES) | _SUBMODULES | {"__version__"})
 
 
 __all__ = [
@@ -76,6 +75,7 @@ __all__ = [
     "CyclingResult",
     "GateProfile",
     "KVCache",
+    "load",
     "load_hf",
     "PhaseProfile",
     "ablate",

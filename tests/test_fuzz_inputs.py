@@ -390,13 +390,14 @@ def _stop_work(monkeypatch):
     import phaseinterp.report as report
     import phaseinterp.train as train
     from phaseinterp import zoo
+    from phaseinterp.models import loading
     from phaseinterp.models.hf import export
     from phaseinterp.zoo import deepseek_v4 as hf_zoo
 
     def stop(*args, **kwargs):
         raise _Reached
 
-    for owner, name in ((report, "load_model"), (report, "build_report"), (train, "train"), (zoo, "build"),
+    for owner, name in ((loading, "load"), (report, "build_report"), (train, "train"), (zoo, "build"),
                         (hf_zoo, "build"), (hf_zoo, "load"), (export, "export_release")):
         monkeypatch.setattr(owner, name, stop)
     try:  # the one loading entry point, where the package has it

@@ -61,17 +61,18 @@ def _check_out(args) -> None:
 
 
 def _check_model_name(name: str) -> None:
-    """A zoo name with a shipped checkpoint or a checkpoint directory; checked before any work."""
-    from phaseinterp.report import check_model_source
+    """A zoo name with a shipped checkpoint or a checkpoint folder of either family (`phaseinterp.load`);
+    checked before any work."""
+    from phaseinterp.models.loading import check_source
 
-    check_model_source(name)
+    check_source(name)
 
 
 def _preflight(args) -> None:
     """What depends on the model but not on its weights, checked from its config.json before the
     weights load (a load can take many seconds): layer indices, the profile's stride, cycle's
     shifts, and the prompt count against the stored task."""
-    from phaseinterp.report import peek_model
+    from phaseinterp.models.loading import peek
 
     if args.command == "cycle" and args.baseline is not None:  # model-independent: before anything loads
         if args.score == "unit" or args.shard_dir is not None:
@@ -85,28 +86,28 @@ def _preflight(args) -> None:
             raise UsageError("--shard-dir runs the profile score only; drop --score unit or --shard-dir")
         if args.layer is None:
             raise UsageError("--score unit needs the unit: --layer L (and --kv-heads H)")
-    peek = peek_model(args.model)
-    if peek is None:  # an HF checkpoint: checked after loading
+    described = peek(args.model)
+    if described is None:  # not readable from config.json alone: checked after loading
         return
-    cfg = peek.cfg
+    cfg = described.cfg
     if getattr(args, "layer", None) is not None:
         from phaseinterp.interventions._common import check_layers
 
-        check_layers(peek, args.layer)
+        check_layers(described, args.layer)
     if getattr(args, "kv_heads", None) is not None:
         from phaseinterp.interventions.gate_shifts import check_kv_heads
 
-        check_kv_heads(peek, args.kv_heads)
+        check_kv_heads(described, args.kv_heads)
     if args.command == "cycle" and args.shifts is not None:
         from phaseinterp.interventions.gate_shifts import check_nonzero_shift
 
         for d in args.shifts:  # the rule of the experiment and of cycle_gates, before the weights load
             check_nonzero_shift(d, cfg.stride)
     task = None
-    if isinstance(peek.metadata.get("task"), dict):
+    if isinstance(described.metadata.get("task"), dict):
         from phaseinterp.tasks import resolve_task
 
-        task = resolve_task(peek)
+        task = resolve_task(described)
     if args.command == "profile":
         stride = args.stride or cfg.stride
         if task is not None and task.residue_modulus % stride:
@@ -254,7 +255,9 @@ def run(args) -> int:
                                flag="the same run's shard folder")  # a previous run is resumed, nothing else touched
         if launch.world_size > 1 and args.device in (None, "cuda"):
             args.device = str(parallel.rank_device(launch))  # one GPU per process
-    model = report_module.load_model(args.model, args.device)
+    from phaseinterp.models.loading import load
+
+    model = load(args.model, device=args.device)
     if getattr(args, "query_chunk", None) is not None:
         if not hasattr(model, "set_query_chunk"):
             raise UsageError(f"--query-chunk: {args.model!r} is not a phaseinterp CompressedTransformer")
@@ -342,16 +345,16 @@ def run(args) -> int:
 
 def _conformance(args) -> int:
     """``phaseinterp conformance MODEL``: `phaseinterp.engines.conformance` (issue 24)."""
-    from phaseinterp.report import load_model, peek_model
+    from phaseinterp.models.loading import load, peek
 
-    peek = peek_model(args.model)
-    if peek is not None and args.chunk is not None and args.chunk % peek.cfg.stride:
-        raise UsageError(f"--chunk {args.chunk} is not a multiple of the cut period {peek.cfg.stride} "
+    described = peek(args.model)
+    if described is not None and args.chunk is not None and args.chunk % described.cfg.stride:
+        raise UsageError(f"--chunk {args.chunk} is not a multiple of the cut period {described.cfg.stride} "
                          f"(the stride of {args.model})")
     from phaseinterp.engines import DTYPES, MODES, conformance
     from phaseinterp.tasks import resolve_task
 
-    model = load_model(args.model, args.device)
+    model = load(args.model, device=args.device)
     result = conformance(model, resolve_task(model), tuple(args.modes or MODES), n_per_residue=args.n_per_residue,
                          dtypes=tuple(args.dtypes or DTYPES), chunk=args.chunk, seed=args.seed)
     columns = ["setting", "kind", "phase", "n", "max_abs_diff", "mean_abs_diff", "agreement", "accuracy_diff",

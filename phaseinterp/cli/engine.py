@@ -69,13 +69,14 @@ def engine_profile(args) -> int:
         from dataclasses import replace
 
         from phaseinterp._checks import check_n_per_residue
-        from phaseinterp.report import check_model_source, load_model, model_label, peek_model
+        from phaseinterp.models.loading import check_source, load, peek
+        from phaseinterp.report import model_label
         from phaseinterp.tasks import resolve_task
 
-        check_model_source(args.model)
-        described = peek_model(args.model)
-        if described is None:  # a Hugging Face checkpoint: its config is read by loading it
-            described = load_model(args.model)
+        check_source(args.model)
+        described = peek(args.model)
+        if described is None:  # not readable from config.json alone: its config is read by loading it
+            described = load(args.model)
         task = resolve_task(described)
         if args.padding:
             task = replace(task, padding=args.padding)

@@ -16,6 +16,7 @@ KV head's mean replacement happens (`KnockoutPoint`), which parameters a gate sh
 from __future__ import annotations
 
 from typing import Any, NamedTuple, Optional, Protocol, runtime_checkable
+from pathlib import Path
 
 import torch
 
@@ -143,7 +144,10 @@ class _Family:
 
     @property
     def label(self) -> str:
-        return str(self.cfg.label)
+        """The model's name in results, reprs and the report: its zoo name or checkpoint folder
+        first, then its architecture (``"w4s4-1kv-shared (W4/S4 gated)"``), so two zoo models of one
+        architecture never print the same label; the architecture alone for an unnamed model."""
+        return model_label(self.model)
 
     @property
     def compressed_layers(self) -> list[int]:
@@ -327,6 +331,23 @@ class GenericModel(_Family):
                              "or a wrapped DeepSeek-V4, phaseinterp.from_hf): only phase_profile runs on it")
 
     layer_stride = layer_window = key_slot_sources = gate_targets = kv_heads = window_offsets = gate_hook = _unsupported
+
+
+def model_name(model) -> Optional[str]:
+    """The folder a Hugging Face checkpoint was loaded from (``metadata["checkpoint"]["path"]``: an
+    exported copy is named by its folder), else the zoo name (``metadata["zoo_name"]``), else None."""
+    metadata = getattr(model, "metadata", None) or {}
+    checkpoint = metadata.get("checkpoint")
+    if isinstance(checkpoint, dict) and checkpoint.get("path"):
+        return Path(str(checkpoint["path"])).name
+    return str(metadata["zoo_name"]) if metadata.get("zoo_name") else None
+
+
+def model_label(model) -> str:
+    """``"<zoo name or folder> (<architecture>)"``, or the architecture (``cfg.label``) alone."""
+    name = model_name(model)
+    arch = str(getattr(model.cfg, "label", type(model).__name__))
+    return f"{name} ({arch})" if name and not arch.startswith(name) else arch  # HF labels start with their folder
 
 
 def phase_model(model) -> PhaseModel:

@@ -14,7 +14,7 @@ from typing import Any, Optional, Union
 
 from phaseinterp._files import atomic_write_text, check_write_target, move_into_place, staging_dir
 from phaseinterp.errors import UserInputError
-from phaseinterp.report.models import check_twin, load_model
+from phaseinterp.report.models import as_model, check_twin
 from phaseinterp.report.page import num, page_html, tidy_figure
 from phaseinterp.report.section import ReportContext, SectionClock, run_sections
 from phaseinterp.report.sections.conformance import Conformance
@@ -129,7 +129,7 @@ def build_report(model, out_dir: Union[str, Path], *, twin=None, settings: Optio
     non-empty folder is refused. It is checked, and both models are loaded, before anything is
     computed or written. ``settings``
     (default `ReportSettings()`; `ReportSettings.quick()` for a one-minute run) sets the prompt
-    counts. ``task`` default: the model's stored task. ``device``: as in `load_model`.
+    counts. ``task`` default: the model's stored task. ``device``: as in `phaseinterp.load`.
     ``deepseek_v4`` (default None): a wrapped Hugging Face DeepSeek-V4 (`phaseinterp.from_hf`) or the
     name of a shipped HF-format zoo model (``dsv4-tiny``): adds its phase profile, the wrapper's
     logit check against plain transformers, its layer schedule and phase through the indexer.
@@ -164,10 +164,10 @@ def _build_report(model, final: Path, staging: list, *, twin, settings, task, de
     t0 = time.time()
     clock = SectionClock()
     settings = settings or ReportSettings()
-    model = load_model(model, device)
+    model = as_model(model, device)
     own_task = task is None  # the model's stored task: its profile can be reused by the remedy section
     task = resolve_task(model, task)
-    twin = load_model(twin, device) if twin is not None else None
+    twin = as_model(twin, device) if twin is not None else None
     dsv4 = None
     if deepseek_v4 is not None:
         from phaseinterp.report.sections.deepseek_v4 import load_deepseek_v4

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from phaseinterp._files import atomic_write_text
-from phaseinterp.report.models import load_model, model_label
+from phaseinterp.report.models import as_model, model_label
 from phaseinterp.report.page import fmt, frame_html
 from phaseinterp.report.section import PromptSets, ReportContext, Section
 
@@ -65,7 +65,7 @@ class GateCycling(Section):
             zoo_name = getattr(model, "metadata", {}).get("zoo_name")
             substitute = zoo.cycling_model_for(model.cfg.stride) if zoo_name and model.cfg.is_compressed else None
             if substitute is not None:
-                cyc_model, cyc_name, negative = load_model(substitute, ctx.device), substitute, False
+                cyc_model, cyc_name, negative = as_model(substitute, ctx.device), substitute, False
                 cyc_task = resolve_task(cyc_model)
                 cyc_reason = (f"{model_label(model)} is not fit for gate cycling ({why}); the experiment runs on "
                               f"{substitute}, the shipped W = S = {model.cfg.stride} model whose payload is shared "

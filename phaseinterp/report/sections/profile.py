@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 from typing import Any, Optional
 
-from phaseinterp.report.models import data_name, load_model, model_label
+from phaseinterp.report.models import as_model, data_name, model_label
 from phaseinterp.report.section import ReportContext, Section, write_profile_csvs
 
 
@@ -90,7 +90,7 @@ def _training_controls(model, twin, task, settings, device, progress, profiles, 
         row: dict[str, Any] = {"pair": kind}
         for role, name in zip(("compressed", "twin"), names):
             if name not in by_name:
-                m = load_model(name, device)
+                m = as_model(name, device)
                 by_name[name] = phase_profile(m, prompts.get(task, settings.n_per_residue), stride=model.cfg.stride,
                                               label=f"{name} (step {m.metadata.get('step')})", progress=progress)
                 profiles.append(by_name[name])
