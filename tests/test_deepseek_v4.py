@@ -13,6 +13,7 @@ pytest.importorskip("transformers")
 from transformers import DeepseekV4Config, DeepseekV4ForCausalLM  # noqa: E402
 
 import phaseinterp as pi  # noqa: E402
+from phaseinterp.errors import UserInputError  # noqa: E402
 from phaseinterp.interventions import cycle_gates, gate_cycling, gate_profile, mean_ablation  # noqa: E402
 from phaseinterp.models.hf import HookedDeepseekV4, from_hf, load_hf  # noqa: E402
 from phaseinterp.tasks import DocstringProbe, KeyValueRetrieval, NeedleRetrieval, Vocab  # noqa: E402
@@ -252,7 +253,7 @@ def test_gate_parameters_view_layout(model):
         model.gate_parameters(0, "q")
 
 
-def test_cycle_gates_restores_and_slot_count_shift_is_identity(tokens):
+def test_cycle_gates_restores_and_refuses_a_slot_count_shift(tokens):
     hf_model = make_hf()
     model = from_hf(hf_model)
     state = {k: v.clone() for k, v in hf_model.state_dict().items()}
@@ -263,15 +264,17 @@ def test_cycle_gates_restores_and_slot_count_shift_is_identity(tokens):
                 "model.layers.0.self_attn.compressor.position_bias"], 1, dims=0))
             shifted = model(tokens)
         assert float((shifted - clean).abs().max()) > 1e-4
-        with cycle_gates(model, S, layers=[0, 2]):  # CSA: S slots per half
-            same_csa = model(tokens)
-        with cycle_gates(model, R, layers=[1]):  # HCA: R slots
-            same_hca = model(tokens)
+        # a shift of 0 mod S moves nothing: refused by name (the one rule of gate_shifts.check_shift)
+        with pytest.raises(UserInputError, match=f"shift={S} is 0 mod S={S}"):
+            with cycle_gates(model, S, layers=[0, 2]):  # CSA: S slots per half
+                pass
+        with pytest.raises(UserInputError, match=f"shift={R} is 0 mod S={R}"):
+            with cycle_gates(model, R, layers=[1]):  # HCA: R slots
+                pass
+        torch.testing.assert_close(model(tokens), clean, atol=0, rtol=0)
         with pytest.raises(RuntimeError, match="boom"):
             with cycle_gates(model, 3):
                 raise RuntimeError("boom")
-    torch.testing.assert_close(same_csa, clean, atol=0, rtol=0)
-    torch.testing.assert_close(same_hca, clean, atol=0, rtol=0)
     for k, v in hf_model.state_dict().items():
         assert torch.equal(v, state[k]), k
 

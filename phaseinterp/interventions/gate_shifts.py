@@ -35,17 +35,33 @@ def shift_targets(model, layers: list[int], branch: str) -> list[tuple[torch.nn.
     return [(t.parameter, t.slot_axis, t.kv_axis) for layer in layers for t in family.gate_targets(layer, branch)]
 
 
-def check_shift(shift, model=None) -> int:
+def check_shift(shift, model=None, layers=None) -> int:
     """``shift`` as an int: an integer number of slots, and (given ``model``) non-zero mod its
     stride S. The one rule for a gate shift, shared by the experiments (`check_shifts`), the
     interventions (`cycle_gates`, `shifted_copy`, `shift_static_gates`) and the CLI: a shift
-    that is 0 mod S moves nothing, so every one of them refuses it with the same message."""
+    that is 0 mod S moves nothing, so every one of them refuses it with the same message.
+    A model whose layers compress at different rates (DeepSeek-V4: CSA rate S, HCA rate R) is
+    checked against the rates of the shifted ``layers`` (None: every compressed layer): the shift
+    is refused when it is 0 mod each of them."""
     if isinstance(shift, bool) or not isinstance(shift, (int, np.integer)):
         raise UserInputError(f"shift={shift!r} must be an integer number of slots")
     shift = int(shift)
-    S = getattr(getattr(model, "cfg", None), "stride", None) if model is not None else None
-    if S is not None:
-        check_nonzero_shift(shift, S)
+    cfg = getattr(model, "cfg", None) if model is not None else None
+    S = getattr(cfg, "stride", None)
+    if S is None:
+        return shift
+    if hasattr(cfg, "layer_stride"):
+        chosen = (list(getattr(cfg, "compressed_layers", range(cfg.n_layers))) if layers is None
+                  else [layers] if isinstance(layers, (int, np.integer)) else list(layers))
+        rates = sorted({r for layer in chosen
+                        if isinstance(layer, (int, np.integer)) and 0 <= layer < cfg.n_layers
+                        for r in [cfg.layer_stride(int(layer))] if r is not None})
+        if len(rates) == 1:
+            check_nonzero_shift(shift, rates[0])
+        elif rates and all(shift % r == 0 for r in rates):
+            raise UserInputError(f"shift={shift} is 0 mod every shifted layer's slot count {rates}: it moves nothing")
+        return shift
+    check_nonzero_shift(shift, S)
     return shift
 
 
@@ -116,7 +132,7 @@ def cycle_gates(model, shift: int, layers: Union[int, Sequence[int], None] = Non
     DeepSeek kernel and tied gates allow only "both"). Defined for W = S gated models and the
     DeepSeek kernel. Restores every parameter bit-exactly on exit, also when the body raises.
     """
-    shift = check_shift(shift, model)
+    shift = check_shift(shift, model, layers)
     heads = check_kv_heads(model, kv_heads)
     targets = shift_targets(model, check_layers(model, layers), branch)
     pairs = [(p, _rolled(p.detach().clone(), shift, axis, kv_axis, heads)) for p, axis, kv_axis in targets]
@@ -128,7 +144,7 @@ def shifted_copy(model, shift: int, layers: Union[int, Sequence[int], None] = No
                  kv_heads: Union[int, Sequence[int], None] = None):
     """A deep copy of ``model`` with its gates permanently shifted by ``shift`` slots (the
     original is untouched); ``layers``, ``branch`` and ``kv_heads`` as in `cycle_gates`."""
-    shift = check_shift(shift, model)
+    shift = check_shift(shift, model, layers)
     twin = copy.deepcopy(model)
     heads = check_kv_heads(twin, kv_heads)
     targets = shift_targets(twin, check_layers(twin, layers), branch)
@@ -211,7 +227,7 @@ def shift_static_gates(model, shift: int, layers: Union[int, Sequence[int], None
     preference moves by ``d`` slots while the prompt-dependent part ``Z_i h - E[Z_i h]`` stays
     with its slot (docs/science.md explains why this differs from rolling ``Z`` and ``b``).
     ``kv_heads`` as in `cycle_gates`. Restores every parameter bit-exactly on exit."""
-    shift = check_shift(shift, model)
+    shift = check_shift(shift, model, layers)
     heads = check_kv_heads(model, kv_heads)
     pairs = []
     for layer, name, bias, layout, kv_axis in static_targets(model, check_layers(model, layers)):
