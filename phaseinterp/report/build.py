@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from phaseinterp._files import atomic_write_text, check_write_target, move_into_place, staging_dir
-from phaseinterp.errors import UserInputError
 from phaseinterp.report.models import as_model, check_twin
 from phaseinterp.report.page import num, page_html, tidy_figure
 from phaseinterp.report.section import ReportContext, SectionClock, run_sections

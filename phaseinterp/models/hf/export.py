@@ -306,7 +306,7 @@ def export_release(model: Any, out: Union[str, Path], *, fp8: bool = False, fp8_
     from safetensors.torch import save
 
     from phaseinterp._checks import parse_size
-    from phaseinterp._files import atomic_write, check_output_dir, json_default, normal_mode
+    from phaseinterp._files import atomic_write, json_default, normal_mode
 
     if layout not in EXPORT_LAYOUTS:
         raise ValueError(f"layout={layout!r} is not supported for export (valid: {EXPORT_LAYOUTS})")
