@@ -10,6 +10,7 @@ import pytest
 import torch
 
 pytest.importorskip("transformers")
+from dsv4_random import randomized  # noqa: E402
 from transformers import DeepseekV4Config, DeepseekV4ForCausalLM  # noqa: E402
 
 import phaseinterp as pi  # noqa: E402
@@ -37,17 +38,7 @@ def hf_config(vocab_size: int = TASK.vocab.size, **kw) -> DeepseekV4Config:
 
 def make_hf(vocab_size: int = TASK.vocab.size, seed: int = 0, **kw) -> DeepseekV4ForCausalLM:
     """A random tiny V4 whose gates, sinks and hash routes are not at their (degenerate) zero init."""
-    torch.manual_seed(seed)
-    model = DeepseekV4ForCausalLM(hf_config(vocab_size, **kw)).eval()
-    gen = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith(("position_bias", "sinks")):
-                p.copy_(torch.randn(p.shape, generator=gen))
-        for name, buf in model.named_buffers():
-            if name.endswith("tid2eid"):
-                buf.copy_(torch.randint(0, 2, buf.shape, generator=gen))
-    return model
+    return randomized(hf_config(vocab_size, **kw), seed)
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 pytest.importorskip("transformers")
-from transformers import DeepseekV4Config, DeepseekV4ForCausalLM  # noqa: E402
+from dsv4_random import randomized  # noqa: E402
+from transformers import DeepseekV4Config  # noqa: E402
 
 from phaseinterp.errors import UserInputError  # noqa: E402
 from phaseinterp.models.hf import from_hf  # noqa: E402
@@ -29,21 +30,6 @@ def published_attention(vocab: int = 64, **kw) -> DeepseekV4Config:
         max_position_embeddings=1 << 20, attn_implementation="eager", bos_token_id=None, eos_token_id=None,
     )
     return DeepseekV4Config(**{**base, **kw})
-
-
-def randomized(config: DeepseekV4Config, seed: int = 0) -> DeepseekV4ForCausalLM:
-    """A random V4 whose gates, sinks and hash routes are not at their degenerate zero init."""
-    torch.manual_seed(seed)
-    model = DeepseekV4ForCausalLM(config).eval()
-    gen = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith(("position_bias", "sinks")):
-                p.copy_(torch.randn(p.shape, generator=gen))
-        for name, buf in model.named_buffers():
-            if name.endswith("tid2eid"):
-                buf.copy_(torch.randint(0, config.n_routed_experts, buf.shape, generator=gen))
-    return model
 
 
 def tokens_of(vocab: int, T: int, batch: int = 1, seed: int = 0) -> torch.Tensor:

@@ -437,3 +437,20 @@ def movement_point(displacement, shifts, stride: int) -> tuple[float, float]:
         return float("nan"), float("nan")
     s = movement_scores(np.asarray(displacement, int), list(shifts), stride)
     return s["movement_r2"], s["movement_corr2"]
+
+def phase_means_bootstrap(values: np.ndarray, residue: np.ndarray, residue_modulus: int, stride: int, n_boot: int,
+                          rng: np.random.Generator) -> np.ndarray:
+    """Per-phase means of ``values`` ``[shift, prompt]`` over ``n_boot`` resamples of the prompts, each
+    drawn within its residue group and shared by every shift (a paired bootstrap): ``[B, shift, S]``."""
+    S = stride
+    sums = np.zeros((n_boot, values.shape[0], S))
+    counts = np.zeros(S)
+    for g in range(residue_modulus):
+        idx = np.flatnonzero(residue == g)
+        if idx.size == 0:
+            continue
+        draw = idx[rng.integers(0, idx.size, size=(n_boot, idx.size))]  # [B, n_g]
+        sums[:, :, g % S] += values[:, draw].sum(-1).T
+        counts[g % S] += idx.size
+    return sums / counts
+

@@ -23,7 +23,12 @@ from phaseinterp._checks import check_int, check_n_per_residue
 from phaseinterp._files import progress_bar
 from phaseinterp.errors import UserInputError
 from phaseinterp.interventions._common import check_layers, fixed_answer_position, model_device
-from phaseinterp.interventions.cycling_stats import cycling_scores, movement_scores, profile_displacements
+from phaseinterp.interventions.cycling_stats import (
+    cycling_scores,
+    movement_scores,
+    phase_means_bootstrap,
+    profile_displacements,
+)
 from phaseinterp.interventions.gate_shifts import (
     check_kv_heads,
     check_shifts,
@@ -96,18 +101,8 @@ class CyclingResult(Result):
     def _bootstrap_accuracy(self) -> np.ndarray:
         """Phase accuracies of ``n_boot`` resamples of the prompts (within residue groups, the same
         draw for every shift): ``[B, shift, S]``."""
-        rng = np.random.default_rng(self.seed)
-        S, B = self.stride, self.n_boot
-        sums, counts = np.zeros((B, len(self.shifts), S)), np.zeros(S)
-        values = self.correct.astype(float)
-        for g in range(self.residue_modulus):
-            idx = np.flatnonzero(self.residue == g)
-            if idx.size == 0:
-                continue
-            draw = idx[rng.integers(0, idx.size, size=(B, idx.size))]  # [B, n_g]
-            sums[:, :, g % S] += values[:, draw].sum(-1).T
-            counts[g % S] += idx.size
-        return sums / counts
+        return phase_means_bootstrap(self.correct.astype(float), self.residue, self.residue_modulus, self.stride,
+                                     self.n_boot, np.random.default_rng(self.seed))
 
     def movement(self, confidence: float = 0.95) -> dict:
         """Movement R² (docs/science.md, "Movement R²"): did the weak spot move by the applied shift?

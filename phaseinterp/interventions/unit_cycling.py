@@ -35,6 +35,7 @@ from phaseinterp.interventions.cycling_stats import (
     contribution_displacements,
     movement_point,
     movement_scores,
+    phase_means_bootstrap,
     strictly_identified,
     unit_permutation_tests,
     unit_score_arrays,
@@ -216,19 +217,9 @@ class UnitCyclingResult(Result):
     def _bootstrap(self) -> dict[str, np.ndarray]:
         """Paired bootstrap over prompts (resampled within residue groups, the same draw for every
         shift): contributions ``[B, shift, S]`` and every score per replicate."""
-        rng = np.random.default_rng(self.seed)
         values = self.measure_shifted - self.measure_knocked  # [shift, prompt]
-        S, B = self.stride, self.n_boot
-        sums = np.zeros((B, len(self.shifts), S))
-        counts = np.zeros(S)
-        for g in range(self.residue_modulus):
-            idx = np.flatnonzero(self.residue == g)
-            if idx.size == 0:
-                continue
-            draw = idx[rng.integers(0, idx.size, size=(B, idx.size))]  # [B, n_g]
-            sums[:, :, g % S] += values[:, draw].sum(-1).T
-            counts[g % S] += idx.size
-        c_all = sums / counts
+        c_all = phase_means_bootstrap(values, self.residue, self.residue_modulus, self.stride, self.n_boot,
+                                      np.random.default_rng(self.seed))
         order = list(self.shifts)
         scored = list(self.scored_shifts)
         c0 = c_all[:, order.index(0)]

@@ -120,6 +120,23 @@ class ZooEntry:
         return f"phaseinterp zoo build {self.name}"
 
 
+def _deep_seed_pair(seed: int) -> list[ZooEntry]:
+    """The deep equal-training pair with model and data seed ``seed`` (the identical recipe, the same
+    snapshot rule): issue 36's seed replicates."""
+    compressed, twin = f"deep12-w8s8-1kv-shared-seed{seed}-equal", f"deep12-full-seed{seed}-equal"
+    backbone, train = dict(n_layers=12, n_kv_heads=1, seed=seed), dict(DEEP_TRAIN, seed=seed)
+    return [
+        ZooEntry(compressed, f"deep12-w8s8-1kv-shared-equal with model and data seed {seed} (the identical recipe), "
+                 f"at its own equal-training step with {twin}",
+                 dict(compression="gated", window=8, stride=8, gate="scalar", payload="shared"),
+                 backbone=backbone, train=train, snapshot_step=EQUAL_TRAINING,
+                 run=f"deep12-w8s8-1kv-shared-seed{seed}", pair=twin),
+        ZooEntry(twin, f"deep12-full-equal with seed {seed}, at the equal-training step with {compressed}",
+                 dict(compression=None, window=8, stride=8), backbone=backbone, train=train,
+                 snapshot_step=EQUAL_TRAINING, run=f"deep12-full-seed{seed}", pair=compressed),
+    ]
+
+
 ENTRIES: dict[str, ZooEntry] = {
     e.name: e
     for e in [
@@ -201,28 +218,8 @@ ENTRIES: dict[str, ZooEntry] = {
         # Seeds 2 and 3 of the equal-training pair (issue 36): the identical recipe with model and data
         # seed 2 or 3, the same snapshot rule; added after seeds 0 and 1 were analysed, so the unit rule
         # of `specialized_units` (fixed before they existed) is tested on them, not tuned to them.
-        ZooEntry("deep12-w8s8-1kv-shared-seed2-equal", "deep12-w8s8-1kv-shared-equal with model and data "
-                 "seed 2 (the identical recipe), at its own equal-training step with deep12-full-seed2-equal",
-                 dict(compression="gated", window=8, stride=8, gate="scalar", payload="shared"),
-                 backbone=dict(n_layers=12, n_kv_heads=1, seed=2), train=dict(DEEP_TRAIN, seed=2),
-                 snapshot_step=EQUAL_TRAINING, run="deep12-w8s8-1kv-shared-seed2",
-                 pair="deep12-full-seed2-equal"),
-        ZooEntry("deep12-full-seed2-equal", "deep12-full-equal with seed 2, at the equal-training step "
-                 "with deep12-w8s8-1kv-shared-seed2-equal",
-                 dict(compression=None, window=8, stride=8), backbone=dict(n_layers=12, n_kv_heads=1, seed=2),
-                 train=dict(DEEP_TRAIN, seed=2), snapshot_step=EQUAL_TRAINING, run="deep12-full-seed2",
-                 pair="deep12-w8s8-1kv-shared-seed2-equal"),
-        ZooEntry("deep12-w8s8-1kv-shared-seed3-equal", "deep12-w8s8-1kv-shared-equal with model and data "
-                 "seed 3 (the identical recipe), at its own equal-training step with deep12-full-seed3-equal",
-                 dict(compression="gated", window=8, stride=8, gate="scalar", payload="shared"),
-                 backbone=dict(n_layers=12, n_kv_heads=1, seed=3), train=dict(DEEP_TRAIN, seed=3),
-                 snapshot_step=EQUAL_TRAINING, run="deep12-w8s8-1kv-shared-seed3",
-                 pair="deep12-full-seed3-equal"),
-        ZooEntry("deep12-full-seed3-equal", "deep12-full-equal with seed 3, at the equal-training step "
-                 "with deep12-w8s8-1kv-shared-seed3-equal",
-                 dict(compression=None, window=8, stride=8), backbone=dict(n_layers=12, n_kv_heads=1, seed=3),
-                 train=dict(DEEP_TRAIN, seed=3), snapshot_step=EQUAL_TRAINING, run="deep12-full-seed3",
-                 pair="deep12-w8s8-1kv-shared-seed3-equal"),
+        *_deep_seed_pair(2),
+        *_deep_seed_pair(3),
         # Stride 12 (issue 36): the paper's fourth stride. Four KV heads as for w8s8-4kv (two learned 2 of
         # 8 phases at stride 8); the zoo task's residue modulus 24 is a multiple of 12, so every phase is
         # measured with the same moment matching. Its twin is the full-attention run with stride 12 as
