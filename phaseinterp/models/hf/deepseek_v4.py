@@ -82,11 +82,11 @@ class HookedDeepseekV4(HookedRootModule):
     def set_query_chunk(self, query_chunk: Any) -> "HookedDeepseekV4":
         """How the attention runs its queries: ``"auto"`` (the default), None or an integer >= 1.
 
-        ``"auto"``: a forward over more than `attention.AUTO_CHUNK_ABOVE` (2,048) tokens runs every
+        ``"auto"``: a forward over more than `chunking.AUTO_CHUNK_ABOVE` (2,048) tokens runs every
         layer's attention in query chunks, each chunk against only the keys it can see (the band, the
         closed HCA entries, the CSA indexer's top-k per query, the indexer's own scores per chunk), with
-        chunks sized so the largest block stays within `attention.SCORE_BLOCK` elements, and the
-        MLP/MoE and hyper-connections in blocks of `attention.TOKEN_BLOCK` tokens: peak memory grows
+        chunks sized so the largest block stays within `chunking.SCORE_BLOCK` elements, and the
+        MLP/MoE and hyper-connections in blocks of `chunking.TOKEN_BLOCK` tokens: peak memory grows
         linearly in T. Shorter forwards run transformers' eager attention (the ``[T, T + entries]``
         scores) unchanged. None: always the eager path (quadratic). An integer: chunks of that many
         queries at any length. Both paths equal transformers' forward (tests/test_dsv4_long.py).
