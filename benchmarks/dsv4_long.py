@@ -9,7 +9,9 @@ A small-width random `DeepseekV4ForCausalLM` with the published attention settin
 counted op by op, `measure_forward_peak`), `estimate_forward_memory`'s peak and their ratio; then the
 ratios 64K/32K and 128K/64K of peak and time beside the compute ratio. `--knockout T`: one prompt of
 T tokens, the mean replacement of layer 0's KV head at the last position through the fast knockout
-(clean state tails + the answer position), seconds and peak.
+(clean state tails + the answer position), seconds and peak. `--profile T`: `phase_profile` on a
+`NeedleRetrieval` batch of T-token prompts (one prompt per residue mod 4, best-effort placement: a
+run of the path, not a measurement of the random model's accuracy), seconds and peak.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="*", default=[8192, 32768, 65536, 131072])
     parser.add_argument("--knockout", type=int, nargs="*", default=[131072])
+    parser.add_argument("--profile", type=int, nargs="*", default=[])
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -94,6 +97,19 @@ def main() -> None:
         if a in rows and b in rows:
             print(f"{b // 1024}K / {a // 1024}K: peak {(rows[b][1] + weights) / (rows[a][1] + weights):.2f}x, "
                   f"time {rows[b][0] / rows[a][0]:.2f}x (attention compute ratio {compute(b) / compute(a):.2f}x)")
+    for T in args.profile:
+        import phaseinterp as pi
+        from phaseinterp.tasks import NeedleRetrieval
+
+        task = NeedleRetrieval(seq_len=T, key_tokens=4, value_tokens=4, residue_modulus=4, target_window=64)
+        batch = task.generate(1, seed=0, strict=False)
+        out = {}
+        seconds, peak = measure(model, lambda: out.update(p=pi.phase_profile(
+            model, batch, batch_size=1, n_bootstrap=10, n_permutations=19, progress=False)))
+        p = out["p"]
+        print(f"phase_profile on {len(batch.tokens)} prompts of {T:,} tokens: {seconds:.1f} s, peak "
+              f"{peak + weights:,} bytes; {int(p.records.correct.sum())} of {len(p.records)} correct (random model)",
+              flush=True)
     if args.knockout:
         import pandas as pd
 
