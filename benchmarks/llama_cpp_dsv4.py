@@ -178,6 +178,7 @@ def server_check(release: Path, gguf: Path, port: int = 8765, n_prompts: int = 2
     extra) on the GGUF, asked through `OpenAIEngine` exactly as a vLLM server would be (token-id
     prompts, top-20 log-probs). Returns what came back: the error, or the top-k against transformers."""
     import subprocess
+    import tempfile
     import urllib.request
 
     import torch
@@ -190,7 +191,10 @@ def server_check(release: Path, gguf: Path, port: int = 8765, n_prompts: int = 2
     tokens = task.generate(1, seed=0, strict=False).tokens[:n_prompts]
     cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--n_ctx", str(task.seq_len + 8),
            "--n_batch", str(task.seq_len + 8), "--host", "127.0.0.1", "--port", str(port)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # The server's log goes to a file: it writes ~90 KB (llama.cpp's loader, the chat template) before it listens,
+    # more than a pipe holds, so an undrained PIPE blocked it before it was ready (seen: never up in 120 s).
+    log = tempfile.TemporaryFile(mode="w+")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
     out = {"command": " ".join(cmd)}
     try:
         deadline = time.time() + 120
@@ -201,9 +205,13 @@ def server_check(release: Path, gguf: Path, port: int = 8765, n_prompts: int = 2
             except OSError:
                 if proc.poll() is not None:
                     out["server_exit"] = proc.returncode
-                    out["server_output"] = proc.stdout.read()[-2000:]
+                    log.seek(0)
+                    out["server_output"] = log.read()[-2000:]
                     return out
                 time.sleep(1)
+        else:
+            out["error"] = "the server did not answer /v1/models within 120 s"
+            return out
         engine = OpenAIEngine(f"http://127.0.0.1:{port}", "fixture", d_vocab=model.cfg.d_vocab, timeout=timeout)
         try:
             got = engine(tokens)
@@ -223,6 +231,7 @@ def server_check(release: Path, gguf: Path, port: int = 8765, n_prompts: int = 2
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
+        log.close()
 
 
 def positions(release: Path, gguf: Path, cache_type: str = "f32", bucket: int = 256) -> "object":

@@ -196,7 +196,8 @@ def test_llama_cpp_agrees_with_transformers_past_the_indexer_top_k(gguf, referen
     assert (table.agreement == 1.0).all()
 
 
-# max |d log p| per phase allowed to llama.cpp (f32 KV cache) against transformers. The issue's manual
-# trial (same attention settings, random weights) measured <= 1e-3 below 2,048 tokens and 2.8e-3 past it,
-# where the indexer's top-k selects; a misplaced or missing compressed entry moves log-probs by far more.
+# max |d log p| per phase allowed to llama.cpp (f32 KV cache) against transformers. Measured on this fixture
+# (benchmarks/RESULTS.md, issue 34): 3.3e-3 to 3.6e-3 at the test's 16 answer positions (whole and cut), a floor
+# of about 3e-3 at every position from the first; single positions where transformers' top-2 expert choice is
+# nearly tied reach 0.18 (none is an answer position of this test). A misplaced compressed entry moves more.
 LLAMA_CPP_F32_TOLERANCE = 1e-2
