@@ -347,7 +347,9 @@ def model_label(model) -> str:
     """``"<zoo name or folder> (<architecture>)"``, or the architecture (``cfg.label``) alone."""
     name = model_name(model)
     arch = str(getattr(model.cfg, "label", type(model).__name__))
-    return f"{name} ({arch})" if name and not arch.startswith(name) else arch  # HF labels start with their folder
+    if not name or arch == name or arch.startswith(f"{name} ("):  # HF labels start with their folder
+        return arch
+    return f"{name} ({arch})"
 
 
 def phase_model(model) -> PhaseModel:
