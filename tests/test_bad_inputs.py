@@ -669,6 +669,12 @@ def test_every_out_verb_refuses_without_overwrite(model, checkpoint, tmp_path, c
 BAD_DEVICE, BAD_MAP = "cpu:1", {"model.layers.0": "cuda:7"}
 
 
+def _as_model():
+    from phaseinterp.report.models import as_model
+
+    return as_model
+
+
 def _device_calls():
     import phaseinterp as pi
     from phaseinterp.report.sections.deepseek_v4 import load_deepseek_v4
@@ -694,6 +700,8 @@ def _device_calls():
         "phaseinterp.profile:phase_profile": lambda m, t: pi.phase_profile(m, batch, device=BAD_DEVICE),
         "phaseinterp.report.build:build_report": lambda m, t: pi.report.build_report(m, t / "r", device=BAD_DEVICE),
         "phaseinterp.report.models:load_model": lambda m, t: pi.report.load_model("w4s4", BAD_DEVICE),
+        "phaseinterp.report.models:as_model": lambda m, t: _as_model()("w4s4", BAD_DEVICE),
+        "phaseinterp.models.loading:load": lambda m, t: pi.load("w4s4", device=BAD_DEVICE),
         "phaseinterp.report.sections.deepseek_v4:load_deepseek_v4": lambda m, t: load_deepseek_v4("dsv4-tiny",
                                                                                                    BAD_DEVICE),
         "phaseinterp.tasks.docstring:DocstringProbe.run": lambda m, t: _unchecked(type(_docstring_probe()).run)(

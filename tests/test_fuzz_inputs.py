@@ -254,6 +254,7 @@ NOT_CALLED = {
     "ConformanceResult": "a result class", "UnitCyclingResult": "a result class", "UnitSelection": "a result class",
     "CheckpointError": "an error class", "KVCache": "the model's cache object, built by the model",
     "mean_ablation": "the same function as ablate (an alias)",
+    "load": "every kind of source and its refusals: tests/test_load.py; its device in test_bad_inputs' device walk",
     "shift_static_gates": "shares check_shift/check_layers/check_kv_heads with cycle_gates (fuzzed)",
     "indexer_phase": "DeepSeek-V4 only (a dsv4 model per call: too slow for the fast tier); its layers/n_per_residue "
                      "checks are shared with gate_cycling",
