@@ -778,6 +778,7 @@ DEVICE_IDS = ["phaseinterp.interventions.ablation:ablate", "phaseinterp.interven
               "phaseinterp.models.transformer:CompressedTransformer.from_pretrained",
               "phaseinterp.parallel.runs:sharded_ablate", "phaseinterp.parallel.runs:sharded_gate_cycling",
               "phaseinterp.parallel.runs:sharded_profile", "phaseinterp.profile:phase_profile",
+              "phaseinterp.models.loading:load", "phaseinterp.report.models:as_model",
               "phaseinterp.report.build:build_report", "phaseinterp.report.models:load_model",
               "phaseinterp.report.sections.deepseek_v4:load_deepseek_v4", "phaseinterp.tasks.docstring:DocstringProbe.run",
               "phaseinterp.theory.model:IdealizedInductionModel.__init__", "phaseinterp.theory.model:equiangular_embeddings",
