@@ -265,10 +265,11 @@ def test_cli_profile_with_shard_dir_resumes_and_equals_phase_profile(tmp_path, c
     shards = sorted((tmp_path / "shards" / "shards").iterdir())
     assert len(shards) == 4  # 128 prompts in chunks of 32
     before = [p.stat().st_mtime_ns for p in shards]
-    assert main(args) == 0  # the same command again: every chunk is reused, none recomputed
+    assert main(args) == 2  # the same --out again: a saved profile is not replaced silently
+    assert main(args + ["--overwrite"]) == 0  # every chunk is reused, none recomputed
     assert [p.stat().st_mtime_ns for p in shards] == before
     capsys.readouterr()
-    assert main(args + ["--seed", "1"]) == 2  # another seed into the same shard dir
+    assert main(args + ["--overwrite", "--seed", "1"]) == 2  # another seed into the same shard dir
     assert "field 'seed' differs" in capsys.readouterr().err
 
 
