@@ -44,7 +44,8 @@ class StandIn:
     own computation, with the ``logprobs`` top-k it is asked for (keys ``"token_id:N"``).
 
     ``fail_after``: answer HTTP 503 to every request after that many; ``fail_once``: answer 503 to
-    the first request only; ``fault``: "fewer_choices" or "no_logprobs". Every prompt it receives is
+    the first request only; ``fault``: "fewer_choices", "no_logprobs" or "text_only" (HTTP 500 with
+    the validation error llama-cpp-python 0.3.36's server gives a token-id prompt). Every prompt it receives is
     kept in ``received`` (token-id lists)."""
 
     def __init__(self, model, fail_after=None, fail_once=False, fault=None):
@@ -65,11 +66,16 @@ class StandIn:
                 if failing:
                     self.send_error(503, "restarting")
                     return
+                if stand_in.fault == "text_only":
+                    self._json({"error": {"message": "3 validation errors:\n  {'type': 'string_type', 'loc': "
+                                          "('body', 'prompt', 'str'), 'msg': 'Input should be a valid string', "
+                                          f"'input': {body['prompt'][0][:8]}"}}, status=500)
+                    return
                 self._json({"choices": stand_in.answer(body)})
 
-            def _json(self, payload):
+            def _json(self, payload, status=200):
                 data = json.dumps(payload).encode()
-                self.send_response(200)
+                self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
@@ -221,6 +227,7 @@ def test_unreachable_server_is_a_clear_error(w4s4, tmp_path):
 @pytest.mark.parametrize("fault, message", [
     ("fewer_choices", "returned 1 choices for 64 prompts"),
     ("no_logprobs", "returned no top_logprobs for prompt 0"),
+    ("text_only", r"does not take token-id prompts .*vLLM, SGLang.*LlamaCppEngine.*HTTP 500"),
 ])
 def test_server_protocol_faults_are_user_input_errors(w4s4, serve, fault, message):
     model, task = w4s4

@@ -14,7 +14,8 @@ tokenizer's ``convert_tokens_to_ids``) for servers that return token strings. En
 the top-k stay ``NaN``: the conformance check then compares the reported ones only.
 
 Errors: a server that cannot be reached, times out or answers HTTP 408/429/5xx raises
-`phaseinterp.errors.EngineError` (worth retrying: `phase_profile` does, with backoff); a bad
+`phaseinterp.errors.EngineError` (worth retrying: `phase_profile` does, with backoff); a server
+whose schema refuses token-id prompts (any status: llama-cpp-python's server answers 500), a bad
 URL, an HTTP 4xx, an answer with fewer choices than prompts, without log-probs or with token
 ids outside ``0..d_vocab-1`` raise `phaseinterp.errors.UserInputError` naming the problem.
 """
@@ -22,6 +23,7 @@ ids outside ``0..d_vocab-1`` raise `phaseinterp.errors.UserInputError` naming th
 from __future__ import annotations
 
 import json
+import re
 import socket
 import urllib.error
 import urllib.parse
@@ -35,6 +37,16 @@ from torch import Tensor
 from phaseinterp.errors import EngineError, UserInputError
 
 RETRYABLE_HTTP = (408, 429, 500, 502, 503, 504)  # the server is busy or restarting: worth another try
+# A server whose request schema takes text prompts only answers a token-id prompt with a validation error,
+# some (llama-cpp-python 0.3.36's server: HTTP 500, "'loc': ('body', 'prompt', 'str'), 'msg': 'Input should
+# be a valid string'") with a 5xx. The same request can never succeed, so it is a refusal, not a retry.
+_TEXT_ONLY_PROMPT = re.compile(r"prompt.{0,120}(valid string|string_type|must be a string|expected str)",
+                               re.IGNORECASE | re.DOTALL)
+
+
+def refuses_token_ids(body: str) -> bool:
+    """Whether an error ``body`` says the server's ``prompt`` field takes text only (no token ids)."""
+    return bool(_TEXT_ONLY_PROMPT.search(body))
 
 
 class OpenAIEngine:
@@ -75,7 +87,15 @@ class OpenAIEngine:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 text = response.read()
         except urllib.error.HTTPError as err:
-            detail = f"{self.url} answered HTTP {err.code}: {err.read()[:300]!r}"
+            body_text = err.read().decode("utf-8", "replace")
+            detail = f"{self.url} answered HTTP {err.code}: {body_text[:300]!r}"
+            if refuses_token_ids(body_text):
+                raise UserInputError(
+                    f"{self.url} does not take token-id prompts (its request schema wants text), so it cannot "
+                    "be sent the phase-controlled sequence; serve the model with a server that accepts "
+                    "'prompt' as lists of token ids and returns top logprobs (vLLM, SGLang; see README, "
+                    "'Phase profiles of a served model'), or run a GGUF in process with phaseinterp.engines.LlamaCppEngine. "
+                    f"Server said: {detail}") from None
             if err.code in RETRYABLE_HTTP:
                 raise EngineError(detail) from None
             raise UserInputError(f"{detail} (check the URL and the model name {self.model!r})") from None
