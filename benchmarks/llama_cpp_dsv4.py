@@ -6,6 +6,7 @@
     python benchmarks/llama_cpp_dsv4.py conformance runs/llama_cpp/fixture/release runs/llama_cpp/fixture.gguf \
         --out runs/llama_cpp/conformance
     python benchmarks/llama_cpp_dsv4.py server runs/llama_cpp/fixture/release runs/llama_cpp/fixture.gguf
+    python benchmarks/llama_cpp_dsv4.py margins runs/llama_cpp/fixture/release --positions 1437,1883,2122
 
 ``fixture``: a DeepSeek-V4 with the published attention settings llama.cpp's loader accepts
 (``DeepseekV4Config()``'s head_dim 512 / rotary 64 / indexer head 128 / top-k 512 / window 128,
@@ -268,6 +269,79 @@ def positions(release: Path, gguf: Path, cache_type: str = "f32", bucket: int = 
     return frame
 
 
+def margins(release: Path, positions_of_interest=(1437, 1883, 2122)) -> "object":
+    """How close transformers is to choosing differently at each position of the first evaluation
+    prompt (the prompt of `positions`), where a small rounding difference in llama.cpp could flip
+    a discrete choice. Per position, for every MoE layer with a learned router: the gap between
+    the biased scores of its 2nd and 3rd expert (top-2 of 4); for the CSA layer's indexer: the gap
+    between the 512th and 513th score among the entries the query may see (only past t = 2,051,
+    where more than 512 are closed). Prints each position of interest with its gap and the rank of
+    that gap among all positions (1 = the closest call of the prompt)."""
+    import pandas as pd
+    import torch
+
+    import phaseinterp as pi
+
+    model = pi.load_hf(release, dtype=torch.float32)
+    task = pi.zoo.task_for(model)
+    ids = task.generate(1, seed=0, strict=False).tokens[:1]
+    n = ids.shape[1]
+    hf = model.hf
+    gaps, handles = {}, []
+
+    def router_hook(name):
+        def hook(module, args, output):
+            scores = module.score_fn(output[0].float())  # the router's own logits and scoring function
+            biased = (scores + module.e_score_correction_bias).reshape(n, -1)
+            top = biased.topk(3, dim=-1).values
+            gaps[name] = (top[:, 1] - top[:, 2]).detach()
+        return hook
+
+    def scorer_hook(name, rate, k):
+        def hook(module, args, output):
+            scores = output[0].float()  # [S, T]
+            entries = torch.arange(scores.shape[-1])
+            visible = entries.view(1, -1) < ((torch.arange(n) + 1) // rate).view(-1, 1)
+            masked = scores.masked_fill(~visible, float("-inf"))
+            top = masked.topk(min(k + 1, scores.shape[-1]), dim=-1).values
+            gap = top[:, k - 1] - top[:, k] if top.shape[-1] > k else torch.full((n,), float("nan"))
+            gap[visible.sum(-1) <= k] = float("nan")  # nothing to choose: every visible entry is taken
+            gaps[name] = gap.detach()
+        return hook
+
+    for i, layer in enumerate(hf.model.layers):
+        router = getattr(layer.mlp, "gate", None)
+        if router is not None and hasattr(router, "e_score_correction_bias"):
+            handles.append(router.register_forward_hook(router_hook(f"layer {i} router 2nd-3rd")))
+        compressor = getattr(layer.self_attn, "compressor", None)
+        indexer = getattr(compressor, "indexer", None) if compressor is not None else None
+        if indexer is not None:
+            handles.append(indexer.scorer.register_forward_hook(
+                scorer_hook(f"layer {i} indexer 512th-513th", indexer.compress_rate, indexer.index_topk)))
+    try:
+        with torch.no_grad():
+            hf(input_ids=ids, use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+    frame = pd.DataFrame({name: gap.numpy() for name, gap in gaps.items()})
+    ranks = frame.rank(method="min")
+    rows = []
+    for pos in positions_of_interest:
+        row = {"pos": pos}
+        for name in frame.columns:
+            row[name] = f"{frame.at[pos, name]:.2e} (rank {ranks.at[pos, name]:.0f} of {frame[name].notna().sum()})" \
+                if pd.notna(frame.at[pos, name]) else "-"
+        rows.append(row)
+    print(pd.DataFrame(rows).set_index("pos").to_string())
+    print("median gap:", {name: float(f"{frame[name].median():.3g}") for name in frame.columns})
+    for name in frame.columns:
+        exact = frame.index[frame[name] == 0].tolist()
+        if exact:
+            print(f"{name}: exact ties (gap 0.0) at {len(exact)} positions: {exact[:20]}")
+    return frame
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -294,6 +368,9 @@ def main(argv=None) -> int:
     q.add_argument("release")
     q.add_argument("gguf")
     q.add_argument("--cache-type", default="f32")
+    m = sub.add_parser("margins", help="transformers' closest calls (router top-2, indexer top-k) per position")
+    m.add_argument("release")
+    m.add_argument("--positions", default="1437,1883,2122")
     v = sub.add_parser("server")
     v.add_argument("release")
     v.add_argument("gguf")
@@ -310,6 +387,8 @@ def main(argv=None) -> int:
         print(f"converted in {seconds:.1f} s")
     elif args.command == "positions":
         positions(Path(args.release), Path(args.gguf), args.cache_type)
+    elif args.command == "margins":
+        margins(Path(args.release), [int(x) for x in args.positions.split(",") if x])
     elif args.command == "server":
         print(json.dumps(server_check(Path(args.release), Path(args.gguf), args.port), indent=2))
     else:
