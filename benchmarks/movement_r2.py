@@ -9,7 +9,12 @@
 cycled alone on held-out prompts (seed 0) by the shifts +-1..+-3 distinct mod S, saved under
 ``OUT/<model>/<unit>`` (the same runs as RESULTS section 13's table). ``run --profile``: the
 whole-model roll (every layer's gates shifted, ``score="profile"``) on held-out prompts, saved
-under ``OUT/<model>/profile``. ``table``: loads every saved result and prints, per row, the
+under ``OUT/<model>/profile``. ``static --model NAME --units L11H0 ...``: the static-part shift of each named unit
+(``mode="static"``: only the prompt-independent part of the unit's gate logits moves, the mean logits
+over 256 calibration prompts), scored as the roll is (unit contribution, held-out prompts, seed 0),
+saved under ``OUT/<model>/<unit>-static`` and printed as a table row. The units are named, not picked
+here: they are the picks recorded in RESULTS (the same rule, seed 1000), so the roll and the static
+shift are measured on the same units. ``table``: loads every saved result and prints, per row, the
 movement R² (`movement_scores`: where the weak spot / the contribution peak went, against the
 applied shift) beside the strict profile R² and the identification count.
 """
@@ -49,6 +54,24 @@ def run(args) -> None:
     for name in args.models:
         rows = run_model(name, args.n_per_residue, args.n_boot, out)
         print("\n".join(rows), flush=True)
+
+
+def static(args) -> None:
+    from phaseinterp.interventions.gate_shifts import canonical_shifts
+
+    out = Path(args.out)
+    model = pi.zoo.load(args.model)
+    task = pi.zoo.task_for(model)
+    shifts = list(canonical_shifts([-3, -2, -1, 1, 2, 3], model.cfg.stride))
+    for label in args.units:
+        layer, _, head = label.removeprefix("L").partition("H")
+        t0 = time.time()
+        result = pi.gate_cycling(model, task, shifts, layers=[int(layer)], kv_heads=[int(head)] if head else None,
+                                 score="unit", mode="static", n_per_residue=args.n_per_residue, n_boot=args.n_boot,
+                                 progress=False)
+        result.save(out / args.model / f"{label}-static")
+        print(_row(args.model, f"{label} static-part shift", result), flush=True)
+        print(f"# {args.model} {label} static: {time.time() - t0:.0f} s", flush=True)
 
 
 def chance(stride: int, shifts, observed: float) -> float:
@@ -112,12 +135,22 @@ def main() -> None:
     r.add_argument("--n-boot", type=int, default=1000)
     r.add_argument("--out", default="runs/movement_r2")
     r.add_argument("--threads", type=int, default=1)
+    st = sub.add_parser("static")
+    st.add_argument("--model", required=True)
+    st.add_argument("--units", nargs="+", required=True)
+    st.add_argument("--n-per-residue", type=int, default=72)
+    st.add_argument("--n-boot", type=int, default=1000)
+    st.add_argument("--out", default="runs/movement_r2")
+    st.add_argument("--threads", type=int, default=1)
     t = sub.add_parser("table")
     t.add_argument("--out", default="runs/movement_r2")
     args = parser.parse_args()
     if args.command == "run":
         torch.set_num_threads(args.threads)
         run(args)
+    elif args.command == "static":
+        torch.set_num_threads(args.threads)
+        static(args)
     else:
         table(args)
 
