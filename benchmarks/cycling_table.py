@@ -11,7 +11,7 @@ cycles each picked unit alone on held-out prompts (seed 0) for the shifts +-1..+
 mod S: -3..3 at S = 8; -1, 1, 2 at S = 4; 1 at S = 2) and scores its own contribution (answer
 log-prob) against ``C_0((r - d) mod S)``. A model whose gates cannot be cycled meaningfully
 (payload maps per slot, uniform gates, no compression) gets a row that says why. Prints a
-markdown table (benchmarks/RESULTS.md section 11) and saves every result under --out.
+markdown table (benchmarks/RESULTS.md, "Gate cycling at unit grain") and saves every result under --out.
 """
 
 from __future__ import annotations

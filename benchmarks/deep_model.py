@@ -4,7 +4,7 @@
                                     [--n-per-residue 72] [--sections profile ablate cycle controls]
                                     [--threads 1]
 
-Sections (each prints what RESULTS.md section 8 records):
+Sections (each prints what RESULTS.md "Paper-depth models and seeds" records):
 
 - ``profile``: the phase profile of the model and of its twin (folded at the model's stride):
   mean, period test, per-phase accuracy with 95% intervals, weakest phases first;

@@ -7,7 +7,7 @@
 ``run --models``: for each model, the units of `benchmarks/cycling_table.py` (picked by
 `specialized_units`' rule on the selection split, seed 1000, plus the negative control), each
 cycled alone on held-out prompts (seed 0) by the shifts +-1..+-3 distinct mod S, saved under
-``OUT/<model>/<unit>`` (the same runs as RESULTS section 13's table). ``run --profile``: the
+``OUT/<model>/<unit>`` (the same runs as the table of RESULTS, "Gate cycling at unit grain"). ``run --profile``: the
 whole-model roll (every layer's gates shifted, ``score="profile"``) on held-out prompts, saved
 under ``OUT/<model>/profile``. ``static --model NAME --units L11H0 ...``: the static-part shift of each named unit
 (``mode="static"``: only the prompt-independent part of the unit's gate logits moves, the mean logits

@@ -113,7 +113,7 @@ def pytest_runtest_setup(item):
             pytest.skip(why)
 
 
-# The longest test files first (their summed seconds in one run: benchmarks/RESULTS.md section 20),
+# The longest test files first (their summed seconds in one run: benchmarks/HISTORY.md, old section 20),
 # so that under ``--dist loadfile`` neither worker starts a long file when the other is nearly done;
 # the rest keep their collection order. Only the order changes: every test still runs. The order
 # holds only with ``--no-loadscope-reorder`` (pyproject's addopts; pytest-xdist >= 3.8): by default

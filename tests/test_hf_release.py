@@ -429,7 +429,7 @@ def test_fp8_export_loads_dequantized_and_keeps_the_phase_profile(shipped, expor
     model trained in float32 and rounded afterwards (a release is trained FP8-native: that is
     ``dsv4-tiny-fp8``, whose export loses nothing, tests above). Measured here: the phase
     accuracies stay inside the shipped model's Wilson intervals; top-1 agreement with the
-    full-precision model at the answer position is 95.7% (RESULTS section 11), below the
+    full-precision model at the answer position is 95.7% (RESULTS, "Release layout and FP8"), below the
     issue's 99% target: FP8's 3-bit mantissa flips near-tied predictions of this 2-layer-deep
     tiny model (every quantized module alone flips 0-2%). Exact float32 block scales
     (``fp8_scales="exact"``) measured 95.6%, so the power-of-two scale is not the cause."""

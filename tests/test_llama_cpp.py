@@ -197,7 +197,7 @@ def test_llama_cpp_agrees_with_transformers_past_the_indexer_top_k(gguf, referen
 
 
 # max |d log p| per phase allowed to llama.cpp (f32 KV cache) against transformers. Measured on this fixture
-# (benchmarks/RESULTS.md, issue 34): 3.3e-3 to 3.6e-3 at the test's 16 answer positions (whole and cut), a floor
+# (benchmarks/RESULTS.md, llama.cpp's DeepSeek-V4 against transformers): 3.3e-3 to 3.6e-3 at the test's 16 answer positions (whole and cut), a floor
 # of about 3e-3 at every position from the first; single positions where transformers' top-2 expert choice is
 # nearly tied reach 0.18 (none is an answer position of this test). A misplaced compressed entry moves more.
 LLAMA_CPP_F32_TOLERANCE = 1e-2

@@ -395,7 +395,7 @@ def test_report_figures_fit_the_page(report):
     assert wide.layout.width == FIGURE_WIDTH
 
 
-@pytest.mark.slow  # the default demo: 805 s on two busy cores (RESULTS: 340-409 s on two quieter ones)
+@pytest.mark.slow  # the default demo: 805 s on two busy cores (HISTORY.md: 340-409 s on two quieter ones)
 @pytest.mark.zoo("w4s4", "full", "w4s4-1kv-shared", "dsv4-tiny", "w4s4-staggered")
 def test_the_default_demo_report_passes_its_own_check(tmp_path):
     """The main job's own output (`phaseinterp demo`, not --quick) passes `phaseinterp.report.check`."""

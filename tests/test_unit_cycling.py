@@ -4,7 +4,7 @@ restore, the rule that picks units, and the measured claim on the shipped paper-
 The `deep` tests are regression snapshots of `deep12-w8s8-1kv-shared-equal` (seed 0, the
 shipped checkpoint) on held-out prompts (seed 0, 72 per residue = 216 per phase) after the
 rule picks the units on a selection split (seed 1000): they assert what benchmarks/RESULTS.md
-section 11 records (`python benchmarks/cycling_table.py --models deep12-w8s8-1kv-shared-equal`).
+"Gate cycling at unit grain" records (`python benchmarks/cycling_table.py --models deep12-w8s8-1kv-shared-equal`).
 """
 
 from __future__ import annotations

@@ -146,7 +146,7 @@ def test_stride_12_model_has_period_12():
     intervals apart; its variant bar is the variants' (mean >= 50%; measured 53.8%). Its twin
     ``full-s12`` is flat (`test_full_attention_twin_is_phase_flat`): at 250 per residue
     homogeneity p = 0.82; at 72 per residue (144 prompts per phase) p = 0.019, so the twin's
-    claim is tested at the module's 250 (benchmarks/RESULTS.md, issue 36 section)."""
+    claim is tested at the module's 250 (benchmarks/RESULTS.md, "Stride 12: period 12, twin flat")."""
     p = profile("w12s12-4kv")
     assert p.stride == 12 and p.modulus == 24
     assert p.mean >= 0.50, f"w12s12-4kv did not learn the task: mean {p.mean:.3f}"

@@ -6,8 +6,8 @@ without compression. Two pairs ship (rules in `phaseinterp.zoo`, fixed before tr
 final-step pair (step 3000) and the equal-training pair ``*-equal`` (step 1000, the first
 snapshot at which both runs' probe mean is >= 60%). Evaluation only: nothing is retrained
 here. The tests re-measure at 72 prompts per residue (the smallest moment-matched size; 216
-prompts per phase), one shared prompt set per model, what benchmarks/RESULTS.md section 8
-records (`python benchmarks/deep_model.py --model deep12-w8s8-1kv-shared-equal --twin
+prompts per phase), one shared prompt set per model, what benchmarks/RESULTS.md
+"Paper-depth models and seeds" records (`python benchmarks/deep_model.py --model deep12-w8s8-1kv-shared-equal --twin
 deep12-full-equal`):
 
 - at equal training the compressed model has period 8 and two weak phases, 5 and 6 (27% and

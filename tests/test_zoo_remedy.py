@@ -2,7 +2,7 @@
 
 Same backbone, task, recipe, seed and step (1500); the only difference is the staggered window
 grids (KV head offsets 0 and 2). Measured on the shipped checkpoints (benchmarks/RESULTS.md
-section 10 has the 3-seed experiment; the seed-0 runs are these two models), re-measured here
+"Staggered windows (the remedy)" has the 3-seed experiment; the seed-0 runs are these two models), re-measured here
 at 72 prompts per residue: the staggered model has no weak phase (every phase >= 90%, where
 w4s4's boundary phase 3 is at chance), at the same stored KV memory per token; a 3 pp residue
 of the weakness sits at the two heads' own boundary phases 1 and 3 (period 2).

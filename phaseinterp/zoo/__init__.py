@@ -68,7 +68,7 @@ TRAIN: dict[str, Any] = dict(
 # Trained from scratch with it, the compressed model learned retrieval between steps 800 and
 # 1100 (probe mean 3% -> 92%; its twin by step 600) and saturates by the final step (99.9% at
 # every phase, no period): the phase weakness lives at the equal-training step (1000, the
-# rule below): period 8 with phases 5 and 6 weak but above chance (benchmarks/RESULTS.md §8).
+# rule below): period 8 with phases 5 and 6 weak but above chance (benchmarks/RESULTS.md, "Paper-depth models and seeds").
 DEEP_TRAIN: dict[str, Any] = dict(steps=3000, snapshot_steps=tuple(range(100, 3001, 100)))
 
 # Post-training (issue 36): continue a shipped compressed model on another data mixture. The pretraining
