@@ -20,7 +20,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from phaseinterp import CompressedConfig, CompressedTransformer  # noqa: E402
-from phaseinterp.interventions import mean_ablation  # noqa: E402
+from phaseinterp.interventions import ablate  # noqa: E402
 from phaseinterp.tasks import KeyValueRetrieval  # noqa: E402
 
 
@@ -48,7 +48,7 @@ def main() -> None:
         clean = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    fast = mean_ablation(model, task, **kwargs)
+    fast = ablate(model, task, **kwargs)
     t_fast = time.perf_counter() - t0
     print(f"# ablation_sweep: 12 layers x 4 KV heads = 48 units, T=512, {n} prompts (24 residues x "
           f"{args.n_per_residue}), {args.n_calibration} calibration prompts, {args.threads} threads")
@@ -58,7 +58,7 @@ def main() -> None:
     print(f"| fast sweep (calibration included) | {t_fast:.2f} | {t_fast / clean:.2f} |")
     if not args.skip_naive:
         t0 = time.perf_counter()
-        naive = mean_ablation(model, task, method="naive", **kwargs)
+        naive = ablate(model, task, method="naive", **kwargs)
         t_naive = time.perf_counter() - t0
         print(f"| naive sweep (a hooked forward per unit) | {t_naive:.2f} | {t_naive / clean:.2f} |")
         print(f"\nnaive / fast speed-up: {t_naive / t_fast:.1f}x")

@@ -5,7 +5,7 @@ beside the same call that reruns it.
                                           [--every 4] [--shifts 1 -1] [--repeats 3] [--threads 1]
 
 For each model, on every ``--every``-th prompt of its task's 72-per-residue set (seed 0): one
-`phase_profile`, then `gate_cycling(..., shifts)` without and with ``baseline=`` that profile,
+`phase_profile`, then `gate_cycling_profile(..., shifts)` without and with ``baseline=`` that profile,
 alternated ``--repeats`` times; median seconds, their ratio, the ratio one pass fewer predicts
 (``(n + 1) / n`` for n shifts, before the one-batch check), and whether the per-prompt results are
 identical.
@@ -61,7 +61,7 @@ def main() -> None:
         for _ in range(args.repeats):
             for key, extra in (("rerun", {}), ("baseline", {"baseline": profile})):
                 start = time.perf_counter()
-                results[key] = pi.gate_cycling(model, task, args.shifts, prompts=batch, n_boot=10, progress=False,
+                results[key] = pi.gate_cycling_profile(model, task, args.shifts, prompts=batch, n_boot=10, progress=False,
                                                **extra)
                 times[key].append(time.perf_counter() - start)
         rerun, reuse = statistics.median(times["rerun"]), statistics.median(times["baseline"])

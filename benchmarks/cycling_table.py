@@ -6,7 +6,7 @@
 
 For each model: `specialized_units` picks units by the rule fixed in code on a selection split
 (seed 1000: knockout hurts 1..3 adjacent phases, Holm-significant, <= -50% relative; plus one
-negative control, a cyclable unit hurt on no phase), then `gate_cycling(..., score="unit")`
+negative control, a cyclable unit hurt on no phase), then `gate_cycling_unit(...)`
 cycles each picked unit alone on held-out prompts (seed 0) for the shifts +-1..+-3 (distinct
 mod S: -3..3 at S = 8; -1, 1, 2 at S = 4; 1 at S = 2) and scores its own contribution (answer
 log-prob) against ``C_0((r - d) mod S)``. A model whose gates cannot be cycled meaningfully
@@ -58,7 +58,7 @@ def run_model(name: str, n_per_residue: int, n_boot: int, out: Path) -> list[str
     else:
         rows = []
     for unit in units:
-        result = pi.gate_cycling(model, task, shifts, layers=unit["layers"], kv_heads=unit["kv_heads"], score="unit",
+        result = pi.gate_cycling_unit(model, task, shifts, layers=unit["layers"], kv_heads=unit["kv_heads"],
                                  n_per_residue=n_per_residue, n_boot=n_boot, progress=False)
         result.save(out / label / unit["label"])
         s = result.scores

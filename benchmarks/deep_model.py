@@ -96,7 +96,7 @@ def main() -> None:
         print(f"[{time.time() - t0:.0f} s]", flush=True)
 
     if "cycle" in args.sections:
-        cyc = pi.gate_cycling(model, shifts=(-3, -2, -1, 1, 2, 3), layers=args.cycle_layers, prompts=prompts,
+        cyc = pi.gate_cycling_profile(model, shifts=(-3, -2, -1, 1, 2, 3), layers=args.cycle_layers, prompts=prompts,
                               n_boot=200, progress=False)
         print(f"gate cycling (layers: {args.cycle_layers or 'all'}), accuracy by phase (rows: shift):")
         print(cyc.phase_accuracy().round(3).to_string())

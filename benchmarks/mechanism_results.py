@@ -30,7 +30,7 @@ import torch  # noqa: E402
 
 import phaseinterp as pi  # noqa: E402
 from phaseinterp import zoo  # noqa: E402
-from phaseinterp.interventions import confirm, cycling_fitness, gate_cycling  # noqa: E402
+from phaseinterp.interventions import confirm, cycling_fitness, gate_cycling_profile  # noqa: E402
 
 pd.set_option("display.width", 200)
 pd.set_option("display.max_columns", 30)
@@ -99,7 +99,7 @@ def cycling(n: int) -> None:
         model = zoo.load(name)
         fit, why = cycling_fitness(model)
         label = "" if fit else "  [NEGATIVE CONTROL]"
-        res = gate_cycling(model, n_per_residue=n, progress=False, n_boot=1000)
+        res = gate_cycling_profile(model, n_per_residue=n, progress=False, n_boot=1000)
         s = res.scores
         print(f"### {name}{label}: {why}")
         print(res.phase_accuracy().round(3).to_string())

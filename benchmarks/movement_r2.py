@@ -47,7 +47,7 @@ def run(args) -> None:
     for name in args.profile:
         t0 = time.time()
         model = pi.zoo.load(name)
-        result = pi.gate_cycling(model, pi.zoo.task_for(model), n_per_residue=args.n_per_residue,
+        result = pi.gate_cycling_profile(model, pi.zoo.task_for(model), n_per_residue=args.n_per_residue,
                                  n_boot=args.n_boot, progress=False)
         result.save(out / name / "profile")
         print(f"# {name} profile roll: {time.time() - t0:.0f} s", flush=True)
@@ -66,8 +66,7 @@ def static(args) -> None:
     for label in args.units:
         layer, _, head = label.removeprefix("L").partition("H")
         t0 = time.time()
-        result = pi.gate_cycling(model, task, shifts, layers=[int(layer)], kv_heads=[int(head)] if head else None,
-                                 score="unit", mode="static", n_per_residue=args.n_per_residue, n_boot=args.n_boot,
+        result = pi.gate_cycling_unit(model, task, shifts, layers=[int(layer)], kv_heads=[int(head)] if head else None, mode="static", n_per_residue=args.n_per_residue, n_boot=args.n_boot,
                                  progress=False)
         result.save(out / args.model / f"{label}-static")
         print(_row(args.model, f"{label} static-part shift", result), flush=True)

@@ -4,7 +4,7 @@
                                             [--n-per-residue 4] [--n-calibration 48] [--shifts -1 1 2]
                                             [--repeats 3] [--threads 1]
 
-`gate_cycling(model, ..., layers=[L], score="unit")` measures, under each shift of layer ``L``'s
+`gate_cycling_unit(model, ..., layers=[L])` measures, under each shift of layer ``L``'s
 gates, the calibration mean of ``hook_z`` and the unit's knockout. Nothing below ``L`` changes
 with the shift, so `phaseinterp.interventions.knockout.shifted_knockouts` runs layers ``0 .. L-1``
 once per prompt batch for every shift (own family). This script times it beside the per-shift
@@ -27,7 +27,7 @@ import torch  # noqa: E402
 
 import phaseinterp as pi  # noqa: E402
 from phaseinterp.interventions._common import fixed_answer_position  # noqa: E402
-from phaseinterp.interventions.gate_shifts import cycle_gates  # noqa: E402
+from phaseinterp.interventions.gate_shifts import shift_gates  # noqa: E402
 from phaseinterp.interventions.knockout import calibration_mean_z, knockout_measures, shifted_knockouts  # noqa: E402
 from phaseinterp.interventions.unit_cycling import _layer_units  # noqa: E402
 
@@ -37,14 +37,14 @@ DEFAULT_UNITS = ("w4s4-1kv-shared:1", "deep12-w8s8-1kv-shared-equal:2", "deep12-
 def per_shift_loop(model, batch, pos, calib, units, layer, shifts, batch_size):
     out = []
     for d in shifts:
-        with cycle_gates(model, d, [layer], "both", [0]):
+        with shift_gates(model, d, [layer], "both", [0]):
             mean_z = calibration_mean_z(model, calib, pos, batch_size)
             out.append(knockout_measures(model, batch.tokens, pos, batch.answer, units, mean_z, batch_size))
     return out
 
 
 def shared(model, batch, pos, calib, units, layer, shifts, batch_size):
-    variants = [lambda d=d: cycle_gates(model, d, [layer], "both", [0]) for d in shifts]
+    variants = [lambda d=d: shift_gates(model, d, [layer], "both", [0]) for d in shifts]
     return shifted_knockouts(model, batch.tokens, pos, batch.answer, units, variants, calib, batch_size)
 
 

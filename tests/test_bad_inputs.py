@@ -246,7 +246,7 @@ def _fill(text: str, places: dict[str, str]) -> str:
 # ------------------------------------------------------------------ API table
 def _api_cases():
     """(id, call(model, tmp_path), exception type, substrings of the message)."""
-    from phaseinterp import ablate, cycle_gates, gate_cycling, gate_profile, phase_profile, shifted_copy
+    from phaseinterp import ablate, cycle_gates, gate_cycling_profile, gate_profile, phase_profile, shifted_copy
     from phaseinterp.train import train
 
     batch = TASK.generate(23, seed=0)
@@ -268,13 +268,13 @@ def _api_cases():
          ["scope='head'"]),
         ("ablate device banana", lambda m, t: ablate(m, device="banana", prompts=batch, progress=False), ValueError,
          ["'banana'"]),
-        ("gate_cycling shifts=[0]", lambda m, t: gate_cycling(m, shifts=[0], prompts=batch, progress=False),
+        ("gate_cycling shifts=[0]", lambda m, t: gate_cycling_profile(m, shifts=[0], prompts=batch, progress=False),
          ValueError, ["shift=0"]),
-        ("gate_cycling shifts=[4]", lambda m, t: gate_cycling(m, shifts=[4], prompts=batch, progress=False),
+        ("gate_cycling shifts=[4]", lambda m, t: gate_cycling_profile(m, shifts=[4], prompts=batch, progress=False),
          ValueError, ["shift=4", "S=4"]),
-        ("gate_cycling shifts=[]", lambda m, t: gate_cycling(m, shifts=[], prompts=batch, progress=False),
+        ("gate_cycling shifts=[]", lambda m, t: gate_cycling_profile(m, shifts=[], prompts=batch, progress=False),
          ValueError, ["shifts=[]"]),
-        ("gate_cycling shifts=[1.5]", lambda m, t: _unchecked(gate_cycling)(m, shifts=[1.5], prompts=batch,
+        ("gate_cycling shifts=[1.5]", lambda m, t: _unchecked(gate_cycling_profile)(m, shifts=[1.5], prompts=batch,
                                                                                    progress=False),
          ValueError, ["shift=1.5"]),
         ("shifted_copy shift='1'", lambda m, t: _unchecked(shifted_copy)(m, "1"), ValueError, ["shift='1'"]),

@@ -10,12 +10,11 @@ import pytest
 import torch
 from scipy import stats as scipy_stats
 
-from phaseinterp import CompressedConfig, CompressedTransformer
-from phaseinterp.interventions import AblationResult, ConfirmResult, confirm, mean_ablation, replacement_ablation
+from phaseinterp import CompressedTransformer
+from phaseinterp.interventions import AblationResult, ConfirmResult, confirm, ablate, replacement_ablation
 from phaseinterp.interventions.confirm import ablation_agreement, confirm_nominations, nominate_heads
 from phaseinterp.interventions.gate_stats import GateProfile
 from conftest import make_model, small_task
-from phaseinterp.tasks import KeyValueRetrieval
 
 TASK = small_task()
 BASE = dict(d_vocab=TASK.vocab.size, n_ctx=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_head=8,
@@ -54,7 +53,7 @@ def test_norm_matched_and_resample_ablations_match_a_direct_reference(prompts):
         logits = model.run_with_hooks(prompts.tokens[:, : pos + 1], fwd_hooks=[("blocks.1.attn.hook_z", hook)])
         return (logits[:, pos].argmax(-1) == prompts.answer).numpy()
 
-    base = mean_ablation(model, TASK, n_calibration=8, prompts=prompts, progress=False)
+    base = ablate(model, TASK, n_calibration=8, prompts=prompts, progress=False)
     for kind in ("resample", "norm_matched"):
         res = replacement_ablation(model, TASK, method=kind, n_calibration=8, prompts=prompts)
         assert isinstance(res, AblationResult) and res.knockout_correct.shape == (len(prompts.answer), 4)

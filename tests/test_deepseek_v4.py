@@ -15,7 +15,7 @@ from transformers import DeepseekV4Config, DeepseekV4ForCausalLM  # noqa: E402
 
 import phaseinterp as pi  # noqa: E402
 from phaseinterp.errors import UserInputError  # noqa: E402
-from phaseinterp.interventions import cycle_gates, gate_cycling, gate_profile, mean_ablation  # noqa: E402
+from phaseinterp.interventions import shift_gates, gate_cycling_profile, gate_profile, ablate  # noqa: E402
 from phaseinterp.models.hf import HookedDeepseekV4, from_hf, load_hf  # noqa: E402
 from phaseinterp.tasks import DocstringProbe, KeyValueRetrieval, NeedleRetrieval, Vocab  # noqa: E402
 
@@ -250,21 +250,21 @@ def test_cycle_gates_restores_and_refuses_a_slot_count_shift(tokens):
     state = {k: v.clone() for k, v in hf_model.state_dict().items()}
     clean = hf_logits(hf_model, tokens)
     with torch.no_grad():
-        with cycle_gates(model, 1, layers=[0, 2]):
+        with shift_gates(model, 1, layers=[0, 2]):
             torch.testing.assert_close(model.position_bias(0), torch.roll(state[
                 "model.layers.0.self_attn.compressor.position_bias"], 1, dims=0))
             shifted = model(tokens)
         assert float((shifted - clean).abs().max()) > 1e-4
         # a shift of 0 mod S moves nothing: refused by name (the one rule of gate_shifts.check_shift)
         with pytest.raises(UserInputError, match=f"shift={S} is 0 mod S={S}"):
-            with cycle_gates(model, S, layers=[0, 2]):  # CSA: S slots per half
+            with shift_gates(model, S, layers=[0, 2]):  # CSA: S slots per half
                 pass
         with pytest.raises(UserInputError, match=f"shift={R} is 0 mod S={R}"):
-            with cycle_gates(model, R, layers=[1]):  # HCA: R slots
+            with shift_gates(model, R, layers=[1]):  # HCA: R slots
                 pass
         torch.testing.assert_close(model(tokens), clean, atol=0, rtol=0)
         with pytest.raises(RuntimeError, match="boom"):
-            with cycle_gates(model, 3):
+            with shift_gates(model, 3):
                 raise RuntimeError("boom")
     for k, v in hf_model.state_dict().items():
         assert torch.equal(v, state[k]), k
@@ -276,7 +276,7 @@ def test_sliding_only_layers_have_no_gates(tokens):
     with pytest.raises(ValueError, match="layer 0 is a sliding-window-only layer"):
         model.gate_parameters(0)
     with pytest.raises(ValueError, match="layer 0 is a sliding-window-only layer"):
-        with cycle_gates(model, 1):
+        with shift_gates(model, 1):
             pass
     with torch.no_grad():
         torch.testing.assert_close(model(tokens), hf_logits(model.hf, tokens), atol=1e-6, rtol=0)
@@ -333,13 +333,13 @@ def test_phase_profile_ablate_cycling_gate_profile_run(model):
     prompts = TASK.generate(3, seed=0, strict=False)
     profile = pi.phase_profile(model, prompts, stride=S, n_permutations=99, progress=False)
     assert profile.stride == S and profile.residue_n.sum() == len(prompts)
-    ablation = mean_ablation(model, TASK, prompts=prompts, n_calibration=8, layer=[0, 2], progress=False)
+    ablation = ablate(model, TASK, prompts=prompts, n_calibration=8, layer=[0, 2], progress=False)
     assert list(ablation.units.kv_head) == [0, 0] and ablation.units.heads.iloc[0] == (0, 1, 2, 3)
     assert np.abs(ablation.knockout_logit_answer - ablation.clean_logit_answer[:, None]).max() > 1e-4
-    groups = mean_ablation(model, TASK, prompts=prompts, n_calibration=8, layer=2, heads=model.o_group_heads(),
+    groups = ablate(model, TASK, prompts=prompts, n_calibration=8, layer=2, heads=model.o_group_heads(),
                            progress=False)
     assert list(groups.units.heads) == [(0, 1), (2, 3)]
-    cycling = gate_cycling(model, TASK, shifts=(1,), layers=[0, 2], prompts=prompts, n_boot=10, progress=False)
+    cycling = gate_cycling_profile(model, TASK, shifts=(1,), layers=[0, 2], prompts=prompts, n_boot=10, progress=False)
     assert cycling.correct.shape == (2, len(prompts)) and tuple(cycling.shifts) == (0, 1)
     gates = gate_profile(model, TASK, prompts=prompts)
     assert set(gates.slots.layer) == {0, 1, 2}

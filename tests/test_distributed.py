@@ -19,7 +19,7 @@ import torch.multiprocessing as mp
 
 from phaseinterp import parallel
 from phaseinterp.parallel import runs
-from phaseinterp.interventions import ablate, gate_cycling
+from phaseinterp.interventions import ablate, gate_cycling_profile
 from phaseinterp.profile import phase_profile
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -67,7 +67,7 @@ def _single(kind: str, model, prompts):
         return phase_profile(model, prompts, progress=False)
     if kind == "ablate":
         return ablate(model, _task(), prompts=prompts, n_calibration=8, batch_size=3, progress=False)
-    return gate_cycling(model, _task(), prompts=prompts, batch_size=3, progress=False)
+    return gate_cycling_profile(model, _task(), prompts=prompts, batch_size=3, progress=False)
 
 
 def _worker(rank: int, world: int, port: int, job: dict) -> None:

@@ -575,7 +575,7 @@ def test_offloaded_phase_profile_and_ablation_equal_in_memory(offloaded, shipped
 
 def test_gate_edits_on_an_offloaded_layer_are_refused(offloaded):
     with pytest.raises(ValueError, match="offloaded"):
-        with pi.cycle_gates(offloaded, 1, layers=[0]):
+        with pi.shift_gates(offloaded, 1, layers=[0]):
             pass
 
 

@@ -7,14 +7,17 @@ import pandas as pd
 import pytest
 import torch
 
+import phaseinterp as pi
 from phaseinterp import CompressedTransformer
 from phaseinterp.interventions import (
     AblationResult,
     CyclingResult,
-    cycle_gates,
+    shift_gates,
     gate_cycling,
+    gate_cycling_profile,
+    gate_cycling_unit,
     gate_profile,
-    mean_ablation,
+    ablate,
     shifted_copy,
 )
 from phaseinterp.interventions.cycling_stats import cycling_scores
@@ -54,8 +57,8 @@ def _assert_same_state(model, state):
 @pytest.mark.parametrize("scope", ["kv_head", "layer"])
 def test_fast_ablation_equals_naive(kw, scope, prompts):
     model = make(**kw)
-    fast = mean_ablation(model, TASK, prompts=prompts, scope=scope, n_calibration=16, progress=False)
-    naive = mean_ablation(model, TASK, prompts=prompts, scope=scope, n_calibration=16, method="naive",
+    fast = ablate(model, TASK, prompts=prompts, scope=scope, n_calibration=16, progress=False)
+    naive = ablate(model, TASK, prompts=prompts, scope=scope, n_calibration=16, method="naive",
                           progress=False)
     np.testing.assert_allclose(fast.clean_logit_answer, naive.clean_logit_answer, atol=1e-5, rtol=0)
     np.testing.assert_allclose(fast.knockout_logit_answer, naive.knockout_logit_answer, atol=1e-5, rtol=0)
@@ -66,24 +69,24 @@ def test_fast_ablation_equals_naive(kw, scope, prompts):
 
 def test_ablation_units_and_custom_heads(prompts):
     model = make(window=4, stride=4)
-    res = mean_ablation(model, TASK, layer=1, prompts=prompts, n_calibration=8, progress=False)
+    res = ablate(model, TASK, layer=1, prompts=prompts, n_calibration=8, progress=False)
     assert res.units.to_dict(orient="list") == {"layer": [1, 1], "kv_head": [0, 1], "heads": [(0, 1), (2, 3)]}
     assert res.relative_change.shape == (2, 4)
     assert list(res.relative_change.columns) == [0, 1, 2, 3]
-    custom = mean_ablation(model, TASK, layer=[0, 2], heads=[[3]], prompts=prompts, n_calibration=8, progress=False)
+    custom = ablate(model, TASK, layer=[0, 2], heads=[[3]], prompts=prompts, n_calibration=8, progress=False)
     assert list(custom.units.layer) == [0, 2] and list(custom.units.heads) == [(3,), (3,)]
 
 
 def test_ablation_bad_requests(prompts):
     model = make(window=4, stride=4)
     with pytest.raises(ValueError, match=r"layer=9 is out of range for a 3-layer model \(0..2\)"):
-        mean_ablation(model, TASK, layer=9, prompts=prompts, progress=False)
+        ablate(model, TASK, layer=9, prompts=prompts, progress=False)
     with pytest.raises(ValueError, match="scope='head' is not one of"):
-        mean_ablation(model, TASK, scope="head", prompts=prompts, progress=False)
+        ablate(model, TASK, scope="head", prompts=prompts, progress=False)
     with pytest.raises(ValueError, match="query head ids must be in 0..3"):
-        mean_ablation(model, TASK, heads=[[4]], prompts=prompts, progress=False)
+        ablate(model, TASK, heads=[[4]], prompts=prompts, progress=False)
     with pytest.raises(ValueError, match="no stored evaluation task"):
-        mean_ablation(model, layer=0, progress=False)
+        ablate(model, layer=0, progress=False)
 
 
 def _hand_made_ablation() -> AblationResult:
@@ -179,13 +182,13 @@ def test_cycle_gates_restores_exactly(kw):
     model = make(**kw)
     tokens = torch.randint(0, TASK.vocab.size, (2, 40))
     state, logits = _state(model), model(tokens)
-    with cycle_gates(model, 1):
+    with shift_gates(model, 1):
         shifted = model(tokens)
     assert (shifted - logits).abs().max() > 1e-5
     _assert_same_state(model, state)
     assert torch.equal(model(tokens), logits)
     with pytest.raises(RuntimeError, match="boom"):
-        with cycle_gates(model, 2, layers=[0, 2]):
+        with shift_gates(model, 2, layers=[0, 2]):
             raise RuntimeError("boom")
     _assert_same_state(model, state)
     assert torch.equal(model(tokens), logits)
@@ -198,7 +201,7 @@ def test_shift_algebra():
         with pytest.raises(ValueError, match=f"shift={no_op} is 0 mod S=4"):
             shifted_copy(model, no_op)
         with pytest.raises(ValueError, match=f"shift={no_op} is 0 mod S=4"):
-            cycle_gates(model, no_op).__enter__()
+            shift_gates(model, no_op).__enter__()
     there_and_back = shifted_copy(shifted_copy(model, 3), -3)
     _assert_same_state(there_and_back, state)
     one = shifted_copy(model, 1, layers=0, branch="k")
@@ -221,7 +224,7 @@ def test_cycle_gates_refuses_undefined_layouts(kw, match):
     model = make(**kw)
     branch = "k" if kw.get("tie_kv_gates") else "both"
     with pytest.raises(ValueError, match=match):
-        with cycle_gates(model, 1, branch=branch):
+        with shift_gates(model, 1, branch=branch):
             pass
 
 
@@ -311,11 +314,52 @@ def test_shifts_are_counted_once_mod_s():
 
 def test_gate_cycling_runs_and_round_trips(tmp_path, prompts):
     model = make(window=4, stride=4)
-    res = gate_cycling(model, TASK, shifts=(1, -1), prompts=prompts, progress=False)
+    res = gate_cycling_profile(model, TASK, shifts=(1, -1), prompts=prompts, progress=False)
     assert res.shifts == (0, 1, -1) and res.correct.shape == (3, len(prompts.answer))
     res.save(tmp_path / "cyc")
     back = CyclingResult.load(tmp_path / "cyc")
     assert back.shifts == res.shifts and (back.correct == res.correct).all()
+
+
+def test_old_names_warn_and_equal_the_new_ones(prompts):
+    """0.3 renames (issue 35): each old name still runs, gives the new name's result, and warns
+    with a DeprecationWarning that names its replacement; `dir(phaseinterp)` lists only the new."""
+    model = make(window=4, stride=4)
+    tokens = torch.randint(0, TASK.vocab.size, (2, 40))
+    with shift_gates(model, 1):
+        expected = model(tokens)
+    with pytest.warns(DeprecationWarning, match="cycle_gates is deprecated .* use phaseinterp.shift_gates"):
+        with pi.cycle_gates(model, 1):
+            assert torch.equal(model(tokens), expected)
+    new = gate_cycling_profile(model, TASK, shifts=(1,), prompts=prompts, n_boot=10, progress=False)
+    with pytest.warns(DeprecationWarning, match="use phaseinterp.gate_cycling_profile"):
+        old = gate_cycling(model, TASK, shifts=(1,), prompts=prompts, n_boot=10, progress=False)
+    assert type(old) is type(new) and np.array_equal(old.correct, new.correct)
+    unit = gate_cycling_unit(model, TASK, shifts=(1,), layers=[0], kv_heads=[0], prompts=prompts, n_calibration=8,
+                             n_boot=10, progress=False)
+    with pytest.warns(DeprecationWarning, match="use phaseinterp.gate_cycling_unit"):
+        old_unit = gate_cycling(model, TASK, shifts=(1,), layers=[0], kv_heads=[0], score="unit", prompts=prompts,
+                                n_calibration=8, n_boot=10, progress=False)
+    assert type(old_unit) is type(unit) and np.array_equal(old_unit.measure_knocked, unit.measure_knocked)
+    with pytest.warns(DeprecationWarning, match="mean_ablation is deprecated .* use phaseinterp.ablate"):
+        old_ablation = pi.mean_ablation(model, TASK, layer=0, prompts=prompts, n_calibration=8, progress=False)
+    new_ablation = ablate(model, TASK, layer=0, prompts=prompts, n_calibration=8, progress=False)
+    assert np.array_equal(old_ablation.knockout_correct, new_ablation.knockout_correct)
+    listed = dir(pi)
+    assert {"shift_gates", "gate_cycling_profile", "gate_cycling_unit", "ablate"} <= set(listed)
+    assert not {"cycle_gates", "gate_cycling", "mean_ablation"} & set(listed)
+
+
+def test_gate_cycling_takes_the_baseline_size_by_default(prompts):
+    """``baseline=phase_profile(model)`` works as is: without ``n_per_residue`` gate_cycling_profile
+    profiles as many prompts per residue as the baseline did (issue 35: 250 against 72 failed)."""
+    model = make(window=4, stride=4)
+    n = 64  # the task moment-matches exactly at multiples of 64
+    baseline = pi.phase_profile(model, TASK, n, progress=False)
+    reused = gate_cycling_profile(model, TASK, shifts=(1,), baseline=baseline, n_boot=10, progress=False)
+    rerun = gate_cycling_profile(model, TASK, shifts=(1,), n_per_residue=n, n_boot=10, progress=False)
+    assert reused.correct.shape == rerun.correct.shape == (2, n * TASK.residue_modulus)
+    assert np.array_equal(reused.correct, rerun.correct)
 
 
 # ---------------------------------------------------------------- gate stats
@@ -351,7 +395,7 @@ def test_gate_cycling_reuses_a_profile_of_the_same_model_and_prompts(zoo_model, 
     pick = np.arange(0, 72 * task.residue_modulus, 24)  # 3 prompts per residue
     batch = task.generate(72, seed=0).subset(pick)
     profile = pi.phase_profile(model, batch, progress=False)
-    run = lambda **kw: gate_cycling(model, task, shifts=(1,), prompts=batch, n_boot=10, progress=False, **kw)  # noqa: E731
+    run = lambda **kw: gate_cycling_profile(model, task, shifts=(1,), prompts=batch, n_boot=10, progress=False, **kw)  # noqa: E731
     plain = run()
     assert plain.correct[0].any() and not plain.correct[0].all()  # a row the comparison can get wrong
     np.testing.assert_array_equal(run(baseline=profile).correct, plain.correct)
@@ -369,4 +413,5 @@ def test_gate_cycling_reuses_a_profile_of_the_same_model_and_prompts(zoo_model, 
     with pytest.raises(ValueError, match="must be a PhaseProfile"):
         run(baseline=plain)
     with pytest.raises(ValueError, match="score='unit' measures the unit's own contribution"):
-        gate_cycling(model, task, shifts=(1,), layers=[0], score="unit", prompts=batch, baseline=profile)
+        with pytest.warns(DeprecationWarning, match="use phaseinterp.gate_cycling_unit"):
+            gate_cycling(model, task, shifts=(1,), layers=[0], score="unit", prompts=batch, baseline=profile)

@@ -124,7 +124,7 @@ def test_export_errors(tmp_path):
 # ------------------------------------------------------- Jupyter-facing reprs
 def _results_and_tasks():
     """One of each result object (tiny model, R = 8 task) and each task."""
-    from phaseinterp import CompressedConfig, CompressedTransformer, ablate, gate_cycling, gate_profile, phase_profile
+    from phaseinterp import CompressedConfig, CompressedTransformer, ablate, gate_cycling_profile, gate_profile, phase_profile
     from phaseinterp.tasks import DocstringProbe, KeyValueRetrieval, NeedleRetrieval
 
     task = KeyValueRetrieval(seq_len=64, n_records=8, n_demos=2, min_distance=20, residue_modulus=8)
@@ -136,7 +136,7 @@ def _results_and_tasks():
     return {
         "PhaseProfile": phase_profile(model, batch, progress=False, n_permutations=19),
         "AblationResult": ablate(model, task, prompts=batch, n_calibration=8, progress=False),
-        "CyclingResult": gate_cycling(model, task, shifts=(1, -1), prompts=batch, progress=False, n_boot=10),
+        "CyclingResult": gate_cycling_profile(model, task, shifts=(1, -1), prompts=batch, progress=False, n_boot=10),
         "GateProfile": gate_profile(model, task, prompts=batch),
         "DocstringResult": probe.run(model, task.vocab),
         "KeyValueRetrieval": task,

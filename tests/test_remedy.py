@@ -12,7 +12,7 @@ import torch
 from conftest import make_model, small_task
 from phaseinterp.experiments import RemedyResult, compare_remedy, memory_per_token
 from phaseinterp.experiments.remedy import twin_run
-from phaseinterp.interventions import cycle_gates, gate_profile, mean_ablation
+from phaseinterp.interventions import shift_gates, gate_profile, ablate
 
 TASK = small_task()
 BASE = dict(d_vocab=TASK.vocab.size, n_ctx=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_head=8,
@@ -29,8 +29,8 @@ def prompts():
                                 dict(window_offsets="staggered", compression="deepseek", gate="vector", window=8)])
 def test_fast_ablation_equals_naive_on_staggered_grids(kw, prompts):
     model = make_model({**BASE, **kw})
-    fast = mean_ablation(model, TASK, prompts=prompts, n_calibration=16, progress=False)
-    naive = mean_ablation(model, TASK, prompts=prompts, n_calibration=16, method="naive", progress=False)
+    fast = ablate(model, TASK, prompts=prompts, n_calibration=16, progress=False)
+    naive = ablate(model, TASK, prompts=prompts, n_calibration=16, method="naive", progress=False)
     np.testing.assert_allclose(fast.knockout_logit_answer, naive.knockout_logit_answer, atol=1e-5, rtol=0)
     np.testing.assert_allclose(fast.clean_logit_answer, naive.clean_logit_answer, atol=1e-5, rtol=0)
     assert np.abs(fast.knockout_logit_answer - fast.clean_logit_answer[:, None]).max() > 1e-4
@@ -42,7 +42,7 @@ def test_gate_cycling_and_gate_phases_on_staggered_grids(prompts):
     tokens = prompts.tokens[:4]
     with torch.no_grad():
         clean = model(tokens)
-        with cycle_gates(model, 1):
+        with shift_gates(model, 1):
             shifted = model(tokens)
         assert (shifted - clean).abs().max() > 1e-5
         assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())

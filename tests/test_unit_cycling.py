@@ -27,7 +27,7 @@ from phaseinterp.interventions.cycling_stats import (
     unit_permutation_tests,
     unit_score_arrays,
 )
-from phaseinterp.interventions.gate_shifts import cycle_gates, mean_gate_logits, shift_static_gates
+from phaseinterp.interventions.gate_shifts import shift_gates, mean_gate_logits, shift_static_gates
 from phaseinterp.interventions.knockout import calibration_mean_z, knockout_measures, shifted_knockouts
 from phaseinterp.interventions.unit_cycling import _joint_knockout, _layer_units
 
@@ -104,17 +104,17 @@ def test_cycle_gates_kv_heads_moves_only_that_head_and_restores():
     model = zoo_model("w8s4-deepseek")
     bias = model.blocks[1].attn.compressor.position_bias
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    with cycle_gates(model, 1, layers=1, kv_heads=[1]):
+    with shift_gates(model, 1, layers=1, kv_heads=[1]):
         assert torch.equal(bias[:, :, 0], before["blocks.1.attn.compressor.position_bias"][:, :, 0])
         assert torch.equal(bias[:, :, 1], torch.roll(before["blocks.1.attn.compressor.position_bias"][:, :, 1], 1, 0))
         assert torch.equal(model.blocks[0].attn.compressor.position_bias,
                            before["blocks.0.attn.compressor.position_bias"])
     with pytest.raises(RuntimeError, match="inside"):
-        with cycle_gates(model, 2, layers=[0, 1], kv_heads=0):
+        with shift_gates(model, 2, layers=[0, 1], kv_heads=0):
             raise RuntimeError("inside")
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     with pytest.raises(ValueError, match=r"kv_heads=2 is out of range .* \(0\.\.1\)"):
-        with cycle_gates(model, 1, layers=1, kv_heads=2):
+        with shift_gates(model, 1, layers=1, kv_heads=2):
             pass
 
 
@@ -169,7 +169,7 @@ def test_shared_lower_layers_equal_the_per_shift_loop_bit_for_bit(name, layer, m
     units = _layer_units(model, [layer], None)
     mu = mean_gate_logits(model, calib, layers=[layer]) if mode == "static" else None
     shift = (lambda d: shift_static_gates(model, d, [layer], mu)) if mode == "static" else (
-        lambda d: cycle_gates(model, d, [layer]))
+        lambda d: shift_gates(model, d, [layer]))
     unshifted = shift
     shift = lambda d: contextlib.nullcontext(model) if d == 0 else unshifted(d)  # noqa: E731 (0 mod S is refused)
     shifts = (0, 1, -2)
@@ -196,7 +196,7 @@ def small_prompts():
 @functools.cache
 def small_unit_result(measure="logprob", mode="roll"):
     model = zoo_model("w4s4-1kv-shared")
-    return pi.gate_cycling(model, shifts=[-1, 1, 2], layers=[1], score="unit", measure=measure, mode=mode,
+    return pi.gate_cycling_unit(model, shifts=[-1, 1, 2], layers=[1], measure=measure, mode=mode,
                            n_calibration=24, n_boot=50, progress=False, prompts=small_prompts())
 
 
@@ -236,7 +236,7 @@ def test_unit_cycling_runs_on_the_hf_family():
     task = pi.zoo.task_for(model)
     prompts = task.generate(72, seed=0)
     sub = prompts.subset(np.arange(0, len(prompts), 24))  # every residue, 3 prompts each
-    r = pi.gate_cycling(model, task, shifts=[1], layers=[0], score="unit", n_calibration=task.residue_modulus,
+    r = pi.gate_cycling_unit(model, task, shifts=[1], layers=[0], n_calibration=task.residue_modulus,
                         n_boot=20, progress=False, prompts=sub)
     assert r.stride == model.cfg.stride and np.isfinite(r.contribution().to_numpy()).all()
 
@@ -254,7 +254,7 @@ def test_unit_cycling_runs_on_the_hf_family():
 ])
 def test_bad_unit_cycling_inputs_fail_before_work(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        pi.gate_cycling(zoo_model("w4s4-1kv-shared"), shifts=[1], progress=False, **kwargs)
+        pi.gate_cycling_profile(zoo_model("w4s4-1kv-shared"), shifts=[1], progress=False, **kwargs)
 
 
 def test_static_mode_needs_a_gate_bias():
@@ -307,8 +307,7 @@ def deep_selection():
 @functools.cache
 def deep_cycled(role):
     unit = deep_selection().units(role)[0]
-    return pi.gate_cycling(zoo_model(DEEP_EQ), shifts=SHIFTS, layers=unit["layers"], kv_heads=unit["kv_heads"],
-                           score="unit", n_boot=200, progress=False)
+    return pi.gate_cycling_unit(zoo_model(DEEP_EQ), shifts=SHIFTS, layers=unit["layers"], kv_heads=unit["kv_heads"], n_boot=200, progress=False)
 
 
 @slow

@@ -250,7 +250,7 @@ def test_gate_cycling_moves_the_weak_spots():
     p = profile("w4s4-1kv-shared")
     interior = p.phase_accuracy[:-1]
     assert interior.max() - interior.min() >= 0.10
-    result = pi.gate_cycling(model, n_per_residue=N_PER_RESIDUE, progress=False, n_boot=50)
+    result = pi.gate_cycling_profile(model, n_per_residue=N_PER_RESIDUE, progress=False, n_boot=50)
     s = result.scores
     per_shift = s["per_shift"].set_index("shift")
     assert list(per_shift.index) == [-1, 1, 2]
@@ -266,7 +266,7 @@ def test_one_line_calls_run_with_defaults():
     model = pi.zoo.load("w4s4")
     result = pi.ablate(model, layer=1, progress=False)
     assert result.relative_change.shape == (2, 4)
-    cycling = pi.gate_cycling(model, shifts=(1,), progress=False, n_boot=10)
+    cycling = pi.gate_cycling_profile(model, shifts=(1,), progress=False, n_boot=10)
     assert cycling.correct.shape[0] == 2
     assert len(pi.gate_profile(model).heads) == 2 * 2 * 2
 

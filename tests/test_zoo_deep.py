@@ -84,7 +84,7 @@ def test_ablation_sweeps_every_layer_of_the_deep_model():
 def test_gate_cycling_runs_for_shifts_up_to_three():
     model, task, prompts = deep_model()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    result = pi.gate_cycling(model, task, shifts=(-3, -2, -1, 1, 2, 3), prompts=prompts, n_boot=10, progress=False)
+    result = pi.gate_cycling_profile(model, task, shifts=(-3, -2, -1, 1, 2, 3), prompts=prompts, n_boot=10, progress=False)
     acc = result.phase_accuracy()
     assert acc.shape == (7, 8) and list(acc.index) == [0, -3, -2, -1, 1, 2, 3]
     scores = cycling_scores(acc.loc[0].to_numpy(), {d: acc.loc[d].to_numpy() for d in result.scored_shifts})

@@ -117,7 +117,7 @@ def test_layer_11_serves_exactly_the_weak_phases():
 
 def test_gate_cycling_does_not_move_the_weak_spots_at_depth():
     # shift 0 is the profile above (same model, same prompts; gate_cycling checks both on one batch)
-    result = pi.gate_cycling(model(DEEP_EQ), shifts=(-3, -2, -1, 1, 2, 3), prompts=prompts(DEEP_EQ), n_boot=200,
+    result = pi.gate_cycling_profile(model(DEEP_EQ), shifts=(-3, -2, -1, 1, 2, 3), prompts=prompts(DEEP_EQ), n_boot=200,
                              progress=False, baseline=profile(DEEP_EQ))
     acc = result.phase_accuracy()
     assert (acc.drop(index=0).to_numpy() <= 0.10).all(), acc  # a collapse, not a moved weak spot

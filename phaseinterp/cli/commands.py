@@ -101,7 +101,7 @@ def _preflight(args) -> None:
     if args.command == "cycle" and args.shifts is not None:
         from phaseinterp.interventions.gate_shifts import check_nonzero_shift
 
-        for d in args.shifts:  # the rule of the experiment and of cycle_gates, before the weights load
+        for d in args.shifts:  # the rule of the experiment and of shift_gates, before the weights load
             check_nonzero_shift(d, cfg.stride)
     task = None
     if isinstance(described.metadata.get("task"), dict):
@@ -304,11 +304,11 @@ def run(args) -> int:
         print("relative change of accuracy, % of the clean accuracy, per (layer, kv_head) x phase:")
         print(result.relative_change.round(1).to_string())
     elif args.command == "cycle":
-        from phaseinterp.interventions import gate_cycling
+        from phaseinterp.interventions import gate_cycling_profile, gate_cycling_unit
 
         _check_placement(task, args.n_per_residue)
         if args.score == "unit":
-            result = gate_cycling(model, task, args.shifts, layers=args.layer, kv_heads=args.kv_heads, score="unit",
+            result = gate_cycling_unit(model, task, args.shifts, layers=args.layer, kv_heads=args.kv_heads,
                                   mode=args.mode, measure=args.measure, n_per_residue=args.n_per_residue)
             print(f"unit {result.unit}: contribution per shift x phase ({args.measure}):")
             print(result.contribution().round(3).to_string())
@@ -324,7 +324,7 @@ def run(args) -> int:
             if result is None:  # not process 0: its prompts are in the shards
                 return 0
         else:
-            result = gate_cycling(model, task, args.shifts, layers=args.layer, branch=args.branch,
+            result = gate_cycling_profile(model, task, args.shifts, layers=args.layer, branch=args.branch,
                                   kv_heads=args.kv_heads, mode=args.mode, n_per_residue=args.n_per_residue,
                                   baseline=getattr(args, "baseline_profile", None))
         print("accuracy per shift x phase:")

@@ -4,16 +4,17 @@
 from phaseinterp.interventions.ablation import AblationResult, ablate, calibration_mean_z, mean_ablation
 from phaseinterp.interventions.confirm import ConfirmResult, confirm, replacement_ablation
 from phaseinterp.interventions.cycling_stats import cycling_scores, movement_scores
-from phaseinterp.interventions.gate_cycling import CyclingResult, gate_cycling
+from phaseinterp.interventions.gate_cycling import CyclingResult, gate_cycling, gate_cycling_profile
 from phaseinterp.interventions.gate_shifts import (
     cycle_gates,
     cycling_fitness,
     mean_gate_logits,
+    shift_gates,
     shift_static_gates,
     shifted_copy,
 )
 from phaseinterp.interventions.gate_stats import GateProfile, gate_profile
-from phaseinterp.interventions.unit_cycling import UnitCyclingResult, UnitSelection, specialized_units
+from phaseinterp.interventions.unit_cycling import UnitCyclingResult, UnitSelection, gate_cycling_unit, specialized_units
 
 __all__ = [
     "AblationResult",
@@ -23,15 +24,18 @@ __all__ = [
     "ablate",
     "calibration_mean_z",
     "confirm",
-    "cycle_gates",
+    "cycle_gates",  # deprecated: shift_gates
     "cycling_fitness",
     "cycling_scores",
-    "gate_cycling",
+    "gate_cycling",  # deprecated: gate_cycling_profile / gate_cycling_unit
+    "gate_cycling_profile",
+    "gate_cycling_unit",
     "gate_profile",
-    "mean_ablation",
+    "mean_ablation",  # deprecated: ablate
     "replacement_ablation",
     "mean_gate_logits",
     "movement_scores",
+    "shift_gates",
     "shift_static_gates",
     "shifted_copy",
     "specialized_units",

@@ -294,8 +294,8 @@ def ablate(
     calibration_mean=None,
 ) -> AblationResult:
     """Mean replacement per KV head: knock out each unit's ``hook_z`` at the answer position
-    and measure the accuracy change per residue and phase. ``mean_ablation`` is another name
-    for this same function.
+    and measure the accuracy change per residue and phase. (``mean_ablation``, its second name in
+    0.2, is a deprecated alias.)
 
     For each unit (layer, KV head) the per-head attention outputs ``hook_z`` of every query
     head that reads the KV head are replaced, at the final (answer-predicting) position only,
@@ -381,4 +381,6 @@ def ablate(
     )
 
 
-mean_ablation = ablate  # one function, two public names; `ablate` is the documented one
+from phaseinterp._deprecation import renamed  # noqa: E402 - the alias is defined after the function it names
+
+mean_ablation = renamed("mean_ablation", "phaseinterp.ablate", ablate)

@@ -57,14 +57,14 @@ def replacement_ablation(model, task=None, *, method: str = "resample", layer=No
     calibration mean rescaled per prompt and head to the norm of the z it replaces,
     ``z' = mean_z * |z| / |mean_z|`` (direction of the mean, size of the original), which
     separates "lost the information" from "shrank the vector". ``method="mean"`` is
-    `mean_ablation`. Returns an `AblationResult` (one hooked forward per unit: the plain path).
+    `ablate`. Returns an `AblationResult` (one hooked forward per unit: the plain path).
     """
-    from phaseinterp.interventions.ablation import AblationResult, _units, mean_ablation
+    from phaseinterp.interventions.ablation import AblationResult, _units, ablate
 
     if method not in ABLATIONS:
         raise ValueError(f"method={method!r} is not one of {ABLATIONS}")
     if method == "mean":
-        return mean_ablation(model, task, layer=layer, n_per_residue=n_per_residue, n_calibration=n_calibration,
+        return ablate(model, task, layer=layer, n_per_residue=n_per_residue, n_calibration=n_calibration,
                              seed=seed, calibration_seed=calibration_seed, batch_size=batch_size, prompts=prompts,
                              progress=progress)
     from phaseinterp.interventions._common import check_layers
@@ -300,7 +300,7 @@ def confirm(model, task=None, *, n_per_residue: int = 72, n_calibration: int = 2
     every unit x phase call. ``cycling=False`` skips gate cycling. ``prompts`` /
     ``nomination_prompts`` may pass pre-generated evaluation / nomination batches instead.
     """
-    from phaseinterp.interventions.gate_cycling import gate_cycling
+    from phaseinterp.interventions.gate_cycling_profile import gate_cycling_profile
     from phaseinterp.interventions.gate_shifts import cycling_fitness
     from phaseinterp.interventions.gate_stats import gate_profile
 
@@ -340,7 +340,7 @@ def confirm(model, task=None, *, n_per_residue: int = 72, n_calibration: int = 2
     elif not fit:
         note = f"not run: {reason}"
     else:
-        cyc = gate_cycling(model, task, prompts=batch, progress=progress, seed=seed, batch_size=batch_size)
+        cyc = gate_cycling_profile(model, task, prompts=batch, progress=progress, seed=seed, batch_size=batch_size)
         s = cyc.scores
         cyc_table = s["per_shift"]
         cyc_stats = dict(cycling_r2_pooled=s["r2_pooled"], cycling_corr2_pooled=s["corr2_pooled"],

@@ -1,9 +1,11 @@
-"""The gate-cycling experiment (docs/science.md section 2): shift the gates, watch the weak spots move.
+"""The gate-cycling experiment scored on the whole profile (docs/science.md section 2): shift the
+gates, watch the weak spots move.
 
-`gate_cycling` measures the prediction ``A_d(r) = A_0((r - d) mod S)`` for each shift ``d``
-(``score="profile"``: the whole accuracy profile with every listed layer's gates shifted by
-`phaseinterp.interventions.gate_shifts.cycle_gates`; ``score="unit"``: one unit's own contribution,
-`phaseinterp.interventions.unit_cycling`) and returns a `CyclingResult`.
+`gate_cycling_profile` measures the prediction ``A_d(r) = A_0((r - d) mod S)`` for each shift ``d``
+with every listed layer's gates shifted by `phaseinterp.interventions.gate_shifts.shift_gates`, and
+returns a `CyclingResult`. One unit's own contribution is `gate_cycling_unit`
+(`phaseinterp.interventions.unit_cycling`). `gate_cycling(score=...)` is the deprecated 0.2 entry
+point for both.
 """
 
 from __future__ import annotations
@@ -32,8 +34,8 @@ from phaseinterp.interventions.cycling_stats import (
 from phaseinterp.interventions.gate_shifts import (
     check_kv_heads,
     check_shifts,
-    cycle_gates,
     mean_gate_logits,
+    shift_gates,
     shift_static_gates,
     shift_targets,
     static_targets,
@@ -44,7 +46,7 @@ from phaseinterp.tasks import resolve_task
 
 @dataclass(frozen=True, eq=False, repr=False)
 class CyclingResult(Result):
-    """`gate_cycling`'s result: per-prompt correctness under each gate shift (shift 0 = the unshifted model).
+    """`gate_cycling_profile`'s result: per-prompt correctness under each gate shift (shift 0 = the unshifted model).
 
     Accuracies are fractions in [0, 1]; R² scores are coefficients of determination (1 is a
     perfect prediction, 0 no better than the mean, negative worse). ``summary()`` is the
@@ -257,18 +259,16 @@ def _baseline_correct(model, baseline, batch, answer_pos: int, batch_size: int) 
     return records["correct"].to_numpy().astype(bool)
 
 
-def gate_cycling(
+def gate_cycling_profile(
     model,
     task=None,
     shifts: Optional[Sequence[int]] = None,
     *,
     layers: Union[int, Sequence[int], None] = None,
     kv_heads: Union[int, Sequence[int], None] = None,
-    score: str = "profile",
-    measure: str = "logprob",
     mode: str = "roll",
     branch: str = "both",
-    n_per_residue: int = 72,
+    n_per_residue: Optional[int] = None,
     seed: int = 0,
     n_calibration: int = 256,
     calibration_seed: int = 1,
@@ -277,73 +277,50 @@ def gate_cycling(
     progress: bool = True,
     prompts=None,
     baseline=None,
-):
-    """The gate-cycling experiment (`cycle_gates` is the context manager it uses).
-
-    Two scores (docs/science.md, "Gate cycling" and "Unit-level gate cycling"):
-
-    - ``score="profile"`` (default): accuracy per phase of the whole model with the gates of
-      ``layers`` shifted by each of ``shifts``, plus the unshifted model (shift 0), against
-      ``A_d(r) = A_0((r - d) mod S)``. The right score when EVERY unit is shifted (the default
-      ``layers=None`` shifts every layer); returns a `CyclingResult`.
-    - ``score="unit"``: shift ONE unit (``layers`` and optionally ``kv_heads``) and measure its
-      own contribution per phase, ``C_d(r) = m(shifted) - m(shifted, unit mean-replaced)``
-      (``measure``: ``"logprob"``, the mean answer log-prob, default, or ``"accuracy"``), against
-      ``C_d(r) = C_0((r - d) mod S)``; returns a `UnitCyclingResult`. When one unit of many is
-      shifted the whole-profile prediction cannot hold (the other units still serve their
-      phases): use this score there. `specialized_units` picks units by a rule.
+) -> "CyclingResult":
+    """Gate cycling scored on the whole accuracy profile (docs/science.md, "Gate cycling"): accuracy
+    per phase of the model with the gates of ``layers`` shifted by each of ``shifts`` (`shift_gates`),
+    plus the unshifted model (shift 0), against ``A_d(r) = A_0((r - d) mod S)``. The right score
+    when EVERY unit is shifted (the default ``layers=None`` shifts every layer); when one unit of
+    many is shifted, the others still serve their phases: use `gate_cycling_unit` there.
 
     Parameters:
         model: a W = S gated model or a DeepSeek-kernel model (own or Hugging Face), in eval mode.
         task: default: the evaluation task stored with the model.
         shifts: non-zero shifts in slots (default None: every distinct shift mod S, as its
             representative in (-S/2, S/2], e.g. -1, 1, 2 for S = 4); each must be non-zero mod S (a
-            shift by S moves nothing); shifts equal mod S are measured but scored once. With S = 4 a per-shift score
-            rests on 3 phases (profile) or 4 (unit); S = 8 models give firmer scores.
-        layers: None (profile score only: every layer), one index or a list of distinct indices.
+            shift by S moves nothing); shifts equal mod S are measured but scored once. With S = 4 a
+            per-shift score rests on 3 phases; S = 8 models give firmer scores.
+        layers: None (every layer), one index or a list of distinct indices.
         kv_heads: None (every KV head of ``layers``) or the KV heads whose gates move.
-        score: ``"profile"`` or ``"unit"`` (see above).
-        measure: the unit score's measure, ``"logprob"`` (default) or ``"accuracy"``.
         mode: ``"roll"`` (default: roll the gate parameters, ``Z~_i = Z_{(i-d) mod W}``, ``b~_i = b_{(i-d) mod W}``)
             or ``"static"`` (shift only the prompt-independent part of each slot's gate logit,
             `shift_static_gates`, with the mean logits over ``n_calibration`` calibration prompts).
-        branch: ``"both"`` (default), ``"k"`` or ``"v"`` (profile score, roll mode).
-        n_per_residue: prompts per residue (default 72; for the zoo task 72, 77, 80 and every size
-            from 86 work; at most 500,000 prompts per call).
-        seed: prompt seed (default 0), also the bootstrap seed.
-        n_calibration / calibration_seed: calibration prompts (disjoint mappings) for the unit
-            score's mean replacement and the static mode's mean logits (default 256, seed 1).
+        branch: ``"both"`` (default), ``"k"`` or ``"v"`` (roll mode).
+        n_per_residue: prompts per residue (default None: 72, or the baseline's size when
+            ``baseline`` is given, so ``baseline=phase_profile(model)`` works as is; for the zoo task
+            72, 77, 80 and every size from 86 work; at most 500,000 prompts per call).
+        seed: prompt seed (default 0, as `phase_profile`'s), also the bootstrap seed.
+        n_calibration / calibration_seed: calibration prompts for the static mode's mean logits
+            (default 256, seed 1).
         batch_size: prompts per forward pass (default 64, as `phase_profile`).
         n_boot: bootstrap replicates of the result's ``intervals`` (default 1000).
         progress: show a progress bar (default True).
         prompts: a pre-generated ``task.generate(...)`` batch to reuse across calls.
-        baseline: profile score only: a `PhaseProfile` of this model, unshifted, on the same
-            prompts (``phase_profile(model, prompts)``, also one loaded with ``PhaseProfile.load``).
-            Its per-prompt correctness becomes the shift-0 row, so that pass is not run again (one
-            pass of ``len(shifts) + 1``). Checked first: its records must list the same prompts (every
+        baseline: a `PhaseProfile` of this model, unshifted, on the same prompts
+            (``phase_profile(model, prompts)``, also one loaded with ``PhaseProfile.load``). Its
+            per-prompt correctness becomes the shift-0 row, so that pass is not run again (one pass
+            of ``len(shifts) + 1``). Checked first: its records must list the same prompts (every
             column of the prompts' ``meta`` and the answers), and the unshifted model, rerun on the
             first batch, must predict the tokens the profile recorded with answer log-probs within
-            1e-4; otherwise a ValueError says what differs.
+            1e-4; otherwise a `UserInputError` says what differs.
+
+    Returns a `CyclingResult`.
     """
-    if score not in ("profile", "unit"):
-        raise UserInputError(f"score={score!r} is not one of ('profile', 'unit')")
     if mode not in ("roll", "static"):
         raise UserInputError(f"mode={mode!r} is not one of ('roll', 'static')")
-    if score == "unit":
-        if branch != "both":
-            raise UserInputError(f"branch={branch!r}: score='unit' shifts the unit's K and V gates together (branch='both')")
-        from phaseinterp.interventions.unit_cycling import unit_gate_cycling
-
-        if baseline is not None:
-            raise UserInputError("baseline= reuses a phase profile as the unshifted row of the profile score; "
-                                 "score='unit' measures the unit's own contribution, which a profile does not hold")
-        return unit_gate_cycling(model, task, shifts, layers=layers, kv_heads=kv_heads, measure=measure, mode=mode,
-                                 n_per_residue=n_per_residue, seed=seed, n_calibration=n_calibration,
-                                 calibration_seed=calibration_seed, batch_size=batch_size, n_boot=n_boot,
-                                 progress=progress, prompts=prompts)
-    if measure != "logprob":
-        raise UserInputError(f"measure={measure!r}: the profile score reads accuracy per phase; measure applies to "
-                         "score='unit'")
+    if getattr(model, "training", False):
+        raise UserInputError("gate cycling needs the model in eval mode; call model.eval() first")
     task = resolve_task(model, task)
     layers_list = check_layers(model, layers)
     heads = check_kv_heads(model, kv_heads)
@@ -358,6 +335,7 @@ def gate_cycling(
     S = model.cfg.stride
     shifts = check_shifts(shifts, S)
     if prompts is None:
+        n_per_residue = _default_size(n_per_residue, baseline, task.residue_modulus)
         check_n_per_residue(n_per_residue, task.residue_modulus)
     elif len(prompts) == 0:
         raise UserInputError("prompts holds 0 prompts")
@@ -377,9 +355,9 @@ def gate_cycling(
                 if bar is not None:
                     bar.update(1)
                 continue
-            context = (contextlib.nullcontext(model) if d == 0  # the unshifted row (cycle_gates refuses 0 mod S)
+            context = (contextlib.nullcontext(model) if d == 0  # the unshifted row (shift_gates refuses 0 mod S)
                        else shift_static_gates(model, d, layers_list, mean_logits, heads) if mode == "static"
-                       else cycle_gates(model, d, layers_list, branch, heads))
+                       else shift_gates(model, d, layers_list, branch, heads))
             with context:
                 rows.append(_correct(model, batch, answer_pos, batch_size))
             if bar is not None:
@@ -390,3 +368,43 @@ def gate_cycling(
     return CyclingResult(shifts=shifts, residue=np.asarray(batch.meta["residue"].to_numpy(), dtype=np.int64),
                          correct=np.stack(rows), residue_modulus=task.residue_modulus, stride=model.cfg.stride,
                          model_label=model.cfg.label, n_boot=n_boot, seed=seed, mode=mode)
+
+
+DEFAULT_N_PER_RESIDUE = 72  # the interventions' default: the smallest size the zoo task moment-matches
+
+
+def _default_size(n_per_residue, baseline, modulus: int):
+    """``n_per_residue``, or when None the baseline's prompts per residue (else the default)."""
+    if n_per_residue is not None:
+        return n_per_residue
+    if baseline is not None and hasattr(baseline, "records") and len(baseline.records) % modulus == 0:
+        return len(baseline.records) // modulus
+    return DEFAULT_N_PER_RESIDUE
+
+
+def gate_cycling(model, task=None, shifts: Optional[Sequence[int]] = None, *, score: str = "profile",
+                 measure: str = "logprob", **kwargs):
+    """Deprecated (0.3; removed in 0.4): ``score="profile"`` is `gate_cycling_profile` (a
+    `CyclingResult`), ``score="unit"`` is `gate_cycling_unit` (a `UnitCyclingResult`)."""
+    from phaseinterp._deprecation import warn_renamed
+
+    if score not in ("profile", "unit"):
+        raise UserInputError(f"score={score!r} is not one of ('profile', 'unit')")
+    if score == "unit":
+        warn_renamed("gate_cycling(score='unit')", "phaseinterp.gate_cycling_unit")
+        if kwargs.get("branch", "both") != "both":
+            raise UserInputError(f"branch={kwargs['branch']!r}: score='unit' shifts the unit's K and V gates together "
+                                 "(branch='both')")
+        if kwargs.get("baseline") is not None:
+            raise UserInputError("baseline= reuses a phase profile as the unshifted row of the profile score; "
+                                 "score='unit' measures the unit's own contribution, which a profile does not hold")
+        kwargs.pop("branch", None)
+        kwargs.pop("baseline", None)
+        from phaseinterp.interventions.unit_cycling import gate_cycling_unit
+
+        return gate_cycling_unit(model, task, shifts, measure=measure, **kwargs)
+    warn_renamed("gate_cycling", "phaseinterp.gate_cycling_profile")
+    if measure != "logprob":
+        raise UserInputError(f"measure={measure!r}: the profile score reads accuracy per phase; measure applies to "
+                             "score='unit'")
+    return gate_cycling_profile(model, task, shifts, **kwargs)

@@ -1,7 +1,7 @@
 """Gate shifts (docs/science.md section 2): the parameters a cyclic shift moves, and the context
 managers that move them and restore them exactly (even when the code inside raises).
 
-In a W = S model, `cycle_gates` replaces the offset-specific gate parameters by their circular
+In a W = S model, `shift_gates` replaces the offset-specific gate parameters by their circular
 shift ``Z~_i = Z_{(i-d) mod W}``, ``b~_i = b_{(i-d) mod W}`` (payload maps untouched).
 DeepSeek kernel: ``gate_proj`` is shared by the slots of a half, so the offset-specific parameter
 is ``position_bias``; a shift rolls it by ``d`` within each S-block (for W = 2S both halves move
@@ -38,7 +38,7 @@ def shift_targets(model, layers: list[int], branch: str) -> list[tuple[torch.nn.
 def check_shift(shift, model=None, layers=None) -> int:
     """``shift`` as an int: an integer number of slots, and (given ``model``) non-zero mod its
     stride S. The one rule for a gate shift, shared by the experiments (`check_shifts`), the
-    interventions (`cycle_gates`, `shifted_copy`, `shift_static_gates`) and the CLI: a shift
+    interventions (`shift_gates`, `shifted_copy`, `shift_static_gates`) and the CLI: a shift
     that is 0 mod S moves nothing, so every one of them refuses it with the same message.
     A model whose layers compress at different rates (DeepSeek-V4: CSA rate S, HCA rate R) is
     checked against the rates of the shifted ``layers`` (None: every compressed layer): the shift
@@ -119,9 +119,10 @@ def _parameters_replaced(pairs: list[tuple[torch.nn.Parameter, Tensor]]) -> Iter
 
 
 @contextmanager
-def cycle_gates(model, shift: int, layers: Union[int, Sequence[int], None] = None, branch: str = "both",
+def shift_gates(model, shift: int, layers: Union[int, Sequence[int], None] = None, branch: str = "both",
                 kv_heads: Union[int, Sequence[int], None] = None) -> Iterator:
-    """Context manager (the intervention; `gate_cycling` is the experiment): inside the
+    """Context manager (the intervention; `gate_cycling_profile` and `gate_cycling_unit` are the
+    experiments): inside the
     ``with`` block the gates of ``layers`` are circularly shifted by ``shift`` slots.
 
     ``Z~_i = Z_{(i-d) mod W}``, ``b~_i = b_{(i-d) mod W}`` with ``d = shift`` (an integer,
@@ -143,7 +144,7 @@ def cycle_gates(model, shift: int, layers: Union[int, Sequence[int], None] = Non
 def shifted_copy(model, shift: int, layers: Union[int, Sequence[int], None] = None, branch: str = "both",
                  kv_heads: Union[int, Sequence[int], None] = None):
     """A deep copy of ``model`` with its gates permanently shifted by ``shift`` slots (the
-    original is untouched); ``layers``, ``branch`` and ``kv_heads`` as in `cycle_gates`."""
+    original is untouched); ``layers``, ``branch`` and ``kv_heads`` as in `shift_gates`."""
     shift = check_shift(shift, model, layers)
     twin = copy.deepcopy(model)
     heads = check_kv_heads(twin, kv_heads)
@@ -226,7 +227,7 @@ def shift_static_gates(model, shift: int, layers: Union[int, Sequence[int], None
     prompts), the bias becomes ``b~_i = b_i + mu_{(i-d) mod W} - mu_i``: each slot's mean
     preference moves by ``d`` slots while the prompt-dependent part ``Z_i h - E[Z_i h]`` stays
     with its slot (docs/science.md explains why this differs from rolling ``Z`` and ``b``).
-    ``kv_heads`` as in `cycle_gates`. Restores every parameter bit-exactly on exit."""
+    ``kv_heads`` as in `shift_gates`. Restores every parameter bit-exactly on exit."""
     shift = check_shift(shift, model, layers)
     heads = check_kv_heads(model, kv_heads)
     pairs = []
@@ -298,3 +299,8 @@ def check_shifts(shifts, S: int) -> tuple[int, ...]:
     for d in requested:
         check_nonzero_shift(d, S)
     return tuple(dict.fromkeys([0] + requested))
+
+
+from phaseinterp._deprecation import renamed  # noqa: E402 - the alias is defined after the function it names
+
+cycle_gates = renamed("cycle_gates", "phaseinterp.shift_gates", shift_gates)

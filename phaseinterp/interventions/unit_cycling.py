@@ -12,7 +12,7 @@ serve their phases); this score asks whether the unit's OWN phase moves with its
 
 `specialized_units` picks the units to cycle by a rule on a selection split (knockout hurts
 at most 3 adjacent phases), plus a negative control (a cyclable unit whose knockout has no
-phase structure); `gate_cycling(..., score="unit")` scores a unit on held-out prompts.
+phase structure); `gate_cycling_unit(...)` scores a unit on held-out prompts.
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ from phaseinterp.tasks import resolve_task
 from phaseinterp.interventions.gate_shifts import (
     check_kv_heads,
     check_shifts,
-    cycle_gates,
     mean_gate_logits,
+    shift_gates,
     shift_static_gates,
     shift_targets,
     static_targets,
@@ -66,7 +66,7 @@ def unit_label(layers: Sequence[int], kv_heads: Optional[Sequence[int]]) -> str:
 
 @dataclass(frozen=True, eq=False, repr=False)
 class UnitCyclingResult(Result):
-    """`gate_cycling(..., score="unit")`'s result: one unit's contribution per phase under each gate shift.
+    """`gate_cycling_unit(...)`'s result: one unit's contribution per phase under each gate shift.
 
     Per shift ``d`` (0 = unshifted) and prompt: ``measure_shifted`` (the answer log-prob, or 0/1
     correctness, of the model with the unit's gates shifted by ``d``) and ``measure_knocked``
@@ -355,7 +355,7 @@ def _joint_knockout(model, tokens, answer_pos, answer, units: pd.DataFrame, mean
     return clean_lp, clean_ok, ko_lp, ko_ok
 
 
-def unit_gate_cycling(
+def gate_cycling_unit(
     model,
     task=None,
     shifts: Optional[Sequence[int]] = None,
@@ -373,11 +373,21 @@ def unit_gate_cycling(
     progress: bool = True,
     prompts=None,
 ) -> UnitCyclingResult:
-    """`gate_cycling(model, task, shifts, layers=..., kv_heads=..., score="unit")`: see `gate_cycling`."""
+    """Gate cycling scored on ONE unit's own contribution (docs/science.md, "Unit-level gate cycling").
+
+    Shift the gates of one unit (``layers`` and optionally ``kv_heads``) by each of ``shifts`` and
+    measure the unit's own contribution per phase, ``C_d(r) = m(shifted) - m(shifted, unit
+    mean-replaced)`` (``measure``: ``"logprob"``, the mean answer log-prob, default, or
+    ``"accuracy"``), against ``C_d(r) = C_0((r - d) mod S)``. When one unit of many is shifted the
+    whole-profile prediction (`gate_cycling_profile`) cannot hold: the other units still serve their
+    phases. `specialized_units` picks units by a rule. ``mode``, ``n_per_residue``, ``seed``,
+    ``n_calibration``/``calibration_seed`` (the mean replacement's and the static mode's calibration
+    prompts), ``batch_size``, ``n_boot``, ``progress`` and ``prompts`` as in `gate_cycling_profile`.
+    Returns a `UnitCyclingResult`."""
     _check_choice("measure", measure, MEASURES)
     _check_choice("mode", mode, MODES)
     if layers is None:
-        raise UserInputError("score='unit' shifts and knocks out one unit: name it with layers=[...] (and kv_heads=...); "
+        raise UserInputError("gate_cycling_unit shifts and knocks out one unit: name it with layers=[...] (and kv_heads=...); "
                          "phaseinterp.specialized_units(model, task) picks units by a rule")
     if getattr(model, "training", False):
         raise UserInputError("gate_cycling needs the model in eval mode; call model.eval() first")
@@ -407,9 +417,9 @@ def unit_gate_cycling(
     units = _layer_units(model, layers_list, heads)
     mean_logits = mean_gate_logits(model, calib_tokens, layers_list, batch_size) if mode == "static" else None
     def variant(d):
-        return lambda: (contextlib.nullcontext(model) if d == 0  # the unshifted row (cycle_gates refuses 0 mod S)
+        return lambda: (contextlib.nullcontext(model) if d == 0  # the unshifted row (shift_gates refuses 0 mod S)
                         else shift_static_gates(model, d, layers_list, mean_logits, heads) if mode == "static"
-                        else cycle_gates(model, d, layers_list, "both", heads))
+                        else shift_gates(model, d, layers_list, "both", heads))
 
     bar = progress_bar(progress, len(shifts) * len(batch), f"unit gate cycling ({unit_label(layers_list, heads)})")
     shifted, knocked, correct = [], [], []

@@ -218,25 +218,25 @@ class CompressedFamily(_Family):
     def gate_targets(self, layer: int, branch: str = "both") -> list[GateTarget]:
         cfg = self.cfg
         if not cfg.is_compressed:
-            raise UserInputError("cycle_gates: the full-attention model (compression=None) has no gates to shift")
+            raise UserInputError("shift_gates: the full-attention model (compression=None) has no gates to shift")
         _check_branch(branch)
         self._check_layer(layer)
         comp = self.model.blocks[layer].attn.compressor
         prefix = f"blocks.{layer}.attn.compressor"
         if cfg.compression == "deepseek":
             if branch != "both":
-                raise UserInputError("cycle_gates: the deepseek kernel has one gate for K and V; use branch='both'")
+                raise UserInputError("shift_gates: the deepseek kernel has one gate for K and V; use branch='both'")
             # position_bias [S, half, kv_head, d_head]
             return [GateTarget(comp.position_bias, 0, 2, f"{prefix}.hook_gate_logits", "own_deepseek")]
         if cfg.window != cfg.stride:
             raise UserInputError(
-                f"cycle_gates is defined for W = S (got window={cfg.window}, stride={cfg.stride}): "
+                f"shift_gates is defined for W = S (got window={cfg.window}, stride={cfg.stride}): "
                 "with overlapping gated windows a slot is not a phase"
             )
         if cfg.gate == "uniform":
-            raise UserInputError("cycle_gates: gate='uniform' has no offset-specific gate parameters to shift")
+            raise UserInputError("shift_gates: gate='uniform' has no offset-specific gate parameters to shift")
         if cfg.tie_kv_gates and branch != "both":
-            raise UserInputError(f"cycle_gates: K and V gates are tied; branch={branch!r} cannot shift one alone")
+            raise UserInputError(f"shift_gates: K and V gates are tied; branch={branch!r} cannot shift one alone")
         branches = ("k",) if cfg.tie_kv_gates else (("k", "v") if branch == "both" else (branch,))
         targets = []
         for br in branches:
@@ -280,13 +280,13 @@ class DeepseekV4Family(_Family):
     def gate_targets(self, layer: int, branch: str = "both") -> list[GateTarget]:
         cfg = self.cfg
         if not cfg.is_compressed:
-            raise UserInputError("cycle_gates: the full-attention model (compression=None) has no gates to shift")
+            raise UserInputError("shift_gates: the full-attention model (compression=None) has no gates to shift")
         _check_branch(branch)
         if branch != "both":
-            raise UserInputError("cycle_gates: the deepseek kernel has one gate for K and V; use branch='both'")
+            raise UserInputError("shift_gates: the deepseek kernel has one gate for K and V; use branch='both'")
         self._check_layer(layer)
         if self.layer_stride(layer) is None:
-            raise UserInputError(f"cycle_gates: layer {layer} is a sliding-window-only layer (no compressor); "
+            raise UserInputError(f"shift_gates: layer {layer} is a sliding-window-only layer (no compressor); "
                                  f"compressed layers: {self.compressed_layers}")
         bias = self.model.position_bias(layer)  # [S, half * d_head] (HCA: [R, d_head]), one KV head
         return [GateTarget(bias, 0, None, f"blocks.{layer}.attn.compressor.hook_gate_logits", "hf")]

@@ -294,7 +294,7 @@ class CompressedTransformer(HookedRootModule):
         less cost: every layer but the last runs over all positions; the last layer computes its
         K/V and compressed entries over all positions but its attention and MLP at the final
         position only (for a 2-layer model about half the work of a full forward). While any
-        hook is attached (``run_with_hooks``, ``hooks()``, `cycle_gates`' static mode...) it is
+        hook is attached (``run_with_hooks``, ``hooks()``, `shift_gates`' static mode...) it is
         the full forward, so every hook sees what it always sees. What `phase_profile`, gate
         cycling and mean replacement read: one answer per prompt."""
         if any(_has_hooks(h) for h in self.hook_dict.values()):

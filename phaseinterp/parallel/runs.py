@@ -278,8 +278,8 @@ def sharded_gate_cycling(
     progress: bool = True,
 ):
     """`gate_cycling` data-parallel over prompts: rank 0 returns the `CyclingResult` a single
-    ``gate_cycling(...)`` with the same arguments returns, the other ranks None."""
-    from phaseinterp.interventions.gate_cycling import gate_cycling
+    ``gate_cycling_profile(...)`` with the same arguments returns, the other ranks None."""
+    from phaseinterp.interventions.gate_cycling_profile import gate_cycling_profile
 
     launch, model, task, prompts, header = _setup(model, task, prompts, n_per_residue, seed, device, chunk_size,
                                                   model_sha256)
@@ -289,7 +289,7 @@ def sharded_gate_cycling(
         n_boot=n_boot, label=_label(model), residue_modulus=task.residue_modulus, stride=model.cfg.stride))
 
     def evaluate(sub) -> dict[str, np.ndarray]:
-        r = gate_cycling(model, task, shifts, layers=layers, branch=branch, seed=seed, batch_size=batch_size,
+        r = gate_cycling_profile(model, task, shifts, layers=layers, branch=branch, seed=seed, batch_size=batch_size,
                          n_boot=n_boot, progress=False, prompts=sub)
         return {"residue": r.residue, "correct": np.ascontiguousarray(r.correct.T),
                 "static/shifts": np.asarray(r.shifts, dtype=np.int64)}

@@ -68,7 +68,7 @@ class _CompressionHooks(nn.Module):
         if bias.device.type == "meta":
             # accelerate offload: the value lives in the offload map; an edit here would be lost silently
             raise ValueError("this compressor's position_bias is offloaded by device_map (CPU/disk offload, "
-                             "weights on 'meta'): gate edits (cycle_gates, gate_parameters) need the layer in "
+                             "weights on 'meta'): gate edits (shift_gates, gate_parameters) need the layer in "
                              "memory; load with a max_memory / device_map that keeps the compressed layers on a device")
         return bias
 

@@ -54,7 +54,7 @@ class GateCycling(Section):
 
     def compute(self, ctx: ReportContext) -> dict[str, Any]:
         from phaseinterp import zoo
-        from phaseinterp.interventions import cycling_fitness, gate_cycling
+        from phaseinterp.interventions import cycling_fitness, gate_cycling_profile
         from phaseinterp.tasks import resolve_task
 
         model, task, settings = ctx.model, ctx.task, ctx.settings
@@ -75,7 +75,7 @@ class GateCycling(Section):
         result = {"model": cyc_model, "name": cyc_name, "task": cyc_task, "reason": cyc_reason,
                   "negative": negative, "cycling": None, "error": None}
         try:
-            result["cycling"] = gate_cycling(cyc_model, cyc_task, settings.shifts,
+            result["cycling"] = gate_cycling_profile(cyc_model, cyc_task, settings.shifts,
                                              n_per_residue=settings.cycling_per_residue, progress=ctx.progress,
                                              n_boot=200,
                                              prompts=ctx.prompts.get(cyc_task, settings.cycling_per_residue))
@@ -154,7 +154,7 @@ def _unit_cycling(model, task, ablation, settings, progress, out: Path, prompts:
     report's own ablation, seed 0, when it is of this model; else on its selection split, seed
     1000), then the first specialized unit and the negative control are each cycled alone and
     scored on held-out prompts (seed 1) against C_0((r - d) mod S)."""
-    from phaseinterp.interventions import gate_cycling, specialized_units
+    from phaseinterp.interventions import gate_cycling_unit, specialized_units
 
     selection = specialized_units(model, task, ablation=ablation, n_per_residue=settings.ablation_per_residue,
                                   n_calibration=settings.n_calibration, progress=progress)
@@ -174,7 +174,7 @@ def _unit_cycling(model, task, ablation, settings, progress, out: Path, prompts:
         parts.append("<p class='note'>No unit passes the rule on this model: no knockout hurts 1..3 adjacent "
                      "phases (not all of them) and nowhere else (see unit_selection.csv).</p>")
     for u in picked:
-        r = gate_cycling(model, task, settings.shifts, layers=u["layers"], kv_heads=u["kv_heads"], score="unit",
+        r = gate_cycling_unit(model, task, settings.shifts, layers=u["layers"], kv_heads=u["kv_heads"],
                          n_per_residue=settings.ablation_per_residue, seed=UNIT_SCORE_SEED,
                          n_calibration=settings.n_calibration, n_boot=200, progress=progress,
                          prompts=prompts.get(task, settings.ablation_per_residue, UNIT_SCORE_SEED))
