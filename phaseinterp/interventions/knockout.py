@@ -7,7 +7,9 @@ knocked-out one, with every unit of a layer as one batch of variants. `_fast_kno
 family) keeps a KV cache and calls `CompressedAttention.forward_last`; `_fast_knockouts_deepseek_v4`
 keeps one clean full forward's per-layer activations and calls
 `phaseinterp.models.hf.last_position.block_forward_last`. Naive path (`_naive_knockouts`): a hooked
-full forward per unit, the reference both fast paths equal to 1e-5. Which engine runs is the
+full forward per unit, the reference both fast paths equal to 1e-5. On every path the replacement is
+one ``hook_z`` hook, `mean_replacement_hook` (the fast paths fire ``hook_z`` at the answer position
+only, as ``last_logits`` does for a user's ``hook_z`` hook: docs/hooks.md). Which engine runs is the
 model protocol's answer (`PhaseModel.has_fast_ablation`, `family`).
 
 Unit-level gate cycling repeats one layer's knockout under several gate shifts of that layer:

@@ -27,7 +27,9 @@ the concept matches):
     ln_final.hook_normalized
 
 With an incremental cache, hooks see only the new positions (and the newly closed
-windows). Query head ``q`` reads KV head ``q // (n_heads // n_kv_heads)``.
+windows). `last_logits` with only ``hook_z`` hooks attached runs the last-position path, where
+``hook_z`` is ``[batch, 1, head, d_head]`` (docs/hooks.md, "What changes when a hook is attached").
+Query head ``q`` reads KV head ``q // (n_heads // n_kv_heads)``.
 """
 
 from __future__ import annotations
