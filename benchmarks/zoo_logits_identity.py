@@ -1,4 +1,4 @@
-"""Record (or compare) zoo-checkpoint logits: full forward, incremental cache, forward_last.
+"""Record (or compare) zoo-checkpoint logits: full forward, incremental cache, forward_last, last_logits.
 
 python benchmarks/zoo_logits_identity.py record|compare  (record before a change, compare after;
 the reference lives in the git-ignored runs/issue11/)
@@ -37,7 +37,8 @@ def run_all(names=None):
             for layer, block in enumerate(m.blocks):
                 resid = block.forward_last(resid, cache.layers[layer])
             last = m.unembed(resid)
-        res[d.name] = dict(full=full, inc=inc, last=last)
+            final = m.last_logits(tokens)  # forward_final: no hook attached
+        res[d.name] = dict(full=full, inc=inc, last=last, final=final)
     return res
 
 

@@ -141,10 +141,10 @@ def test_last_position_ablation_is_one_prefix_pass_plus_the_last_position(monkey
             calls["forward"].append(int(positions[-1]) + 1)
             return _fwd(q, cache, positions, last)
 
-        def count_last(x, cache, z_override=None, _last=fwd_last):
+        def count_last(x, cache, _last=fwd_last):
             calls["forward_last"] += 1
             assert cache.h.shape[1] == answer_pos  # the shared prefix cache, never the whole prompt twice
-            return _last(x, cache, z_override)
+            return _last(x, cache)
 
         monkeypatch.setattr(attn, "_attend_queries", count_forward)
         monkeypatch.setattr(attn, "forward_last", count_last)

@@ -560,27 +560,83 @@ def test_last_logits_equal_the_full_forward(name, length):
 
 
 def test_last_logits_with_a_hook_attached_is_the_full_forward():
-    """A hook anywhere makes `last_logits` the full forward: the hook fires on its usual shape and its
-    edit lands; without hooks the fast path runs (no hook_z of the last layer at every position)."""
+    """A hook other than ``hook_z`` makes `last_logits` the full forward: the hook fires on its usual
+    shape and its edit lands; without hooks the fast path runs (no hook point fires at every position).
+    ``path="full"`` asks for the full forward with a ``hook_z`` hook too (docs/hooks.md)."""
     model = make(0, window=4, stride=4)
     tokens = torch.randint(0, 32, (2, 30), generator=torch.Generator().manual_seed(0))
     seen = []
 
-    def scale(z, hook):
-        seen.append(tuple(z.shape))
-        return 50 * z
+    def scale(t, hook):
+        seen.append(tuple(t.shape))
+        return 50 * t
 
     with torch.no_grad():
-        edited = model.run_with_hooks(tokens, fwd_hooks=[("blocks.1.attn.hook_z", scale)])[:, -1]
-        seen.clear()
-        with model.hooks(fwd_hooks=[("blocks.1.attn.hook_z", scale)]):
-            got = model.last_logits(tokens)
-        assert seen == [(2, 30, 4, 8)]
-        assert torch.equal(got, edited)
+        for name, shape in (("blocks.0.hook_resid_post", (2, 30, 32)), ("blocks.1.attn.hook_z", (2, 30, 4, 8))):
+            edited = model.run_with_hooks(tokens, fwd_hooks=[(name, scale)])[:, -1]
+            seen.clear()
+            counts = dict(model.path_counts)
+            with model.hooks(fwd_hooks=[(name, scale)]):
+                got = model.last_logits(tokens, path="full" if "hook_z" in name else "auto")
+            assert seen == [shape]
+            assert model.path_counts["full"] == counts.get("full", 0) + 1
+            assert torch.equal(got, edited)
         seen.clear()
         clean = model.last_logits(tokens)
         assert not seen and not torch.allclose(clean, edited, atol=1e-3)
+        assert model.path_counts["final"] == 1
         torch.testing.assert_close(clean, model(tokens)[:, -1], rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="path='fast' is not one of"):
+        model.last_logits(tokens, path="fast")
+
+
+@pytest.mark.parametrize("name", list(LAST_CONFIGS))
+@pytest.mark.parametrize("length", [1, 3, 37])
+def test_a_hook_z_hook_takes_the_last_position_path(name, length):
+    """With only ``hook_z`` hooks attached `last_logits` runs the knockout engine's last-position path:
+    ``hook_z`` fires once per hooked layer with ``[batch, 1, head, d_head]`` and ``query_range ==
+    (p, p + 1)``; an identity hook gives the full forward's last position (1e-5), and an edit of the
+    final position equals the same edit in the full forward (1e-5); the hooks are back after the prefix."""
+    model = make(3, **LAST_CONFIGS[name])
+    tokens = torch.randint(0, 32, (3, length), generator=torch.Generator().manual_seed(length))
+    p = length - 1
+    seen = []
+
+    def watch(z, hook):
+        seen.append((hook.name, tuple(z.shape), hook.ctx["query_range"]))
+
+    def knock(z, hook):  # the final position's head 1 set to 0.5, as a user would write it
+        z = z.clone()
+        z[:, -1, 1] = 0.5
+        return z
+
+    with torch.no_grad():
+        full = model(tokens)[:, -1]
+        with model.hooks(fwd_hooks=[("blocks.0.attn.hook_z", watch), ("blocks.1.attn.hook_z", watch)]):
+            got = model.last_logits(tokens)
+        assert seen == [(f"blocks.{l}.attn.hook_z", (3, 1, 4, 8), (p, p + 1)) for l in (0, 1)]
+        assert model.path_counts["last_position"] == 1 and model.path_counts["full"] == 0
+        torch.testing.assert_close(got, full, rtol=0, atol=1e-5)
+        reference = model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.attn.hook_z", knock)])[:, -1]
+        with model.hooks(fwd_hooks=[("blocks.0.attn.hook_z", knock)]):
+            got = model.last_logits(tokens)
+        torch.testing.assert_close(got, reference, rtol=0, atol=1e-5)
+        assert not torch.allclose(got, full, atol=1e-3)
+
+
+def test_the_prefix_holds_hook_z_hooks_back_and_restores_them_on_error():
+    """`paths.held_back` (the last-position path's prefix) restores the hooks, also when the body raises."""
+    from phaseinterp.models.paths import held_back, hooked_points
+
+    model = make(0, window=4, stride=4)
+    with model.hooks(fwd_hooks=[("blocks.1.attn.hook_z", lambda z, hook: z)]):
+        point = model.blocks[1].attn.hook_z
+        before = dict(point._forward_hooks)
+        with pytest.raises(RuntimeError, match="boom"):
+            with held_back([point]):
+                assert not hooked_points(model)
+                raise RuntimeError("boom")
+        assert point._forward_hooks == before and list(hooked_points(model)) == ["blocks.1.attn.hook_z"]
 
 
 @pytest.mark.parametrize("kv_heads", [1, 2, 4])

@@ -8,7 +8,8 @@ Fast path: a knockout at the final position changes nothing at earlier positions
 the clean prefix is run once (with a KV cache) and only the final position is
 recomputed, for the layers at and after the knocked-out one, with every unit of a layer
 as one batch of variants over the shared cache (`CompressedAttention.forward_last`). It
-equals the naive path (a hooked full forward per unit, ``method="naive"``) to 1e-5.
+equals the naive path (a hooked full forward per unit, ``method="naive"``) to 1e-5. Both replace
+``hook_z`` through the same hook (`knockout.mean_replacement_hook`).
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@ knocked-out one, with every unit of a layer as one batch of variants. `_fast_kno
 family) keeps a KV cache and calls `CompressedAttention.forward_last`; `_fast_knockouts_deepseek_v4`
 keeps one clean full forward's per-layer activations and calls
 `phaseinterp.models.hf.last_position.block_forward_last`. Naive path (`_naive_knockouts`): a hooked
-full forward per unit, the reference both fast paths equal to 1e-5. Which engine runs is the
+full forward per unit, the reference both fast paths equal to 1e-5. On every path the replacement is
+one ``hook_z`` hook, `mean_replacement_hook` (the fast paths fire ``hook_z`` at the answer position
+only, as ``last_logits`` does for a user's ``hook_z`` hook: docs/hooks.md). Which engine runs is the
 model protocol's answer (`PhaseModel.has_fast_ablation`, `family`).
 
 Unit-level gate cycling repeats one layer's knockout under several gate shifts of that layer:
@@ -19,9 +21,11 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from phaseinterp.interventions._common import model_device
+from phaseinterp.models.paths import record_path
 from phaseinterp.models.protocol import phase_model
 
 
@@ -77,19 +81,10 @@ def _prefix_cache(model, chunk: torch.Tensor, answer_pos: int, upto: int):
     (the KV cache with those layers filled, the prefix's residual stream entering layer ``upto``,
     the answer token's residual entering layer ``upto`` (`Block.forward_last` over the cache),
     the answer token's residuals entering each of those layers). The same operations, on the same
-    batch, as ``model(chunk[:, :answer_pos], cache=cache)`` restricted to those layers."""
-    cfg = model.cfg
-    n = chunk.shape[0]
+    batch, as `CompressedTransformer.last_position_logits` over those layers."""
     cache = model.init_cache()
-    resid = None
-    if answer_pos > 0:
-        resid = model.hook_embed(model.W_E[chunk[:, :answer_pos].long()])
-        for layer in range(upto):
-            resid, cache.layers[layer] = model.blocks[layer](resid, cache.layers[layer], 0)
-        cache.length = answer_pos
-    else:
-        cache.layers = [_empty_layer_cache(model, n, chunk.device) for _ in range(cfg.n_layers)]
-    last = model.W_E[chunk[:, answer_pos]][:, None]
+    resid = model.prefix_cache(chunk[:, :answer_pos], cache, range(upto))
+    last = model.W_E[chunk[:, answer_pos:answer_pos + 1].long()]
     resid_pre = []
     for layer in range(upto):
         resid_pre.append(last)
@@ -97,35 +92,31 @@ def _prefix_cache(model, chunk: torch.Tensor, answer_pos: int, upto: int):
     return cache, resid, last, resid_pre
 
 
-def _finish_knockouts(model, cache, resid, last, resid_pre, start: int, ans, by_layer, units, mean_z, bar):
-    """Layers ``start ..`` over the prefix (when ``resid`` is given), then the answer position clean
-    and with each unit of ``by_layer`` mean-replaced: (clean ok, logit, log-prob; knocked ok, logit,
-    log-prob ``[n, unit]``)."""
+def _finish_knockouts(model, chunk, answer_pos: int, cache, resid, last, resid_pre, start: int, ans, by_layer,
+                      units, mean_z, bar):
+    """Layers ``start ..`` over the prefix ``chunk[:, :answer_pos]`` (its residual ``resid`` entering
+    ``start``, from `_prefix_cache`), then the answer position clean and with each unit of
+    ``by_layer`` mean-replaced by `mean_replacement_hook` (a layer's units as variants of each prompt):
+    (clean ok, logit, log-prob; knocked ok, logit, log-prob ``[n, unit]``)."""
     cfg = model.cfg
-    if resid is not None:
-        for layer in range(start, cfg.n_layers):
-            if layer == cfg.n_layers - 1:  # nothing reads the last layer's outputs over the prefix: its cache only
-                cache.layers[layer] = model.blocks[layer].extend_cache(resid, cache.layers[layer], 0)
-            else:
-                resid, cache.layers[layer] = model.blocks[layer](resid, cache.layers[layer], 0)
+    model.prefix_cache(chunk[:, :answer_pos], cache, range(start, cfg.n_layers), resid)
     resid_pre = list(resid_pre)
     for layer in range(start, cfg.n_layers):
         resid_pre.append(last)
         last = model.blocks[layer].forward_last(last, cache.layers[layer])
+    record_path(model, "last_position")
     clean = _answer_stats(model.unembed(last)[:, 0], ans)
     n = last.shape[0]
-    device = last.device
     out_ok = torch.zeros(n, len(units), dtype=torch.bool)
     out_logit = torch.zeros(n, len(units))
     out_lp = torch.zeros(n, len(units))
     for layer, unit_idx in by_layer.items():
-        mask = torch.zeros(len(unit_idx), cfg.n_heads, dtype=torch.bool, device=device)
-        for v, u in enumerate(unit_idx):
-            mask[v, list(units.heads.iloc[u])] = True
-        r = resid_pre[layer].expand(-1, len(unit_idx), -1)
-        r = model.blocks[layer].forward_last(r, cache.layers[layer], (mask, mean_z[layer]))
-        for later in range(layer + 1, cfg.n_layers):
-            r = model.blocks[later].forward_last(r, cache.layers[later])
+        hook = mean_replacement_hook(model, layer, [units.heads.iloc[u] for u in unit_idx], mean_z, answer_pos)
+        with model.hooks(fwd_hooks=[hook]):  # hook_z of `layer` fires in its forward_last
+            r = resid_pre[layer].expand(-1, len(unit_idx), -1)
+            for later in range(layer, cfg.n_layers):
+                r = model.blocks[later].forward_last(r, cache.layers[later])
+        record_path(model, "last_position")
         ok, logit, lp = _answer_stats(model.unembed(r), ans)  # logits [n, variant, vocab]
         out_ok[:, unit_idx], out_logit[:, unit_idx], out_lp[:, unit_idx] = ok, logit, lp
         if bar is not None:
@@ -150,7 +141,8 @@ def _fast_knockouts(model, tokens, answer_pos, answer, units, mean_z, batch_size
         chunk = tokens[i : i + batch_size, : answer_pos + 1].to(device)
         ans = answer[i : i + batch_size].to(device)
         cache, resid, last, resid_pre = _prefix_cache(model, chunk, answer_pos, 0)
-        parts.append(_finish_knockouts(model, cache, resid, last, resid_pre, 0, ans, by_layer, units, mean_z, bar))
+        parts.append(_finish_knockouts(model, chunk, answer_pos, cache, resid, last, resid_pre, 0, ans, by_layer,
+                                       units, mean_z, bar))
     return _collect(parts)
 
 
@@ -199,8 +191,8 @@ def shifted_knockouts(model, tokens, answer_pos: int, answer, units, variants, c
         for k, variant in enumerate(variants):
             cache = type(shared)(layers=list(shared.layers), length=shared.length)
             with variant():
-                parts[k].append(_finish_knockouts(model, cache, resid, last, resid_pre, L, ans, by_layer, units,
-                                                  mean_zs[k], None))
+                parts[k].append(_finish_knockouts(model, chunk, answer_pos, cache, resid, last, resid_pre, L, ans,
+                                                  by_layer, units, mean_zs[k], None))
             if bar is not None:
                 bar.update(chunk.shape[0])
     return [_collect(p) for p in parts]
@@ -238,25 +230,32 @@ def _shifted_mean_z(model, tokens, answer_pos: int, layer: int, variants, batch_
     return out
 
 
-def _empty_layer_cache(model, n, device):
-    from phaseinterp.models.attention import LayerCache
-
-    cfg = model.cfg
-    z = lambda *s: torch.zeros(*s, device=device)  # noqa: E731
-    return LayerCache(z(n, 0, cfg.d_model), z(n, 0, cfg.n_kv_heads, cfg.d_head), z(n, 0, cfg.n_kv_heads, cfg.d_head),
-                      z(n, 0, cfg.n_kv_heads, cfg.d_head), z(n, 0, cfg.n_kv_heads, cfg.d_head),
-                      z(n, 0, cfg.n_kv_heads, cfg.d_head))
-
-
 def mean_replacement_hook(model, layer: int, heads, mean_z, answer_pos: int) -> tuple:
-    """``(hook name, hook function)`` that replaces ``hook_z`` of the query ``heads`` of ``layer`` at
-    ``answer_pos`` by their calibration mean ``mean_z[layer, heads]`` (the mean-replacement point of
-    the model protocol); for ``run_with_hooks(..., fwd_hooks=[...])``."""
-    heads = list(heads)
+    """``(hook name, hook function)`` replacing ``hook_z`` of the query ``heads`` of ``layer`` at
+    ``answer_pos`` by their calibration mean ``mean_z[layer, heads]`` (``[layer, head, d_head]``): the
+    mean replacement of `ablate`, on every path. For ``run_with_hooks(..., fwd_hooks=[...])`` or
+    ``model.hooks(...)``.
+
+    The function finds ``answer_pos`` among the positions it is given through
+    ``hook.ctx["query_range"] == (a, b)`` (the full forward: ``(0, T)``; the last-position path:
+    ``(p, p + 1)``, ``z`` ``[batch, 1, head, d_head]``), and leaves ``z`` alone when ``answer_pos`` is
+    not among them. ``heads``: the query-head ids of one unit, or one list per variant (the knockout
+    engine runs a layer's V units as V variants of each prompt: row ``r`` of ``z`` is prompt
+    ``r // V``, variant ``r % V``, which gets ``heads[r % V]``)."""
+    groups = [list(g) for g in heads] if heads and not isinstance(heads[0], (int, np.integer)) else [list(heads)]
+    mask = torch.zeros(len(groups), model.cfg.n_heads, dtype=torch.bool)
+    for v, group in enumerate(groups):
+        mask[v, group] = True
+    mean = mean_z[layer]  # [head, d_head]
 
     def replace(z, hook):
+        a, b = hook.ctx.get("query_range", (0, z.shape[1]))
+        if not a <= answer_pos < b:
+            return z
+        rows = mask.to(z.device).repeat(z.shape[0] // len(groups), 1)  # [batch, head]
         z = z.clone()
-        z[:, answer_pos, heads] = mean_z[layer, heads].to(z.dtype)
+        i = answer_pos - a
+        z[:, i] = torch.where(rows[:, :, None], mean.to(z.device, z.dtype), z[:, i])
         return z
 
     return phase_model(model).knockout_point(int(layer), 0).hook, replace
@@ -300,7 +299,6 @@ def _fast_knockouts_deepseek_v4(model, tokens, answer_pos, answer, units, mean_z
     from phaseinterp.models.hf.last_position import _rope, block_forward_last, clean_states, logits_last
 
     device = model_device(model)
-    H = model.cfg.n_heads
     by_layer = {layer: [int(i) for i in grp.index] for layer, grp in units.groupby("layer")}
     clean_ok, ko_ok, clean_logit, ko_logit, clean_lp, ko_lp = [], [], [], [], [], []
     for i in range(0, tokens.shape[0], batch_size):
@@ -308,6 +306,7 @@ def _fast_knockouts_deepseek_v4(model, tokens, answer_pos, answer, units, mean_z
         ans = answer[i : i + batch_size].to(device)
         n = chunk.shape[0]
         logits, states = clean_states(model, chunk)  # logits at answer_pos, the chunk's last position
+        record_path(model, "last_position")
         ok, logit, lp = _answer_stats(logits, ans)
         clean_ok.append(ok)
         clean_logit.append(logit)
@@ -318,16 +317,14 @@ def _fast_knockouts_deepseek_v4(model, tokens, answer_pos, answer, units, mean_z
         out_lp = torch.zeros(n, len(units))
         for layer, unit_idx in by_layer.items():
             V = len(unit_idx)
-            mask = torch.zeros(V, H, dtype=torch.bool, device=device)
-            for v, u in enumerate(unit_idx):
-                mask[v, list(units.heads.iloc[u])] = True
-            mask = mask.repeat(n, 1)  # row r: prompt r // V, variant r % V
-            token = chunk[:, answer_pos:].repeat_interleave(V, 0)
+            hook = mean_replacement_hook(model, layer, [units.heads.iloc[u] for u in unit_idx], mean_z, answer_pos)
+            token = chunk[:, answer_pos:].repeat_interleave(V, 0)  # row r: prompt r // V, variant r % V
             streams = states[layer].resid_pre.repeat_interleave(V, 0)  # the streams at answer_pos
-            for later in range(layer, model.cfg.n_layers):
-                state = states[later] if V == 1 else states[later].repeat(V)
-                streams = block_forward_last(model.blocks[later], state, streams, token, rope,
-                                             (mask, mean_z[layer]) if later == layer else None)
+            with model.hooks(fwd_hooks=[hook]):  # hook_z of `layer` fires in its block_forward_last
+                for later in range(layer, model.cfg.n_layers):
+                    state = states[later] if V == 1 else states[later].repeat(V)
+                    streams = block_forward_last(model.blocks[later], state, streams, token, rope)
+            record_path(model, "last_position")
             lg = logits_last(model, streams)[:, 0].reshape(n, V, -1)
             ok, logit, lp = _answer_stats(lg, ans)
             out_ok[:, unit_idx], out_logit[:, unit_idx], out_lp[:, unit_idx] = ok, logit, lp

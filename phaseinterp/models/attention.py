@@ -46,6 +46,7 @@ from transformer_lens.hook_points import HookPoint
 from phaseinterp.config import CompressedConfig
 from phaseinterp.models.cache import LayerCache
 from phaseinterp.models.compressor import Compressor, RMSNorm, rms_norm
+from phaseinterp.models.paths import has_hooks, query_context
 from phaseinterp.models.rope import apply_rope, rotary_tables
 from phaseinterp.phase import n_closed_windows, n_visible_entries, tail_start, window_positions
 
@@ -351,7 +352,8 @@ class CompressedAttention(nn.Module):
         else:
             z = torch.cat([self._attend_queries(q_rot[:, a:b], cache, positions[a:b], last=start + b - 1)
                            for a, b in ranges], 1)
-        z = self.hook_z(z)
+        with query_context([self.hook_z], start, start + x.shape[1]):
+            z = self.hook_z(z)
         return self._output(z), cache
 
     def extend_cache(self, x: Float[Tensor, "batch pos d_model"], cache: Optional[LayerCache] = None,
@@ -512,17 +514,17 @@ class CompressedAttention(nn.Module):
         self,
         x: Float[Tensor, "batch variant d_model"],
         cache: LayerCache,
-        z_override: Optional[tuple[Tensor, Tensor]] = None,
     ) -> Float[Tensor, "batch variant d_model"]:
-        """Attention of ONE new token (position ``cache`` length) in several variants at once.
+        """Attention of ONE new token (position ``p``, the ``cache`` length) in several variants at once.
 
-        The fast path of mean ablation: every variant of the last token attends to the same
-        shared prefix ``cache`` (batch ``batch``, never copied); only the variants' own
-        K/V and the entries whose window the token closes differ. The variants are the
-        queries of `_attend`. ``z_override = (mask [variant, head], z [head, d_head])``
-        replaces the chosen heads' z before the output projection. Only the compressor's
-        hook points fire here; use `forward` for hooked runs. Equals `forward` on the
-        extended sequence (tested to 1e-5).
+        The last-position path (`CompressedTransformer.last_logits` with only ``hook_z`` hooks, and the
+        knockout engine): every variant of the last token attends to the same shared prefix ``cache``
+        (batch ``batch``, never copied); only the variants' own K/V and the entries whose window the
+        token closes differ. The variants are the queries of `_attend`. ``hook_z`` fires with
+        ``[batch * variant, 1, head, d_head]`` (row ``r``: prompt ``r // variant``, variant
+        ``r % variant``; position ``p`` only, ``hook.ctx["query_range"] == (p, p + 1)``), so an edit of
+        ``hook_z`` there lands as it does in `forward`. Other hook points do not fire here but the
+        compressor's. Equals `forward` on the extended sequence (tested to 1e-5).
         """
         cfg = self.cfg
         batch, n_var, _ = x.shape
@@ -552,9 +554,10 @@ class CompressedAttention(nn.Module):
             v_shared = torch.cat([v_shared, cache.v_comp[:, :first]], 1)
             allowed.append(self._entry_allowed(query, torch.arange(first, device=x.device)))
         z = self._attend(q_rot, GatheredBand(k_own, v_own), k_shared, v_shared, torch.cat(allowed, -1), hooked=False)
-        if z_override is not None:
-            mask, z_new = z_override
-            z = torch.where(mask[None, :, :, None], z_new[None, None].to(z.dtype), z)
+        if has_hooks(self.hook_z):  # the variants as batch rows at the one position p
+            with query_context([self.hook_z], pos, pos + 1):
+                z_p = self.hook_z(einops.rearrange(z, "b v h d -> (b v) 1 h d"))
+            z = einops.rearrange(z_p, "(b v) 1 h d -> b v h d", b=batch)
         return einops.einsum(z, self.W_O, "b v h d, h d m -> b v m")
 
     def reset_parameters(self, generator: torch.Generator, std: float) -> None:

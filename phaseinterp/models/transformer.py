@@ -27,7 +27,9 @@ the concept matches):
     ln_final.hook_normalized
 
 With an incremental cache, hooks see only the new positions (and the newly closed
-windows). Query head ``q`` reads KV head ``q // (n_heads // n_kv_heads)``.
+windows). `last_logits` with only ``hook_z`` hooks attached runs the last-position path, where
+``hook_z`` is ``[batch, 1, head, d_head]`` (docs/hooks.md, "What changes when a hook is attached").
+Query head ``q`` reads KV head ``q // (n_heads // n_kv_heads)``.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
+from collections import Counter
 from typing import Any, Optional, Union
 
 import einops
@@ -51,8 +54,9 @@ from phaseinterp.errors import UserInputError
 from phaseinterp._files import atomic_write
 from phaseinterp.config import CompressedConfig
 from phaseinterp.models.attention import CompressedAttention
-from phaseinterp.models.cache import KVCache
+from phaseinterp.models.cache import KVCache, LayerCache
 from phaseinterp.models.compressor import GateParameters, RMSNorm
+from phaseinterp.models.paths import held_back, has_hooks, last_logits_path, record_path
 from phaseinterp.phase import boundary_phase
 
 CHECKPOINT_FORMAT = 1
@@ -105,7 +109,7 @@ class SwiGLU(nn.Module):
         While no hook is attached to ``hook_pre``/``hook_post`` (or ``hooked=False``) the rows run in
         blocks of `MLP_ROWS` tokens, so the ``[rows, d_mlp]`` intermediates stay in cache (the same
         numbers: every row's maths is its own; tested bit for bit)."""
-        if not hooked or not (_has_hooks(self.hook_pre) or _has_hooks(self.hook_post)):
+        if not hooked or not (has_hooks(self.hook_pre) or has_hooks(self.hook_post)):
             flat = x.reshape(-1, x.shape[-1])
             if flat.shape[0] > MLP_ROWS:
                 out = torch.cat([self._unhooked(flat[i : i + MLP_ROWS]) for i in range(0, flat.shape[0], MLP_ROWS)])
@@ -121,10 +125,6 @@ class SwiGLU(nn.Module):
 
     def _unhooked(self, x: Tensor) -> Tensor:
         return (F.silu(x @ self.W_gate) * (x @ self.W_in)) @ self.W_out
-
-
-def _has_hooks(point: HookPoint) -> bool:
-    return bool(point._forward_hooks or point._forward_pre_hooks or point._backward_hooks)
 
 
 class Block(nn.Module):
@@ -147,10 +147,11 @@ class Block(nn.Module):
         resid = self.hook_resid_post(resid + self.hook_mlp_out(self.mlp(self.ln2(resid))))
         return resid, layer_cache
 
-    def forward_last(self, resid, cache, z_override=None):
+    def forward_last(self, resid, cache):
         """One new token in several variants over a shared prefix cache (see
-        `CompressedAttention.forward_last`); ``resid`` is ``[batch, variant, d_model]``."""
-        resid = resid + self.attn.forward_last(self.ln1.unhooked(resid), cache, z_override)
+        `CompressedAttention.forward_last`: ``hook_z`` and the compressor's hooks fire, no other);
+        ``resid`` is ``[batch, variant, d_model]``."""
+        resid = resid + self.attn.forward_last(self.ln1.unhooked(resid), cache)
         return resid + self.mlp(self.ln2.unhooked(resid), hooked=False)
 
     def extend_cache(self, resid: Float[Tensor, "batch pos d_model"], cache=None, start: int = 0):
@@ -163,6 +164,13 @@ class Block(nn.Module):
         see `CompressedAttention.forward_final`); no hook points fire but the compressor's."""
         last = resid[:, -1:] + self.attn.forward_final(self.ln1.unhooked(resid))
         return last + self.mlp(self.ln2.unhooked(last), hooked=False)
+
+
+def _empty_layer_cache(cfg: CompressedConfig, n: int, device) -> LayerCache:
+    """The cache of a layer over no tokens, for a batch of ``n``."""
+    zeros = lambda *shape: torch.zeros(*shape, device=device)  # noqa: E731
+    per_head = (n, 0, cfg.n_kv_heads, cfg.d_head)
+    return LayerCache(zeros(n, 0, cfg.d_model), *(zeros(*per_head) for _ in range(5)))
 
 
 class CompressedTransformer(HookedRootModule):
@@ -185,6 +193,8 @@ class CompressedTransformer(HookedRootModule):
             device = check_device(device)  # before allocating any weights
         self.cfg = cfg.replace()
         self.metadata: dict[str, Any] = {}
+        # runs of each `last_logits` / knockout path ("final", "last_position", "full"; models/paths.py)
+        self.path_counts: Counter = Counter()
         self.W_E = nn.Parameter(torch.zeros(cfg.d_vocab, cfg.d_model))
         self.hook_embed = HookPoint()
         self.blocks = nn.ModuleList([Block(self.cfg, layer) for layer in range(cfg.n_layers)])
@@ -289,21 +299,71 @@ class CompressedTransformer(HookedRootModule):
             einops.rearrange(logits[:, :-1], "b t v -> (b t) v"), einops.rearrange(tokens[:, 1:], "b t -> (b t)")
         )
 
-    def last_logits(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch d_vocab"]:
-        """The logits at the LAST position, ``model(tokens)[:, -1]`` (equal to 1e-5, tested), at
-        less cost: every layer but the last runs over all positions; the last layer computes its
-        K/V and compressed entries over all positions but its attention and MLP at the final
-        position only (for a 2-layer model about half the work of a full forward). While any
-        hook is attached (``run_with_hooks``, ``hooks()``, `shift_gates`' static mode...) it is
-        the full forward, so every hook sees what it always sees. What `phase_profile`, gate
-        cycling and mean replacement read: one answer per prompt."""
-        if any(_has_hooks(h) for h in self.hook_dict.values()):
+    def last_logits(self, tokens: Int[Tensor, "batch pos"], *, path: str = "auto") -> Float[Tensor, "batch d_vocab"]:
+        """The logits at the LAST position, ``model(tokens)[:, -1]`` (equal to 1e-5, tested), at less
+        cost. What `phase_profile`, gate cycling and mean replacement read: one answer per prompt.
+
+        The path follows the hooks attached (`phaseinterp.models.paths`; counted in ``path_counts``):
+
+        - none: ``"final"``. Every layer but the last runs over all positions; the last layer computes
+          its K/V and compressed entries over all positions but its attention and MLP at the final
+          position only (for a 2-layer model about half the work of a full forward).
+        - only forward hooks on ``blocks.{l}.attn.hook_z``: ``"last_position"``, the knockout engine's
+          computation (`last_position_logits`). ``hook_z`` fires once per layer with
+          ``[batch, 1, head, d_head]``, the final position ``p`` only (``hook.ctx["query_range"] ==
+          (p, p + 1)``); an edit there lands exactly as in the full forward.
+        - any other hook (``run_with_hooks``, ``hooks()``, `shift_gates`' static mode...), or
+          ``path="full"``: ``"full"``, the full forward; every hook sees what it always sees. Ask
+          for it when a ``hook_z`` hook must see (or edit) every position."""
+        chosen = last_logits_path(self, path)
+        record_path(self, chosen)
+        if chosen == "full":
             return self(tokens)[:, -1]
         self._check_tokens(tokens, 0)
-        resid = self.W_E[tokens.to(self.W_E.device).long()]
+        tokens = tokens.to(self.W_E.device).long()
+        if chosen == "last_position":
+            return self.last_position_logits(tokens)
+        resid = self.W_E[tokens]
         for block in self.blocks[:-1]:
             resid, _ = block(resid, None, 0)
         return self.unembed(self.blocks[-1].forward_final(resid))[:, 0]
+
+    def last_position_logits(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch d_vocab"]:
+        """The logits at the final position ``p`` by the knockout engine's computation: the prefix
+        ``tokens[:, :p]`` once into a KV cache (`prefix_cache`; ``hook_z`` hooks held back), then the
+        token at ``p`` alone through every layer (`Block.forward_last`), where ``hook_z`` fires with
+        ``[batch, 1, head, d_head]``. `last_logits` takes it while only ``hook_z`` hooks are attached."""
+        tokens = tokens.to(self.W_E.device).long()
+        cache = self.init_cache()
+        with held_back(block.attn.hook_z for block in self.blocks):
+            self.prefix_cache(tokens[:, :-1], cache, range(self.cfg.n_layers))
+        last = self.W_E[tokens[:, -1:]]
+        for layer, block in enumerate(self.blocks):
+            last = block.forward_last(last, cache.layers[layer])
+        return self.unembed(last)[:, 0]
+
+    def prefix_cache(self, prefix: Int[Tensor, "batch prefix"], cache: KVCache, layers: range,
+                     resid: Optional[Tensor] = None) -> Optional[Tensor]:
+        """Fill ``cache.layers[l]`` for ``l`` in ``layers`` with the prefix (positions ``0 ..``): the same
+        operations as ``model(prefix, cache=cache)`` over those layers, except that the model's last
+        layer only fills its cache (`Block.extend_cache`; nothing reads its outputs over a prefix).
+        ``resid``: the prefix's residual stream entering ``layers[0]`` (default: the embedding).
+        Returns the residual leaving ``layers`` (None for an empty prefix, whose layers get empty caches)."""
+        cfg = self.cfg
+        if prefix.shape[1] == 0:
+            for layer in layers:
+                cache.layers[layer] = _empty_layer_cache(cfg, prefix.shape[0], prefix.device)
+            return None
+        if resid is None:
+            resid = self.hook_embed(self.W_E[prefix.long()])
+        for layer in layers:
+            block = self.blocks[layer]
+            if layer == cfg.n_layers - 1:
+                cache.layers[layer] = block.extend_cache(resid, cache.layers[layer], 0)
+            else:
+                resid, cache.layers[layer] = block(resid, cache.layers[layer], 0)
+        cache.length = prefix.shape[1]
+        return resid
 
     def run_with_cache(self, *model_args: Any, return_cache_object: bool = True, **kwargs: Any):
         """TransformerLens's ``run_with_cache``; wraps the activations in an ``ActivationCache``

@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from transformer_lens.hook_points import HookPoint
 
-from phaseinterp.models.hf.chunking import TOKEN_BLOCK, chunk_ranges, is_chunked, query_context
+from phaseinterp.models.hf.chunking import TOKEN_BLOCK, chunk_ranges, is_chunked
+from phaseinterp.models.paths import query_context
 from phaseinterp.models.hf.compressor import CompressorHooks, _hf, _NoCompressor
 from phaseinterp.models.hf.config import CSA, SLIDING
 
@@ -100,7 +101,8 @@ class AttentionHooks(nn.Module):
             z = self._attend_chunked(q, kv[:, 0], x, q_residual, position_ids, cos, sin)
         else:
             z = self._attend_dense(q, kv, x, q_residual, position_ids, cos, sin, mask)
-        z = self.hook_z(z)
+        with query_context([self.hook_z], 0, T):
+            z = self.hook_z(z)
         grouped = hf.o_a_proj(z.reshape(batch, T, hf.config.o_groups, -1)).flatten(2)
         return hf.o_b_proj(grouped)
 

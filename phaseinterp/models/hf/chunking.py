@@ -9,8 +9,6 @@ and the hyper-connections run in blocks of TOKEN_BLOCK tokens above that length.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 AUTO_CHUNK_ABOVE = 2048
 SCORE_BLOCK = 1 << 24
 TOKEN_BLOCK = 4096
@@ -39,19 +37,4 @@ def chunk_ranges(T: int, per_query: int, query_chunk) -> list[tuple[int, int]]:
     return [(a, min(a + size, T)) for a in range(0, T, size)]
 
 
-@contextmanager
-def query_context(hooks, a: int, b: int):
-    """Tell ``hooks`` which query positions the activation they are about to see covers: a hook
-    function reads ``hook.ctx["query_range"] == (a, b)`` (a chunked forward calls the per-query
-    ``[pos, key_slot]`` hooks once per query chunk; `HookedDeepseekV4.run_with_cache` joins the chunks)."""
-    for hook in hooks:
-        hook.ctx["query_range"] = (a, b)
-    try:
-        yield
-    finally:
-        for hook in hooks:
-            hook.ctx.pop("query_range", None)
-
-
-__all__ = ["AUTO_CHUNK_ABOVE", "SCORE_BLOCK", "TOKEN_BLOCK", "check_query_chunk", "chunk_ranges", "is_chunked",
-           "query_context"]
+__all__ = ["AUTO_CHUNK_ABOVE", "SCORE_BLOCK", "TOKEN_BLOCK", "check_query_chunk", "chunk_ranges", "is_chunked"]

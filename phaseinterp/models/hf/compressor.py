@@ -15,7 +15,8 @@ from torch import Tensor
 from transformer_lens.hook_points import HookPoint
 
 from phaseinterp.errors import UserInputError
-from phaseinterp.models.hf.chunking import chunk_ranges, query_context
+from phaseinterp.models.hf.chunking import chunk_ranges
+from phaseinterp.models.paths import query_context
 from phaseinterp.models.hf.config import CSA, HCA
 
 

@@ -25,6 +25,7 @@ Hooks only exist on compressed layers; sliding-window-only layers have no compre
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -63,6 +64,8 @@ class HookedDeepseekV4(HookedRootModule):
         self.hf = hf_model
         self.cfg = DeepseekV4HookedConfig.from_hf(hf_model.config, name=name)
         self.metadata: dict[str, Any] = {}
+        # runs of each `last_logits` / knockout path ("final", "last_position", "full"; models/paths.py)
+        self.path_counts: Counter = Counter()
         self.hook_embed = HookPoint()
         self.blocks = nn.ModuleList([BlockHooks(layer, i) for i, layer in enumerate(hf_model.model.layers)])
         self.ln_final = NormHooks(hf_model.model.norm)
@@ -183,19 +186,34 @@ class HookedDeepseekV4(HookedRootModule):
                 streams = block(streams, rope, position_ids, mask, tokens)
         return streams, (tokens, position_ids, mask, rope)
 
-    def last_logits(self, tokens: Tensor) -> Tensor:
+    def last_logits(self, tokens: Tensor, *, path: str = "auto") -> Tensor:
         """The logits at the LAST position, ``model(tokens)[:, -1]`` (equal to 1e-5, tested), at less
-        cost: every layer but the last runs over all positions; the last layer computes its K = V,
-        compressed entries and indexer scores over all positions but its attention and MoE at the
-        final position only (`models.hf.last_position`; offloaded layers are brought in as the
-        forward brings them). While any hook is attached it is the full forward. What
-        `phase_profile` and gate cycling read."""
-        from phaseinterp.models.hf.last_position import last_layer_at_p
-        from phaseinterp.models.transformer import _has_hooks
+        cost. What `phase_profile` and gate cycling read. The path follows the hooks attached
+        (`phaseinterp.models.paths`; counted in ``path_counts``):
 
-        if any(_has_hooks(h) for h in self.hook_dict.values()):
+        - none: ``"final"``. Every layer but the last runs over all positions; the last layer computes
+          its K = V, compressed entries and indexer scores over all positions but its attention and MoE
+          at the final position only (`models.hf.last_position`; offloaded layers are brought in as the
+          forward brings them).
+        - only forward hooks on ``blocks.{l}.attn.hook_z``: ``"last_position"``, the knockout engine's
+          computation (`last_position.last_position_logits`): ``hook_z`` fires with ``[batch, 1, head,
+          d_head]``, the final position ``p`` only (``hook.ctx["query_range"] == (p, p + 1)``). Not for
+          offloaded layers (as `ablate`'s fast path): those take the full forward.
+        - any other hook, or ``path="full"``: ``"full"``, the full forward; every hook sees what it
+          always sees."""
+        from phaseinterp.models.hf.last_position import last_layer_at_p, last_position_logits
+        from phaseinterp.models.paths import last_logits_path, record_path
+        from phaseinterp.models.protocol import phase_model
+
+        chosen = last_logits_path(self, path)
+        if chosen == "last_position" and not phase_model(self).has_fast_ablation:
+            chosen = "full"
+        record_path(self, chosen)
+        if chosen == "full":
             return self(tokens)[:, -1]
         self._check_tokens(tokens)
+        if chosen == "last_position":
+            return last_position_logits(self, tokens)
         streams, (tokens, position_ids, _, rope) = self._through(self.blocks[:-1], *self._decoder_inputs(tokens))
         return last_layer_at_p(self, streams, tokens, position_ids, rope)[1]
 

@@ -35,6 +35,7 @@ from torch import Tensor
 
 from phaseinterp.models.hf.compressor import CompressorHooks, _hf
 from phaseinterp.models.hf.config import CSA
+from phaseinterp.models.paths import has_hooks, held_back, hooked_z_layers, query_context
 
 
 @dataclass(frozen=True)
@@ -166,10 +167,31 @@ def last_layer_at_p(model, streams: Tensor, tokens: Tensor, position_ids: Tensor
     with materialized(block.hf):
         state = layer_state(block, streams, rope, position_ids, tail_length(model, model.cfg.n_layers - 1))
         out = block_forward_last(block, state, state.resid_pre, tokens[:, -1:],
-                                 _rope(model, tokens.shape[1] - 1, state.attn_in), None)
+                                 _rope(model, tokens.shape[1] - 1, state.attn_in))
     norm = model.hf.model.norm
     with materialized(norm):
         return state, logits_last(model, out.to(execution_device(norm)))[:, 0]
+
+
+@torch.inference_mode()
+def last_position_logits(model, tokens: Tensor) -> Tensor:
+    """The logits at ``p = T - 1`` ``[N, vocab]`` by the knockout engine's computation while ``hook_z``
+    hooks are attached (`HookedDeepseekV4.last_logits`'s ``"last_position"`` path): one clean pass
+    (`clean_states`, the ``hook_z`` hooks held back), then position ``p`` alone through the first
+    hooked layer and the later ones (`block_forward_last`), ``hook_z`` firing there with
+    ``[N, 1, head, d_head]``. No hooked layer: the clean logits."""
+    z_points = [block.attn.hook_z for block in model.blocks]
+    layers = hooked_z_layers(model)
+    with held_back(z_points):
+        logits, states = clean_states(model, tokens)
+    if not layers:
+        return logits
+    tokens = tokens.to(states[0].resid_pre.device).long()
+    rope = _rope(model, tokens.shape[1] - 1, states[0].attn_in)
+    streams = states[layers[0]].resid_pre
+    for layer in range(layers[0], model.cfg.n_layers):
+        streams = block_forward_last(model.blocks[layer], states[layer], streams, tokens[:, -1:], rope)
+    return logits_last(model, streams)[:, 0]
 
 
 def _rope(model, position: int, like: Tensor) -> dict[str, tuple[Tensor, Tensor]]:
@@ -227,7 +249,7 @@ def _visible_entries(attn, state: LayerState, x_last: Tensor, q_residual: Tensor
     return bias[:, :E]
 
 
-def _attention_last(attn, state: LayerState, x_last: Tensor, rope, z_override) -> Tensor:
+def _attention_last(attn, state: LayerState, x_last: Tensor, rope) -> Tensor:
     """HF ``DeepseekV4Attention`` for the query at ``p`` only: ``[N, 1, d_model]``."""
     hf = attn.hf
     mod = _hf()
@@ -255,22 +277,22 @@ def _attention_last(attn, state: LayerState, x_last: Tensor, rope, z_override) -
     pattern = F.softmax(logits, dim=-1, dtype=logits.dtype)[..., :-1]
     z = torch.matmul(pattern.to(keys.dtype), keys)  # [N, head, 1, d]
     z = mod.apply_rotary_pos_emb(z, cos, -sin).transpose(1, 2)  # [N, 1, head, d]
-    if z_override is not None:
-        mask, mean_z = z_override  # [N, head] bool, [head, d_head]
-        z = torch.where(mask[:, None, :, None], mean_z.to(z.dtype)[None, None], z)
+    if has_hooks(attn.hook_z):  # position p only: [N, 1, head, d_head]
+        with query_context([attn.hook_z], T - 1, T):
+            z = attn.hook_z(z)
     grouped = hf.o_a_proj(einops.rearrange(z, "n 1 (g h) d -> n 1 g (h d)", g=hf.config.o_groups)).flatten(2)
     return hf.o_b_proj(grouped)
 
 
-def block_forward_last(block, state: LayerState, streams: Tensor, token: Tensor, rope,
-                       z_override=None) -> Tensor:
+def block_forward_last(block, state: LayerState, streams: Tensor, token: Tensor, rope) -> Tensor:
     """One decoder layer at ``p`` for ``streams`` ``[N, 1, hc, d_model]`` (the layer's input there);
-    ``token`` ``[N, 1]`` the token at ``p`` (hash routing); ``z_override`` ``(mask [N, head], mean_z
-    [head, d_head])`` replaces ``hook_z`` of the masked heads. Returns the layer's output streams at ``p``."""
+    ``token`` ``[N, 1]`` the token at ``p`` (hash routing). ``attn.hook_z`` fires with ``[N, 1, head,
+    d_head]`` (``hook.ctx["query_range"] == (p, p + 1)``); no other hook point does. Returns the
+    layer's output streams at ``p``."""
     hf = block.hf
     dtype = streams.dtype
     post, comb, collapsed = hf.attn_hc(streams)
-    attn_out = _attention_last(block.attn, state, hf.input_layernorm(collapsed), rope, z_override)
+    attn_out = _attention_last(block.attn, state, hf.input_layernorm(collapsed), rope)
     streams = post.to(dtype).unsqueeze(-1) * attn_out.unsqueeze(-2) + torch.matmul(
         comb.to(dtype).transpose(-1, -2), streams)
     post, comb, collapsed = hf.ffn_hc(streams)
@@ -284,4 +306,5 @@ def logits_last(model, streams: Tensor) -> Tensor:
     return model.hf.lm_head(hf.norm(hf.hc_head(streams)))
 
 
-__all__ = ["LayerState", "block_forward_last", "clean_states", "last_layer_at_p", "layer_state", "logits_last"]
+__all__ = ["LayerState", "block_forward_last", "clean_states", "last_layer_at_p", "last_position_logits", "layer_state",
+           "logits_last"]
