@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 import torch
 
+from phaseinterp.errors import UserInputError
 from phaseinterp.interventions._common import model_device
 from phaseinterp.models.protocol import phase_model
 
@@ -176,7 +177,7 @@ def shifted_knockouts(model, tokens, answer_pos: int, answer, units, variants, c
     Elsewhere it is that per-variant loop. ``bar`` (optional) advances by one per prompt and variant."""
     layers = sorted({int(layer) for layer in units.layer})
     if len(layers) != 1:
-        raise ValueError(f"shifted_knockouts takes the units of one layer, got layers {layers}")
+        raise UserInputError(f"shifted_knockouts takes the units of one layer, got layers {layers}")
     L = layers[0]
     if not shares_lower_layers(model):
         out = []

@@ -43,6 +43,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from transformer_lens.hook_points import HookPoint
 
+from phaseinterp.errors import UserInputError
 from phaseinterp.config import CompressedConfig
 from phaseinterp.models.cache import LayerCache
 from phaseinterp.models.compressor import Compressor, RMSNorm, rms_norm
@@ -184,9 +185,9 @@ class CompressedAttention(nn.Module):
         """
         cfg = self.cfg
         if query_pos < 0 or query_pos >= cfg.n_ctx:
-            raise ValueError(f"query_pos={query_pos} is out of range 0..{cfg.n_ctx - 1}")
+            raise UserInputError(f"query_pos={query_pos} is out of range 0..{cfg.n_ctx - 1}")
         if not (0 <= kv_head < cfg.n_kv_heads):
-            raise ValueError(f"kv_head={kv_head} is out of range 0..{cfg.n_kv_heads - 1}")
+            raise UserInputError(f"kv_head={kv_head} is out of range 0..{cfg.n_kv_heads - 1}")
         if not cfg.is_compressed:
             n = n_key_slots if n_key_slots is not None else query_pos + 1
             return [("token", [p]) if p <= query_pos else ("masked", []) for p in range(n)]

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from phaseinterp.errors import UserInputError
 from phaseinterp.theory.gates import gate_loss, random_gate_parameters, slot_statistics
 from phaseinterp.theory.model import IdealizedInductionModel, Population, _check_float, _check_int, single_threaded
 from phaseinterp.theory.results import FlowResult, FlowSweep
@@ -179,7 +180,7 @@ def flow_seeds(model: IdealizedInductionModel, seeds: Sequence[int] = range(20),
     """`gradient_flow` from every seed in ``seeds`` (one population shared by all runs)."""
     seeds = [int(s) for s in seeds]
     if not seeds:
-        raise ValueError("seeds is empty; give at least one seed")
+        raise UserInputError("seeds is empty; give at least one seed")
     if "population" not in flow_kwargs or flow_kwargs["population"] is None:
         flow_kwargs["population"] = model.population(n_samples=flow_kwargs.pop("n_samples", 2048), seed=0)
     runs = [gradient_flow(model, seed=s, **flow_kwargs) for s in seeds]

@@ -20,6 +20,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from phaseinterp.errors import UserInputError
 from phaseinterp.theory.model import IdealizedInductionModel, Population, _check_float, _check_int, single_threaded
 from phaseinterp.theory.results import SearchGrid, SearchResult
 
@@ -160,5 +161,5 @@ def search_grid(grid: Iterable[tuple[int, int, int]], *, L: int = 2, eps: float 
     results = [global_search(IdealizedInductionModel(N, S, L, heads=m, eps=eps, kappa=kappa, gamma=gamma, beta=beta),
                              **search_kwargs) for N, S, m in grid]
     if not results:
-        raise ValueError("grid is empty; give at least one (N, S, m)")
+        raise UserInputError("grid is empty; give at least one (N, S, m)")
     return SearchGrid(results=results)
