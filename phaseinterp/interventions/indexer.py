@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from phaseinterp._checks import check_int, check_layer
 from phaseinterp.errors import UserInputError
 from phaseinterp import stats
 from phaseinterp.results import Result
@@ -77,8 +78,7 @@ class IndexerPhaseResult(Result):
     def rate_at(self, k: int) -> pd.DataFrame:
         """Value-entry selection rate by (layer, phase) had the indexer kept its top ``k`` (from the ranks;
         ties count as kept, so at the model's own k this can exceed ``value_selected``)."""
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise UserInputError(f"k={k!r} must be an integer >= 1")
+        k = check_int("k", k, 1)
         hit = self.records.assign(hit=(self.records.value_rank >= 0) & (self.records.value_rank < k))
         return hit.groupby(["layer", "phase"]).hit.mean().unstack("phase")
 
@@ -133,6 +133,7 @@ def _setup(model, task, layers, n_per_residue: int, seed: int, prompts, what: st
                          "layers (phaseinterp.from_hf / load_hf)")
     layers = csa if layers is None else [layers] if isinstance(layers, int) else list(layers)
     for layer in layers:
+        check_layer(layer, family.n_layers)
         if layer not in csa:
             raise UserInputError(f"layer={layer!r} is not a CSA layer (CSA layers: {csa})")
     task = resolve_task(model, task)

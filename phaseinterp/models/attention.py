@@ -47,6 +47,7 @@ from phaseinterp.errors import UserInputError
 from phaseinterp.config import CompressedConfig
 from phaseinterp.models.cache import LayerCache
 from phaseinterp.models.compressor import Compressor, RMSNorm, rms_norm
+from phaseinterp.models.protocol import has_hooks
 from phaseinterp.models.rope import apply_rope, rotary_tables
 from phaseinterp.phase import n_closed_windows, n_visible_entries, tail_start, window_positions
 
@@ -423,7 +424,7 @@ class CompressedAttention(nn.Module):
 
     def _scores_hooked(self) -> bool:
         """A hook reads or edits ``hook_attn_scores``/``hook_pattern``: they must have the full shape."""
-        return any(h._forward_hooks or h._backward_hooks for h in (self.hook_attn_scores, self.hook_pattern))
+        return has_hooks(self.hook_attn_scores) or has_hooks(self.hook_pattern)
 
     def _attend_queries(
         self,

@@ -47,12 +47,14 @@ from torch import Tensor
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.HookedRootModule import HookedRootModule
 
+from phaseinterp._checks import check_layer
 from phaseinterp.errors import UserInputError
 from phaseinterp._files import atomic_write
 from phaseinterp.config import CompressedConfig
 from phaseinterp.models.attention import CompressedAttention
 from phaseinterp.models.cache import KVCache
 from phaseinterp.models.compressor import GateParameters, RMSNorm
+from phaseinterp.models.protocol import has_hooks
 from phaseinterp.phase import boundary_phase
 
 CHECKPOINT_FORMAT = 1
@@ -105,7 +107,7 @@ class SwiGLU(nn.Module):
         While no hook is attached to ``hook_pre``/``hook_post`` (or ``hooked=False``) the rows run in
         blocks of `MLP_ROWS` tokens, so the ``[rows, d_mlp]`` intermediates stay in cache (the same
         numbers: every row's maths is its own; tested bit for bit)."""
-        if not hooked or not (_has_hooks(self.hook_pre) or _has_hooks(self.hook_post)):
+        if not hooked or not (has_hooks(self.hook_pre) or has_hooks(self.hook_post)):
             flat = x.reshape(-1, x.shape[-1])
             if flat.shape[0] > MLP_ROWS:
                 out = torch.cat([self._unhooked(flat[i : i + MLP_ROWS]) for i in range(0, flat.shape[0], MLP_ROWS)])
@@ -121,10 +123,6 @@ class SwiGLU(nn.Module):
 
     def _unhooked(self, x: Tensor) -> Tensor:
         return (F.silu(x @ self.W_gate) * (x @ self.W_in)) @ self.W_out
-
-
-def _has_hooks(point: HookPoint) -> bool:
-    return bool(point._forward_hooks or point._forward_pre_hooks or point._backward_hooks)
 
 
 class Block(nn.Module):
@@ -297,7 +295,7 @@ class CompressedTransformer(HookedRootModule):
         hook is attached (``run_with_hooks``, ``hooks()``, `cycle_gates`' static mode...) it is
         the full forward, so every hook sees what it always sees. What `phase_profile`, gate
         cycling and mean replacement read: one answer per prompt."""
-        if any(_has_hooks(h) for h in self.hook_dict.values()):
+        if any(has_hooks(h) for h in self.hook_dict.values()):
             return self(tokens)[:, -1]
         self._check_tokens(tokens, 0)
         resid = self.W_E[tokens.to(self.W_E.device).long()]
@@ -345,9 +343,7 @@ class CompressedTransformer(HookedRootModule):
         return self.blocks[layer].attn.compressor.gate_parameters(branch)
 
     def _check_layer(self, layer: int) -> None:
-        n = self.cfg.n_layers
-        if isinstance(layer, bool) or not isinstance(layer, int) or not (0 <= layer < n):
-            raise UserInputError(f"layer={layer!r} is out of range for a {n}-layer model (0..{n - 1})")
+        check_layer(layer, self.cfg.n_layers)
 
     def key_slot_sources(self, layer: int, query_pos: int, n_key_slots: Optional[int] = None, kv_head: int = 0):
         """``(kind, source positions)`` of each key slot of ``hook_pattern`` for one query reading

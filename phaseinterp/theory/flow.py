@@ -18,7 +18,8 @@ from torch import Tensor
 
 from phaseinterp.errors import UserInputError
 from phaseinterp.theory.gates import gate_loss, random_gate_parameters, slot_statistics
-from phaseinterp.theory.model import IdealizedInductionModel, Population, _check_float, _check_int, single_threaded
+from phaseinterp._checks import check_int
+from phaseinterp.theory.model import IdealizedInductionModel, Population, _check_float, single_threaded
 from phaseinterp.theory.results import FlowResult, FlowSweep
 
 # Dormand-Prince 5(4) tableau (Dormand & Prince 1980), as in Hairer, Norsett & Wanner, Table II.5.2.
@@ -158,7 +159,7 @@ def gradient_descent(model: IdealizedInductionModel, *, learning_rate: float, t_
     `gradient_flow` with the same ``rho`` and ``seed``; step k sits at time ``t = k eta``."""
     learning_rate = _check_float("learning_rate", learning_rate, 0.0, low_open=True)
     t_max = _check_float("t_max", t_max, 0.0, low_open=True)
-    record_every = _check_int("record_every", record_every, 1)
+    record_every = check_int("record_every", record_every, 1)
     population = _flow_population(model, population, n_samples, seed)
     c = c0 = random_gate_parameters(model, rho, seed)
     f = _negative_gradient(model, population)

@@ -36,7 +36,9 @@ from torch import Tensor
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.HookedRootModule import HookedRootModule
 
+from phaseinterp._checks import check_layer
 from phaseinterp.errors import UserInputError
+from phaseinterp.models.protocol import has_hooks
 from phaseinterp.models.compressor import GateParameters
 from phaseinterp.models.hf.attention import BlockHooks, NormHooks
 from phaseinterp.models.hf.chunking import check_query_chunk, is_chunked
@@ -191,9 +193,8 @@ class HookedDeepseekV4(HookedRootModule):
         forward brings them). While any hook is attached it is the full forward. What
         `phase_profile` and gate cycling read."""
         from phaseinterp.models.hf.last_position import last_layer_at_p
-        from phaseinterp.models.transformer import _has_hooks
 
-        if any(_has_hooks(h) for h in self.hook_dict.values()):
+        if any(has_hooks(h) for h in self.hook_dict.values()):
             return self(tokens)[:, -1]
         self._check_tokens(tokens)
         streams, (tokens, position_ids, _, rope) = self._through(self.blocks[:-1], *self._decoder_inputs(tokens))
@@ -210,9 +211,7 @@ class HookedDeepseekV4(HookedRootModule):
 
     # --------------------------------------------------------------- metadata
     def _check_layer(self, layer: int) -> None:
-        n = self.cfg.n_layers
-        if isinstance(layer, bool) or not isinstance(layer, int) or not (0 <= layer < n):
-            raise UserInputError(f"layer={layer!r} is out of range for a {n}-layer model (0..{n - 1})")
+        check_layer(layer, self.cfg.n_layers)
 
     def _compressor(self, layer: int) -> CompressorHooks:
         self._check_layer(layer)
