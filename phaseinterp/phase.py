@@ -9,7 +9,6 @@ integer tensors (broadcast against each other), so the attention masks use them 
 
 from __future__ import annotations
 
-import numbers
 from typing import Any
 
 from phaseinterp._checks import check_int

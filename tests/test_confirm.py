@@ -10,12 +10,11 @@ import pytest
 import torch
 from scipy import stats as scipy_stats
 
-from phaseinterp import CompressedConfig, CompressedTransformer
+from phaseinterp import CompressedTransformer
 from phaseinterp.interventions import AblationResult, ConfirmResult, confirm, mean_ablation, replacement_ablation
 from phaseinterp.interventions.confirm import ablation_agreement, confirm_nominations, nominate_heads
 from phaseinterp.interventions.gate_stats import GateProfile
 from conftest import make_model, small_task
-from phaseinterp.tasks import KeyValueRetrieval
 
 TASK = small_task()
 BASE = dict(d_vocab=TASK.vocab.size, n_ctx=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_head=8,
@@ -37,7 +36,7 @@ def test_norm_matched_and_resample_ablations_match_a_direct_reference(prompts):
     calib = TASK.calibration(8, seed=1)
     pos = int(prompts.answer_pos[0])
     _, cache = model.run_with_cache(calib.tokens[:, : pos + 1], names_filter=lambda n: n.endswith("hook_z"))
-    calib_z = torch.stack([cache[f"blocks.{l}.attn.hook_z"][:, pos] for l in range(2)], 1)  # [cal, layer, head, d]
+    calib_z = torch.stack([cache[f"blocks.{layer}.attn.hook_z"][:, pos] for layer in range(2)], 1)  # [cal, layer, head, d]
     mean = calib_z.mean(0)
     donors = torch.as_tensor(np.random.default_rng(0).integers(0, 8, len(prompts.answer)))
     heads = [2, 3]  # KV head 1 of layer 1

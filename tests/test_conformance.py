@@ -137,7 +137,7 @@ def test_answer_phase_variants_delete_fillers_only(w4s4):
     batch = task.generate(1, seed=0, strict=False)
     variants = engines.check.answer_phase_variants(batch.tokens, task.vocab.filler_ids, 4, range(4))
     fillers = torch.tensor(task.vocab.filler_ids)
-    for a, (tokens, removed) in variants.items():
+    for a, (tokens, _removed) in variants.items():
         assert (tokens.shape[1] - 1) % 4 == a
         for row in range(len(tokens)):
             kept = batch.tokens[row][~torch.isin(batch.tokens[row], fillers)]

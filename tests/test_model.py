@@ -184,8 +184,8 @@ def test_cache_clone_and_repeat_are_independent():
 def expected_hook_shapes(cfg: CompressedConfig, batch: int, T: int) -> dict[str, tuple]:
     H, KV, dh, dm = cfg.n_heads, cfg.n_kv_heads, cfg.d_head, cfg.d_model
     shapes = {"hook_embed": (batch, T, dm), "ln_final.hook_normalized": (batch, T, dm)}
-    for l in range(cfg.n_layers):
-        b = f"blocks.{l}"
+    for layer in range(cfg.n_layers):
+        b = f"blocks.{layer}"
         for name in ("hook_resid_pre", "hook_resid_mid", "hook_resid_post", "hook_attn_out", "hook_mlp_out"):
             shapes[f"{b}.{name}"] = (batch, T, dm)
         shapes[f"{b}.mlp.hook_post"] = (batch, T, cfg.d_mlp)

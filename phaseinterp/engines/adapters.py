@@ -153,7 +153,7 @@ def _last_logprobs(logits: Float[Tensor, "batch pos d_vocab"]) -> Float[Tensor, 
 
 def is_hf_wrapper(model: torch.nn.Module) -> bool:
     """A phaseinterp wrapper around a transformers model (``model.hf``)."""
-    return hasattr(model, "hf") and hasattr(getattr(model, "hf"), "config")
+    return hasattr(model, "hf") and hasattr(model.hf, "config")
 
 
 def engine_for(model: torch.nn.Module, schedule: Optional[Schedule] = None, name: str = "reference"):

@@ -37,7 +37,7 @@ ABLATIONS = ("mean", "resample", "norm_matched")
 @torch.inference_mode()
 def _answer_z(model, tokens: torch.Tensor, answer_pos: int, batch_size: int) -> torch.Tensor:
     """``hook_z`` at ``answer_pos`` of every prompt: ``[prompt, layer, head, d_head]``."""
-    names = [f"blocks.{l}.attn.hook_z" for l in range(model.cfg.n_layers)]
+    names = [f"blocks.{layer}.attn.hook_z" for layer in range(model.cfg.n_layers)]
     out = []
     for i in range(0, tokens.shape[0], batch_size):
         chunk = tokens[i : i + batch_size, : answer_pos + 1].to(model_device(model))
@@ -97,7 +97,7 @@ def replacement_ablation(model, task=None, *, method: str = "resample", layer=No
             for u, unit in enumerate(units.itertuples()):
                 heads = list(unit.heads)
 
-                def replace(z, hook, layer=unit.layer, heads=heads):
+                def replace(z, hook, layer=unit.layer, heads=heads, donor_z=donor_z):
                     z = z.clone()
                     if method == "resample":
                         z[:, answer_pos, heads] = donor_z[:, layer, heads].to(z.dtype)

@@ -63,7 +63,7 @@ def _answer_stats(logits: torch.Tensor, ans: torch.Tensor):
 def calibration_mean_z(model, tokens: torch.Tensor, answer_pos: int, batch_size: int = 64) -> torch.Tensor:
     """Mean ``hook_z`` at ``answer_pos`` over calibration prompts: ``[layer, head, d_head]``."""
     family = phase_model(model)
-    names = [family.knockout_point(l, 0).hook for l in range(family.n_layers)]
+    names = [family.knockout_point(layer, 0).hook for layer in range(family.n_layers)]
     total = None
     for i in range(0, tokens.shape[0], batch_size):
         chunk = tokens[i : i + batch_size, : answer_pos + 1].to(model_device(model))

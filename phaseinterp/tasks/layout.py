@@ -6,8 +6,6 @@ given position, `filler_gaps` distributes the fillers (``prefix`` or ``in_sequen
 padding), `lay_out` writes the tokens.
 """
 
-from typing import Any
-
 import numpy as np
 from jaxtyping import Int
 

@@ -302,7 +302,6 @@ def export_release(model: Any, out: Union[str, Path], *, fp8: bool = False, fp8_
     experts are then `mxfp4_roundtrip` of the model's, see `round_experts_mxfp4`), ``"fp8"`` (FP8
     blocks like the dense weights; needs ``fp8=True``) or ``"float"`` (unquantized, at ``dtype``).
     """
-    import torch
     from safetensors.torch import save
 
     from phaseinterp._checks import parse_size
