@@ -154,7 +154,7 @@ def test_answer_phase_variants_delete_fillers_only(w4s4):
     (dict(tolerance={"nope": 1.0}), "not a setting of this check"),
     (dict(tolerance={"decode": -1.0}), "must be a finite number > 0"),
     (dict(tolerance={"decode": ("median", 1.0)}), "statistic 'median'"),
-    (dict(n_per_residue=0), "n_per_residue=0 is out of range"),
+    (dict(n_per_residue=0), "n_per_residue=0 must be an integer >= 1"),
     (dict(engines={"decode": lambda t: t}), "engine name 'decode'"),
 ])
 def test_bad_input_is_refused_before_any_work(w4s4, kwargs, match):
