@@ -61,8 +61,12 @@ def main() -> None:
     fresh, cached = [], []
     for _ in range(args.repeats):
         retrieval._cached_placement.cache_clear()
-        t0 = time.perf_counter(); task.generate(250, seed=0); fresh.append(time.perf_counter() - t0)
-        t0 = time.perf_counter(); task.generate(250, seed=0); cached.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        task.generate(250, seed=0)
+        fresh.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        task.generate(250, seed=0)
+        cached.append(time.perf_counter() - t0)
     f, c = statistics.median(fresh), statistics.median(cached)
     print(f"| generate(250, seed=0), 6,000 prompts | placement solved {f:.2f} s | placement cached {c:.2f} s | "
           f"{f / c:.1f}x (median of {args.repeats}) |")

@@ -27,7 +27,7 @@ def main() -> None:
     t = time.time()
     model = pi.zoo.load(args.model)
     task = pi.zoo.task_for(model)
-    csa = [l for l, k in enumerate(model.cfg.layer_types) if k == "compressed_sparse_attention"]
+    csa = [layer for layer, k in enumerate(model.cfg.layer_types) if k == "compressed_sparse_attention"]
     for layers in (csa[:1], csa):
         res = force_target_selection(model, task, layers=layers, n_per_residue=args.n_per_residue, seed=0)
         print(res)

@@ -28,7 +28,7 @@ def main() -> None:
     model = pi.zoo.load(args.model)
     task = pi.zoo.task_for(model)
     S = model.cfg.stride
-    csa = [l for l, k in enumerate(model.cfg.layer_types) if k == "compressed_sparse_attention"]
+    csa = [layer for layer, k in enumerate(model.cfg.layer_types) if k == "compressed_sparse_attention"]
     res = pi.gate_cycling_profile(model, task, shifts=list(range(1, S)), layers=csa, n_per_residue=args.n_per_residue,
                           n_boot=200, progress=False)
     print(res.phase_accuracy().round(3).to_string())

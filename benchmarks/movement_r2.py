@@ -35,7 +35,7 @@ import torch  # noqa: E402
 import phaseinterp as pi  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cycling_table import MODELS, run_model  # noqa: E402
+from cycling_table import run_model  # noqa: E402
 
 
 def _fmt(x: float, digits: int = 2) -> str:

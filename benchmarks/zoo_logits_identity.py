@@ -3,11 +3,14 @@
 python benchmarks/zoo_logits_identity.py record|compare  (record before a change, compare after;
 the reference lives in the git-ignored runs/issue11/)
 """
-import sys, os
+import sys
 from pathlib import Path
+
 import torch
-torch.set_num_threads(1)
+
 from phaseinterp.models import CompressedTransformer
+
+torch.set_num_threads(1)
 
 OUT = Path("runs/issue11/reference_logits.pt")
 CK = Path("phaseinterp/zoo/checkpoints")
@@ -27,7 +30,8 @@ def run_all(names=None):
             cache = m.init_cache()
             pieces, s = [], 0
             for n in (1, 3, 5, 7, 16, T - 32):
-                pieces.append(m(tokens[:, s:s + n], cache=cache)); s += n
+                pieces.append(m(tokens[:, s:s + n], cache=cache))
+                s += n
             inc = torch.cat(pieces, 1)
             # forward_last: the last token in 2 variants over the prefix cache
             cache = m.init_cache()

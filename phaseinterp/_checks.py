@@ -1,5 +1,5 @@
-"""Input checks shared by the experiments and the CLI: each raises a ValueError naming the
-value and the valid range, before any expensive work."""
+"""Input checks shared by the experiments and the CLI: each raises a `UserInputError` (a ValueError)
+naming the value and the valid range, before any expensive work."""
 
 from __future__ import annotations
 
@@ -13,17 +13,35 @@ MAX_PROMPTS = 500_000  # per call: n_per_residue * R; more would allocate gigaby
 
 
 
-def check_int(name: str, value: Any, low: int = 1, high: int | None = None) -> int:
-    """``value`` as an int if it is an integer in ``low..high``; else a ValueError naming it."""
+def check_int(name: str, value: Any, low: int = 1, high: int | None = None, why: str = "") -> int:
+    """``value`` as an int if it is an integer (a numpy integer too, never a bool) in ``low..high``
+    (``high=None``: no upper bound); else a `UserInputError` naming it and the valid range, with
+    ``why`` appended (`` (one chunk makes attention trivial)``). The one integer check of the package."""
     import numbers
 
+    span = f">= {low}" if high is None else f"in {low}..{high}"
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise UserInputError(f"{name}={value!r} must be an integer >= {low}")
+        raise UserInputError(f"{name}={value!r} must be an integer {span}{why}")
     value = int(value)
     if value < low or (high is not None and value > high):
-        span = f">= {low}" if high is None else f"in {low}..{high}"
-        raise UserInputError(f"{name}={value} is out of range (must be {span})")
+        if high is None:
+            raise UserInputError(f"{name}={value} must be an integer {span}{why}")
+        raise UserInputError(f"{name}={value} is out of range (valid: {low}..{high}){why}")
     return value
+
+
+def check_layer(layer: Any, n_layers: int, name: str = "layer") -> int:
+    """``layer`` as an int if it indexes a layer of an ``n_layers``-layer model (``0..n_layers-1``);
+    else (a bool, a negative or too large index, a non-integer) a `UserInputError` naming it and the
+    valid range: ``layer=31 is out of range for a 12-layer model (0..11)``. The one layer check."""
+    import numbers
+
+    if isinstance(layer, bool) or not isinstance(layer, numbers.Integral):
+        raise UserInputError(f"{name}={layer!r} is not a layer index (an integer in 0..{n_layers - 1} for a "
+                             f"{n_layers}-layer model)")
+    if not 0 <= layer < n_layers:
+        raise UserInputError(f"{name}={int(layer)} is out of range for a {n_layers}-layer model (0..{n_layers - 1})")
+    return int(layer)
 
 
 def check_n_per_residue(value: Any, modulus: int | None = None, name: str = "n_per_residue") -> int:

@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from phaseinterp._checks import check_int
 from phaseinterp.errors import UserInputError
 
 COMPRESSION_KERNELS = ("gated", "deepseek")
@@ -20,11 +21,6 @@ OFFSET_SHORTHANDS = ("staggered", "staggered_layers")
 def _choice(name: str, value: Any, options: tuple) -> None:
     if value not in options:
         raise UserInputError(f"{name}={value!r} is not one of {options}")
-
-
-def _at_least(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise UserInputError(f"{name}={value!r} must be an integer >= {minimum}")
 
 
 @dataclass
@@ -96,7 +92,7 @@ class CompressedConfig:
 
     def __post_init__(self) -> None:
         for name in ("d_vocab", "n_ctx", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_head", "d_mlp"):
-            _at_least(name, getattr(self, name), 1)
+            check_int(name, getattr(self, name), 1)
         if self.n_heads % self.n_kv_heads != 0:
             raise UserInputError(
                 f"n_heads={self.n_heads} must be divisible by n_kv_heads={self.n_kv_heads} "
@@ -126,8 +122,8 @@ class CompressedConfig:
                 raise UserInputError(f"window_offsets={self.window_offsets!r} needs a compressed model (compression=None)")
             return
         _choice("compression", self.compression, COMPRESSION_KERNELS)
-        _at_least("stride", self.stride, 1)
-        _at_least("window", self.window, 1)
+        check_int("stride", self.stride, 1)
+        check_int("window", self.window, 1)
         if self.window < self.stride:
             raise UserInputError(
                 f"window={self.window} must be >= stride={self.stride} (valid: window in {self.stride}..)"
@@ -136,7 +132,7 @@ class CompressedConfig:
         _choice("payload", self.payload, PAYLOADS)
         _choice("memory", self.memory, MEMORY_POLICIES)
         if self.memory == "local":
-            _at_least("local_window", self.local_window, 1)
+            check_int("local_window", self.local_window, 1)
         if self.compression == "deepseek":
             if self.window not in (self.stride, 2 * self.stride):
                 raise UserInputError(

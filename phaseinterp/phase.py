@@ -9,9 +9,9 @@ integer tensors (broadcast against each other), so the attention masks use them 
 
 from __future__ import annotations
 
-import numbers
 from typing import Any
 
+from phaseinterp._checks import check_int
 from phaseinterp.errors import UserInputError
 
 
@@ -28,8 +28,7 @@ def _at_least_zero(x: Any) -> Any:
 
 def check_residue_modulus(modulus: int, stride: int) -> None:
     """Residues mod ``modulus`` fold to phases mod ``stride`` only when S divides R."""
-    if isinstance(stride, bool) or not isinstance(stride, numbers.Integral) or stride < 1:
-        raise UserInputError(f"stride={stride!r} must be an integer >= 1")
+    check_int("stride", stride, 1)
     if modulus % stride:
         divisors = [d for d in range(1, modulus + 1) if modulus % d == 0]
         raise UserInputError(

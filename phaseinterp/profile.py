@@ -281,8 +281,7 @@ def phase_profile(
         stride = family.stride
         if stride is None:
             raise UserInputError("the model has no cfg.stride; pass stride= explicitly")
-    if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
-        raise UserInputError(f"stride={stride!r} must be an integer >= 1")
+    stride = check_int("stride", stride, 1)
     batch = _prompts(task, n_per_residue, seed, stride, tokenizer)
     R = batch.residue_modulus
     d_vocab, n_ctx = getattr(cfg, "d_vocab", None), getattr(cfg, "n_ctx", None)  # optional for GenericModel
@@ -383,8 +382,7 @@ def _engine_profile(engine: Any, task: Any, n_per_residue: int, *, seed: int, ba
     if stride is None:
         raise UserInputError(f"phase_profile(engine, ...) needs stride=: the compression stride S of the model "
                              f"behind {name!r} (an engine does not report it)")
-    if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
-        raise UserInputError(f"stride={stride!r} must be an integer >= 1")
+    stride = check_int("stride", stride, 1)
     d_vocab = getattr(engine, "d_vocab", None)
     size = len(tokenizer) if tokenizer is not None and hasattr(tokenizer, "__len__") else None
     if d_vocab is not None and size is not None and size > d_vocab:

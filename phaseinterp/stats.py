@@ -11,6 +11,7 @@ from einops import reduce
 from jaxtyping import Float
 from scipy import stats as scipy_stats
 
+from phaseinterp.errors import UserInputError
 from phaseinterp.phase import check_residue_modulus
 
 # Inputs accepted wherever numpy would take them (scalars, arrays, lists, pandas Series).
@@ -19,7 +20,7 @@ ArrayLike = int | float | np.number | np.ndarray | Sequence[Any] | pd.Series
 
 def _z(confidence: float) -> float:
     if not 0 < confidence < 1:
-        raise ValueError(f"confidence={confidence} is out of range (0, 1)")
+        raise UserInputError(f"confidence={confidence} is out of range (0, 1)")
     return float(scipy_stats.norm.ppf(0.5 + confidence / 2))
 
 
@@ -34,7 +35,7 @@ def wilson_interval(
     k_arr = np.asarray(k, dtype=np.float64)
     n_arr = np.asarray(n, dtype=np.float64)
     if np.any(n_arr < 0) or np.any(k_arr < 0) or np.any(k_arr > n_arr):
-        raise ValueError(f"need 0 <= k <= n (got k={k}, n={n})")
+        raise UserInputError(f"need 0 <= k <= n (got k={k}, n={n})")
     z = _z(confidence)
     with np.errstate(invalid="ignore", divide="ignore"):
         p = k_arr / n_arr
@@ -80,17 +81,17 @@ def cluster_bootstrap(
     _, cluster_idx = np.unique(np.asarray(clusters).reshape(-1), return_inverse=True)
     g = np.zeros(len(x), dtype=np.int64) if groups is None else np.asarray(groups, dtype=np.int64).reshape(-1)
     if not len(x) == len(cluster_idx) == len(g):
-        raise ValueError(f"values ({len(x)}), clusters ({len(cluster_idx)}) and groups ({len(g)}) must have equal lengths")
+        raise UserInputError(f"values ({len(x)}), clusters ({len(cluster_idx)}) and groups ({len(g)}) must have equal lengths")
     if len(x) == 0:
-        raise ValueError("cluster_bootstrap needs at least one observation")
+        raise UserInputError("cluster_bootstrap needs at least one observation")
     n_groups = int(g.max()) + 1 if n_groups is None else n_groups
     if g.min() < 0 or g.max() >= n_groups:
-        raise ValueError(f"group labels must lie in 0..{n_groups - 1} (got {g.min()}..{g.max()})")
+        raise UserInputError(f"group labels must lie in 0..{n_groups - 1} (got {g.min()}..{g.max()})")
     if n_replicates < 1:
-        raise ValueError(f"n_replicates={n_replicates} must be >= 1")
+        raise UserInputError(f"n_replicates={n_replicates} must be >= 1")
     z_alpha = (1 - confidence) / 2
     if not 0 < z_alpha < 0.5:
-        raise ValueError(f"confidence={confidence} is out of range (0, 1)")
+        raise UserInputError(f"confidence={confidence} is out of range (0, 1)")
     n_clusters = int(cluster_idx.max()) + 1
     sums = np.zeros((n_clusters, n_groups))
     counts = np.zeros((n_clusters, n_groups))
@@ -124,7 +125,7 @@ def gap(values: ArrayLike) -> float:
     """Best minus worst: ``max - min`` (NaNs ignored)."""
     arr = np.asarray(values, dtype=np.float64)
     if arr.size == 0 or np.all(np.isnan(arr)):
-        raise ValueError("gap needs at least one non-NaN value")
+        raise UserInputError("gap needs at least one non-NaN value")
     return float(np.nanmax(arr) - np.nanmin(arr))
 
 
@@ -215,17 +216,17 @@ def detect_period(
     x = np.asarray(profile, dtype=np.float64).reshape(-1)
     R = len(x)
     if np.isnan(x).any():
-        raise ValueError("profile contains NaN (a residue without prompts?)")
+        raise UserInputError("profile contains NaN (a residue without prompts?)")
     if periods is None:
         periods = [P for P in range(2, R // 2 + 1) if R % P == 0]
     periods = sorted(int(P) for P in periods)
     for P in periods:
         if P < 2 or P >= R or R % P:
-            raise ValueError(f"candidate period {P} must divide R={R} and lie in 2..{R - 1}")
+            raise UserInputError(f"candidate period {P} must divide R={R} and lie in 2..{R - 1}")
     if not 0 < alpha < 1:
-        raise ValueError(f"alpha={alpha} is out of range (0, 1)")
+        raise UserInputError(f"alpha={alpha} is out of range (0, 1)")
     if not 0 < min_share <= 1:
-        raise ValueError(f"min_share={min_share} is out of range (0, 1]")
+        raise UserInputError(f"min_share={min_share} is out of range (0, 1]")
     power = np.abs(np.fft.rfft(x)) ** 2 / R
     if not periods or np.ptp(x) <= 1e-12 * max(1.0, np.abs(x).max()):
         return PeriodTest(None, None, 1.0, 0.0, {P: 0.0 for P in periods}, power, alpha,
@@ -275,7 +276,7 @@ def homogeneity_test(k: ArrayLike, n: ArrayLike) -> ChiSquareTest:
     k_arr = np.asarray(k, dtype=np.int64).reshape(-1)
     n_arr = np.asarray(n, dtype=np.int64).reshape(-1)
     if k_arr.shape != n_arr.shape or np.any(k_arr < 0) or np.any(k_arr > n_arr):
-        raise ValueError(f"need matching k and n with 0 <= k <= n (got k={k_arr}, n={n_arr})")
+        raise UserInputError(f"need matching k and n with 0 <= k <= n (got k={k_arr}, n={n_arr})")
     keep = n_arr > 0
     table = np.stack([k_arr[keep], n_arr[keep] - k_arr[keep]], axis=1)
     if table.shape[0] < 2 or np.any(table.sum(axis=0) == 0):
@@ -295,13 +296,13 @@ def adjust_p_values(p_values: ArrayLike, method: str = "holm") -> np.ndarray:
     ``p_adj_(i) = min_{j >= i} min(1, m p_(j) / j)``. Reject where ``p_adj <= alpha``.
     """
     if method not in ("holm", "bh"):
-        raise ValueError(f"method={method!r} is not one of ('holm', 'bh')")
+        raise UserInputError(f"method={method!r} is not one of ('holm', 'bh')")
     p = np.asarray(p_values, dtype=np.float64)
     flat = p.reshape(-1)
     out = np.full(flat.shape, np.nan)
     ok = np.flatnonzero(np.isfinite(flat))
     if np.any((flat[ok] < 0) | (flat[ok] > 1)):
-        raise ValueError("p-values must lie in [0, 1]")
+        raise UserInputError("p-values must lie in [0, 1]")
     m = ok.size
     if m == 0:
         return out.reshape(p.shape)
@@ -342,10 +343,10 @@ def paired_change(before: ArrayLike, after: ArrayLike, alpha: ArrayLike = 0.05) 
     b = np.asarray(before, dtype=bool)
     a = np.asarray(after, dtype=bool)
     if b.shape != a.shape:
-        raise ValueError(f"before {b.shape} and after {a.shape} must have the same shape")
+        raise UserInputError(f"before {b.shape} and after {a.shape} must have the same shape")
     alpha_arr = np.asarray(alpha, dtype=np.float64)
     if np.any((alpha_arr <= 0) | (alpha_arr >= 1)):
-        raise ValueError(f"alpha={alpha} is out of range (0, 1)")
+        raise UserInputError(f"alpha={alpha} is out of range (0, 1)")
     n = np.full(b.shape[1:], b.shape[0], dtype=np.int64)
     lost = (b & ~a).sum(0)
     gained = (~b & a).sum(0)

@@ -36,7 +36,7 @@ def test_norm_matched_and_resample_ablations_match_a_direct_reference(prompts):
     calib = TASK.calibration(8, seed=1)
     pos = int(prompts.answer_pos[0])
     _, cache = model.run_with_cache(calib.tokens[:, : pos + 1], names_filter=lambda n: n.endswith("hook_z"))
-    calib_z = torch.stack([cache[f"blocks.{l}.attn.hook_z"][:, pos] for l in range(2)], 1)  # [cal, layer, head, d]
+    calib_z = torch.stack([cache[f"blocks.{layer}.attn.hook_z"][:, pos] for layer in range(2)], 1)  # [cal, layer, head, d]
     mean = calib_z.mean(0)
     donors = torch.as_tensor(np.random.default_rng(0).integers(0, 8, len(prompts.answer)))
     heads = [2, 3]  # KV head 1 of layer 1

@@ -137,7 +137,7 @@ def test_answer_phase_variants_delete_fillers_only(w4s4):
     batch = task.generate(1, seed=0, strict=False)
     variants = engines.check.answer_phase_variants(batch.tokens, task.vocab.filler_ids, 4, range(4))
     fillers = torch.tensor(task.vocab.filler_ids)
-    for a, (tokens, removed) in variants.items():
+    for a, (tokens, _removed) in variants.items():
         assert (tokens.shape[1] - 1) % 4 == a
         for row in range(len(tokens)):
             kept = batch.tokens[row][~torch.isin(batch.tokens[row], fillers)]
@@ -154,7 +154,7 @@ def test_answer_phase_variants_delete_fillers_only(w4s4):
     (dict(tolerance={"nope": 1.0}), "not a setting of this check"),
     (dict(tolerance={"decode": -1.0}), "must be a finite number > 0"),
     (dict(tolerance={"decode": ("median", 1.0)}), "statistic 'median'"),
-    (dict(n_per_residue=0), "n_per_residue=0 is out of range"),
+    (dict(n_per_residue=0), "n_per_residue=0 must be an integer >= 1"),
     (dict(engines={"decode": lambda t: t}), "engine name 'decode'"),
 ])
 def test_bad_input_is_refused_before_any_work(w4s4, kwargs, match):

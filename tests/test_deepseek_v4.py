@@ -98,8 +98,8 @@ def expected_shapes(T: int, B: int = 2) -> dict[str, tuple]:
     n_csa, n_hca = T // S, T // R
     L = 6  # sliding_window: the band of exact tokens in the key layout
     shapes = {"hook_embed": (B, T, D), "ln_final.hook_normalized": (B, T, D)}
-    for l, (kind, n, W) in enumerate([(CSA, n_csa, 2 * S), (HCA, n_hca, R), (CSA, n_csa, 2 * S)]):
-        p = f"blocks.{l}."
+    for layer, (kind, n, W) in enumerate([(CSA, n_csa, 2 * S), (HCA, n_hca, R), (CSA, n_csa, 2 * S)]):
+        p = f"blocks.{layer}."
         shapes.update({p + h: (B, T, hc, D) for h in ("hook_resid_pre", "hook_resid_mid", "hook_resid_post")})
         shapes.update({p + h: (B, T, D) for h in ("ln1.hook_normalized", "hook_attn_out", "ln2.hook_normalized",
                                                   "hook_mlp_out")})
@@ -501,8 +501,8 @@ def test_model_protocol_describes_every_layer():
     model = from_hf(make_hf(layer_types=["sliding_attention", CSA, HCA]))
     family = phase_model(model)
     assert isinstance(family, DeepseekV4Family) and isinstance(family, PhaseModel)
-    assert [family.layer_stride(l) for l in range(3)] == [None, S, R]
-    assert [family.layer_window(l) for l in range(3)] == [None, 2 * S, R]
+    assert [family.layer_stride(layer) for layer in range(3)] == [None, S, R]
+    assert [family.layer_window(layer) for layer in range(3)] == [None, 2 * S, R]
     assert family.compressed_layers == [1, 2] and family.indexer_layers == [1]
     assert family.boundary_phases(0) == () and family.boundary_phases(1) == (S - 1,)
     assert family.boundary_phases(2) == ((R - 1) % S,)
@@ -532,8 +532,8 @@ def test_fast_knockouts_equal_the_hooked_full_forward(layer_types, length):
     answer = torch.randint(0, TASK.vocab.size, (5,), generator=gen)
     mean_z = torch.randn(3, 4, 16, generator=gen)
     groups = model.o_group_heads()
-    units = pd.DataFrame([dict(layer=l, kv_head=0, heads=(0, 1, 2, 3)) for l in range(3)]
-                         + [dict(layer=l, kv_head=-1 - i, heads=tuple(g)) for l in (0, 2) for i, g in enumerate(groups)])
+    units = pd.DataFrame([dict(layer=layer, kv_head=0, heads=(0, 1, 2, 3)) for layer in range(3)]
+                         + [dict(layer=layer, kv_head=-1 - i, heads=tuple(g)) for layer in (0, 2) for i, g in enumerate(groups)])
     fast = knockout_measures(model, tokens, length - 1, answer, units, mean_z, batch_size=3)
     naive = _naive_knockouts(model, tokens, length - 1, answer, units, mean_z, 3, None)
     for name, a, b in zip(fast._fields, fast, naive):

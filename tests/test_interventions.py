@@ -452,7 +452,7 @@ def test_a_user_s_hook_z_ablation_equals_the_built_in_fast_ablation(zoo_model, n
     for u, unit in enumerate(batched.units.itertuples()):
         heads, seen = list(unit.heads), []
 
-        def mean_replace(z, hook):  # what a user writes: the answer is the last position
+        def mean_replace(z, hook, heads=heads, seen=seen):  # what a user writes: the answer is the last position
             seen.append((tuple(z.shape), hook.ctx["query_range"]))
             z = z.clone()
             z[:, -1, heads] = mean_z[layer, heads].to(z.dtype)

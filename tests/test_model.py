@@ -184,8 +184,8 @@ def test_cache_clone_and_repeat_are_independent():
 def expected_hook_shapes(cfg: CompressedConfig, batch: int, T: int) -> dict[str, tuple]:
     H, KV, dh, dm = cfg.n_heads, cfg.n_kv_heads, cfg.d_head, cfg.d_model
     shapes = {"hook_embed": (batch, T, dm), "ln_final.hook_normalized": (batch, T, dm)}
-    for l in range(cfg.n_layers):
-        b = f"blocks.{l}"
+    for layer in range(cfg.n_layers):
+        b = f"blocks.{layer}"
         for name in ("hook_resid_pre", "hook_resid_mid", "hook_resid_post", "hook_attn_out", "hook_mlp_out"):
             shapes[f"{b}.{name}"] = (batch, T, dm)
         shapes[f"{b}.mlp.hook_post"] = (batch, T, cfg.d_mlp)
@@ -614,7 +614,7 @@ def test_a_hook_z_hook_takes_the_last_position_path(name, length):
         full = model(tokens)[:, -1]
         with model.hooks(fwd_hooks=[("blocks.0.attn.hook_z", watch), ("blocks.1.attn.hook_z", watch)]):
             got = model.last_logits(tokens)
-        assert seen == [(f"blocks.{l}.attn.hook_z", (3, 1, 4, 8), (p, p + 1)) for l in (0, 1)]
+        assert seen == [(f"blocks.{layer}.attn.hook_z", (3, 1, 4, 8), (p, p + 1)) for layer in (0, 1)]
         assert model.path_counts["last_position"] == 1 and model.path_counts["full"] == 0
         torch.testing.assert_close(got, full, rtol=0, atol=1e-5)
         reference = model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.attn.hook_z", knock)])[:, -1]

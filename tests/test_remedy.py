@@ -141,8 +141,8 @@ def test_twin_run_with_another_architecture_staggers_layers(tmp_path):
     for run in runs.values():
         assert run.model.cfg.n_kv_heads == 1 and run.model.cfg.payload == "shared"
     stag, base = runs["staggered"].model, runs["baseline"].model
-    assert [stag.boundary_phases(l) for l in range(2)] == [(3,), (1,)]
-    assert [base.boundary_phases(l) for l in range(2)] == [(3,), (3,)]
+    assert [stag.boundary_phases(layer) for layer in range(2)] == [(3,), (1,)]
+    assert [base.boundary_phases(layer) for layer in range(2)] == [(3,), (3,)]
     with pytest.raises(ValueError, match="architecture key 'n_kv_head' is not"):  # a typo, refused before training
         twin_run("baseline", 1, tmp_path, architecture={"n_kv_head": 1}, stop_at=2)
     assert not (tmp_path / "baseline_seed1").exists()

@@ -376,7 +376,7 @@ def test_docstring_probe_changes_only_the_docstring(tmp_path):
     probe = DocstringProbe.synthetic(vocab)
     frame, prompts, right, wrong = probe.build(vocab)
     assert len(frame) == 3 * 16
-    for family, group in frame.groupby("family"):
+    for _family, group in frame.groupby("family"):
         ids = [prompts[i] for i in group.index]
         lengths = [len(p) for p in ids]
         assert np.diff(lengths).tolist() == [1] * 15

@@ -47,11 +47,11 @@ def test_check_equiangular_rejects_a_violation():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(heads=3), r"heads=3 is out of range \(1..2\)"),
+    (dict(heads=3), r"heads=3 is out of range \(valid: 1..2\)"),
     (dict(heads=0), r"heads=0 is out of range"),
-    (dict(N=5), r"N=5 is out of range \(>= 6\)"),
-    (dict(L=1, N=6), r"L=1 is out of range"),
-    (dict(S=1, heads=1), r"S=1 is out of range"),
+    (dict(N=5), r"N=5 must be an integer >= 6"),
+    (dict(L=1, N=6), r"L=1 must be an integer >= 2"),
+    (dict(S=1, heads=1), r"S=1 must be an integer >= 2"),
     (dict(eps=0.2), r"eps=0.2 is out of range \[0, 0.166667\)"),
     (dict(eps=-0.01), r"eps=-0.01 is out of range"),
     (dict(kappa=-0.5), r"kappa=-0.5 is out of range"),

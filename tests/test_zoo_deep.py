@@ -14,7 +14,6 @@ import dataclasses
 import functools
 
 import numpy as np
-import pytest
 import torch
 
 import phaseinterp as pi

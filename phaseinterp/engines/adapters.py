@@ -24,6 +24,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from phaseinterp.errors import UserInputError
+
 Schedule = Callable[[int], Sequence[int]]  # prompt length -> piece lengths (they sum to the length)
 
 
@@ -59,11 +61,11 @@ def chunked_pieces(length: int, cut_phase: int, period: int, chunk: int) -> list
     of the same phase.
     """
     if chunk % period:
-        raise ValueError(f"chunk={chunk} must be a multiple of the cut period {period}")
+        raise UserInputError(f"chunk={chunk} must be a multiple of the cut period {period}")
     first = cut_phase if cut_phase > 0 else period
     last_cut = length - 1 - ((length - 1 - cut_phase) % period)  # largest e <= length-1, e = cut_phase mod period
     if last_cut < first:
-        raise ValueError(f"a prompt of {length} tokens is too short for cuts at phase {cut_phase} mod {period}")
+        raise UserInputError(f"a prompt of {length} tokens is too short for cuts at phase {cut_phase} mod {period}")
     pieces, pos = [first], first
     while pos < last_cut:
         step = min(chunk, last_cut - pos)
@@ -75,7 +77,7 @@ def chunked_pieces(length: int, cut_phase: int, period: int, chunk: int) -> list
 def _check_pieces(pieces: Sequence[int], length: int) -> list[int]:
     pieces = [int(p) for p in pieces]
     if any(p < 1 for p in pieces) or sum(pieces) != length:
-        raise ValueError(f"schedule pieces {pieces} must be positive and sum to the prompt length {length}")
+        raise UserInputError(f"schedule pieces {pieces} must be positive and sum to the prompt length {length}")
     return pieces
 
 
@@ -87,8 +89,8 @@ class CacheEngine:
 
     def __init__(self, model: torch.nn.Module, schedule: Optional[Schedule] = None, name: str = "reference"):
         if not hasattr(model, "init_cache"):
-            raise ValueError(f"CacheEngine needs a model with init_cache() (a CompressedTransformer), got "
-                             f"{type(model).__name__}")
+            raise UserInputError(f"CacheEngine needs a model with init_cache() (a CompressedTransformer), got "
+                                f"{type(model).__name__}")
         self.model, self.schedule, self.name = model, schedule, name
 
     @property
@@ -117,7 +119,7 @@ class TransformersEngine:
 
     def __init__(self, hf_model: torch.nn.Module, schedule: Optional[Schedule] = None, name: str = "reference"):
         if not hasattr(hf_model, "config") or not callable(hf_model):
-            raise ValueError(f"TransformersEngine needs a transformers model, got {type(hf_model).__name__}")
+            raise UserInputError(f"TransformersEngine needs a transformers model, got {type(hf_model).__name__}")
         self.hf, self.schedule, self.name = hf_model, schedule, name
         params = inspect.signature(hf_model.forward).parameters
         # transformers 5.x renames past_key_values -> cache for DeepSeek-V4 (the old name warns).
@@ -151,7 +153,7 @@ def _last_logprobs(logits: Float[Tensor, "batch pos d_vocab"]) -> Float[Tensor, 
 
 def is_hf_wrapper(model: torch.nn.Module) -> bool:
     """A phaseinterp wrapper around a transformers model (``model.hf``)."""
-    return hasattr(model, "hf") and hasattr(getattr(model, "hf"), "config")
+    return hasattr(model, "hf") and hasattr(model.hf, "config")
 
 
 def engine_for(model: torch.nn.Module, schedule: Optional[Schedule] = None, name: str = "reference"):
@@ -163,8 +165,8 @@ def engine_for(model: torch.nn.Module, schedule: Optional[Schedule] = None, name
         return TransformersEngine(model.hf, schedule, name)
     if hasattr(model, "config") and hasattr(model, "generate"):
         return TransformersEngine(model, schedule, name)
-    raise ValueError(f"no in-process engine for {type(model).__name__}: pass a CompressedTransformer, a "
-                     "HookedDeepseekV4 (phaseinterp.zoo.load('dsv4-tiny')) or a transformers causal LM")
+    raise UserInputError(f"no in-process engine for {type(model).__name__}: pass a CompressedTransformer, a "
+                        "HookedDeepseekV4 (phaseinterp.zoo.load('dsv4-tiny')) or a transformers causal LM")
 
 
 def cast_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:

@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional, Union
 import numpy as np
 import torch
 
+from phaseinterp._checks import check_int
 from phaseinterp.errors import EngineError, UserInputError
 from phaseinterp._files import atomic_write, check_output_dir, json_default, progress_bar
 
@@ -196,10 +197,8 @@ def engine_answers(
     of another run (engine name, prompts or batch size) is refused, naming the field.
     """
     name = check_engine(engine)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise UserInputError(f"batch_size={batch_size!r} must be an integer >= 1 (prompts per engine call)")
-    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-        raise UserInputError(f"retries={retries!r} must be an integer >= 0 (further tries of a failing batch)")
+    batch_size = check_int("batch_size", batch_size, 1, why=" (prompts per engine call)")
+    retries = check_int("retries", retries, 0, why=" (further tries of a failing batch)")
     if isinstance(retry_wait, bool) or not isinstance(retry_wait, (int, float)) or not 0 <= retry_wait < float("inf"):
         raise UserInputError(f"retry_wait={retry_wait!r} must be a finite number of seconds >= 0")
     d_vocab = getattr(engine, "d_vocab", None)

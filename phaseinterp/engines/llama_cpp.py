@@ -92,7 +92,7 @@ class LlamaCppEngine:
                                  f"it at its own batch boundaries; raise n_batch (valid: up to n_ctx={self.n_ctx})")
         return pieces
 
-    def logits(self, row: Int[Tensor, "pos"]) -> np.ndarray:
+    def logits(self, row: Int[Tensor, " pos"]) -> np.ndarray:
         """The float32 logits after ``row``'s last token, the prompt fed in this engine's pieces."""
         ids = [int(t) for t in row.tolist()]
         if len(ids) > self.n_ctx:

@@ -34,6 +34,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from phaseinterp._checks import check_int
 from phaseinterp.errors import EngineError, UserInputError
 
 RETRYABLE_HTTP = (408, 429, 500, 502, 503, 504)  # the server is busy or restarting: worth another try
@@ -70,10 +71,8 @@ class OpenAIEngine:
         if not parts.hostname or parts.query or parts.fragment:
             raise UserInputError(f"base_url={base_url!r} must be http(s)://HOST[:PORT][/PATH] with a host and no "
                                  "query or fragment, e.g. http://localhost:8000")
-        if isinstance(d_vocab, bool) or not isinstance(d_vocab, int) or d_vocab < 1:
-            raise UserInputError(f"d_vocab={d_vocab!r} must be an integer >= 1")
-        if isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int) or top_logprobs < 1:
-            raise UserInputError(f"top_logprobs={top_logprobs!r} must be an integer >= 1")
+        d_vocab = check_int("d_vocab", d_vocab, 1)
+        top_logprobs = check_int("top_logprobs", top_logprobs, 1)
         base = base_url.rstrip("/")
         self.url = base + ("/completions" if base.endswith("/v1") else "/v1/completions")
         self.model, self.d_vocab, self.top_logprobs = model, d_vocab, top_logprobs

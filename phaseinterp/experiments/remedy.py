@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from phaseinterp.errors import UserInputError
 from phaseinterp._files import atomic_write
 from phaseinterp.phase import boundary_phase, n_closed_windows
 from phaseinterp.results import Result
@@ -37,8 +38,8 @@ def _zoo_defaults(window: int, stride: int, architecture: Optional[dict[str, Any
     valid = sorted({f.name for f in dataclasses.fields(CompressedConfig)} - fixed)
     for key in architecture:
         if key not in valid:
-            raise ValueError(f"architecture key {key!r} is not a CompressedConfig setting the twins may change "
-                             f"(valid: {', '.join(valid)})")
+            raise UserInputError(f"architecture key {key!r} is not a CompressedConfig setting the twins may change "
+                                f"(valid: {', '.join(valid)})")
     compression = dict(compression="gated", window=window, stride=stride, gate="scalar")
     for key in ("gate", "payload"):  # compression options; the rest are backbone overrides
         if key in architecture:
@@ -67,13 +68,13 @@ def twin_run(
     from phaseinterp.train import latest_checkpoint, train
 
     if variant not in VARIANTS:
-        raise ValueError(f"variant={variant!r} is not one of {VARIANTS}")
+        raise UserInputError(f"variant={variant!r} is not one of {VARIANTS}")
     task, model_config, tc = _zoo_defaults(window, stride, architecture)
     tc = dataclasses.replace(tc, seed=seed, eval_every=eval_every, checkpoint_every=eval_every,
                              probe_per_residue=probe_per_residue, snapshot_steps=())
     stop_at = tc.steps if stop_at is None else stop_at
     if not (1 <= stop_at <= tc.steps):
-        raise ValueError(f"stop_at={stop_at} is out of range 1..{tc.steps} (the recipe's steps)")
+        raise UserInputError(f"stop_at={stop_at} is out of range 1..{tc.steps} (the recipe's steps)")
     config = model_config(task.vocab.size).replace(seed=seed, window_offsets=offsets if variant == "staggered" else None)
     run_dir = Path(out_dir) / f"{variant}_seed{seed}"
     ckpt = latest_checkpoint(run_dir / "checkpoints")
@@ -249,7 +250,7 @@ def compare_remedy(
     from phaseinterp.profile import phase_profile
 
     if len(seeds) == 0:
-        raise ValueError("seeds=() is empty; pass at least one seed (3 or more for a result)")
+        raise UserInputError("seeds=() is empty; pass at least one seed (3 or more for a result)")
     curves, profiles, memory, boundaries = [], [], [], {}
     steps = None
     task = _zoo_defaults(window, stride, architecture)[0]
@@ -286,7 +287,7 @@ def train_share(out_dir: Union[str, Path], stop_at: int, worker: int, n_workers:
     robin), each to ``stop_at`` steps, so `compare_remedy` later only evaluates. Command line:
     ``python -m phaseinterp.experiments remedy OUT STOP W/N``."""
     if not 0 <= worker < n_workers:
-        raise ValueError(f"worker={worker} is out of range 0..{n_workers - 1}")
+        raise UserInputError(f"worker={worker} is out of range 0..{n_workers - 1}")
     runs = [(v, s) for s in seeds for v in VARIANTS]
     for i, (variant, seed) in enumerate(runs):
         if i % n_workers == worker:

@@ -7,6 +7,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from phaseinterp._checks import check_layer
 from phaseinterp.errors import UserInputError
 
 
@@ -33,8 +34,7 @@ def check_layers(model, layer, name: str = "layer") -> list[int]:
     else:
         raise UserInputError(f"{name}={layer!r} must be an integer layer index in 0..{n - 1}, a list of them, or None")
     for value in layers:
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not (0 <= value < n):
-            raise UserInputError(f"{name}={value!r} is out of range for a {n}-layer model (0..{n - 1})")
+        check_layer(value, n, name)
     repeated = sorted({int(v) for v in layers if layers.count(v) > 1})
     if repeated:
         raise UserInputError(f"{name}={list(layer)!r} repeats layer(s) {repeated}; list each layer once")

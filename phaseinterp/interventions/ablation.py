@@ -351,12 +351,8 @@ def ablate(
         raise UserInputError(f"prompts={type(prompts).__name__} is not a prompt batch (task.generate(n_per_residue))")
     elif len(prompts) == 0:
         raise UserInputError("prompts holds 0 prompts")
-    if isinstance(n_calibration, bool) or not isinstance(n_calibration, int) or not (
-            modulus <= n_calibration <= MAX_PROMPTS):
-        raise UserInputError(
-            f"n_calibration={n_calibration!r} is out of range ({modulus}..{MAX_PROMPTS}): the mean needs at least "
-            f"one calibration prompt per residue (R={modulus})"
-        )
+    check_int("n_calibration", n_calibration, modulus, MAX_PROMPTS,
+              why=f": the mean needs at least one calibration prompt per residue (R={modulus})")
     if device is not None:
         model = model.to(device)
     batch = prompts if prompts is not None else task.generate(n_per_residue, seed=seed)

@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from phaseinterp.errors import UserInputError
 from phaseinterp._files import progress_bar
 from phaseinterp.interventions._common import fixed_answer_position, model_device
 from phaseinterp.results import Result
@@ -36,7 +37,7 @@ ABLATIONS = ("mean", "resample", "norm_matched")
 @torch.inference_mode()
 def _answer_z(model, tokens: torch.Tensor, answer_pos: int, batch_size: int) -> torch.Tensor:
     """``hook_z`` at ``answer_pos`` of every prompt: ``[prompt, layer, head, d_head]``."""
-    names = [f"blocks.{l}.attn.hook_z" for l in range(model.cfg.n_layers)]
+    names = [f"blocks.{layer}.attn.hook_z" for layer in range(model.cfg.n_layers)]
     out = []
     for i in range(0, tokens.shape[0], batch_size):
         chunk = tokens[i : i + batch_size, : answer_pos + 1].to(model_device(model))
@@ -62,7 +63,7 @@ def replacement_ablation(model, task=None, *, method: str = "resample", layer=No
     from phaseinterp.interventions.ablation import AblationResult, _units, ablate
 
     if method not in ABLATIONS:
-        raise ValueError(f"method={method!r} is not one of {ABLATIONS}")
+        raise UserInputError(f"method={method!r} is not one of {ABLATIONS}")
     if method == "mean":
         return ablate(model, task, layer=layer, n_per_residue=n_per_residue, n_calibration=n_calibration,
                              seed=seed, calibration_seed=calibration_seed, batch_size=batch_size, prompts=prompts,
@@ -70,14 +71,14 @@ def replacement_ablation(model, task=None, *, method: str = "resample", layer=No
     from phaseinterp.interventions._common import check_layers
 
     if getattr(model, "training", False):
-        raise ValueError("replacement_ablation needs the model in eval mode; call model.eval() first")
+        raise UserInputError("replacement_ablation needs the model in eval mode; call model.eval() first")
     task = resolve_task(model, task)
     units = _units(model, check_layers(model, layer), "kv_head", None)
     batch = prompts if prompts is not None else task.generate(n_per_residue, seed=seed)
     answer_pos = fixed_answer_position(batch)
     calib = task.calibration(n_calibration, seed=calibration_seed)
     if fixed_answer_position(calib) != answer_pos:
-        raise ValueError("calibration prompts must share the evaluation prompts' answer position")
+        raise UserInputError("calibration prompts must share the evaluation prompts' answer position")
     calib_z = _answer_z(model, calib.tokens, answer_pos, batch_size)  # [cal, layer, head, d]
     mean_z = calib_z.mean(0)
     n = batch.tokens.shape[0]
@@ -96,7 +97,7 @@ def replacement_ablation(model, task=None, *, method: str = "resample", layer=No
             for u, unit in enumerate(units.itertuples()):
                 heads = list(unit.heads)
 
-                def replace(z, hook, layer=unit.layer, heads=heads):
+                def replace(z, hook, layer=unit.layer, heads=heads, donor_z=donor_z):
                     z = z.clone()
                     if method == "resample":
                         z[:, answer_pos, heads] = donor_z[:, layer, heads].to(z.dtype)
@@ -305,20 +306,20 @@ def confirm(model, task=None, *, n_per_residue: int = 72, n_calibration: int = 2
     from phaseinterp.interventions.gate_stats import gate_profile
 
     if correction not in ("holm", "bh"):
-        raise ValueError(f"correction={correction!r} is not one of ('holm', 'bh')")
+        raise UserInputError(f"correction={correction!r} is not one of ('holm', 'bh')")
     methods = tuple(methods)
     if "mean" not in methods or any(m not in ABLATIONS for m in methods):
-        raise ValueError(f"methods={methods!r} must include 'mean' and be drawn from {ABLATIONS}")
+        raise UserInputError(f"methods={methods!r} must include 'mean' and be drawn from {ABLATIONS}")
     if len({seed, nomination_seed}) < 2:
-        raise ValueError(f"seed={seed} and nomination_seed={nomination_seed} must differ (disjoint splits)")
+        raise UserInputError(f"seed={seed} and nomination_seed={nomination_seed} must differ (disjoint splits)")
     if not model.cfg.is_compressed:
-        raise ValueError("confirm: the full-attention model (compression=None) has no gates to nominate or shift")
+        raise UserInputError("confirm: the full-attention model (compression=None) has no gates to nominate or shift")
     task = resolve_task(model, task)
     batch = prompts if prompts is not None else task.generate(n_per_residue, seed=seed)
     nomination_batch = (nomination_prompts if nomination_prompts is not None
                         else task.generate(nominate_per_residue, seed=nomination_seed, strict=False))
     if _row_keys(batch.tokens) & _row_keys(nomination_batch.tokens):
-        raise ValueError(f"evaluation (seed={seed}) and nomination (seed={nomination_seed}) prompts overlap")
+        raise UserInputError(f"evaluation (seed={seed}) and nomination (seed={nomination_seed}) prompts overlap")
     results = {}
     for method in methods:
         results[method] = replacement_ablation(model, task, method=method, n_calibration=n_calibration,

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from phaseinterp._checks import check_int
 from phaseinterp.errors import UserInputError
 
 
@@ -355,9 +356,7 @@ def _movement_arrays(displacement: np.ndarray, applied: np.ndarray) -> tuple[np.
 def _check_movement_inputs(displacement, shifts, stride) -> tuple[np.ndarray, np.ndarray, int]:
     import numbers
 
-    if isinstance(stride, bool) or not isinstance(stride, numbers.Integral) or stride < 2:
-        raise UserInputError(f"stride={stride!r} must be an integer >= 2 (a phase needs at least two values)")
-    stride = int(stride)
+    stride = check_int("stride", stride, 2, why=" (a phase needs at least two values)")
     shifts = list(np.asarray(shifts).reshape(-1)) if not isinstance(shifts, (list, tuple)) else list(shifts)
     for d in shifts:
         if isinstance(d, (bool, np.bool_)) or not isinstance(d, numbers.Integral):

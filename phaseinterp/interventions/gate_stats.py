@@ -124,7 +124,7 @@ def gate_profile(model, task=None, *, n_per_residue: int = 8, seed: int = 0, bat
     W, S = cfg.window, family.stride
     layers = family.compressed_layers  # an uncompressed layer (sliding-window-only) has no gates
     # one hook per gate: where K and V share one (DeepSeek kernels, tied gates), both branches read it
-    hook_of = {(l, br): family.gate_hook(l, br) for l in layers for br in ("k", "v")}
+    hook_of = {(layer, br): family.gate_hook(layer, br) for layer in layers for br in ("k", "v")}
     names = sorted(set(hook_of.values()))
     sums = {n: 0.0 for n in names}
     conc = {n: 0.0 for n in names}
@@ -142,20 +142,20 @@ def gate_profile(model, task=None, *, n_per_residue: int = 8, seed: int = 0, bat
             conc[n] = conc[n] + _entropy_exp(a, axis=2).sum(axis=(0, 1)).mean(-1)  # [kv]
             count[n] += a.shape[0] * a.shape[1]
     slot_rows, head_rows = [], []
-    for l in layers:
-        offsets = family.window_offsets(l)
+    for layer in layers:
+        offsets = family.window_offsets(layer)
         for br in ("k", "v"):
-            n = hook_of[(l, br)]
+            n = hook_of[(layer, br)]
             mean_alpha = sums[n] / count[n]  # [slot, kv]
             window_conc = conc[n] / count[n]
-            static = _static_alpha(model, l, br)  # [slot, kv]
-            for kv in family.kv_heads(l):
+            static = _static_alpha(model, layer, br)  # [slot, kv]
+            for kv in family.kv_heads(layer):
                 for s in range(W):
                     phase = (s + offsets[kv]) % S  # the head's own window grid
-                    slot_rows.append(dict(layer=l, kv_head=kv, branch=br, slot=s, phase=phase,
+                    slot_rows.append(dict(layer=layer, kv_head=kv, branch=br, slot=s, phase=phase,
                                           mean_alpha=float(mean_alpha[s, kv]), static_alpha=float(static[s, kv])))
                 head_rows.append(dict(
-                    layer=l, kv_head=kv, branch=br, preferred_slot=int(mean_alpha[:, kv].argmax()),
+                    layer=layer, kv_head=kv, branch=br, preferred_slot=int(mean_alpha[:, kv].argmax()),
                     static_preferred_slot=int(static[:, kv].argmax()),
                     static_concentration=float(_entropy_exp(mean_alpha[:, kv], 0)),
                     window_concentration=float(window_conc[kv]),

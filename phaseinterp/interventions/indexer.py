@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from phaseinterp._checks import check_int, check_layer
 from phaseinterp.errors import UserInputError
 from phaseinterp import stats
 from phaseinterp.results import Result
@@ -55,7 +56,7 @@ class IndexerPhaseResult(Result):
 
     @property
     def layers(self) -> list[int]:
-        return sorted(int(l) for l in self.records.layer.unique())
+        return sorted(int(layer) for layer in self.records.layer.unique())
 
     def to_frame(self, level: str = "phase", metric: str = "value_selected") -> pd.DataFrame:
         """One row per (layer, phase|residue): ``n``, the ``metric`` rate with its Wilson interval,
@@ -77,8 +78,7 @@ class IndexerPhaseResult(Result):
     def rate_at(self, k: int) -> pd.DataFrame:
         """Value-entry selection rate by (layer, phase) had the indexer kept its top ``k`` (from the ranks;
         ties count as kept, so at the model's own k this can exceed ``value_selected``)."""
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise UserInputError(f"k={k!r} must be an integer >= 1")
+        k = check_int("k", k, 1)
         hit = self.records.assign(hit=(self.records.value_rank >= 0) & (self.records.value_rank < k))
         return hit.groupby(["layer", "phase"]).hit.mean().unstack("phase")
 
@@ -133,6 +133,7 @@ def _setup(model, task, layers, n_per_residue: int, seed: int, prompts, what: st
                          "layers (phaseinterp.from_hf / load_hf)")
     layers = csa if layers is None else [layers] if isinstance(layers, int) else list(layers)
     for layer in layers:
+        check_layer(layer, family.n_layers)
         if layer not in csa:
             raise UserInputError(f"layer={layer!r} is not a CSA layer (CSA layers: {csa})")
     task = resolve_task(model, task)
@@ -151,16 +152,16 @@ def indexer_phase(model, task=None, *, layers: Optional[Sequence[int]] = None, n
     """
     layers, task, batch, answer_pos, S, key_tokens = _setup(model, task, layers, n_per_residue, seed, prompts,
                                                             "indexer_phase")
-    names = [f"blocks.{l}.attn.compressor.indexer.{h}" for l in layers for h in ("hook_scores", "hook_selected")]
+    names = [f"blocks.{layer}.attn.compressor.indexer.{h}" for layer in layers for h in ("hook_scores", "hook_selected")]
     device = model_device(model)
-    scores = {l: [] for l in layers}
-    selected = {l: [] for l in layers}
+    scores = {layer: [] for layer in layers}
+    selected = {layer: [] for layer in layers}
     for i in range(0, batch.tokens.shape[0], batch_size):
         chunk = batch.tokens[i : i + batch_size, : answer_pos + 1].to(device)
         _, cache = model.run_with_cache(chunk, names_filter=names, return_type=None, return_cache_object=False)
-        for l in layers:
-            scores[l].append(cache[f"blocks.{l}.attn.compressor.indexer.hook_scores"][:, answer_pos].float().cpu())
-            selected[l].append(cache[f"blocks.{l}.attn.compressor.indexer.hook_selected"][:, answer_pos].cpu())
+        for layer in layers:
+            scores[layer].append(cache[f"blocks.{layer}.attn.compressor.indexer.hook_scores"][:, answer_pos].float().cpu())
+            selected[layer].append(cache[f"blocks.{layer}.attn.compressor.indexer.hook_selected"][:, answer_pos].cpu())
     meta = batch.meta.reset_index(drop=True)
     target = meta["target_pos"].to_numpy().astype(np.int64)
     value = target + key_tokens
@@ -168,9 +169,9 @@ def indexer_phase(model, task=None, *, layers: Optional[Sequence[int]] = None, n
     n_closed = np.full(n, (answer_pos + 1) // S)
     top_k = 0
     frames = []
-    for l in layers:
-        sc = torch.cat(scores[l]).numpy()  # [prompt, entry]
-        sel = torch.cat(selected[l]).numpy()  # [prompt, k]
+    for layer in layers:
+        sc = torch.cat(scores[layer]).numpy()  # [prompt, entry]
+        sel = torch.cat(selected[layer]).numpy()  # [prompt, k]
         top_k = max(top_k, sel.shape[1])
         chosen = np.zeros(sc.shape, dtype=bool)
         rows = np.repeat(np.arange(n), sel.shape[1])
@@ -178,7 +179,7 @@ def indexer_phase(model, task=None, *, layers: Optional[Sequence[int]] = None, n
         chosen[rows[keep], sel.reshape(-1)[keep]] = True
         hold_v, hold_k = _holding(value, S, n_closed), _holding(target, S, n_closed)
 
-        def any_chosen(hold):
+        def any_chosen(hold, chosen=chosen):
             return np.array([any(j >= 0 and chosen[p, j] for j in hold[p]) for p in range(n)])
 
         pair = np.array([any(j >= 0 and chosen[p, j] and j in hold_k[p] for j in hold_v[p]) for p in range(n)])
@@ -187,7 +188,7 @@ def indexer_phase(model, task=None, *, layers: Optional[Sequence[int]] = None, n
         rank = np.array([int((finite[p] > best[p]).sum()) if np.isfinite(best[p]) else -1 for p in range(n)])
         kth = -np.sort(-finite, axis=1)[:, min(sel.shape[1], finite.shape[1]) - 1] if finite.shape[1] else np.full(n, np.nan)
         frames.append(pd.DataFrame({
-            "prompt": np.arange(n), "layer": l, "residue": meta["residue"].to_numpy(),
+            "prompt": np.arange(n), "layer": layer, "residue": meta["residue"].to_numpy(),
             "phase": target % S, "target_pos": target, "value_pos": value,
             "value_selected": any_chosen(hold_v), "key_selected": any_chosen(hold_k), "pair_selected": pair,
             "value_rank": rank, "value_margin": best - kth, "n_closed": n_closed,
@@ -290,7 +291,7 @@ def force_target_selection(model, task=None, *, layers: Optional[Sequence[int]] 
             return sel
 
         clean.append(model(chunk)[:, answer_pos].argmax(-1).cpu())
-        hooks = [(f"blocks.{l}.attn.compressor.indexer.hook_selected", force) for l in layers]
+        hooks = [(f"blocks.{layer}.attn.compressor.indexer.hook_selected", force) for layer in layers]
         forced.append(model.run_with_hooks(chunk, fwd_hooks=hooks)[:, answer_pos].argmax(-1).cpu())
     records = pd.DataFrame({
         "prompt": np.arange(len(meta)), "residue": meta["residue"].to_numpy(), "phase": target % S,

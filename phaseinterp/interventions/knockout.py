@@ -24,6 +24,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from phaseinterp.errors import UserInputError
 from phaseinterp.interventions._common import model_device
 from phaseinterp.models.paths import record_path
 from phaseinterp.models.protocol import phase_model
@@ -66,7 +67,7 @@ def _answer_stats(logits: torch.Tensor, ans: torch.Tensor):
 def calibration_mean_z(model, tokens: torch.Tensor, answer_pos: int, batch_size: int = 64) -> torch.Tensor:
     """Mean ``hook_z`` at ``answer_pos`` over calibration prompts: ``[layer, head, d_head]``."""
     family = phase_model(model)
-    names = [family.knockout_point(l, 0).hook for l in range(family.n_layers)]
+    names = [family.knockout_point(layer, 0).hook for layer in range(family.n_layers)]
     total = None
     for i in range(0, tokens.shape[0], batch_size):
         chunk = tokens[i : i + batch_size, : answer_pos + 1].to(model_device(model))
@@ -168,7 +169,7 @@ def shifted_knockouts(model, tokens, answer_pos: int, answer, units, variants, c
     Elsewhere it is that per-variant loop. ``bar`` (optional) advances by one per prompt and variant."""
     layers = sorted({int(layer) for layer in units.layer})
     if len(layers) != 1:
-        raise ValueError(f"shifted_knockouts takes the units of one layer, got layers {layers}")
+        raise UserInputError(f"shifted_knockouts takes the units of one layer, got layers {layers}")
     L = layers[0]
     if not shares_lower_layers(model):
         out = []

@@ -398,10 +398,8 @@ def gate_cycling_unit(
     check_int("batch_size", batch_size, 1)
     check_int("n_boot", n_boot, 1)
     modulus = task.residue_modulus
-    if isinstance(n_calibration, bool) or not isinstance(n_calibration, int) or not (
-            modulus <= n_calibration <= MAX_PROMPTS):
-        raise UserInputError(f"n_calibration={n_calibration!r} is out of range ({modulus}..{MAX_PROMPTS}): the mean "
-                         f"needs at least one calibration prompt per residue (R={modulus})")
+    check_int("n_calibration", n_calibration, modulus, MAX_PROMPTS,
+              why=f": the mean needs at least one calibration prompt per residue (R={modulus})")
     S = model.cfg.stride
     shifts = check_shifts(shifts, S)
     if prompts is None:

@@ -43,6 +43,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from transformer_lens.hook_points import HookPoint
 
+from phaseinterp.errors import UserInputError
 from phaseinterp.config import CompressedConfig
 from phaseinterp.models.cache import LayerCache
 from phaseinterp.models.compressor import Compressor, RMSNorm, rms_norm
@@ -185,9 +186,9 @@ class CompressedAttention(nn.Module):
         """
         cfg = self.cfg
         if query_pos < 0 or query_pos >= cfg.n_ctx:
-            raise ValueError(f"query_pos={query_pos} is out of range 0..{cfg.n_ctx - 1}")
+            raise UserInputError(f"query_pos={query_pos} is out of range 0..{cfg.n_ctx - 1}")
         if not (0 <= kv_head < cfg.n_kv_heads):
-            raise ValueError(f"kv_head={kv_head} is out of range 0..{cfg.n_kv_heads - 1}")
+            raise UserInputError(f"kv_head={kv_head} is out of range 0..{cfg.n_kv_heads - 1}")
         if not cfg.is_compressed:
             n = n_key_slots if n_key_slots is not None else query_pos + 1
             return [("token", [p]) if p <= query_pos else ("masked", []) for p in range(n)]
@@ -424,7 +425,7 @@ class CompressedAttention(nn.Module):
 
     def _scores_hooked(self) -> bool:
         """A hook reads or edits ``hook_attn_scores``/``hook_pattern``: they must have the full shape."""
-        return any(h._forward_hooks or h._backward_hooks for h in (self.hook_attn_scores, self.hook_pattern))
+        return has_hooks(self.hook_attn_scores) or has_hooks(self.hook_pattern)
 
     def _attend_queries(
         self,

@@ -126,7 +126,7 @@ class Compressor(nn.Module):
     def gate_parameters(self, branch: str = "k") -> GateParameters:
         """The per-slot gate parameters of ``branch`` (``"k"`` or ``"v"``); see `GateParameters`."""
         if branch not in ("k", "v"):
-            raise ValueError(f"branch={branch!r} is not one of ('k', 'v')")
+            raise UserInputError(f"branch={branch!r} is not one of ('k', 'v')")
         cfg = self.cfg
         if cfg.compression == "deepseek":
             slot_half = torch.arange(cfg.window, device=self.gate_proj.device) // cfg.stride

@@ -28,7 +28,10 @@ Z_HOOK = re.compile(r"blocks\.\d+\.attn\.hook_z")
 
 
 def has_hooks(point) -> bool:
-    """A forward, forward-pre or backward hook is attached to the hook point."""
+    """Whether a hook is attached to ``point`` (a TransformerLens ``HookPoint``): a forward,
+    forward-pre or backward hook, as ``run_with_hooks``, ``hooks()`` and ``add_hook`` attach them.
+    The one such test of the package: a fast path that skips or reshapes a hook point's value runs
+    only while this is False for every point it would skip, so attaching a hook never goes unseen."""
     return bool(point._forward_hooks or point._forward_pre_hooks or point._backward_hooks)
 
 

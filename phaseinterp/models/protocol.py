@@ -15,11 +15,13 @@ KV head's mean replacement happens (`KnockoutPoint`), which parameters a gate sh
 
 from __future__ import annotations
 
+import sys
 from typing import Any, NamedTuple, Optional, Protocol, runtime_checkable
 from pathlib import Path
 
 import torch
 
+from phaseinterp._checks import check_layer
 from phaseinterp.errors import UserInputError
 from phaseinterp.phase import boundary_phase
 
@@ -158,9 +160,7 @@ class _Family:
         return []
 
     def _check_layer(self, layer: int) -> None:
-        n = self.n_layers
-        if isinstance(layer, bool) or not isinstance(layer, int) or not (0 <= layer < n):
-            raise UserInputError(f"layer={layer!r} is out of range for a {n}-layer model (0..{n - 1})")
+        check_layer(layer, self.n_layers)
 
     def kv_heads(self, layer: int) -> dict[int, list[int]]:
         self._check_layer(layer)
@@ -356,11 +356,12 @@ def phase_model(model) -> PhaseModel:
     """The `PhaseModel` adapter of ``model`` (an adapter passes through)."""
     if isinstance(model, _Family):
         return model
-    from phaseinterp.models.transformer import CompressedTransformer
-
-    if isinstance(model, CompressedTransformer):
+    # Each family's module is loaded iff such a model exists; looking it up (not importing it) keeps
+    # this module below the models.
+    own = sys.modules.get("phaseinterp.models.transformer")
+    if own is not None and isinstance(model, own.CompressedTransformer):
         return CompressedFamily(model)
-    hf = __import__("sys").modules.get("phaseinterp.models.hf.deepseek_v4")  # loaded iff such a model exists
+    hf = sys.modules.get("phaseinterp.models.hf.deepseek_v4")
     if hf is not None and isinstance(model, hf.HookedDeepseekV4):
         return DeepseekV4Family(model)
     return GenericModel(model)

@@ -117,7 +117,7 @@ def reference_attention(attn, x):
             q = rope(q, t, dims, cfg.rope_base)
             keys, values = [], []
 
-            def exact(p):
+            def exact(p, kv=kv, keys=keys, values=values):
                 k = k_tok[p, kv]
                 if cfg.qk_norm:
                     k = rms(k, attn.k_norm.w, cfg.norm_eps)

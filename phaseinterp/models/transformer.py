@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from collections import Counter
 from typing import Any, Optional, Union
@@ -50,6 +49,7 @@ from torch import Tensor
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.HookedRootModule import HookedRootModule
 
+from phaseinterp._checks import check_layer
 from phaseinterp.errors import UserInputError
 from phaseinterp._files import atomic_write
 from phaseinterp.config import CompressedConfig
@@ -405,9 +405,7 @@ class CompressedTransformer(HookedRootModule):
         return self.blocks[layer].attn.compressor.gate_parameters(branch)
 
     def _check_layer(self, layer: int) -> None:
-        n = self.cfg.n_layers
-        if isinstance(layer, bool) or not isinstance(layer, int) or not (0 <= layer < n):
-            raise UserInputError(f"layer={layer!r} is out of range for a {n}-layer model (0..{n - 1})")
+        check_layer(layer, self.cfg.n_layers)
 
     def key_slot_sources(self, layer: int, query_pos: int, n_key_slots: Optional[int] = None, kv_head: int = 0):
         """``(kind, source positions)`` of each key slot of ``hook_pattern`` for one query reading

@@ -29,6 +29,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 import numpy as np
 import torch
 
+from phaseinterp._checks import check_int
 from phaseinterp.errors import UserInputError
 from phaseinterp._files import atomic_write, check_write_target, json_default, progress_bar
 from phaseinterp.parallel.launch import Launch, all_gather, gather_to_main, init_distributed, raise_any, rank_device
@@ -122,9 +123,7 @@ def _run(plan: _Plan, batch, out_dir, launch: Launch, progress: bool):
 
 # --------------------------------------------------------------- experiments
 def _check_chunk_size(chunk_size) -> int:
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise UserInputError(f"chunk_size={chunk_size!r} must be an integer >= 1 (prompts per shard file)")
-    return chunk_size
+    return check_int("chunk_size", chunk_size, 1, why=" (prompts per shard file)")
 
 
 def _setup(model, task, prompts, n_per_residue, seed, device, chunk_size, model_sha256):

@@ -12,6 +12,8 @@ from typing import Iterable, Iterator, Mapping, Optional, Union
 
 import plotly.graph_objects as go
 
+from phaseinterp.errors import UserInputError
+
 STATIC_FORMATS = ("png", "svg", "pdf")
 _BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
 
@@ -51,7 +53,7 @@ def save(fig: go.Figure, path: Union[str, Path], formats: Iterable[str] | None =
     kinds = list(formats) if formats is not None else [path.suffix.lstrip(".").lower() or "html"]
     bad = [k for k in kinds if k not in ("html",) + STATIC_FORMATS]
     if bad:
-        raise ValueError(f"format(s) {bad} not supported; use html, png, svg or pdf")
+        raise UserInputError(f"format(s) {bad} not supported; use html, png, svg or pdf")
     path.parent.mkdir(parents=True, exist_ok=True)
     written = []
     for kind in kinds:
@@ -75,7 +77,7 @@ def save_static(figures: Mapping[Union[str, Path], go.Figure], scale: float = 2.
     kinds = [t.suffix.lstrip(".").lower() for t in targets]
     bad = sorted({k for k in kinds if k not in STATIC_FORMATS})
     if bad:
-        raise ValueError(f"format(s) {bad} not supported by save_static; use png, svg or pdf")
+        raise UserInputError(f"format(s) {bad} not supported by save_static; use png, svg or pdf")
     if not targets:
         return []
     _check_static(targets[0].name)

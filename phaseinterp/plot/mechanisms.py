@@ -7,6 +7,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from phaseinterp.errors import UserInputError
+
 FONT = dict(family="Helvetica, Arial, sans-serif", size=13)
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2"]
 
@@ -33,9 +35,9 @@ def specialization_heatmap(result, level: str = "phase", zmax: float | None = No
     gap separates layers; the boundary phase S-1 is marked.
     """
     if value not in ("auto", "pp", "relative"):
-        raise ValueError(f"value={value!r} is not one of ('auto', 'pp', 'relative')")
+        raise UserInputError(f"value={value!r} is not one of ('auto', 'pp', 'relative')")
     if level not in ("phase", "residue"):
-        raise ValueError(f"level={level!r} is not one of ('phase', 'residue')")
+        raise UserInputError(f"level={level!r} is not one of ('phase', 'residue')")
     rel = result.relative_change if level == "phase" else result.relative_change_residue
     if level == "phase":
         pp = result.absolute_change

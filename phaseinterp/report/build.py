@@ -5,7 +5,6 @@ folder that replaces the target in one step."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
 from dataclasses import dataclass, field

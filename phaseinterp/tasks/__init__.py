@@ -8,6 +8,7 @@ padding), `splits` (seed streams and the evaluation/calibration parity), `batche
 
 from typing import Any
 
+from phaseinterp.errors import UserInputError
 from phaseinterp.tasks.batches import TaskBatch, TrainBatch
 from phaseinterp.tasks.docstring import DocstringProbe, DocstringResult
 from phaseinterp.tasks.needle import NeedleRetrieval, TokenPools
@@ -23,7 +24,7 @@ def task_from_dict(d: dict[str, Any]) -> KeyValueRetrieval | NeedleRetrieval:
     """Rebuild a task stored with ``task.to_dict()`` (dispatches on its ``kind``)."""
     kind = d.get("kind")
     if kind not in _TASKS:
-        raise ValueError(f"kind={kind!r} is not a known task ({sorted(_TASKS)})")
+        raise UserInputError(f"kind={kind!r} is not a known task ({sorted(_TASKS)})")
     return _TASKS[kind].from_dict(d)
 
 
@@ -35,13 +36,13 @@ def resolve_task(model, task=None):
     metadata = getattr(model, "metadata", {})
     stored = metadata.get("task")
     if not isinstance(stored, dict):
-        raise ValueError(
+        raise UserInputError(
             "no task given and the model has no stored evaluation task (model.metadata['task']); "
             "pass task=KeyValueRetrieval(...)"
         )
     kind = metadata.get("task_type", "KeyValueRetrieval")
     if kind not in _TASKS:
-        raise ValueError(f"stored task type {kind!r} is not a phaseinterp task (known: {sorted(_TASKS)})")
+        raise UserInputError(f"stored task type {kind!r} is not a phaseinterp task (known: {sorted(_TASKS)})")
     return _TASKS[kind].from_dict(stored)
 
 

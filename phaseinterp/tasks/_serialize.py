@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from phaseinterp.errors import UserInputError
 from phaseinterp.results import settings_repr, settings_repr_html
 from phaseinterp.tasks.vocab import Vocab
 
@@ -14,11 +15,11 @@ def task_from_fields(cls, d: dict[str, Any]):
     d = dict(d)
     kind = d.pop("kind", cls.__name__)
     if kind != cls.__name__:
-        raise ValueError(f"kind={kind!r} is not {cls.__name__!r}")
+        raise UserInputError(f"kind={kind!r} is not {cls.__name__!r}")
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = set(d) - known
     if unknown:
-        raise ValueError(f"unknown {cls.__name__} fields {sorted(unknown)}; valid fields: {sorted(known)}")
+        raise UserInputError(f"unknown {cls.__name__} fields {sorted(unknown)}; valid fields: {sorted(known)}")
     if "vocab" in d:
         d["vocab"] = Vocab.from_dict(d["vocab"])
     return cls(**d)

@@ -9,6 +9,8 @@ import torch
 from jaxtyping import Bool, Int
 from torch import Tensor
 
+from phaseinterp.errors import UserInputError
+
 
 @dataclass(frozen=True, eq=False)
 class TaskBatch:
@@ -32,10 +34,10 @@ class TaskBatch:
 
     def __post_init__(self) -> None:
         if len(self.meta) != self.tokens.shape[0]:
-            raise ValueError(f"meta has {len(self.meta)} rows but there are {self.tokens.shape[0]} prompts")
+            raise UserInputError(f"meta has {len(self.meta)} rows but there are {self.tokens.shape[0]} prompts")
         bad = (self.answer_pos < 0) | (self.answer_pos >= self.tokens.shape[1])
         if bool(bad.any()):
-            raise ValueError(f"answer_pos must lie in 0..{self.tokens.shape[1] - 1}")
+            raise UserInputError(f"answer_pos must lie in 0..{self.tokens.shape[1] - 1}")
 
     def __len__(self) -> int:
         return self.tokens.shape[0]

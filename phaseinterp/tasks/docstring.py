@@ -6,6 +6,7 @@ from typing import Any
 import pandas as pd
 import torch
 
+from phaseinterp.errors import UserInputError
 from phaseinterp.results import Result, settings_repr, settings_repr_html
 from phaseinterp.tasks.needle import encode_piece
 from phaseinterp.tasks.vocab import Tokenizer, Vocab
@@ -62,21 +63,21 @@ class DocstringProbe:
 
     def __post_init__(self) -> None:
         if self.template.count("{docstring}") != 1:
-            raise ValueError(f"template must contain '{{docstring}}' exactly once (found {self.template.count('{docstring}')})")
+            raise UserInputError(f"template must contain '{{docstring}}' exactly once (found {self.template.count('{docstring}')})")
         object.__setattr__(self, "lengths", tuple(int(n) for n in self.lengths))
         if not self.lengths or min(self.lengths) < 0:
-            raise ValueError(f"lengths={self.lengths} must be a non-empty set of integers >= 0")
+            raise UserInputError(f"lengths={self.lengths} must be a non-empty set of integers >= 0")
         if not self.families:
-            raise ValueError("families must name at least one filler text")
+            raise UserInputError("families must name at least one filler text")
         if self.right == self.wrong:
-            raise ValueError(f"right={self.right!r} and wrong={self.wrong!r} must differ")
+            raise UserInputError(f"right={self.right!r} and wrong={self.wrong!r} must differ")
 
     @classmethod
     def synthetic(cls, vocab: Vocab | None = None, lengths: tuple[int, ...] = tuple(range(24, 40))) -> "DocstringProbe":
         """Synthetic-vocabulary version: ``<bos> doc k1 v1 .. k6 v6 <sep> k2`` -> ``v2`` (right) vs ``v5``."""
         vocab = vocab or Vocab.default()
         if len(vocab.keys) < 6 or len(vocab.values) < 6:
-            raise ValueError("the synthetic docstring probe needs a vocabulary with >= 6 keys and values")
+            raise UserInputError("the synthetic docstring probe needs a vocabulary with >= 6 keys and values")
         records = " ".join(f"{k} {v}" for k, v in zip(vocab.keys[:6], vocab.values[:6]))
         fillers = vocab.fillers
         families = {
@@ -100,12 +101,12 @@ class DocstringProbe:
         after_ids = encode_piece(tokenizer, after) if after.strip() else []
         right, wrong = encode_piece(tokenizer, self.right), encode_piece(tokenizer, self.wrong)
         if not right or not wrong or right == wrong:
-            raise ValueError(f"right={self.right!r} -> {right} and wrong={self.wrong!r} -> {wrong} must encode to different, non-empty ids")
+            raise UserInputError(f"right={self.right!r} -> {right} and wrong={self.wrong!r} -> {wrong} must encode to different, non-empty ids")
         rows, prompts = [], []
         for family, text in self.families.items():
             stream = encode_piece(tokenizer, text)
             if not stream:
-                raise ValueError(f"filler family {family!r} encodes to no tokens")
+                raise UserInputError(f"filler family {family!r} encodes to no tokens")
             repeats = -(-max(self.lengths) // len(stream))
             doc = (stream * max(repeats, 1))[: max(self.lengths)]
             for length in self.lengths:
@@ -140,7 +141,7 @@ class DocstringProbe:
         n_ctx = getattr(getattr(model, "cfg", None), "n_ctx", None)
         longest = max(len(p) for p in prompts) + max(len(right), len(wrong))
         if n_ctx is not None and longest > n_ctx:
-            raise ValueError(f"the longest probe sequence has {longest} tokens but the model's n_ctx is {n_ctx}")
+            raise UserInputError(f"the longest probe sequence has {longest} tokens but the model's n_ctx is {n_ctx}")
         pad = getattr(tokenizer, "pad_token_id", None)
         pad = 0 if pad is None else int(pad)
         seqs, offsets, cands = [], [], []

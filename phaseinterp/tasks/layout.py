@@ -6,23 +6,12 @@ given position, `filler_gaps` distributes the fillers (``prefix`` or ``in_sequen
 padding), `lay_out` writes the tokens.
 """
 
-from typing import Any
-
 import numpy as np
 from jaxtyping import Int
 
 from phaseinterp.errors import UserInputError
 
 PADDINGS = ("prefix", "in_sequence")
-
-
-def check_int(name: str, value: Any, minimum: int, maximum: int | None = None) -> None:
-    """A UserInputError unless ``value`` is an integer in the valid range (named in the message)."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise UserInputError(f"{name}={value!r} must be an integer")
-    if value < minimum or (maximum is not None and value > maximum):
-        valid = f"{minimum}..{maximum}" if maximum is not None else f">= {minimum}"
-        raise UserInputError(f"{name}={value} is out of range (valid: {valid})")
 
 
 def check_padding(padding: str) -> None:

@@ -7,10 +7,12 @@ import numpy as np
 import pandas as pd
 import torch
 
+from phaseinterp.errors import UserInputError
 from phaseinterp.phase import check_residue_modulus
 from phaseinterp.tasks._serialize import TaskSettings
 from phaseinterp.tasks.batches import TaskBatch, observed_moments
-from phaseinterp.tasks.layout import check_int, check_padding, feasible_index_range, filler_gaps, lay_out
+from phaseinterp._checks import check_int
+from phaseinterp.tasks.layout import check_padding, feasible_index_range, filler_gaps, lay_out
 from phaseinterp.tasks.layout import residue_cycle_positions
 from phaseinterp.tasks.placement import TargetPlacement, check_target_band, match_target_moments
 from phaseinterp.tasks.splits import SPLIT_PARITY, hashed_pair_bits, mapping_parity, split_rng
@@ -54,7 +56,7 @@ class TokenPools:
             ids = [encode_piece(tokenizer, p) for p in pieces]
             kept = tuple(dict.fromkeys(i[0] for i in ids if len(i) == 1))
             if len(kept) < 2:
-                raise ValueError(
+                raise UserInputError(
                     f"only {len(kept)} of the {len(pieces)} {name} encode to a single token with this tokenizer; "
                     "pass pieces that do (e.g. words with a leading space)"
                 )
@@ -64,10 +66,10 @@ class TokenPools:
         fillers = single(filler_pieces, "filler_pieces")
         overlap = set(keys) & set(values)
         if overlap:
-            raise ValueError(f"key and value pieces share token ids {sorted(overlap)}")
+            raise UserInputError(f"key and value pieces share token ids {sorted(overlap)}")
         sep = tuple(encode_piece(tokenizer, separator))
         if not sep:
-            raise ValueError(f"separator={separator!r} encodes to no tokens")
+            raise UserInputError(f"separator={separator!r} encodes to no tokens")
         bos = getattr(tokenizer, "bos_token_id", None)
         return cls(keys, values, fillers, () if bos is None else (int(bos),), sep)
 
@@ -167,20 +169,20 @@ class NeedleRetrieval(TaskSettings):
             n_records = self.n_records
         n_codes = len(pools.key_ids) ** self.key_tokens
         if n_records < self.n_demos + 2 or n_records > n_codes:
-            raise ValueError(
+            raise UserInputError(
                 f"n_records={n_records} is out of range ({self.n_demos + 2}..{n_codes}: distinct "
                 f"{self.key_tokens}-token keys from {len(pools.key_ids)} key tokens); "
                 "adjust seq_len, n_records or key_tokens"
             )
         slack = self.seq_len - fixed_without_records - n_records * L
         if slack < 0:
-            raise ValueError(
+            raise UserInputError(
                 f"seq_len={self.seq_len} is too short for {n_records} records of {L} tokens "
                 f"(needs >= {self.seq_len - slack})"
             )
         start = len(pools.head)
         if self.target_record is not None and self.target_record > n_records:
-            raise ValueError(f"target_record={self.target_record} is out of range 1..{n_records} (the records)")
+            raise UserInputError(f"target_record={self.target_record} is out of range 1..{n_records} (the records)")
         middle = (self.seq_len // 2 if self.target_record is None
                   else start + (self.target_record - 1) * L + slack * (self.target_record - 1) // n_records)
         lo = max(start, middle - self.target_window // 2)

@@ -13,7 +13,7 @@ import pandas as pd
 from jaxtyping import Int
 
 from phaseinterp.errors import UserInputError
-from phaseinterp.tasks.layout import check_int
+from phaseinterp._checks import check_int
 
 # Tolerances when exact matching is impossible: spread across residue groups.
 MEAN_TOLERANCE = 0.5  # max_r mean_r - min_r mean_r, in tokens

@@ -15,7 +15,8 @@ from phaseinterp.errors import UserInputError
 from phaseinterp.phase import check_residue_modulus
 from phaseinterp.tasks._serialize import TaskSettings
 from phaseinterp.tasks.batches import TaskBatch, TrainBatch, observed_moments
-from phaseinterp.tasks.layout import check_int, check_padding, feasible_index_range, filler_gaps, lay_out
+from phaseinterp._checks import check_int
+from phaseinterp.tasks.layout import check_padding, feasible_index_range, filler_gaps, lay_out
 from phaseinterp.tasks.layout import residue_cycle_positions
 from phaseinterp.tasks.placement import TargetPlacement, check_target_band, match_target_moments
 from phaseinterp.tasks.splits import draw_mappings, split_rng

@@ -18,7 +18,7 @@ from functools import lru_cache
 import numpy as np
 from jaxtyping import Int
 
-from phaseinterp.tasks.layout import check_int
+from phaseinterp._checks import check_int
 
 # Seed-space separation: each split draws from its own SeedSequence spawn key.
 SPLIT_CODES = {"eval": 0, "calibration": 1, "train": 2}

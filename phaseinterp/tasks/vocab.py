@@ -4,6 +4,8 @@ import itertools
 from dataclasses import dataclass
 from typing import Any, Iterable, Protocol, Sequence, runtime_checkable
 
+from phaseinterp.errors import UserInputError
+
 SPECIALS: tuple[str, ...] = ("<pad>", "<bos>", "<sep>", "<q>")
 
 ANIMALS: tuple[str, ...] = tuple("""
@@ -31,7 +33,7 @@ def _extend(base: tuple[str, ...], n: int, kind: str) -> tuple[str, ...]:
             break
         words.append(f"{adjective}-{word}")
     if len(words) < n:
-        raise ValueError(f"n_{kind}={n} is too many; at most {len(base) * (1 + len(_ADJECTIVES))} are available")
+        raise UserInputError(f"n_{kind}={n} is too many; at most {len(base) * (1 + len(_ADJECTIVES))} are available")
     return tuple(words)
 
 
@@ -73,20 +75,20 @@ class Vocab:
             object.__setattr__(self, name, tuple(getattr(self, name)))
         missing = [s for s in SPECIALS if s not in self.specials]
         if missing:
-            raise ValueError(f"specials={self.specials} must include {missing}")
+            raise UserInputError(f"specials={self.specials} must include {missing}")
         if not self.fillers or not self.keys or not self.values:
-            raise ValueError(
+            raise UserInputError(
                 f"a Vocab needs at least one filler, key and value (got {len(self.fillers)}, "
                 f"{len(self.keys)}, {len(self.values)})"
             )
         seen: dict[str, int] = {}
         for word in self.tokens:
             if any(c.isspace() for c in word) or not word:
-                raise ValueError(f"token {word!r} must be a non-empty string without whitespace")
+                raise UserInputError(f"token {word!r} must be a non-empty string without whitespace")
             seen[word] = seen.get(word, 0) + 1
         duplicates = sorted(w for w, c in seen.items() if c > 1)
         if duplicates:
-            raise ValueError(f"tokens must be distinct; duplicated: {duplicates}")
+            raise UserInputError(f"tokens must be distinct; duplicated: {duplicates}")
         object.__setattr__(self, "_index", {w: i for i, w in enumerate(self.tokens)})
 
     @classmethod
@@ -98,9 +100,9 @@ class Vocab:
         """A vocabulary of the given sizes; words beyond the base lists are ``adjective-word``."""
         for name, value in (("n_keys", n_keys), ("n_values", n_values), ("n_fillers", n_fillers)):
             if value < 1:
-                raise ValueError(f"{name}={value} must be >= 1")
+                raise UserInputError(f"{name}={value} must be >= 1")
         if n_fillers > len(FILLERS):
-            raise ValueError(f"n_fillers={n_fillers} is out of range (1..{len(FILLERS)})")
+            raise UserInputError(f"n_fillers={n_fillers} is out of range (1..{len(FILLERS)})")
         return cls(
             fillers=FILLERS[:n_fillers], keys=_extend(ANIMALS, n_keys, "keys"), values=_extend(NAMES, n_values, "values")
         )
@@ -156,7 +158,7 @@ class Vocab:
         for i in ids:
             i = int(i)
             if not 0 <= i < self.size:
-                raise ValueError(f"token id {i} is out of range for this vocabulary (0..{self.size - 1})")
+                raise UserInputError(f"token id {i} is out of range for this vocabulary (0..{self.size - 1})")
             out.append(self.tokens[i])
         return " ".join(out)
 
@@ -169,5 +171,5 @@ class Vocab:
         known = {"specials", "fillers", "keys", "values"}
         unknown = set(d) - known
         if unknown:
-            raise ValueError(f"unknown Vocab fields {sorted(unknown)}; valid fields: {sorted(known)}")
+            raise UserInputError(f"unknown Vocab fields {sorted(unknown)}; valid fields: {sorted(known)}")
         return cls(**{k: tuple(v) for k, v in d.items()})

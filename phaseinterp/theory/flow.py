@@ -16,8 +16,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from phaseinterp.errors import UserInputError
 from phaseinterp.theory.gates import gate_loss, random_gate_parameters, slot_statistics
-from phaseinterp.theory.model import IdealizedInductionModel, Population, _check_float, _check_int, single_threaded
+from phaseinterp._checks import check_int
+from phaseinterp.theory.model import IdealizedInductionModel, Population, _check_float, single_threaded
 from phaseinterp.theory.results import FlowResult, FlowSweep
 
 # Dormand-Prince 5(4) tableau (Dormand & Prince 1980), as in Hairer, Norsett & Wanner, Table II.5.2.
@@ -157,7 +159,7 @@ def gradient_descent(model: IdealizedInductionModel, *, learning_rate: float, t_
     `gradient_flow` with the same ``rho`` and ``seed``; step k sits at time ``t = k eta``."""
     learning_rate = _check_float("learning_rate", learning_rate, 0.0, low_open=True)
     t_max = _check_float("t_max", t_max, 0.0, low_open=True)
-    record_every = _check_int("record_every", record_every, 1)
+    record_every = check_int("record_every", record_every, 1)
     population = _flow_population(model, population, n_samples, seed)
     c = c0 = random_gate_parameters(model, rho, seed)
     f = _negative_gradient(model, population)
@@ -179,7 +181,7 @@ def flow_seeds(model: IdealizedInductionModel, seeds: Sequence[int] = range(20),
     """`gradient_flow` from every seed in ``seeds`` (one population shared by all runs)."""
     seeds = [int(s) for s in seeds]
     if not seeds:
-        raise ValueError("seeds is empty; give at least one seed")
+        raise UserInputError("seeds is empty; give at least one seed")
     if "population" not in flow_kwargs or flow_kwargs["population"] is None:
         flow_kwargs["population"] = model.population(n_samples=flow_kwargs.pop("n_samples", 2048), seed=0)
     runs = [gradient_flow(model, seed=s, **flow_kwargs) for s in seeds]

@@ -11,14 +11,15 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from phaseinterp.theory.model import IdealizedInductionModel, Population, _check_float, _check_int
+from phaseinterp._checks import check_int
+from phaseinterp.theory.model import IdealizedInductionModel, Population, _check_float
 
 
 def random_gate_parameters(model: IdealizedInductionModel, rho: float,
                            seed: int) -> Float[Tensor, "head branch slot dim"]:
     """Initial gate vectors: each ``c_{h,b,r}`` uniform on the sphere of radius ``rho`` (seeded)."""
     rho = _check_float("rho", rho, 0.0, low_open=True)
-    seed = _check_int("seed", seed, 0)
+    seed = check_int("seed", seed, 0)
     gen = torch.Generator().manual_seed(seed)
     c = torch.randn(model.heads, 2, model.S, model.dim, generator=gen, dtype=torch.float64)
     c = rho * c / c.norm(dim=-1, keepdim=True)

@@ -17,21 +17,13 @@ from typing import Iterator, Optional, Union
 
 import torch
 
+from phaseinterp._checks import check_int
 from phaseinterp.errors import UserInputError  # bad arguments: one line naming the value
 from jaxtyping import Float, Int
 from torch import Tensor
 
 # Float64 round-off in X X^T for the sizes used here is ~1e-15; the check allows this much.
 GRAM_ATOL = 1e-12
-
-
-def _check_int(name: str, value, low: int, high: Optional[int] = None, why: str = "") -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise UserInputError(f"{name}={value!r} must be an integer")
-    if value < low or (high is not None and value > high):
-        bound = f"{low}..{high}" if high is not None else f">= {low}"
-        raise UserInputError(f"{name}={value} is out of range ({bound}){why}")
-    return value
 
 
 def _check_float(name: str, value, low: float, high: float = math.inf, *, low_open: bool = False,
@@ -89,7 +81,7 @@ def equiangular_embeddings(n_tokens: int, kappa: float, eps: float, *, seed: int
     from phaseinterp._checks import check_device
 
     device = check_device(device)
-    n_tokens = _check_int("N", n_tokens, 2)
+    n_tokens = check_int("N", n_tokens, 2)
     kappa = _check_float("kappa", kappa, 0.0)
     eps = _check_float("eps", eps, 0.0, 1.0 / n_tokens,
                        why=f" (1/N for N={n_tokens}: larger perturbations can break positive definiteness)")
@@ -162,16 +154,16 @@ class IdealizedInductionModel:
     def __init__(self, N: int, S: int, L: int, heads: int, eps: float = 0.0, kappa: float = 0.1,
                  gamma: float = 2.0, beta: float = 4.0, *, seed: int = 0, max_exact: int = 50_000,
                  device: Union[str, torch.device, None] = None):
-        self.S = _check_int("S", S, 2)
-        self.L = _check_int("L", L, 2, why=" (one chunk makes attention trivial)")
-        self.N = _check_int("N", N, S * L, why=f" (N >= L*S = {S * L}: each context holds L*S distinct tokens)")
-        self.heads = _check_int("heads", heads, 1, S - 1, why=f" (m < S = {S} heads)")
+        self.S = check_int("S", S, 2)
+        self.L = check_int("L", L, 2, why=" (one chunk makes attention trivial)")
+        self.N = check_int("N", N, S * L, why=f" (N >= L*S = {S * L}: each context holds L*S distinct tokens)")
+        self.heads = check_int("heads", heads, 1, S - 1, why=f" (m < S = {S} heads)")
         self.kappa = _check_float("kappa", kappa, 0.0)
         self.eps = _check_float("eps", eps, 0.0, 1.0 / N, why=f" (1/N for N={N})")
         self.gamma = _check_float("gamma", gamma, 0.0, low_open=True)
         self.beta = _check_float("beta", beta, 0.0, low_open=True)
-        self.seed = _check_int("seed", seed, 0)
-        self.max_exact = _check_int("max_exact", max_exact, 1)
+        self.seed = check_int("seed", seed, 0)
+        self.max_exact = check_int("max_exact", max_exact, 1)
         self.embeddings = equiangular_embeddings(N, kappa, eps, seed=seed, device=device)
         self.gram = self.embeddings @ self.embeddings.T
 
@@ -217,7 +209,7 @@ class IdealizedInductionModel:
             contexts = torch.tensor(list(itertools.permutations(range(self.N), S * L)), dtype=torch.long)
             tokens = contexts.reshape(-1, 1, L, S).expand(-1, S - 1, L, S).reshape(-1, L, S)
             return self._population(tokens, slots.repeat(contexts.shape[0]), True, "enumerated")
-        n_samples = _check_int("n_samples", n_samples, 2)
+        n_samples = check_int("n_samples", n_samples, 2)
         gen = torch.Generator().manual_seed(seed)
         keys = torch.rand(n_samples, self.N, generator=gen)
         tokens = keys.argsort(dim=1)[:, : S * L].reshape(n_samples, L, S)

@@ -20,7 +20,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from phaseinterp.theory.model import IdealizedInductionModel, Population, _check_float, _check_int, single_threaded
+from phaseinterp.errors import UserInputError
+from phaseinterp._checks import check_int
+from phaseinterp.theory.model import IdealizedInductionModel, Population, _check_float, single_threaded
 from phaseinterp.theory.results import SearchGrid, SearchResult
 
 
@@ -114,9 +116,9 @@ def global_search(model: IdealizedInductionModel, *, n_random: int = 16, n_refin
     ``model.max_exact`` sequences; else a seeded Monte Carlo sample, whose loss differences
     below its standard error are noise (the result says which it used).
     """
-    n_random = _check_int("n_random", n_random, 0)
-    n_refine_best = _check_int("n_refine_best", n_refine_best, 0)
-    steps = _check_int("steps", steps, 1)
+    n_random = check_int("n_random", n_random, 0)
+    n_refine_best = check_int("n_refine_best", n_refine_best, 0)
+    steps = check_int("steps", steps, 1)
     tol = _check_float("tol", tol, 0.0)
     with single_threaded():
         return _global_search(model, n_random, n_refine_best, steps, seed, tol, population)
@@ -160,5 +162,5 @@ def search_grid(grid: Iterable[tuple[int, int, int]], *, L: int = 2, eps: float 
     results = [global_search(IdealizedInductionModel(N, S, L, heads=m, eps=eps, kappa=kappa, gamma=gamma, beta=beta),
                              **search_kwargs) for N, S, m in grid]
     if not results:
-        raise ValueError("grid is empty; give at least one (N, S, m)")
+        raise UserInputError("grid is empty; give at least one (N, S, m)")
     return SearchGrid(results=results)

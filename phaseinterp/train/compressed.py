@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Int
 from torch import Tensor
 
+from phaseinterp._checks import check_int
 from phaseinterp.errors import UserInputError
 from phaseinterp.config import CompressedConfig
 from phaseinterp._files import atomic_write, normal_mode, progress_bar
@@ -78,9 +79,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "eval_every", "checkpoint_every", "probe_per_residue"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise UserInputError(f"{name}={v!r} must be an integer >= 1")
+            check_int(name, getattr(self, name), 1)
         if not (self.lr > 0):
             raise UserInputError(f"lr={self.lr} must be > 0")
         if self.loss_on not in ("answer", "values"):

@@ -246,14 +246,14 @@ def equal_training_step(curves_a, curves_b, min_mean: float = LEARNED_MEAN) -> i
     mean accuracy over residues ``>= min_mean``. The rule reads only the training curves (no
     phase profile), so it cannot be tuned toward a phase result."""
     if not 0 < min_mean <= 1:
-        raise ValueError(f"min_mean={min_mean} is out of range (0, 1]")
+        raise UserInputError(f"min_mean={min_mean} is out of range (0, 1]")
     mean_a = curves_a.groupby("step").accuracy.mean()
     mean_b = curves_b.groupby("step").accuracy.mean()
     for step in sorted(set(mean_a.index) & set(mean_b.index)):
         if mean_a[step] >= min_mean and mean_b[step] >= min_mean:
             return int(step)
-    raise ValueError(f"no common step at which both runs reach a probe mean of {min_mean:.0%} "
-                     f"(final: {mean_a.iloc[-1]:.3f} and {mean_b.iloc[-1]:.3f})")
+    raise UserInputError(f"no common step at which both runs reach a probe mean of {min_mean:.0%} "
+                        f"(final: {mean_a.iloc[-1]:.3f} and {mean_b.iloc[-1]:.3f})")
 
 
 def run_curves(name: str, run_dir: Union[str, Path, None] = None):
@@ -279,6 +279,7 @@ def snapshot_step(name: str, run_dir: Union[str, Path, None] = None) -> int:
     e = entry(name)
     if e.snapshot_step == EQUAL_TRAINING:
         if e.pair is None:
+            # internal: ZOO is the package's own table, so an entry without its pair is a bug here, not bad input
             raise ValueError(f"zoo entry {name!r} uses the equal-training rule but names no pair")
         return equal_training_step(run_curves(name, run_dir), run_curves(e.pair))
     return int(e.snapshot_step or e.train_config().steps)
@@ -298,7 +299,7 @@ def training_controls(name: str) -> dict[str, tuple[str, str]]:
             final_twin = next((t.name for t in ENTRIES.values()
                                if (t.run or t.name) == twin_run and t.snapshot_step is None), None)
             final = next((c.name for c in ENTRIES.values() if (c.run or c.name) == run and c.snapshot_step is None),
-                         None)
+                            None)
             out = {"equal-step": (e.name, e.pair)}
             if final and final_twin:
                 out["final-step"] = (final, final_twin)

@@ -8,7 +8,6 @@ is imported only when a model is wrapped or loaded (``pip install 'phaseinterp[h
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -66,8 +65,6 @@ def load_hf(path: Union[str, Path], device_map: Union[str, dict, None] = None, d
     checkpoint without its index, an index naming a missing shard, tensor names of neither
     layout, FP8 tensors without scales, a ``max_memory`` too small for any decoder layer.
     """
-    import torch
-
     from phaseinterp._checks import check_device_map, check_dtype
 
     device_map = check_device_map(device_map)  # every device named exists here: before any weight is read

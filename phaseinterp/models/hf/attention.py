@@ -16,7 +16,7 @@ from torch import Tensor
 from transformer_lens.hook_points import HookPoint
 
 from phaseinterp.models.hf.chunking import TOKEN_BLOCK, chunk_ranges, is_chunked
-from phaseinterp.models.paths import query_context
+from phaseinterp.models.paths import has_hooks, query_context
 from phaseinterp.models.hf.compressor import CompressorHooks, _hf, _NoCompressor
 from phaseinterp.models.hf.config import CSA, SLIDING
 
@@ -60,10 +60,6 @@ def from_band_view(full: Tensor, view: Tensor, band: int) -> Tensor:
     idx = torch.arange(T, device=full.device)[:, None] + torch.arange(band, device=full.device)
     tokens = padded.scatter(-1, idx.expand(*full.shape[:-1], band), view[..., :band].to(full.dtype))
     return torch.cat([tokens[..., band - 1:], view[..., band:].to(full.dtype)], dim=-1)
-
-
-def _hooked(hook: HookPoint) -> bool:
-    return bool(hook._forward_hooks or hook._backward_hooks)
 
 
 class AttentionHooks(nn.Module):
@@ -128,14 +124,14 @@ class AttentionHooks(nn.Module):
         if mask is not None:
             scores = scores + mask
         band = hf.config.sliding_window  # the hooks show phaseinterp's key layout: band, then entries
-        if _hooked(self.hook_attn_scores):
+        if has_hooks(self.hook_attn_scores):
             scores = from_band_view(scores, self.hook_attn_scores(band_view(scores, band, float("-inf"))), band)
         sinks = hf.sinks.reshape(1, -1, 1, 1).expand(batch, -1, T, -1)
         logits = torch.cat([scores, sinks], dim=-1)
         logits = logits - logits.max(dim=-1, keepdim=True).values
         probs = F.softmax(logits, dim=-1, dtype=logits.dtype)
         pattern = probs[..., :-1]
-        if _hooked(self.hook_pattern):
+        if has_hooks(self.hook_pattern):
             pattern = from_band_view(pattern, self.hook_pattern(band_view(pattern, band, 0.0)), band)
         pattern = F.dropout(pattern, p=hf.attention_dropout if self.training else 0.0, training=self.training)
         z = torch.matmul(pattern.to(keys.dtype), keys).transpose(1, 2).contiguous()  # [batch, pos, head, d]
@@ -169,7 +165,7 @@ class AttentionHooks(nn.Module):
             if comp.kind == CSA:
                 selected = comp.indexer.select(x, q_residual, position_ids, self.query_chunk)  # [batch, T, k]
         E = 0 if entries is None else entries.shape[1]
-        hooked = _hooked(self.hook_attn_scores) or _hooked(self.hook_pattern)
+        hooked = has_hooks(self.hook_attn_scores) or has_hooks(self.hook_pattern)
         if entries is None:
             slots = band
         elif hooked or comp.kind != CSA:
@@ -212,13 +208,13 @@ class AttentionHooks(nn.Module):
                 scores.append(s_e.masked_fill(~visible[:, None], float("-inf")))
             scores = torch.cat(scores, dim=-1)
             with query_context((self.hook_attn_scores, self.hook_pattern), a, b):
-                if _hooked(self.hook_attn_scores):
+                if has_hooks(self.hook_attn_scores):
                     scores = self.hook_attn_scores(scores)
                 sinks = hf.sinks.reshape(1, -1, 1, 1).expand(batch, -1, C, -1)
                 logits = torch.cat([scores, sinks], dim=-1)
                 logits = logits - logits.max(dim=-1, keepdim=True).values
                 pattern = F.softmax(logits, dim=-1, dtype=logits.dtype)[..., :-1]
-                if _hooked(self.hook_pattern):
+                if has_hooks(self.hook_pattern):
                     pattern = self.hook_pattern(pattern)
             pattern = F.dropout(pattern, p=hf.attention_dropout if self.training else 0.0, training=self.training)
             pattern = pattern.to(kv.dtype)

@@ -68,9 +68,9 @@ class _CompressionHooks(nn.Module):
         bias = self.hf.position_bias
         if bias.device.type == "meta":
             # accelerate offload: the value lives in the offload map; an edit here would be lost silently
-            raise ValueError("this compressor's position_bias is offloaded by device_map (CPU/disk offload, "
-                             "weights on 'meta'): gate edits (shift_gates, gate_parameters) need the layer in "
-                             "memory; load with a max_memory / device_map that keeps the compressed layers on a device")
+            raise UserInputError("this compressor's position_bias is offloaded by device_map (CPU/disk offload, "
+                                "weights on 'meta'): gate edits (shift_gates, gate_parameters) need the layer in "
+                                "memory; load with a max_memory / device_map that keeps the compressed layers on a device")
         return bias
 
     @property
@@ -245,5 +245,5 @@ class _NoCompressor(nn.Module):
 
     @property
     def position_bias(self):
-        raise ValueError(f"layer {self.layer} is a sliding-window-only layer: it has no compressor or gates "
-                         "(pass layers=model.cfg.compressed_layers)")
+        raise UserInputError(f"layer {self.layer} is a sliding-window-only layer: it has no compressor or gates "
+                            "(pass layers=model.cfg.compressed_layers)")

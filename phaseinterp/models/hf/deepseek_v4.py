@@ -37,6 +37,7 @@ from torch import Tensor
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.HookedRootModule import HookedRootModule
 
+from phaseinterp._checks import check_layer
 from phaseinterp.errors import UserInputError
 from phaseinterp.models.compressor import GateParameters
 from phaseinterp.models.hf.attention import BlockHooks, NormHooks
@@ -228,9 +229,7 @@ class HookedDeepseekV4(HookedRootModule):
 
     # --------------------------------------------------------------- metadata
     def _check_layer(self, layer: int) -> None:
-        n = self.cfg.n_layers
-        if isinstance(layer, bool) or not isinstance(layer, int) or not (0 <= layer < n):
-            raise UserInputError(f"layer={layer!r} is out of range for a {n}-layer model (0..{n - 1})")
+        check_layer(layer, self.cfg.n_layers)
 
     def _compressor(self, layer: int) -> CompressorHooks:
         self._check_layer(layer)

@@ -79,11 +79,11 @@ def quantize_fp8_blocks(weight, block: tuple[int, int] = FP8_BLOCK, scales: str 
     import torch
 
     if scales not in FP8_SCALES:
-        raise ValueError(f"FP8 export: scales={scales!r} is not a scale format (valid: {', '.join(FP8_SCALES)})")
+        raise UserInputError(f"FP8 export: scales={scales!r} is not a scale format (valid: {', '.join(FP8_SCALES)})")
     rows, cols = weight.shape[-2:]
     for size, b, axis in ((rows, block[0], "rows"), (cols, block[1], "cols")):
         if size > b and size % b:
-            raise ValueError(f"FP8 export: {axis}={size} is neither <= the block ({b}) nor a multiple of it")
+            raise UserInputError(f"FP8 export: {axis}={size} is neither <= the block ({b}) nor a multiple of it")
     bm, bn = min(block[0], rows), min(block[1], cols)
     w = weight.detach().float()
     tiles = w.reshape(*w.shape[:-2], rows // bm, bm, cols // bn, bn)
@@ -134,8 +134,8 @@ def quantize_mxfp4(weight):
 
     rows, cols = weight.shape[-2:]
     if weight.ndim != 2 or cols % MXFP4_GROUP:
-        raise ValueError(f"MXFP4 export: a weight [rows, cols] with cols a multiple of {MXFP4_GROUP}, got "
-                         f"{tuple(weight.shape)}")
+        raise UserInputError(f"MXFP4 export: a weight [rows, cols] with cols a multiple of {MXFP4_GROUP}, got "
+                            f"{tuple(weight.shape)}")
     w = weight.detach().float().reshape(rows, cols // MXFP4_GROUP, MXFP4_GROUP)
     amax = w.abs().amax(-1, keepdim=True)
     exponent = torch.where(amax > 0, torch.ceil(torch.log2(amax.clamp_min(2.0**-126) / E2M1_MAX)),
@@ -302,14 +302,13 @@ def export_release(model: Any, out: Union[str, Path], *, fp8: bool = False, fp8_
     experts are then `mxfp4_roundtrip` of the model's, see `round_experts_mxfp4`), ``"fp8"`` (FP8
     blocks like the dense weights; needs ``fp8=True``) or ``"float"`` (unquantized, at ``dtype``).
     """
-    import torch
     from safetensors.torch import save
 
     from phaseinterp._checks import parse_size
     from phaseinterp._files import atomic_write, json_default, normal_mode
 
     if layout not in EXPORT_LAYOUTS:
-        raise ValueError(f"layout={layout!r} is not supported for export (valid: {EXPORT_LAYOUTS})")
+        raise UserInputError(f"layout={layout!r} is not supported for export (valid: {EXPORT_LAYOUTS})")
     shard_bytes = parse_size(max_shard_bytes, "max_shard_bytes")
     experts = "fp4" if experts is None else experts
     if experts not in EXPERT_FORMATS:
@@ -318,7 +317,7 @@ def export_release(model: Any, out: Union[str, Path], *, fp8: bool = False, fp8_
         raise UserInputError("experts='fp8' stores the experts as FP8 blocks and needs fp8=True (or experts='fp4' / "
                              "'float')")
     if fp8_scales not in FP8_SCALES:
-        raise ValueError(f"fp8_scales={fp8_scales!r} is not a scale format (valid: {', '.join(FP8_SCALES)})")
+        raise UserInputError(f"fp8_scales={fp8_scales!r} is not a scale format (valid: {', '.join(FP8_SCALES)})")
     from phaseinterp._checks import check_dtype
 
     dtype = check_dtype(dtype)  # a torch dtype or its name ("bfloat16"), as transformers takes it
@@ -328,7 +327,7 @@ def export_release(model: Any, out: Union[str, Path], *, fp8: bool = False, fp8_
     hf = getattr(model, "hf", model)
     config = hf.config
     if getattr(config, "model_type", None) != "deepseek_v4":
-        raise ValueError(f"export_release needs a DeepSeek-V4 model, got model_type={getattr(config, 'model_type', None)!r}")
+        raise UserInputError(f"export_release needs a DeepSeek-V4 model, got model_type={getattr(config, 'model_type', None)!r}")
 
     tensors = release_tensors({k: v.detach() for k, v in hf.state_dict().items()})
     check_names_roundtrip(list(tensors), config)

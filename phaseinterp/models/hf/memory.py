@@ -9,6 +9,7 @@ prints the table (no argument: transformers' default ``DeepseekV4Config``, the V
 
 from __future__ import annotations
 
+from phaseinterp._checks import check_int
 from phaseinterp.errors import MissingPathError  # a missing path the user gave: one line, exit 2
 
 import json
@@ -131,10 +132,8 @@ def estimate_forward_memory(config: Union[str, Path, Any, None], seq_len: int, b
     are not counted (`last_logits`, what `phase_profile` and the knockouts read)."""
     from phaseinterp.models.hf.chunking import is_chunked
 
-    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
-        raise ValueError(f"seq_len={seq_len!r} must be a positive int")
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise ValueError(f"batch={batch!r} must be a positive int")
+    seq_len = check_int("seq_len", seq_len, 1)
+    batch = check_int("batch", batch, 1)
     cfg = _as_config(config)
     est = estimate_memory(cfg)
     weights = int(est.weight_gib(weight_bytes, expert_weight_bytes) * 2**30)

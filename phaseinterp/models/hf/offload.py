@@ -15,6 +15,8 @@ from typing import Any, Iterator, Optional
 import torch
 import torch.nn as nn
 
+from phaseinterp.errors import UserInputError
+
 
 def execution_device(module: nn.Module) -> torch.device:
     """Where ``module`` computes: accelerate's execution device when a hook places it, else
@@ -26,8 +28,8 @@ def execution_device(module: nn.Module) -> torch.device:
     for tensor in list(module.parameters()) + list(module.buffers()):
         if tensor.device.type != "meta":
             return tensor.device
-    raise ValueError(f"{type(module).__name__}: every weight is on the meta device and no accelerate hook "
-                     "says where it runs (an offloaded model must be loaded with device_map)")
+    raise UserInputError(f"{type(module).__name__}: every weight is on the meta device and no accelerate hook "
+                        "says where it runs (an offloaded model must be loaded with device_map)")
 
 
 def is_offloaded(module: nn.Module) -> bool:
@@ -55,14 +57,14 @@ def _device_budgets(max_memory: dict) -> dict[Any, int]:
     from phaseinterp._checks import parse_size
 
     if not isinstance(max_memory, dict) or not max_memory:
-        raise ValueError(f"max_memory={max_memory!r} must be a non-empty dict of device -> size "
-                         "(e.g. {0: '70GiB', 'cpu': '200GiB'})")
+        raise UserInputError(f"max_memory={max_memory!r} must be a non-empty dict of device -> size "
+                            "(e.g. {0: '70GiB', 'cpu': '200GiB'})")
     budgets = {}
     for device, size in max_memory.items():
         valid = (isinstance(device, int) and not isinstance(device, bool) and device >= 0) or device in ("cpu", "disk", "mps") \
             or (isinstance(device, str) and (device.startswith("cuda:") or device.startswith("xpu:")))
         if not valid:
-            raise ValueError(f"max_memory key {device!r} is not a device (valid: GPU indices 0, 1, ..., 'cpu', 'disk')")
+            raise UserInputError(f"max_memory key {device!r} is not a device (valid: GPU indices 0, 1, ..., 'cpu', 'disk')")
         budgets[device] = parse_size(size, f"max_memory[{device!r}]")
     return budgets
 
@@ -80,15 +82,15 @@ def check_max_memory(max_memory: Optional[dict], device_map: Any, offload_folder
         return
     budgets = _device_budgets(max_memory)
     if device_map is None:
-        raise ValueError(f"max_memory={max_memory!r} needs device_map (e.g. device_map='auto'); without one the "
-                         "whole model is loaded on one device")
+        raise UserInputError(f"max_memory={max_memory!r} needs device_map (e.g. device_map='auto'); without one the "
+                            "whole model is loaded on one device")
     name, largest = max(layer_bytes.items(), key=lambda kv: kv[1])
     on_device = {d: b for d, b in budgets.items() if d != "disk"}
     if not on_device or max(on_device.values()) < largest:
-        raise ValueError(f"max_memory={max_memory!r} is too small for anything: the largest decoder layer "
-                         f"({name}) needs {largest:,} bytes on one device to run, and no device gets that much "
-                         f"(give some device at least {largest:,} bytes)")
+        raise UserInputError(f"max_memory={max_memory!r} is too small for anything: the largest decoder layer "
+                            f"({name}) needs {largest:,} bytes on one device to run, and no device gets that much "
+                            f"(give some device at least {largest:,} bytes)")
     if sum(on_device.values()) < total_bytes and offload_folder is None:
-        raise ValueError(f"max_memory={max_memory!r} holds {sum(on_device.values()):,} of the model's "
-                         f"{total_bytes:,} bytes: pass offload_folder= (a directory for the layers that go to disk) "
-                         "or raise max_memory")
+        raise UserInputError(f"max_memory={max_memory!r} holds {sum(on_device.values()):,} of the model's "
+                            f"{total_bytes:,} bytes: pass offload_folder= (a directory for the layers that go to disk) "
+                            "or raise max_memory")

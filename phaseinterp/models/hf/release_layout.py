@@ -24,7 +24,7 @@ stored as ``float8_e4m3fn`` with one scale per ``128 x 128`` block under ``<modu
 
 from __future__ import annotations
 
-from phaseinterp.errors import MissingPathError  # a missing path the user gave: one line, exit 2
+from phaseinterp.errors import MissingPathError, UserInputError  # a missing path the user gave: one line, exit 2
 
 import json
 import re
@@ -79,7 +79,7 @@ def release_name(hf_name: str) -> str:
     """DeepSeek's released name of one HF parameter name (not the fused experts: see `release_tensors`)."""
     name = hf_name[len("model."):] if hf_name.startswith("model.") else hf_name
     if _EXPERTS.match(name):
-        raise ValueError(f"{hf_name} is a fused expert stack: split it with release_tensors")
+        raise UserInputError(f"{hf_name} is a fused expert stack: split it with release_tensors")
     for pattern, repl in _LEAF_RULES:
         name = re.sub(pattern, repl, name)
     return name
@@ -195,13 +195,13 @@ def _read_header(path: Path) -> dict[str, dict]:
         with open(path, "rb") as f:
             raw = f.read(8)
             if len(raw) < 8:
-                raise ValueError(f"{path} is not a safetensors file (shorter than its 8-byte header length)")
+                raise UserInputError(f"{path} is not a safetensors file (shorter than its 8-byte header length)")
             (n,) = struct.unpack("<Q", raw)
             if n > 100_000_000:
-                raise ValueError(f"{path} is not a safetensors file (header length {n} bytes)")
+                raise UserInputError(f"{path} is not a safetensors file (header length {n} bytes)")
             header = json.loads(f.read(n))
     except json.JSONDecodeError as err:
-        raise ValueError(f"{path} is not a safetensors file (header is not JSON: {err})") from None
+        raise UserInputError(f"{path} is not a safetensors file (header is not JSON: {err})") from None
     header.pop("__metadata__", None)
     return header
 
@@ -222,9 +222,9 @@ def inspect_checkpoint(path: Path, config: dict) -> CheckpointFiles:
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
         except (json.JSONDecodeError, KeyError, TypeError) as err:
-            raise ValueError(f"{index} is not a safetensors index (needs a 'weight_map' object): {err}") from None
+            raise UserInputError(f"{index} is not a safetensors index (needs a 'weight_map' object): {err}") from None
         if not isinstance(weight_map, dict) or not weight_map:
-            raise ValueError(f"{index}: 'weight_map' is empty or not an object")
+            raise UserInputError(f"{index}: 'weight_map' is empty or not an object")
         missing = sorted({f for f in weight_map.values() if not (path / f).is_file()})
         if missing:
             raise MissingPathError(f"{index} lists shard {path / missing[0]}, which does not exist"
@@ -253,7 +253,7 @@ def inspect_checkpoint(path: Path, config: dict) -> CheckpointFiles:
     else:
         absent = [t for t, f in weight_map.items() if held.get(t) != f]
         if absent:
-            raise ValueError(f"{index} maps {absent[0]!r} to {path / weight_map[absent[0]]}, which does not hold it")
+            raise UserInputError(f"{index} maps {absent[0]!r} to {path / weight_map[absent[0]]}, which does not hold it")
 
     layout = _detect_layout(path, list(weight_map), config)
     quant = config.get("quantization_config")
@@ -262,23 +262,23 @@ def inspect_checkpoint(path: Path, config: dict) -> CheckpointFiles:
     for t in fp4:
         stem = t[: -len(".weight")]
         if f"{stem}.scale" not in weight_map:
-            raise ValueError(f"{path / weight_map[t]}: MXFP4 expert {t!r} has no scales ({stem}.scale); FP4 "
-                             "weights cannot be dequantized without them")
+            raise UserInputError(f"{path / weight_map[t]}: MXFP4 expert {t!r} has no scales ({stem}.scale); FP4 "
+                                "weights cannot be dequantized without them")
     if fp4 and not (isinstance(quant, dict) and quant.get("quant_method") == "fp8"
                     and (quant.get("expert_dtype") or config.get("expert_dtype")) == "fp4"):
-        raise ValueError(f"{path / weight_map[fp4[0]]} holds MXFP4 expert {fp4[0]!r} but {path / 'config.json'} "
-                         "does not declare expert_dtype 'fp4' with a quantization_config of quant_method 'fp8'")
+        raise UserInputError(f"{path / weight_map[fp4[0]]} holds MXFP4 expert {fp4[0]!r} but {path / 'config.json'} "
+                            "does not declare expert_dtype 'fp4' with a quantization_config of quant_method 'fp8'")
     if fp8:
         if not isinstance(quant, dict) or quant.get("quant_method") != "fp8":
-            raise ValueError(f"{path / weight_map[fp8[0]]} holds FP8 tensor {fp8[0]!r} but {path / 'config.json'} "
-                             "has no quantization_config with quant_method 'fp8'")
+            raise UserInputError(f"{path / weight_map[fp8[0]]} holds FP8 tensor {fp8[0]!r} but {path / 'config.json'} "
+                                "has no quantization_config with quant_method 'fp8'")
         for t in fp8:
             stem = t[: -len(".weight")] if t.endswith(".weight") else t
             if f"{stem}.scale" not in weight_map and f"{stem}.weight_scale_inv" not in weight_map \
                     and f"{t}_scale_inv" not in weight_map:
-                raise ValueError(f"{path / weight_map[t]}: FP8 tensor {t!r} has no block scales "
-                                 f"({stem}.scale or {stem}.weight_scale_inv); FP8 weights cannot be dequantized "
-                                 "without them")
+                raise UserInputError(f"{path / weight_map[t]}: FP8 tensor {t!r} has no block scales "
+                                    f"({stem}.scale or {stem}.weight_scale_inv); FP8 weights cannot be dequantized "
+                                    "without them")
     return CheckpointFiles(path=path, layout=layout, weight_map=dict(weight_map), dtypes=dtypes,
                            quantization=quant if isinstance(quant, dict) else None, n_bytes=n_bytes, fp8_tensors=fp8,
                            fp4_tensors=fp4)
@@ -298,10 +298,10 @@ def _detect_layout(path: Path, names: list[str], config: dict) -> str:
     unknown = [n for n in weights if rename(n) not in state]
     if not unknown:
         return "hf"
-    raise ValueError(f"{path}: tensor {unknown[0]!r} is neither a DeepseekV4ForCausalLM name nor one transformers' "
-                     f"deepseek_v4 conversion mapping renames onto the model ({len(unknown)} such tensors; DeepSeek's "
-                     f"layout has e.g. 'layers.0.attn.wq_a.weight'): wrong layout, or a config.json that does not "
-                     "match the weights")
+    raise UserInputError(f"{path}: tensor {unknown[0]!r} is neither a DeepseekV4ForCausalLM name nor one transformers' "
+                        f"deepseek_v4 conversion mapping renames onto the model ({len(unknown)} such tensors; DeepSeek's "
+                        f"layout has e.g. 'layers.0.attn.wq_a.weight'): wrong layout, or a config.json that does not "
+                        "match the weights")
 
 
 def _is_scale(name: str) -> bool:

@@ -47,8 +47,8 @@ def deepseek_v4_section(model, task=None, out_dir: Union[str, Path, None] = None
     layers = pd.DataFrame({
         "layer": range(cfg.n_layers),
         "type": list(cfg.layer_types),
-        "rate": [cfg.layer_stride(l) for l in range(cfg.n_layers)],
-        "slots_per_entry": [cfg.layer_window(l) for l in range(cfg.n_layers)],
+        "rate": [cfg.layer_stride(layer) for layer in range(cfg.n_layers)],
+        "slots_per_entry": [cfg.layer_window(layer) for layer in range(cfg.n_layers)],
     })
     summary: dict[str, Any] = {"wrapper_max_abs_logit_diff": worst, "layers": layers.to_dict(orient="records"),
                                "index_topk": cfg.index_topk, "sliding_window": cfg.sliding_window}
