@@ -298,7 +298,7 @@ def phase_profile(
     predicted = torch.empty(n, dtype=torch.long)
     answer_logprob = torch.empty(n, dtype=torch.float32)
     # both families read the answer's logits without running their last layer at every position
-    last_only = family.family in ("compressed", "deepseek_v4") and hasattr(model, "last_logits")
+    last_only = family.has_answer_logits
     was_training = model.training
     model.eval()
     try:
@@ -309,7 +309,7 @@ def phase_profile(
                 stop = min(start + batch_size, n)
                 pos = batch.answer_pos[start:stop]
                 if last_only and bool((pos == pos[0]).all()):  # one answer position: the last-position path
-                    last = model.last_logits(batch.tokens[start:stop, : int(pos[0]) + 1].to(device)).float()
+                    last = family.answer_logits(batch.tokens[start:stop, : int(pos[0]) + 1].to(device)).float()
                 else:
                     logits = _logits(model(batch.tokens[start:stop].to(device)))
                     if logits.ndim != 3 or logits.shape[:2] != (stop - start, batch.seq_len):

@@ -129,3 +129,33 @@ def test_every_package_is_an_attribute_of_a_fresh_phaseinterp():
             f"for name in {packages!r}:\n    getattr(pi, name)\n"
             "pi.parallel.sharded_ablate, pi.experiments.compare_remedy, pi.train.train, pi.report.build_report\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
+
+
+# Experiments read a model only through the protocol (`phaseinterp.models.protocol.phase_model`), so a
+# third model family is added in one place (issue 35, item 4). Outside models/, none of these probes:
+FAMILY_PROBES = re.compile(r"hasattr\(model\b|cfg\.compression\b|kv_head_groups\(\)|f\"blocks\.\{")
+PROBES_ALLOWED = {
+    "phaseinterp/train/deepseek_v4.py": "trains the DeepSeek-V4 family itself: its own hook names",
+    "phaseinterp/engines/adapters.py": "tells a bare transformers model (no phaseinterp family) by its generate()",
+    "phaseinterp/cli/commands.py": "checks set_query_chunk before a long --query-chunk run (CLI only)",
+}
+
+
+def find_family_probes(root: Path) -> list[str]:
+    found = []
+    for path in sorted((root / "phaseinterp").rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel.startswith("phaseinterp/models/") or rel in PROBES_ALLOWED:
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if FAMILY_PROBES.search(line):
+                found.append(f"{rel}:{number}: {line.strip()}")
+    return found
+
+
+def test_experiments_read_models_only_through_the_protocol(tmp_path):
+    assert find_family_probes(ROOT.parent) == []
+    planted = tmp_path / "phaseinterp" / "interventions"
+    planted.mkdir(parents=True)
+    (planted / "x.py").write_text("def f(model):\n    return model.cfg.compression == 'deepseek'\n")
+    assert find_family_probes(tmp_path) == ["phaseinterp/interventions/x.py:2: return model.cfg.compression == 'deepseek'"]

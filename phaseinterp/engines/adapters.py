@@ -25,6 +25,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from phaseinterp.errors import UserInputError
+from phaseinterp.models.protocol import phase_model
 
 Schedule = Callable[[int], Sequence[int]]  # prompt length -> piece lengths (they sum to the length)
 
@@ -88,8 +89,8 @@ class CacheEngine:
     (``model(piece, cache=cache)``). Log-probs are computed in float32."""
 
     def __init__(self, model: torch.nn.Module, schedule: Optional[Schedule] = None, name: str = "reference"):
-        if not hasattr(model, "init_cache"):
-            raise UserInputError(f"CacheEngine needs a model with init_cache() (a CompressedTransformer), got "
+        if phase_model(model).family != "compressed":
+            raise UserInputError(f"CacheEngine needs phaseinterp's own CompressedTransformer (its init_cache()), got "
                                 f"{type(model).__name__}")
         self.model, self.schedule, self.name = model, schedule, name
 
@@ -159,9 +160,10 @@ def is_hf_wrapper(model: torch.nn.Module) -> bool:
 def engine_for(model: torch.nn.Module, schedule: Optional[Schedule] = None, name: str = "reference"):
     """The in-process engine of ``model``'s family: `CacheEngine` for a `CompressedTransformer`,
     `TransformersEngine` for a `HookedDeepseekV4` (its ``.hf``) or a bare transformers model."""
-    if hasattr(model, "init_cache"):
+    family = phase_model(model).family
+    if family == "compressed":
         return CacheEngine(model, schedule, name)
-    if is_hf_wrapper(model):
+    if family == "deepseek_v4":
         return TransformersEngine(model.hf, schedule, name)
     if hasattr(model, "config") and hasattr(model, "generate"):
         return TransformersEngine(model, schedule, name)

@@ -30,6 +30,7 @@ from phaseinterp.engines.adapters import (
     engine_for,
 )
 from phaseinterp.engines.result import ConformanceResult
+from phaseinterp.models.protocol import phase_model
 
 MODES = ("decode", "chunked_prefill", "dtype")
 DTYPES = ("bfloat16", "float16")
@@ -229,7 +230,7 @@ def conformance(
     records = pd.concat(frames, ignore_index=True) if frames else _records_empty()
     table = phase_table(records, tol, confidence=confidence, n_bootstrap=n_bootstrap, seed=seed)
     return ConformanceResult(
-        label=label or str(getattr(cfg, "label", type(model).__name__)),
+        label=label or phase_model(model).label,
         stride=stride, cut_period=period, chunk=int(chunk), modes=modes, settings=tuple(settings),
         tolerance=tol, skipped=skipped, n_prompts=len(batch), seq_len=int(batch.seq_len), seed=seed,
         confidence=confidence, table=table, records=records,

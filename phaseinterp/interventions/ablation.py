@@ -21,6 +21,8 @@ from typing import Optional, Sequence, Union
 import numpy as np
 import pandas as pd
 
+from phaseinterp.errors import renamed
+from phaseinterp.models.protocol import model_label as label_of
 from phaseinterp.errors import UserInputError
 from phaseinterp._checks import MAX_PROMPTS, check_device, check_int, check_n_per_residue
 from phaseinterp._files import progress_bar
@@ -373,11 +375,10 @@ def ablate(
     return AblationResult(
         units=units, residue=np.asarray(batch.meta["residue"].to_numpy(), dtype=np.int64),
         clean_correct=clean_ok.numpy(), knockout_correct=ko_ok.numpy(), residue_modulus=modulus, stride=stride,
-        scope="custom" if heads is not None else scope, model_label=model.cfg.label, n_calibration=n_calibration,
+        scope="custom" if heads is not None else scope, model_label=label_of(model), n_calibration=n_calibration,
         clean_logit_answer=clean_logit.numpy(), knockout_logit_answer=ko_logit.numpy(),
     )
 
 
-from phaseinterp._deprecation import renamed  # noqa: E402 - the alias is defined after the function it names
 
 mean_ablation = renamed("mean_ablation", "phaseinterp.ablate", ablate)

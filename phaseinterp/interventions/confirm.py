@@ -29,6 +29,7 @@ from phaseinterp._files import progress_bar
 from phaseinterp.interventions._common import fixed_answer_position, model_device
 from phaseinterp.results import Result
 from phaseinterp.tasks import resolve_task
+from phaseinterp.models.protocol import model_label as label_of, phase_model
 
 ABLATIONS = ("mean", "resample", "norm_matched")
 
@@ -37,7 +38,8 @@ ABLATIONS = ("mean", "resample", "norm_matched")
 @torch.inference_mode()
 def _answer_z(model, tokens: torch.Tensor, answer_pos: int, batch_size: int) -> torch.Tensor:
     """``hook_z`` at ``answer_pos`` of every prompt: ``[prompt, layer, head, d_head]``."""
-    names = [f"blocks.{layer}.attn.hook_z" for layer in range(model.cfg.n_layers)]
+    family = phase_model(model)
+    names = [family.z_hook(layer) for layer in range(family.n_layers)]
     out = []
     for i in range(0, tokens.shape[0], batch_size):
         chunk = tokens[i : i + batch_size, : answer_pos + 1].to(model_device(model))
@@ -108,7 +110,7 @@ def replacement_ablation(model, task=None, *, method: str = "resample", layer=No
                         z[:, answer_pos, heads] = mean * scale
                     return z
 
-                logits = model.run_with_hooks(chunk, fwd_hooks=[(f"blocks.{unit.layer}.attn.hook_z", replace)])
+                logits = model.run_with_hooks(chunk, fwd_hooks=[(phase_model(model).z_hook(unit.layer), replace)])
                 ko_ok[i : i + len(ans), u] = (logits[:, answer_pos].argmax(-1) == ans).cpu().numpy()
                 if bar is not None:
                     bar.update(len(ans))
@@ -117,7 +119,7 @@ def replacement_ablation(model, task=None, *, method: str = "resample", layer=No
             bar.close()
     return AblationResult(units=units, residue=np.asarray(batch.meta["residue"].to_numpy(), dtype=np.int64),
                           clean_correct=clean_ok, knockout_correct=ko_ok, residue_modulus=task.residue_modulus,
-                          stride=model.cfg.stride, scope="kv_head", model_label=model.cfg.label,
+                          stride=model.cfg.stride, scope="kv_head", model_label=label_of(model),
                           n_calibration=n_calibration)
 
 
@@ -350,7 +352,7 @@ def confirm(model, task=None, *, n_per_residue: int = 72, n_calibration: int = 2
         note = reason
     clean = results["mean"].clean.reindex(range(model.cfg.stride)).to_numpy(dtype=float)
     return ConfirmResult(
-        model_label=model.cfg.label, stride=model.cfg.stride, phase_accuracy=clean, ablation_tests=tests,
+        model_label=label_of(model), stride=model.cfg.stride, phase_accuracy=clean, ablation_tests=tests,
         specialization=spec, agreement=agreement, nominations=nominations, cycling=cyc_table,
         n_nominated=nom["n_nominated"], n_hits=nom["n_hits"], hit_rate=nom["hit_rate"],
         chance_rate=nom["chance_rate"], nomination_p=nom["p_value"],

@@ -42,6 +42,7 @@ from phaseinterp.interventions.gate_shifts import (
 )
 from phaseinterp.results import Result
 from phaseinterp.tasks import resolve_task
+from phaseinterp.models.protocol import model_label as label_of
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -208,8 +209,9 @@ class CyclingResult(Result):
 
 
 def _answer_logits(model, tokens: torch.Tensor, answer_pos: int) -> torch.Tensor:
-    tokens = tokens[:, : answer_pos + 1].to(model_device(model))
-    return model.last_logits(tokens) if hasattr(model, "last_logits") else model(tokens)[:, answer_pos]
+    from phaseinterp.models.protocol import phase_model
+
+    return phase_model(model).answer_logits(tokens[:, : answer_pos + 1].to(model_device(model)))
 
 
 @torch.inference_mode()
@@ -367,7 +369,7 @@ def gate_cycling_profile(
             bar.close()
     return CyclingResult(shifts=shifts, residue=np.asarray(batch.meta["residue"].to_numpy(), dtype=np.int64),
                          correct=np.stack(rows), residue_modulus=task.residue_modulus, stride=model.cfg.stride,
-                         model_label=model.cfg.label, n_boot=n_boot, seed=seed, mode=mode)
+                         model_label=label_of(model), n_boot=n_boot, seed=seed, mode=mode)
 
 
 DEFAULT_N_PER_RESIDUE = 72  # the interventions' default: the smallest size the zoo task moment-matches
@@ -386,7 +388,7 @@ def gate_cycling(model, task=None, shifts: Optional[Sequence[int]] = None, *, sc
                  measure: str = "logprob", **kwargs):
     """Deprecated (0.3; removed in 0.4): ``score="profile"`` is `gate_cycling_profile` (a
     `CyclingResult`), ``score="unit"`` is `gate_cycling_unit` (a `UnitCyclingResult`)."""
-    from phaseinterp._deprecation import warn_renamed
+    from phaseinterp.errors import warn_renamed
 
     if score not in ("profile", "unit"):
         raise UserInputError(f"score={score!r} is not one of ('profile', 'unit')")

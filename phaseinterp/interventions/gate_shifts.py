@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from phaseinterp.errors import renamed
 from phaseinterp.errors import UserInputError
 from phaseinterp.interventions._common import check_layers, model_device
 from phaseinterp.models.protocol import phase_model
@@ -248,26 +249,13 @@ def shift_static_gates(model, shift: int, layers: Union[int, Sequence[int], None
 
 
 def cycling_fitness(model) -> tuple[bool, str]:
-    """Whether gate cycling is a meaningful experiment on ``model``, and why (one sentence).
+    """Whether gate cycling is a meaningful experiment on ``model``, and why (one sentence): the
+    model family's answer (`PhaseModel.cycling_fitness`). It needs offset-specific gate parameters
+    AND payloads shared across slots; a run without them is a negative control, to be labelled as
+    one (docs/science.md, "Gate cycling")."""
+    from phaseinterp.models.protocol import phase_model
 
-    It needs offset-specific gate parameters (W = S gated with scalar or vector gates, or the
-    DeepSeek kernel's ``position_bias``) AND payloads shared across slots: with a payload map
-    ``C_i`` per slot, a shifted gate weights maps never trained for that slot, so every phase
-    collapses and the scores measure that collapse, not the weak spots moving (docs/science.md,
-    "Gate cycling"). Such a run is a negative control, to be labelled as one."""
-    cfg = model.cfg
-    if not cfg.is_compressed:
-        return False, "full attention has no gates to shift"
-    if cfg.compression == "deepseek":
-        return True, "DeepSeek kernel: one kv_proj shared by every slot, gate preferences in position_bias"
-    if cfg.window != cfg.stride:
-        return False, f"W={cfg.window} != S={cfg.stride}: with overlapping gated windows a slot is not a phase"
-    if cfg.gate == "uniform":
-        return False, "uniform gates have no offset-specific parameters"
-    if getattr(cfg, "payload", "per_slot") != "shared":
-        return False, ("payload map per slot: a shifted gate reads maps never trained for its slot, so every "
-                       "phase collapses; a run there is a negative control, not a test of the prediction")
-    return True, "W = S gates with one payload map shared by every slot (as DeepSeek's kv_proj)"
+    return phase_model(model).cycling_fitness()
 
 
 # ---------------------------------------------------------------- the scores (statistics: cycling_stats)
@@ -301,6 +289,5 @@ def check_shifts(shifts, S: int) -> tuple[int, ...]:
     return tuple(dict.fromkeys([0] + requested))
 
 
-from phaseinterp._deprecation import renamed  # noqa: E402 - the alias is defined after the function it names
 
 cycle_gates = renamed("cycle_gates", "phaseinterp.shift_gates", shift_gates)

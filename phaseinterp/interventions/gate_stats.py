@@ -21,6 +21,7 @@ from phaseinterp.models.protocol import phase_model
 from phaseinterp.interventions._common import model_device
 from phaseinterp.results import Result
 from phaseinterp.tasks import resolve_task
+from phaseinterp.models.protocol import model_label as label_of
 
 
 def _entropy_exp(p, axis: int):
@@ -162,7 +163,7 @@ def gate_profile(model, task=None, *, n_per_residue: int = 8, seed: int = 0, bat
                     bias_concentration=float(_entropy_exp(static[:, kv], 0)),
                 ))
     return GateProfile(slots=pd.DataFrame(slot_rows), heads=pd.DataFrame(head_rows), window=W, stride=S,
-                       model_label=cfg.label)
+                       model_label=label_of(model))
 
 
 def _static_alpha(model, layer: int, branch: str) -> np.ndarray:

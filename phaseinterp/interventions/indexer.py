@@ -31,6 +31,7 @@ from phaseinterp.results import Result
 from phaseinterp.tasks import resolve_task
 from phaseinterp.interventions._common import fixed_answer_position, model_device
 from phaseinterp.models.protocol import phase_model
+from phaseinterp.models.protocol import model_label as label_of
 
 CSA = "compressed_sparse_attention"
 RATES = ("value_selected", "key_selected", "pair_selected")
@@ -152,7 +153,8 @@ def indexer_phase(model, task=None, *, layers: Optional[Sequence[int]] = None, n
     """
     layers, task, batch, answer_pos, S, key_tokens = _setup(model, task, layers, n_per_residue, seed, prompts,
                                                             "indexer_phase")
-    names = [f"blocks.{layer}.attn.compressor.indexer.{h}" for layer in layers for h in ("hook_scores", "hook_selected")]
+    family = phase_model(model)
+    names = [family.indexer_hook(layer, h) for layer in layers for h in ("hook_scores", "hook_selected")]
     device = model_device(model)
     scores = {layer: [] for layer in layers}
     selected = {layer: [] for layer in layers}
@@ -160,8 +162,8 @@ def indexer_phase(model, task=None, *, layers: Optional[Sequence[int]] = None, n
         chunk = batch.tokens[i : i + batch_size, : answer_pos + 1].to(device)
         _, cache = model.run_with_cache(chunk, names_filter=names, return_type=None, return_cache_object=False)
         for layer in layers:
-            scores[layer].append(cache[f"blocks.{layer}.attn.compressor.indexer.hook_scores"][:, answer_pos].float().cpu())
-            selected[layer].append(cache[f"blocks.{layer}.attn.compressor.indexer.hook_selected"][:, answer_pos].cpu())
+            scores[layer].append(cache[family.indexer_hook(layer, "hook_scores")][:, answer_pos].float().cpu())
+            selected[layer].append(cache[family.indexer_hook(layer, "hook_selected")][:, answer_pos].cpu())
     meta = batch.meta.reset_index(drop=True)
     target = meta["target_pos"].to_numpy().astype(np.int64)
     value = target + key_tokens
@@ -195,7 +197,7 @@ def indexer_phase(model, task=None, *, layers: Optional[Sequence[int]] = None, n
         }))
     return IndexerPhaseResult(records=pd.concat(frames, ignore_index=True), stride=S,
                               residue_modulus=int(batch.residue_modulus), top_k=int(top_k),
-                              model_label=str(model.cfg.label), confidence=confidence)
+                              model_label=label_of(model), confidence=confidence)
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -291,7 +293,7 @@ def force_target_selection(model, task=None, *, layers: Optional[Sequence[int]] 
             return sel
 
         clean.append(model(chunk)[:, answer_pos].argmax(-1).cpu())
-        hooks = [(f"blocks.{layer}.attn.compressor.indexer.hook_selected", force) for layer in layers]
+        hooks = [(phase_model(model).indexer_hook(layer, "hook_selected"), force) for layer in layers]
         forced.append(model.run_with_hooks(chunk, fwd_hooks=hooks)[:, answer_pos].argmax(-1).cpu())
     records = pd.DataFrame({
         "prompt": np.arange(len(meta)), "residue": meta["residue"].to_numpy(), "phase": target % S,
@@ -299,7 +301,7 @@ def force_target_selection(model, task=None, *, layers: Optional[Sequence[int]] 
         "forced_correct": (torch.cat(forced) == answers).numpy(), "missed": missed, "changed": changed,
     })
     return ForcedSelectionResult(records=records, stride=S, layers=tuple(layers), top_k=int(model.cfg.index_topk),
-                                 model_label=str(model.cfg.label), confidence=confidence)
+                                 model_label=label_of(model), confidence=confidence)
 
 
 __all__ = ["ForcedSelectionResult", "IndexerPhaseResult", "force_target_selection", "indexer_phase"]

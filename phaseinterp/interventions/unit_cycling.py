@@ -44,6 +44,7 @@ from phaseinterp.interventions.knockout import calibration_mean_z, mean_replacem
 from phaseinterp.errors import UserInputError
 from phaseinterp.results import Result
 from phaseinterp.tasks import resolve_task
+from phaseinterp.models.protocol import model_label as label_of
 from phaseinterp.interventions.gate_shifts import (
     check_kv_heads,
     check_shifts,
@@ -324,10 +325,16 @@ def _check_choice(name: str, value, options) -> None:
 
 def _layer_units(model, layers: list[int], kv_heads: Optional[list[int]]) -> pd.DataFrame:
     """One knockout row per layer: the query heads that read the unit's KV heads in that layer."""
-    groups = model.cfg.kv_head_groups()
-    heads = sorted({h for kv in (kv_heads if kv_heads is not None else groups) for h in groups[kv]})
+    from phaseinterp.models.protocol import phase_model
+
+    family = phase_model(model)
     kv = kv_heads[0] if kv_heads is not None and len(kv_heads) == 1 else -1
-    return pd.DataFrame([dict(layer=layer, kv_head=kv, heads=tuple(heads)) for layer in layers])
+    rows = []
+    for layer in layers:
+        groups = family.kv_heads(layer)
+        heads = sorted({h for k in (kv_heads if kv_heads is not None else groups) for h in groups[k]})
+        rows.append(dict(layer=layer, kv_head=kv, heads=tuple(heads)))
+    return pd.DataFrame(rows)
 
 
 def _joint_hooks(model, units: pd.DataFrame, mean_z, answer_pos: int) -> list:
@@ -452,7 +459,7 @@ def gate_cycling_unit(
         shifts=tuple(shifts), residue=np.asarray(batch.meta["residue"].to_numpy(), dtype=np.int64),
         measure_shifted=np.stack(shifted), measure_knocked=np.stack(knocked), correct_shifted=np.stack(correct),
         residue_modulus=modulus, stride=S, layers=tuple(layers_list),
-        kv_heads=None if heads is None else tuple(heads), measure=measure, mode=mode, model_label=model.cfg.label,
+        kv_heads=None if heads is None else tuple(heads), measure=measure, mode=mode, model_label=label_of(model),
         n_calibration=n_calibration, n_boot=n_boot, seed=seed,
     )
 
@@ -584,5 +591,5 @@ def specialized_units(
     rule = (f"specialized: knockout hurts 1..{max_phases} adjacent phases (Holm-significant, <= -50% relative, "
             f"clean >= 10%), not every phase, and nowhere else; control: a cyclable unit hurt on no phase with the smallest largest "
             f"|change| (pp)")
-    return UnitSelection(table=table, rule=rule, model_label=model.cfg.label, selection_seed=seed,
+    return UnitSelection(table=table, rule=rule, model_label=label_of(model), selection_seed=seed,
                          n_per_residue=int(ablation.residue.size // ablation.residue_modulus), max_phases=max_phases)

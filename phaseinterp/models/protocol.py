@@ -114,6 +114,24 @@ class PhaseModel(Protocol):
         """Whether the family has a cached-prefix ablation sweep (``interventions.knockout``'s engine
         for ``family``); else `ablate` runs the hooked full forward per unit."""
 
+    @property
+    def has_answer_logits(self) -> bool:
+        """Whether `answer_logits` skips the last layer's work at every position but the last (a
+        ``last_logits`` path); else it is the full forward's last row."""
+
+    def answer_logits(self, tokens) -> torch.Tensor:
+        """``[batch, d_vocab]`` logits at the LAST position of ``tokens`` (cut the prompts after the
+        answer position first): what `phase_profile` and gate cycling read, one answer per prompt."""
+
+    def z_hook(self, layer: int) -> str:
+        """The per-query-head attention output hook of ``layer`` (``[batch, pos, head, d_head]``)."""
+
+    def indexer_hook(self, layer: int, name: str) -> str:
+        """An indexer hook (``"hook_scores"`` or ``"hook_selected"``) of a layer in `indexer_layers`."""
+
+    def cycling_fitness(self) -> tuple[bool, str]:
+        """Whether gate cycling is a meaningful experiment on this model, and why (one sentence)."""
+
 
 def _check_branch(branch: str) -> None:
     if branch not in ("both", "k", "v"):
@@ -192,17 +210,56 @@ class _Family:
         if kv_head not in groups:
             raise UserInputError(f"kv_head={kv_head!r} is out of range for layer {layer} "
                                  f"(KV heads 0..{len(groups) - 1})")
-        return KnockoutPoint(f"blocks.{layer}.attn.hook_z", tuple(int(h) for h in groups[kv_head]))
+        return KnockoutPoint(self.z_hook(layer), tuple(int(h) for h in groups[kv_head]))
 
     @property
     def has_fast_ablation(self) -> bool:
         return False
+
+    @property
+    def has_answer_logits(self) -> bool:
+        return True  # both families have ``last_logits`` (models/paths.py picks its path from the hooks)
+
+    def answer_logits(self, tokens) -> torch.Tensor:
+        return self.model.last_logits(tokens)
+
+    def z_hook(self, layer: int) -> str:
+        self._check_layer(layer)
+        return f"blocks.{layer}.attn.hook_z"
+
+    def indexer_hook(self, layer: int, name: str) -> str:
+        if name not in ("hook_scores", "hook_selected"):
+            raise UserInputError(f"name={name!r} is not one of ('hook_scores', 'hook_selected')")
+        self._check_layer(layer)
+        if layer not in self.indexer_layers:
+            raise UserInputError(f"layer {layer} has no indexer (layers with one: {self.indexer_layers})")
+        return f"blocks.{layer}.attn.compressor.indexer.{name}"
 
 
 class CompressedFamily(_Family):
     """phaseinterp's own `CompressedTransformer` (every layer compressed alike, or none)."""
 
     family = "compressed"
+
+    def cycling_fitness(self) -> tuple[bool, str]:
+        """Gate cycling needs offset-specific gate parameters (W = S gated with scalar or vector
+        gates, or the DeepSeek kernel's ``position_bias``) AND payloads shared across slots: with a
+        payload map ``C_i`` per slot, a shifted gate weights maps never trained for that slot, so
+        every phase collapses and the scores measure that collapse, not the weak spots moving
+        (docs/science.md, "Gate cycling"). Such a run is a negative control, to be labelled as one."""
+        cfg = self.cfg
+        if not cfg.is_compressed:
+            return False, "full attention has no gates to shift"
+        if cfg.compression == "deepseek":
+            return True, "DeepSeek kernel: one kv_proj shared by every slot, gate preferences in position_bias"
+        if cfg.window != cfg.stride:
+            return False, f"W={cfg.window} != S={cfg.stride}: with overlapping gated windows a slot is not a phase"
+        if cfg.gate == "uniform":
+            return False, "uniform gates have no offset-specific parameters"
+        if getattr(cfg, "payload", "per_slot") != "shared":
+            return False, ("payload map per slot: a shifted gate reads maps never trained for its slot, so every "
+                           "phase collapses; a run there is a negative control, not a test of the prediction")
+        return True, "W = S gates with one payload map shared by every slot (as DeepSeek's kv_proj)"
 
     def layer_stride(self, layer: int) -> Optional[int]:
         self._check_layer(layer)
@@ -255,6 +312,11 @@ class CompressedFamily(_Family):
 class DeepseekV4Family(_Family):
     """A wrapped Hugging Face DeepSeek-V4 (`HookedDeepseekV4`): CSA / HCA / sliding-only layers,
     one shared KV head (K = V) per layer, windows on one grid starting at position 0."""
+
+    def cycling_fitness(self) -> tuple[bool, str]:
+        if not self.compressed_layers:
+            return False, "no compressed layer: no gates to shift"
+        return True, "DeepSeek kernel: one kv_proj shared by every slot, gate preferences in position_bias"
 
     family = "deepseek_v4"
 
@@ -331,6 +393,17 @@ class GenericModel(_Family):
                              "or a wrapped DeepSeek-V4, phaseinterp.from_hf): only phase_profile runs on it")
 
     layer_stride = layer_window = key_slot_sources = gate_targets = kv_heads = window_offsets = gate_hook = _unsupported
+    z_hook = indexer_hook = _unsupported
+
+    @property
+    def has_answer_logits(self) -> bool:
+        return False
+
+    def answer_logits(self, tokens) -> torch.Tensor:
+        return self.model(tokens)[:, -1]
+
+    def cycling_fitness(self) -> tuple[bool, str]:
+        return False, f"{type(self.model).__name__} is not a phaseinterp model family: no gates to shift"
 
 
 def model_name(model) -> Optional[str]:

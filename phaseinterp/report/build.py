@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from phaseinterp._files import atomic_write_text, check_write_target, move_into_place, staging_dir
+from phaseinterp.models.protocol import model_label
 from phaseinterp.report.models import as_model, check_twin
 from phaseinterp.report.page import num, page_html, tidy_figure
 from phaseinterp.report.section import ReportContext, SectionClock, run_sections
@@ -180,7 +181,7 @@ def _build_report(model, final: Path, staging: list, *, twin, settings, task, de
     (out / "data").mkdir(parents=True, exist_ok=True)
     ctx = ReportContext(model=model, task=task, settings=settings, out=out, twin=twin, device=device,
                         progress=progress, log=log, own_task=own_task, deepseek_v4=dsv4, remedy=remedy)
-    ctx.summary.update({"model": model.cfg.label, "config": model.cfg.to_dict(),
+    ctx.summary.update({"model": model_label(model), "config": model.cfg.to_dict(),
                         "task": task.to_dict() if hasattr(task, "to_dict") else repr(task),
                         "settings": settings.__dict__ | {"shifts": list(settings.shifts or ())}})
     clock.lap("load models")

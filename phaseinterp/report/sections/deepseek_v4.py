@@ -23,6 +23,7 @@ from phaseinterp._files import atomic_write_text
 from phaseinterp.errors import UserInputError
 from phaseinterp.report.models import data_name
 from phaseinterp.report.section import ReportContext, Section, write_profile_csvs
+from phaseinterp.models.protocol import phase_model
 
 
 def deepseek_v4_section(model, task=None, out_dir: Union[str, Path, None] = None, *, n_per_residue: int = 24,
@@ -31,7 +32,7 @@ def deepseek_v4_section(model, task=None, out_dir: Union[str, Path, None] = None
     from phaseinterp.tasks import resolve_task
     from phaseinterp.interventions.indexer import indexer_phase
 
-    if not hasattr(model, "hf") or not hasattr(model.cfg, "layer_types"):
+    if phase_model(model).family != "deepseek_v4":
         raise UserInputError("deepseek_v4_section needs a wrapped DeepSeek-V4 (phaseinterp.from_hf / load_hf)")
     task = resolve_task(model, task)
     batch = task.generate(n_per_residue, seed=seed, strict=False)
@@ -74,7 +75,7 @@ def deepseek_v4_section(model, task=None, out_dir: Union[str, Path, None] = None
 def load_deepseek_v4(model_or_name, device):
     """A wrapped DeepSeek-V4 or a shipped HF-format zoo name -> the wrapped model (checked before any work)."""
     if not isinstance(model_or_name, str):
-        if not hasattr(model_or_name, "hf"):
+        if phase_model(model_or_name).family != "deepseek_v4":
             raise UserInputError(f"deepseek_v4={type(model_or_name).__name__} is not a wrapped DeepSeek-V4 "
                              "(phaseinterp.from_hf / load_hf) or a shipped HF zoo name")
         return model_or_name
