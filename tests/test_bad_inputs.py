@@ -693,7 +693,7 @@ def _device_calls():
             CompressedTransformer.from_pretrained(_saved(m, t), device=BAD_DEVICE)),
         "phaseinterp.parallel.runs:sharded_ablate": lambda m, t: pi.parallel.sharded_ablate(
             m, TASK, out_dir=t / "s", device=BAD_DEVICE),
-        "phaseinterp.parallel.runs:sharded_gate_cycling": lambda m, t: pi.parallel.sharded_gate_cycling(
+        "phaseinterp.parallel.runs:sharded_gate_cycling_profile": lambda m, t: pi.parallel.sharded_gate_cycling_profile(
             m, TASK, [1], out_dir=t / "s", device=BAD_DEVICE),
         "phaseinterp.parallel.runs:sharded_profile": lambda m, t: pi.parallel.sharded_profile(
             m, TASK, 23, out_dir=t / "s", device=BAD_DEVICE),
@@ -776,7 +776,7 @@ def test_every_device_argument_is_walked():
 DEVICE_IDS = ["phaseinterp.interventions.ablation:ablate", "phaseinterp.interventions.ablation:mean_ablation",
               "phaseinterp.models.hf:load_hf", "phaseinterp.models.transformer:CompressedTransformer.__init__",
               "phaseinterp.models.transformer:CompressedTransformer.from_pretrained",
-              "phaseinterp.parallel.runs:sharded_ablate", "phaseinterp.parallel.runs:sharded_gate_cycling",
+              "phaseinterp.parallel.runs:sharded_ablate", "phaseinterp.parallel.runs:sharded_gate_cycling_profile",
               "phaseinterp.parallel.runs:sharded_profile", "phaseinterp.profile:phase_profile",
               "phaseinterp.models.loading:load", "phaseinterp.report.models:as_model",
               "phaseinterp.report.build:build_report", "phaseinterp.report.models:load_model",

@@ -59,7 +59,7 @@ def _experiment(kind: str, model, out_dir, prompts, **kwargs):
         return parallel.sharded_profile(model, _task(), **common)
     if kind == "ablate":
         return parallel.sharded_ablate(model, _task(), n_calibration=8, batch_size=3, **common)
-    return parallel.sharded_gate_cycling(model, _task(), batch_size=3, **common)
+    return parallel.sharded_gate_cycling_profile(model, _task(), batch_size=3, **common)
 
 
 def _single(kind: str, model, prompts):
@@ -295,3 +295,34 @@ def test_launch_info_reads_the_launcher_environment(monkeypatch):
     monkeypatch.delenv("RANK")
     assert parallel.launch_info().world_size == 1
     assert parallel.rank_device().type == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def test_sharded_variants_take_every_parameter_of_their_single_process_function():
+    """Built from the single-process signature (issue 35): a parameter added there is accepted by the
+    sharded variant without a change in parallel/; only the refused ones (each with a reason) differ."""
+    import inspect
+
+    from phaseinterp.interventions.ablation import ablate
+    from phaseinterp.interventions.gate_cycling import gate_cycling_profile
+    from phaseinterp.profile import phase_profile
+
+    pairs = [(phase_profile, parallel.sharded_profile, {"tokenizer", "resume_dir", "retries", "retry_wait"}),
+             (ablate, parallel.sharded_ablate, {"calibration_mean"}),
+             (gate_cycling_profile, parallel.sharded_gate_cycling_profile, {"baseline"})]
+    for single, sharded, refused in pairs:
+        ours, theirs = set(inspect.signature(sharded).parameters), set(inspect.signature(single).parameters)
+        assert ours == (theirs - refused) | {"out_dir", "chunk_size", "model_sha256"}, single.__name__
+
+
+def test_sharded_refuses_what_it_cannot_shard_and_the_old_name_warns(tmp_path):
+    model, task = _model(), _task()
+    with pytest.raises(ValueError, match="baseline= does not apply to a sharded run"):
+        parallel.sharded_gate_cycling_profile(model, task, out_dir=tmp_path / "a", baseline=object())
+    with pytest.raises(ValueError, match="out_dir= is required"):
+        parallel.sharded_ablate(model, task)
+    with pytest.warns(DeprecationWarning, match="use phaseinterp.parallel.sharded_gate_cycling_profile"):
+        old = parallel.sharded_gate_cycling(model, task, out_dir=tmp_path / "b", prompts=_prompts(), chunk_size=5,
+                                            batch_size=3, progress=False)
+    new = parallel.sharded_gate_cycling_profile(model, task, out_dir=tmp_path / "c", prompts=_prompts(), chunk_size=5,
+                                                batch_size=3, progress=False)
+    assert np.array_equal(old.correct, new.correct)

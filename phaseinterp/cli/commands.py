@@ -317,9 +317,9 @@ def run(args) -> int:
             _save(args.out, result, args.overwrite)
             return 0
         if args.shard_dir is not None:
-            from phaseinterp.parallel import sharded_gate_cycling
+            from phaseinterp.parallel import sharded_gate_cycling_profile
 
-            result = sharded_gate_cycling(model, task, args.shifts, out_dir=args.shard_dir, chunk_size=args.chunk_size,
+            result = sharded_gate_cycling_profile(model, task, args.shifts, out_dir=args.shard_dir, chunk_size=args.chunk_size,
                                           layers=args.layer, branch=args.branch, n_per_residue=args.n_per_residue)
             if result is None:  # not process 0: its prompts are in the shards
                 return 0

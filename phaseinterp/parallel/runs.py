@@ -1,7 +1,7 @@
 """Data-parallel experiments over prompts, under ``torchrun`` or ``accelerate launch``.
 
-`sharded_profile`, `sharded_ablate` and `sharded_gate_cycling` run `phase_profile`, `ablate`
-and `gate_cycling` on a deterministic slice of the prompts per rank: the prompts are cut into
+`sharded_profile`, `sharded_ablate` and `sharded_gate_cycling_profile` run `phase_profile`,
+`ablate` and `gate_cycling_profile` on a deterministic slice of the prompts per rank: the prompts are cut into
 chunks of ``chunk_size`` (chunk ``c`` holds prompts ``c*chunk_size ..``) and chunk ``c`` goes
 to rank ``c mod world_size``. Each finished chunk is written atomically to
 ``DIR/shards/chunk-NNNNNN.npz`` beside ``DIR/run.json`` (what the run is: model hash, task,
@@ -16,21 +16,25 @@ Ranks, world size and the local rank come from the launcher's environment (``RAN
 ``WORLD_SIZE``, ``LOCAL_RANK``); the backend is NCCL with one GPU per rank
 (``cuda:LOCAL_RANK``) when CUDA is available, gloo on CPU. Without a launcher everything
 runs in this process (world size 1), with the same files.
+
+Each sharded variant is built from its single-process function by `sharded`: it takes the same
+parameters (a new one is added in one place), records them in ``run.json`` and passes them to
+every chunk.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
-import os
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from phaseinterp._checks import check_int
-from phaseinterp.errors import UserInputError
+from phaseinterp.errors import UserInputError, renamed
 from phaseinterp._files import atomic_write, check_write_target, json_default, progress_bar
 from phaseinterp.parallel.launch import Launch, all_gather, gather_to_main, init_distributed, raise_any, rank_device
 from phaseinterp.parallel.shards import (
@@ -153,144 +157,196 @@ def _setup(model, task, prompts, n_per_residue, seed, device, chunk_size, model_
 
 
 def _label(model) -> str:
-    return str(getattr(getattr(model, "cfg", None), "label", type(model).__name__))
+    from phaseinterp.models.protocol import phase_model
+
+    return phase_model(model).label
 
 
-def sharded_profile(
-    model: torch.nn.Module,
-    task: Any = None,
-    n_per_residue: int = 250,
-    *,
-    out_dir: Union[str, os.PathLike],
-    seed: int = 0,
-    chunk_size: int = 256,
-    batch_size: int = 64,
-    device: Any = None,
-    stride: Optional[int] = None,
-    label: Optional[str] = None,
-    confidence: float = 0.95,
-    interval: str = "auto",
-    n_bootstrap: int = 2000,
-    n_permutations: int = 1999,
-    prompts: Any = None,
-    model_sha256: Optional[str] = None,
-    progress: bool = True,
-):
-    """`phase_profile` data-parallel over prompts (see the module docstring): rank 0 returns
-    the `PhaseProfile` a single ``phase_profile(model, task, n_per_residue, seed=seed, ...)``
-    returns, the other ranks None. ``out_dir`` holds ``run.json`` and one shard per chunk of
-    ``chunk_size`` prompts; a rerun skips the shards already there."""
-    from phaseinterp.profile import INTERVALS, phase_profile
+# --------------------------------------------------- a sharded variant from its single-process function
+_SETUP = ("n_per_residue", "seed", "device", "prompts")  # `_setup` uses these; the rest go to each chunk
+_EXTRAS = (  # the sharded variant's own keyword-only parameters, after the single function's
+    inspect.Parameter("out_dir", inspect.Parameter.KEYWORD_ONLY),
+    inspect.Parameter("chunk_size", inspect.Parameter.KEYWORD_ONLY),
+    inspect.Parameter("model_sha256", inspect.Parameter.KEYWORD_ONLY, default=None),
+)
 
-    if interval not in INTERVALS:
-        raise UserInputError(f"interval={interval!r} is not one of {INTERVALS}")
-    launch, model, task, prompts, header = _setup(model, task, prompts, n_per_residue, seed, device, chunk_size,
-                                                  model_sha256)
-    stride = stride if stride is not None else getattr(getattr(model, "cfg", None), "stride", None)
-    if stride is None:
+
+def _jsonable(name: str, value: Any) -> Any:
+    """A setting as it is recorded in ``run.json`` (and compared on resume)."""
+    if isinstance(value, (np.integer, np.floating)):
+        return value.item()
+    if isinstance(value, (tuple, list, range, np.ndarray)):
+        return [_jsonable(name, v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise UserInputError(f"{name}={type(value).__name__} cannot be recorded in a sharded run's run.json "
+                         "(give it as numbers, strings or lists)")
+
+
+def sharded(single: Callable, *, kind: str, chunk_size: int, refuse: dict[str, str]):
+    """The data-parallel variant of ``single`` (see the module docstring), built from its signature.
+
+    The variant takes every parameter of ``single`` (a parameter added there is accepted, recorded
+    in ``run.json`` and passed to each chunk without a change here) but those in ``refuse`` (name ->
+    why), plus ``out_dir``, ``chunk_size`` and ``model_sha256``. The experiment-specific parts (what
+    a chunk keeps, how the result is rebuilt) are `_EVALUATE` and ``shards.assemble``."""
+    signature = inspect.signature(single)
+    params = [p for name, p in signature.parameters.items() if name not in refuse]
+    default_chunk = chunk_size
+
+    def run(*args, **kwargs):
+        bound_extras = {name: kwargs.pop(name) for name in ("out_dir", "chunk_size", "model_sha256") if name in kwargs}
+        if "out_dir" not in bound_extras:
+            raise UserInputError(f"sharded_{kind}: out_dir= is required (the run's folder: run.json and shards/)")
+        for name, why in refuse.items():
+            if name in kwargs and kwargs[name] is not None and kwargs[name] != signature.parameters[name].default:
+                raise UserInputError(f"{name}= does not apply to a sharded run: {why}")
+            kwargs.pop(name, None)
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError as err:
+            raise UserInputError(f"sharded_{kind}: {err}") from None
+        bound.apply_defaults()
+        settings = {k: v for k, v in bound.arguments.items() if k not in refuse}
+        model, task, progress = settings.pop("model"), settings.pop("task"), settings.pop("progress", True)
+        setup = {name: settings.pop(name, None) for name in _SETUP}
+        if kind == "profile" and setup["n_per_residue"] is None:
+            setup["n_per_residue"] = signature.parameters["n_per_residue"].default
+        launch, model, task, prompts, header = _setup(
+            model, task, setup["prompts"], setup["n_per_residue"], setup["seed"] or 0, setup["device"],
+            bound_extras.get("chunk_size", default_chunk), bound_extras.get("model_sha256"))
+        settings = _EVALUATE[kind].resolve(model, task, prompts, settings)
+        header.update(kind=_KIND_IN_HEADER[kind], settings={k: _jsonable(k, v) for k, v in settings.items()})
+        plan = _EVALUATE[kind].plan(model, task, prompts, header, settings, setup["seed"] or 0)
+        return _run(plan, prompts, bound_extras["out_dir"], launch, progress)
+
+    run.__signature__ = signature.replace(parameters=[
+        *[p for p in params if p.kind is not inspect.Parameter.VAR_KEYWORD],
+        *(p.replace(default=default_chunk) if p.name == "chunk_size" else p for p in _EXTRAS)])
+    run.__name__ = run.__qualname__ = f"sharded_{single.__name__}"
+    run.__doc__ = (f"`{single.__name__}` data-parallel over prompts: rank 0 returns the result a single "
+                   f"``{single.__name__}(...)`` with the same arguments returns, the other ranks None. ``out_dir`` holds "
+                   f"``run.json`` and one shard per chunk of ``chunk_size`` prompts (default {default_chunk}); a "
+                   "rerun skips the shards already there. Every parameter of "
+                   f"`{single.__name__}` applies" + (f" but {', '.join(refuse)}" if refuse else "") +
+                   " (module docstring).")
+    return run
+
+
+@dataclass
+class _Experiment:
+    resolve: Callable  # (model, task, prompts, settings) -> settings with what assemble needs filled in
+    plan: Callable  # (model, task, prompts, header, settings, seed) -> _Plan
+
+
+def _profile_resolve(model, task, prompts, settings):
+    from phaseinterp.profile import INTERVALS
+
+    if settings["interval"] not in INTERVALS:
+        raise UserInputError(f"interval={settings['interval']!r} is not one of {INTERVALS}")
+    from phaseinterp.models.protocol import phase_model
+
+    if settings.get("stride") is None:
+        settings["stride"] = phase_model(model).stride
+    if settings["stride"] is None:
         raise UserInputError("the model has no cfg.stride; pass stride= explicitly")
-    label = label if label is not None else _label(model)
-    header.update(kind="profile", settings=dict(
-        stride=stride, label=label, residue_modulus=prompts.residue_modulus, confidence=confidence, interval=interval,
-        n_bootstrap=n_bootstrap, n_permutations=n_permutations))
+    settings["label"] = settings.get("label") if settings.get("label") is not None else _label(model)
+    settings["residue_modulus"] = prompts.residue_modulus
+    return settings
+
+
+def _profile_plan(model, task, prompts, header, settings, seed):
+    from phaseinterp.profile import phase_profile
+
+    per_chunk = {k: v for k, v in settings.items() if k not in ("residue_modulus", "n_bootstrap", "n_permutations",
+                                                                "interval")}
 
     def evaluate(sub) -> dict[str, np.ndarray]:
         # Only the chunk's per-prompt records are kept; its own statistics are recomputed on
         # the merged records (n_permutations=1 keeps the discarded ones cheap).
-        part = phase_profile(model, sub, seed=seed, batch_size=batch_size, stride=stride, label=label,
-                             confidence=confidence, interval="wilson", n_permutations=1, progress=False)
+        part = phase_profile(model, sub, seed=seed, interval="wilson", n_permutations=1, progress=False, **per_chunk)
         return {f"records/{c}": part.records[c].to_numpy() for c in part.records.columns}
 
-    return _run(_Plan(header, evaluate), prompts, out_dir, launch, progress)
+    return _Plan(header, evaluate)
 
 
-def sharded_ablate(
-    model: torch.nn.Module,
-    task: Any = None,
-    *,
-    out_dir: Union[str, os.PathLike],
-    layer: Union[int, Sequence[int], None] = None,
-    scope: str = "kv_head",
-    heads: Optional[Sequence[Sequence[int]]] = None,
-    n_per_residue: int = 72,
-    n_calibration: int = 256,
-    seed: int = 0,
-    calibration_seed: int = 1,
-    chunk_size: int = 64,
-    batch_size: int = 64,
-    method: str = "fast",
-    device: Any = None,
-    prompts: Any = None,
-    model_sha256: Optional[str] = None,
-    progress: bool = True,
-):
-    """`ablate` (per-KV-head mean replacement) data-parallel over prompts: rank 0 returns the
-    `AblationResult` a single ``ablate(...)`` with the same arguments returns, the other ranks
-    None. Each rank computes the calibration mean once (the same prompts on every rank)."""
+def _ablate_resolve(model, task, prompts, settings):
+    layer = settings.get("layer")
+    settings["layer"] = None if layer is None else ([layer] if isinstance(layer, (int, np.integer)) else list(layer))
+    heads = settings.get("heads")
+    settings["heads"] = None if heads is None else [list(h) for h in heads]
+    settings["result_scope"] = "custom" if heads is not None else settings["scope"]
+    settings.update(label=_label(model), residue_modulus=task.residue_modulus, stride=model.cfg.stride)
+    return settings
+
+
+def _ablate_plan(model, task, prompts, header, settings, seed):
     from phaseinterp.interventions._common import fixed_answer_position
     from phaseinterp.interventions.ablation import ablate, calibration_mean_z
 
-    launch, model, task, prompts, header = _setup(model, task, prompts, n_per_residue, seed, device, chunk_size,
-                                                  model_sha256)
-    layers = None if layer is None else ([layer] if isinstance(layer, int) else list(layer))
-    header.update(kind="ablate", settings=dict(
-        layer=layers, scope=scope, heads=None if heads is None else [list(h) for h in heads],
-        result_scope="custom" if heads is not None else scope, n_calibration=n_calibration,
-        calibration_seed=calibration_seed, method=method, label=_label(model),
-        residue_modulus=task.residue_modulus, stride=model.cfg.stride))
+    per_chunk = {k: v for k, v in settings.items() if k not in ("result_scope", "label", "residue_modulus", "stride")}
     state: dict[str, Any] = {}
 
     def prepare() -> None:
         answer_pos = fixed_answer_position(prompts)
-        calib = task.calibration(n_calibration, seed=calibration_seed)
+        calib = task.calibration(settings["n_calibration"], seed=settings["calibration_seed"])
         if fixed_answer_position(calib) == answer_pos:  # else `ablate` raises with its own message
-            state["mean"] = calibration_mean_z(model, calib.tokens, answer_pos, batch_size)
+            state["mean"] = calibration_mean_z(model, calib.tokens, answer_pos, settings["batch_size"])
 
     def evaluate(sub) -> dict[str, np.ndarray]:
-        r = ablate(model, task, layer=layer, scope=scope, heads=heads, n_calibration=n_calibration, seed=seed,
-                   calibration_seed=calibration_seed, batch_size=batch_size, method=method, progress=False,
-                   prompts=sub, calibration_mean=state.get("mean"))
+        r = ablate(model, task, seed=seed, progress=False, prompts=sub, calibration_mean=state.get("mean"),
+                   **per_chunk)
         return {"residue": r.residue, "clean_correct": r.clean_correct, "knockout_correct": r.knockout_correct,
                 "clean_logit_answer": r.clean_logit_answer, "knockout_logit_answer": r.knockout_logit_answer,
                 "static/unit_layer": r.units.layer.to_numpy(), "static/unit_kv_head": r.units.kv_head.to_numpy(),
                 "static/unit_heads": np.array([json.dumps(list(h)) for h in r.units.heads])}
 
-    return _run(_Plan(header, evaluate, prepare), prompts, out_dir, launch, progress)
+    return _Plan(header, evaluate, prepare)
 
 
-def sharded_gate_cycling(
-    model: torch.nn.Module,
-    task: Any = None,
-    shifts: Optional[Sequence[int]] = None,
-    *,
-    out_dir: Union[str, os.PathLike],
-    layers: Union[int, Sequence[int], None] = None,
-    branch: str = "both",
-    n_per_residue: int = 72,
-    seed: int = 0,
-    chunk_size: int = 128,
-    batch_size: int = 64,
-    n_boot: int = 1000,
-    device: Any = None,
-    prompts: Any = None,
-    model_sha256: Optional[str] = None,
-    progress: bool = True,
-):
-    """`gate_cycling` data-parallel over prompts: rank 0 returns the `CyclingResult` a single
-    ``gate_cycling_profile(...)`` with the same arguments returns, the other ranks None."""
-    from phaseinterp.interventions.gate_cycling_profile import gate_cycling_profile
+def _cycle_resolve(model, task, prompts, settings):
+    shifts, layers, kv_heads = settings.get("shifts"), settings.get("layers"), settings.get("kv_heads")
+    settings["shifts"] = None if shifts is None else [int(d) for d in np.atleast_1d(shifts)]
+    settings["layers"] = None if layers is None else np.atleast_1d(layers).astype(int).tolist()
+    settings["kv_heads"] = None if kv_heads is None else np.atleast_1d(kv_heads).astype(int).tolist()
+    settings.update(label=_label(model), residue_modulus=task.residue_modulus, stride=model.cfg.stride)
+    return settings
 
-    launch, model, task, prompts, header = _setup(model, task, prompts, n_per_residue, seed, device, chunk_size,
-                                                  model_sha256)
-    header.update(kind="cycle", settings=dict(
-        shifts=None if shifts is None else [int(d) for d in np.atleast_1d(shifts)],
-        layers=None if layers is None else np.atleast_1d(layers).astype(int).tolist(), branch=branch,
-        n_boot=n_boot, label=_label(model), residue_modulus=task.residue_modulus, stride=model.cfg.stride))
+
+def _cycle_plan(model, task, prompts, header, settings, seed):
+    from phaseinterp.interventions.gate_cycling import gate_cycling_profile
+
+    per_chunk = {k: v for k, v in settings.items() if k not in ("label", "residue_modulus", "stride")}
 
     def evaluate(sub) -> dict[str, np.ndarray]:
-        r = gate_cycling_profile(model, task, shifts, layers=layers, branch=branch, seed=seed, batch_size=batch_size,
-                         n_boot=n_boot, progress=False, prompts=sub)
+        r = gate_cycling_profile(model, task, seed=seed, progress=False, prompts=sub, **per_chunk)
         return {"residue": r.residue, "correct": np.ascontiguousarray(r.correct.T),
                 "static/shifts": np.asarray(r.shifts, dtype=np.int64)}
 
-    return _run(_Plan(header, evaluate), prompts, out_dir, launch, progress)
+    return _Plan(header, evaluate)
+
+
+_EVALUATE = {"profile": _Experiment(_profile_resolve, _profile_plan),
+             "ablate": _Experiment(_ablate_resolve, _ablate_plan),
+             "gate_cycling_profile": _Experiment(_cycle_resolve, _cycle_plan)}
+_KIND_IN_HEADER = {"profile": "profile", "ablate": "ablate", "gate_cycling_profile": "cycle"}
+
+
+def _single(module: str, name: str) -> Callable:
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
+
+_ENGINE_ONLY = "it journals an engine's answers (resume_dir=, retries=, retry_wait=), not a model's; run one process"
+sharded_profile = sharded(_single("phaseinterp.profile", "phase_profile"), kind="profile", chunk_size=256, refuse={
+    "tokenizer": "the prompts are the task's token ids", "resume_dir": _ENGINE_ONLY, "retries": _ENGINE_ONLY,
+    "retry_wait": _ENGINE_ONLY})
+sharded_profile.__name__ = sharded_profile.__qualname__ = "sharded_profile"
+sharded_ablate = sharded(_single("phaseinterp.interventions.ablation", "ablate"), kind="ablate", chunk_size=64, refuse={
+    "calibration_mean": "each rank computes the calibration mean once, from n_calibration and calibration_seed"})
+sharded_gate_cycling_profile = sharded(
+    _single("phaseinterp.interventions.gate_cycling", "gate_cycling_profile"), kind="gate_cycling_profile",
+    chunk_size=128, refuse={"baseline": "the unshifted row is computed per chunk (shift 0)"})
+sharded_gate_cycling = renamed("sharded_gate_cycling", "phaseinterp.parallel.sharded_gate_cycling_profile",
+                               sharded_gate_cycling_profile)
