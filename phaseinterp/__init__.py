@@ -12,7 +12,7 @@ plotly), so the command line answers ``--help`` at once.
 
 import importlib as _importlib
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 _SUBMODULES = {"phase", "stats", "tasks", "zoo", "plot", "report", "results", "profile", "errors",
                "interventions", "models", "config", "train", "theory", "cli", "engines", "parallel", "experiments"}
