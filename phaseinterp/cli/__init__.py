@@ -13,6 +13,10 @@
     phaseinterp zoo export NAME --layout deepseek [--fp8 [--fp8-scales pow2|exact]] [--experts fp4|fp8|float] --out DIR
                                                   -> phaseinterp.models.hf.export
     phaseinterp merge DIR [--out DIR]                             -> phaseinterp.parallel.merge
+    phaseinterp conformance MODEL [--modes ...]                   -> phaseinterp.conformance
+    phaseinterp check-report DIR | screenshot DIR PNG             -> phaseinterp.report.check
+    phaseinterp memory-plan [CONFIG] [--tokens N ...]             -> phaseinterp.models.hf.memory
+    phaseinterp experiments remedy RUNS STOP W/N [SEED ...]       -> phaseinterp.experiments.remedy.train_share
 
 profile, ablate and cycle also run data-parallel under ``torchrun --nproc-per-node N -m
 phaseinterp ... --shard-dir DIR`` (phaseinterp.parallel).
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import re
 import sys
+import warnings
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -66,12 +71,15 @@ def _interrupted(args) -> str:
         else:
             from phaseinterp import zoo
 
-            run = Path(args.out_dir) if args.out_dir else Path("runs") / "zoo" / (zoo.entry(args.name).run or args.name)
+            run_name = zoo.ENTRIES[args.name].run if args.name in zoo.ENTRIES else None  # HF DeepSeek-V4: NAME
+            run = Path(args.out_dir) if args.out_dir else Path("runs") / "zoo" / (run_name or args.name)
             again = "rerun the same command to continue"
         latest = run / "checkpoints" / "LATEST"
         if latest.is_file():
             return f"interrupted; the last checkpoint in {run / 'checkpoints'} ({latest.read_text().strip()}) is intact: {again}"
         return f"interrupted before the first checkpoint; nothing in {run} to resume"
+    if args.command == "experiments":
+        return f"interrupted; the runs in {args.runs} keep their last checkpoints: rerun the same command to resume"
     if getattr(args, "shard_dir", None):
         return f"interrupted; the finished shards in {args.shard_dir} are kept: rerun the same command to resume"
     if args.command in ("demo", "report"):
@@ -98,3 +106,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise
         print(f"phaseinterp: error: {_one_line(err)}", file=sys.stderr)
         return 2
+
+
+def warn_moved(old: str, new: str, stacklevel: int = 3) -> None:
+    """The DeprecationWarning of a ``python -m OLD`` command line, naming ``phaseinterp NEW``; attributed
+    to the caller of the old ``main`` (``stacklevel``), so ``python -m`` shows it under default filters."""
+    warnings.warn(f"`python -m {old}` is deprecated and will be removed in the next release; use "
+                  f"`phaseinterp {new}` (`phaseinterp {new} --help`)", DeprecationWarning, stacklevel=stacklevel)
+
+
+def run_moved(old: str, argv: Sequence[str]) -> int:
+    """A deprecated ``python -m OLD`` command line, kept for one release: warn (a DeprecationWarning
+    naming the ``phaseinterp`` command that replaces it) and run that command (``argv``, its words
+    after ``phaseinterp``). Returns the exit code, also for bad arguments and --help."""
+    warn_moved(old, " ".join(argv[:2] if argv[:1] in (["zoo"], ["experiments"]) else argv[:1]), stacklevel=4)
+    try:
+        return main(list(argv))
+    except SystemExit as exit_:  # argparse: --help (0) or a bad argument (2)
+        return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 2)

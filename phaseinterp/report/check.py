@@ -6,8 +6,8 @@ missing or NaN draws none), which elements stick out of the page (no scrolling b
 around them), and which texts say ``None``, ``nan``, ``[]`` where a value belongs.
 `first_screen_png` writes the first screen of a report as a PNG (README's picture)::
 
-    python -m phaseinterp.report.check screenshot REPORT_DIR docs/report_first_screen.png
-    python -m phaseinterp.report.check check REPORT_DIR
+    phaseinterp screenshot REPORT_DIR docs/report_first_screen.png
+    phaseinterp check-report REPORT_DIR
 
 Needs a Chromium (``chromium``, ``chromium-browser``, ``google-chrome`` or ``BROWSER_PATH``);
 the page is loaded from disk with networking off.
@@ -192,22 +192,17 @@ def first_screen_png(page: Union[str, Path], png: Union[str, Path], width: int =
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    try:
-        if len(argv) == 2 and argv[0] == "check":
-            result = check_page(argv[1])
-            found = problems(result)
-            print("\n".join(found) or f"ok: {len(result['figures'])} figures drew, nothing overflows, no None/nan/[] "
-                  "texts")
-            return 1 if found else 0
-        if len(argv) == 3 and argv[0] == "screenshot":
-            print(f"wrote {first_screen_png(argv[1], argv[2])}")
-            return 0
-    except UserInputError as err:  # a missing or wrong path: one line, exit 2 (as the CLI)
-        print(f"phaseinterp.report.check: error: {err}", file=sys.stderr)
+    """``python -m phaseinterp.report.check check DIR | screenshot DIR PNG``: deprecated, runs
+    ``phaseinterp check-report DIR`` / ``phaseinterp screenshot DIR PNG``."""
+    from phaseinterp.cli import run_moved
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = {"check": "check-report", "screenshot": "screenshot"}.get(argv[0] if argv else "")
+    if command is None:
+        print("usage: phaseinterp check-report REPORT_DIR | phaseinterp screenshot REPORT_DIR PNG "
+              "(`python -m phaseinterp.report.check` is deprecated)", file=sys.stderr)
         return 2
-    print(__doc__.split("::")[1].split("Needs")[0].rstrip(), file=sys.stderr)
-    return 2
+    return run_moved("phaseinterp.report.check", [command, *argv[1:]])
 
 
 if __name__ == "__main__":

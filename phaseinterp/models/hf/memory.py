@@ -3,7 +3,7 @@
 The model is instantiated on PyTorch's ``meta`` device (shapes only), so the count is exact
 for the architecture transformers builds from that config. Weight bytes = parameters x bytes
 per parameter; the routed experts can be counted at a different width (the released
-DeepSeek-V4 checkpoints ship MXFP4 experts, `FP4_EXPERT_BYTES`; FP8 is the older V3-style width). ``python -m phaseinterp.models.hf.memory [config.json|DIR]``
+DeepSeek-V4 checkpoints ship MXFP4 experts, `FP4_EXPERT_BYTES`; FP8 is the older V3-style width). ``phaseinterp memory-plan [config.json|DIR]``
 prints the table (no argument: transformers' default ``DeepseekV4Config``, the V4-Flash shape).
 """
 
@@ -349,12 +349,14 @@ def memory_plan(config: Union[str, Path, Any, None] = None, lengths: tuple[int, 
     return rows
 
 
-def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    est = estimate_memory(argv[0] if argv else None)
-    for key, value in est.summary().items():
-        print(f"{key}: {value:,}" if isinstance(value, int) else f"{key}: {value}")
+def main(argv: list[str] | None = None) -> int:
+    """``python -m phaseinterp.models.hf.memory [config.json|DIR]``: deprecated, runs
+    ``phaseinterp memory-plan [config.json|DIR]``."""
+    from phaseinterp.cli import run_moved
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    return run_moved("phaseinterp.models.hf.memory", ["memory-plan", *argv])
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
