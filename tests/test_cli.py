@@ -27,7 +27,8 @@ def checkpoint(tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("command", ["demo", "report", "profile", "ablate", "cycle", "gates", "train", "zoo"])
+@pytest.mark.parametrize("command", ["demo", "report", "profile", "ablate", "cycle", "gates", "train", "zoo",
+                                     "merge", "conformance", "check-report", "screenshot", "memory-plan", "experiments"])
 def test_every_subcommand_has_help(command, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main([command, "--help"])
@@ -294,3 +295,62 @@ def test_ablate_and_cycle_run_a_deepseek_v4_zoo_model(tmp_path):
                  "--out", str(tmp_path / "c")]) == 0
     assert tuple(CyclingResult.load(tmp_path / "c").shifts) == (0, 1)
 
+
+
+def test_every_command_has_its_function():
+    """Each parsed command runs through one function of the dispatch table (issue 35)."""
+    import argparse
+
+    from phaseinterp.cli import commands
+    from phaseinterp.cli.args import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(sub.choices) == set(commands.COMMANDS)
+    nested = {name: next(a for a in sub.choices[name]._actions if isinstance(a, argparse._SubParsersAction))
+              for name in ("zoo", "experiments")}
+    assert set(nested["zoo"].choices) == set(commands.ZOO_COMMANDS)
+    assert set(nested["experiments"].choices) == set(commands.EXPERIMENTS)
+
+
+@pytest.mark.parametrize("module, old, new", [
+    ("phaseinterp.report.check", ["check", "DIR"], ["check-report", "DIR"]),
+    ("phaseinterp.report.check", ["screenshot", "DIR", "x.png"], ["screenshot", "DIR", "x.png"]),
+    ("phaseinterp.models.hf.memory", [], ["memory-plan"]),
+    ("phaseinterp.models.hf.memory", ["config.json"], ["memory-plan", "config.json"]),
+    ("phaseinterp.zoo.deepseek_v4", ["dsv4-tiny", "--out", "r", "--steps", "3", "--no-install"],
+     ["zoo", "build", "dsv4-tiny", "--out-dir", "r", "--steps", "3", "--no-install"]),
+    ("phaseinterp.experiments.__main__", ["remedy", "runs", "10", "0/2", "--offsets", "staggered_layers"],
+     ["experiments", "remedy", "runs", "10", "0/2", "--offsets", "staggered_layers"]),
+])
+def test_old_module_commands_warn_and_run_the_new_command(module, old, new, monkeypatch):
+    """``python -m phaseinterp.<module>`` lives one more release: a DeprecationWarning naming the
+    ``phaseinterp`` command, then that command with the same arguments."""
+    import importlib
+
+    import phaseinterp.cli as cli
+
+    ran = []
+    monkeypatch.setattr(cli, "main", lambda argv: ran.append(list(argv)) or 0)
+    with pytest.warns(DeprecationWarning, match=f"use `phaseinterp {' '.join(new[:2] if new[0] in ('zoo', 'experiments') else new[:1])}`"):
+        assert importlib.import_module(module).main(old) == 0
+    assert ran == [new]
+
+
+def test_old_module_commands_keep_their_exit_codes(tmp_path, capsys):
+    from phaseinterp.experiments.__main__ import main as remedy_main
+    from phaseinterp.report.check import main as check_main
+    from phaseinterp.zoo.deepseek_v4 import main as dsv4_main
+
+    with pytest.warns(DeprecationWarning):
+        assert check_main(["check", str(tmp_path / "nope")]) == 2
+        assert remedy_main(["remedy", str(tmp_path), "10", "2/2"]) == 2
+        assert dsv4_main(["nope"]) == 2
+        assert check_main(["check", "--help"]) == 0
+    assert check_main(["frobnicate"]) == 2
+    assert "phaseinterp check-report" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+
+
+def test_zoo_build_steps_is_for_the_hf_recipes(capsys):
+    assert main(["zoo", "build", "w4s4", "--steps", "3", "--out-dir", "/nonexistent-parent/x"]) == 2
+    assert "--steps shortens an HF DeepSeek-V4 recipe" in capsys.readouterr().err
