@@ -553,10 +553,39 @@ def _cmd_train(args) -> int:
 
 
 # ------------------------------------------------------------------- DeepSeek-V4 sizes and experiments
+def _check_deepseek_v4_config(config: Optional[str]) -> None:
+    """memory-plan's CONFIG: a readable DeepSeek-V4 config.json (or a folder holding one); another
+    model's config would otherwise be read as DeepSeek-V4's defaults plus unused fields."""
+    if config is None:
+        return
+    import json
+
+    path = Path(config)
+    path = path / "config.json" if path.is_dir() else path
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist (pass a config.json or a checkpoint directory)")
+    try:
+        raw = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise UsageError(f"{path} is not a JSON config ({err})") from None
+    model_type = raw.get("model_type") if isinstance(raw, dict) else None
+    if model_type != "deepseek_v4":
+        raise UsageError(f"{path}: model_type={model_type!r} is not a DeepSeek-V4 config (memory-plan counts "
+                         "model_type='deepseek_v4' only)")
+
+
 def _cmd_memory_plan(args) -> int:
     """``phaseinterp memory-plan [CONFIG]``: parameter counts and weight memory of a DeepSeek-V4 config
     (`phaseinterp.models.hf.memory.estimate_memory`), with --tokens also the devices one forward and one
     ablation need (`memory_plan`); from config.json alone, no weights read."""
+    _check_deepseek_v4_config(args.config)
+    bad = [n for n in args.tokens or () if n < 1]
+    if bad:
+        raise UsageError(f"--tokens {bad[0]} must be >= 1 (a prompt length in tokens)")
+    import importlib.util
+
+    if importlib.util.find_spec("transformers") is None:
+        raise UsageError("memory-plan needs Hugging Face transformers (the 'hf' extra: pip install -e '.[hf]')")
     from phaseinterp.models.hf.memory import estimate_memory, memory_plan
 
     est = estimate_memory(args.config)
