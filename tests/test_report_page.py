@@ -314,10 +314,10 @@ def test_readme_links_the_report_first_screen():
 
 @pytest.mark.slow  # spawns Chromium
 def test_screenshot_command_writes_a_png(report, tmp_path):
-    from phaseinterp.report.check import main as check_main
+    from phaseinterp.cli import main
 
     _chromium_or_skip()
-    assert check_main(["screenshot", str(report), str(tmp_path / "first.png")]) == 0
+    assert main(["screenshot", str(report), str(tmp_path / "first.png")]) == 0
     data = (tmp_path / "first.png").read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and int.from_bytes(data[16:20], "big") == 1400
 
@@ -362,14 +362,15 @@ def test_resolution_reads_separated_or_overlapping():
 def test_the_checker_names_what_it_cannot_check(tmp_path, monkeypatch, capsys):
     """A missing path, a folder without a report, a file that is not HTML: one line, exit 2; a
     page without figures is never "ok"; a relative path is read from the working directory."""
-    from phaseinterp.report.check import main as check_main, problems, report_page
+    from phaseinterp.report.check import problems, report_page
 
     (tmp_path / "empty").mkdir()
     (tmp_path / "notes.txt").write_text("not a page")
-    for args, said in ((["check", "nope"], "does not exist"), (["check", "empty"], "without index.html"),
-                       (["check", "notes.txt"], "not an HTML page"), (["screenshot", "empty", "x.png"], "index.html")):
+    for args, said in ((["check-report", "nope"], "does not exist"), (["check-report", "empty"], "without index.html"),
+                       (["check-report", "notes.txt"], "not an HTML page"),
+                       (["screenshot", "empty", "x.png"], "index.html")):
         monkeypatch.chdir(tmp_path)
-        assert check_main(args) == 2, args
+        assert main(args) == 2, args
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and said in err, err
     (tmp_path / "r").mkdir()

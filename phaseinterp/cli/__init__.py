@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import re
 import sys
-import warnings
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -107,20 +106,3 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"phaseinterp: error: {_one_line(err)}", file=sys.stderr)
         return 2
 
-
-def warn_moved(old: str, new: str, stacklevel: int = 3) -> None:
-    """The DeprecationWarning of a ``python -m OLD`` command line, naming ``phaseinterp NEW``; attributed
-    to the caller of the old ``main`` (``stacklevel``), so ``python -m`` shows it under default filters."""
-    warnings.warn(f"`python -m {old}` is deprecated and will be removed in the next release; use "
-                  f"`phaseinterp {new}` (`phaseinterp {new} --help`)", DeprecationWarning, stacklevel=stacklevel)
-
-
-def run_moved(old: str, argv: Sequence[str]) -> int:
-    """A deprecated ``python -m OLD`` command line, kept for one release: warn (a DeprecationWarning
-    naming the ``phaseinterp`` command that replaces it) and run that command (``argv``, its words
-    after ``phaseinterp``). Returns the exit code, also for bad arguments and --help."""
-    warn_moved(old, " ".join(argv[:2] if argv[:1] in (["zoo"], ["experiments"]) else argv[:1]), stacklevel=4)
-    try:
-        return main(list(argv))
-    except SystemExit as exit_:  # argparse: --help (0) or a bad argument (2)
-        return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 2)

@@ -586,11 +586,9 @@ def _cmd_memory_plan(args) -> int:
 
     if importlib.util.find_spec("transformers") is None:
         raise UsageError("memory-plan needs Hugging Face transformers (the 'hf' extra: pip install -e '.[hf]')")
-    from phaseinterp.models.hf.memory import estimate_memory, memory_plan
+    from phaseinterp.models.hf.memory import estimate_memory, format_estimate, memory_plan
 
-    est = estimate_memory(args.config)
-    for key, value in est.summary().items():
-        print(f"{key}: {value:,}" if isinstance(value, int) else f"{key}: {value}")
+    print(format_estimate(estimate_memory(args.config)))
     if args.tokens:
         import pandas as pd
 

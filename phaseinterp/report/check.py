@@ -192,17 +192,29 @@ def first_screen_png(page: Union[str, Path], png: Union[str, Path], width: int =
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """``python -m phaseinterp.report.check check DIR | screenshot DIR PNG``: deprecated, runs
-    ``phaseinterp check-report DIR`` / ``phaseinterp screenshot DIR PNG``."""
-    from phaseinterp.cli import run_moved
+    """``python -m phaseinterp.report.check check DIR | screenshot DIR PNG``, deprecated (one more release):
+    ``phaseinterp check-report DIR`` / ``phaseinterp screenshot DIR PNG`` run the same functions."""
+    import warnings
 
-    argv = sys.argv[1:] if argv is None else list(argv)
-    command = {"check": "check-report", "screenshot": "screenshot"}.get(argv[0] if argv else "")
-    if command is None:
-        print("usage: phaseinterp check-report REPORT_DIR | phaseinterp screenshot REPORT_DIR PNG "
-              "(`python -m phaseinterp.report.check` is deprecated)", file=sys.stderr)
+    argv = sys.argv[1:] if argv is None else argv
+    new = {"check": "check-report", "screenshot": "screenshot"}.get(argv[0] if argv else "", "check-report")
+    warnings.warn(f"`python -m phaseinterp.report.check` is deprecated and will be removed in the next release; "
+                  f"use `phaseinterp {new}`", DeprecationWarning, stacklevel=2)
+    try:
+        if len(argv) == 2 and argv[0] == "check":
+            result = check_page(argv[1])
+            found = problems(result)
+            print("\n".join(found) or f"ok: {len(result['figures'])} figures drew, nothing overflows, no None/nan/[] "
+                  "texts")
+            return 1 if found else 0
+        if len(argv) == 3 and argv[0] == "screenshot":
+            print(f"wrote {first_screen_png(argv[1], argv[2])}")
+            return 0
+    except UserInputError as err:  # a missing or wrong path: one line, exit 2 (as the CLI)
+        print(f"phaseinterp.report.check: error: {err}", file=sys.stderr)
         return 2
-    return run_moved("phaseinterp.report.check", [command, *argv[1:]])
+    print(__doc__.split("::")[1].split("Needs")[0].rstrip(), file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

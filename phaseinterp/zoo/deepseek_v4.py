@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import math
 import shutil
-import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -188,26 +187,22 @@ def load(name: str, device=None):
     return model
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    """``python -m phaseinterp.zoo.deepseek_v4 NAME [--out DIR] [--steps N] [--no-install]``: deprecated,
-    runs ``phaseinterp zoo build NAME [--out-dir DIR] [--steps N] [--no-install]``."""
-    from phaseinterp.cli import run_moved, warn_moved
+def main(argv: Optional[list[str]] = None) -> None:
+    """``python -m phaseinterp.zoo.deepseek_v4 NAME [--out DIR] [--steps N] [--no-install]``, deprecated (one
+    more release): ``phaseinterp zoo build NAME [--out-dir DIR] [--steps N] [--no-install]`` runs the same `build`."""
+    import warnings
 
+    warnings.warn("`python -m phaseinterp.zoo.deepseek_v4` is deprecated and will be removed in the next release; "
+                  "use `phaseinterp zoo build`", DeprecationWarning, stacklevel=2)
     parser = argparse.ArgumentParser(prog="python -m phaseinterp.zoo.deepseek_v4",
                                      description="Deprecated: use `phaseinterp zoo build NAME`.")
-    parser.add_argument("name", choices=sorted(RECIPES), help="a tiny DeepSeek-V4 recipe")
+    parser.add_argument("name", choices=sorted(RECIPES))
     parser.add_argument("--out", default=None, help="run directory (default runs/zoo/NAME)")
-    parser.add_argument("--steps", default=None, help="override the recipe's step count")
-    parser.add_argument("--no-install", action="store_true", help="train only")
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exit_:
-        warn_moved("phaseinterp.zoo.deepseek_v4", "zoo build")
-        return int(exit_.code or 0)
-    new = ["zoo", "build", args.name, *(["--out-dir", args.out] if args.out is not None else []),
-           *(["--steps", args.steps] if args.steps is not None else []), *(["--no-install"] if args.no_install else [])]
-    return run_moved("phaseinterp.zoo.deepseek_v4", new)
+    parser.add_argument("--steps", type=int, default=None, help="override the recipe's step count")
+    parser.add_argument("--no-install", action="store_true")
+    args = parser.parse_args(argv)
+    build(args.name, args.out, install=not args.no_install, steps=args.steps)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -40,10 +40,17 @@ class MemoryEstimate:
         return (self.n_other_params * bytes_per_param + experts) / 2**30
 
     def summary(self) -> dict[str, Any]:
+        """Counts and GiB per storage width, by name (`format_estimate` prints them)."""
         return {"n_params": self.n_params, "n_expert_params": self.n_expert_params, "n_layers": self.n_layers,
                 "bf16_gib": round(self.weight_gib(2.0), 1), "fp8_experts_bf16_rest_gib": round(self.weight_gib(2.0, 1.0), 1),
                 "fp4_experts_bf16_rest_gib": round(self.weight_gib(2.0, FP4_EXPERT_BYTES), 1),
                 "fp32_gib": round(self.weight_gib(4.0), 1)}
+
+
+def format_estimate(estimate: MemoryEstimate) -> str:
+    """``name: value`` lines of ``estimate.summary()``, counts with thousands separators."""
+    return "\n".join(f"{key}: {value:,}" if isinstance(value, int) else f"{key}: {value}"
+                     for key, value in estimate.summary().items())
 
 
 def config_from_dict(raw: dict) -> Any:
@@ -350,12 +357,15 @@ def memory_plan(config: Union[str, Path, Any, None] = None, lengths: tuple[int, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m phaseinterp.models.hf.memory [config.json|DIR]``: deprecated, runs
-    ``phaseinterp memory-plan [config.json|DIR]``."""
-    from phaseinterp.cli import run_moved
+    """``python -m phaseinterp.models.hf.memory [config.json|DIR]``, deprecated (one more release):
+    ``phaseinterp memory-plan [config.json|DIR]`` prints the same."""
+    import warnings
 
-    argv = sys.argv[1:] if argv is None else list(argv)
-    return run_moved("phaseinterp.models.hf.memory", ["memory-plan", *argv])
+    warnings.warn("`python -m phaseinterp.models.hf.memory` is deprecated and will be removed in the next release; "
+                  "use `phaseinterp memory-plan`", DeprecationWarning, stacklevel=2)
+    argv = sys.argv[1:] if argv is None else argv
+    print(format_estimate(estimate_memory(argv[0] if argv else None)))
+    return 0
 
 
 if __name__ == "__main__":
