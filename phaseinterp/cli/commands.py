@@ -1,5 +1,6 @@
-"""The commands behind ``phaseinterp``: checks before any work (`preflight`), then each subcommand's
-work (`run`). Imports only the standard library at the top; torch and plotly load when a command runs.
+"""The commands behind ``phaseinterp``: checks before any work (`_preflight`), then one function per
+subcommand (``_cmd_profile``, ``_cmd_cycle`` ...), dispatched by `run` from `COMMANDS`. Imports only
+the standard library at the top; torch and plotly load when a command runs.
 """
 
 from __future__ import annotations
