@@ -8,7 +8,7 @@ rounded to FP8 by the export) or dsv4-tiny-fp8 (trained FP8-native, as a release
 are already on the FP8 grid of the power-of-two scales).
 
 Exports each shipped model with `phaseinterp zoo export NAME --layout deepseek --fp8 --experts fp8
-[--fp8-scales pow2|exact]` (rest in the model's float32, and with --dtype bfloat16 as the release
+[--fp8-scales pow2|exact] --out DIR` (rest in the model's float32, and with --dtype bfloat16 as the release
 stores it), loads it with `load_hf`
 (FP8 dequantized on a machine without FP8 kernels), and compares with the shipped model on the
 evaluation prompts: max |logit difference| at the answer position, top-1 agreement overall and

@@ -1,9 +1,9 @@
 """Evaluate the staggered-window remedy over finished twin runs (issue 14), save and print it.
 
-    python -m phaseinterp.experiments remedy runs/remedy STEPS W/N   # train: N workers, W = 0..N-1
+    phaseinterp experiments remedy runs/remedy STEPS W/N   # train: N workers, W = 0..N-1
     python benchmarks/remedy_evaluate.py [--stop-at STEPS] [--out runs/remedy] SEED [SEED ...]
     # the per-layer variant on one-KV-head twins (train with the same three options):
-    python -m phaseinterp.experiments remedy runs/remedy_layers 1500 W/N --offsets staggered_layers --kv-heads 1 --payload shared
+    phaseinterp experiments remedy runs/remedy_layers 1500 W/N --offsets staggered_layers --kv-heads 1 --payload shared
     python benchmarks/remedy_evaluate.py --out runs/remedy_layers --offsets staggered_layers --kv-heads 1 --payload shared 0 1 2
 
 ``--stop-at`` (default: the recipe's 1500 steps) is the step every run is evaluated at; the

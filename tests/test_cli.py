@@ -27,7 +27,8 @@ def checkpoint(tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("command", ["demo", "report", "profile", "ablate", "cycle", "gates", "train", "zoo"])
+@pytest.mark.parametrize("command", ["demo", "report", "profile", "ablate", "cycle", "gates", "train", "zoo",
+                                     "merge", "conformance", "check-report", "screenshot", "memory-plan", "experiments"])
 def test_every_subcommand_has_help(command, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main([command, "--help"])
@@ -45,7 +46,8 @@ def test_profile_ablate_cycle_gates_write_results(checkpoint, tmp_path, capsys):
                  "--out", str(tmp_path / "c")]) == 0
     assert (tmp_path / "c" / "meta.json").is_file()
     # --baseline: the unshifted row from the profile above (same model, same prompts): the same result
-    assert main(["cycle", str(checkpoint), "--shifts", "1", "-1", "--n-per-residue", "40", "--baseline",
+    # without --n-per-residue, cycle takes the baseline's size (40 per residue here, as the profile)
+    assert main(["cycle", str(checkpoint), "--shifts", "1", "-1", "--baseline",
                  str(tmp_path / "p"), "--out", str(tmp_path / "cb")]) == 0
     from phaseinterp import CyclingResult
 
@@ -294,3 +296,65 @@ def test_ablate_and_cycle_run_a_deepseek_v4_zoo_model(tmp_path):
                  "--out", str(tmp_path / "c")]) == 0
     assert tuple(CyclingResult.load(tmp_path / "c").shifts) == (0, 1)
 
+
+
+def test_every_command_has_its_function():
+    """Each parsed command runs through one function of the dispatch table (issue 35)."""
+    import argparse
+
+    from phaseinterp.cli import commands
+    from phaseinterp.cli.args import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(sub.choices) == set(commands.COMMANDS)
+    nested = {name: next(a for a in sub.choices[name]._actions if isinstance(a, argparse._SubParsersAction))
+              for name in ("zoo", "experiments")}
+    assert set(nested["zoo"].choices) == set(commands.ZOO_COMMANDS)
+    assert set(nested["experiments"].choices) == set(commands.EXPERIMENTS)
+
+
+def test_old_module_commands_warn_and_run_the_same_functions(tmp_path, monkeypatch, capsys):
+    """``python -m phaseinterp.<module>`` lives one more release: a DeprecationWarning naming the
+    ``phaseinterp`` command, then the function that command runs, with the same arguments."""
+    from phaseinterp.experiments import __main__ as remedy_cli, remedy
+    from phaseinterp.models.hf import memory
+    from phaseinterp.report import check
+    from phaseinterp.zoo import deepseek_v4 as hf_zoo
+
+    calls = []
+    monkeypatch.setattr(check, "check_page", lambda page: calls.append(("check", page)) or {"figures": [1]})
+    monkeypatch.setattr(check, "problems", lambda result: [])
+    monkeypatch.setattr(check, "first_screen_png", lambda page, png: calls.append(("shot", page, png)) or png)
+    monkeypatch.setattr(memory, "estimate_memory", lambda config: calls.append(("memory", config)) or
+                        memory.MemoryEstimate(n_params=3, n_expert_params=1, n_layers=1))
+    monkeypatch.setattr(hf_zoo, "build", lambda name, out, install, steps: calls.append(("build", name, out, install,
+                                                                                          steps)))
+    monkeypatch.setattr(remedy, "train_share", lambda *a, **k: calls.append(("remedy", a, k)))
+    for run, argv, new in ((check.main, ["check", "R"], "check-report"), (check.main, ["screenshot", "R", "x.png"],
+                                                                           "screenshot"),
+                           (memory.main, ["c.json"], "memory-plan"), (memory.main, [], "memory-plan"),
+                           (hf_zoo.main, ["dsv4-tiny", "--out", "r", "--steps", "3", "--no-install"], "zoo build"),
+                           (remedy_cli.main, ["remedy", "runs", "10", "0/2", "4"], "experiments remedy")):
+        with pytest.warns(DeprecationWarning, match=f"use `phaseinterp {new}`"):
+            assert run(argv) in (0, None), argv
+    assert calls == [("check", "R"), ("shot", "R", "x.png"), ("memory", "c.json"), ("memory", None),
+                     ("build", "dsv4-tiny", "r", False, 3),
+                     ("remedy", ("runs", 10, 0, 2, (4,)), {"offsets": "staggered", "architecture": None})]
+    assert "n_params: 3" in capsys.readouterr().out
+
+
+def test_old_module_commands_keep_their_exit_codes(tmp_path, capsys):
+    from phaseinterp.experiments.__main__ import main as remedy_main
+    from phaseinterp.report.check import main as check_main
+
+    with pytest.warns(DeprecationWarning):
+        assert check_main(["check", str(tmp_path / "nope")]) == 2
+        assert remedy_main(["remedy", str(tmp_path), "10", "2/2"]) == 2
+        assert check_main(["frobnicate"]) == 2
+    assert "phaseinterp check-report" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+
+
+def test_zoo_build_steps_is_for_the_hf_recipes(capsys):
+    assert main(["zoo", "build", "w4s4", "--steps", "3", "--out-dir", "/nonexistent-parent/x"]) == 2
+    assert "--steps shortens an HF DeepSeek-V4 recipe" in capsys.readouterr().err

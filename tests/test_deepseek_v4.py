@@ -441,7 +441,7 @@ def _shipped(name):
 def test_tiny_dsv4_loads_from_the_zoo_with_its_task():
     model = pi.zoo.load("dsv4-tiny")
     assert isinstance(model, HookedDeepseekV4) and not model.training and not model.hf.training
-    assert model.metadata["command"] == "python -m phaseinterp.zoo.deepseek_v4 dsv4-tiny"
+    assert model.metadata["command"] == "phaseinterp zoo build dsv4-tiny"
     assert model.cfg.stride == 4 and model.cfg.layer_types == (CSA, CSA, HCA)
     assert pi.zoo.task_for(model).seq_len == 128
     with pytest.raises(ValueError, match="unknown zoo model"):

@@ -373,9 +373,9 @@ def _cli_verbs():
     sub = build_parser()._subparsers._group_actions[0].choices
     verbs = {}
     for verb, parser in sub.items():
-        if verb == "zoo":
+        if verb in ("zoo", "experiments"):
             for z, zp in parser._subparsers._group_actions[0].choices.items():
-                verbs[f"zoo {z}"] = zp
+                verbs[f"{verb} {z}"] = zp
         else:
             verbs[verb] = parser
     return verbs
@@ -392,14 +392,16 @@ def _stop_work(monkeypatch):
     import phaseinterp.train as train
     from phaseinterp import zoo
     from phaseinterp.models import loading
-    from phaseinterp.models.hf import export
+    from phaseinterp.experiments import remedy
+    from phaseinterp.models.hf import export, memory
     from phaseinterp.zoo import deepseek_v4 as hf_zoo
 
     def stop(*args, **kwargs):
         raise _Reached
 
     for owner, name in ((loading, "load"), (report, "build_report"), (train, "train"), (zoo, "build"),
-                        (hf_zoo, "build"), (hf_zoo, "load"), (export, "export_release")):
+                        (hf_zoo, "build"), (hf_zoo, "load"), (export, "export_release"),
+                        (memory, "estimate_memory"), (remedy, "train_share")):
         monkeypatch.setattr(owner, name, stop)
     try:  # the one loading entry point, where the package has it
         import phaseinterp.models.loading as loading
@@ -426,7 +428,8 @@ def test_fuzz_cli(verb, places, tmp_path, monkeypatch, capsys):
                                                            "unwritable", "empty-folder")}) if "{" in raw else raw
         argv = verb.split()
         base = {"model": str(places / "checkpoint"), "name": "dsv4-tiny" if verb == "zoo export" else "w4s4",
-                "dir": str(places / "empty-folder")}
+                "dir": str(places / "empty-folder"), "stop": "2", "share": "0/1", "seeds": "0",
+                "runs": str(tmp_path / "out")}
         for p in positionals:
             argv.append(value if p is option else base.get(p.dest, "x"))
         if option in options:

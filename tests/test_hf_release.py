@@ -301,7 +301,7 @@ def test_fp8_native_zoo_model_is_dsv4_tiny_trained_fp8(zoo_model):
     recipe = RECIPES[FP8_NATIVE]
     assert recipe == replace(RECIPES["dsv4-tiny"], name=FP8_NATIVE, description=recipe.description, fp8_weights=True)
     model = zoo_model(FP8_NATIVE)
-    assert model.metadata["command"] == "python -m phaseinterp.zoo.deepseek_v4 dsv4-tiny-fp8"
+    assert model.metadata["command"] == "phaseinterp zoo build dsv4-tiny-fp8"
     assert model.metadata["recipe"]["fp8_weights"] is True and model.metadata["step"] == recipe.steps
     state = model.hf.state_dict()
     parts = fp8_parameter_parts({k: v.shape for k, v in state.items()}, model.hf.config)

@@ -122,13 +122,15 @@ def test_remedy_bad_requests(tmp_path):
 
 
 def test_train_share_checks_the_worker_and_the_command_line(tmp_path):
-    from phaseinterp.experiments.__main__ import main
+    from phaseinterp.cli import main
     from phaseinterp.experiments.remedy import train_share
 
     with pytest.raises(ValueError, match="worker=2 is out of range 0..1"):
         train_share(tmp_path, 10, 2, 2)
-    assert main(["remedy", str(tmp_path), "ten", "0/1"]) == 2
-    assert main(["remedy", str(tmp_path)]) == 2
+    for argv in ([str(tmp_path), "ten", "0/1"], [str(tmp_path)], [str(tmp_path), "10", "2/2"]):
+        with pytest.raises(SystemExit) as exit_info:  # argparse: one line, exit 2
+            main(["experiments", "remedy", *argv])
+        assert exit_info.value.code == 2
     assert not any(tmp_path.iterdir()), "a refused command wrote nothing"
 
 

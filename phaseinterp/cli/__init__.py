@@ -13,6 +13,10 @@
     phaseinterp zoo export NAME --layout deepseek [--fp8 [--fp8-scales pow2|exact]] [--experts fp4|fp8|float] --out DIR
                                                   -> phaseinterp.models.hf.export
     phaseinterp merge DIR [--out DIR]                             -> phaseinterp.parallel.merge
+    phaseinterp conformance MODEL [--modes ...]                   -> phaseinterp.conformance
+    phaseinterp check-report DIR | screenshot DIR PNG             -> phaseinterp.report.check
+    phaseinterp memory-plan [CONFIG] [--tokens N ...]             -> phaseinterp.models.hf.memory
+    phaseinterp experiments remedy RUNS STOP W/N [SEED ...]       -> phaseinterp.experiments.remedy.train_share
 
 profile, ablate and cycle also run data-parallel under ``torchrun --nproc-per-node N -m
 phaseinterp ... --shard-dir DIR`` (phaseinterp.parallel).
@@ -66,12 +70,15 @@ def _interrupted(args) -> str:
         else:
             from phaseinterp import zoo
 
-            run = Path(args.out_dir) if args.out_dir else Path("runs") / "zoo" / (zoo.entry(args.name).run or args.name)
+            run_name = zoo.ENTRIES[args.name].run if args.name in zoo.ENTRIES else None  # HF DeepSeek-V4: NAME
+            run = Path(args.out_dir) if args.out_dir else Path("runs") / "zoo" / (run_name or args.name)
             again = "rerun the same command to continue"
         latest = run / "checkpoints" / "LATEST"
         if latest.is_file():
             return f"interrupted; the last checkpoint in {run / 'checkpoints'} ({latest.read_text().strip()}) is intact: {again}"
         return f"interrupted before the first checkpoint; nothing in {run} to resume"
+    if args.command == "experiments":
+        return f"interrupted; the runs in {args.runs} keep their last checkpoints: rerun the same command to resume"
     if getattr(args, "shard_dir", None):
         return f"interrupted; the finished shards in {args.shard_dir} are kept: rerun the same command to resume"
     if args.command in ("demo", "report"):
@@ -98,3 +105,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise
         print(f"phaseinterp: error: {_one_line(err)}", file=sys.stderr)
         return 2
+

@@ -67,6 +67,19 @@ def _positive_float(text: str) -> float:
     return _parse_number(text, float, lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
 
 
+def _share(text: str) -> tuple[int, int]:
+    """``W/N`` (worker W, 0-based, of N) as a pair of integers."""
+    parts = text.split("/")
+    if len(parts) != 2 or not all(part.strip().isdigit() for part in parts):
+        raise argparse.ArgumentTypeError(f"{text!r} is not W/N: two integers, worker W (0-based) of N, e.g. 0/2")
+    worker, n_workers = (int(part) for part in parts)
+    if n_workers < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: N = {n_workers} workers must be >= 1")
+    if not 0 <= worker < n_workers:
+        raise argparse.ArgumentTypeError(f"worker {worker} is out of range 0..{n_workers - 1} for {n_workers} workers")
+    return worker, n_workers
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, exit code 2
         self.exit(2, f"phaseinterp: error: {message}\n")
@@ -141,6 +154,22 @@ def build_parser() -> argparse.ArgumentParser:
     size.add_argument("--full", action="store_true", help="250 prompts per residue for the profiles and gate cycling "
                                                           "(default 72: the report checks its intervals separate)")
     p.add_argument("--no-static", action="store_true", help="skip PNG export even if kaleido and Chromium exist")
+
+    p = sub.add_parser("check-report", help="render a written report in headless Chromium and list what is "
+                       "wrong (phaseinterp.report.check)",
+                       description="Load DIR/index.html in headless Chromium (networking off) and list the figures "
+                       "that drew nothing, the elements that stick out of the page and the texts that say None, nan "
+                       "or [] where a value belongs; exit 1 when anything is listed. Needs a Chromium (chromium, "
+                       "chromium-browser, google-chrome or BROWSER_PATH).")
+    p.add_argument("dir", help="a report folder written by `phaseinterp demo` or `phaseinterp report` (or its "
+                               "index.html)")
+
+    p = sub.add_parser("screenshot", help="the first screen of a written report as a PNG "
+                       "(phaseinterp.report.check.first_screen_png)",
+                       description="Render DIR/index.html in headless Chromium and write its first screen as a PNG "
+                       "(README's picture). Needs a Chromium, as check-report.")
+    p.add_argument("dir", help="a report folder written by `phaseinterp demo` or `phaseinterp report`")
+    p.add_argument("png", help="the PNG file to write (its folder is made if missing)")
 
     p = sub.add_parser("profile", help="accuracy by residue and phase (phaseinterp.phase_profile)",
                        description="Top-1 retrieval accuracy by target residue (mod R) and phase (mod S), of a "
@@ -221,9 +250,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the unit score's measure (default: logprob, the mean answer log-prob)")
     p.add_argument("--baseline", metavar="DIR", default=None,
                    help="profile score: a profile of this model on the same prompts, written by `phaseinterp "
-                        "profile MODEL --out DIR` with the same --n-per-residue; its per-prompt results are the "
-                        "unshifted row, so that pass is not run again (checked first on one batch) (default: none)")
-    p.add_argument("--n-per-residue", type=_positive, default=250, help=N_PER_RESIDUE_HELP + " (default: 250)")
+                        "profile MODEL --out DIR`; its per-prompt results are the unshifted row, so that pass is "
+                        "not run again (checked first on one batch) (default: none)")
+    p.add_argument("--n-per-residue", type=_positive, default=None,
+                   help=N_PER_RESIDUE_HELP + " (default: the --baseline profile's size, else 72, as the library's "
+                        "gate_cycling_profile / gate_cycling_unit)")
     _out_arg(p, what="the result (meta.json + arrays.npz)")
     _scale_args(p)
 
@@ -298,6 +329,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--no-install", action="store_true", help="train only; do not copy the snapshot into the package")
     b.add_argument("--threads", type=_positive, default=1,
                    help="CPU threads (default: 1, which reproduces the shipped checkpoints bit for bit)")
+    b.add_argument("--steps", type=_positive, default=None,
+                   help="HF DeepSeek-V4 recipes only (dsv4-tiny ...): train this many steps instead of the "
+                        "recipe's, e.g. for a quick check (default: the recipe's)")
     e = zsub.add_parser("export", help="write a shipped HF DeepSeek-V4 zoo model in DeepSeek's released layout",
                         description="Write a shipped tiny DeepSeek-V4 (dsv4-tiny, dsv4.1-tiny) with DeepSeek's own "
                         "tensor names, sharded safetensors + index, the release's config fields and (--fp8) FP8 e4m3 "
@@ -314,4 +348,36 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--dtype", default=None, help="dtype of the other tensors: float32 or bfloat16 (default: the model's)")
     e.add_argument("--max-shard-size", default="256KB", help="largest shard, e.g. 256KB, 5GB (default: 256KB)")
     _out_arg(e, required=True, what="the exported checkpoint")
+
+    p = sub.add_parser("memory-plan", help="parameters, weight memory and devices a DeepSeek-V4 config needs "
+                       "(phaseinterp.models.hf.memory)",
+                       description="Count a DeepSeek-V4 config's parameters on PyTorch's meta device (no weights "
+                       "read) and print the weight memory at bf16, fp8 / fp4 experts and fp32; with --tokens, also "
+                       "the activations and the 80 GB / 141 GB devices a phase profile and a one-layer ablation "
+                       "need at those prompt lengths. Needs Hugging Face transformers (the 'hf' extra).")
+    p.add_argument("config", nargs="?", default=None,
+                   help="a config.json or a checkpoint directory (default: transformers' DeepseekV4Config(), the "
+                        "V4-Flash shape)")
+    p.add_argument("--tokens", type=_int_list("lengths"), nargs="+", action=_Extend, default=None,
+                   help="prompt lengths in tokens for the device plan, e.g. 131072 1048576 (default: no plan)")
+
+    p = sub.add_parser("experiments", help="studies beyond the paper (phaseinterp.experiments)",
+                       description="The studies of phaseinterp.experiments that train many runs.")
+    xsub = p.add_subparsers(dest="experiment", required=True, parser_class=_Parser, metavar="EXPERIMENT")
+    x = xsub.add_parser("remedy", help="one worker's share of the staggered-window remedy's twin runs",
+                        description="Train worker W of N's share of the baseline and staggered twins of "
+                        "phaseinterp.experiments.compare_remedy, each to STOP steps of the zoo recipe, in "
+                        "RUNS/<variant>_seed<seed> (one thread; N workers train the set in parallel). Runs resume "
+                        "where they stopped. --offsets, --kv-heads and --payload change both twins alike.")
+    x.add_argument("runs", metavar="RUNS", help="folder of the twin runs (made if missing; its runs resume)")
+    x.add_argument("stop", metavar="STOP", type=_positive, help="train each run to this step (at most the recipe's)")
+    x.add_argument("share", metavar="W/N", type=_share, help="worker W (0-based) of N workers, e.g. 0/2")
+    x.add_argument("seeds", metavar="SEED", type=_non_negative, nargs="*", default=[0, 1, 2],
+                   help="training seeds of the twins (default: 0 1 2)")
+    x.add_argument("--offsets", default="staggered", choices=["staggered", "staggered_layers"],
+                   help="the staggered twin's window offsets; staggered_layers for one-KV-head models "
+                        "(default: staggered)")
+    x.add_argument("--kv-heads", type=_positive, default=None, help="KV heads of both twins (default: the recipe's)")
+    x.add_argument("--payload", default=None, choices=["per_slot", "shared"],
+                   help="the compressor payload of both twins (default: the recipe's)")
     return parser

@@ -1,10 +1,10 @@
-"""The commands behind ``phaseinterp``: checks before any work (`preflight`), then each subcommand's
-work (`run`). Imports only the standard library at the top; torch and plotly load when a command runs.
+"""The commands behind ``phaseinterp``: checks before any work (`_preflight`), then one function per
+subcommand (``_cmd_profile``, ``_cmd_cycle`` ...), dispatched by `run` from `COMMANDS`. Imports only
+the standard library at the top; torch and plotly load when a command runs.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 from pathlib import Path
 from typing import Optional
@@ -115,6 +115,8 @@ def _preflight(args) -> None:
             raise UsageError(f"--stride {stride} does not divide the task's R={task.residue_modulus} "
                              f"(valid: {divisors})")
         _check_own_stride(args.stride, cfg)
+    if task is not None and args.command == "cycle" and args.n_per_residue is None:
+        _default_cycle_size(args, task)
     if task is not None and args.command in ("profile", "ablate", "cycle") and getattr(args, "padding", None) is None:
         _check_placement(task, args.n_per_residue)
 
@@ -127,6 +129,20 @@ def _check_own_stride(stride: Optional[int], cfg) -> None:
                          f"another stride mixes its phases and hides the phase gap; omit --stride (or pass --stride "
                          f"{own}), or re-fold deliberately in Python with phaseinterp.phase_profile(model, task, "
                          f"stride={stride}), whose label says so")
+
+
+def _default_cycle_size(args, task) -> None:
+    """``cycle`` without --n-per-residue: the --baseline profile's size, else the library's default
+    (as `gate_cycling_profile` / `gate_cycling_unit`), so ``profile MODEL --out P && cycle MODEL
+    --baseline P`` profiles the same prompts."""
+    from phaseinterp.interventions.gate_cycling import DEFAULT_N_PER_RESIDUE
+
+    base = getattr(args, "baseline_profile", None)
+    modulus = task.residue_modulus
+    if base is not None and len(base.records) % modulus == 0:
+        args.n_per_residue = len(base.records) // modulus
+    else:
+        args.n_per_residue = DEFAULT_N_PER_RESIDUE
 
 
 def _check_placement(task, n_per_residue: int) -> None:
@@ -158,87 +174,109 @@ def _keep_freed_memory() -> None:
 
 
 def run(args) -> int:
-    """Run the parsed command ``args``; returns the exit code (bad input raises, `main` reports it)."""
+    """Run the parsed command ``args``; returns the exit code (bad input raises, `main` reports it).
+    The checks every command shares come first (--out, --device), then the command's own function
+    from `COMMANDS`."""
     _check_out(args)
     if getattr(args, "device", None) is not None:
         from phaseinterp._checks import check_device
 
         check_device(args.device)
-    if args.command == "zoo":
-        return _zoo(args)
+    return COMMANDS[args.command](args)
+
+
+# ------------------------------------------------------------------ reports
+def _cmd_demo(args) -> int:
+    """``phaseinterp demo``: the report for a shipped zoo model and its full-attention twin."""
+    from phaseinterp import zoo
+
     _keep_freed_memory()
-    if args.command == "train":
-        return _train(args)
-    if args.command == "merge":
-        from phaseinterp.parallel import merge
+    if args.model not in zoo.available():
+        raise UsageError(f"--model {args.model!r} is not a shipped zoo model (shipped: "
+                         f"{', '.join(zoo.available())}); use `phaseinterp report DIR` for a checkpoint")
+    return _write_report(args)
 
-        result = merge(args.dir)
-        _print_table(result)
-        _save(args.out, result, args.overwrite)
-        return 0
-    if args.command in ("demo", "report"):
-        from phaseinterp import report as report_module
 
-        twin = None if (args.twin in (None, "none")) else args.twin
-        if args.command == "demo":
-            from phaseinterp import zoo
-
-            if args.model not in zoo.available():
-                raise UsageError(f"--model {args.model!r} is not a shipped zoo model (shipped: "
-                                 f"{', '.join(zoo.available())}); use `phaseinterp report DIR` for a checkpoint")
-        else:
-            _check_model_name(args.model)
-        if twin is not None:
-            _check_model_name(twin)
-            try:
-                report_module.check_twin(args.model, twin)
-            except ValueError:
-                raise UsageError(f"--twin {twin} is the model itself ({args.model}): a model is never its own twin; "
-                                 "pass a different model as --twin (a full-attention twin), or --twin none") from None
-        report_module.check_report_dir(args.out, args.overwrite)
-        dsv4 = getattr(args, "deepseek_v4", None)
-        dsv4 = None if dsv4 in (None, "none") else dsv4
-        if dsv4 is not None:
-            from phaseinterp.zoo import deepseek_v4 as hf_zoo
-
-            if dsv4 not in hf_zoo.available():
-                raise UsageError(f"--deepseek-v4 {dsv4!r} is not a shipped HF DeepSeek-V4 zoo model (shipped: "
-                                 f"{', '.join(hf_zoo.available()) or 'none'}; 'none' skips the section)")
-            import importlib.util
-
-            if importlib.util.find_spec("transformers") is None:
-                raise UsageError(f"--deepseek-v4 {dsv4!r} needs Hugging Face transformers (the 'hf' extra: "
-                                 "pip install -e '.[hf]'); '--deepseek-v4 none' skips the section")
-        remedy = getattr(args, "remedy", None)
-        remedy = None if remedy in (None, "none") else remedy
-        if remedy is not None:
-            from phaseinterp.report.sections.remedy import check_remedy
-
-            try:
-                check_remedy(remedy)
-            except ValueError as err:
-                raise UsageError(f"--remedy: {err}; '--remedy none' skips the section") from None
-        settings = (report_module.ReportSettings.quick() if args.quick else report_module.ReportSettings.full()
-                    if args.full else report_module.ReportSettings())
-        settings.export_static = not args.no_static
-        rep = report_module.build_report(args.model, args.out, twin=twin, settings=settings,
-                                         device=getattr(args, "device", None), deepseek_v4=dsv4,
-                                         remedy=remedy, overwrite=args.overwrite)
-        print(rep.table())
-        sections = rep.summary.get("section_seconds", {})
-        print("\nseconds per section: " + ", ".join(f"{name} {sec:.1f}" for name, sec in sections.items()))
-        print(f"report written to {Path(args.out).resolve() / 'index.html'} in {rep.seconds:.0f} s")
-        return 0
-
-    if args.command == "profile" and (args.engine is not None or args.model is None):
-        from phaseinterp.cli.engine import engine_profile
-
-        return engine_profile(args)
+def _cmd_report(args) -> int:
+    """``phaseinterp report MODEL --out DIR``: the report for any model."""
+    _keep_freed_memory()
     _check_model_name(args.model)
-    if args.command == "conformance":
-        return _conformance(args)
-    _preflight(args)
+    return _write_report(args)
+
+
+def _write_report(args) -> int:
+    """The report of demo and report: their sections' options checked, then `build_report`."""
     from phaseinterp import report as report_module
+
+    twin = None if (args.twin in (None, "none")) else args.twin
+    if twin is not None:
+        _check_model_name(twin)
+        try:
+            report_module.check_twin(args.model, twin)
+        except ValueError:
+            raise UsageError(f"--twin {twin} is the model itself ({args.model}): a model is never its own twin; "
+                             "pass a different model as --twin (a full-attention twin), or --twin none") from None
+    report_module.check_report_dir(args.out, args.overwrite)
+    dsv4 = getattr(args, "deepseek_v4", None)
+    dsv4 = None if dsv4 in (None, "none") else dsv4
+    if dsv4 is not None:
+        from phaseinterp.zoo import deepseek_v4 as hf_zoo
+
+        if dsv4 not in hf_zoo.available():
+            raise UsageError(f"--deepseek-v4 {dsv4!r} is not a shipped HF DeepSeek-V4 zoo model (shipped: "
+                             f"{', '.join(hf_zoo.available()) or 'none'}; 'none' skips the section)")
+        import importlib.util
+
+        if importlib.util.find_spec("transformers") is None:
+            raise UsageError(f"--deepseek-v4 {dsv4!r} needs Hugging Face transformers (the 'hf' extra: "
+                             "pip install -e '.[hf]'); '--deepseek-v4 none' skips the section")
+    remedy = getattr(args, "remedy", None)
+    remedy = None if remedy in (None, "none") else remedy
+    if remedy is not None:
+        from phaseinterp.report.sections.remedy import check_remedy
+
+        try:
+            check_remedy(remedy)
+        except ValueError as err:
+            raise UsageError(f"--remedy: {err}; '--remedy none' skips the section") from None
+    settings = (report_module.ReportSettings.quick() if args.quick else report_module.ReportSettings.full()
+                if args.full else report_module.ReportSettings())
+    settings.export_static = not args.no_static
+    rep = report_module.build_report(args.model, args.out, twin=twin, settings=settings,
+                                     device=getattr(args, "device", None), deepseek_v4=dsv4,
+                                     remedy=remedy, overwrite=args.overwrite)
+    print(rep.table())
+    sections = rep.summary.get("section_seconds", {})
+    print("\nseconds per section: " + ", ".join(f"{name} {sec:.1f}" for name, sec in sections.items()))
+    print(f"report written to {Path(args.out).resolve() / 'index.html'} in {rep.seconds:.0f} s")
+    return 0
+
+
+def _cmd_check_report(args) -> int:
+    """``phaseinterp check-report DIR``: render a written report in headless Chromium and list what
+    is wrong (`phaseinterp.report.check`); exit 1 when something is."""
+    from phaseinterp.report.check import check_page, problems
+
+    result = check_page(args.dir)
+    found = problems(result)
+    print("\n".join(found) or f"ok: {len(result['figures'])} figures drew, nothing overflows, no None/nan/[] texts")
+    return 1 if found else 0
+
+
+def _cmd_screenshot(args) -> int:
+    """``phaseinterp screenshot DIR PNG``: the first screen of a written report as a PNG."""
+    from phaseinterp.report.check import first_screen_png
+
+    print(f"wrote {first_screen_png(args.dir, args.png)}")
+    return 0
+
+
+# ------------------------------------------- experiments on one loaded model
+def _load_for_experiment(args):
+    """(model, task) for profile / ablate / cycle / gates: the model's name and the settings that
+    depend on its config checked before the weights load, then the launch (--shard-dir, torchrun)."""
+    _check_model_name(args.model)
+    _preflight(args)
     from phaseinterp.tasks import resolve_task
 
     if getattr(args, "shard_dir", None) is not None or "WORLD_SIZE" in os.environ:
@@ -262,89 +300,134 @@ def run(args) -> int:
         if not hasattr(model, "set_query_chunk"):
             raise UsageError(f"--query-chunk: {args.model!r} is not a phaseinterp CompressedTransformer")
         model.set_query_chunk(args.query_chunk)
-    task = resolve_task(model)
-    if args.command == "profile":
-        from dataclasses import replace
+    return model, resolve_task(model)
 
-        from phaseinterp.profile import phase_profile
 
-        if args.padding:
-            task = replace(task, padding=args.padding)
-        _check_own_stride(args.stride, model.cfg)
-        stride = args.stride or model.cfg.stride
-        if task.residue_modulus % stride:
-            divisors = [d for d in range(1, task.residue_modulus + 1) if task.residue_modulus % d == 0]
-            raise UsageError(f"--stride {stride} does not divide the task's R={task.residue_modulus} "
-                             f"(valid: {divisors})")
-        _check_placement(task, args.n_per_residue)
-        if args.shard_dir is not None:
-            from phaseinterp.parallel import sharded_profile
-
-            result = sharded_profile(model, task, args.n_per_residue, out_dir=args.shard_dir, seed=args.seed,
-                                     chunk_size=args.chunk_size, stride=args.stride,
-                                     label=args.label or report_module.model_label(model))
-        else:
-            result = phase_profile(model, task, args.n_per_residue, seed=args.seed, stride=args.stride,
-                                   label=args.label or report_module.model_label(model))
-    elif args.command == "ablate":
-        from phaseinterp.interventions import ablate
-
-        _check_placement(task, args.n_per_residue)
-        if args.shard_dir is not None:
-            from phaseinterp.parallel import sharded_ablate
-
-            result = sharded_ablate(model, task, out_dir=args.shard_dir, chunk_size=args.chunk_size, layer=args.layer,
-                                    scope=args.scope, n_per_residue=args.n_per_residue,
-                                    n_calibration=args.n_calibration, method=args.method)
-            if result is None:  # not process 0: its prompts are in the shards
-                return 0
-        else:
-            result = ablate(model, task, layer=args.layer, scope=args.scope, n_per_residue=args.n_per_residue,
-                            n_calibration=args.n_calibration, method=args.method)
-        print("relative change of accuracy, % of the clean accuracy, per (layer, kv_head) x phase:")
-        print(result.relative_change.round(1).to_string())
-    elif args.command == "cycle":
-        from phaseinterp.interventions import gate_cycling_profile, gate_cycling_unit
-
-        _check_placement(task, args.n_per_residue)
-        if args.score == "unit":
-            result = gate_cycling_unit(model, task, args.shifts, layers=args.layer, kv_heads=args.kv_heads,
-                                  mode=args.mode, measure=args.measure, n_per_residue=args.n_per_residue)
-            print(f"unit {result.unit}: contribution per shift x phase ({args.measure}):")
-            print(result.contribution().round(3).to_string())
-            print(result.identification().round(3).to_string())
-            _print_table(result)
-            _save(args.out, result, args.overwrite)
-            return 0
-        if args.shard_dir is not None:
-            from phaseinterp.parallel import sharded_gate_cycling_profile
-
-            result = sharded_gate_cycling_profile(model, task, args.shifts, out_dir=args.shard_dir, chunk_size=args.chunk_size,
-                                          layers=args.layer, branch=args.branch, n_per_residue=args.n_per_residue)
-            if result is None:  # not process 0: its prompts are in the shards
-                return 0
-        else:
-            result = gate_cycling_profile(model, task, args.shifts, layers=args.layer, branch=args.branch,
-                                  kv_heads=args.kv_heads, mode=args.mode, n_per_residue=args.n_per_residue,
-                                  baseline=getattr(args, "baseline_profile", None))
-        print("accuracy per shift x phase:")
-        print(result.phase_accuracy().round(3).to_string())
-    else:  # gates
-        from phaseinterp._checks import check_n_per_residue
-        from phaseinterp.interventions import gate_profile
-
-        check_n_per_residue(args.n_per_residue, task.residue_modulus)
-        result = gate_profile(model, task, n_per_residue=args.n_per_residue)
-        print(result.heads.round(3).to_string(index=False))
-    if result is None:  # a sharded profile on a process other than 0
+def _finish(args, result) -> int:
+    """Print a result's summary and save it to --out; a sharded run's other processes (no result)
+    only exit, their prompts being in the shards."""
+    if result is None:
         return 0
     _print_table(result)
     _save(args.out, result, args.overwrite)
     return 0
 
 
-def _conformance(args) -> int:
+def _cmd_profile(args) -> int:
+    """``phaseinterp profile``: accuracy by residue and phase, in process or (--engine) of a served model."""
+    _keep_freed_memory()
+    if args.engine is not None or args.model is None:
+        from phaseinterp.cli.engine import engine_profile
+
+        return engine_profile(args)
+    model, task = _load_for_experiment(args)
+    from dataclasses import replace
+
+    from phaseinterp import report as report_module
+    from phaseinterp.profile import phase_profile
+
+    if args.padding:
+        task = replace(task, padding=args.padding)
+    _check_own_stride(args.stride, model.cfg)
+    stride = args.stride or model.cfg.stride
+    if task.residue_modulus % stride:
+        divisors = [d for d in range(1, task.residue_modulus + 1) if task.residue_modulus % d == 0]
+        raise UsageError(f"--stride {stride} does not divide the task's R={task.residue_modulus} "
+                         f"(valid: {divisors})")
+    _check_placement(task, args.n_per_residue)
+    label = args.label or report_module.model_label(model)
+    if args.shard_dir is not None:
+        from phaseinterp.parallel import sharded_profile
+
+        result = sharded_profile(model, task, args.n_per_residue, out_dir=args.shard_dir, seed=args.seed,
+                                 chunk_size=args.chunk_size, stride=args.stride, label=label)
+    else:
+        result = phase_profile(model, task, args.n_per_residue, seed=args.seed, stride=args.stride, label=label)
+    return _finish(args, result)
+
+
+def _cmd_ablate(args) -> int:
+    """``phaseinterp ablate MODEL``: per-KV-head (or per-layer) mean replacement."""
+    _keep_freed_memory()
+    model, task = _load_for_experiment(args)
+    from phaseinterp.interventions import ablate
+
+    _check_placement(task, args.n_per_residue)
+    if args.shard_dir is not None:
+        from phaseinterp.parallel import sharded_ablate
+
+        result = sharded_ablate(model, task, out_dir=args.shard_dir, chunk_size=args.chunk_size, layer=args.layer,
+                                scope=args.scope, n_per_residue=args.n_per_residue,
+                                n_calibration=args.n_calibration, method=args.method)
+        if result is None:  # not process 0: its prompts are in the shards
+            return 0
+    else:
+        result = ablate(model, task, layer=args.layer, scope=args.scope, n_per_residue=args.n_per_residue,
+                        n_calibration=args.n_calibration, method=args.method)
+    print("relative change of accuracy, % of the clean accuracy, per (layer, kv_head) x phase:")
+    print(result.relative_change.round(1).to_string())
+    return _finish(args, result)
+
+
+def _cmd_cycle(args) -> int:
+    """``phaseinterp cycle MODEL``: cyclic gate shifts, the profile score or (--score unit) one unit's."""
+    _keep_freed_memory()
+    model, task = _load_for_experiment(args)
+    from phaseinterp.interventions import gate_cycling_profile, gate_cycling_unit
+
+    if args.n_per_residue is None:
+        _default_cycle_size(args, task)
+    _check_placement(task, args.n_per_residue)
+    if args.score == "unit":
+        result = gate_cycling_unit(model, task, args.shifts, layers=args.layer, kv_heads=args.kv_heads,
+                              mode=args.mode, measure=args.measure, n_per_residue=args.n_per_residue)
+        print(f"unit {result.unit}: contribution per shift x phase ({args.measure}):")
+        print(result.contribution().round(3).to_string())
+        print(result.identification().round(3).to_string())
+        return _finish(args, result)
+    if args.shard_dir is not None:
+        from phaseinterp.parallel import sharded_gate_cycling_profile
+
+        result = sharded_gate_cycling_profile(model, task, args.shifts, out_dir=args.shard_dir,
+                                              chunk_size=args.chunk_size, layers=args.layer, branch=args.branch,
+                                              kv_heads=args.kv_heads, mode=args.mode,
+                                              n_per_residue=args.n_per_residue)
+        if result is None:  # not process 0: its prompts are in the shards
+            return 0
+    else:
+        result = gate_cycling_profile(model, task, args.shifts, layers=args.layer, branch=args.branch,
+                              kv_heads=args.kv_heads, mode=args.mode, n_per_residue=args.n_per_residue,
+                              baseline=getattr(args, "baseline_profile", None))
+    print("accuracy per shift x phase:")
+    print(result.phase_accuracy().round(3).to_string())
+    return _finish(args, result)
+
+
+def _cmd_gates(args) -> int:
+    """``phaseinterp gates MODEL``: where each compressor gate puts its weight."""
+    _keep_freed_memory()
+    model, task = _load_for_experiment(args)
+    from phaseinterp._checks import check_n_per_residue
+    from phaseinterp.interventions import gate_profile
+
+    check_n_per_residue(args.n_per_residue, task.residue_modulus)
+    result = gate_profile(model, task, n_per_residue=args.n_per_residue)
+    print(result.heads.round(3).to_string(index=False))
+    return _finish(args, result)
+
+
+def _cmd_merge(args) -> int:
+    """``phaseinterp merge DIR``: a sharded run's result rebuilt from its shard files."""
+    _keep_freed_memory()
+    from phaseinterp.parallel import merge
+
+    return _finish(args, merge(args.dir))
+
+
+def _cmd_conformance(args) -> int:
     """``phaseinterp conformance MODEL``: `phaseinterp.engines.conformance` (issue 24)."""
+    _keep_freed_memory()
+    _check_model_name(args.model)
     from phaseinterp.models.loading import load, peek
 
     described = peek(args.model)
@@ -362,32 +445,43 @@ def _conformance(args) -> int:
     with __import__("pandas").option_context("display.width", 200, "display.max_rows", 500):
         print(result.table[columns].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     print()
-    _print_table(result)
-    _save(args.out, result, args.overwrite)
+    return _finish(args, result)
+
+
+# ------------------------------------------------------------------- the zoo and training
+def _cmd_zoo(args) -> int:
+    """``phaseinterp zoo list | build | export``."""
+    return ZOO_COMMANDS[args.zoo_command](args)
+
+
+def _zoo_list(args) -> int:
+    from phaseinterp import zoo
+
+    if args.markdown:
+        print(zoo_markdown())
+        return 0
+    for name, shipped, description, command in zoo.catalog():
+        status = "shipped" if shipped else "recipe only"
+        print(f"{name:24s} {status:12s} {description}\n{'':24s} {'':12s} rebuild: {command}")
     return 0
 
 
-def _zoo(args) -> int:
+def _zoo_build(args) -> int:
+    """``phaseinterp zoo build NAME``: either family's recipe, trained and installed."""
     from phaseinterp import zoo
-
-    if args.zoo_command == "list":
-        if args.markdown:
-            print(zoo_markdown())
-            return 0
-        for name, shipped, description, command in zoo.catalog():
-            status = "shipped" if shipped else "recipe only"
-            print(f"{name:24s} {status:12s} {description}\n{'':24s} {'':12s} rebuild: {command}")
-        return 0
-    _keep_freed_memory()
-    if args.zoo_command == "export":
-        return _zoo_export(args)
     from phaseinterp.zoo import deepseek_v4 as hf_zoo
 
+    _keep_freed_memory()
     if args.name in hf_zoo.RECIPES:  # the HF-format DeepSeek-V4s train with their own loop
-        source = hf_zoo.build(args.name, args.out_dir, install=not args.no_install, threads=args.threads)
+        source = hf_zoo.build(args.name, args.out_dir, install=not args.no_install, threads=args.threads,
+                              steps=args.steps)
         print(f"built {args.name}: {source}")
         return 0
     zoo.entry(args.name)
+    if args.steps is not None:
+        raise UsageError(f"--steps shortens an HF DeepSeek-V4 recipe ({', '.join(hf_zoo.RECIPES)}) only; "
+                         f"`phaseinterp train --zoo-recipe {args.name} --steps N --out DIR` trains {args.name}'s "
+                         "recipe for N steps")
     source = zoo.build(args.name, args.out_dir, device=args.device, install=not args.no_install,
                        threads=args.threads)
     print(f"built {args.name}: snapshot {source}")
@@ -395,9 +489,9 @@ def _zoo(args) -> int:
 
 
 def _zoo_export(args) -> int:
-    """`phaseinterp zoo export NAME --layout deepseek [--fp8 [--fp8-scales pow2|exact]] [--experts fp4|fp8|float] --out DIR`
+    """``phaseinterp zoo export NAME --layout deepseek [--fp8 [--fp8-scales pow2|exact]] [--experts fp4|fp8|float] --out DIR`
     (every argument checked before loading)."""
-    from phaseinterp._files import check_output_dir
+    _keep_freed_memory()
     from phaseinterp._checks import parse_size
     from phaseinterp.models.hf.export import EXPORT_LAYOUTS
     from phaseinterp.zoo import deepseek_v4 as hf_zoo
@@ -442,7 +536,9 @@ def _zoo_export(args) -> int:
     return 0
 
 
-def _train(args) -> int:
+def _cmd_train(args) -> int:
+    """``phaseinterp train --out DIR``: a model trained from scratch with a zoo recipe, changed by the options."""
+    _keep_freed_memory()
     from phaseinterp import zoo
 
     e = zoo.entry(args.zoo_recipe or "w4s4")
@@ -474,3 +570,84 @@ def _train(args) -> int:
     return 0
 
 
+
+
+# ------------------------------------------------------------------- DeepSeek-V4 sizes and experiments
+def _check_deepseek_v4_config(config: Optional[str]) -> None:
+    """memory-plan's CONFIG: a readable DeepSeek-V4 config.json (or a folder holding one); another
+    model's config would otherwise be read as DeepSeek-V4's defaults plus unused fields."""
+    if config is None:
+        return
+    import json
+
+    path = Path(config)
+    path = path / "config.json" if path.is_dir() else path
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist (pass a config.json or a checkpoint directory)")
+    try:
+        raw = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise UsageError(f"{path} is not a JSON config ({err})") from None
+    model_type = raw.get("model_type") if isinstance(raw, dict) else None
+    if model_type != "deepseek_v4":
+        raise UsageError(f"{path}: model_type={model_type!r} is not a DeepSeek-V4 config (memory-plan counts "
+                         "model_type='deepseek_v4' only)")
+
+
+def _cmd_memory_plan(args) -> int:
+    """``phaseinterp memory-plan [CONFIG]``: parameter counts and weight memory of a DeepSeek-V4 config
+    (`phaseinterp.models.hf.memory.estimate_memory`), with --tokens also the devices one forward and one
+    ablation need (`memory_plan`); from config.json alone, no weights read."""
+    _check_deepseek_v4_config(args.config)
+    bad = [n for n in args.tokens or () if n < 1]
+    if bad:
+        raise UsageError(f"--tokens {bad[0]} must be >= 1 (a prompt length in tokens)")
+    import importlib.util
+
+    if importlib.util.find_spec("transformers") is None:
+        raise UsageError("memory-plan needs Hugging Face transformers (the 'hf' extra: pip install -e '.[hf]')")
+    from phaseinterp.models.hf.memory import estimate_memory, format_estimate, memory_plan
+
+    print(format_estimate(estimate_memory(args.config)))
+    if args.tokens:
+        import pandas as pd
+
+        print()
+        with pd.option_context("display.width", 200):
+            print(pd.DataFrame(memory_plan(args.config, tuple(args.tokens))).round(3).to_string(index=False))
+    return 0
+
+
+def _cmd_experiments(args) -> int:
+    """``phaseinterp experiments EXPERIMENT ...``: the studies of `phaseinterp.experiments`."""
+    return EXPERIMENTS[args.experiment](args)
+
+
+def _experiments_remedy(args) -> int:
+    """``phaseinterp experiments remedy RUNS STOP W/N [SEED ...]``: one worker's share of the remedy's
+    twin runs (`phaseinterp.experiments.remedy.train_share`), one thread; runs resume where they stopped."""
+    import torch
+
+    from phaseinterp.experiments.remedy import train_share
+
+    torch.set_num_threads(1)
+    worker, n_workers = args.share
+    architecture = {k: v for k, v in (("n_kv_heads", args.kv_heads), ("payload", args.payload)) if v is not None}
+    try:
+        train_share(args.runs, args.stop, worker, n_workers, tuple(args.seeds), offsets=args.offsets,
+                    architecture=architecture or None)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    return 0
+
+
+ZOO_COMMANDS = {"list": _zoo_list, "build": _zoo_build, "export": _zoo_export}
+EXPERIMENTS = {"remedy": _experiments_remedy}
+
+# Every ``phaseinterp`` subcommand (`phaseinterp.cli.args.build_parser`) and the function that runs it.
+COMMANDS = {
+    "demo": _cmd_demo, "report": _cmd_report, "check-report": _cmd_check_report, "screenshot": _cmd_screenshot,
+    "profile": _cmd_profile, "ablate": _cmd_ablate, "cycle": _cmd_cycle, "gates": _cmd_gates, "merge": _cmd_merge,
+    "conformance": _cmd_conformance, "train": _cmd_train, "zoo": _cmd_zoo, "memory-plan": _cmd_memory_plan,
+    "experiments": _cmd_experiments,
+}

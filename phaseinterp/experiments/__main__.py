@@ -1,5 +1,8 @@
 """python -m phaseinterp.experiments remedy OUT STOP W/N [SEED ...] [--offsets O] [--kv-heads K] [--payload P]
 
+Deprecated (one more release): ``phaseinterp experiments remedy`` takes the same arguments and runs
+the same `train_share`.
+
 One worker's share of the remedy runs: trains the baseline and staggered twins of
 `compare_remedy` (seeds 0 1 2 unless given), each to STOP steps of the zoo recipe, in
 OUT/<variant>_seed<seed>; worker W of N takes every N-th run, so N processes (one thread each)
@@ -9,9 +12,12 @@ staggered_layers for one-KV-head models), ``--kv-heads`` and ``--payload`` chang
 
 import argparse
 import sys
+import warnings
 
 
 def main(argv: list[str]) -> int:
+    warnings.warn("`python -m phaseinterp.experiments` is deprecated and will be removed in the next release; "
+                  "use `phaseinterp experiments remedy`", DeprecationWarning, stacklevel=2)
     parser = argparse.ArgumentParser(prog="python -m phaseinterp.experiments", description=__doc__.splitlines()[0])
     parser.add_argument("experiment", choices=["remedy"])
     parser.add_argument("out")

@@ -245,7 +245,7 @@ def compare_remedy(
     and the gate/payload options (``{"payload": "shared"}``) for both twins alike. ``stop_at``
     truncates the recipe's schedule (the same step for
     every run). Runs live in ``out_dir/<variant>_seed<seed>`` and are resumed, so the twins
-    can be trained in parallel processes first (``python -m phaseinterp.experiments remedy OUT STOP W/N``).
+    can be trained in parallel processes first (``phaseinterp experiments remedy RUNS STOP W/N``).
     """
     from phaseinterp.profile import phase_profile
 
@@ -285,7 +285,7 @@ def train_share(out_dir: Union[str, Path], stop_at: int, worker: int, n_workers:
                 architecture: Optional[dict[str, Any]] = None) -> None:
     """Train worker ``worker`` of ``n_workers``'s share of the twin runs (variant x seed, round
     robin), each to ``stop_at`` steps, so `compare_remedy` later only evaluates. Command line:
-    ``python -m phaseinterp.experiments remedy OUT STOP W/N``."""
+    ``phaseinterp experiments remedy RUNS STOP W/N``."""
     if not 0 <= worker < n_workers:
         raise UserInputError(f"worker={worker} is out of range 0..{n_workers - 1}")
     runs = [(v, s) for s in seeds for v in VARIANTS]

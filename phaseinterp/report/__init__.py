@@ -9,7 +9,7 @@ DeepSeek-V4 and remedy sections.
 - `phaseinterp.report.models`: which model (checked, peeked at from config.json, loaded, named);
 - `phaseinterp.report.page`: index.html in house style;
 - `phaseinterp.report.check`: a headless-Chromium check of a written report
-  (``python -m phaseinterp.report.check check DIR``).
+  (``phaseinterp check-report DIR``).
 """
 
 from phaseinterp.report.build import SECTIONS, Report, ReportSettings, build_report, check_report_dir

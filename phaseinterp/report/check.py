@@ -6,8 +6,8 @@ missing or NaN draws none), which elements stick out of the page (no scrolling b
 around them), and which texts say ``None``, ``nan``, ``[]`` where a value belongs.
 `first_screen_png` writes the first screen of a report as a PNG (README's picture)::
 
-    python -m phaseinterp.report.check screenshot REPORT_DIR docs/report_first_screen.png
-    python -m phaseinterp.report.check check REPORT_DIR
+    phaseinterp screenshot REPORT_DIR docs/report_first_screen.png
+    phaseinterp check-report REPORT_DIR
 
 Needs a Chromium (``chromium``, ``chromium-browser``, ``google-chrome`` or ``BROWSER_PATH``);
 the page is loaded from disk with networking off.
@@ -192,7 +192,14 @@ def first_screen_png(page: Union[str, Path], png: Union[str, Path], width: int =
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    """``python -m phaseinterp.report.check check DIR | screenshot DIR PNG``, deprecated (one more release):
+    ``phaseinterp check-report DIR`` / ``phaseinterp screenshot DIR PNG`` run the same functions."""
+    import warnings
+
     argv = sys.argv[1:] if argv is None else argv
+    new = {"check": "check-report", "screenshot": "screenshot"}.get(argv[0] if argv else "", "check-report")
+    warnings.warn(f"`python -m phaseinterp.report.check` is deprecated and will be removed in the next release; "
+                  f"use `phaseinterp {new}`", DeprecationWarning, stacklevel=2)
     try:
         if len(argv) == 2 and argv[0] == "check":
             result = check_page(argv[1])

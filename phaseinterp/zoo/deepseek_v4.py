@@ -5,7 +5,7 @@ task and batch mixture (`phaseinterp.zoo.task.TASK`, periodic rows, the easy-sta
 and installs it in ``phaseinterp/zoo/checkpoints/<name>`` in HF format (``model.safetensors``
 + ``config.json``) with a ``phaseinterp.json`` sidecar (evaluation task, recipe, command);
 ``phaseinterp.zoo.load(name)`` / ``phaseinterp.load_hf(path)`` read it. Command:
-``python -m phaseinterp.zoo.deepseek_v4 NAME`` (one thread; rerun resumes nothing: runs are short).
+``phaseinterp zoo build NAME`` (one thread; rerun resumes nothing: runs are short).
 
 What differs from the real models, and why:
 - scaled down: d_model 64, 4 query heads of 16 dims (8 rotary), 3 layers (CSA, CSA, HCA),
@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import math
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -78,7 +78,7 @@ class TinyRecipe:
 
     @property
     def command(self) -> str:
-        return f"python -m phaseinterp.zoo.deepseek_v4 {self.name}"
+        return f"phaseinterp zoo build {self.name}"
 
     def hf_config(self, vocab_size: int):
         from transformers import DeepseekV4Config
@@ -126,18 +126,22 @@ RECIPES: dict[str, TinyRecipe] = {
 
 
 def build(name: str, out_dir: Union[str, Path, None] = None, *, install: bool = True, progress: bool = True,
-          threads: Optional[int] = 1) -> Path:
-    """Train ``name`` (one of `RECIPES`) and (``install=True``) copy it into the package's checkpoints."""
+          threads: Optional[int] = 1, steps: Optional[int] = None) -> Path:
+    """Train ``name`` (one of `RECIPES`) and (``install=True``) copy it into the package's checkpoints.
+    ``steps``: train that many steps instead of the recipe's (a quick check, not the shipped model)."""
     import torch
 
     if name not in RECIPES:
         raise UserInputError(f"unknown tiny DeepSeek-V4 recipe {name!r}; known: {sorted(RECIPES)}")
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+        raise UserInputError(f"steps={steps!r} must be an integer >= 1 (or None: the recipe's {RECIPES[name].steps})")
     if threads is not None:
         torch.set_num_threads(threads)
     run_dir = Path(out_dir) if out_dir is not None else Path("runs") / "zoo" / name
     from phaseinterp.train.deepseek_v4 import train_tiny
 
-    train_tiny(RECIPES[name], run_dir, progress=progress)
+    recipe = RECIPES[name] if steps is None else replace(RECIPES[name], steps=steps)
+    train_tiny(recipe, run_dir, progress=progress)
     if install:
         install_run(name, run_dir)
     return run_dir / "final"
@@ -184,17 +188,20 @@ def load(name: str, device=None):
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    """``python -m phaseinterp.zoo.deepseek_v4 NAME [--out DIR] [--steps N] [--no-install]``, deprecated (one
+    more release): ``phaseinterp zoo build NAME [--out-dir DIR] [--steps N] [--no-install]`` runs the same `build`."""
+    import warnings
+
+    warnings.warn("`python -m phaseinterp.zoo.deepseek_v4` is deprecated and will be removed in the next release; "
+                  "use `phaseinterp zoo build`", DeprecationWarning, stacklevel=2)
+    parser = argparse.ArgumentParser(prog="python -m phaseinterp.zoo.deepseek_v4",
+                                     description="Deprecated: use `phaseinterp zoo build NAME`.")
     parser.add_argument("name", choices=sorted(RECIPES))
     parser.add_argument("--out", default=None, help="run directory (default runs/zoo/NAME)")
     parser.add_argument("--steps", type=int, default=None, help="override the recipe's step count")
     parser.add_argument("--no-install", action="store_true")
     args = parser.parse_args(argv)
-    if args.steps is not None:
-        from dataclasses import replace
-
-        RECIPES[args.name] = replace(RECIPES[args.name], steps=args.steps)
-    build(args.name, args.out, install=not args.no_install)
+    build(args.name, args.out, install=not args.no_install, steps=args.steps)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 The model is instantiated on PyTorch's ``meta`` device (shapes only), so the count is exact
 for the architecture transformers builds from that config. Weight bytes = parameters x bytes
 per parameter; the routed experts can be counted at a different width (the released
-DeepSeek-V4 checkpoints ship MXFP4 experts, `FP4_EXPERT_BYTES`; FP8 is the older V3-style width). ``python -m phaseinterp.models.hf.memory [config.json|DIR]``
+DeepSeek-V4 checkpoints ship MXFP4 experts, `FP4_EXPERT_BYTES`; FP8 is the older V3-style width). ``phaseinterp memory-plan [config.json|DIR]``
 prints the table (no argument: transformers' default ``DeepseekV4Config``, the V4-Flash shape).
 """
 
@@ -41,10 +41,17 @@ class MemoryEstimate:
         return (self.n_other_params * bytes_per_param + experts) / 2**30
 
     def summary(self) -> dict[str, Any]:
+        """Counts and GiB per storage width, by name (`format_estimate` prints them)."""
         return {"n_params": self.n_params, "n_expert_params": self.n_expert_params, "n_layers": self.n_layers,
                 "bf16_gib": round(self.weight_gib(2.0), 1), "fp8_experts_bf16_rest_gib": round(self.weight_gib(2.0, 1.0), 1),
                 "fp4_experts_bf16_rest_gib": round(self.weight_gib(2.0, FP4_EXPERT_BYTES), 1),
                 "fp32_gib": round(self.weight_gib(4.0), 1)}
+
+
+def format_estimate(estimate: MemoryEstimate) -> str:
+    """``name: value`` lines of ``estimate.summary()``, counts with thousands separators."""
+    return "\n".join(f"{key}: {value:,}" if isinstance(value, int) else f"{key}: {value}"
+                     for key, value in estimate.summary().items())
 
 
 def config_from_dict(raw: dict) -> Any:
@@ -348,12 +355,17 @@ def memory_plan(config: Union[str, Path, Any, None] = None, lengths: tuple[int, 
     return rows
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
+    """``python -m phaseinterp.models.hf.memory [config.json|DIR]``, deprecated (one more release):
+    ``phaseinterp memory-plan [config.json|DIR]`` prints the same."""
+    import warnings
+
+    warnings.warn("`python -m phaseinterp.models.hf.memory` is deprecated and will be removed in the next release; "
+                  "use `phaseinterp memory-plan`", DeprecationWarning, stacklevel=2)
     argv = sys.argv[1:] if argv is None else argv
-    est = estimate_memory(argv[0] if argv else None)
-    for key, value in est.summary().items():
-        print(f"{key}: {value:,}" if isinstance(value, int) else f"{key}: {value}")
+    print(format_estimate(estimate_memory(argv[0] if argv else None)))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
