@@ -14,12 +14,14 @@ training loop are replaced by a sentinel), so it tests the checks, not the exper
 
 from __future__ import annotations
 
+import collections.abc
 import inspect
 import math
 import os
 import shutil
 import stat
 import sys
+import typing
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -27,6 +29,8 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from jaxtyping import AbstractArray
+from jaxtyping import config as jaxtyping_config
 
 import phaseinterp as pi
 from phaseinterp import CompressedConfig, CompressedTransformer
@@ -65,6 +69,76 @@ values = st.one_of(
     st.dictionaries(st.text(max_size=3), st.integers(0, 3), max_size=2), st.just(object()),
     st.just(torch.tensor([1.0, math.nan])),
 )
+# Values of the annotated type that are still bad (out of range, negative, huge, empty, NaN): for a typed
+# parameter most draws come from these, so they test the function's range checks; one draw in
+# WRONG_TYPE_SHARE comes from `values` (any type), which tests its type checks.
+WRONG_TYPE_SHARE = 4
+TYPED = {
+    int: st.one_of(st.integers(-3, 12), st.sampled_from([-1, 0, HUGE, -HUGE, 2**63])),
+    float: st.one_of(st.floats(allow_nan=True, allow_infinity=True, width=32),
+                     st.sampled_from([math.nan, math.inf, -math.inf, -0.0, -1.0, 0.0, 1e30])),
+    str: st.one_of(st.text(max_size=6),
+                   st.sampled_from(["", " ", "nan", "-1", "BOTH", "cpu:1", "cuda:7", "mps", "x" * 300])),
+    bool: st.booleans(),
+    torch.Tensor: st.one_of(
+        st.sampled_from([torch.zeros(0, dtype=torch.long), torch.zeros(2, 0, dtype=torch.long),
+                         torch.zeros(3, dtype=torch.long), torch.full((2, 40), -1), torch.full((2, 40), 10**6),
+                         torch.tensor([[1.0, math.nan]]), torch.zeros(1, 2, 3, dtype=torch.long)])),
+}
+# Sizes (prompts, batches, resamples, seeds): every small positive value is valid and runs the whole
+# experiment, so their integers are the ones at the edges (a huge size must be refused before any work,
+# or run as one batch), which keeps the run bounded.
+SIZE_ARGS = {"batch_size", "n_boot", "n_permutations", "n_calibration", "n_per_residue", "seed", "max_phases"}
+SIZE_INTS = st.sampled_from([-3, -1, 0, HUGE, -HUGE, 2**63])
+
+
+def typed_values(annotation, size: bool = False) -> st.SearchStrategy:
+    """Bad values of ``annotation``'s own type; `values` (any type) where the annotation says nothing.
+    ``size``: an integer is drawn from `SIZE_INTS`."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if annotation is int and size:
+        return SIZE_INTS
+    if origin is typing.Union:
+        return st.one_of(*[typed_values(a, size) for a in args])
+    if annotation is type(None):
+        return st.none()
+    if origin in (list, tuple, collections.abc.Sequence) and args:
+        item = typed_values(args[0], size)
+        return st.one_of(st.just([]), st.lists(item, min_size=1, max_size=2), st.lists(item, max_size=2).map(tuple))
+    if isinstance(annotation, type) and issubclass(annotation, (torch.Tensor, AbstractArray)):  # Float[Tensor, ...]
+        return TYPED[torch.Tensor]
+    for kind, strategy in TYPED.items():
+        if annotation is kind:
+            return strategy
+    return values
+
+
+def drawn_values(target, arg: str) -> st.SearchStrategy:
+    """For ``target``'s parameter ``arg``: mostly `typed_values` of its annotation, a share of `values`."""
+    function = inspect.unwrap(target)
+    annotation = inspect.signature(function).parameters[arg].annotation
+    if isinstance(annotation, str):  # `from __future__ import annotations`: evaluate this one alone
+        try:
+            annotation = eval(annotation, function.__globals__)  # noqa: S307 - our own source's annotation
+        except (NameError, TypeError, SyntaxError):  # a name imported only for type checkers
+            annotation = inspect.Parameter.empty
+    if annotation in (inspect.Parameter.empty, typing.Any):
+        return values
+    typed = typed_values(annotation, arg in SIZE_ARGS)
+    return st.integers(0, WRONG_TYPE_SHARE - 1).flatmap(lambda i: values if i == 0 else typed)
+
+
+@contextmanager
+def _as_user():
+    """The call as a user makes it: without the test suite's runtime type hook (conftest), which
+    would stop a wrong-type draw before our own checks run. The other test files keep the hook."""
+    jaxtyping_config.update("jaxtyping_disable", True)
+    try:
+        yield
+    finally:
+        jaxtyping_config.update("jaxtyping_disable", False)
+
+
 PATH_KINDS = ["missing", "relative-missing", "file", "empty-folder", "user-folder", "unwritable", "result", "checkpoint",
               "hf-checkpoint", "", "nul"]
 
@@ -161,11 +235,12 @@ def _call(fn, names: tuple[str, ...], value, kind: str, target=None):
     """Run ``fn()``; success or a UserInputError naming the argument; anything else fails the test."""
     _count(kind)
     try:
-        if target is None:
-            result = fn()
-        else:
-            with _reach_counter(target):
+        with _as_user():
+            if target is None:
                 result = fn()
+            else:
+                with _reach_counter(target):
+                    result = fn()
     except HOOK_ERRORS:  # a class constructor, which the hook wraps where U() cannot reach: not ours to judge
         _count("stopped by the test's type hook")
         return None
@@ -323,7 +398,7 @@ def test_fuzz_api(fn, arg, model, places):
     before = _snapshot(places)
 
     @FUZZ
-    @given(value=values)
+    @given(value=drawn_values(TARGETS[fn], arg))
     def run(value):
         _call(lambda: call(model, value), names, value, _classify(value), TARGETS[fn])
 
