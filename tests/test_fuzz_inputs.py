@@ -56,8 +56,11 @@ except ImportError:  # pragma: no cover
 
 def U(fn):
     """``fn`` without the test suite's type-checking wrapper: a user calls the function itself, whose
-    own checks are what the fuzzer tests (as ``_unchecked`` in test_bad_inputs)."""
-    return getattr(fn, "__wrapped__", fn)  # inputs tried per class (printed by test_report_counts; RESULTS quotes them)
+    own checks are what the fuzzer tests (as ``_unchecked`` in test_bad_inputs). Only jaxtyping's
+    wrapper is removed: ``@torch.inference_mode()`` and other decorators of our own stay."""
+    code = getattr(fn, "__code__", None)
+    return fn.__wrapped__ if code is not None and "jaxtyping" in code.co_filename and hasattr(fn, "__wrapped__") \
+        else fn  # inputs tried per class (printed by test_report_counts; RESULTS quotes them)
 
 # ----------------------------------------------------------------- values
 HUGE = 10**12
@@ -348,7 +351,49 @@ API = {  # function -> {argument: (names the message may use, call(model, value)
                                                                            top_logprobs=v)),
         "timeout": (("timeout",), lambda m, v: pi.OpenAIEngine("http://127.0.0.1:9/v1", "m", 32, timeout=v)),
     },
+    # DeepSeek-V4 only: the small random V4 of test_deepseek_v4 (3 layers, CSA at 0 and 2), 3 prompts per residue
+    "indexer_phase": {
+        arg: (names, (lambda a: lambda m, v: U(pi.indexer_phase)(_dsv4(), DSV4_TASK, **_dsv4_args(a, v)))(arg))
+        for arg, names in (("layers", ("layers", "layer")), ("n_per_residue", ("n_per_residue",)),
+                           ("batch_size", ("batch_size",)), ("prompts", ("prompts",)),
+                           ("confidence", ("confidence",)), ("seed", ("seed",)))
+    },
+    "force_target_selection": {
+        arg: (names, (lambda a: lambda m, v: U(pi.force_target_selection)(_dsv4(), DSV4_TASK, **_dsv4_args(a, v)))(arg))
+        for arg, names in (("layers", ("layers", "layer")), ("batch_size", ("batch_size",)),
+                           ("prompts", ("prompts",)), ("confidence", ("confidence",)))
+    },
+    "conformance": {  # the small compressed model, decode only, 2 prompts per residue
+        arg: (names, (lambda a: lambda m, v: U(pi.conformance)(m, TASK, **{**CONFORMANCE, a: v}))(arg))
+        for arg, names in (("modes", ("modes", "mode")), ("n_per_residue", ("n_per_residue",)),
+                           ("answer_phases", ("answer_phases", "answer phase")),
+                           ("cut_phases", ("cut_phases", "cut phase")), ("chunk", ("chunk",)),
+                           ("dtypes", ("dtypes", "dtype")), ("tolerance", ("tolerance",)),
+                           ("batch_size", ("batch_size",)), ("confidence", ("confidence",)),
+                           ("n_bootstrap", ("n_bootstrap",)))
+    },
 }
+CONFORMANCE = dict(modes=("decode",), n_per_residue=2, answer_phases=[0, 3], n_bootstrap=9, progress=False)
+_DSV4 = []
+
+
+def _dsv4():
+    """The small random DeepSeek-V4 (tests/test_deepseek_v4.py's), wrapped once per run."""
+    if not _DSV4:
+        from test_deepseek_v4 import make_hf
+
+        _DSV4.append(pi.from_hf(make_hf()))
+    return _DSV4[0]
+
+
+def _dsv4_args(arg: str, value) -> dict:
+    """Small settings for the V4 experiments, with ``arg`` set to the drawn ``value``."""
+    settings = {"prompts": DSV4_TASK.generate(3, seed=0, strict=False)} if arg not in ("n_per_residue", "seed") \
+        else {"n_per_residue": 16}
+    return {**settings, arg: value}
+
+
+DSV4_TASK = TASK  # the V4 of test_deepseek_v4 reads the same task
 # Public names of phaseinterp.__all__ the table above does not call, with the reason.
 NOT_CALLED = {
     "AblationResult": "a result class: its load is fuzzed in test_fuzz_paths",
@@ -361,10 +406,6 @@ NOT_CALLED = {
     "mean_ablation": "the same function as ablate (an alias)",
     "load": "every kind of source and its refusals: tests/test_load.py; its device in test_bad_inputs' device walk",
     "shift_static_gates": "shares check_shift/check_layers/check_kv_heads with cycle_gates (fuzzed)",
-    "indexer_phase": "DeepSeek-V4 only (a dsv4 model per call: too slow for the fast tier); its layers/n_per_residue "
-                     "checks are shared with gate_cycling",
-    "force_target_selection": "DeepSeek-V4 only, as indexer_phase",
-    "conformance": "runs three implementations per call: fuzzed through the CLI's checks",
     "phase": "a module", "stats": "a module", "tasks": "a module", "theory": "a module", "zoo": "a module (zoo.load is fuzzed)",
 }
 COVERED = set(API) | {"zoo"}
@@ -374,7 +415,8 @@ TARGETS = {"phase_profile": pi.phase_profile, "ablate": pi.ablate, "gate_cycling
            "mean_gate_logits": pi.mean_gate_logits, "specialized_units": pi.specialized_units,
            "CompressedTransformer": CompressedTransformer.__init__, "CompressedConfig": CompressedConfig.__init__,
            "zoo.load": pi.zoo.load, "load_hf": pi.load_hf, "from_hf": pi.from_hf,
-           "OpenAIEngine": pi.OpenAIEngine.__init__}
+           "OpenAIEngine": pi.OpenAIEngine.__init__, "indexer_phase": pi.indexer_phase,
+           "force_target_selection": pi.force_target_selection, "conformance": pi.conformance}
 
 
 def _enter(manager):
