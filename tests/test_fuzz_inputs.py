@@ -5,6 +5,11 @@ another kind of saved object. Each call either succeeds or raises `UserInputErro
 argument (CLI: exit code 2 and one line); no other exception escapes phaseinterp's own checks,
 and a refused call writes nothing.
 
+The draws reach our own checks: a typed parameter gets values of its annotated type that are still bad
+(`typed_values`: out of range, negative, huge, empty, NaN) and, one draw in `WRONG_TYPE_SHARE`, a value of
+any type; each call runs without the suite's runtime type hook (`_as_user`), as a user's does.
+``COUNTS["reached the function body"]`` counts the draws that entered the called function's own code.
+
 Bounded: the smallest model (2 layers, d_model 32, R = 8), 23 prompts per residue, and a fixed
 seed (``derandomize=True``) with ``max_examples`` per function from ``PHASEINTERP_FUZZ_EXAMPLES``
 (default 12). A larger run: ``PHASEINTERP_FUZZ_EXAMPLES=500 python -m pytest tests/test_fuzz_inputs.py -n 0``.
