@@ -1,4 +1,4 @@
-"""Small shared plumbing: atomic file writes, JSON for numpy values, progress bars."""
+"""Small shared plumbing: atomic file writes, the write rule, JSON for numpy values, progress bars."""
 
 from __future__ import annotations
 
@@ -189,6 +189,76 @@ def check_write_target(path: Union[str, os.PathLike], kind: str, *, overwrite: b
                              f"folder (or a previous {kind}'s folder: pass {flag})")
     raise UserInputError(f"{shown} holds a {held}, not a {kind}: it is never replaced by one; pass a new or empty "
                          "folder")
+
+
+def check_file_target(path: Union[str, os.PathLike], *, overwrite: bool = False, name: str = "path",
+                      flag: str = "overwrite=True (CLI: --overwrite) to replace it") -> Path:
+    """The write rule for a single file: ``path`` as a Path when a file may be written there. A new
+    path (in a folder that exists or can be made) is fine; an existing file only with ``overwrite``;
+    a folder never. Otherwise a `UserInputError` naming the argument and the path. Creates nothing.
+
+    Single-file writers that use it (``tests/test_bad_inputs.py::FILE_WRITERS`` walks each one):
+    `phaseinterp.plot.export.save`, `phaseinterp.plot.export.save_static` and
+    `phaseinterp.report.check.first_screen_png`, each through `write_file_atomically`."""
+    if not is_path(path):
+        raise UserInputError(f"{name}={path!r} must be a non-empty path (a str or pathlib.Path, no NUL)")
+    path = Path(path)
+    if path.is_dir():
+        raise UserInputError(f"{name}={str(path)!r} is a folder; pass a file path")
+    check_output_dir(path.parent, name=f"{name}={str(path)!r}: its folder")
+    if (path.exists() or path.is_symlink()) and not overwrite:
+        raise UserInputError(f"{name}={str(path)!r} already exists; pass {flag}, or a new file name")
+    return path
+
+
+def write_file_atomically(path: Union[str, os.PathLike], data: Union[bytes, str, Callable[[Path], Any]], *,
+                          overwrite: bool = False, name: str = "path") -> Path:
+    """Write one file at ``path``: ``data`` (bytes or text), or ``data(temporary_path)`` for a library
+    that writes to a path itself (plotly's ``write_html``). It is written to a hidden temporary file in
+    the same folder, then moved into place in one step; a failure or interrupt leaves no partial file
+    and ``path`` as it was. An existing file is replaced only with ``overwrite`` (`check_file_target`,
+    checked again at the move: without ``overwrite`` a file that appeared meanwhile is not replaced)."""
+    path = check_file_target(path, overwrite=overwrite, name=name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_file_beside(path)
+    try:
+        if callable(data):
+            data(tmp)
+        else:
+            with open(tmp, "wb") as f:
+                f.write(data.encode() if isinstance(data, str) else data)
+                f.flush()
+                os.fsync(f.fileno())
+        os.chmod(tmp, normal_mode())
+        move_file_into_place(tmp, path, overwrite=overwrite, name=name)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def temporary_file_beside(path: Path) -> Path:
+    """A new empty hidden file beside ``path`` (same folder, so a rename moves it into place), keeping
+    ``path``'s suffix last (libraries that pick a format from the suffix still see it)."""
+    fd, name = tempfile.mkstemp(dir=Path(path).parent, prefix=f".{Path(path).stem}.", suffix=f".tmp{Path(path).suffix}")
+    os.close(fd)
+    return Path(name)
+
+
+def move_file_into_place(tmp: Path, path: Path, *, overwrite: bool = False, name: str = "path") -> None:
+    """Move the finished file ``tmp`` to ``path`` in one step. Without ``overwrite`` a file at ``path``
+    (one that appeared after `check_file_target`) is never replaced: a hard link refuses it atomically."""
+    if overwrite:
+        os.replace(tmp, path)
+        return
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise UserInputError(f"{name}={str(path)!r} already exists; pass overwrite=True (CLI: --overwrite) to "
+                             "replace it, or a new file name") from None
+    except OSError:  # a file system without hard links: the check before the work stands
+        os.replace(tmp, path)
+        return
+    os.unlink(tmp)
 
 
 def staging_dir(final: Path) -> Path:

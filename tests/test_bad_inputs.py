@@ -529,9 +529,16 @@ WRITERS_EXEMPT = {
     "phaseinterp.experiments.remedy:compare_remedy": "a resumable sweep: each run folder goes through train(resume=True)",
     "phaseinterp.train.deepseek_v4:train_tiny": "the zoo rebuild's own run folder (runs/zoo/NAME); its final model "
                                                  "goes through HookedDeepseekV4.save_pretrained",
-    "phaseinterp.engines.answers:_open_journal": "an engine profile's resumable journal (left: issue 37 follow-up)",
-    "phaseinterp.plot.export:save": "single figure files, not folders (left: issue 37 follow-up)",
-    "phaseinterp.report.check:first_screen_png": "one PNG file (README's picture)",
+    "phaseinterp.engines.answers:_open_journal": "an engine profile's resumable journal: it only grows, one whole "
+                                                 "batch file at a time (test_engine_journal_*)",
+    "phaseinterp.plot.export:save": "single figure files: FILE_WRITERS",
+    "phaseinterp.report.check:first_screen_png": "one PNG file (README's picture): FILE_WRITERS",
+    "phaseinterp.engines.answers:_read_batch": "drops (unlinks) a torn batch file of the journal, to ask it again",
+    "phaseinterp.engines.answers:_drop_torn_writes": "removes the journal's own hidden temporaries of a stopped write",
+    "phaseinterp._files:check_file_target": "the rule for one file",
+    "phaseinterp._files:write_file_atomically": "the one-file writer the walked writers use",
+    "phaseinterp._files:move_file_into_place": "write_file_atomically's last step",
+    "phaseinterp._files:temporary_file_beside": "write_file_atomically's first step",
     "phaseinterp.results:Result._write": "fills the new folder Result.save's write_dir_atomically made",
     "phaseinterp.report.sections.mechanisms:_unit_cycling": "CSV files inside a report's staging folder",
     "phaseinterp.engines.answers:_write_batch": "a batch file inside an engine profile's journal",
@@ -819,3 +826,216 @@ def test_every_device_verb_refuses_a_device_that_does_not_exist(checkpoint, tmp_
             err = capsys.readouterr().err.strip()
             assert len(err.splitlines()) == 1 and f"device={bad!r}" in err and "this machine has" in err, (verb, err)
     assert not (tmp_path / "out").exists()
+
+
+# ----------------------------------------------- single-file writers (issue 37)
+# Every function that writes one file a user names, and how to write `target` with it; `fail` makes
+# the write raise midway (after part of the file is written). Each goes through
+# `_files.write_file_atomically` / `check_file_target`.
+def _a_figure():
+    import plotly.graph_objects as go
+
+    return go.Figure(go.Scatter(x=[0, 1], y=[1, 0]))
+
+
+def _fake_kaleido(monkeypatch, fail: bool):
+    """Static export without kaleido or Chromium: each image is a few bytes, or half of one then an error."""
+    import plotly.io as pio
+
+    from phaseinterp.plot import export
+
+    def write_images(figures, paths, format, scale):  # noqa: A002 - plotly's name
+        for path in paths:
+            Path(path).write_bytes(b"\x89PNG half" if fail else b"\x89PNG whole image")
+            if fail:
+                raise RuntimeError("the browser died midway")
+
+    monkeypatch.setattr(export, "_check_static", lambda name: None)
+    monkeypatch.setattr(pio, "write_images", write_images)
+    monkeypatch.setattr(export, "_write_static",
+                        lambda fig, target, kind, scale: write_images([fig], [target], kind, scale))
+
+
+def _write_figure_html(target, overwrite, monkeypatch, fail):
+    import plotly.graph_objects as go
+
+    from phaseinterp.plot import export
+
+    if fail:
+        def half(self, path, **kwargs):
+            Path(path).write_text("<html><body>half a page")
+            raise RuntimeError("plotly failed midway")
+
+        monkeypatch.setattr(go.Figure, "write_html", half)
+    return export.save(_a_figure(), target, overwrite=overwrite)
+
+
+def _write_figure_png(target, overwrite, monkeypatch, fail):
+    from phaseinterp.plot import export
+
+    _fake_kaleido(monkeypatch, fail)
+    return export.save(_a_figure(), target, overwrite=overwrite)
+
+
+def _write_static_images(target, overwrite, monkeypatch, fail):
+    from phaseinterp.plot import export
+
+    _fake_kaleido(monkeypatch, fail)
+    return export.save_static({target: _a_figure()}, overwrite=overwrite)
+
+
+def _write_first_screen(target, overwrite, monkeypatch, fail):
+    import phaseinterp._files as files
+    from phaseinterp.report import check
+
+    page = target.parent / "page" / "index.html"  # made by the test, before its snapshot
+
+    def chromium(args, profile, timeout):
+        shot = next(a.split("=", 1)[1] for a in args if a.startswith("--screenshot="))
+        Path(shot).write_bytes(b"\x89PNG the first screen")
+
+    monkeypatch.setattr(check, "_chromium", chromium)
+    if fail:
+        def fsync(fd):
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(files.os, "fsync", fsync)
+    return check.first_screen_png(page, target, overwrite=overwrite)
+
+
+FILE_WRITERS = {  # writer -> (how to write, the file name it is given)
+    "phaseinterp.plot.export:save (html)": (_write_figure_html, "figure.html"),
+    "phaseinterp.plot.export:save (png)": (_write_figure_png, "figure.png"),
+    "phaseinterp.plot.export:save_static": (_write_static_images, "figure.png"),
+    "phaseinterp.report.check:first_screen_png": (_write_first_screen, "first.png"),
+}
+
+
+def test_every_file_writer_is_walked():
+    """The single-file writers WRITERS_EXEMPT points here are walked below, and each uses the rule."""
+    import importlib
+    import inspect
+
+    pointed = {name for name, why in WRITERS_EXEMPT.items() if "FILE_WRITERS" in why}
+    walked = {name.split(" ")[0] for name in FILE_WRITERS}
+    assert pointed <= walked, pointed - walked
+    from phaseinterp._files import check_file_target
+
+    for name in walked:
+        module, qualname = name.split(":")
+        source = inspect.getsource(getattr(importlib.import_module(module), qualname))
+        assert "check_file_target" in source, f"{name} does not call the one-file rule"
+        assert qualname in check_file_target.__doc__, f"check_file_target's docstring does not list {name}"
+
+
+@pytest.mark.parametrize("writer", sorted(FILE_WRITERS))
+def test_a_file_writer_refuses_an_existing_file_and_leaves_nothing_when_it_fails(writer, tmp_path, monkeypatch):
+    from phaseinterp.errors import UserInputError
+
+    write, file_name = FILE_WRITERS[writer]
+    target = tmp_path / file_name
+    target.write_text("the user's file")
+    folder = tmp_path / ("folder" + Path(file_name).suffix)
+    folder.mkdir()
+    (tmp_path / "page").mkdir()
+    (tmp_path / "page" / "index.html").write_text("<html><body>a report</body></html>")
+    before = _snapshot(tmp_path)
+    with pytest.raises(UserInputError, match="already exists") as info:
+        write(target, False, monkeypatch, False)
+    assert str(target) in str(info.value) and "overwrite" in str(info.value)
+    with pytest.raises(UserInputError, match="is a folder"):
+        write(folder, True, monkeypatch, False)
+    assert _snapshot(tmp_path) == before, "a refused write changed a file"
+
+    with monkeypatch.context() as patch:  # the write raises midway: the user's file stays, no partial file
+        with pytest.raises(Exception) as info:
+            write(target, True, patch, True)
+        assert not isinstance(info.value, UserInputError), info.value
+    assert _snapshot(tmp_path) == before, "a failed write left a partial file or changed the user's"
+    new = tmp_path / ("new" + Path(file_name).suffix)
+    with monkeypatch.context() as patch:
+        with pytest.raises(Exception) as info:  # whatever the failing write raised, not our refusal
+            write(new, False, patch, True)
+        assert not isinstance(info.value, UserInputError), info.value
+    assert not new.exists() and _snapshot(tmp_path) == before, "a failed write left a partial file"
+
+    with monkeypatch.context() as patch:  # a new path is written; overwrite=True replaces the file whole
+        write(new, False, patch, False)
+    assert new.is_file() and new.stat().st_size > 0
+    with monkeypatch.context() as patch:
+        write(target, True, patch, False)
+    assert target.read_bytes() != b"the user's file"
+    hidden = [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
+    assert hidden == [], f"temporary files left: {hidden}"
+
+
+# ------------------------------------------------- the engine journal (issue 37)
+class _Engine:
+    """A fake engine: every answer correct, whole-vocabulary log-probs; ``calls`` counts prompts asked."""
+
+    def __init__(self, name="fake", d_vocab=None):
+        self.name, self.d_vocab, self.calls = name, d_vocab or TASK.vocab.size, 0
+
+    def __call__(self, tokens):
+        import torch
+
+        self.calls += tokens.shape[0]
+        return torch.zeros(tokens.shape[0], self.d_vocab)
+
+
+def _journal_batch(n=2, task=TASK):
+    return task.generate(n, seed=0, strict=False)
+
+
+def test_engine_journal_drops_a_torn_batch_and_asks_it_again(tmp_path):
+    from phaseinterp.engines.answers import BATCH_DIR, engine_answers
+
+    batch = _journal_batch()
+    first = engine_answers(_Engine(), batch, batch_size=4, resume_dir=tmp_path, progress=False)
+    files = sorted((tmp_path / BATCH_DIR).glob("batch-*.npz"))
+    assert len(files) == len(batch) // 4
+    files[-1].write_bytes(files[-1].read_bytes()[:40])  # a copy cut short: torn
+    (tmp_path / BATCH_DIR / ".batch-0000000.npz.abc123.tmp").write_bytes(b"a killed write's temporary")
+    engine = _Engine()
+    with pytest.warns(UserWarning, match="torn"):
+        again = engine_answers(engine, batch, batch_size=4, resume_dir=tmp_path, progress=False)
+    assert engine.calls == 4, "only the torn batch is asked again"
+    assert (again.predicted == first.predicted).all()
+    assert not list((tmp_path / BATCH_DIR).glob(".*.tmp")), "a stopped write's temporary was kept"
+
+
+@pytest.mark.parametrize("change", ["engine", "task", "batch_size"])
+def test_engine_journal_of_another_run_is_refused_not_mixed(change, tmp_path):
+    from phaseinterp.engines.answers import engine_answers
+    from phaseinterp.errors import UserInputError
+
+    engine_answers(_Engine(), _journal_batch(), batch_size=4, resume_dir=tmp_path, progress=False)
+    before = _snapshot(tmp_path)
+    other_task = KeyValueRetrieval(seq_len=64, n_records=8, n_demos=3, min_distance=20, residue_modulus=8)
+    engine, batch, size = _Engine(), _journal_batch(), 4
+    if change == "engine":
+        engine = _Engine(name="another model")
+    elif change == "task":
+        batch = _journal_batch(task=other_task)
+    else:
+        size = 8
+    with pytest.raises(UserInputError, match="another run") as info:
+        engine_answers(engine, batch, batch_size=size, resume_dir=tmp_path, progress=False)
+    assert "resume_dir=" in str(info.value) and engine.calls == 0
+    assert _snapshot(tmp_path) == before
+
+
+def test_engine_journal_refuses_a_folder_that_is_not_one(tmp_path, model):
+    from phaseinterp.engines.answers import engine_answers
+    from phaseinterp.errors import UserInputError
+
+    mine = _user_files(tmp_path / "mine")
+    result = tmp_path / "result"
+    _profile(model).save(result)
+    before = _snapshot(tmp_path)
+    for folder, held in ((mine, "notes.txt"), (result, "PhaseProfile result")):
+        engine = _Engine()
+        with pytest.raises(UserInputError, match="not an engine-answers journal") as info:
+            engine_answers(engine, _journal_batch(), batch_size=4, resume_dir=folder, progress=False)
+        assert held in str(info.value) and engine.calls == 0
+    assert _snapshot(tmp_path) == before

@@ -3,6 +3,7 @@ they break, passes correct implementations, and reads an OpenAI-compatible serve
 
 import http.server
 import json
+import re
 import threading
 import types
 
@@ -245,3 +246,27 @@ def test_deepseek_v4_through_transformers_cache():
                          cut_phases=(0, 1, 31))
     assert result.cut_period == 32  # lcm of the CSA rate 4 and the HCA rate 32
     assert result.failing_phases("chunked_prefill", "cut") == ()
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(modes=None), "modes=None"),  # was TypeError: 'NoneType' object is not iterable
+    (dict(modes=3), "modes=3"),
+    (dict(dtypes=None), "dtypes=None"),
+    (dict(tolerance=[1]), "tolerance=[1]"),
+    (dict(engines=[1]), "engines=list"),
+    (dict(n_bootstrap=10**12), "n_bootstrap"),  # was accepted: a bootstrap without end
+])
+def test_conformance_refuses_bad_arguments_before_work(bad, match):
+    """What the fuzzer (tests/test_fuzz_inputs.py, issue 37) found: each a UserInputError naming the argument."""
+    import inspect
+
+    from phaseinterp.errors import UserInputError
+    from phaseinterp.tasks import KeyValueRetrieval
+
+    check = inspect.unwrap(conformance)  # as a user calls it: without the suite's type hook, which stops some first
+    task = KeyValueRetrieval(seq_len=64, n_records=8, n_demos=2, min_distance=20, residue_modulus=8)
+    model = pi.CompressedTransformer(pi.CompressedConfig(d_vocab=task.vocab.size, n_ctx=64, d_model=32, n_layers=1,
+                                                   n_heads=2, n_kv_heads=1, d_head=16, d_mlp=64, window=4, stride=4,
+                                                   local_window=8)).eval()
+    with pytest.raises(UserInputError, match=re.escape(match)):
+        check(model, task, **{"modes": ("decode",), "n_per_residue": 2, "progress": False, **bad})

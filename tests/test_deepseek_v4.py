@@ -4,6 +4,7 @@ interventions restore exactly, loading works and fails clearly, experiments run 
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -575,3 +576,41 @@ def test_last_logits_keep_the_caller_s_grad_mode(model, tokens):
     grads = [p.grad for p in model.hf.model.layers[-1].parameters() if p.grad is not None]
     assert grads and any(g.abs().sum() > 0 for g in grads)
     model.hf.zero_grad(set_to_none=True)
+
+
+# ------------------------------------------- what the fuzzer found (issue 37, tests/test_fuzz_inputs.py)
+def test_indexer_experiments_generate_their_own_prompts(model):
+    """Without prompts= both generated them under inference mode and then ran the forward with autograd
+    on: RuntimeError 'Inference tensors cannot be saved for backward' on the default call."""
+    from phaseinterp.interventions.indexer import force_target_selection, indexer_phase
+
+    assert len(indexer_phase(model, TASK, n_per_residue=16, layers=[0]).records) == 16 * TASK.residue_modulus
+    assert len(force_target_selection(model, TASK, n_per_residue=16, layers=[0]).records) == 16 * TASK.residue_modulus
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(layers=[]), "names no layer"),  # was pandas' 'No objects to concatenate'
+    (dict(layers=False), "layers=False"),  # False == 0: was accepted as layer 0
+    (dict(layers=[True]), "layer=True"),
+    (dict(layers=[0, 0]), "repeats a layer"),
+    (dict(layers=0.0), "layers=0.0"),  # was TypeError: 'float' object is not iterable
+    (dict(batch_size=0), "batch_size=0"),  # was range()'s ValueError
+    (dict(batch_size=-3), "batch_size=-3"),  # was torch.cat's RuntimeError on no batches
+    (dict(confidence=1.5), "confidence=1.5"),
+    (dict(prompts="0"), "prompts=str"),
+    (dict(prompts=None, n_per_residue=10**12), "n_per_residue"),
+])
+def test_indexer_experiments_refuse_bad_arguments(model, bad, match):
+    from jaxtyping import config as jaxtyping_config
+
+    from phaseinterp.errors import UserInputError
+    from phaseinterp.interventions.indexer import force_target_selection, indexer_phase
+
+    args = {"prompts": TASK.generate(3, seed=0, strict=False), **bad}
+    jaxtyping_config.update("jaxtyping_disable", True)  # as a user calls them: no test-suite type hook first
+    try:
+        for experiment in (indexer_phase, force_target_selection):
+            with pytest.raises(UserInputError, match=re.escape(match)):
+                experiment(model, TASK, **args)
+    finally:
+        jaxtyping_config.update("jaxtyping_disable", False)

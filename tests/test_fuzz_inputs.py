@@ -5,6 +5,11 @@ another kind of saved object. Each call either succeeds or raises `UserInputErro
 argument (CLI: exit code 2 and one line); no other exception escapes phaseinterp's own checks,
 and a refused call writes nothing.
 
+The draws reach our own checks: a typed parameter gets values of its annotated type that are still bad
+(`typed_values`: out of range, negative, huge, empty, NaN) and, one draw in `WRONG_TYPE_SHARE`, a value of
+any type; each call runs without the suite's runtime type hook (`_as_user`), as a user's does.
+``COUNTS["reached the function body"]`` counts the draws that entered the called function's own code.
+
 Bounded: the smallest model (2 layers, d_model 32, R = 8), 23 prompts per residue, and a fixed
 seed (``derandomize=True``) with ``max_examples`` per function from ``PHASEINTERP_FUZZ_EXAMPLES``
 (default 12). A larger run: ``PHASEINTERP_FUZZ_EXAMPLES=500 python -m pytest tests/test_fuzz_inputs.py -n 0``.
@@ -14,16 +19,23 @@ training loop are replaced by a sentinel), so it tests the checks, not the exper
 
 from __future__ import annotations
 
+import collections.abc
+import inspect
 import math
 import os
 import shutil
 import stat
+import sys
+import typing
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from jaxtyping import AbstractArray
+from jaxtyping import config as jaxtyping_config
 
 import phaseinterp as pi
 from phaseinterp import CompressedConfig, CompressedTransformer
@@ -49,8 +61,11 @@ except ImportError:  # pragma: no cover
 
 def U(fn):
     """``fn`` without the test suite's type-checking wrapper: a user calls the function itself, whose
-    own checks are what the fuzzer tests (as ``_unchecked`` in test_bad_inputs)."""
-    return getattr(fn, "__wrapped__", fn)  # inputs tried per class (printed by test_report_counts; RESULTS quotes them)
+    own checks are what the fuzzer tests (as ``_unchecked`` in test_bad_inputs). Only jaxtyping's
+    wrapper is removed: ``@torch.inference_mode()`` and other decorators of our own stay."""
+    code = getattr(fn, "__code__", None)
+    return fn.__wrapped__ if code is not None and "jaxtyping" in code.co_filename and hasattr(fn, "__wrapped__") \
+        else fn  # inputs tried per class (printed by test_report_counts; RESULTS quotes them)
 
 # ----------------------------------------------------------------- values
 HUGE = 10**12
@@ -62,6 +77,76 @@ values = st.one_of(
     st.dictionaries(st.text(max_size=3), st.integers(0, 3), max_size=2), st.just(object()),
     st.just(torch.tensor([1.0, math.nan])),
 )
+# Values of the annotated type that are still bad (out of range, negative, huge, empty, NaN): for a typed
+# parameter most draws come from these, so they test the function's range checks; one draw in
+# WRONG_TYPE_SHARE comes from `values` (any type), which tests its type checks.
+WRONG_TYPE_SHARE = 4
+TYPED = {
+    int: st.one_of(st.integers(-3, 12), st.sampled_from([-1, 0, HUGE, -HUGE, 2**63])),
+    float: st.one_of(st.floats(allow_nan=True, allow_infinity=True, width=32),
+                     st.sampled_from([math.nan, math.inf, -math.inf, -0.0, -1.0, 0.0, 1e30])),
+    str: st.one_of(st.text(max_size=6),
+                   st.sampled_from(["", " ", "nan", "-1", "BOTH", "cpu:1", "cuda:7", "mps", "x" * 300])),
+    bool: st.booleans(),
+    torch.Tensor: st.one_of(
+        st.sampled_from([torch.zeros(0, dtype=torch.long), torch.zeros(2, 0, dtype=torch.long),
+                         torch.zeros(3, dtype=torch.long), torch.full((2, 40), -1), torch.full((2, 40), 10**6),
+                         torch.tensor([[1.0, math.nan]]), torch.zeros(1, 2, 3, dtype=torch.long)])),
+}
+# Sizes (prompts, batches, resamples, seeds): every small positive value is valid and runs the whole
+# experiment, so their integers are the ones at the edges (a huge size must be refused before any work,
+# or run as one batch), which keeps the run bounded.
+SIZE_ARGS = {"batch_size", "n_boot", "n_permutations", "n_calibration", "n_per_residue", "seed", "max_phases"}
+SIZE_INTS = st.sampled_from([-3, -1, 0, HUGE, -HUGE, 2**63])
+
+
+def typed_values(annotation, size: bool = False) -> st.SearchStrategy:
+    """Bad values of ``annotation``'s own type; `values` (any type) where the annotation says nothing.
+    ``size``: an integer is drawn from `SIZE_INTS`."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if annotation is int and size:
+        return SIZE_INTS
+    if origin is typing.Union:
+        return st.one_of(*[typed_values(a, size) for a in args])
+    if annotation is type(None):
+        return st.none()
+    if origin in (list, tuple, collections.abc.Sequence) and args:
+        item = typed_values(args[0], size)
+        return st.one_of(st.just([]), st.lists(item, min_size=1, max_size=2), st.lists(item, max_size=2).map(tuple))
+    if isinstance(annotation, type) and issubclass(annotation, (torch.Tensor, AbstractArray)):  # Float[Tensor, ...]
+        return TYPED[torch.Tensor]
+    for kind, strategy in TYPED.items():
+        if annotation is kind:
+            return strategy
+    return values
+
+
+def drawn_values(target, arg: str) -> st.SearchStrategy:
+    """For ``target``'s parameter ``arg``: mostly `typed_values` of its annotation, a share of `values`."""
+    function = inspect.unwrap(target)
+    annotation = inspect.signature(function).parameters[arg].annotation
+    if isinstance(annotation, str):  # `from __future__ import annotations`: evaluate this one alone
+        try:
+            annotation = eval(annotation, function.__globals__)  # noqa: S307 - our own source's annotation
+        except (NameError, TypeError, SyntaxError):  # a name imported only for type checkers
+            annotation = inspect.Parameter.empty
+    if annotation in (inspect.Parameter.empty, typing.Any):
+        return values
+    typed = typed_values(annotation, arg in SIZE_ARGS)
+    return st.integers(0, WRONG_TYPE_SHARE - 1).flatmap(lambda i: values if i == 0 else typed)
+
+
+@contextmanager
+def _as_user():
+    """The call as a user makes it: without the test suite's runtime type hook (conftest), which
+    would stop a wrong-type draw before our own checks run. The other test files keep the hook."""
+    jaxtyping_config.update("jaxtyping_disable", True)
+    try:
+        yield
+    finally:
+        jaxtyping_config.update("jaxtyping_disable", False)
+
+
 PATH_KINDS = ["missing", "relative-missing", "file", "empty-folder", "user-folder", "unwritable", "result", "checkpoint",
               "hf-checkpoint", "", "nul"]
 
@@ -83,6 +168,29 @@ def _classify(value) -> str:
 
 def _count(kind: str) -> None:
     COUNTS[kind] = COUNTS.get(kind, 0) + 1
+
+
+@contextmanager
+def _reach_counter(target):
+    """Count the draw as reaching ``target``'s body (``COUNTS["reached the function body"]``) when the
+    code object of the function itself (under any wrappers: the type hook's, ``@contextmanager``'s) is
+    entered; a draw the type hook stops never enters it. ``sys.setprofile`` sees every Python call;
+    it is removed at the first entry, so the experiment itself runs unwatched."""
+    code = inspect.unwrap(target).__code__
+    previous = sys.getprofile()
+    seen = []
+
+    def watch(frame, event, arg):
+        if event == "call" and frame.f_code is code:
+            seen.append(True)
+            sys.setprofile(previous)
+
+    sys.setprofile(watch)
+    try:
+        yield
+    finally:
+        sys.setprofile(previous)
+        _count("reached the function body" if seen else "did not reach the function body")
 
 
 @pytest.fixture(scope="module")
@@ -131,11 +239,16 @@ def _names_it(err: BaseException, names: tuple[str, ...], value) -> bool:
                                                and repr(value) in text)
 
 
-def _call(fn, names: tuple[str, ...], value, kind: str):
+def _call(fn, names: tuple[str, ...], value, kind: str, target=None):
     """Run ``fn()``; success or a UserInputError naming the argument; anything else fails the test."""
     _count(kind)
     try:
-        result = fn()
+        with _as_user():
+            if target is None:
+                result = fn()
+            else:
+                with _reach_counter(target):
+                    result = fn()
     except HOOK_ERRORS:  # a class constructor, which the hook wraps where U() cannot reach: not ours to judge
         _count("stopped by the test's type hook")
         return None
@@ -177,31 +290,40 @@ API = {  # function -> {argument: (names the message may use, call(model, value)
         "heads": (("heads",), lambda m, v: U(pi.ablate)(m, heads=v, prompts=_batch(), n_calibration=8, progress=False)),
         "prompts": (("prompts",), lambda m, v: U(pi.ablate)(m, prompts=v, n_calibration=8, progress=False)),
     },
-    "gate_cycling": {
-        "shifts": (("shifts", "shift"), lambda m, v: U(pi.gate_cycling)(m, shifts=v, prompts=_batch(), progress=False,
+    "gate_cycling_profile": {
+        "shifts": (("shifts", "shift"), lambda m, v: U(pi.gate_cycling_profile)(m, shifts=v, prompts=_batch(), progress=False,
                                                                       n_boot=9)),
-        "layers": (("layers", "layer"), lambda m, v: U(pi.gate_cycling)(m, shifts=[1], layers=v, prompts=_batch(),
+        "layers": (("layers", "layer"), lambda m, v: U(pi.gate_cycling_profile)(m, shifts=[1], layers=v, prompts=_batch(),
                                                                       progress=False, n_boot=9)),
-        "kv_heads": (("kv_heads", "kv_head"), lambda m, v: U(pi.gate_cycling)(m, shifts=[1], kv_heads=v, prompts=_batch(),
+        "kv_heads": (("kv_heads", "kv_head"), lambda m, v: U(pi.gate_cycling_profile)(m, shifts=[1], kv_heads=v, prompts=_batch(),
                                                                             progress=False, n_boot=9)),
-        "branch": (("branch",), lambda m, v: U(pi.gate_cycling)(m, shifts=[1], branch=v, prompts=_batch(), progress=False,
+        "branch": (("branch",), lambda m, v: U(pi.gate_cycling_profile)(m, shifts=[1], branch=v, prompts=_batch(), progress=False,
                                                               n_boot=9)),
-        "mode": (("mode",), lambda m, v: U(pi.gate_cycling)(m, shifts=[1], mode=v, prompts=_batch(), progress=False,
+        "mode": (("mode",), lambda m, v: U(pi.gate_cycling_profile)(m, shifts=[1], mode=v, prompts=_batch(), progress=False,
                                                           n_boot=9)),
-        "score": (("score",), lambda m, v: U(pi.gate_cycling)(m, shifts=[1], score=v, prompts=_batch(), progress=False,
-                                                            n_boot=9)),
-        "n_boot": (("n_boot",), lambda m, v: U(pi.gate_cycling)(m, shifts=[1], n_boot=v, prompts=_batch(),
+        "n_boot": (("n_boot",), lambda m, v: U(pi.gate_cycling_profile)(m, shifts=[1], n_boot=v, prompts=_batch(),
                                                               progress=False)),
+    },
+    "gate_cycling_unit": {
+        "layers": (("layers", "layer"), lambda m, v: U(pi.gate_cycling_unit)(m, shifts=[1], layers=v, prompts=_batch(),
+                                                                           n_calibration=8, progress=False, n_boot=9)),
+        "kv_heads": (("kv_heads", "kv_head"), lambda m, v: U(pi.gate_cycling_unit)(
+            m, shifts=[1], layers=[0], kv_heads=v, prompts=_batch(), n_calibration=8, progress=False, n_boot=9)),
+        "measure": (("measure",), lambda m, v: U(pi.gate_cycling_unit)(m, shifts=[1], layers=[0], measure=v,
+                                                                       prompts=_batch(), n_calibration=8,
+                                                                       progress=False, n_boot=9)),
+        "n_calibration": (("n_calibration",), lambda m, v: U(pi.gate_cycling_unit)(
+            m, shifts=[1], layers=[0], n_calibration=v, prompts=_batch(), progress=False, n_boot=9)),
     },
     "gate_profile": {
         "n_per_residue": (("n_per_residue",), lambda m, v: U(pi.gate_profile)(m, TASK, n_per_residue=v)),
         "batch_size": (("batch_size",), lambda m, v: U(pi.gate_profile)(m, TASK, n_per_residue=2, batch_size=v)),
     },
-    "cycle_gates": {
-        "shift": (("shift",), lambda m, v: _enter(pi.cycle_gates(m, v))),
-        "layers": (("layers", "layer"), lambda m, v: _enter(pi.cycle_gates(m, 1, layers=v))),
-        "branch": (("branch",), lambda m, v: _enter(pi.cycle_gates(m, 1, branch=v))),
-        "kv_heads": (("kv_heads", "kv_head"), lambda m, v: _enter(pi.cycle_gates(m, 1, kv_heads=v))),
+    "shift_gates": {
+        "shift": (("shift",), lambda m, v: _enter(pi.shift_gates(m, v))),
+        "layers": (("layers", "layer"), lambda m, v: _enter(pi.shift_gates(m, 1, layers=v))),
+        "branch": (("branch",), lambda m, v: _enter(pi.shift_gates(m, 1, branch=v))),
+        "kv_heads": (("kv_heads", "kv_head"), lambda m, v: _enter(pi.shift_gates(m, 1, kv_heads=v))),
     },
     "shifted_copy": {
         "shift": (("shift",), lambda m, v: U(pi.shifted_copy)(m, v)),
@@ -243,7 +365,49 @@ API = {  # function -> {argument: (names the message may use, call(model, value)
                                                                            top_logprobs=v)),
         "timeout": (("timeout",), lambda m, v: pi.OpenAIEngine("http://127.0.0.1:9/v1", "m", 32, timeout=v)),
     },
+    # DeepSeek-V4 only: the small random V4 of test_deepseek_v4 (3 layers, CSA at 0 and 2), 3 prompts per residue
+    "indexer_phase": {
+        arg: (names, (lambda a: lambda m, v: U(pi.indexer_phase)(_dsv4(), DSV4_TASK, **_dsv4_args(a, v)))(arg))
+        for arg, names in (("layers", ("layers", "layer")), ("n_per_residue", ("n_per_residue",)),
+                           ("batch_size", ("batch_size",)), ("prompts", ("prompts",)),
+                           ("confidence", ("confidence",)), ("seed", ("seed",)))
+    },
+    "force_target_selection": {
+        arg: (names, (lambda a: lambda m, v: U(pi.force_target_selection)(_dsv4(), DSV4_TASK, **_dsv4_args(a, v)))(arg))
+        for arg, names in (("layers", ("layers", "layer")), ("batch_size", ("batch_size",)),
+                           ("prompts", ("prompts",)), ("confidence", ("confidence",)))
+    },
+    "conformance": {  # the small compressed model, decode only, 2 prompts per residue
+        arg: (names, (lambda a: lambda m, v: U(pi.conformance)(m, TASK, **{**CONFORMANCE, a: v}))(arg))
+        for arg, names in (("modes", ("modes", "mode")), ("n_per_residue", ("n_per_residue",)),
+                           ("answer_phases", ("answer_phases", "answer phase")),
+                           ("cut_phases", ("cut_phases", "cut phase")), ("chunk", ("chunk",)),
+                           ("dtypes", ("dtypes", "dtype")), ("tolerance", ("tolerance",)),
+                           ("batch_size", ("batch_size",)), ("confidence", ("confidence",)),
+                           ("n_bootstrap", ("n_bootstrap",)))
+    },
 }
+CONFORMANCE = dict(modes=("decode",), n_per_residue=2, answer_phases=[0, 3], n_bootstrap=9, progress=False)
+_DSV4 = []
+
+
+def _dsv4():
+    """The small random DeepSeek-V4 (tests/test_deepseek_v4.py's), wrapped once per run."""
+    if not _DSV4:
+        from test_deepseek_v4 import make_hf
+
+        _DSV4.append(pi.from_hf(make_hf()))
+    return _DSV4[0]
+
+
+def _dsv4_args(arg: str, value) -> dict:
+    """Small settings for the V4 experiments, with ``arg`` set to the drawn ``value``."""
+    settings = {"prompts": DSV4_TASK.generate(3, seed=0, strict=False)} if arg not in ("n_per_residue", "seed") \
+        else {"n_per_residue": 16}
+    return {**settings, arg: value}
+
+
+DSV4_TASK = TASK  # the V4 of test_deepseek_v4 reads the same task
 # Public names of phaseinterp.__all__ the table above does not call, with the reason.
 NOT_CALLED = {
     "AblationResult": "a result class: its load is fuzzed in test_fuzz_paths",
@@ -253,16 +417,20 @@ NOT_CALLED = {
     "IndexerPhaseResult": "a result class", "ForcedSelectionResult": "a result class",
     "ConformanceResult": "a result class", "UnitCyclingResult": "a result class", "UnitSelection": "a result class",
     "CheckpointError": "an error class", "KVCache": "the model's cache object, built by the model",
-    "mean_ablation": "the same function as ablate (an alias)",
     "load": "every kind of source and its refusals: tests/test_load.py; its device in test_bad_inputs' device walk",
-    "shift_static_gates": "shares check_shift/check_layers/check_kv_heads with cycle_gates (fuzzed)",
-    "indexer_phase": "DeepSeek-V4 only (a dsv4 model per call: too slow for the fast tier); its layers/n_per_residue "
-                     "checks are shared with gate_cycling",
-    "force_target_selection": "DeepSeek-V4 only, as indexer_phase",
-    "conformance": "runs three implementations per call: fuzzed through the CLI's checks",
+    "shift_static_gates": "shares check_shift/check_layers/check_kv_heads with shift_gates (fuzzed)",
     "phase": "a module", "stats": "a module", "tasks": "a module", "theory": "a module", "zoo": "a module (zoo.load is fuzzed)",
 }
 COVERED = set(API) | {"zoo"}
+# The function whose own body each API row calls (for the reach counter: `_reach_counter`).
+TARGETS = {"phase_profile": pi.phase_profile, "ablate": pi.ablate, "gate_cycling_profile": pi.gate_cycling_profile,
+           "gate_cycling_unit": pi.gate_cycling_unit,
+           "gate_profile": pi.gate_profile, "shift_gates": pi.shift_gates, "shifted_copy": pi.shifted_copy,
+           "mean_gate_logits": pi.mean_gate_logits, "specialized_units": pi.specialized_units,
+           "CompressedTransformer": CompressedTransformer.__init__, "CompressedConfig": CompressedConfig.__init__,
+           "zoo.load": pi.zoo.load, "load_hf": pi.load_hf, "from_hf": pi.from_hf,
+           "OpenAIEngine": pi.OpenAIEngine.__init__, "indexer_phase": pi.indexer_phase,
+           "force_target_selection": pi.force_target_selection, "conformance": pi.conformance}
 
 
 def _enter(manager):
@@ -286,9 +454,9 @@ def test_fuzz_api(fn, arg, model, places):
     before = _snapshot(places)
 
     @FUZZ
-    @given(value=values)
+    @given(value=drawn_values(TARGETS[fn], arg))
     def run(value):
-        _call(lambda: call(model, value), names, value, _classify(value))
+        _call(lambda: call(model, value), names, value, _classify(value), TARGETS[fn])
 
     run()
     assert all(torch.equal(state[k], v) for k, v in model.state_dict().items()), "the model was changed"

@@ -170,6 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "(README's picture). Needs a Chromium, as check-report.")
     p.add_argument("dir", help="a report folder written by `phaseinterp demo` or `phaseinterp report`")
     p.add_argument("png", help="the PNG file to write (its folder is made if missing)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing PNG (without it, an existing file is refused before Chromium starts)")
 
     p = sub.add_parser("profile", help="accuracy by residue and phase (phaseinterp.phase_profile)",
                        description="Top-1 retrieval accuracy by target residue (mod R) and phase (mod S), of a "

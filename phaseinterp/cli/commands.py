@@ -267,7 +267,7 @@ def _cmd_screenshot(args) -> int:
     """``phaseinterp screenshot DIR PNG``: the first screen of a written report as a PNG."""
     from phaseinterp.report.check import first_screen_png
 
-    print(f"wrote {first_screen_png(args.dir, args.png)}")
+    print(f"wrote {first_screen_png(args.dir, args.png, overwrite=args.overwrite)}")
     return 0
 
 

@@ -16,6 +16,8 @@ import hashlib
 import io
 import json
 import time
+import warnings
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
@@ -25,7 +27,7 @@ import torch
 
 from phaseinterp._checks import check_int
 from phaseinterp.errors import EngineError, UserInputError
-from phaseinterp._files import atomic_write, check_output_dir, json_default, progress_bar
+from phaseinterp._files import atomic_write, check_output_dir, json_default, progress_bar, saved_kind
 
 JOURNAL_FORMAT = "phaseinterp-engine-answers/1"
 JOURNAL_FILE = "run.json"
@@ -91,21 +93,49 @@ def _write_batch(path: Path, rows: range, part: EngineAnswers) -> None:
     atomic_write(path, buffer.getvalue())
 
 
-def _read_batch(path: Path, rows: range) -> EngineAnswers:
+def _read_batch(path: Path, rows: range) -> Optional[EngineAnswers]:
+    """The answers of one finished batch; ``None`` (with a warning) for a torn file, which is asked again.
+
+    Each batch file is written whole by one rename (`atomic_write`), so a stopped run leaves only its
+    hidden temporary file (`_drop_torn_writes` removes it). A file that is there but does not read
+    whole (a copy cut short, a crash on a file system that does not keep the rename after the data)
+    is torn: dropped and asked again. A whole file of other prompts is another run's: refused."""
     try:
         with np.load(path, allow_pickle=False) as data:
             span = (int(data["start"]), int(data["stop"]))
             part = EngineAnswers(data["predicted"], data["answer_logprob"], data["n_reported"])
-    except (OSError, ValueError, KeyError) as err:
-        raise UserInputError(f"{path} is not a readable answers file ({err}); delete it to ask again") from None
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
+        warnings.warn(f"{path} is torn ({type(err).__name__}: {err}); it is dropped and its prompts "
+                      f"{rows.start}..{rows.stop - 1} are asked again", stacklevel=3)
+        path.unlink(missing_ok=True)
+        return None
     if span != (rows.start, rows.stop) or len(part.predicted) != len(rows):
         raise UserInputError(f"{path} holds prompts {span[0]}..{span[1] - 1}, not {rows.start}..{rows.stop - 1}")
     return part
 
 
+def _drop_torn_writes(directory: Path) -> None:
+    """Remove the hidden temporaries of batch writes a stopped run left (`atomic_write` names them
+    ``.batch-NNNNNNN.npz.*.tmp``): never a finished batch, never a file of anyone else's."""
+    for tmp in (directory / BATCH_DIR).glob(".batch-*.npz.*.tmp"):
+        tmp.unlink(missing_ok=True)
+
+
 def _open_journal(directory: Union[str, Path], header: dict[str, Any]) -> Path:
-    directory = check_output_dir(directory)
+    """The journal folder ``directory``, new or of the same run (`engine_answers`). Refused: a folder
+    of anything else (a user's files, a saved result), and a journal of another run (another
+    engine/model name, task, prompts or batch size), naming the field that differs."""
+    directory = check_output_dir(directory, name="resume_dir")
     run = directory / JOURNAL_FILE
+    held = saved_kind(directory)
+    if held is not None and not run.is_file():
+        if held == "file":
+            raise UserInputError(f"resume_dir={str(directory)!r} is an existing file, not a folder")
+        entries = sorted(p.name for p in directory.iterdir())
+        raise UserInputError(
+            f"resume_dir={str(directory)!r} is not an engine-answers journal (it holds {held}: "
+            f"{', '.join(entries[:3])}{', ...' if len(entries) > 3 else ''}; no {JOURNAL_FILE}); pass a new or "
+            "empty folder, or the folder of an earlier run to resume it")
     if run.is_file():
         try:
             old = json.loads(run.read_text())
@@ -119,9 +149,8 @@ def _open_journal(directory: Union[str, Path], header: dict[str, Any]) -> Path:
                     f"resume_dir={str(directory)!r} holds the answers of another run: field {key!r} differs "
                     f"({str(mine.get(key))[:60]} here vs {str(theirs)[:60]} there); use a new folder, or the "
                     "same engine name, prompts and batch_size")
-    elif (directory / BATCH_DIR).is_dir() and any((directory / BATCH_DIR).iterdir()):
-        raise UserInputError(f"resume_dir={str(directory)!r} holds answers without its {JOURNAL_FILE}; use a new folder")
     (directory / BATCH_DIR).mkdir(parents=True, exist_ok=True)
+    _drop_torn_writes(directory)
     if not run.is_file():
         atomic_write(run, json.dumps(header, indent=2, sort_keys=True, default=json_default).encode())
     return directory
@@ -191,10 +220,13 @@ def engine_answers(
     how many answers were kept. Any other error (a `UserInputError`: fewer choices than prompts,
     no log-probs, ids out of range) is not retried; it is raised with the same count.
 
-    ``resume_dir``: a journal folder (``run.json`` naming the engine, the prompts' SHA-256 and
-    ``batch_size``, and ``answers/batch-NNNNNNN.npz`` per finished call, each written
-    atomically). A rerun with the same folder asks only for the batches not yet there; a folder
-    of another run (engine name, prompts or batch size) is refused, naming the field.
+    ``resume_dir``: a journal folder (``run.json`` naming the engine, the task, the prompts'
+    SHA-256 and ``batch_size``, and ``answers/batch-NNNNNNN.npz`` per finished call, each written
+    whole by one rename: the journal only grows, one batch file at a time). A rerun with the same
+    folder asks only for the batches not yet there; a torn batch file is dropped with a warning and
+    asked again (`_read_batch`). A journal of another run (engine or model name, task, prompts or
+    batch size) is refused, naming the field, as is a folder that is not a journal: answers of two
+    runs are never mixed.
     """
     name = check_engine(engine)
     batch_size = check_int("batch_size", batch_size, 1, why=" (prompts per engine call)")
@@ -210,8 +242,9 @@ def engine_answers(
     if directory is not None:
         for rows in grid:
             path = _batch_path(directory, rows.start)
-            if path.is_file():
-                done[rows.start] = _read_batch(path, rows)
+            part = _read_batch(path, rows) if path.is_file() else None
+            if part is not None:
+                done[rows.start] = part
 
     def kept() -> str:
         count = sum(len(part.predicted) for part in done.values())

@@ -97,6 +97,15 @@ def _check_phases(name: str, phases: Any, period: int) -> tuple[int, ...]:
     return tuple(int(p) for p in values)
 
 
+def _names(name: str, value: Any, options: tuple) -> tuple:
+    """``value`` (one name, or a list or tuple of names) as a tuple; a `UserInputError` naming ``name`` else."""
+    if isinstance(value, str):
+        return (value,)
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise UserInputError(f"{name}={value!r} must be a list of names from {options}")
+    return tuple(value)
+
+
 def conformance(
     model: torch.nn.Module,
     task: Any,
@@ -147,12 +156,16 @@ def conformance(
     Returns a `ConformanceResult`: ``table`` (one row per setting x phase: max and mean
     |d log p|, top-1 agreement, accuracy difference, intervals, verdict) and ``records``.
     """
-    modes = tuple(modes) if not isinstance(modes, str) else (modes,)
+    modes = _names("modes", modes, MODES)
     for m in modes:
         if m not in MODES:
             raise UserInputError(f"mode {m!r} is not one of {MODES}")
     if len(set(modes)) != len(modes):
         raise UserInputError(f"modes={modes} repeats a mode")
+    if engines is not None and not isinstance(engines, Mapping):
+        raise UserInputError(f"engines={type(engines).__name__} must be a dict {{name: engine}}")
+    if tolerance is not None and not isinstance(tolerance, Mapping):
+        raise UserInputError(f"tolerance={tolerance!r} must be a dict {{setting: bound or (statistic, bound)}}")
     engines = dict(engines or {})
     for name, engine in engines.items():
         if not isinstance(name, str) or not name or name in MODES or name in DTYPES:
@@ -161,7 +174,7 @@ def conformance(
             raise UserInputError(f"engines[{name!r}] is a {type(engine).__name__}, not a callable engine")
     if not modes and not engines:
         raise UserInputError(f"nothing to check: give modes from {MODES} or engines")
-    dtypes = tuple(dtypes) if not isinstance(dtypes, str) else (dtypes,)
+    dtypes = _names("dtypes", dtypes, DTYPES)
     for dt in dtypes:
         if dt not in DTYPES:
             raise UserInputError(f"dtype {dt!r} is not one of {DTYPES}")
@@ -179,7 +192,7 @@ def conformance(
             raise UserInputError(f"tolerance[{key!r}]={bound!r} must be a finite number > 0")
         tol[key] = (statistic, float(bound))
     check_int("batch_size", batch_size, 1)
-    check_int("n_bootstrap", n_bootstrap, 1)
+    check_int("n_bootstrap", n_bootstrap, 1, 1_000_000)  # issue 37: a huge count ran without end
     if not (isinstance(confidence, float) and 0 < confidence < 1):
         raise UserInputError(f"confidence={confidence!r} must be a float in (0, 1)")
     if not hasattr(task, "generate") or not hasattr(getattr(task, "vocab", None), "filler_ids"):

@@ -17,6 +17,8 @@ chi-square test that every phase has the same selection rate.
 
 from __future__ import annotations
 
+import numbers
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
@@ -24,7 +26,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from phaseinterp._checks import check_int, check_layer
+from phaseinterp._checks import check_int, check_layer, check_n_per_residue
 from phaseinterp.errors import UserInputError
 from phaseinterp import stats
 from phaseinterp.results import Result
@@ -123,26 +125,53 @@ def _holding(position: np.ndarray, S: int, n_closed: np.ndarray) -> np.ndarray:
     return np.where(j < n_closed[:, None], j, -1)
 
 
-@torch.inference_mode()
-def _setup(model, task, layers, n_per_residue: int, seed: int, prompts, what: str):
+def _setup(model, task, layers, n_per_residue: int, seed: int, prompts, what: str, batch_size: int = 1,
+           confidence: float = 0.5):
     """Checked CSA ``layers`` (default: every CSA layer), the task, its prompts, the shared answer
-    position, the CSA rate S and the task's key length."""
+    position, the CSA rate S and the task's key length. Every argument is checked here, before
+    any prompt is generated or any forward runs."""
+    check_int("batch_size", batch_size, 1)
+    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0 < confidence < 1:
+        raise UserInputError(f"confidence={confidence!r} must be a number in (0, 1)")
     family = phase_model(model)
     csa = family.indexer_layers
     if not csa:
         raise UserInputError(f"{what}: {family.label} has no indexer (no CSA layer); it needs a DeepSeek-V4 with CSA "
                          "layers (phaseinterp.from_hf / load_hf)")
-    layers = csa if layers is None else [layers] if isinstance(layers, int) else list(layers)
-    for layer in layers:
-        check_layer(layer, family.n_layers)
-        if layer not in csa:
-            raise UserInputError(f"layer={layer!r} is not a CSA layer (CSA layers: {csa})")
+    if layers is None:
+        layers = list(csa)
+    else:
+        if isinstance(layers, numbers.Integral) and not isinstance(layers, bool):
+            layers = [layers]
+        if isinstance(layers, (str, bytes, dict)) or not isinstance(layers, Iterable):
+            raise UserInputError(f"layers={layers!r} must be a CSA layer or a list of them (CSA layers: {csa})")
+        layers = list(layers)
+        if not layers:
+            raise UserInputError(f"layers=[] names no layer; pass CSA layers from {csa}, or None for all of them")
+        for layer in layers:  # True == 1 and 1.0 == 1: only integers name a layer
+            if isinstance(layer, bool) or not isinstance(layer, numbers.Integral):
+                raise UserInputError(f"layer={layer!r} is not a CSA layer (CSA layers: {csa})")
+            check_layer(layer, family.n_layers)
+            if layer not in csa:
+                raise UserInputError(f"layer={layer!r} is not a CSA layer (CSA layers: {csa})")
+        if len(set(layers)) != len(layers):
+            raise UserInputError(f"layers={layers} repeats a layer (CSA layers: {csa})")
+        layers = [int(layer) for layer in layers]
     task = resolve_task(model, task)
-    batch = prompts if prompts is not None else task.generate(n_per_residue, seed=seed)
+    if prompts is None:
+        check_n_per_residue(n_per_residue, getattr(task, "residue_modulus", None))
+        batch = task.generate(n_per_residue, seed=seed)
+    elif not all(hasattr(prompts, a) for a in ("tokens", "answer_pos", "answer", "meta")):
+        raise UserInputError(f"prompts={type(prompts).__name__} is not a prompt batch (task.generate(n_per_residue))")
+    elif len(prompts) == 0:
+        raise UserInputError("prompts holds 0 prompts")
+    else:
+        batch = prompts
     return (layers, task, batch, fixed_answer_position(batch), family.layer_stride(csa[0]),
             int(getattr(task, "key_tokens", 1)))
 
 
+@torch.inference_mode()  # prompts generated here and every forward: no autograd (the prompts are inference tensors)
 def indexer_phase(model, task=None, *, layers: Optional[Sequence[int]] = None, n_per_residue: int = 72,
                   seed: int = 0, batch_size: int = 32, prompts=None, confidence: float = 0.95) -> IndexerPhaseResult:
     """How often each CSA layer's indexer keeps the entry holding the target, by target phase.
@@ -152,7 +181,7 @@ def indexer_phase(model, task=None, *, layers: Optional[Sequence[int]] = None, n
     position. See the module docstring for the outcome columns.
     """
     layers, task, batch, answer_pos, S, key_tokens = _setup(model, task, layers, n_per_residue, seed, prompts,
-                                                            "indexer_phase")
+                                                            "indexer_phase", batch_size, confidence)
     family = phase_model(model)
     names = [family.indexer_hook(layer, h) for layer in layers for h in ("hook_scores", "hook_selected")]
     device = model_device(model)
@@ -264,7 +293,7 @@ def force_target_selection(model, task=None, *, layers: Optional[Sequence[int]] 
     """Causal test of selection misses: accuracy by phase when each of ``layers``' indexers (default:
     every CSA layer) must keep the closed entries holding the target's value at the answer position."""
     layers, task, batch, answer_pos, S, key_tokens = _setup(model, task, layers, n_per_residue, seed, prompts,
-                                                            "force_target_selection")
+                                                            "force_target_selection", batch_size, confidence)
     meta = batch.meta.reset_index(drop=True)
     target = meta["target_pos"].to_numpy().astype(np.int64)
     n_closed = np.full(len(meta), (answer_pos + 1) // S)

@@ -66,9 +66,10 @@ CONFIG_FILE = "config.json"
 
 def check_tokens(tokens, n_ctx: int, d_vocab: int, start: int = 0) -> None:
     """Raise unless ``tokens`` is a non-empty integer [batch, pos] tensor of ids in 0..d_vocab-1
-    whose positions ``start..start+pos-1`` fit in ``n_ctx`` (TypeError / ValueError naming the value)."""
+    whose positions ``start..start+pos-1`` fit in ``n_ctx`` (a `UserInputError` naming ``tokens`` and the value)."""
     if not isinstance(tokens, Tensor) or tokens.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
-        raise TypeError(f"tokens must be an integer tensor [batch, pos], got {getattr(tokens, 'dtype', type(tokens))}")
+        raise UserInputError(f"tokens must be an integer tensor [batch, pos], got "
+                             f"{getattr(tokens, 'dtype', type(tokens).__name__)}")
     if tokens.ndim != 2:
         raise UserInputError(f"tokens must have shape [batch, pos], got {tuple(tokens.shape)}")
     if tokens.shape[1] == 0:
@@ -77,11 +78,11 @@ def check_tokens(tokens, n_ctx: int, d_vocab: int, start: int = 0) -> None:
         raise UserInputError(f"tokens has no sequences (shape [0, {tokens.shape[1]}]); pass at least one row")
     end = start + tokens.shape[1]
     if end > n_ctx:
-        raise UserInputError(f"sequence length {end} exceeds n_ctx={n_ctx} (valid lengths: 1..{n_ctx})")
+        raise UserInputError(f"tokens: sequence length {end} exceeds n_ctx={n_ctx} (valid lengths: 1..{n_ctx})")
     lo, hi = int(tokens.min()), int(tokens.max())
     if lo < 0 or hi >= d_vocab:
         bad = lo if lo < 0 else hi
-        raise UserInputError(f"token id {bad} is outside the vocabulary (valid ids: 0..{d_vocab - 1})")
+        raise UserInputError(f"tokens: token id {bad} is outside the vocabulary (valid ids: 0..{d_vocab - 1})")
 
 
 class CheckpointError(UserInputError, RuntimeError):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import os
 import shutil
 import threading
@@ -42,38 +44,59 @@ def static_export_available() -> bool:
     return find_browser() is not None
 
 
-def save(fig: go.Figure, path: Union[str, Path], formats: Iterable[str] | None = None, scale: float = 2.0) -> list[Path]:
+def save(fig: go.Figure, path: Union[str, Path], formats: Iterable[str] | None = None, scale: float = 2.0, *,
+         overwrite: bool = False) -> list[Path]:
     """Write ``fig`` to ``path``; the suffix picks the format (``.html``, ``.png``, ``.svg``,
     ``.pdf``). With ``formats`` the stem of ``path`` is written once per format.
     Returns the written paths. Static formats need ``pip install phaseinterp[export]``
     and a Chromium (Debian: ``apt-get install chromium``); without them an
     `ExportError` says so.
+
+    An existing file is replaced only with ``overwrite=True``; every target is checked before the
+    first is written, and each is written whole or not at all (`phaseinterp._files.write_file_atomically`).
     """
+    from phaseinterp._files import check_file_target, write_file_atomically
+    from phaseinterp.errors import UserInputError
+
+    if not isinstance(fig, go.Figure):
+        raise UserInputError(f"fig={type(fig).__name__} is not a plotly Figure (a result's .plot() returns one)")
+    check_file_target(path, overwrite=True, name="path")  # a path at all (existing targets: per format below)
     path = Path(path)
     kinds = list(formats) if formats is not None else [path.suffix.lstrip(".").lower() or "html"]
     bad = [k for k in kinds if k not in ("html",) + STATIC_FORMATS]
     if bad:
-        raise UserInputError(f"format(s) {bad} not supported; use html, png, svg or pdf")
-    path.parent.mkdir(parents=True, exist_ok=True)
+        raise UserInputError(f"formats={bad} not supported; use html, png, svg or pdf")
+    targets = [check_file_target(path.with_suffix(f".{kind}"), overwrite=overwrite, name="path") for kind in kinds]
+    if any(kind != "html" for kind in kinds):
+        _check_static(path.name)
     written = []
-    for kind in kinds:
-        target = path.with_suffix(f".{kind}")
-        if kind == "html":
-            fig.write_html(target, include_plotlyjs=True, full_html=True)
-        else:
-            _write_static(fig, target, kind, scale)
-        written.append(target)
+    for kind, target in zip(kinds, targets):
+        written.append(write_file_atomically(target, functools.partial(_write_one, fig, kind, scale),
+                                             overwrite=overwrite, name="path"))
     return written
 
 
-def save_static(figures: Mapping[Union[str, Path], go.Figure], scale: float = 2.0) -> list[Path]:
+def _write_one(fig: go.Figure, kind: str, scale: float, tmp) -> None:
+    """Write ``fig`` as ``kind`` (html or a static format) to the temporary path ``tmp``."""
+    if kind == "html":
+        fig.write_html(tmp, include_plotlyjs=True, full_html=True)
+    else:
+        _write_static(fig, tmp, kind, scale)
+
+
+def save_static(figures: Mapping[Union[str, Path], go.Figure], scale: float = 2.0, *,
+                overwrite: bool = False) -> list[Path]:
     """Write every ``{path: figure}`` as a static image (format from each suffix: png, svg, pdf)
     in ONE kaleido session: one Chromium start for all of them instead of one per figure.
     Returns the paths; `ExportError` (nothing promised written) when kaleido or Chromium is
-    missing or fails."""
+    missing or fails. An existing file is replaced only with ``overwrite=True`` (all are checked
+    first); each image goes to a temporary file beside it and is moved into place once all are
+    drawn, so a failure leaves no partial image."""
     import plotly.io as pio
 
-    targets = [Path(p) for p in figures]
+    from phaseinterp._files import check_file_target, move_file_into_place, temporary_file_beside
+
+    targets = [check_file_target(p, overwrite=overwrite, name="figures") for p in figures]
     kinds = [t.suffix.lstrip(".").lower() for t in targets]
     bad = sorted({k for k in kinds if k not in STATIC_FORMATS})
     if bad:
@@ -85,12 +108,20 @@ def save_static(figures: Mapping[Union[str, Path], go.Figure], scale: float = 2.
         t.parent.mkdir(parents=True, exist_ok=True)
     if _warming is not None:
         _warming.join()  # a `static_session` is starting the browser: wait for it rather than start another
+    temporary = []
     try:
-        with warnings.catch_warnings():  # a running session already holds plotly's kaleido options
-            warnings.filterwarnings("ignore", message="The kopts argument is ignored if using a server")
-            pio.write_images(list(figures.values()), targets, format=kinds, scale=scale)
-    except Exception as err:  # kaleido wraps browser failures in several exception types
-        raise ExportError(f"kaleido could not write {', '.join(t.name for t in targets)}: {err}") from err
+        temporary = [temporary_file_beside(t) for t in targets]
+        try:
+            with warnings.catch_warnings():  # a running session already holds plotly's kaleido options
+                warnings.filterwarnings("ignore", message="The kopts argument is ignored if using a server")
+                pio.write_images(list(figures.values()), temporary, format=kinds, scale=scale)
+        except Exception as err:  # kaleido wraps browser failures in several exception types
+            raise ExportError(f"kaleido could not write {', '.join(t.name for t in targets)}: {err}") from err
+        for tmp, target in zip(temporary, targets):
+            move_file_into_place(tmp, target, overwrite=overwrite, name="figures")
+    finally:
+        for tmp in temporary:
+            tmp.unlink(missing_ok=True)
     return targets
 
 

@@ -6,7 +6,7 @@ missing or NaN draws none), which elements stick out of the page (no scrolling b
 around them), and which texts say ``None``, ``nan``, ``[]`` where a value belongs.
 `first_screen_png` writes the first screen of a report as a PNG (README's picture)::
 
-    phaseinterp screenshot REPORT_DIR docs/report_first_screen.png
+    phaseinterp screenshot REPORT_DIR docs/report_first_screen.png [--overwrite]
     phaseinterp check-report REPORT_DIR
 
 Needs a Chromium (``chromium``, ``chromium-browser``, ``google-chrome`` or ``BROWSER_PATH``);
@@ -141,11 +141,14 @@ def check_page(page: Union[str, Path], width: int = 1400, height: int = 1000, ti
     ``drawn`` counts plot elements with geometry inside each figure's plot area."""
     page = report_page(page)
     with tempfile.TemporaryDirectory(prefix="phaseinterp-check-") as tmp:
-        probe = Path(page.parent) / f".{page.stem}.check-{os.getpid()}.html"  # beside it: relative links resolve
         text = page.read_text()
         cut = text.rfind("</body>")
-        probe.write_text(text[:cut] + _SCRIPT + text[cut:] if cut >= 0 else text + _SCRIPT)
+        # beside the page, so relative links resolve; a new file of its own (mkstemp), never a user's
+        fd, probe_name = tempfile.mkstemp(dir=page.parent, prefix=f".{page.stem}.check-", suffix=".html")
+        probe = Path(probe_name)
         try:
+            with os.fdopen(fd, "w") as f:
+                f.write(text[:cut] + _SCRIPT + text[cut:] if cut >= 0 else text + _SCRIPT)
             run = _chromium([f"--window-size={width},{height}", "--virtual-time-budget=15000", "--dump-dom",
                              probe.as_uri()], Path(tmp) / "profile", timeout)
         finally:
@@ -170,25 +173,24 @@ def problems(result: dict) -> list[str]:
 
 
 def first_screen_png(page: Union[str, Path], png: Union[str, Path], width: int = 1400, height: int = 900,
-                     timeout: float = 120) -> Path:
-    """Write the first ``width`` x ``height`` px of ``page`` (a report's index.html or its folder) to ``png``."""
+                     timeout: float = 120, *, overwrite: bool = False) -> Path:
+    """Write the first ``width`` x ``height`` px of ``page`` (a report's index.html or its folder) to
+    ``png``. An existing ``png`` is replaced only with ``overwrite=True`` (checked before Chromium
+    starts); the file is written whole or not at all (`phaseinterp._files.write_file_atomically`)."""
+    from phaseinterp._files import check_file_target, write_file_atomically
+
     page = report_page(page)
     if isinstance(png, (bytes, bool)) or not isinstance(png, (str, os.PathLike)) or Path(png).suffix.lower() != ".png":
         raise UserInputError(f"png={png!r} must be a path ending in .png")
-    png = Path(png)
-    if png.is_dir():
-        raise UserInputError(f"png={str(png)!r} is a folder; pass a file path ending in .png")
-    png.parent.mkdir(parents=True, exist_ok=True)
+    png = check_file_target(png, overwrite=overwrite, name="png",
+                            flag="overwrite=True (python -m phaseinterp.report.check: --overwrite) to replace it")
     with tempfile.TemporaryDirectory(prefix="phaseinterp-shot-") as tmp:
         shot = Path(tmp) / "shot.png"
         _chromium([f"--window-size={width},{height}", "--virtual-time-budget=15000", f"--screenshot={shot}",
                    page.resolve().as_uri()], Path(tmp) / "profile", timeout)
         if not shot.is_file():
             raise RuntimeError("Chromium wrote no screenshot")
-        from phaseinterp._files import atomic_write
-
-        atomic_write(png, shot.read_bytes())
-    return png
+        return write_file_atomically(png, shot.read_bytes(), overwrite=overwrite, name="png")
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -207,8 +209,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             print("\n".join(found) or f"ok: {len(result['figures'])} figures drew, nothing overflows, no None/nan/[] "
                   "texts")
             return 1 if found else 0
-        if len(argv) == 3 and argv[0] == "screenshot":
-            print(f"wrote {first_screen_png(argv[1], argv[2])}")
+        overwrite = "--overwrite" in argv
+        rest = [a for a in argv if a != "--overwrite"]
+        if len(rest) == 3 and rest[0] == "screenshot":
+            print(f"wrote {first_screen_png(rest[1], rest[2], overwrite=overwrite)}")
             return 0
     except UserInputError as err:  # a missing or wrong path: one line, exit 2 (as the CLI)
         print(f"phaseinterp.report.check: error: {err}", file=sys.stderr)

@@ -103,6 +103,7 @@ def train_tiny(recipe, out_dir: Union[str, Path], *, progress: bool = True, log_
     import torch.nn.functional as F
     from transformers import DeepseekV4ForCausalLM
 
+    from phaseinterp._files import atomic_write_text
     from phaseinterp.models.hf import from_hf
     from phaseinterp.models.hf.config import CSA
     from phaseinterp.train.compressed import periodic_rows
@@ -206,6 +207,6 @@ def train_tiny(recipe, out_dir: Union[str, Path], *, progress: bool = True, log_
         "recipe": json.loads(json.dumps(asdict(recipe), default=list)),
     })
     model.save_pretrained(out / "final", overwrite=True)  # a rebuild replaces its own run's final model
-    pd.DataFrame(rows).to_csv(out / "log.csv", index=False)
-    pd.DataFrame(curves).to_csv(out / "curves.csv", index=False)
+    atomic_write_text(out / "log.csv", pd.DataFrame(rows).to_csv(index=False))  # whole or not at all
+    atomic_write_text(out / "curves.csv", pd.DataFrame(curves).to_csv(index=False))
     return model

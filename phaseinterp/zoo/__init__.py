@@ -424,6 +424,7 @@ def build(name: str, out_dir: Union[str, Path, None] = None, *, device=None, pro
 def install_snapshot(name: str, source: Union[str, Path], curves, metadata: dict) -> Path:
     """Copy a run's snapshot into the package as zoo model ``name`` (atomically: a temporary folder
     renamed into place), with the run's ``metadata``, the shipped ``step`` and its probe ``curves``."""
+    from phaseinterp._files import atomic_write_text, move_into_place
     from phaseinterp.models import CompressedTransformer
 
     e = entry(name)
@@ -437,10 +438,8 @@ def install_snapshot(name: str, source: Union[str, Path], curves, metadata: dict
     if tmp.exists():
         shutil.rmtree(tmp)
     model.save_pretrained(tmp)
-    curves.to_csv(tmp / "curves.csv", index=False)
-    if target.exists():
-        shutil.rmtree(target)
-    tmp.rename(target)
+    atomic_write_text(tmp / "curves.csv", curves.to_csv(index=False))
+    move_into_place(tmp, target)  # the previous entry is exchanged in one step, then deleted
     return target
 
 
