@@ -367,7 +367,7 @@ def gate_cycling_unit(
     task=None,
     shifts: Optional[Sequence[int]] = None,
     *,
-    layers: Union[int, Sequence[int], None],
+    layers: Union[int, Sequence[int], None] = None,
     kv_heads: Union[int, Sequence[int], None] = None,
     measure: str = "logprob",
     mode: str = "roll",
