@@ -324,7 +324,7 @@ def test_old_module_commands_warn_and_run_the_same_functions(tmp_path, monkeypat
     calls = []
     monkeypatch.setattr(check, "check_page", lambda page: calls.append(("check", page)) or {"figures": [1]})
     monkeypatch.setattr(check, "problems", lambda result: [])
-    monkeypatch.setattr(check, "first_screen_png", lambda page, png: calls.append(("shot", page, png)) or png)
+    monkeypatch.setattr(check, "first_screen_png", lambda page, png, **kw: calls.append(("shot", page, png)) or png)
     monkeypatch.setattr(memory, "estimate_memory", lambda config: calls.append(("memory", config)) or
                         memory.MemoryEstimate(n_params=3, n_expert_params=1, n_layers=1))
     monkeypatch.setattr(hf_zoo, "build", lambda name, out, install, steps: calls.append(("build", name, out, install,

@@ -311,7 +311,8 @@ def test_sharded_variants_take_every_parameter_of_their_single_process_function(
              (gate_cycling_profile, parallel.sharded_gate_cycling_profile, {"baseline"})]
     for single, sharded, refused in pairs:
         ours, theirs = set(inspect.signature(sharded).parameters), set(inspect.signature(single).parameters)
-        assert ours == (theirs - refused) | {"out_dir", "chunk_size", "model_sha256"}, single.__name__
+        assert ours == (theirs - refused) | {"out_dir", "chunk_size", "model_sha256", "device", "prompts"}, \
+            single.__name__
 
 
 def test_sharded_refuses_what_it_cannot_shard_and_the_old_name_warns(tmp_path):

@@ -339,7 +339,9 @@ def test_previous_report_is_exchanged_in_one_atomic_step(tmp_path, monkeypatch):
     final, staging = tmp_path / "report", tmp_path / ".report.building"
     final.mkdir(), staging.mkdir()
     (final / "index.html").write_text("old"), (staging / "index.html").write_text("new")
-    monkeypatch.setattr(report.os, "replace", lambda *a, **k: pytest.fail("two renames were used"))
+    import os
+
+    monkeypatch.setattr(os, "replace", lambda *a, **k: pytest.fail("two renames were used"))
     report._replace_dir(staging, final)
     assert (final / "index.html").read_text() == "new" and not staging.exists()
 

@@ -303,7 +303,7 @@ def confirm(model, task=None, *, n_per_residue: int = 72, n_calibration: int = 2
     every unit x phase call. ``cycling=False`` skips gate cycling. ``prompts`` /
     ``nomination_prompts`` may pass pre-generated evaluation / nomination batches instead.
     """
-    from phaseinterp.interventions.gate_cycling_profile import gate_cycling_profile
+    from phaseinterp.interventions.gate_cycling import gate_cycling_profile
     from phaseinterp.interventions.gate_shifts import cycling_fitness
     from phaseinterp.interventions.gate_stats import gate_profile
 

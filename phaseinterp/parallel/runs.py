@@ -191,6 +191,11 @@ def sharded(single: Callable, *, kind: str, chunk_size: int, refuse: dict[str, s
     why), plus ``out_dir``, ``chunk_size`` and ``model_sha256``. The experiment-specific parts (what
     a chunk keeps, how the result is rebuilt) are `_EVALUATE` and ``shards.assemble``."""
     signature = inspect.signature(single)
+    # what `_setup` needs and the single function may lack (phase_profile takes prompts as its task;
+    # gate_cycling_profile runs on the model's device): keyword-only, default None
+    missing = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None)
+               for name in ("device", "prompts") if name not in signature.parameters]
+    signature = signature.replace(parameters=[*signature.parameters.values(), *missing])
     params = [p for name, p in signature.parameters.items() if name not in refuse]
     default_chunk = chunk_size
 
@@ -203,7 +208,7 @@ def sharded(single: Callable, *, kind: str, chunk_size: int, refuse: dict[str, s
                 raise UserInputError(f"{name}= does not apply to a sharded run: {why}")
             kwargs.pop(name, None)
         try:
-            bound = signature.bind(*args, **kwargs)
+            bound = signature.bind(*args, **kwargs)  # the single function's parameters + device / prompts
         except TypeError as err:
             raise UserInputError(f"sharded_{kind}: {err}") from None
         bound.apply_defaults()
