@@ -246,7 +246,7 @@ def _fill(text: str, places: dict[str, str]) -> str:
 # ------------------------------------------------------------------ API table
 def _api_cases():
     """(id, call(model, tmp_path), exception type, substrings of the message)."""
-    from phaseinterp import ablate, cycle_gates, gate_cycling_profile, gate_profile, phase_profile, shifted_copy
+    from phaseinterp import ablate, shift_gates, gate_cycling_profile, gate_profile, phase_profile, shifted_copy
     from phaseinterp.train import train
 
     batch = TASK.generate(23, seed=0)
@@ -284,7 +284,7 @@ def _api_cases():
          ["'w4s4'", "w4s4-staggered"]),
         ("build_report deepseek_v4='nosuch'", lambda m, t: _build_report(m, t / "rep", deepseek_v4="nosuch"),
          ValueError, ["deepseek_v4='nosuch'"]),
-        ("cycle_gates layers=[5]", lambda m, t: cycle_gates(m, 1, layers=[5]).__enter__(), ValueError, ["layer=5"]),
+        ("shift_gates layers=[5]", lambda m, t: shift_gates(m, 1, layers=[5]).__enter__(), ValueError, ["layer=5"]),
         ("build_report twin=model", lambda m, t: _build_report(m, t / "rep", twin=m), ValueError, ["own twin"]),
         ("build_report twin=same checkpoint", lambda m, t: _build_report(_saved(m, t), t / "rep", twin=_saved(m, t)),
          ValueError, ["own twin"]),
