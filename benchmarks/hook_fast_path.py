@@ -39,12 +39,6 @@ from phaseinterp.tasks import resolve_task  # noqa: E402
 DEFAULT_MODELS = ("w4s4", "w8s8-4kv", "deep12-w8s8-1kv-shared-equal", "dsv4-tiny")
 
 
-def load(name: str):
-    from phaseinterp.zoo import deepseek_v4 as hf_zoo
-
-    return hf_zoo.load(name) if name in hf_zoo.available() else pi.zoo.load(name)
-
-
 def timed(fn) -> tuple[float, object]:
     start = time.perf_counter()
     out = fn()
@@ -65,7 +59,7 @@ def main() -> None:
           "| fast / built-in | full / fast | fast vs full max abs diff |")
     print("|---|---|---|---|---|---|---|---|---|")
     for name in args.models:
-        model = load(name)
+        model = pi.load(name)  # either family: the one loader
         task = resolve_task(model)
         prompts = task.generate(4, seed=0, strict=False)
         answer_pos = fixed_answer_position(prompts)
