@@ -321,6 +321,10 @@ def test_sharded_refuses_what_it_cannot_shard_and_the_old_name_warns(tmp_path):
         parallel.sharded_gate_cycling_profile(model, task, out_dir=tmp_path / "a", baseline=object())
     with pytest.raises(ValueError, match="out_dir= is required"):
         parallel.sharded_ablate(model, task)
+    # n_per_residue left out: the single function's default size, not a refusal of None
+    sized = parallel.sharded_gate_cycling_profile(model, task, shifts=[1], out_dir=tmp_path / "d", n_boot=5,
+                                                  batch_size=64, progress=False)
+    assert sized.correct.shape[1] == 72 * task.residue_modulus
     with pytest.warns(DeprecationWarning, match="use phaseinterp.parallel.sharded_gate_cycling_profile"):
         old = parallel.sharded_gate_cycling(model, task, out_dir=tmp_path / "b", prompts=_prompts(), chunk_size=5,
                                             batch_size=3, progress=False)

@@ -215,8 +215,12 @@ def sharded(single: Callable, *, kind: str, chunk_size: int, refuse: dict[str, s
         settings = {k: v for k, v in bound.arguments.items() if k not in refuse}
         model, task, progress = settings.pop("model"), settings.pop("task"), settings.pop("progress", True)
         setup = {name: settings.pop(name, None) for name in _SETUP}
-        if kind == "profile" and setup["n_per_residue"] is None:
-            setup["n_per_residue"] = signature.parameters["n_per_residue"].default
+        if setup["n_per_residue"] is None and setup["prompts"] is None:
+            # the single function's "None: its default size" (gate_cycling_profile: 72; a baseline, whose
+            # size it would take instead, is refused here)
+            from phaseinterp.interventions.gate_cycling import DEFAULT_N_PER_RESIDUE
+
+            setup["n_per_residue"] = DEFAULT_N_PER_RESIDUE
         launch, model, task, prompts, header = _setup(
             model, task, setup["prompts"], setup["n_per_residue"], setup["seed"] or 0, setup["device"],
             bound_extras.get("chunk_size", default_chunk), bound_extras.get("model_sha256"))
