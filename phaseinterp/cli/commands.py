@@ -135,14 +135,9 @@ def _default_cycle_size(args, task) -> None:
     """``cycle`` without --n-per-residue: the --baseline profile's size, else the library's default
     (as `gate_cycling_profile` / `gate_cycling_unit`), so ``profile MODEL --out P && cycle MODEL
     --baseline P`` profiles the same prompts."""
-    from phaseinterp.interventions.gate_cycling import DEFAULT_N_PER_RESIDUE
+    from phaseinterp.interventions.gate_cycling import _default_size
 
-    base = getattr(args, "baseline_profile", None)
-    modulus = task.residue_modulus
-    if base is not None and len(base.records) % modulus == 0:
-        args.n_per_residue = len(base.records) // modulus
-    else:
-        args.n_per_residue = DEFAULT_N_PER_RESIDUE
+    args.n_per_residue = _default_size(None, getattr(args, "baseline_profile", None), task.residue_modulus)
 
 
 def _check_placement(task, n_per_residue: int) -> None:
