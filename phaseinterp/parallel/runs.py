@@ -189,7 +189,7 @@ def sharded(single: Callable, *, kind: str, chunk_size: int, refuse: dict[str, s
     The variant takes every parameter of ``single`` (a parameter added there is accepted, recorded
     in ``run.json`` and passed to each chunk without a change here) but those in ``refuse`` (name ->
     why), plus ``out_dir``, ``chunk_size`` and ``model_sha256``. The experiment-specific parts (what
-    a chunk keeps, how the result is rebuilt) are `_EVALUATE` and ``shards.assemble``."""
+    a chunk keeps, how the result is rebuilt) are `_EXPERIMENTS` and ``shards.assemble``."""
     signature = inspect.signature(single)
     # what `_setup` needs and the single function may lack (phase_profile takes prompts as its task;
     # gate_cycling_profile runs on the model's device): keyword-only, default None
@@ -197,7 +197,7 @@ def sharded(single: Callable, *, kind: str, chunk_size: int, refuse: dict[str, s
                for name in ("device", "prompts") if name not in signature.parameters]
     signature = signature.replace(parameters=[*signature.parameters.values(), *missing])
     params = [p for name, p in signature.parameters.items() if name not in refuse]
-    default_chunk = chunk_size
+    experiment = _EXPERIMENTS[kind]
 
     def run(*args, **kwargs):
         bound_extras = {name: kwargs.pop(name) for name in ("out_dir", "chunk_size", "model_sha256") if name in kwargs}
@@ -223,19 +223,19 @@ def sharded(single: Callable, *, kind: str, chunk_size: int, refuse: dict[str, s
             setup["n_per_residue"] = DEFAULT_N_PER_RESIDUE
         launch, model, task, prompts, header = _setup(
             model, task, setup["prompts"], setup["n_per_residue"], setup["seed"] or 0, setup["device"],
-            bound_extras.get("chunk_size", default_chunk), bound_extras.get("model_sha256"))
-        settings = _EVALUATE[kind].resolve(model, task, prompts, settings)
-        header.update(kind=_KIND_IN_HEADER[kind], settings={k: _jsonable(k, v) for k, v in settings.items()})
-        plan = _EVALUATE[kind].plan(model, task, prompts, header, settings, setup["seed"] or 0)
+            bound_extras.get("chunk_size", chunk_size), bound_extras.get("model_sha256"))
+        settings = experiment.resolve(model, task, prompts, settings)
+        header.update(kind=experiment.header_kind, settings={k: _jsonable(k, v) for k, v in settings.items()})
+        plan = experiment.plan(model, task, prompts, header, settings, setup["seed"] or 0)
         return _run(plan, prompts, bound_extras["out_dir"], launch, progress)
 
     run.__signature__ = signature.replace(parameters=[
         *[p for p in params if p.kind is not inspect.Parameter.VAR_KEYWORD],
-        *(p.replace(default=default_chunk) if p.name == "chunk_size" else p for p in _EXTRAS)])
-    run.__name__ = run.__qualname__ = f"sharded_{single.__name__}"
+        *(p.replace(default=chunk_size) if p.name == "chunk_size" else p for p in _EXTRAS)])
+    run.__name__ = run.__qualname__ = f"sharded_{kind}"
     run.__doc__ = (f"`{single.__name__}` data-parallel over prompts: rank 0 returns the result a single "
                    f"``{single.__name__}(...)`` with the same arguments returns, the other ranks None. ``out_dir`` holds "
-                   f"``run.json`` and one shard per chunk of ``chunk_size`` prompts (default {default_chunk}); a "
+                   f"``run.json`` and one shard per chunk of ``chunk_size`` prompts (default {chunk_size}); a "
                    "rerun skips the shards already there. Every parameter of "
                    f"`{single.__name__}` applies" + (f" but {', '.join(refuse)}" if refuse else "") +
                    " (module docstring).")
@@ -244,6 +244,7 @@ def sharded(single: Callable, *, kind: str, chunk_size: int, refuse: dict[str, s
 
 @dataclass
 class _Experiment:
+    header_kind: str  # run.json's "kind", which `shards.assemble` reads
     resolve: Callable  # (model, task, prompts, settings) -> settings with what assemble needs filled in
     plan: Callable  # (model, task, prompts, header, settings, seed) -> _Plan
 
@@ -335,10 +336,9 @@ def _cycle_plan(model, task, prompts, header, settings, seed):
     return _Plan(header, evaluate)
 
 
-_EVALUATE = {"profile": _Experiment(_profile_resolve, _profile_plan),
-             "ablate": _Experiment(_ablate_resolve, _ablate_plan),
-             "gate_cycling_profile": _Experiment(_cycle_resolve, _cycle_plan)}
-_KIND_IN_HEADER = {"profile": "profile", "ablate": "ablate", "gate_cycling_profile": "cycle"}
+_EXPERIMENTS = {"profile": _Experiment("profile", _profile_resolve, _profile_plan),
+                "ablate": _Experiment("ablate", _ablate_resolve, _ablate_plan),
+                "gate_cycling_profile": _Experiment("cycle", _cycle_resolve, _cycle_plan)}
 
 
 def _single(module: str, name: str) -> Callable:
@@ -351,7 +351,6 @@ _ENGINE_ONLY = "it journals an engine's answers (resume_dir=, retries=, retry_wa
 sharded_profile = sharded(_single("phaseinterp.profile", "phase_profile"), kind="profile", chunk_size=256, refuse={
     "tokenizer": "the prompts are the task's token ids", "resume_dir": _ENGINE_ONLY, "retries": _ENGINE_ONLY,
     "retry_wait": _ENGINE_ONLY})
-sharded_profile.__name__ = sharded_profile.__qualname__ = "sharded_profile"
 sharded_ablate = sharded(_single("phaseinterp.interventions.ablation", "ablate"), kind="ablate", chunk_size=64, refuse={
     "calibration_mean": "each rank computes the calibration mean once, from n_calibration and calibration_seed"})
 sharded_gate_cycling_profile = sharded(
