@@ -46,7 +46,7 @@ def controls(n: int) -> None:
     for kind, (compressed, twin) in zoo.training_controls("w4s4").items():
         for name in (compressed, twin):
             model = zoo.load(name)
-            p = pi.phase_profile(model, zoo.task_for(model), n, seed=0, stride=4, label=name, progress=False)
+            p = pi.phase_profile(model, zoo.task_for(model), n_per_residue=n, seed=0, stride=4, label=name, progress=False)
             phases = ", ".join(f"{x:.3f} [{lo:.3f}, {hi:.3f}]"
                                for x, lo, hi in zip(p.phase_accuracy, p.phase_lower, p.phase_upper))
             period = p.period if p.period is not None else f"none (best {p.best_period}, p={p.period_p_value:.3f})"

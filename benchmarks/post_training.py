@@ -66,7 +66,7 @@ def compare(post_name: str, n_per_residue: int = 250, padding: str | None = None
         task = pi.zoo.task_for(model)
         if padding:
             task = dataclasses.replace(task, padding=padding)
-        profiles[name] = pi.phase_profile(model, task, n_per_residue, seed=seed, label=name, progress=False)
+        profiles[name] = pi.phase_profile(model, task, n_per_residue=n_per_residue, seed=seed, label=name, progress=False)
     base, post = profiles[base_name], profiles[post_name]
     cb, cp = base.records.correct.to_numpy(bool), post.records.correct.to_numpy(bool)
     mean = stats.paired_change(cb, cp)

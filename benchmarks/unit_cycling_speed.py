@@ -37,14 +37,14 @@ DEFAULT_UNITS = ("w4s4-1kv-shared:1", "deep12-w8s8-1kv-shared-equal:2", "deep12-
 def per_shift_loop(model, batch, pos, calib, units, layer, shifts, batch_size):
     out = []
     for d in shifts:
-        with shift_gates(model, d, [layer], "both", [0]):
+        with shift_gates(model, d, layers=[layer], branch="both", kv_heads=[0]):
             mean_z = calibration_mean_z(model, calib, pos, batch_size)
             out.append(knockout_measures(model, batch.tokens, pos, batch.answer, units, mean_z, batch_size))
     return out
 
 
 def shared(model, batch, pos, calib, units, layer, shifts, batch_size):
-    variants = [lambda d=d: shift_gates(model, d, [layer], "both", [0]) for d in shifts]
+    variants = [lambda d=d: shift_gates(model, d, layers=[layer], branch="both", kv_heads=[0]) for d in shifts]
     return shifted_knockouts(model, batch.tokens, pos, batch.answer, units, variants, calib, batch_size)
 
 

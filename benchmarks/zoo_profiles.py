@@ -32,7 +32,7 @@ def main() -> None:
         task = pi.zoo.task_for(model)
         if args.padding:
             task = dataclasses.replace(task, padding=args.padding)
-        p = pi.phase_profile(model, task, args.n_per_residue, seed=0, label=name)
+        p = pi.phase_profile(model, task, n_per_residue=args.n_per_residue, seed=0, label=name)
         phases = ", ".join(f"{a:.3f} [{lo:.3f}, {hi:.3f}]"
                            for a, lo, hi in zip(p.phase_accuracy, p.phase_lower, p.phase_upper))
         worst = int(np.nanargmin(p.phase_accuracy))

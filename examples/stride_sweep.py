@@ -38,7 +38,7 @@ def main() -> None:
         if args.quick:
             profiles.append(pi.phase_profile(model, task.generate(4, seed=0, strict=False), label=name))
         else:
-            profiles.append(pi.phase_profile(model, task, args.n_per_residue, label=name))
+            profiles.append(pi.phase_profile(model, task, n_per_residue=args.n_per_residue, label=name))
         print(name, {k: v for k, v in profiles[-1].to_dict().items() if k in ("mean", "phase_gap", "period")})
     frame = pd.concat([p.phase_frame().assign(model=p.label) for p in profiles])
     frame.to_csv(out / "phase_profiles.csv", index=False)

@@ -3,7 +3,7 @@
     import phaseinterp as pi
     model = pi.load("w4s4")                          # a zoo name or a checkpoint folder, either family
     logits, cache = model.run_with_cache(tokens)     # TransformerLens hooks
-    profile = pi.phase_profile(model, pi.zoo.task_for(model))
+    profile = pi.phase_profile(model)                # accuracy by phase on the model's stored task
     result = pi.ablate(model, layer=1)               # per-KV-head mean replacement
 
 Names are imported on first use (``import phaseinterp`` itself loads neither torch nor
@@ -18,6 +18,7 @@ _SUBMODULES = {"phase", "stats", "tasks", "zoo", "plot", "report", "results", "p
                "interventions", "models", "config", "train", "theory", "cli", "engines", "parallel", "experiments"}
 _NAMES = {
     "CompressedConfig": "phaseinterp.config",
+    "DEFAULT_N_PER_RESIDUE": "phaseinterp._checks",  # every accuracy-by-phase function's default size
     "load": "phaseinterp.models.loading",  # one loader: zoo names, own checkpoints, HF DeepSeek-V4 folders
     "PhaseProfile": "phaseinterp.profile",
     "phase_profile": "phaseinterp.profile",
@@ -79,6 +80,7 @@ __all__ = [
     "CheckpointError",
     "CompressedConfig",
     "CompressedTransformer",
+    "DEFAULT_N_PER_RESIDUE",
     "CyclingResult",
     "GateProfile",
     "KVCache",

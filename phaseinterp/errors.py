@@ -4,14 +4,16 @@
 `EngineError` is a model server that cannot answer (a RuntimeError);
 the command line reports both (and missing files, unreadable checkpoints) in one line with
 exit code 2, and lets every other exception keep its traceback. `renamed` keeps an old public name
-for one release as an alias that emits a `DeprecationWarning` naming the new one.
+for one release as an alias that emits a `DeprecationWarning` naming the new one; `keyword_options`
+keeps, for one release, a call that passes an option made keyword-only in 0.3 by position.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
 
 class UserInputError(ValueError):
@@ -55,4 +57,47 @@ def renamed(old: str, new_name: str, new: Callable) -> Callable:
     return alias
 
 
-__all__ = ["MissingPathError", "EngineError", "UserInputError", "renamed", "warn_renamed"]
+def keyword_options(*old_order: str) -> Callable:
+    """Options that 0.3 made keyword-only (the convention: a function's subject is positional, the model
+    and what the call is about, every option is keyword-only). A call that still passes them by
+    position, in their old order after the function's positional parameters, runs as before for one
+    release with a `DeprecationWarning` naming each as a keyword (``n_per_residue=72``). The public
+    signature is the new one (``inspect.signature`` follows ``__wrapped__``)."""
+
+    def wrap(fn: Callable) -> Callable:
+        signature = inspect.signature(fn)
+        positional = [p.name for p in signature.parameters.values()
+                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        keyword_only = {p.name for p in signature.parameters.values() if p.kind is p.KEYWORD_ONLY}
+        stray = [name for name in old_order if name not in keyword_only]
+        if stray:  # internal: a wrong declaration is a bug here, not bad input
+            raise TypeError(f"keyword_options{tuple(old_order)} on {fn.__qualname__}: {stray} are not "
+                            "keyword-only parameters of it")
+        n_positional = len(positional)
+
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            if len(args) > n_positional:
+                extra = args[n_positional:]
+                if len(extra) > len(old_order):
+                    raise TypeError(f"{fn.__name__}() takes at most {n_positional + len(old_order)} positional "
+                                    f"arguments ({n_positional} from 0.4 on) but {len(args)} were given")
+                names = old_order[: len(extra)]
+                twice = [name for name in names if name in kwargs]
+                if twice:
+                    raise TypeError(f"{fn.__name__}() got multiple values for argument {twice[0]!r}")
+                keywords = ", ".join(f"{name}=..." for name in names)
+                warnings.warn(f"{fn.__name__}(): passing {', '.join(names)} by position is deprecated since "
+                              f"phaseinterp 0.3 and will be removed in {REMOVED_IN}: pass {keywords}",
+                              DeprecationWarning, stacklevel=2)
+                kwargs.update(zip(names, extra))
+                args = args[:n_positional]
+            return fn(*args, **kwargs)
+
+        call.__keyword_options__ = tuple(old_order)
+        return call
+
+    return wrap
+
+
+__all__ = ["MissingPathError", "EngineError", "UserInputError", "keyword_options", "renamed", "warn_renamed"]

@@ -11,12 +11,13 @@ import torch
 from jaxtyping import Float, Int
 from tqdm.auto import tqdm
 
-from phaseinterp.errors import UserInputError
+from phaseinterp.errors import UserInputError, keyword_options
 from phaseinterp import stats
 from phaseinterp.models.protocol import phase_model
-from phaseinterp._checks import check_device, check_int, check_n_per_residue
+from phaseinterp._checks import DEFAULT_N_PER_RESIDUE, check_device, check_int, check_n_per_residue
 from phaseinterp.phase import check_residue_modulus
 from phaseinterp.results import Result
+from phaseinterp.tasks import resolve_task
 
 INTERVALS = ("auto", "wilson", "cluster_bootstrap")
 
@@ -186,11 +187,12 @@ def _is_engine(model: Any) -> bool:
     return not isinstance(model, torch.nn.Module) and callable(model)
 
 
+@keyword_options("n_per_residue")
 def phase_profile(
     model: Any,
-    task: Any,
-    n_per_residue: int = 250,
+    task: Any = None,
     *,
+    n_per_residue: int = DEFAULT_N_PER_RESIDUE,
     seed: int = 0,
     batch_size: int = 64,
     device: str | torch.device | None = None,
@@ -223,8 +225,12 @@ def phase_profile(
             engine ``stride`` is required, ``device`` does not apply and ``label`` defaults to
             ``engine.name``; ``resume_dir``, ``retries`` and ``retry_wait`` apply to engines only.
         task: a task with ``generate(n_per_residue, seed)`` (e.g. ``KeyValueRetrieval``,
-            ``phaseinterp.zoo.task_for(model)``) or a ready ``TaskBatch``.
-        n_per_residue: prompts per residue group (default 250; total ``n_per_residue * R``).
+            ``phaseinterp.zoo.task_for(model)``) or a ready ``TaskBatch`` (default: the task stored
+            with the model, as for every experiment; an engine has none, pass one).
+        n_per_residue: prompts per residue group, keyword-only (default 72, `DEFAULT_N_PER_RESIDUE`,
+            the default of every experiment too; total ``n_per_residue * R``; the paper's 128K headline
+            used 256). Passing it by position (``phase_profile(model, task, 250)``) still works in
+            0.3 with a DeprecationWarning.
             Moment matching needs enough prompts: for the zoo task (T = 128, R = 24) 72, 77, 80
             and every size from 86 work, other small sizes raise naming the nearest workable
             one; at most ``MAX_PROMPTS // R`` (500,000 prompts per call). Ignored for a TaskBatch.
@@ -261,6 +267,10 @@ def phase_profile(
     check_int("n_bootstrap", n_bootstrap, 1, 1_000_000)
     if not (isinstance(confidence, float) and 0 < confidence < 1):
         raise UserInputError(f"confidence={confidence!r} must be a float in (0, 1)")
+    if task is None and _is_engine(model):
+        raise UserInputError("phase_profile(engine) needs task=: an engine stores no evaluation task "
+                             "(e.g. task=phaseinterp.zoo.task_for(model) or a KeyValueRetrieval)")
+    task = resolve_task(model, task)
     if not (hasattr(task, "generate") or hasattr(task, "tokens")):
         raise UserInputError(
             f"task={task!r} is neither a task (with .generate, e.g. KeyValueRetrieval) nor a TaskBatch; "

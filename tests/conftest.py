@@ -167,7 +167,7 @@ def zoo_profile(zoo_model):
         key = (name, n_per_residue, seed)
         if key not in measured:
             model = zoo_model(name)
-            measured[key] = pi.phase_profile(model, pi.zoo.task_for(model), n_per_residue, seed=seed, progress=False)
+            measured[key] = pi.phase_profile(model, pi.zoo.task_for(model), n_per_residue=n_per_residue, seed=seed, progress=False)
         return measured[key]
 
     return profile

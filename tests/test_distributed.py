@@ -260,7 +260,7 @@ def test_cli_profile_with_shard_dir_resumes_and_equals_phase_profile(tmp_path, c
     args = ["profile", str(tmp_path / "model"), "--n-per-residue", "16", "--shard-dir", str(tmp_path / "shards"),
             "--chunk-size", "32", "--query-chunk", "16", "--out", str(tmp_path / "out")]
     assert main(args) == 0
-    single = phase_profile(model, task, 16, label=_load("profile", tmp_path / "out").label, progress=False)
+    single = phase_profile(model, task, n_per_residue=16, label=_load("profile", tmp_path / "out").label, progress=False)
     _assert_same("profile", _load("profile", tmp_path / "out"), single)
     shards = sorted((tmp_path / "shards" / "shards").iterdir())
     assert len(shards) == 4  # 128 prompts in chunks of 32

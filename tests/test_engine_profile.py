@@ -34,7 +34,7 @@ def w4s4():
 @pytest.fixture(scope="module")
 def in_process(w4s4):
     model, task = w4s4
-    return phase_profile(model, task, N, progress=False)
+    return phase_profile(model, task, n_per_residue=N, progress=False)
 
 
 # ------------------------------------------------------------- the stand-in server
@@ -132,7 +132,7 @@ def sent_prompts(batch):
 def test_served_zoo_model_profile_equals_the_in_process_profile(w4s4, in_process, serve):
     model, task = w4s4
     server = serve()
-    served = phase_profile(engine_for(server, model), task, N, stride=4, label=in_process.label, progress=False)
+    served = phase_profile(engine_for(server, model), task, n_per_residue=N, stride=4, label=in_process.label, progress=False)
     pd.testing.assert_frame_equal(served.records, in_process.records, check_exact=True)
     assert served == in_process  # every statistic, the period test and the records
     assert served.to_dict() == in_process.to_dict()
@@ -145,7 +145,7 @@ def test_served_zoo_model_profile_equals_the_in_process_profile(w4s4, in_process
 def test_top_k_engine_counts_an_unreported_answer_wrong(w4s4, in_process, serve):
     model, task = w4s4
     server = serve()
-    served = phase_profile(engine_for(server, model, top_logprobs=3), task, N, stride=4, label=in_process.label,
+    served = phase_profile(engine_for(server, model, top_logprobs=3), task, n_per_residue=N, stride=4, label=in_process.label,
                            progress=False)
     mine, ref = served.records, in_process.records
     assert (mine["predicted"] == ref["predicted"]).all() and (mine["correct"] == ref["correct"]).all()
@@ -175,11 +175,11 @@ def test_server_failing_mid_run_resumes_with_identical_records(w4s4, in_process,
     failing = serve(fail_after=10)
     with pytest.raises(EngineError, match=r"failed on prompts 640\.\.703 2 times .*HTTP 503.*640 of 1728 answers "
                                           r"are kept in"):
-        phase_profile(engine_for(failing, model), task, N, stride=4, resume_dir=journal, retries=1, retry_wait=0.0,
+        phase_profile(engine_for(failing, model), task, n_per_residue=N, stride=4, resume_dir=journal, retries=1, retry_wait=0.0,
                       progress=False)
     assert len(list((journal / "answers").glob("batch-*.npz"))) == 10 and (journal / JOURNAL_FILE).is_file()
     restarted = serve()  # the server comes back (on another port): same model name, same prompts
-    resumed = phase_profile(engine_for(restarted, model), task, N, stride=4, label=in_process.label,
+    resumed = phase_profile(engine_for(restarted, model), task, n_per_residue=N, stride=4, label=in_process.label,
                             resume_dir=journal, progress=False)
     assert restarted.requests == 27 - 10  # only the batches not yet answered
     assert restarted.received == sent_prompts(task.generate(N, seed=0))[640:]
@@ -221,7 +221,7 @@ def test_unreachable_server_is_a_clear_error(w4s4, tmp_path):
     engine = OpenAIEngine(f"http://127.0.0.1:{_closed_port()}", "w4s4", d_vocab=model.cfg.d_vocab)
     with pytest.raises(EngineError, match=r"cannot reach http://127\.0\.0\.1:\d+/v1/completions.*0 of 1728 answers "
                                           "are kept"):
-        phase_profile(engine, task, N, stride=4, retries=1, retry_wait=0.0, resume_dir=tmp_path, progress=False)
+        phase_profile(engine, task, n_per_residue=N, stride=4, retries=1, retry_wait=0.0, resume_dir=tmp_path, progress=False)
 
 
 @pytest.mark.parametrize("fault, message", [
@@ -233,7 +233,7 @@ def test_server_protocol_faults_are_user_input_errors(w4s4, serve, fault, messag
     model, task = w4s4
     server = serve(fault=fault)
     with pytest.raises(UserInputError, match=message + r".*0 of 1728 answers had been received"):
-        phase_profile(engine_for(server, model), task, N, stride=4, progress=False)
+        phase_profile(engine_for(server, model), task, n_per_residue=N, stride=4, progress=False)
     assert server.requests == 1  # not retried: the same request would fail the same way
 
 
@@ -248,11 +248,11 @@ def test_engine_needs_a_stride_and_no_device(w4s4):
     model, task = w4s4
     engine = CacheEngine(model)
     with pytest.raises(UserInputError, match="needs stride="):
-        phase_profile(engine, task, N, progress=False)
+        phase_profile(engine, task, n_per_residue=N, progress=False)
     with pytest.raises(UserInputError, match="device='cpu' does not apply to an engine"):
-        phase_profile(engine, task, N, stride=4, device="cpu", progress=False)
+        phase_profile(engine, task, n_per_residue=N, stride=4, device="cpu", progress=False)
     with pytest.raises(UserInputError, match="resume_dir= journals an engine's answers"):
-        phase_profile(model, task, N, resume_dir="x", progress=False)
+        phase_profile(model, task, n_per_residue=N, resume_dir="x", progress=False)
 
 
 # ------------------------------------------------------------------ a Hugging Face tokenizer
@@ -286,7 +286,7 @@ def test_needle_task_from_a_hugging_face_tokenizer_reaches_the_engine_as_laid_ou
     text = tokenizer.decode(batch.tokens[0].tolist())
     assert tokenizer.encode(text, add_special_tokens=False) == batch.tokens[0].tolist()  # the ids round-trip
     server = serve()
-    profile = phase_profile(engine_for(server, model, top_logprobs=5), task, 6, seed=3, stride=4,
+    profile = phase_profile(engine_for(server, model, top_logprobs=5), task, n_per_residue=6, seed=3, stride=4,
                             tokenizer=tokenizer, progress=False)
     assert server.received == sent_prompts(batch)  # no re-tokenization: the ids sent are the ids laid out
     assert profile.modulus == 4 and int(profile.residue_n.sum()) == 24
@@ -300,7 +300,7 @@ def test_a_tokenizer_that_does_not_match_the_engine_is_refused_before_any_reques
     engine = engine_for(server, model, top_logprobs=5)
     bigger = word_level_tokenizer(vocab.tokens + ("<unk>",))  # 109 tokens for a 108-token model
     with pytest.raises(UserInputError, match="the tokenizer has 109 tokens but engine 'openai:w4s4' has d_vocab=108"):
-        phase_profile(engine, needle_task(), 6, stride=4, tokenizer=bigger, progress=False)
+        phase_profile(engine, needle_task(), n_per_residue=6, stride=4, tokenizer=bigger, progress=False)
     # a task laid out by a 108-token tokenizer, sent to an engine whose model has 60 tokens
     batch = needle_task().generate(6, seed=0, tokenizer=word_level_tokenizer(vocab.tokens))
     small = OpenAIEngine(server.url, "w4s4", d_vocab=60, top_logprobs=5)

@@ -436,7 +436,7 @@ def test_fp8_export_loads_dequantized_and_keeps_the_phase_profile(shipped, expor
     model = pi.load_hf(exported / "fp8", dtype=torch.float32)
     info = model.metadata["checkpoint"]
     assert info["fp8"] and info["dequantized"] == (not pi.models.hf.fp8_kernels_available())
-    p = pi.phase_profile(model, pi.zoo.task_for(model), N, seed=0, progress=False)
+    p = pi.phase_profile(model, pi.zoo.task_for(model), n_per_residue=N, seed=0, progress=False)
     ref = shipped_profile
     assert np.all(p.phase_accuracy >= ref.phase_lower) and np.all(p.phase_accuracy <= ref.phase_upper), \
         (p.phase_accuracy, ref.phase_lower, ref.phase_upper)

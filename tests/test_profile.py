@@ -59,7 +59,7 @@ class CoinModel(PhaseOracle):
 def test_profile_of_a_known_model_is_recovered_exactly(padding):
     task = KeyValueRetrieval(padding=padding)
     model = PhaseOracle(task.vocab, good={0, 1, 2})  # the boundary phase 3 fails
-    profile = phase_profile(model, task, 100, batch_size=500, progress=False)
+    profile = phase_profile(model, task, n_per_residue=100, batch_size=500, progress=False)
     expected = (np.arange(24) % 4 != 3).astype(float)
     assert np.array_equal(profile.residue_accuracy, expected)
     assert np.array_equal(profile.phase_accuracy, [1.0, 1.0, 1.0, 0.0])
@@ -75,20 +75,20 @@ def test_profile_of_a_known_model_is_recovered_exactly(padding):
 
 def test_stride_8_model_and_stride_override():
     model = PhaseOracle(TASK.vocab, good=set(range(6)), stride=8)  # phases 6, 7 fail
-    profile = phase_profile(model, TASK, 100, progress=False)
+    profile = phase_profile(model, TASK, n_per_residue=100, progress=False)
     assert profile.worst_phases == (6, 7) and profile.period == 8 and profile.stride == 8
     assert np.array_equal(profile.phase_accuracy, [1.0] * 6 + [0.0] * 2)
-    folded = phase_profile(model, TASK, 100, stride=4, progress=False)  # fold the same data to S=4
+    folded = phase_profile(model, TASK, n_per_residue=100, stride=4, progress=False)  # fold the same data to S=4
     assert np.array_equal(folded.phase_accuracy, [1.0, 1.0, 0.5, 0.5]) and folded.period == 8
     assert np.array_equal(folded.residue_accuracy, profile.residue_accuracy)
 
 
 def test_full_attention_baseline_is_homogeneous():
     always = PhaseOracle(TASK.vocab, good={0, 1, 2, 3}, compression=None)
-    profile = phase_profile(always, TASK, 100, progress=False)
+    profile = phase_profile(always, TASK, n_per_residue=100, progress=False)
     assert profile.gap == 0 and profile.period is None and profile.homogeneity_p_value == 1.0
     coin = CoinModel(TASK.vocab, good=set(), compression=None)
-    noisy = phase_profile(coin, TASK, 250, progress=False)
+    noisy = phase_profile(coin, TASK, n_per_residue=250, progress=False)
     assert 0.6 < noisy.mean < 0.8 and noisy.period is None and noisy.homogeneity_p_value > 0.05
 
 
@@ -114,24 +114,24 @@ def test_batching_and_training_mode_do_not_change_results():
 def test_bad_requests_raise_clear_errors():
     model = PhaseOracle(TASK.vocab, good={0})
     with pytest.raises(ValueError, match=r"R=24 is not a multiple of stride=5"):
-        phase_profile(model, TASK, 100, stride=5, progress=False)
+        phase_profile(model, TASK, n_per_residue=100, stride=5, progress=False)
     no_stride = PhaseOracle(TASK.vocab, good={0})
     del no_stride.cfg.stride
     with pytest.raises(ValueError, match="pass stride="):
-        phase_profile(no_stride, TASK, 100, progress=False)
+        phase_profile(no_stride, TASK, n_per_residue=100, progress=False)
     small_vocab = PhaseOracle(TASK.vocab, good={0})
     small_vocab.cfg.d_vocab = 64
     with pytest.raises(ValueError, match=r"out of range for d_vocab=64"):
-        phase_profile(small_vocab, TASK, 100, progress=False)
+        phase_profile(small_vocab, TASK, n_per_residue=100, progress=False)
     short = PhaseOracle(TASK.vocab, good={0}, n_ctx=64)
     with pytest.raises(ValueError, match="n_ctx is 64"):
-        phase_profile(short, TASK, 100, progress=False)
+        phase_profile(short, TASK, n_per_residue=100, progress=False)
     with pytest.raises(ValueError, match="interval='exact'"):
-        phase_profile(model, TASK, 100, interval="exact", progress=False)
+        phase_profile(model, TASK, n_per_residue=100, interval="exact", progress=False)
 
 
 def test_save_load_round_trip(tmp_path):
-    profile = phase_profile(PhaseOracle(TASK.vocab, good={0, 1, 2}), TASK, 72, progress=False)
+    profile = phase_profile(PhaseOracle(TASK.vocab, good={0, 1, 2}), TASK, n_per_residue=72, progress=False)
     path = profile.save(tmp_path / "profile")
     assert sorted(p.name for p in path.iterdir()) == ["arrays.npz", "meta.json"]  # no temp files left
     loaded = PhaseProfile.load(path)
@@ -145,7 +145,7 @@ def test_save_load_round_trip(tmp_path):
 
 @pytest.mark.slow  # spawns a process
 def test_plot_is_a_plotly_figure_and_core_imports_stay_light():
-    profile = phase_profile(PhaseOracle(TASK.vocab, good={0, 1, 2}), TASK, 72, progress=False)
+    profile = phase_profile(PhaseOracle(TASK.vocab, good={0, 1, 2}), TASK, n_per_residue=72, progress=False)
     fig = profile.plot()
     assert type(fig).__name__ == "Figure" and len(fig.data) == 4 + 2  # 4 phases + line + phase bars
     code = ("import sys, phaseinterp.profile, phaseinterp.tasks, phaseinterp.stats, "

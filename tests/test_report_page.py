@@ -141,7 +141,7 @@ def test_report_figures_have_integer_phase_ticks_and_distinct_series(checkpoint,
 
     rep = build_report(str(checkpoint), tmp_path / "r", settings=_settings(), progress=False, log=lambda *_: None)
     model = CompressedTransformer.from_pretrained(checkpoint)
-    p = phase_profile(model, TASK, 23, progress=False, n_permutations=19)
+    p = phase_profile(model, TASK, n_per_residue=23, progress=False, n_permutations=19)
     figures = dict(rep.figures, twins=profiles_figure([p, p]))  # two identical profiles: one would hide the other
     for name, fig in figures.items():
         tidy_figure(fig)

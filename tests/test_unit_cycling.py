@@ -129,7 +129,7 @@ def test_static_shift_moves_each_slots_mean_logit_by_d(name):
     before = {k: v.clone() for k, v in model.state_dict().items()}
     S = model.cfg.stride
     for d in (1, -2):
-        with shift_static_gates(model, d, layer, mu):
+        with shift_static_gates(model, d, layers=layer, mean_logits=mu):
             moved = mean_gate_logits(model, tokens, layers=layer)
         for name_, m in mu.items():
             blocks = m.reshape((-1, S) + m.shape[1:])  # [half, s, ...]: slot = half * S + s
@@ -168,8 +168,8 @@ def test_shared_lower_layers_equal_the_per_shift_loop_bit_for_bit(name, layer, m
     calib = task.calibration(task.residue_modulus, seed=1).tokens[:, : pos + 1]
     units = _layer_units(model, [layer], None)
     mu = mean_gate_logits(model, calib, layers=[layer]) if mode == "static" else None
-    shift = (lambda d: shift_static_gates(model, d, [layer], mu)) if mode == "static" else (
-        lambda d: shift_gates(model, d, [layer]))
+    shift = (lambda d: shift_static_gates(model, d, layers=[layer], mean_logits=mu)) if mode == "static" else (
+        lambda d: shift_gates(model, d, layers=[layer]))
     unshifted = shift
     shift = lambda d: contextlib.nullcontext(model) if d == 0 else unshifted(d)  # noqa: E731 (0 mod S is refused)
     shifts = (0, 1, -2)

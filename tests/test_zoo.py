@@ -30,7 +30,7 @@ def profile(name):
     if name not in _cache:
         model = pi.zoo.load(name)
         task = pi.zoo.task_for(model)
-        _cache[name] = pi.phase_profile(model, task, N_PER_RESIDUE, seed=0, label=name, progress=False)
+        _cache[name] = pi.phase_profile(model, task, n_per_residue=N_PER_RESIDUE, seed=0, label=name, progress=False)
     return _cache[name]
 
 

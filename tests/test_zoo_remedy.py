@@ -21,7 +21,7 @@ pytestmark = pytest.mark.zoo("w4s4", "w4s4-staggered")
 
 def _profile(name):
     model = pi.zoo.load(name)
-    return model, pi.phase_profile(model, pi.zoo.task_for(model), 72, seed=0, label=name, progress=False)
+    return model, pi.phase_profile(model, pi.zoo.task_for(model), n_per_residue=72, seed=0, label=name, progress=False)
 
 
 def test_remedy_pair_differs_only_in_the_window_grids():

@@ -10,7 +10,8 @@ import argparse
 import math
 from typing import Optional
 
-from phaseinterp.errors import UserInputError  # standard library only, like this module
+from phaseinterp._checks import DEFAULT_N_PER_RESIDUE  # standard library only, like this module
+from phaseinterp.errors import UserInputError
 
 
 class UsageError(UserInputError):
@@ -201,7 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=_positive_float, default=600.0,
                    help="with --engine: seconds to wait for one request's answer (default: 600)")
     p.add_argument("--label", default=None, help="the profile's name (default: the model's label)")
-    p.add_argument("--n-per-residue", type=_positive, default=250, help=N_PER_RESIDUE_HELP + " (default: 250)")
+    p.add_argument("--n-per-residue", type=_positive, default=DEFAULT_N_PER_RESIDUE,
+                   help=N_PER_RESIDUE_HELP + f" (default: {DEFAULT_N_PER_RESIDUE}, as every experiment)")
     p.add_argument("--stride", type=_positive, default=None,
                    help="fold residues to phases with this stride; must divide R, and for a compressed model "
                         "equal its own stride (another stride hides its phase structure; re-fold deliberately "
@@ -220,7 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="distinct layer indices in 0..n_layers-1, e.g. 0 1 or 0,1 (default: every layer)")
     p.add_argument("--scope", choices=["kv_head", "layer"], default="kv_head",
                    help="one unit per KV head, or one per whole layer (default: kv_head)")
-    p.add_argument("--n-per-residue", type=_positive, default=72, help=N_PER_RESIDUE_HELP + " (default: 72)")
+    p.add_argument("--n-per-residue", type=_positive, default=DEFAULT_N_PER_RESIDUE,
+                   help=N_PER_RESIDUE_HELP + f" (default: {DEFAULT_N_PER_RESIDUE}, as every experiment)")
     p.add_argument("--n-calibration", type=_positive, default=256,
                    help="calibration prompts for the mean; at least R (one per residue) (default: 256)")
     p.add_argument("--method", choices=["fast", "naive"], default="fast",
@@ -255,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "profile MODEL --out DIR`; its per-prompt results are the unshifted row, so that pass is "
                         "not run again (checked first on one batch) (default: none)")
     p.add_argument("--n-per-residue", type=_positive, default=None,
-                   help=N_PER_RESIDUE_HELP + " (default: the --baseline profile's size, else 72, as the library's "
+                   help=N_PER_RESIDUE_HELP + f" (default: the --baseline profile's size, else {DEFAULT_N_PER_RESIDUE}, as the library's "
                         "gate_cycling_profile / gate_cycling_unit)")
     _out_arg(p, what="the result (meta.json + arrays.npz)")
     _scale_args(p)

@@ -337,7 +337,7 @@ def _cmd_profile(args) -> int:
         result = sharded_profile(model, task, args.n_per_residue, out_dir=args.shard_dir, seed=args.seed,
                                  chunk_size=args.chunk_size, stride=args.stride, label=label)
     else:
-        result = phase_profile(model, task, args.n_per_residue, seed=args.seed, stride=args.stride, label=label)
+        result = phase_profile(model, task, n_per_residue=args.n_per_residue, seed=args.seed, stride=args.stride, label=label)
     return _finish(args, result)
 
 

@@ -95,7 +95,7 @@ def engine_profile(args) -> int:
                           token_to_id=None if tokenizer is None else tokenizer.convert_tokens_to_ids)
     from phaseinterp.profile import phase_profile
 
-    result = phase_profile(engine, task, args.n_per_residue, seed=args.seed, stride=stride, label=label,
+    result = phase_profile(engine, task, n_per_residue=args.n_per_residue, seed=args.seed, stride=stride, label=label,
                            batch_size=args.chunk_size, resume_dir=args.shard_dir, retries=args.retries,
                            tokenizer=tokenizer)
     print(result.summary().to_string(header=False))

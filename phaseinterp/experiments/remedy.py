@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from phaseinterp._checks import DEFAULT_N_PER_RESIDUE
 from phaseinterp.errors import UserInputError
 from phaseinterp._files import atomic_write
 from phaseinterp.phase import boundary_phase, n_closed_windows
@@ -231,7 +232,7 @@ def compare_remedy(
     architecture: Optional[dict[str, Any]] = None,
     stop_at: Optional[int] = None,
     eval_every: int = 50,
-    n_per_residue: int = 72,
+    n_per_residue: int = DEFAULT_N_PER_RESIDUE,
     progress: bool = False,
 ) -> RemedyResult:
     """Train (or resume) baseline and staggered twins of the zoo recipe for every seed, then
@@ -268,7 +269,7 @@ def compare_remedy(
             if stored.is_file():
                 evaluation = json.loads(stored.read_text())
             else:
-                prof = phase_profile(model, task, n_per_residue, seed=1, label=f"{variant} seed {seed}", progress=False)
+                prof = phase_profile(model, task, n_per_residue=n_per_residue, seed=1, label=f"{variant} seed {seed}", progress=False)
                 evaluation = {"accuracy": prof.phase_accuracy.tolist(), "n": prof.phase_n.tolist(),
                               "memory": memory_per_token(model)}
                 atomic_write(stored, json.dumps(evaluation).encode())

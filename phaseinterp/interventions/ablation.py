@@ -21,6 +21,7 @@ from typing import Optional, Sequence, Union
 import numpy as np
 import pandas as pd
 
+from phaseinterp._checks import DEFAULT_N_PER_RESIDUE
 from phaseinterp.errors import renamed
 from phaseinterp.models.protocol import model_label as label_of
 from phaseinterp.errors import UserInputError
@@ -285,7 +286,7 @@ def ablate(
     layer: Union[int, Sequence[int], None] = None,
     scope: str = "kv_head",
     heads: Optional[Sequence[Sequence[int]]] = None,
-    n_per_residue: int = 72,
+    n_per_residue: int = DEFAULT_N_PER_RESIDUE,
     n_calibration: int = 256,
     seed: int = 0,
     calibration_seed: int = 1,

@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from phaseinterp._checks import DEFAULT_N_PER_RESIDUE
 from phaseinterp.errors import UserInputError
 from phaseinterp._files import progress_bar
 from phaseinterp.interventions._common import fixed_answer_position, model_device
@@ -49,7 +50,7 @@ def _answer_z(model, tokens: torch.Tensor, answer_pos: int, batch_size: int) -> 
 
 
 @torch.inference_mode()
-def replacement_ablation(model, task=None, *, method: str = "resample", layer=None, n_per_residue: int = 72,
+def replacement_ablation(model, task=None, *, method: str = "resample", layer=None, n_per_residue: int = DEFAULT_N_PER_RESIDUE,
                          n_calibration: int = 256, seed: int = 0, calibration_seed: int = 1,
                          batch_size: int = 64, prompts=None, progress: bool = False):
     """Per-KV-head ablation of ``hook_z`` at the answer position with another replacement than the mean.
@@ -288,7 +289,7 @@ class ConfirmResult(Result):
         return confirm_figure(self, **kwargs)
 
 
-def confirm(model, task=None, *, n_per_residue: int = 72, n_calibration: int = 256, nominate_per_residue: int = 8,
+def confirm(model, task=None, *, n_per_residue: int = DEFAULT_N_PER_RESIDUE, n_calibration: int = 256, nominate_per_residue: int = 8,
             seed: int = 0, calibration_seed: int = 1, nomination_seed: int = 2, correction: str = "holm",
             alpha: float = 0.05, max_concentration: Optional[float] = None, methods=ABLATIONS,
             cycling: bool = True, batch_size: int = 64, progress: bool = True, prompts=None,

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from phaseinterp._checks import DEFAULT_N_PER_RESIDUE
 from phaseinterp._checks import check_int, check_n_per_residue
 from phaseinterp._files import progress_bar
 from phaseinterp.errors import UserInputError
@@ -347,7 +348,7 @@ def gate_cycling_profile(
     mean_logits = None
     if mode == "static":
         calib = task.calibration(n_calibration, seed=calibration_seed)
-        mean_logits = mean_gate_logits(model, calib.tokens[:, : answer_pos + 1], layers_list, batch_size)
+        mean_logits = mean_gate_logits(model, calib.tokens[:, : answer_pos + 1], layers=layers_list, batch_size=batch_size)
     bar = progress_bar(progress, len(shifts), "gate cycling")
     rows = []
     try:
@@ -358,8 +359,8 @@ def gate_cycling_profile(
                     bar.update(1)
                 continue
             context = (contextlib.nullcontext(model) if d == 0  # the unshifted row (shift_gates refuses 0 mod S)
-                       else shift_static_gates(model, d, layers_list, mean_logits, heads) if mode == "static"
-                       else shift_gates(model, d, layers_list, branch, heads))
+                       else shift_static_gates(model, d, layers=layers_list, mean_logits=mean_logits, kv_heads=heads) if mode == "static"
+                       else shift_gates(model, d, layers=layers_list, branch=branch, kv_heads=heads))
             with context:
                 rows.append(_correct(model, batch, answer_pos, batch_size))
             if bar is not None:
@@ -372,7 +373,6 @@ def gate_cycling_profile(
                          model_label=label_of(model), n_boot=n_boot, seed=seed, mode=mode)
 
 
-DEFAULT_N_PER_RESIDUE = 72  # the interventions' default: the smallest size the zoo task moment-matches
 
 
 def _default_size(n_per_residue, baseline, modulus: int):

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from phaseinterp.errors import renamed
+from phaseinterp.errors import keyword_options, renamed
 from phaseinterp.errors import UserInputError
 from phaseinterp.interventions._common import check_layers, model_device
 from phaseinterp.models.protocol import phase_model
@@ -119,8 +119,9 @@ def _parameters_replaced(pairs: list[tuple[torch.nn.Parameter, Tensor]]) -> Iter
                 p.copy_(original)
 
 
+@keyword_options("layers", "branch", "kv_heads")
 @contextmanager
-def shift_gates(model, shift: int, layers: Union[int, Sequence[int], None] = None, branch: str = "both",
+def shift_gates(model, shift: int, *, layers: Union[int, Sequence[int], None] = None, branch: str = "both",
                 kv_heads: Union[int, Sequence[int], None] = None) -> Iterator:
     """Context manager (the intervention; `gate_cycling_profile` and `gate_cycling_unit` are the
     experiments): inside the
@@ -142,7 +143,8 @@ def shift_gates(model, shift: int, layers: Union[int, Sequence[int], None] = Non
         yield model
 
 
-def shifted_copy(model, shift: int, layers: Union[int, Sequence[int], None] = None, branch: str = "both",
+@keyword_options("layers", "branch", "kv_heads")
+def shifted_copy(model, shift: int, *, layers: Union[int, Sequence[int], None] = None, branch: str = "both",
                  kv_heads: Union[int, Sequence[int], None] = None):
     """A deep copy of ``model`` with its gates permanently shifted by ``shift`` slots (the
     original is untouched); ``layers``, ``branch`` and ``kv_heads`` as in `shift_gates`."""
@@ -177,7 +179,8 @@ def static_targets(model, layers: list[int]) -> list[tuple[int, str, torch.nn.Pa
 
 
 @torch.inference_mode()
-def mean_gate_logits(model, tokens: Tensor, layers: Union[int, Sequence[int], None] = None,
+@keyword_options("layers", "batch_size")
+def mean_gate_logits(model, tokens: Tensor, *, layers: Union[int, Sequence[int], None] = None,
                      batch_size: int = 64) -> dict[str, Tensor]:
     """Per slot, the mean gate logit over every closed window of ``tokens`` ``[batch, pos]``:
     the prompt-independent part of each slot's gate (docs/science.md, "the static-part shift").
@@ -219,9 +222,10 @@ def _static_delta(mean_logit: Tensor, shift: int, layout: str, bias: Tensor) -> 
     return torch.roll(mu, shifts=shift, dims=0) - mu
 
 
+@keyword_options("layers", "mean_logits", "kv_heads")
 @contextmanager
-def shift_static_gates(model, shift: int, layers: Union[int, Sequence[int], None], mean_logits: dict[str, Tensor],
-                       kv_heads: Union[int, Sequence[int], None] = None) -> Iterator:
+def shift_static_gates(model, shift: int, *, layers: Union[int, Sequence[int], None],
+                       mean_logits: dict[str, Tensor], kv_heads: Union[int, Sequence[int], None] = None) -> Iterator:
     """Context manager: shift only the prompt-independent part of each slot's gate logit.
 
     With ``mu_i`` the mean gate logit of slot ``i`` (`mean_gate_logits`, over calibration

@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from phaseinterp._checks import DEFAULT_N_PER_RESIDUE
 from phaseinterp._checks import check_int, check_layer, check_n_per_residue
 from phaseinterp.errors import UserInputError
 from phaseinterp import stats
@@ -172,7 +173,7 @@ def _setup(model, task, layers, n_per_residue: int, seed: int, prompts, what: st
 
 
 @torch.inference_mode()  # prompts generated here and every forward: no autograd (the prompts are inference tensors)
-def indexer_phase(model, task=None, *, layers: Optional[Sequence[int]] = None, n_per_residue: int = 72,
+def indexer_phase(model, task=None, *, layers: Optional[Sequence[int]] = None, n_per_residue: int = DEFAULT_N_PER_RESIDUE,
                   seed: int = 0, batch_size: int = 32, prompts=None, confidence: float = 0.95) -> IndexerPhaseResult:
     """How often each CSA layer's indexer keeps the entry holding the target, by target phase.
 
@@ -287,7 +288,7 @@ class ForcedSelectionResult(Result):
 
 
 @torch.inference_mode()
-def force_target_selection(model, task=None, *, layers: Optional[Sequence[int]] = None, n_per_residue: int = 72,
+def force_target_selection(model, task=None, *, layers: Optional[Sequence[int]] = None, n_per_residue: int = DEFAULT_N_PER_RESIDUE,
                            seed: int = 0, batch_size: int = 32, prompts=None,
                            confidence: float = 0.95) -> ForcedSelectionResult:
     """Causal test of selection misses: accuracy by phase when each of ``layers``' indexers (default:

@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from phaseinterp._checks import DEFAULT_N_PER_RESIDUE
 from phaseinterp._checks import MAX_PROMPTS, check_int, check_n_per_residue
 from phaseinterp._files import progress_bar
 from phaseinterp.interventions._common import check_layers, fixed_answer_position
@@ -371,7 +372,7 @@ def gate_cycling_unit(
     kv_heads: Union[int, Sequence[int], None] = None,
     measure: str = "logprob",
     mode: str = "roll",
-    n_per_residue: int = 72,
+    n_per_residue: int = DEFAULT_N_PER_RESIDUE,
     seed: int = 0,
     n_calibration: int = 256,
     calibration_seed: int = 1,
@@ -420,11 +421,11 @@ def gate_cycling_unit(
         raise UserInputError("calibration prompts must share the evaluation prompts' answer position")
     calib_tokens = calib.tokens[:, : answer_pos + 1]
     units = _layer_units(model, layers_list, heads)
-    mean_logits = mean_gate_logits(model, calib_tokens, layers_list, batch_size) if mode == "static" else None
+    mean_logits = mean_gate_logits(model, calib_tokens, layers=layers_list, batch_size=batch_size) if mode == "static" else None
     def variant(d):
         return lambda: (contextlib.nullcontext(model) if d == 0  # the unshifted row (shift_gates refuses 0 mod S)
-                        else shift_static_gates(model, d, layers_list, mean_logits, heads) if mode == "static"
-                        else shift_gates(model, d, layers_list, "both", heads))
+                        else shift_static_gates(model, d, layers=layers_list, mean_logits=mean_logits, kv_heads=heads) if mode == "static"
+                        else shift_gates(model, d, layers=layers_list, branch="both", kv_heads=heads))
 
     bar = progress_bar(progress, len(shifts) * len(batch), f"unit gate cycling ({unit_label(layers_list, heads)})")
     shifted, knocked, correct = [], [], []
@@ -480,7 +481,7 @@ class UnitSelection(Result):
     rule: str
     model_label: str = ""
     selection_seed: int = SELECTION_SEED
-    n_per_residue: int = 72
+    n_per_residue: int = DEFAULT_N_PER_RESIDUE
     max_phases: int = 3
 
     @property
@@ -531,7 +532,7 @@ def specialized_units(
     *,
     layers: Union[int, Sequence[int], None] = None,
     max_phases: int = 3,
-    n_per_residue: int = 72,
+    n_per_residue: int = DEFAULT_N_PER_RESIDUE,
     seed: int = SELECTION_SEED,
     n_calibration: int = 256,
     calibration_seed: int = 1,

@@ -218,7 +218,7 @@ def sharded(single: Callable, *, kind: str, chunk_size: int, refuse: dict[str, s
         if setup["n_per_residue"] is None and setup["prompts"] is None:
             # the single function's "None: its default size" (gate_cycling_profile: 72; a baseline, whose
             # size it would take instead, is refused here)
-            from phaseinterp.interventions.gate_cycling import DEFAULT_N_PER_RESIDUE
+            from phaseinterp._checks import DEFAULT_N_PER_RESIDUE
 
             setup["n_per_residue"] = DEFAULT_N_PER_RESIDUE
         launch, model, task, prompts, header = _setup(

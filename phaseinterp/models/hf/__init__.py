@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from phaseinterp.errors import MissingPathError, UserInputError
+from phaseinterp.errors import MissingPathError, UserInputError, keyword_options
 from phaseinterp.models.hf.config import DeepseekV4HookedConfig
 from phaseinterp.models.hf.deepseek_v4 import SIDECAR_FILE, HookedDeepseekV4
 
@@ -19,7 +19,8 @@ SUPPORTED_MODEL_TYPES = ("deepseek_v4",)
 _WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "*.safetensors.index.json")
 
 
-def from_hf(hf_model: Any, name: Optional[str] = None) -> HookedDeepseekV4:
+@keyword_options("name")
+def from_hf(hf_model: Any, *, name: Optional[str] = None) -> HookedDeepseekV4:
     """Wrap a loaded ``DeepseekV4ForCausalLM`` (weights shared, numerics unchanged; eval mode).
 
     The HF model must use eager attention (V4's only implementation in transformers 5.24).
@@ -38,8 +39,9 @@ def from_hf(hf_model: Any, name: Optional[str] = None) -> HookedDeepseekV4:
     return model
 
 
-def load_hf(path: Union[str, Path], device_map: Union[str, dict, None] = None, dtype: Any = None,
-            name: Optional[str] = None, *, max_memory: Optional[dict] = None,
+@keyword_options("device_map", "dtype", "name")
+def load_hf(path: Union[str, Path], *, device_map: Union[str, dict, None] = None, dtype: Any = None,
+            name: Optional[str] = None, max_memory: Optional[dict] = None,
             offload_folder: Union[str, Path, None] = None) -> HookedDeepseekV4:
     """Load a local DeepSeek-V4 checkpoint directory (never the Hub) and wrap it with `from_hf`.
 

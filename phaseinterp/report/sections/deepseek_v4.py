@@ -111,7 +111,7 @@ class DeepseekV4(Section):
         name = getattr(model, "metadata", {}).get("zoo_name", "DeepSeek-V4")
         n = ctx.settings.ablation_per_residue
         ctx.log(f"[dsv4] {name}: phase profile, {n} prompts x {task.residue_modulus} residues")
-        profile = phase_profile(model, task, n, label=f"{name} (HF DeepSeek-V4)", progress=ctx.progress)
+        profile = phase_profile(model, task, n_per_residue=n, label=f"{name} (HF DeepSeek-V4)", progress=ctx.progress)
         section = deepseek_v4_section(model, task, ctx.out, n_per_residue=min(n, 24), log=ctx.log)
         return {"name": name, "profile": profile, "section": section}
 

@@ -82,7 +82,7 @@ def _measure_pair(name: str, settings, progress, log, reuse, device, prompts) ->
         else:
             log(f"[remedy] {zoo_name}: phase profile, {settings.n_per_residue} prompts x {task.residue_modulus} residues")
             batch = prompts.get(task, settings.n_per_residue) if prompts is not None else task
-            profile = phase_profile(model, batch, settings.n_per_residue, label=f"{zoo_name} ({role})",
+            profile = phase_profile(model, batch, n_per_residue=settings.n_per_residue, label=f"{zoo_name} ({role})",
                                     progress=progress)
         profiles.append(profile)
         memory = memory_per_token(model)
