@@ -334,7 +334,7 @@ def _cmd_profile(args) -> int:
     if args.shard_dir is not None:
         from phaseinterp.parallel import sharded_profile
 
-        result = sharded_profile(model, task, args.n_per_residue, out_dir=args.shard_dir, seed=args.seed,
+        result = sharded_profile(model, task, n_per_residue=args.n_per_residue, out_dir=args.shard_dir, seed=args.seed,
                                  chunk_size=args.chunk_size, stride=args.stride, label=label)
     else:
         result = phase_profile(model, task, n_per_residue=args.n_per_residue, seed=args.seed, stride=args.stride, label=label)
