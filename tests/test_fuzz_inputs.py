@@ -267,12 +267,12 @@ def _batch():
 API = {  # function -> {argument: (names the message may use, call(model, value))}
     "phase_profile": {
         "task": (("task",), lambda m, v: U(pi.phase_profile)(m, v, progress=False, n_permutations=9)),
-        "n_per_residue": (("n_per_residue",), lambda m, v: U(pi.phase_profile)(m, TASK, v, progress=False,
+        "n_per_residue": (("n_per_residue",), lambda m, v: U(pi.phase_profile)(m, TASK, n_per_residue=v, progress=False,
                                                                               n_permutations=9)),
         "stride": (("stride",), lambda m, v: U(pi.phase_profile)(m, _batch(), stride=v, progress=False, n_permutations=9)),
         "batch_size": (("batch_size",), lambda m, v: U(pi.phase_profile)(m, _batch(), batch_size=v, progress=False,
                                                                         n_permutations=9)),
-        "seed": (("seed",), lambda m, v: U(pi.phase_profile)(m, TASK, 23, seed=v, progress=False, n_permutations=9)),
+        "seed": (("seed",), lambda m, v: U(pi.phase_profile)(m, TASK, n_per_residue=23, seed=v, progress=False, n_permutations=9)),
         "device": (("device",), lambda m, v: U(pi.phase_profile)(m, _batch(), device=v, progress=False, n_permutations=9)),
         "confidence": (("confidence",), lambda m, v: U(pi.phase_profile)(m, _batch(), confidence=v, progress=False,
                                                                         n_permutations=9)),
@@ -410,6 +410,7 @@ def _dsv4_args(arg: str, value) -> dict:
 DSV4_TASK = TASK  # the V4 of test_deepseek_v4 reads the same task
 # Public names of phaseinterp.__all__ the table above does not call, with the reason.
 NOT_CALLED = {
+    "DEFAULT_N_PER_RESIDUE": "a constant (an int), not a function",
     "AblationResult": "a result class: its load is fuzzed in test_fuzz_paths",
     "CyclingResult": "a result class: its load is fuzzed in test_fuzz_paths",
     "GateProfile": "a result class: its load is fuzzed in test_fuzz_paths",
