@@ -198,3 +198,12 @@ def test_the_shim_refuses_what_python_would_refuse():
     assert inspect.signature(f).parameters["b"].kind is inspect.Parameter.KEYWORD_ONLY
     with pytest.raises(TypeError, match="not keyword-only"):
         keyword_options("a")(lambda a, *, b=1: a)
+
+
+def test_a_sharded_variant_takes_its_single_functions_old_positionals(w4s4, default_profile, tmp_path):
+    """0.2's ``sharded_profile(model, task, 72, out_dir=...)`` warns like ``phase_profile`` does, not TypeError."""
+    task = pi.zoo.task_for(w4s4)
+    old, message = _deprecated_call(parallel.sharded_profile, w4s4, task, 72, out_dir=tmp_path, progress=False)
+    assert "sharded_profile()" in message and "n_per_residue=" in message
+    pd.testing.assert_frame_equal(old.records, default_profile.records, check_exact=True)
+    assert _positional(parallel.sharded_profile) == ["model", "task"]  # the public signature is the new one

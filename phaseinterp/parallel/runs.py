@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from phaseinterp._checks import check_int
-from phaseinterp.errors import UserInputError, renamed
+from phaseinterp.errors import UserInputError, keyword_options, renamed
 from phaseinterp._files import atomic_write, check_write_target, json_default, progress_bar
 from phaseinterp.parallel.launch import Launch, all_gather, gather_to_main, init_distributed, raise_any, rank_device
 from phaseinterp.parallel.shards import (
@@ -239,6 +239,9 @@ def sharded(single: Callable, *, kind: str, chunk_size: int, refuse: dict[str, s
                    "rerun skips the shards already there. Every parameter of "
                    f"`{single.__name__}` applies" + (f" but {', '.join(refuse)}" if refuse else "") +
                    " (module docstring).")
+    old_order = getattr(single, "__keyword_options__", ())
+    if old_order:  # 0.2's positional options (sharded_profile(model, task, 72, ...)) warn as the single one's do
+        run = keyword_options(*old_order)(run)
     return run
 
 
