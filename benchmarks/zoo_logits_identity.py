@@ -1,4 +1,5 @@
-"""Record (or compare) zoo-checkpoint logits: full forward, incremental cache, forward_last, last_logits.
+"""Record (or compare) zoo-checkpoint logits: full forward, incremental cache, forward_last, last_logits
+(the own family); full forward and last_logits (the DeepSeek-V4 family's zoo folders, through load_hf).
 
 python benchmarks/zoo_logits_identity.py record|compare  (record before a change, compare after;
 the reference lives in the git-ignored runs/issue11/)
@@ -19,7 +20,10 @@ CK = Path("phaseinterp/zoo/checkpoints")
 def run_all(names=None):
     res = {}
     for d in sorted(CK.iterdir()):
-        if not (d / "config.json").is_file() or (d / "phaseinterp.json").is_file() or (names is not None and d.name not in names):
+        if not (d / "config.json").is_file() or (names is not None and d.name not in names):
+            continue
+        if (d / "phaseinterp.json").is_file():  # a Hugging Face DeepSeek-V4 folder
+            res[d.name] = hf_logits(d)
             continue
         m = CompressedTransformer.from_pretrained(d)
         g = torch.Generator().manual_seed(0)
@@ -44,6 +48,16 @@ def run_all(names=None):
             final = m.last_logits(tokens)  # forward_final: no hook attached
         res[d.name] = dict(full=full, inc=inc, last=last, final=final)
     return res
+
+
+def hf_logits(folder: Path) -> dict:
+    from phaseinterp.models.hf import load_hf
+
+    m = load_hf(folder)
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, m.cfg.d_vocab, (3, min(m.cfg.n_ctx, 256)), generator=g)
+    with torch.no_grad():
+        return dict(full=m(tokens), final=m.last_logits(tokens))
 
 
 if __name__ == "__main__":
