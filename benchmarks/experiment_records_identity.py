@@ -49,6 +49,8 @@ def same(before, after) -> bool:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) != 2 or sys.argv[1] not in ("record", "compare"):
+        sys.exit(f"usage: python {sys.argv[0]} record|compare (got {sys.argv[1:]})")
     mode = sys.argv[1]
     res = run_all()
     if mode == "record":
@@ -60,7 +62,7 @@ if __name__ == "__main__":
         ok = ref.keys() == res.keys()
         for key in ref:
             equal = same(ref[key], res[key])
-            n = len(ref[key]) if isinstance(ref[key], pd.DataFrame) else len(next(iter(ref[key].values())))
+            n = len(ref[key]["residue"])  # one row per prompt in the records and in every result
             print(f"{key[0]:10s} {key[1]:8s} prompts={n} bit-identical={equal}")
             ok &= equal
         print("ALL OK" if ok else "MISMATCH")

@@ -51,6 +51,7 @@ def run_all(names=None):
 
 
 def hf_logits(folder: Path) -> dict:
+    # load_hf, not phaseinterp.load: the script records on the commit before a change too (0.2 had no load)
     from phaseinterp.models.hf import load_hf
 
     m = load_hf(folder)
@@ -61,6 +62,8 @@ def hf_logits(folder: Path) -> dict:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) != 2 or sys.argv[1] not in ("record", "compare"):
+        sys.exit(f"usage: python {sys.argv[0]} record|compare (got {sys.argv[1:]})")
     mode = sys.argv[1]
     res = run_all(None if mode == "record" else list(torch.load(OUT)))
     if mode == "record":
