@@ -117,7 +117,8 @@ def saved_kind(path: Union[str, os.PathLike]) -> Optional[str]:
     ``"file"``, one of ``"<Class> result"`` (`phaseinterp.results.Result.save`), ``"phaseinterp
     checkpoint"`` (`CompressedTransformer.save_pretrained`), ``"Hugging Face checkpoint"`` (an HF
     ``save_pretrained`` or a DeepSeek-layout export), ``"report"`` (`build_report`), ``"shard
-    folder"`` (a ``--shard-dir`` run) or ``"training run"`` (`train(out_dir=)`), else ``"other
+    folder"`` (a ``--shard-dir`` run), ``"training run"`` (`train(out_dir=)`), ``"pretraining run"``
+    (`pretrain(out_dir=)`) or ``"tokenizer"`` (`train_tokenizer`), else ``"other
     files"`` (a folder of something else)."""
     path = Path(path)
     if not path.exists() and not path.is_symlink():
@@ -127,6 +128,10 @@ def saved_kind(path: Union[str, os.PathLike]) -> Optional[str]:
     names = {p.name for p in path.iterdir()}
     if not names:
         return None
+    if "pretrain.json" in names:
+        return "pretraining run"
+    if "tokenizer.json" in names and "config.json" not in names:
+        return "tokenizer"
     if "meta.json" in names and "arrays.npz" in names:
         try:
             meta = json.loads((path / "meta.json").read_text())

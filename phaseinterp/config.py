@@ -58,6 +58,8 @@ class CompressedConfig:
       ``o_l = l*S // n_layers``) or ``"staggered_layers"`` (per layer, every head). Every
       head keeps the same number of entries, so memory per token is unchanged; tokens
       before a head's first window (``t < o``) are read only through the exact band.
+    - ``tie_embeddings``: the unembedding is the embedding's transpose (``W_U = W_E.T``, as in
+      Qwen3-0.6B); the embedding is then initialised at ``init_std`` instead of 1.
     """
 
     d_vocab: int = 128
@@ -85,6 +87,7 @@ class CompressedConfig:
     init_std: float = 0.02
     use_attn_result: bool = False
     window_offsets: Any = None
+    tie_embeddings: bool = False
     seed: Optional[int] = 0
     # Not part of the architecture: set by the model so TransformerLens utilities that
     # read ``model.cfg.device`` allocate on the right device. Never serialized.
@@ -115,6 +118,8 @@ class CompressedConfig:
             raise UserInputError(f"d_head={self.d_head} must be even for full RoPE; set rope_dims")
         if not (isinstance(self.rope_base, (int, float)) and self.rope_base > 1):
             raise UserInputError(f"rope_base={self.rope_base!r} must be a number > 1")
+        if not isinstance(self.tie_embeddings, bool):
+            raise UserInputError(f"tie_embeddings={self.tie_embeddings!r} must be True or False")
         if not (isinstance(self.norm_eps, (int, float)) and self.norm_eps > 0):
             raise UserInputError(f"norm_eps={self.norm_eps!r} must be > 0")
         if self.compression is None:
@@ -237,3 +242,52 @@ class CompressedConfig:
 
     def replace(self, **changes: Any) -> "CompressedConfig":
         return dataclasses.replace(self, **changes)
+
+
+# ------------------------------------------------------------------ presets
+QWEN3_VOCAB = 151_936
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # Qwen3-0.6B's backbone (28 layers, d_model 1024, 16 query heads of 128, 8 KV heads, SwiGLU 3072, QK-norm,
+    # tied embeddings, RoPE base 1e6) with the paper's compression: W = S = 8 scalar gates, shared payload maps,
+    # a 16-token exact local window. `preset("qwen3-0.6b", compression=None)` is its full-attention twin.
+    "qwen3-0.6b": dict(d_vocab=QWEN3_VOCAB, n_ctx=2048, d_model=1024, n_layers=28, n_heads=16, n_kv_heads=8,
+                       d_head=128, d_mlp=3072, rope_base=1_000_000.0, tie_embeddings=True, window=8, stride=8,
+                       gate="scalar", payload="shared", local_window=16),
+    # The same family scaled to ~100M parameters at Qwen3's vocabulary (12 layers, d_model 512).
+    "qwen3-100m": dict(d_vocab=QWEN3_VOCAB, n_ctx=2048, d_model=512, n_layers=12, n_heads=8, n_kv_heads=4,
+                       d_head=64, d_mlp=1536, rope_base=1_000_000.0, tie_embeddings=True, window=8, stride=8,
+                       gate="scalar", payload="shared", local_window=16),
+    # What a 2-core CPU pretrains in half an hour (a trained BPE vocabulary of a few thousand tokens).
+    "cpu-small": dict(d_vocab=4096, n_ctx=512, d_model=128, n_layers=4, n_heads=4, n_kv_heads=2, d_head=32,
+                      d_mlp=384, tie_embeddings=True, window=4, stride=4, gate="scalar", payload="shared",
+                      local_window=16),
+    # For tests: seconds per step on one CPU thread.
+    "tiny": dict(d_vocab=512, n_ctx=128, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_head=8, d_mlp=64,
+                 tie_embeddings=True, window=4, stride=4, gate="scalar", payload="shared", local_window=8),
+}
+
+
+def preset(name: str, **overrides: Any) -> CompressedConfig:
+    """The named architecture (`PRESETS`) with ``overrides`` applied: the paper's sweep axes
+    (``window``, ``stride``, ``n_kv_heads``, ``gate``, ``gate_bias``, ``payload``, ``positional``,
+    ``memory``, ``local_window``, ``window_offsets``) or ``compression=None`` for the full twin.
+    Unknown names and fields are refused, naming the valid ones."""
+    if name not in PRESETS:
+        raise UserInputError(f"preset={name!r} is not one of {sorted(PRESETS)}")
+    known = {f.name for f in dataclasses.fields(CompressedConfig)} - {"device"}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise UserInputError(f"preset overrides {unknown} are not CompressedConfig fields; valid fields: {sorted(known)}")
+    return CompressedConfig(**{**PRESETS[name], **overrides})
+
+
+def parameter_count(config: CompressedConfig) -> int:
+    """Parameters of ``CompressedTransformer(config)``, counted without building it (meta device)."""
+    import torch
+
+    from phaseinterp.models.transformer import CompressedTransformer
+
+    with torch.device("meta"):
+        model = CompressedTransformer(config)
+    return sum(p.numel() for p in model.parameters())

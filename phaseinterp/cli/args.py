@@ -322,6 +322,47 @@ def build_parser() -> argparse.ArgumentParser:
     _device_arg(p)
     _out_arg(p, required=True, what="checkpoints, logs and the final model", overwrite=False)
 
+    p = sub.add_parser("pretrain", help="next-token pretraining on natural text (phaseinterp.train.pretrain)",
+                       description="Pretrain a preset architecture (or its full twin: --set compression=none) on local "
+                       "text with a tokenizer folder; --nproc K launches torchrun (FSDP2). --resume continues the run "
+                       "in --out with the same settings.")
+    p.add_argument("--preset", required=True, help="architecture: tiny, cpu-small, qwen3-100m or qwen3-0.6b "
+                   "(phaseinterp.config.PRESETS)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                   help="change one architecture field (a sweep axis: window, stride, n_kv_heads, gate, payload, "
+                        "positional, memory, local_window, window_offsets; compression=none for the twin); repeatable")
+    p.add_argument("--config", default=None, help='a JSON file {"model": {field: value}, "train": {field: value}} '
+                   "for anything else (flags given on the command line win)")
+    p.add_argument("--data", required=True, help="a text, JSONL or parquet file, a folder of them, or a datasets "
+                   "folder written by save_to_disk")
+    p.add_argument("--tokenizer", required=True, help="a folder with tokenizer.json (`phaseinterp tokenizer train`)")
+    p.add_argument("--seq-len", type=_positive, default=None, help="tokens per training sequence, a multiple of "
+                   "the stride (default: 512)")
+    p.add_argument("--global-batch", type=_positive, default=None,
+                   help="sequences per optimizer step over all processes (default: 16)")
+    p.add_argument("--micro-batch", type=_positive, default=None,
+                   help="sequences per forward on each process; the rest by gradient accumulation (default: all)")
+    p.add_argument("--steps", type=_positive, default=None, help="optimizer steps (default: 1000)")
+    p.add_argument("--seed", type=_non_negative, default=None, help="model and data-order seed (default: 0)")
+    p.add_argument("--lr", type=_positive_float, default=None, help="peak learning rate (default: 3e-3)")
+    p.add_argument("--needle-fraction", type=float, default=None,
+                   help="share of each batch's rows that are natural-text needle prompts, 0..1 (default: 0)")
+    p.add_argument("--max-minutes", type=_positive_float, default=None,
+                   help="stop (checkpointed) after this much wall time (default: run every step)")
+    p.add_argument("--activation-checkpointing", action="store_true", help="recompute each block in the backward")
+    p.add_argument("--compile", action="store_true", help="torch.compile each block")
+    p.add_argument("--nproc", type=_positive, default=1,
+                   help="processes (torchrun): at most the CUDA devices, or the CPU cores without CUDA (default: 1)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out; refuses changed settings")
+    _out_arg(p, required=True, what="the run (checkpoints, curves, the final model)", overwrite=False)
+
+    p = sub.add_parser("tokenizer", help="train a byte-level BPE tokenizer on local text")
+    tsub = p.add_subparsers(dest="tokenizer_command", required=True, parser_class=_Parser, metavar="TOKENIZER_COMMAND")
+    t = tsub.add_parser("train", help="train a BPE tokenizer (phaseinterp.train.tokenizer.train_tokenizer)")
+    t.add_argument("--data", required=True, help="a text, JSONL or parquet file, or a folder of them")
+    t.add_argument("--vocab-size", type=_positive, required=True, help="tokens in the vocabulary, >= 260")
+    _out_arg(t, required=True, what="tokenizer.json and tokenizer_config.json", overwrite=False)
+
     p = sub.add_parser("zoo", help="list or rebuild the zoo models", description="The zoo: shipped checkpoints "
                        "and recipes without a shipped checkpoint.")
     zsub = p.add_subparsers(dest="zoo_command", required=True, parser_class=_Parser, metavar="ZOO_COMMAND")

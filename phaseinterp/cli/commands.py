@@ -5,9 +5,11 @@ the standard library at the top; torch and plotly load when a command runs.
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from phaseinterp.cli.args import UsageError
 
@@ -33,7 +35,8 @@ def zoo_markdown() -> str:
 # What each command writes to --out, for the shared write rule (`phaseinterp._files.check_write_target`);
 # merge's result kind is known only from its run header, so its save checks it.
 OUT_KINDS = {"demo": "report", "report": "report", "profile": "PhaseProfile result", "ablate": "AblationResult result",
-             "gates": "GateProfile result", "conformance": "ConformanceResult result", "train": "training run"}
+             "gates": "GateProfile result", "conformance": "ConformanceResult result", "train": "training run",
+             "pretrain": "pretraining run", "tokenizer": "tokenizer"}
 
 
 def _out_kind(args) -> Optional[str]:
@@ -54,7 +57,7 @@ def _check_out(args) -> None:
         if value is None:
             continue
         kind = _out_kind(args) if attr == "out" else None
-        if kind is None or kind == "training run":  # train: --resume decides (`_train`); zoo build resumes its run
+        if kind is None or kind in ("training run", "pretraining run"):  # --resume decides; zoo build resumes
             check_output_dir(value)
         else:
             check_write_target(value, kind, overwrite=getattr(args, "overwrite", False), name=f"--{attr.replace('_', '-')}")
@@ -567,6 +570,109 @@ def _cmd_train(args) -> int:
 
 
 
+# ------------------------------------------------------------------- pretraining
+def _parse_override(text: str) -> tuple[str, Any]:
+    if "=" not in text:
+        raise UsageError(f"--set {text!r} is not FIELD=VALUE (e.g. --set stride=8, --set compression=none)")
+    key, value = (part.strip() for part in text.split("=", 1))
+    if value.lower() in ("none", "null"):
+        return key, None
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
+def _pretrain_settings(args):
+    """The architecture and recipe a `pretrain` command asks for: --config, then --set and the flags."""
+    from phaseinterp.config import preset
+    from phaseinterp.train.pretrain import PretrainConfig
+    from phaseinterp.train.tokenizer import TextTokenizer
+
+    file = {}
+    if args.config is not None:
+        try:
+            file = json.loads(Path(args.config).read_text())
+        except FileNotFoundError:
+            raise UsageError(f"--config {args.config!r} does not exist") from None
+        except (OSError, ValueError) as err:
+            raise UsageError(f"--config {args.config!r} is not a readable JSON file ({err})") from None
+        if not isinstance(file, dict) or set(file) - {"model", "train"}:
+            raise UsageError(f'--config {args.config!r} must be a JSON object with "model" and/or "train" entries '
+                             f"(found: {sorted(file) if isinstance(file, dict) else type(file).__name__})")
+    model = dict(file.get("model", {}))
+    model.update(dict(_parse_override(t) for t in args.overrides))
+    tokenizer = TextTokenizer(args.tokenizer)
+    model.setdefault("d_vocab", tokenizer.vocab_size)
+    flags = dict(seq_len=args.seq_len, global_batch=args.global_batch, micro_batch=args.micro_batch, steps=args.steps,
+                 seed=args.seed, lr=args.lr, needle_fraction=args.needle_fraction, max_minutes=args.max_minutes)
+    train = {**file.get("train", {}), **{k: v for k, v in flags.items() if v is not None}}
+    if args.activation_checkpointing:
+        train["activation_checkpointing"] = True
+    if args.compile:
+        train["compile"] = True
+    tc = PretrainConfig.from_dict(train)
+    config = preset(args.preset, **model)
+    if config.n_ctx < tc.seq_len and "n_ctx" not in model:
+        config = config.replace(n_ctx=tc.seq_len)
+    config = config.replace(seed=tc.seed)
+    return config, tc
+
+
+def _cmd_pretrain(args) -> int:
+    """``phaseinterp pretrain``: every check and the tokenized corpus in this process, then the run here
+    (one process, or this is a torchrun worker) or under torchrun (``--nproc K``)."""
+    import os
+    import subprocess
+
+    from phaseinterp.train.pretrain import check_nproc, prepare, pretrain
+
+    config, tc = _pretrain_settings(args)
+    worker = "LOCAL_RANK" in os.environ
+    if not worker:
+        check_nproc(args.nproc)
+        if tc.global_batch % args.nproc:
+            raise UsageError(f"--global-batch {tc.global_batch} is not divisible by --nproc {args.nproc}")
+        prepare(config, args.data, args.tokenizer, tc, args.out, resume=args.resume)
+        if args.resume and not (Path(args.out) / "checkpoints" / "LATEST").is_file() and (
+                Path(args.out) / "curves.csv").is_file():
+            raise UsageError(f"--resume: --out {args.out!r} holds no checkpoint to resume from")
+    if args.nproc > 1 and not worker:
+        argv, skip = [], False
+        for a in sys.argv[1:]:  # the workers know their count from torchrun (and torchrun would read --nproc)
+            if skip or a.startswith("--nproc="):
+                skip = False
+                continue
+            if a == "--nproc":
+                skip = True
+                continue
+            argv.append(a)
+        if "--resume" not in argv:
+            argv.append("--resume")  # the settings were checked and recorded above; the workers continue them
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
+                   "-m", "phaseinterp", *argv]
+        return subprocess.call(command)
+    _keep_freed_memory()
+    # prepare() has checked and recorded the settings (here, or in the process that launched the workers)
+    result = pretrain(config, args.data, args.tokenizer, tc, out_dir=args.out, resume=True)
+    if result.model is not None and len(result.curves):
+        from phaseinterp.plot import pretrain_curves, save
+
+        save(pretrain_curves(result.curves), Path(args.out) / "curves.html")
+        last = result.curves.iloc[-1]
+        print(f"pretrained {config.label}: step {int(last.step)}, {int(last.tokens):,} tokens, loss {last.loss:.4f}; "
+              f"the folder {args.out} loads with phaseinterp.load and profiles with `phaseinterp profile {args.out}`")
+    return 0
+
+
+def _cmd_tokenizer(args) -> int:
+    from phaseinterp.train.tokenizer import train_tokenizer
+
+    out = train_tokenizer(args.data, args.vocab_size, args.out)
+    print(f"wrote {out / 'tokenizer.json'}")
+    return 0
+
+
 # ------------------------------------------------------------------- DeepSeek-V4 sizes and experiments
 def _check_deepseek_v4_config(config: Optional[str]) -> None:
     """memory-plan's CONFIG: a readable DeepSeek-V4 config.json (or a folder holding one); another
@@ -644,5 +750,5 @@ COMMANDS = {
     "demo": _cmd_demo, "report": _cmd_report, "check-report": _cmd_check_report, "screenshot": _cmd_screenshot,
     "profile": _cmd_profile, "ablate": _cmd_ablate, "cycle": _cmd_cycle, "gates": _cmd_gates, "merge": _cmd_merge,
     "conformance": _cmd_conformance, "train": _cmd_train, "zoo": _cmd_zoo, "memory-plan": _cmd_memory_plan,
-    "experiments": _cmd_experiments,
+    "experiments": _cmd_experiments, "pretrain": _cmd_pretrain, "tokenizer": _cmd_tokenizer,
 }

@@ -44,6 +44,7 @@ import einops
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from jaxtyping import Float, Int
 from torch import Tensor
 from transformer_lens.hook_points import HookPoint
@@ -200,7 +201,10 @@ class CompressedTransformer(HookedRootModule):
         self.hook_embed = HookPoint()
         self.blocks = nn.ModuleList([Block(self.cfg, layer) for layer in range(cfg.n_layers)])
         self.ln_final = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.W_U = nn.Parameter(torch.zeros(cfg.d_model, cfg.d_vocab))
+        if not cfg.tie_embeddings:
+            self.W_U = nn.Parameter(torch.zeros(cfg.d_model, cfg.d_vocab))
+        # An execution setting (not in the config): recompute each block in the backward pass.
+        self.activation_checkpointing = False
         self.reset_parameters(seed=cfg.seed)
         self.setup()
         self.cfg.device = str(self.W_E.device)
@@ -214,13 +218,25 @@ class CompressedTransformer(HookedRootModule):
         gen = torch.Generator().manual_seed(0 if seed is None else seed)
         std = self.cfg.init_std
         with torch.no_grad():
-            self.W_E.normal_(0.0, 1.0, generator=gen)
-            self.W_U.normal_(0.0, std, generator=gen)
+            if self.cfg.tie_embeddings:
+                self.W_E.normal_(0.0, std, generator=gen)
+            else:
+                self.W_E.normal_(0.0, 1.0, generator=gen)
+                self.W_U.normal_(0.0, std, generator=gen)
             for block in self.blocks:
                 block.attn.reset_parameters(gen, std)
                 block.mlp.W_gate.normal_(0.0, std, generator=gen)
                 block.mlp.W_in.normal_(0.0, std, generator=gen)
                 block.mlp.W_out.normal_(0.0, std / (2 * self.cfg.n_layers) ** 0.5, generator=gen)
+
+    @property
+    def W_U(self) -> Float[Tensor, "d_model d_vocab"]:
+        """The unembedding: its own parameter, or ``W_E.T`` when ``cfg.tie_embeddings``."""
+        if "W_U" in self._parameters:
+            return self._parameters["W_U"]
+        if self.cfg.tie_embeddings:
+            return self.W_E.T
+        raise AttributeError("W_U")
 
     def _apply(self, fn, *args, **kwargs):
         out = super()._apply(fn, *args, **kwargs)
@@ -284,9 +300,14 @@ class CompressedTransformer(HookedRootModule):
             raise UserInputError(f"tokens batch {tokens.shape[0]} does not match the cache's batch {cache.batch_size}")
         tokens = tokens.to(self.W_E.device).long()
         resid = self.hook_embed(self.W_E[tokens])
+        recompute = self.activation_checkpointing and cache is None and torch.is_grad_enabled()
         for layer, block in enumerate(self.blocks):
             layer_cache = cache.layers[layer] if cache is not None else None
-            resid, new_layer_cache = block(resid, layer_cache, start)
+            if recompute:  # the same block forward, hooks included, run again in the backward pass
+                resid, new_layer_cache = torch.utils.checkpoint.checkpoint(block, resid, None, start,
+                                                                           use_reentrant=False)
+            else:
+                resid, new_layer_cache = block(resid, layer_cache, start)
             if cache is not None:
                 cache.layers[layer] = new_layer_cache
         if cache is not None:
@@ -429,11 +450,22 @@ class CompressedTransformer(HookedRootModule):
         checkpoint there is replaced only with ``overwrite=True``, anything else never
         (`phaseinterp._files.check_write_target`).
         """
-        from safetensors.torch import save as save_bytes
-
         from phaseinterp._files import check_write_target, write_dir_atomically
 
         directory = check_write_target(directory, "phaseinterp checkpoint", overwrite=overwrite)
+        blob, config = self.checkpoint_files(metadata)
+
+        def write(folder: Path) -> None:
+            atomic_write(folder / WEIGHTS_FILE, blob)
+            atomic_write(folder / CONFIG_FILE, config)
+
+        return write_dir_atomically(directory, write)
+
+    def checkpoint_files(self, metadata: Optional[dict] = None) -> tuple[bytes, bytes]:
+        """The bytes of ``model.safetensors`` and of ``config.json`` (which records the weights' size
+        and SHA-256), as `save_pretrained` writes them."""
+        from safetensors.torch import save as save_bytes
+
         tensors = {k: v.detach().to("cpu").contiguous() for k, v in self.state_dict().items()}
         blob = save_bytes(tensors)
         meta = dict(self.metadata)
@@ -445,12 +477,7 @@ class CompressedTransformer(HookedRootModule):
             "weights_bytes": len(blob),
             "metadata": meta,
         }
-
-        def write(folder: Path) -> None:
-            atomic_write(folder / WEIGHTS_FILE, blob)
-            atomic_write(folder / CONFIG_FILE, json.dumps(config, indent=2, sort_keys=True).encode())
-
-        return write_dir_atomically(directory, write)
+        return blob, json.dumps(config, indent=2, sort_keys=True).encode()
 
     @classmethod
     def from_pretrained(

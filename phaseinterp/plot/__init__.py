@@ -12,6 +12,7 @@ from phaseinterp.plot.mechanisms import (
     gate_profile_figure,
     specialization_heatmap,
     style,
+    pretrain_curves,
     training_curves,
     unit_cycling_figure,
 )
@@ -27,6 +28,7 @@ __all__ = [
     "save",
     "specialization_heatmap",
     "style",
+    "pretrain_curves",
     "training_curves",
     "unit_cycling_figure",
 ]

@@ -250,6 +250,25 @@ def training_curves(curves: pd.DataFrame, log: pd.DataFrame | None = None, strid
     return style(fig, title or "Phase-resolved learning curves", width=1100 if with_loss else 700, height=440)
 
 
+def pretrain_curves(curves: pd.DataFrame, title: str | None = None) -> go.Figure:
+    """A pretraining run's ``curves.csv`` against training tokens: the loss (left) and the held-out
+    needle probe's mean accuracy and phase gap (best - worst phase; right)."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("training loss", "needle probe"))
+    smooth = curves.loss.rolling(20, min_periods=1).mean()
+    fig.add_trace(go.Scatter(x=curves.tokens, y=smooth, mode="lines", name="loss (20-step mean)",
+                             line=dict(color="#444")), row=1, col=1)
+    probed = curves.dropna(subset=["probe_mean"]) if "probe_mean" in curves else curves.iloc[:0]
+    for column, name, color in (("probe_mean", "mean accuracy", PALETTE[0]), ("probe_gap", "phase gap", PALETTE[1])):
+        if column in probed:
+            fig.add_trace(go.Scatter(x=probed.tokens, y=probed[column], mode="lines+markers", name=name,
+                                     line=dict(color=color)), row=1, col=2)
+    fig.update_xaxes(title_text="training tokens", row=1, col=1)
+    fig.update_xaxes(title_text="training tokens", row=1, col=2)
+    fig.update_yaxes(title_text="loss (nats/token)", row=1, col=1)
+    fig.update_yaxes(title_text="accuracy", range=[0, 1.02], row=1, col=2)
+    return style(fig, title or "Pretraining: loss and phase gap", width=1100, height=440)
+
+
 def confirm_figure(result, title: str | None = None) -> go.Figure:
     """`ConfirmResult` at a glance. Left: change of accuracy (pp) per unit x phase under each
     ablation method (mean replacement, resample, norm-matched mean), * where significant after

@@ -1,6 +1,6 @@
 """Phase-controlled tasks: key-value retrieval, needle retrieval, the docstring probe, the synthetic vocabulary.
 
-Modules: `retrieval` (KeyValueRetrieval), `needle` (NeedleRetrieval), `docstring`
+Modules: `retrieval` (KeyValueRetrieval), `needle` (NeedleRetrieval), `text_needle` (TextNeedle: natural-text haystacks), `docstring`
 (DocstringProbe), `placement` (the moment-matching solver), `layout` (records, fillers,
 padding), `splits` (seed streams and the evaluation/calibration parity), `batches`
 (TaskBatch, TrainBatch), `vocab` (Vocab, Tokenizer).
@@ -14,10 +14,11 @@ from phaseinterp.tasks.docstring import DocstringProbe, DocstringResult
 from phaseinterp.tasks.needle import NeedleRetrieval, TokenPools
 from phaseinterp.tasks.placement import TargetPlacement, exact_matching_possible, match_target_moments
 from phaseinterp.tasks.retrieval import KeyValueRetrieval
+from phaseinterp.tasks.text_needle import TextNeedle
 from phaseinterp.tasks.splits import mapping_split
 from phaseinterp.tasks.vocab import Tokenizer, Vocab
 
-_TASKS = {cls.__name__: cls for cls in (KeyValueRetrieval, NeedleRetrieval)}
+_TASKS = {cls.__name__: cls for cls in (KeyValueRetrieval, NeedleRetrieval, TextNeedle)}
 
 
 def task_from_dict(d: dict[str, Any]) -> KeyValueRetrieval | NeedleRetrieval:
@@ -52,6 +53,7 @@ __all__ = [
     "KeyValueRetrieval",
     "NeedleRetrieval",
     "TargetPlacement",
+    "TextNeedle",
     "TaskBatch",
     "TokenPools",
     "Tokenizer",

@@ -1,0 +1,513 @@
+"""Next-token pretraining of `CompressedTransformer` (or its full twin) on natural text, on one process
+or many (``torchrun``; FSDP2 ``fully_shard`` per block, ``torch.distributed.checkpoint``).
+
+The batch of step ``s`` is a pure function of ``(seed, s)``: global row ``i`` is the packed window
+`corpus.window_starts` draws from ``(seed, s, i)`` (or, for the first ``needle_fraction`` of the
+rows, a natural-text needle prompt seeded the same way), and each process takes its contiguous
+share of the rows. The loss of a step is the mean next-token cross-entropy over every token of the
+global batch, however the rows are split into processes and micro-batches, so one process and
+several train the same model to float tolerance and a resumed run equals an uninterrupted one.
+
+A run folder (``out_dir``) holds ``pretrain.json`` (the recipe), ``data/`` (the tokenized corpus),
+``checkpoints/step_N/`` (distributed checkpoints, loadable on any process count; ``LATEST`` names
+the newest complete one), ``curves.csv`` (step, tokens, loss, lr, tokens/s and, every
+``probe_every`` steps, the held-out needle probe's mean, worst and best phase accuracy and gap),
+``probe.csv`` (the probe per residue) and, at the end, ``config.json`` + ``model.safetensors``: the
+folder then loads with ``phaseinterp.load(out_dir)`` and profiles on its stored `TextNeedle` task.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from phaseinterp._checks import check_int
+from phaseinterp._files import atomic_write, check_write_target, progress_bar
+from phaseinterp.config import CompressedConfig
+from phaseinterp.errors import UserInputError
+from phaseinterp.models.transformer import CompressedTransformer
+from phaseinterp.parallel.launch import Launch, init_distributed, rank_device
+from phaseinterp.phase import check_residue_modulus
+from phaseinterp.tasks.text_needle import TextNeedle
+from phaseinterp.train.corpus import TokenizedCorpus, packed_rows, tokenize_corpus
+from phaseinterp.train.tokenizer import TextTokenizer
+
+RUN_FILE = "pretrain.json"
+CURVES_FILE = "curves.csv"
+PROBE_FILE = "probe.csv"
+STATE_FILE = "train_state.json"
+KIND = "pretraining run"
+# Execution settings: they change speed or memory, not the numbers a step computes (beyond float
+# summation order), so a resume may change them.
+EXECUTION_FIELDS = ("micro_batch", "activation_checkpointing", "compile", "max_minutes", "progress_every")
+
+
+@dataclass(frozen=True)
+class PretrainConfig:
+    """The recipe of a pretraining run (everything but the architecture, the data and the tokenizer).
+
+    ``global_batch`` sequences of ``seq_len`` tokens per optimizer step, over all processes;
+    ``micro_batch`` sequences per forward on each process (default: the process's whole share), the
+    rest by gradient accumulation. AdamW, linear warm-up over ``warmup_steps`` then cosine decay to
+    ``min_lr_ratio * lr`` at ``steps``, gradient clipping at ``grad_clip``. ``needle_fraction`` of each
+    batch's rows are natural-text needle prompts (`TextNeedle.training_rows`; 0 = pure text).
+    ``bf16``: autocast to bfloat16 on CUDA (ignored on CPU). ``max_minutes`` ends the run early after
+    that much wall time (checkpointed, resumable)."""
+
+    seq_len: int = 512
+    global_batch: int = 16
+    micro_batch: Optional[int] = None
+    steps: int = 1000
+    seed: int = 0
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 50
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float = 1.0
+    needle_fraction: float = 0.0
+    heldout_fraction: float = 0.02
+    probe_every: int = 100
+    probe_per_residue: int = 8
+    probe_seed: int = 12345
+    checkpoint_every: int = 100
+    activation_checkpointing: bool = False
+    compile: bool = False
+    bf16: bool = True
+    max_minutes: Optional[float] = None
+    progress_every: int = 10
+
+    def __post_init__(self) -> None:
+        for name in ("seq_len", "global_batch", "steps", "probe_every", "probe_per_residue", "checkpoint_every",
+                     "progress_every"):
+            check_int(name, getattr(self, name), 1)
+        check_int("seed", self.seed, 0)
+        check_int("warmup_steps", self.warmup_steps, 0)
+        if self.micro_batch is not None:
+            check_int("micro_batch", self.micro_batch, 1)
+        object.__setattr__(self, "betas", tuple(self.betas))
+        for name, lo, hi in (("needle_fraction", 0.0, 1.0), ("min_lr_ratio", 0.0, 1.0),
+                             ("heldout_fraction", 1e-6, 0.5)):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not (lo <= value <= hi):
+                raise UserInputError(f"{name}={value!r} is out of range [{lo}, {hi}]")
+        for name in ("lr", "grad_clip"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not (value > 0 and math.isfinite(value)):
+                raise UserInputError(f"{name}={value!r} must be a finite number > 0")
+        if not (isinstance(self.weight_decay, (int, float)) and self.weight_decay >= 0):
+            raise UserInputError(f"weight_decay={self.weight_decay!r} must be >= 0")
+        if self.max_minutes is not None and not (isinstance(self.max_minutes, (int, float)) and self.max_minutes > 0):
+            raise UserInputError(f"max_minutes={self.max_minutes!r} must be > 0 (or None: run every step)")
+
+    def lr_at(self, step: int) -> float:
+        if step < self.warmup_steps:
+            return self.lr * (step + 1) / self.warmup_steps
+        progress = (step - self.warmup_steps) / max(1, self.steps - self.warmup_steps)
+        return self.lr * (self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "PretrainConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise UserInputError(f"unknown PretrainConfig fields {unknown}; valid fields: {sorted(known)}")
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class PretrainResult:
+    """A finished (or stopped) run: the model (full weights, on rank 0; None elsewhere), its curves."""
+
+    model: Optional[CompressedTransformer]
+    out_dir: Optional[Path]
+    curves: pd.DataFrame
+    probe: pd.DataFrame
+
+
+# ------------------------------------------------------------------ checks
+def check_model_for_text(config: CompressedConfig, tokenizer: TextTokenizer, seq_len: int) -> None:
+    """The architecture can be pretrained on this tokenizer at this length, or a one-line refusal."""
+    if config.d_vocab < tokenizer.vocab_size:
+        raise UserInputError(f"d_vocab={config.d_vocab} is smaller than the tokenizer's vocabulary "
+                             f"({tokenizer.vocab_size} tokens in {tokenizer.folder})")
+    if config.is_compressed and seq_len % config.stride:
+        raise UserInputError(f"seq_len={seq_len} is not a multiple of the stride S={config.stride} (valid: "
+                             f"{config.stride}, {2 * config.stride}, ...; nearest {max(1, round(seq_len / config.stride)) * config.stride})")
+    if config.n_ctx < seq_len:
+        raise UserInputError(f"seq_len={seq_len} is longer than the model's n_ctx={config.n_ctx}")
+
+
+def check_nproc(nproc: Any) -> int:
+    """``nproc`` processes fit this machine: at most one per CUDA device, or per CPU core without CUDA."""
+    check_int("nproc", nproc, 1)
+    if torch.cuda.is_available():
+        limit, what = torch.cuda.device_count(), "CUDA devices"
+    else:
+        limit, what = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(), "CPU cores"
+    if nproc > limit:
+        raise UserInputError(f"nproc={nproc} is more than this machine's {limit} {what} (valid: 1..{limit})")
+    return nproc
+
+
+def _differences(old: dict, new: dict, ignore=()) -> list[str]:
+    old, new = json.loads(json.dumps(old)), json.loads(json.dumps(new))
+    return [k for k in sorted(set(old) | set(new)) if k not in ignore and old.get(k) != new.get(k)]
+
+
+def check_resume(out: Path, record: dict) -> None:
+    """A resume continues the same run: architecture, recipe (execution settings aside), data and tokenizer."""
+    was = json.loads((out / RUN_FILE).read_text())
+    for part, ignore in (("model", ("seed",)), ("train", EXECUTION_FIELDS), ("data", ()), ("tokenizer", ())):
+        keys = _differences(was.get(part, {}), record[part], ignore)
+        if keys:
+            shown = ", ".join(f"{k}: {was.get(part, {}).get(k)!r} -> {record[part].get(k)!r}" for k in keys)
+            raise UserInputError(f"--resume: the run in {out} has another {part} ({shown}); a resume keeps the "
+                                 "run's settings (start a new --out instead)")
+
+
+# ------------------------------------------------------------------ the run
+def probe_settings(config: CompressedConfig, seq_len: int) -> dict:
+    """The needle probe's geometry for ``seq_len``-token prompts: residues mod 24 (mod 2 S when the
+    prompts are shorter than 256 tokens or S does not divide 24), a target band of a third of the prompt
+    (at most 120 positions) and up to 8 records."""
+    stride = config.stride
+    residues = 24 if (24 % stride == 0 and seq_len >= 256) else 2 * stride
+    return dict(seq_len=seq_len, residue_modulus=residues, n_records=max(4, min(8, seq_len // 32)),
+                target_window=min(120, max(3 * residues, seq_len // 3)))
+
+
+def _probe_task(tokenizer: TextTokenizer, heldout: Optional[np.ndarray], config: CompressedConfig,
+                tc: PretrainConfig) -> TextNeedle:
+    """The held-out needle probe; with ``heldout=None`` a stand-in filler checks the geometry before
+    the corpus is read."""
+    settings = probe_settings(config, tc.seq_len)
+    if heldout is None:
+        keys, values = TextNeedle.pieces(tokenizer)
+        task = TextNeedle(key_ids=keys, value_ids=values, separator_ids=(0,), filler_text=(0,) * (tc.seq_len + 1),
+                          **settings)
+    else:
+        task = TextNeedle.from_tokenizer(tokenizer, heldout, **settings)
+    check_residue_modulus(task.residue_modulus, config.stride)
+    return task
+
+
+def prepare(config: CompressedConfig, data: Union[str, Path], tokenizer: Union[str, Path], tc: PretrainConfig,
+            out_dir: Union[str, Path], *, resume: bool = False, progress: bool = True) -> dict:
+    """Everything checked and prepared before a process group starts: the tokenizer, the model against
+    it, the output folder (writable; a previous run only with ``resume``, and then the same settings),
+    the tokenized corpus (``out_dir/data``) and the needle probe. Returns the run record."""
+    tok = TextTokenizer(tokenizer)
+    check_model_for_text(config, tok, tc.seq_len)
+    _probe_task(tok, None, config, tc)  # a vocabulary or length that cannot hold the probe, before any reading
+    out = check_write_target(out_dir, KIND, overwrite=resume, name="out", flag="--resume (resume=True) to continue it")
+    from phaseinterp.train.corpus import fingerprint, source_files
+
+    source_files(data)  # a path with no text is refused before anything is written
+    record = {"model": config.to_dict(), "train": tc.to_dict(),
+              "data": {"source": str(Path(data).resolve()), "fingerprint": fingerprint(data)},
+              "tokenizer": {"folder": str(Path(tokenizer).resolve()), "sha256": tok.sha256}}
+    resuming = resume and (out / RUN_FILE).is_file()
+    if resuming:
+        check_resume(out, record)
+    corpus = tokenize_corpus(data, tok, out / "data", heldout_fraction=tc.heldout_fraction, progress=progress)
+    if corpus.manifest["train_tokens"] <= tc.seq_len:
+        raise UserInputError(f"data={str(data)!r} has {corpus.manifest['train_tokens']} training tokens; a "
+                             f"seq_len={tc.seq_len} window needs more")
+    _probe_task(tok, corpus.tokens("heldout"), config, tc)  # enough held-out text for the probe
+    if not resuming:
+        atomic_write(out / RUN_FILE, json.dumps(record, indent=2, sort_keys=True).encode())
+    return record
+
+
+def _rows_of(launch: Launch, global_batch: int) -> range:
+    share = global_batch // launch.world_size
+    return range(launch.rank * share, (launch.rank + 1) * share)
+
+
+def _batch(rows: range, step: int, tc: PretrainConfig, train_tokens: np.ndarray,
+           needle: TextNeedle) -> torch.Tensor:
+    """The rows ``rows`` of step ``step``'s global batch, ``[len(rows), seq_len + 1]``."""
+    n_needle = int(round(tc.needle_fraction * tc.global_batch))
+    parts = []
+    for i in rows:
+        if i < n_needle:
+            row_seed = int(np.random.SeedSequence([tc.seed, step, i]).generate_state(1)[0])
+            parts.append(needle.training_rows(1, row_seed, train_tokens))
+        else:
+            parts.append(packed_rows(train_tokens, tc.seq_len, tc.seed, step, range(i, i + 1)))
+    return torch.cat(parts)
+
+
+def _wrap(model: CompressedTransformer, tc: PretrainConfig, launch: Launch, device: torch.device):
+    model.activation_checkpointing = tc.activation_checkpointing
+    if tc.compile:
+        for block in model.blocks:
+            block.compile()
+    if launch.world_size > 1:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+                  if device.type == "cuda" and tc.bf16 else MixedPrecisionPolicy())
+        for block in model.blocks:
+            fully_shard(block, mp_policy=policy)
+        fully_shard(model, mp_policy=policy)
+    return model
+
+
+def _optimizer(model, tc: PretrainConfig) -> torch.optim.Optimizer:
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "W_E" not in n]
+    rest = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "W_E" not in n)]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": tc.weight_decay},
+                              {"params": rest, "weight_decay": 0.0}], lr=tc.lr, betas=tc.betas)
+
+
+def _latest(root: Path) -> Optional[Path]:
+    pointer = root / "LATEST"
+    if not pointer.is_file():
+        return None
+    path = root / pointer.read_text().strip()
+    if not (path / STATE_FILE).is_file():
+        raise UserInputError(f"{pointer} names {path}, which is not a complete checkpoint")
+    return path
+
+
+def _barrier(launch: Launch) -> None:
+    if launch.world_size > 1:
+        torch.distributed.barrier()
+
+
+def _save(root: Path, model, optimizer, step: int, rows: list, probe_rows: list, launch: Launch) -> None:
+    """A distributed checkpoint written into a temporary folder, renamed to ``step_N`` and named by
+    ``LATEST`` (atomic): a crash leaves ``LATEST`` naming a complete checkpoint."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    name = f"step_{step:06d}"
+    tmp = root / f".{name}.tmp"
+    if launch.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    _barrier(launch)
+    model_state, optim_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tmp))
+    _barrier(launch)
+    if launch.is_main:
+        atomic_write(tmp / STATE_FILE, json.dumps({"step": step, "curves": rows, "probe": probe_rows,
+                                                   "world_size": launch.world_size}).encode())
+        final = root / name
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        previous = (root / "LATEST").read_text().strip() if (root / "LATEST").is_file() else None
+        atomic_write(root / "LATEST", name.encode())
+        for old in root.glob("step_*"):
+            if old.name not in (name, previous):
+                shutil.rmtree(old, ignore_errors=True)
+    _barrier(launch)
+
+
+def _load(ckpt: Path, model, optimizer) -> tuple[int, list, list]:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_state, optim_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optim": optim_state}
+    dcp.load(state, checkpoint_id=str(ckpt))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    saved = json.loads((ckpt / STATE_FILE).read_text())
+    return saved["step"], saved["curves"], saved["probe"]
+
+
+def _full_model(model, config: CompressedConfig, launch: Launch) -> Optional[CompressedTransformer]:
+    """The full weights gathered on rank 0, as a CPU `CompressedTransformer` (None on other ranks)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if not launch.is_main:
+        return None
+    full = CompressedTransformer(config)
+    full.load_state_dict({k: v.detach().float().cpu() for k, v in state.items()})
+    return full.eval()
+
+
+def _probe(model, batch, stride: int, step: int, tokens_seen: int, launch: Launch, device) -> list[dict]:
+    """Top-1 accuracy of the probe's answers per residue; the prompts are split over the processes."""
+    from phaseinterp.parallel.launch import all_gather
+
+    was = model.training
+    model.eval()
+    n = batch.tokens.shape[0]
+    per = -(-n // launch.world_size)
+    mine = range(launch.rank * per, min(n, (launch.rank + 1) * per))
+    correct = []
+    with torch.no_grad():
+        for i in range(mine.start, mine.stop, 8):
+            j = min(i + 8, mine.stop)
+            logits = model(batch.tokens[i:j].to(device))[:, -1]  # the full forward: FSDP's hooks run on the root
+            correct.extend((logits.argmax(-1).cpu() == batch.answer[i:j]).tolist())
+        if launch.world_size > 1 and not mine:  # a rank without prompts still takes part in FSDP's collectives
+            model(batch.tokens[:1].to(device))
+    model.train(was)
+    gathered = [c for part in all_gather(correct, launch) for c in part]
+    frame = pd.DataFrame({"residue": batch.meta["residue"].to_numpy(), "correct": np.asarray(gathered, dtype=float)})
+    return [dict(step=step, tokens=tokens_seen, residue=int(r), phase=int(r) % stride,
+                 accuracy=float(g.correct.mean()), n=int(len(g))) for r, g in frame.groupby("residue")]
+
+
+def _probe_summary(rows: list[dict]) -> dict:
+    frame = pd.DataFrame(rows)
+    by_phase = frame.groupby("phase").apply(lambda g: np.average(g.accuracy, weights=g.n), include_groups=False)
+    return {"probe_mean": float(np.average(frame.accuracy, weights=frame.n)), "probe_worst": float(by_phase.min()),
+            "probe_best": float(by_phase.max()), "probe_gap": float(by_phase.max() - by_phase.min())}
+
+
+def pretrain(config: CompressedConfig, data: Union[str, Path], tokenizer: Union[str, Path],
+             train_config: Optional[PretrainConfig] = None, *, out_dir: Union[str, Path], resume: bool = False,
+             progress: bool = True, stop_after: Optional[int] = None, **overrides: Any) -> PretrainResult:
+    """Pretrain ``config`` on ``data`` with ``tokenizer`` (module docstring); ``overrides`` replace fields
+    of ``train_config``. Run it as is for one process, or under ``torchrun`` (``phaseinterp pretrain
+    --nproc K``) for several: each process joins the group, FSDP2 shards every block. ``stop_after``
+    ends after that many steps (checkpointed; for tests of resume).
+
+    Refused before any step, one line each: a data path with no text, a tokenizer folder without
+    tokenizer.json, a vocabulary larger than ``d_vocab`` or too small for the needle probe, a
+    ``seq_len`` not a multiple of the stride or above ``n_ctx``, a ``global_batch`` not divisible by
+    the process count (times ``micro_batch``), and a resume whose settings differ (naming the field)."""
+    tc = dataclasses.replace(train_config or PretrainConfig(), **overrides)
+    launch = init_distributed()
+    share = tc.global_batch // launch.world_size
+    if tc.global_batch % launch.world_size:
+        raise UserInputError(f"global_batch={tc.global_batch} is not divisible by the {launch.world_size} processes")
+    micro = tc.micro_batch or share
+    if share % micro:
+        raise UserInputError(f"micro_batch={micro} does not divide each process's {share} rows (global_batch="
+                             f"{tc.global_batch} over {launch.world_size} processes)")
+    out = Path(out_dir)
+    if launch.is_main:
+        error = None
+        try:
+            prepare(config, data, tokenizer, tc, out, resume=resume, progress=progress)
+        except UserInputError as err:
+            error = str(err)
+    else:
+        error = None
+    from phaseinterp.parallel.launch import raise_any
+
+    raise_any(error, launch)
+    tok = TextTokenizer(tokenizer)
+    corpus = tokenize_corpus(data, tok, out / "data", heldout_fraction=tc.heldout_fraction, progress=False)
+    train_tokens = corpus.tokens("train")
+    needle = _probe_task(tok, corpus.tokens("heldout"), config, tc)
+    probe_batch = needle.generate(tc.probe_per_residue, seed=tc.probe_seed, strict=False)
+
+    device = rank_device(launch)
+    model = CompressedTransformer(config).to(device)
+    model.train()
+    model = _wrap(model, tc, launch, device)
+    optimizer = _optimizer(model, tc)
+    ckpt_root = out / "checkpoints"
+    start, rows, probe_rows = 0, [], []
+    latest = _latest(ckpt_root) if resume else None
+    if latest is not None:
+        start, rows, probe_rows = _load(latest, model, optimizer)
+    if start > tc.steps:
+        raise UserInputError(f"--resume: the run is at step {start}, beyond steps={tc.steps}")
+    end = tc.steps if stop_after is None else min(tc.steps, start + stop_after)
+    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" and tc.bf16
+                else torch.autocast(device.type, enabled=False))
+    my_rows = _rows_of(launch, tc.global_batch)
+    tokens_per_step = tc.global_batch * tc.seq_len
+    bar = progress_bar(progress and launch.is_main, tc.steps, "pretrain", initial=start, leave=True)
+    t_start = time.time()
+    step = start
+    try:
+        for step in range(start, end):
+            t0 = time.time()
+            for group in optimizer.param_groups:
+                group["lr"] = tc.lr_at(step)
+            batch = _batch(my_rows, step, tc, train_tokens, needle)
+            loss_sum = torch.zeros((), device=device)
+            for i in range(0, share, micro):
+                chunk = batch[i : i + micro].to(device)
+                with autocast:
+                    logits = model(chunk[:, :-1])
+                loss = F.cross_entropy(logits.float().flatten(0, 1), chunk[:, 1:].flatten(), reduction="sum")
+                (loss / (share * tc.seq_len)).backward()
+                loss_sum += loss.detach()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if launch.world_size > 1:
+                torch.distributed.all_reduce(loss_sum)
+            mean_loss = loss_sum.item() / tokens_per_step
+            if not math.isfinite(mean_loss):
+                raise RuntimeError(f"loss became {mean_loss} at step {step}; the last good checkpoint is in {ckpt_root}")
+            done = step + 1
+            seconds = time.time() - t0
+            row = dict(step=done, tokens=done * tokens_per_step, loss=mean_loss, lr=tc.lr_at(step),
+                       tokens_per_s=tokens_per_step / seconds, seconds=time.time() - t_start)
+            if done % tc.probe_every == 0 or done == tc.steps:
+                new = _probe(model, probe_batch, config.stride, done, done * tokens_per_step, launch, device)
+                probe_rows.extend(new)
+                row.update(_probe_summary(new))
+            rows.append(row)
+            if bar is not None:
+                bar.update(1)
+                if done % tc.progress_every == 0:
+                    recent = rows[-tc.progress_every:]
+                    bar.set_postfix(loss=f"{np.mean([r['loss'] for r in recent]):.3f}",
+                                    tok_s=f"{np.mean([r['tokens_per_s'] for r in recent]):.0f}")
+            out_of_time = tc.max_minutes is not None and (time.time() - t_start) / 60 >= tc.max_minutes
+            if launch.world_size > 1:  # every rank stops at the same step
+                flag = torch.tensor(float(out_of_time), device=device)
+                torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+                out_of_time = bool(flag.item())
+            if done % tc.checkpoint_every == 0 or done == end or out_of_time:
+                _save(ckpt_root, model, optimizer, done, rows, probe_rows, launch)
+                if launch.is_main:
+                    _write_tables(out, rows, probe_rows)
+            if out_of_time:
+                break
+    finally:
+        if bar is not None:
+            bar.close()
+    full = _full_model(model, config, launch)
+    if launch.is_main:
+        _write_tables(out, rows, probe_rows)
+        full.metadata.update({"task": needle.to_dict(), "task_type": "TextNeedle", "pretrain": tc.to_dict(),
+                              "step": rows[-1]["step"] if rows else start, "tokens": rows[-1]["tokens"] if rows else 0,
+                              "tokenizer": str(Path(tokenizer).resolve())})
+        _write_model(out, full)
+    _barrier(launch)
+    return PretrainResult(full, out, pd.DataFrame(rows), pd.DataFrame(probe_rows))
+
+
+def _write_tables(out: Path, rows: list, probe_rows: list) -> None:
+    atomic_write(out / CURVES_FILE, pd.DataFrame(rows).to_csv(index=False).encode())
+    atomic_write(out / PROBE_FILE, pd.DataFrame(probe_rows).to_csv(index=False).encode())
+
+
+def _write_model(out: Path, model: CompressedTransformer) -> None:
+    """``config.json`` + ``model.safetensors`` into the run folder (weights first: each file is renamed into
+    place, and a crash between the two leaves a checksum mismatch that loading reports)."""
+    blob, config = model.checkpoint_files()
+    from phaseinterp.models.transformer import CONFIG_FILE, WEIGHTS_FILE
+
+    atomic_write(out / WEIGHTS_FILE, blob)
+    atomic_write(out / CONFIG_FILE, config)
