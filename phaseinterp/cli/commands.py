@@ -634,9 +634,6 @@ def _cmd_pretrain(args) -> int:
         if tc.global_batch % args.nproc:
             raise UsageError(f"--global-batch {tc.global_batch} is not divisible by --nproc {args.nproc}")
         prepare(config, args.data, args.tokenizer, tc, args.out, resume=args.resume)
-        if args.resume and not (Path(args.out) / "checkpoints" / "LATEST").is_file() and (
-                Path(args.out) / "curves.csv").is_file():
-            raise UsageError(f"--resume: --out {args.out!r} holds no checkpoint to resume from")
     if args.nproc > 1 and not worker:
         argv, skip = [], False
         for a in sys.argv[1:]:  # the workers know their count from torchrun (and torchrun would read --nproc)

@@ -100,6 +100,11 @@ class TextNeedle(NeedleRetrieval):
                                  f"{self.seq_len}")
         self._geometry(self.pools())
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "TextNeedle":
+        d = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}  # JSON gives lists
+        return super().from_dict(d)
+
     @property
     def d_vocab_needed(self) -> int:
         return 1 + max(max(self.key_ids), max(self.value_ids), max(self.separator_ids, default=0),

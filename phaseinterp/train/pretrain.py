@@ -18,12 +18,14 @@ folder then loads with ``phaseinterp.load(out_dir)`` and profiles on its stored 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import os
 import shutil
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -38,7 +40,7 @@ from phaseinterp._files import atomic_write, check_write_target, progress_bar
 from phaseinterp.config import CompressedConfig
 from phaseinterp.errors import UserInputError
 from phaseinterp.models.transformer import CompressedTransformer
-from phaseinterp.parallel.launch import Launch, init_distributed, rank_device
+from phaseinterp.parallel.launch import Launch, init_distributed, launch_info, rank_device
 from phaseinterp.phase import check_residue_modulus
 from phaseinterp.tasks.text_needle import TextNeedle
 from phaseinterp.train.corpus import TokenizedCorpus, packed_rows, tokenize_corpus
@@ -292,6 +294,15 @@ def _barrier(launch: Launch) -> None:
         torch.distributed.barrier()
 
 
+@contextlib.contextmanager
+def _single_process_quiet(launch: Launch):
+    """DCP warns that it "assumes the intent" of a single process when no group runs: here it is meant."""
+    with warnings.catch_warnings():
+        if launch.world_size == 1:
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
 def _save(root: Path, model, optimizer, step: int, rows: list, probe_rows: list, launch: Launch) -> None:
     """A distributed checkpoint written into a temporary folder, renamed to ``step_N`` and named by
     ``LATEST`` (atomic): a crash leaves ``LATEST`` naming a complete checkpoint."""
@@ -305,7 +316,8 @@ def _save(root: Path, model, optimizer, step: int, rows: list, probe_rows: list,
         tmp.mkdir(parents=True)
     _barrier(launch)
     model_state, optim_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tmp))
+    with _single_process_quiet(launch):
+        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tmp))
     _barrier(launch)
     if launch.is_main:
         atomic_write(tmp / STATE_FILE, json.dumps({"step": step, "curves": rows, "probe": probe_rows,
@@ -328,7 +340,8 @@ def _load(ckpt: Path, model, optimizer) -> tuple[int, list, list]:
 
     model_state, optim_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optim": optim_state}
-    dcp.load(state, checkpoint_id=str(ckpt))
+    with _single_process_quiet(launch_info()):
+        dcp.load(state, checkpoint_id=str(ckpt))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     saved = json.loads((ckpt / STATE_FILE).read_text())
     return saved["step"], saved["curves"], saved["probe"]

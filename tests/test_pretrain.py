@@ -1,0 +1,295 @@
+"""Pretraining on natural text (phaseinterp.train.pretrain): corpus readers, the tokenizer, the
+natural-text needle, exact resume, 1 vs 2 processes (torchrun, gloo, FSDP2), checkpoints across
+process counts, presets, and the bad inputs refused before any process starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from phaseinterp.config import PRESETS, parameter_count, preset
+from phaseinterp.errors import UserInputError
+
+ENV = {**os.environ, "PYTHONWARNINGS": "ignore", "PHASEINTERP_NO_PROGRESS": "1", "OMP_NUM_THREADS": "1"}
+
+
+def _paragraphs() -> list[str]:
+    """English text from the standard library's own documentation (pydoc's topics): on every Python."""
+    from pydoc_data.topics import topics
+
+    return [p for k in sorted(topics) for p in topics[k].split("\n\n") if len(p) > 80]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> dict:
+    from phaseinterp.train.tokenizer import train_tokenizer
+
+    root = tmp_path_factory.mktemp("corpus")
+    data = root / "topics.jsonl"
+    data.write_text("".join(json.dumps({"text": p}) + "\n" for p in _paragraphs()))
+    tokenizer = train_tokenizer(data, 1024, root / "tokenizer", progress=False)
+    return {"data": data, "tokenizer": tokenizer, "root": root}
+
+
+def _recipe(**changes):
+    from phaseinterp.train.pretrain import PretrainConfig
+
+    settings = dict(seq_len=64, global_batch=4, steps=20, lr=3e-3, warmup_steps=5, probe_every=10,
+                    probe_per_residue=1, checkpoint_every=10, needle_fraction=0.25)
+    return PretrainConfig(**{**settings, **changes})
+
+
+def _cli(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "phaseinterp", *args], capture_output=True, text=True, env=ENV,
+                          timeout=timeout)
+
+
+def _pretrain_args(corpus, out, *extra) -> list[str]:
+    return ["pretrain", "--preset", "tiny", "--data", str(corpus["data"]), "--tokenizer", str(corpus["tokenizer"]),
+            "--seq-len", "64", "--global-batch", "4", "--steps", "20", "--needle-fraction", "0.25",
+            "--config", str(_config_file(out.parent)), "--out", str(out), *extra]
+
+
+def _config_file(folder: Path) -> Path:
+    path = folder / "recipe.json"
+    path.write_text(json.dumps({"train": {"warmup_steps": 5, "probe_every": 10, "probe_per_residue": 1,
+                                          "checkpoint_every": 10}}))
+    return path
+
+
+# ------------------------------------------------------------------ data
+def test_every_source_kind_reads_the_same_documents(tmp_path):
+    from phaseinterp.train.corpus import documents
+
+    texts = ["first document, plain prose.", "second one\nwith two lines.", "third."]
+    (tmp_path / "txt").mkdir()
+    for i, t in enumerate(texts):
+        (tmp_path / "txt" / f"{i}.txt").write_text(t)
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    assert [t for _, t in documents(tmp_path / "txt")] == texts
+    assert [t for _, t in documents(tmp_path / "c.jsonl")] == texts
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": texts}), tmp_path / "c.parquet")
+    assert [t for _, t in documents(tmp_path / "c.parquet")] == texts
+    datasets = pytest.importorskip("datasets")
+    datasets.Dataset.from_dict({"text": texts}).save_to_disk(str(tmp_path / "ds"))
+    assert [t for _, t in documents(tmp_path / "ds")] == texts
+
+
+def test_batch_rows_are_a_function_of_seed_and_step_not_of_the_split():
+    from phaseinterp.train.corpus import packed_rows
+
+    tokens = np.arange(10_000, dtype=np.uint32)
+    whole = packed_rows(tokens, 32, seed=3, step=7, rows=range(0, 8))
+    halves = torch.cat([packed_rows(tokens, 32, 3, 7, range(0, 4)), packed_rows(tokens, 32, 3, 7, range(4, 8))])
+    assert torch.equal(whole, halves) and whole.shape == (8, 33)
+    assert torch.equal(whole[:, 1:] - whole[:, :-1], torch.ones(8, 32, dtype=torch.long))  # contiguous windows
+    assert not torch.equal(whole, packed_rows(tokens, 32, 3, 8, range(0, 8)))
+    assert not torch.equal(whole, packed_rows(tokens, 32, 4, 7, range(0, 8)))
+
+
+def test_tokenized_corpus_is_reused_and_splits_documents(corpus, tmp_path):
+    from phaseinterp.train.corpus import tokenize_corpus
+    from phaseinterp.train.tokenizer import TextTokenizer
+
+    tok = TextTokenizer(corpus["tokenizer"])
+    first = tokenize_corpus(corpus["data"], tok, tmp_path / "cache", progress=False)
+    mtime = (tmp_path / "cache" / "train.bin").stat().st_mtime_ns
+    again = tokenize_corpus(corpus["data"], tok, tmp_path / "cache", progress=False)
+    assert (tmp_path / "cache" / "train.bin").stat().st_mtime_ns == mtime and again.manifest == first.manifest
+    m = first.manifest
+    assert m["train_tokens"] > 100_000 and m["heldout_tokens"] > 1000 and m["heldout_documents"] >= 1
+    text = tok.decode(first.tokens("heldout")[:200].tolist())
+    assert any(w in text for w in (" the ", " a ", " is ")), text  # English, decoded back
+
+
+def test_trained_tokenizer_loads_in_transformers(corpus):
+    transformers = pytest.importorskip("transformers")
+    from phaseinterp.train.tokenizer import TextTokenizer
+
+    ours = TextTokenizer(corpus["tokenizer"])
+    theirs = transformers.AutoTokenizer.from_pretrained(str(corpus["tokenizer"]))
+    text = "The return statement leaves the current function call."
+    assert theirs.encode(text, add_special_tokens=False) == ours.encode(text)
+    assert ours.eos_id == theirs.eos_token_id
+
+
+# ------------------------------------------------------------------ the needle in text
+def test_text_needle_sets_records_into_held_out_text(corpus, tmp_path):
+    from phaseinterp.tasks import TextNeedle, resolve_task
+    from phaseinterp.train.corpus import tokenize_corpus
+    from phaseinterp.train.tokenizer import TextTokenizer
+
+    tok = TextTokenizer(corpus["tokenizer"])
+    heldout = tokenize_corpus(corpus["data"], tok, tmp_path / "cache", progress=False).tokens("heldout")
+    task = TextNeedle.from_tokenizer(tok, heldout, seq_len=256, residue_modulus=8, target_window=60)
+    batch = task.generate(32, seed=0, stride=4)
+    assert batch.tokens.shape == (8 * 32, 256)
+    moments = batch.meta.groupby("residue").target_pos.agg(["mean", "std"])
+    assert moments["mean"].max() - moments["mean"].min() <= 0.5  # position statistics held fixed
+    keys, values = set(task.key_ids), set(task.value_ids)
+    for row, meta in zip(batch.tokens[:8], batch.meta.itertuples()):
+        p = meta.target_pos
+        assert set(row[p : p + 2].tolist()) <= keys and set(row[p + 2 : p + 4].tolist()) <= values
+        assert row[p + 2].item() == meta.answer  # the first value token is the answer
+        assert row[-2:].tolist() == row[p : p + 2].tolist()  # the prompt ends with the target's key
+    text = np.asarray(task.filler_text)
+    row = batch.tokens[0].numpy()
+    plain = row[[t not in keys | values for t in row]]
+    # the filler is corpus text: most 4-grams of the non-record tokens occur in the held-out text
+    grams = {tuple(text[i : i + 4]) for i in range(len(text) - 3)}
+    hits = np.mean([tuple(plain[i : i + 4]) in grams for i in range(len(plain) - 3)])
+    assert hits > 0.8, hits
+    rows = task.training_rows(4, seed=1, text=np.arange(1000, 3000) % 1000)
+    assert rows.shape == (4, 257)
+    assert TextNeedle.from_dict(json.loads(json.dumps(task.to_dict()))) == task
+
+    class Stored:
+        metadata = {"task": task.to_dict(), "task_type": "TextNeedle"}
+
+    assert resolve_task(Stored()) == task
+
+
+def test_a_vocabulary_without_words_cannot_hold_the_needle(tmp_path):
+    from phaseinterp.tasks import TextNeedle
+    from phaseinterp.train.tokenizer import TextTokenizer, train_tokenizer
+
+    (tmp_path / "d.txt").write_text("0123456789 " * 500)
+    tok = TextTokenizer(train_tokenizer(tmp_path / "d.txt", 300, tmp_path / "tok", progress=False))
+    with pytest.raises(UserInputError, match="single-token lowercase words; the needle task needs"):
+        TextNeedle.pieces(tok)
+
+
+# ------------------------------------------------------------------ presets
+def test_presets_and_their_parameter_counts():
+    qwen = parameter_count(preset("qwen3-0.6b"))
+    assert 0.5e9 <= qwen <= 0.7e9, qwen
+    assert 0.5e9 <= parameter_count(preset("qwen3-0.6b", compression=None)) <= qwen
+    assert 0.08e9 <= parameter_count(preset("qwen3-100m")) <= 0.13e9
+    cfg = preset("qwen3-0.6b", stride=4, window=8, n_kv_heads=1, gate="vector")
+    assert (cfg.stride, cfg.window, cfg.n_kv_heads, cfg.gate, cfg.n_layers) == (4, 8, 1, "vector", 28)
+    with pytest.raises(UserInputError, match="preset='qwen9' is not one of"):
+        preset("qwen9")
+    with pytest.raises(UserInputError, match=r"preset overrides \['strid'\] are not CompressedConfig fields"):
+        preset("tiny", strid=4)
+    assert set(PRESETS) >= {"tiny", "cpu-small", "qwen3-100m", "qwen3-0.6b"}
+
+
+def test_tied_embeddings_unembed_with_the_embedding():
+    from phaseinterp.models import CompressedTransformer
+
+    model = CompressedTransformer(preset("tiny"))
+    assert "W_U" not in dict(model.named_parameters())
+    assert model.W_U.data_ptr() == model.W_E.data_ptr() and model.W_U.shape == (32, 512)
+    tokens = torch.randint(0, 512, (2, 16))
+    assert torch.allclose(model(tokens)[:, -1], model.last_logits(tokens), atol=1e-5)
+
+
+# ------------------------------------------------------------------ runs
+def test_resume_at_step_10_equals_the_uninterrupted_run(corpus, tmp_path):
+    from phaseinterp.train.pretrain import pretrain
+
+    cfg = preset("tiny", d_vocab=1024)
+    whole = pretrain(cfg, corpus["data"], corpus["tokenizer"], _recipe(), out_dir=tmp_path / "whole", progress=False)
+    pretrain(cfg, corpus["data"], corpus["tokenizer"], _recipe(), out_dir=tmp_path / "cut", progress=False,
+             stop_after=10)
+    resumed = pretrain(cfg, corpus["data"], corpus["tokenizer"], _recipe(), out_dir=tmp_path / "cut", resume=True,
+                       progress=False)
+    assert len(resumed.curves) == 20 and resumed.curves.step.tolist() == list(range(1, 21))
+    np.testing.assert_allclose(resumed.curves.loss, whole.curves.loss, rtol=1e-5)
+    for name, value in whole.model.state_dict().items():
+        torch.testing.assert_close(resumed.model.state_dict()[name], value, rtol=1e-5, atol=1e-6)
+    assert whole.curves.loss.iloc[-5:].mean() < whole.curves.loss.iloc[:5].mean()  # it learns
+    probe = pd.read_csv(tmp_path / "whole" / "probe.csv")
+    assert set(probe.step) == {10, 20} and set(probe.phase) == set(range(4))
+
+
+def test_a_run_folder_loads_and_profiles_like_a_zoo_model(corpus, tmp_path):
+    import phaseinterp as pi
+    from phaseinterp.train.pretrain import pretrain
+
+    pretrain(preset("tiny", d_vocab=1024), corpus["data"], corpus["tokenizer"], _recipe(steps=4),
+             out_dir=tmp_path / "run", progress=False)
+    model = pi.load(tmp_path / "run")
+    assert model.metadata["task_type"] == "TextNeedle" and model.metadata["step"] == 4
+    profile = pi.phase_profile(model, n_per_residue=64)
+    assert len(profile.residue_accuracy) == 8 and profile.stride == 4 and 0 <= profile.to_dict()["mean"] <= 1
+    cli = _cli("profile", str(tmp_path / "run"), "--n-per-residue", "64")
+    assert cli.returncode == 0, cli.stderr
+
+
+@pytest.mark.slow
+def test_one_and_two_processes_give_the_same_losses_and_a_two_process_checkpoint_resumes_on_one(corpus, tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    first = _cli(*_pretrain_args(corpus, one))
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = _cli(*_pretrain_args(corpus, two, "--nproc", "2", "--steps", "20"))
+    assert second.returncode == 0, second.stderr[-3000:]
+    a, b = pd.read_csv(one / "curves.csv"), pd.read_csv(two / "curves.csv")
+    assert len(a) == len(b) == 20
+    np.testing.assert_allclose(b.loss, a.loss, rtol=2e-3)
+    assert (one / "curves.html").is_file()
+    # stopped by 2 processes at step 10, resumed by 1
+    cut = tmp_path / "cut"
+    stop = _cli(*_pretrain_args(corpus, cut, "--nproc", "2", "--max-minutes", "1e-9"))
+    assert stop.returncode == 0, stop.stderr[-3000:]
+    state = json.loads(next((cut / "checkpoints").glob("step_*/train_state.json")).read_text())
+    assert state["world_size"] == 2 and state["step"] == 1
+    resumed = _cli(*_pretrain_args(corpus, cut, "--resume"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    c = pd.read_csv(cut / "curves.csv")
+    np.testing.assert_allclose(c.loss, a.loss, rtol=2e-3)
+
+
+# ------------------------------------------------------------------ bad inputs
+@pytest.mark.slow
+def test_bad_inputs_are_one_line_before_any_process_starts(corpus, tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "notok").mkdir()
+    (tmp_path / "blank.txt").write_text("   \n\n")
+    base = _pretrain_args(corpus, tmp_path / "run")
+
+    def refused(args, match):
+        result = _cli(*args, timeout=120)
+        assert result.returncode == 2, (args, result.stderr[-2000:])
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and match in lines[0], (match, result.stderr)
+        assert not (tmp_path / "run" / "checkpoints").exists()
+
+    def swap(flag, value):
+        args = list(base)
+        args[args.index(flag) + 1] = value
+        return args
+
+    refused(swap("--data", str(tmp_path / "empty")), "no text, JSONL or parquet files")
+    refused(swap("--data", str(tmp_path / "blank.txt")), "holds no text")
+    refused(swap("--tokenizer", str(tmp_path / "notok")), "has no tokenizer.json")
+    refused(base + ["--nproc", "999"], "nproc=999 is more than this machine's")
+    refused(swap("--seq-len", "66"), "seq_len=66 is not a multiple of the stride S=4")
+    refused(base + ["--set", "d_vocab=100"], "d_vocab=100 is smaller than the tokenizer's vocabulary")
+    small = tmp_path / "small-tok"
+    from phaseinterp.train.tokenizer import train_tokenizer
+
+    (tmp_path / "digits.txt").write_text("0123456789 " * 500)
+    train_tokenizer(tmp_path / "digits.txt", 300, small, progress=False)
+    refused(swap("--tokenizer", str(small)), "the needle task needs >= 32")
+    # --resume with a changed setting names the field
+    done = _cli(*_pretrain_args(corpus, tmp_path / "run2", "--steps", "2"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    changed = _cli(*_pretrain_args(corpus, tmp_path / "run2", "--steps", "2", "--resume", "--set", "stride=2",
+                                   "--set", "window=2"))
+    assert changed.returncode == 2 and "another model (stride: 4 -> 2, window: 4 -> 2)" in changed.stderr
+    lr = _cli(*_pretrain_args(corpus, tmp_path / "run2", "--steps", "2", "--resume", "--lr", "0.1"))
+    assert lr.returncode == 2 and "another train (lr: 0.003 -> 0.1)" in lr.stderr
+    again = _cli(*_pretrain_args(corpus, tmp_path / "run2", "--steps", "2"))
+    assert again.returncode == 2 and "already holds a pretraining run" in again.stderr
