@@ -655,7 +655,7 @@ def _cmd_pretrain(args) -> int:
     if result.model is not None and len(result.curves):
         from phaseinterp.plot import pretrain_curves, save
 
-        save(pretrain_curves(result.curves), Path(args.out) / "curves.html")
+        save(pretrain_curves(result.curves), Path(args.out) / "curves.html", overwrite=True)  # the run's own figure
         last = result.curves.iloc[-1]
         print(f"pretrained {config.label}: step {int(last.step)}, {int(last.tokens):,} tokens, loss {last.loss:.4f}; "
               f"the folder {args.out} loads with phaseinterp.load and profiles with `phaseinterp profile {args.out}`")
