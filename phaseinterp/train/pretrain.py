@@ -43,7 +43,7 @@ from phaseinterp.models.transformer import CompressedTransformer
 from phaseinterp.parallel.launch import Launch, init_distributed, launch_info, rank_device
 from phaseinterp.phase import check_residue_modulus
 from phaseinterp.tasks.text_needle import TextNeedle
-from phaseinterp.train.corpus import TokenizedCorpus, packed_rows, tokenize_corpus
+from phaseinterp.train.corpus import packed_rows, tokenize_corpus
 from phaseinterp.train.tokenizer import TextTokenizer
 
 RUN_FILE = "pretrain.json"
@@ -390,6 +390,35 @@ def _probe_summary(rows: list[dict]) -> dict:
             "probe_best": float(by_phase.max()), "probe_gap": float(by_phase.max() - by_phase.min())}
 
 
+def autocast_for(device: torch.device, bf16: bool = True):
+    """bfloat16 autocast on CUDA (when ``bf16``), none elsewhere."""
+    if device.type == "cuda" and bf16:
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return torch.autocast(device.type, enabled=False)
+
+
+def train_step(model, optimizer: torch.optim.Optimizer, rows: torch.Tensor, *, micro: int, grad_clip: float,
+               autocast) -> torch.Tensor:
+    """One optimizer step on this process's ``rows`` (``[n, seq_len + 1]`` token ids), ``micro`` rows per
+    forward: the gradient of the mean next-token loss over all ``n * seq_len`` targets (each micro-batch's
+    summed loss scaled by the process's token count; FSDP's reduction then averages the processes),
+    clipped at ``grad_clip``. Returns the summed loss of the rows (detached)."""
+    device = next(model.parameters()).device
+    n, width = rows.shape
+    total = torch.zeros((), device=device)
+    for i in range(0, n, micro):
+        chunk = rows[i : i + micro].to(device)
+        with autocast:
+            logits = model(chunk[:, :-1])
+        loss = F.cross_entropy(logits.float().flatten(0, 1), chunk[:, 1:].flatten(), reduction="sum")
+        (loss / (n * (width - 1))).backward()
+        total += loss.detach()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return total
+
+
 def pretrain(config: CompressedConfig, data: Union[str, Path], tokenizer: Union[str, Path],
              train_config: Optional[PretrainConfig] = None, *, out_dir: Union[str, Path], resume: bool = False,
              progress: bool = True, stop_after: Optional[int] = None, **overrides: Any) -> PretrainResult:
@@ -442,8 +471,7 @@ def pretrain(config: CompressedConfig, data: Union[str, Path], tokenizer: Union[
     if start > tc.steps:
         raise UserInputError(f"--resume: the run is at step {start}, beyond steps={tc.steps}")
     end = tc.steps if stop_after is None else min(tc.steps, start + stop_after)
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" and tc.bf16
-                else torch.autocast(device.type, enabled=False))
+    autocast = autocast_for(device, tc.bf16)
     my_rows = _rows_of(launch, tc.global_batch)
     tokens_per_step = tc.global_batch * tc.seq_len
     bar = progress_bar(progress and launch.is_main, tc.steps, "pretrain", initial=start, leave=True)
@@ -455,17 +483,7 @@ def pretrain(config: CompressedConfig, data: Union[str, Path], tokenizer: Union[
             for group in optimizer.param_groups:
                 group["lr"] = tc.lr_at(step)
             batch = _batch(my_rows, step, tc, train_tokens, needle)
-            loss_sum = torch.zeros((), device=device)
-            for i in range(0, share, micro):
-                chunk = batch[i : i + micro].to(device)
-                with autocast:
-                    logits = model(chunk[:, :-1])
-                loss = F.cross_entropy(logits.float().flatten(0, 1), chunk[:, 1:].flatten(), reduction="sum")
-                (loss / (share * tc.seq_len)).backward()
-                loss_sum += loss.detach()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            loss_sum = train_step(model, optimizer, batch, micro=micro, grad_clip=tc.grad_clip, autocast=autocast)
             if launch.world_size > 1:
                 torch.distributed.all_reduce(loss_sum)
             mean_loss = loss_sum.item() / tokens_per_step
