@@ -9,6 +9,9 @@
     phaseinterp gates   MODEL                                     -> phaseinterp.gate_profile
     phaseinterp report  MODEL [--twin MODEL] --out DIR            -> phaseinterp.report.build_report
     phaseinterp train   --out DIR [architecture and run options]  -> phaseinterp.train.train
+    phaseinterp pretrain --preset NAME --data PATH --tokenizer DIR --out DIR [--nproc K] [--resume]
+                                                  -> phaseinterp.train.pretrain
+    phaseinterp tokenizer train --data PATH --vocab-size N --out DIR -> phaseinterp.train.train_tokenizer
     phaseinterp zoo list [--markdown] | build NAME                -> phaseinterp.zoo
     phaseinterp zoo export NAME --layout deepseek [--fp8 [--fp8-scales pow2|exact]] [--experts fp4|fp8|float] --out DIR
                                                   -> phaseinterp.models.hf.export

@@ -1,7 +1,10 @@
-"""Training from scratch on CPU: both model families' loops.
+"""Training from scratch: both model families' loops, and pretraining on natural text.
 
 - `phaseinterp.train.compressed`: the own `CompressedTransformer` (`train`, `TrainConfig`,
   curricula, task mixtures, exact resume, phase-resolved curves);
+- `phaseinterp.train.pretrain`: next-token pretraining on natural text (`pretrain`, `PretrainConfig`), one
+  process or FSDP2 under torchrun, distributed checkpoints; `corpus` (local text, JSONL, parquet, saved
+  datasets -> a memory-mapped token file) and `tokenizer` (`TextTokenizer`, `train_tokenizer`);
 - `phaseinterp.train.deepseek_v4`: the tiny Hugging Face DeepSeek-V4s (`train_tiny`, with the
   Lightning Indexer's KL loss); their recipes live in `phaseinterp.zoo.deepseek_v4`.
 
@@ -18,6 +21,8 @@ from phaseinterp.train.compressed import (
     train,
 )
 from phaseinterp.train.deepseek_v4 import train_tiny
+from phaseinterp.train.pretrain import PretrainConfig, PretrainResult, pretrain
+from phaseinterp.train.tokenizer import TextTokenizer, train_tokenizer
 
-__all__ = ["CurriculumStage", "TrainConfig", "TrainResult", "TrainingDiverged", "latest_checkpoint", "periodic_rows",
-           "train", "train_tiny"]
+__all__ = ["CurriculumStage", "PretrainConfig", "PretrainResult", "TextTokenizer", "TrainConfig", "TrainResult",
+           "TrainingDiverged", "latest_checkpoint", "periodic_rows", "pretrain", "train", "train_tiny", "train_tokenizer"]
