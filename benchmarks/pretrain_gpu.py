@@ -44,8 +44,8 @@ def main(argv=None) -> int:
         print("pretrain_gpu: no CUDA device on this machine (torch.cuda.is_available() is False); this benchmark "
               "needs one", file=sys.stderr)
         return 2
-    from phaseinterp.config import parameter_count, preset
-    from phaseinterp.models import CompressedTransformer
+    from phaseinterp.config import preset
+    from phaseinterp.models import CompressedTransformer, parameter_count
     from phaseinterp.train.pretrain import PretrainConfig, _optimizer, autocast_for, train_step
 
     device = torch.device("cuda")

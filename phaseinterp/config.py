@@ -281,13 +281,3 @@ def preset(name: str, **overrides: Any) -> CompressedConfig:
         raise UserInputError(f"preset overrides {unknown} are not CompressedConfig fields; valid fields: {sorted(known)}")
     return CompressedConfig(**{**PRESETS[name], **overrides})
 
-
-def parameter_count(config: CompressedConfig) -> int:
-    """Parameters of ``CompressedTransformer(config)``, counted without building it (meta device)."""
-    import torch
-
-    from phaseinterp.models.transformer import CompressedTransformer
-
-    with torch.device("meta"):
-        model = CompressedTransformer(config)
-    return sum(p.numel() for p in model.parameters())

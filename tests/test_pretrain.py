@@ -15,7 +15,8 @@ import pandas as pd
 import pytest
 import torch
 
-from phaseinterp.config import PRESETS, parameter_count, preset
+from phaseinterp.config import PRESETS, preset
+from phaseinterp.models import parameter_count
 from phaseinterp.errors import UserInputError
 
 ENV = {**os.environ, "PYTHONWARNINGS": "ignore", "PHASEINTERP_NO_PROGRESS": "1", "OMP_NUM_THREADS": "1"}

@@ -542,3 +542,10 @@ class CompressedTransformer(HookedRootModule):
             model.to(device)
         return model
 
+
+
+def parameter_count(config: CompressedConfig) -> int:
+    """Parameters of ``CompressedTransformer(config)``, counted on the meta device (no memory)."""
+    with torch.device("meta"):
+        model = CompressedTransformer(config)
+    return sum(p.numel() for p in model.parameters())
