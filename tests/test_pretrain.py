@@ -197,6 +197,64 @@ def test_tied_embeddings_unembed_with_the_embedding():
 
 
 # ------------------------------------------------------------------ runs
+def test_micro_batches_and_activation_checkpointing_compute_the_same_step():
+    from phaseinterp.models import CompressedTransformer
+    from phaseinterp.train.pretrain import PretrainConfig, _optimizer, autocast_for, train_step
+
+    rows = torch.randint(0, 512, (4, 33), generator=torch.Generator().manual_seed(1))
+    cpu = autocast_for(torch.device("cpu"))
+    states, losses = [], []
+    for micro, recompute in ((4, False), (1, False), (2, True)):
+        model = CompressedTransformer(preset("tiny")).train()
+        model.activation_checkpointing = recompute
+        optimizer = _optimizer(model, PretrainConfig())
+        losses.append(train_step(model, optimizer, rows, micro=micro, grad_clip=1.0, autocast=cpu).item())
+        states.append(model.state_dict())
+    assert losses[0] == pytest.approx(losses[1], rel=1e-6) == pytest.approx(losses[2], rel=1e-6)
+    for other in states[1:]:
+        for name, value in states[0].items():
+            torch.testing.assert_close(other[name], value, rtol=1e-4, atol=1e-5)  # one AdamW step of float noise
+
+
+def test_activation_checkpointing_keeps_a_users_hook_and_saves_less():
+    from phaseinterp.models import CompressedTransformer
+
+    tokens = torch.randint(0, 512, (2, 16))
+    grads, saved = [], []
+    for recompute in (False, True):
+        model = CompressedTransformer(preset("tiny")).train()
+        model.activation_checkpointing = recompute
+        model.blocks[0].hook_resid_post.add_hook(lambda x, hook: x * 0.5)
+        count = [0]
+
+        def pack(t):
+            count[0] += 1
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = model(tokens, return_type="loss")
+        loss.backward()
+        grads.append((loss.item(), model.W_E.grad.clone()))
+        saved.append(count[0])
+    assert grads[0][0] == pytest.approx(grads[1][0], rel=1e-6)
+    torch.testing.assert_close(grads[1][1], grads[0][1], rtol=1e-5, atol=1e-7)
+    assert saved[1] < saved[0] / 2, saved  # the blocks' intermediates are recomputed, not kept
+
+
+def test_text_needle_prefix_padding_keeps_the_moments(corpus, tmp_path):
+    from phaseinterp.tasks import TextNeedle
+    from phaseinterp.train.corpus import tokenize_corpus
+    from phaseinterp.train.tokenizer import TextTokenizer
+
+    tok = TextTokenizer(corpus["tokenizer"])
+    heldout = tokenize_corpus(corpus["data"], tok, tmp_path / "cache", progress=False).tokens("heldout")
+    task = TextNeedle.from_tokenizer(tok, heldout, seq_len=256, residue_modulus=8, target_window=60, padding="prefix")
+    batch = task.generate(32, seed=0, stride=4)
+    moments = batch.meta.groupby("residue").target_pos.agg(["mean", "std"])
+    assert moments["mean"].max() - moments["mean"].min() <= 0.5
+    assert set(batch.meta.padding) == {"prefix"}
+
+
 def test_resume_at_step_10_equals_the_uninterrupted_run(corpus, tmp_path):
     from phaseinterp.train.pretrain import pretrain
 
