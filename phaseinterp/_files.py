@@ -35,8 +35,9 @@ def normal_mode(directory: bool = False) -> int:
 def atomic_write(path: Path, data: bytes) -> None:
     """Write ``data`` to a temporary file beside ``path``, fsync, then rename over ``path``:
     readers see the old file or the new one, never a truncated one. The file gets the mode a
-    plain ``open(path, "w")`` would (0o666 less the umask), not the temporary file's 0o600."""
-    path = Path(path)
+    plain ``open(path, "w")`` would (0o666 less the umask), not the temporary file's 0o600. A
+    symbolic link at ``path`` stays: the file it points to is replaced (`through_links`)."""
+    path = through_links(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
@@ -104,7 +105,19 @@ def check_output_dir(path: Union[str, os.PathLike], name: str = "output director
         raise UserInputError(f"{name}={str(path)!r} cannot be created: {str(probe)!r} is a file")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise UserInputError(f"{name}={str(path)!r} is not writable ({str(probe)!r} denies write access)")
+    try:  # os.access says yes to root everywhere; a folder made and removed at once is the real test
+        os.rmdir(tempfile.mkdtemp(dir=probe, prefix=".phaseinterp-write-test-"))
+    except OSError as err:
+        raise UserInputError(f"{name}={str(path)!r} is not writable: a folder cannot be made in {str(probe)!r} "
+                             f"({err.strerror})") from None
     return path
+
+
+def through_links(path: Union[str, os.PathLike]) -> Path:
+    """``path`` with a symbolic link at its end followed (to the file or folder it points to): writers
+    replace what the link names, never the link itself, so a user's link stays a link."""
+    path = Path(path)
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
 
 
 # ------------------------------------------------------------ saved objects
@@ -174,7 +187,9 @@ def check_write_target(path: Union[str, os.PathLike], kind: str, *, overwrite: b
     `HookedDeepseekV4.save_pretrained`, `phaseinterp.models.hf.export.export_release` (zoo export),
     `phaseinterp.report.build_report` (reports), the shard folders of `phaseinterp.parallel` (``runs._run``)
     (``kind="shard folder"``: a folder of the same run is resumed, which its run header checks) and
-    `phaseinterp.train.train` ``out_dir`` (``kind="training run"``: resumed with ``resume=True``).
+    `phaseinterp.train.train` ``out_dir`` (``kind="training run"``: resumed with ``resume=True``),
+    `phaseinterp.train.pretrain.prepare` (``pretrain``'s ``out_dir``, ``kind="pretraining run"``, resumed the
+    same way) and `phaseinterp.train.tokenizer.train_tokenizer` (``kind="tokenizer"``).
     """
     target = check_output_dir(path, name)
     held = saved_kind(target)
@@ -223,7 +238,7 @@ def write_file_atomically(path: Union[str, os.PathLike], data: Union[bytes, str,
     the same folder, then moved into place in one step; a failure or interrupt leaves no partial file
     and ``path`` as it was. An existing file is replaced only with ``overwrite`` (`check_file_target`,
     checked again at the move: without ``overwrite`` a file that appeared meanwhile is not replaced)."""
-    path = check_file_target(path, overwrite=overwrite, name=name)
+    path = through_links(check_file_target(path, overwrite=overwrite, name=name))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_file_beside(path)
     try:
@@ -268,8 +283,9 @@ def move_file_into_place(tmp: Path, path: Path, *, overwrite: bool = False, name
 
 def staging_dir(final: Path) -> Path:
     """An empty hidden folder beside ``final`` (same file system, so a rename moves it into place),
-    with the mode a plain ``mkdir`` would give (not mkdtemp's 0o700)."""
-    final = Path(final)
+    with the mode a plain ``mkdir`` would give (not mkdtemp's 0o700). Beside the folder a link at
+    ``final`` points to, where there is one (`through_links`)."""
+    final = through_links(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     path = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp"))
     os.chmod(path, normal_mode(directory=True))
@@ -279,8 +295,9 @@ def staging_dir(final: Path) -> Path:
 def move_into_place(staging: Path, final: Path) -> None:
     """Move the finished folder ``staging`` to ``final``. A previous folder there is exchanged with
     the new one in one atomic step where the system allows it (`exchange_paths`), then deleted;
-    elsewhere it is moved aside first (two renames: for an instant ``final`` is missing)."""
-    final = Path(final)
+    elsewhere it is moved aside first (two renames: for an instant ``final`` is missing). A link at
+    ``final`` is never moved: the folder it points to is (`through_links`)."""
+    final = through_links(final)
     if final.exists() and exchange_paths(staging, final):
         shutil.rmtree(staging, ignore_errors=True)  # now holds the previous folder
     elif final.exists():
@@ -295,8 +312,9 @@ def move_into_place(staging: Path, final: Path) -> None:
 def write_dir_atomically(final: Union[str, os.PathLike], write: Callable[[Path], Any]) -> Path:
     """Call ``write(staging)`` on an empty sibling folder of ``final``, then move it into place
     (`move_into_place`): a reader sees the previous folder or the complete new one, and a failure
-    or interrupt leaves ``final`` as it was. Check ``final`` first with `check_write_target`."""
-    final = Path(final)
+    or interrupt leaves ``final`` as it was. Check ``final`` first with `check_write_target`. A symbolic
+    link at ``final`` stays a link: the folder it points to is the one replaced (`through_links`)."""
+    final = through_links(final)
     staging = staging_dir(final)
     try:
         write(staging)

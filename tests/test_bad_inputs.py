@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 from pathlib import Path
 
@@ -495,6 +496,41 @@ def _write_training_run(model, target, overwrite=False):
                  progress=False)
 
 
+_TEXT = []
+
+
+def _text_corpus() -> tuple[Path, Path]:
+    """A small English corpus (pydoc's topics) and a 1024-token BPE trained on it, made once."""
+    if not _TEXT:
+        import tempfile
+
+        from pydoc_data.topics import topics
+
+        from phaseinterp.train.tokenizer import train_tokenizer
+
+        root = Path(tempfile.mkdtemp(prefix="phaseinterp-text-"))
+        data = root / "topics.jsonl"
+        data.write_text("".join(json.dumps({"text": p}) + "\n" for k in sorted(topics)
+                                for p in topics[k].split("\n\n") if len(p) > 80))
+        _TEXT.append((data, train_tokenizer(data, 1024, root / "tokenizer", progress=False)))
+    return _TEXT[0]
+
+
+def _write_pretraining_run(model, target, overwrite=False):
+    from phaseinterp.config import preset
+    from phaseinterp.train.pretrain import PretrainConfig, prepare
+
+    data, tokenizer = _text_corpus()
+    return prepare(preset("tiny", d_vocab=1024), data, tokenizer, PretrainConfig(seq_len=64), target,
+                   resume=overwrite, progress=False)
+
+
+def _write_tokenizer(model, target, overwrite=False):
+    from phaseinterp.train.tokenizer import train_tokenizer
+
+    return train_tokenizer(_text_corpus()[0], 300, target, overwrite=overwrite, progress=False)
+
+
 _DSV4 = []
 
 
@@ -517,6 +553,8 @@ WRITERS = {
     "phaseinterp.report.build:build_report": (_write_report, "report", False),  # twice: test_report_page (slow)
     "phaseinterp.parallel.runs:_run": (_write_shards, "shard folder", False),  # a rerun resumes: test_distributed
     "phaseinterp.train.compressed:train": (_write_training_run, "training run", True),
+    "phaseinterp.train.pretrain:prepare": (_write_pretraining_run, "pretraining run", True),
+    "phaseinterp.train.tokenizer:train_tokenizer": (_write_tokenizer, "tokenizer", True),
 }
 # Writers outside the rule, each with the reason. Internal helpers write only into a folder a
 # listed writer has just made (a report's staging folder, a result's new folder).
@@ -544,6 +582,9 @@ WRITERS_EXEMPT = {
     "phaseinterp.results:Result._write": "fills the new folder Result.save's write_dir_atomically made",
     "phaseinterp.report.sections.mechanisms:_unit_cycling": "CSV files inside a report's staging folder",
     "phaseinterp.engines.answers:_write_batch": "a batch file inside an engine profile's journal",
+    "phaseinterp.train.pretrain:_write_tables": "curves.csv / probe.csv inside the run folder prepare checked",
+    "phaseinterp.train.pretrain:_write_model": "config.json + model.safetensors inside the run folder prepare checked",
+    "phaseinterp._files:through_links": "a path helper (follows a link at the end of a path)",
 }
 _PATH_ARGS = {"directory", "out", "out_dir", "output_dir", "path", "png", "dest", "target"}
 _WRITES = ("atomic_write", "save_pretrained(", ".mkdir(", "write_text(", "write_bytes(", "to_csv(", "os.replace",
@@ -643,9 +684,42 @@ def test_a_writer_replaces_its_own_kind_only_with_overwrite(writer, model, tmp_p
     assert (target / "marker.txt").is_file()
     write(model, target, overwrite=True)
     assert saved_kind(target) == kind
-    if kind != "training run":  # a resumed run continues in its folder; the others are replaced whole
+    if kind not in ("training run", "pretraining run"):  # a resumed run continues in its folder; the others are
+        # replaced whole
         assert not (target / "marker.txt").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t"], "a staging folder was left behind"
+
+
+@pytest.mark.parametrize("writer", sorted(w for w, (_, _, cheap) in WRITERS.items() if cheap))
+def test_a_writer_writes_through_a_link_and_never_moves_it(writer, model, tmp_path):
+    """--out naming a symbolic link to a folder: the folder it points to is written (or replaced, with
+    overwrite); the link stays a link to it, and nothing is left beside either."""
+    from phaseinterp._files import saved_kind
+
+    write, kind, _ = WRITERS[writer]
+    real, link = tmp_path / "real", tmp_path / "link"
+    real.mkdir()
+    link.symlink_to(real, target_is_directory=True)
+    write(model, link)
+    assert link.is_symlink() and Path(os.readlink(link)) == real and saved_kind(real) == kind
+    write(model, link, overwrite=True)
+    assert link.is_symlink() and Path(os.readlink(link)) == real and saved_kind(real) == kind
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "real"], "a staging folder or moved link was left"
+
+
+@pytest.mark.parametrize("writer", sorted(WRITERS))
+def test_a_writer_refuses_an_unwritable_place_before_any_work(writer, model, monkeypatch):
+    """/proc accepts no new folder (even for root, whom os.access always answers yes): refused at once,
+    naming the path, before the work (the work is patched to fail loudly if it is reached)."""
+    from phaseinterp.errors import UserInputError
+
+    write, _, _ = WRITERS[writer]
+    target = Path("/proc") / "phaseinterp-cannot-write-here"
+    if not Path("/proc").is_dir():
+        pytest.skip("no /proc on this system")
+    with pytest.raises(UserInputError, match="is not writable") as info:
+        write(model, target)
+    assert str(target) in str(info.value)
 
 
 def test_every_out_verb_refuses_without_overwrite(model, checkpoint, tmp_path, capsys):
@@ -1044,3 +1118,19 @@ def test_engine_journal_refuses_a_folder_that_is_not_one(tmp_path, model):
             engine_answers(engine, _journal_batch(), batch_size=4, resume_dir=folder, progress=False)
         assert held in str(info.value) and engine.calls == 0
     assert _snapshot(tmp_path) == before
+
+
+def test_a_file_writer_replaces_what_a_link_points_to_and_keeps_the_link(tmp_path, monkeypatch):
+    """A figure path that is a link to the user's file: with overwrite the file it points to is replaced, the
+    link stays; without overwrite nothing changes."""
+    from phaseinterp.errors import UserInputError
+
+    real, link = tmp_path / "real.html", tmp_path / "link.html"
+    real.write_text("old figure")
+    link.symlink_to(real)
+    with pytest.raises(UserInputError, match="already exists"):
+        _write_figure_html(link, False, monkeypatch, False)
+    assert real.read_text() == "old figure"
+    _write_figure_html(link, True, monkeypatch, False)
+    assert link.is_symlink() and "plotly" in real.read_text().lower()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.html", "real.html"]

@@ -70,9 +70,10 @@ def train_tokenizer(data: Union[str, Path], vocab_size: int, out: Union[str, Pat
                     progress: bool = True) -> Path:
     """Train a byte-level BPE of ``vocab_size`` tokens (``<|endoftext|>`` included) on ``data``
     (any source `corpus.documents` reads) and write ``tokenizer.json`` + ``tokenizer_config.json``
-    into ``out``, a folder transformers' ``AutoTokenizer`` and `TextTokenizer` both load."""
+    into ``out``, a folder transformers' ``AutoTokenizer`` and `TextTokenizer` both load. ``out`` must be
+    new or empty; a previous tokenizer there is replaced (whole, atomically) only with ``overwrite``."""
     from phaseinterp._checks import check_int
-    from phaseinterp._files import atomic_write, check_write_target
+    from phaseinterp._files import atomic_write, check_write_target, write_dir_atomically
     from phaseinterp.train.corpus import documents, source_files
 
     check_int("vocab_size", vocab_size, 260, 1 << 20, why="byte-level BPE needs the 256 bytes and the special token")
@@ -89,10 +90,12 @@ def train_tokenizer(data: Union[str, Path], vocab_size: int, out: Union[str, Pat
     tok.train_from_iterator((text for _, text in documents(data)), trainer=trainer)
     if tok.get_vocab_size() <= 257:
         raise UserInputError(f"data={str(data)!r} holds no text to train a tokenizer on")
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write(out / TOKENIZER_FILE, tok.to_str().encode())
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": END_OF_TEXT, "bos_token": None,
               "unk_token": None, "pad_token": END_OF_TEXT, "model_max_length": 1 << 20,
               "clean_up_tokenization_spaces": False}
-    atomic_write(out / "tokenizer_config.json", json.dumps(config, indent=2).encode())
-    return out
+
+    def write(folder: Path) -> None:
+        atomic_write(folder / TOKENIZER_FILE, tok.to_str().encode())
+        atomic_write(folder / "tokenizer_config.json", json.dumps(config, indent=2).encode())
+
+    return write_dir_atomically(out, write)
