@@ -22,13 +22,14 @@ numpy, pandas and the file helpers; plotly is imported inside ``_repr_html_``.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import html
 import io
 import json
 import math
 import os
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 import numpy as np
 import pandas as pd
@@ -155,7 +156,9 @@ class Result:
                 meta["fields"][f.name] = _encode(value)
         buf = io.BytesIO()
         np.savez(buf, **arrays)
-        atomic_write(directory / ARRAYS_FILE, buf.getvalue())
+        blob = buf.getvalue()
+        meta["content_sha256"] = _content_hash(meta, blob)
+        atomic_write(directory / ARRAYS_FILE, blob)
         atomic_write(directory / META_FILE, json.dumps(meta, indent=1, allow_nan=False).encode())
 
     @classmethod
@@ -187,6 +190,10 @@ class Result:
             raise UserInputError(f"{directory} does not hold a {cls.__name__} (kind={kind!r})")
         if meta.get("format") != FORMAT:
             raise UserInputError(f"{directory / META_FILE}: unsupported format {meta.get('format')!r} (expected {FORMAT})")
+        recorded = meta.get("content_sha256")
+        if recorded is not None and recorded != _content_hash(meta, (directory / ARRAYS_FILE).read_bytes()):
+            raise UserInputError(f"{directory} was changed after it was saved: {META_FILE} and {ARRAYS_FILE} no "
+                                 "longer match the SHA-256 recorded when it was written (save the result again)")
         try:
             with np.load(directory / ARRAYS_FILE, allow_pickle=False) as data:
                 stored = {k: data[k] for k in data.files}
@@ -211,7 +218,57 @@ class Result:
         unknown = sorted(set(kwargs) - known)
         if unknown:
             raise UserInputError(f"{directory} was saved by another version of {cls.__name__} (unknown fields {unknown})")
+        check_loaded_ranges(kwargs, f"{directory}")
         return cls(**kwargs)
+
+
+def _content_hash(meta: dict, arrays_blob: bytes) -> str:
+    """SHA-256 of a saved result's contents: its meta.json entries (but this hash) and its arrays file."""
+    body = {k: v for k, v in meta.items() if k != "content_sha256"}
+    h = hashlib.sha256(json.dumps(body, sort_keys=True, allow_nan=False).encode())
+    h.update(arrays_blob)
+    return h.hexdigest()
+
+
+def _range_of(name: str) -> Optional[tuple[float, float, str]]:
+    """The values a field of this name can hold, by the names every result shares."""
+    if name == "confidence":
+        return (0.0, 1.0, "in (0, 1)")
+    if "p_value" in name or "accuracy" in name or name.endswith(("_lower", "_upper")) or name in ("mean", "chance"):
+        return (0.0, 1.0, "in [0, 1]")
+    if name.endswith(("_n", "_correct")) or name in ("n_prompts", "n_per_residue", "modulus", "stride"):
+        return (0.0, math.inf, "a count >= 0")
+    return None
+
+
+def check_loaded_ranges(fields: dict, where: str) -> None:
+    """Refuse a loaded field whose value it cannot have (a p-value of 7, a confidence of -3, a negative
+    count, more correct answers than prompts), naming the field and its range. NaN is allowed (not
+    measured)."""
+    for name, value in fields.items():
+        bounds = _range_of(name)
+        if bounds is None or isinstance(value, (str, bool)) or value is None:
+            continue
+        try:
+            values = np.asarray(value, dtype=float)
+        except (TypeError, ValueError):
+            continue
+        low, high, text = bounds
+        finite = values[~np.isnan(values)]
+        bad = (finite < low) | (finite > high)
+        if name == "confidence":
+            bad |= (finite <= 0) | (finite >= 1)
+        if bad.any():
+            shown = float(finite[bad].ravel()[0])
+            raise UserInputError(f"{where}: {name}={shown!r} is out of range ({text}); the saved result was edited "
+                                 "or is corrupt")
+    for name, value in fields.items():
+        if name.endswith("_correct") and name.replace("_correct", "_n") in fields:
+            n = np.asarray(fields[name.replace("_correct", "_n")], dtype=float)
+            c = np.asarray(value, dtype=float)
+            if c.shape == n.shape and (c > n).any():
+                raise UserInputError(f"{where}: {name} exceeds {name.replace('_correct', '_n')} (more correct answers "
+                                     "than prompts); the saved result was edited or is corrupt")
 
 
 # ------------------------------------------------------- tasks and settings

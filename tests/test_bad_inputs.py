@@ -1134,3 +1134,68 @@ def test_a_file_writer_replaces_what_a_link_points_to_and_keeps_the_link(tmp_pat
     _write_figure_html(link, True, monkeypatch, False)
     assert link.is_symlink() and "plotly" in real.read_text().lower()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link.html", "real.html"]
+
+
+# ----------------------------------------- edited checkpoints and saved results (issue 45, class 3)
+@pytest.mark.parametrize("edit", ["local_window", "window", "stride", "gate", "task", "zoo_name"])
+def test_an_edited_checkpoint_config_is_refused_by_every_loader(edit, checkpoint, tmp_path):
+    """A config.json edited without changing any shape (the model would run with settings it was not
+    trained with, under its old label) is refused by every loader, CLI included."""
+    import phaseinterp as pi
+
+    folder = tmp_path / "edited"
+    shutil.copytree(checkpoint, folder)
+    config = json.loads((folder / "config.json").read_text())
+    if edit == "task":
+        config["metadata"]["task"] = {**config["metadata"].get("task", {}), "seq_len": 65}
+    elif edit == "zoo_name":
+        config["metadata"]["zoo_name"] = "w4s4"
+    else:
+        config["model"][edit] = {"local_window": 4, "window": 8, "stride": 2, "gate": "vector"}[edit]
+    (folder / "config.json").write_text(json.dumps(config))
+    for load in (pi.load, CompressedTransformer.from_pretrained):
+        with pytest.raises(CheckpointError, match="was changed after it was saved"):
+            load(folder)
+    assert main(["profile", str(folder), "--n-per-residue", "23"]) == 2
+
+
+def test_a_shipped_checkpoint_records_its_config_hash():
+    from phaseinterp import zoo
+    from phaseinterp.models.transformer import config_hash
+
+    for name in zoo.ENTRIES:
+        path = zoo.CHECKPOINT_DIR / name / "config.json"
+        if path.is_file():
+            config = json.loads(path.read_text())
+            assert config.get("config_sha256") == config_hash(config), name
+
+
+def test_an_edited_saved_result_is_refused_and_impossible_values_too(model, tmp_path):
+    """A saved result whose meta.json or arrays.npz changed after the save is refused (its recorded
+    SHA-256); one without a record (saved by 0.3) is still checked against each field's range."""
+    from phaseinterp import PhaseProfile
+    from phaseinterp.errors import UserInputError
+
+    saved = _profile(model).save(tmp_path / "p")
+    meta = json.loads((saved / "meta.json").read_text())
+    for name, value in (("period_p_value", 7.0), ("confidence", -3), ("homogeneity_p_value", -0.5),
+                        ("confidence", 1.0)):
+        edited = json.loads(json.dumps(meta))
+        edited["fields"][name] = value
+        (saved / "meta.json").write_text(json.dumps(edited))
+        with pytest.raises(UserInputError, match="was changed after it was saved"):
+            PhaseProfile.load(saved)
+        edited.pop("content_sha256")
+        (saved / "meta.json").write_text(json.dumps(edited))
+        with pytest.raises(UserInputError, match=f"{name}=.* is out of range"):
+            PhaseProfile.load(saved)
+    (saved / "meta.json").write_text(json.dumps(meta))
+    arrays = dict(np.load(saved / "arrays.npz"))
+    arrays["residue_correct"] = arrays["residue_n"] + 1
+    np.savez(saved / "arrays.npz", **arrays)
+    with pytest.raises(UserInputError, match="was changed after it was saved"):
+        PhaseProfile.load(saved)
+    meta.pop("content_sha256")
+    (saved / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(UserInputError, match="residue_correct exceeds residue_n"):
+        PhaseProfile.load(saved)

@@ -477,6 +477,7 @@ class CompressedTransformer(HookedRootModule):
             "weights_bytes": len(blob),
             "metadata": meta,
         }
+        config["config_sha256"] = config_hash(config)
         return blob, json.dumps(config, indent=2, sort_keys=True).encode()
 
     @classmethod
@@ -526,6 +527,10 @@ class CompressedTransformer(HookedRootModule):
             )
         if hashlib.sha256(blob).hexdigest() != config["weights_sha256"]:
             raise CheckpointError(f"{weights_path} does not match its recorded SHA-256: the file is corrupt")
+        if "config_sha256" in config and config["config_sha256"] != config_hash(config):
+            raise CheckpointError(f"{config_path} was changed after it was saved (its architecture, metadata or task no "
+                                  "longer match the config_sha256 recorded by save_pretrained): the model would run "
+                                  "with settings it was not trained with")
         try:
             model = cls(CompressedConfig.from_dict(config["model"]))
         except (TypeError, ValueError, KeyError) as err:
@@ -542,6 +547,13 @@ class CompressedTransformer(HookedRootModule):
             model.to(device)
         return model
 
+
+
+def config_hash(config: dict) -> str:
+    """SHA-256 of a checkpoint's config.json entries but this hash: the architecture, the weights' hash and
+    the metadata (the stored task included), so an edited config is refused on load."""
+    body = {k: v for k, v in config.items() if k != "config_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
 def parameter_count(config: CompressedConfig) -> int:
