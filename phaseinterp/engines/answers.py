@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import time
 import warnings
 import zipfile
@@ -156,6 +157,28 @@ def _open_journal(directory: Union[str, Path], header: dict[str, Any]) -> Path:
     return directory
 
 
+NORMALIZATION_SLACK = 1e-2  # a row's reported probabilities may sum to at most 1 + this (float rounding)
+
+
+def check_logprob_rows(logprobs: torch.Tensor, who: str, first: int = 0) -> None:
+    """Log-probabilities a model can give: each reported value (not NaN) is +inf-free and <= 0, and each
+    row's reported probabilities sum to at most 1 (a top-k row sums to less). Names the first prompt and
+    token that break it."""
+    reported = ~torch.isnan(logprobs)
+    bad = reported & (torch.isposinf(logprobs) | (logprobs > NORMALIZATION_SLACK))
+    if bool(bad.any()):
+        row, token = (int(i) for i in torch.nonzero(bad)[0])
+        raise UserInputError(f"{who} returned log-prob {float(logprobs[row, token])} for token {token} of prompt "
+                             f"{first + row}: a log-probability is <= 0 (finite, or -inf for probability 0)")
+    total = torch.logsumexp(torch.where(reported, logprobs, torch.tensor(float("-inf"))), dim=1)
+    over = total > math.log1p(NORMALIZATION_SLACK)
+    if bool(over.any()):
+        row = int(torch.nonzero(over)[0])
+        raise UserInputError(f"{who} returned log-probs for prompt {first + row} whose probabilities sum to "
+                             f"{math.exp(float(total[row])):.4g} > 1: not a distribution (raw logits instead of "
+                             "log-probs?)")
+
+
 def _read_answers(logprobs: Any, answer: torch.Tensor, d_vocab: Optional[int], name: str,
                   first: int) -> EngineAnswers:
     """One call's log-probs -> the per-prompt answers (checked: shape, at least one reported value)."""
@@ -176,6 +199,7 @@ def _read_answers(logprobs: Any, answer: torch.Tensor, d_vocab: Optional[int], n
         row = first + int(torch.nonzero(n_reported == 0)[0])
         raise UserInputError(f"engine {name!r} reported no log-probs for prompt {row}: it must report the top-1 "
                              "or more (top-k log-probs) for every prompt")
+    check_logprob_rows(logprobs, f"engine {name!r}", first)
     predicted = torch.where(reported, logprobs, torch.tensor(float("-inf"))).argmax(dim=1)
     answer_logprob = logprobs[torch.arange(len(answer)), answer]
     return EngineAnswers(predicted.numpy().astype(np.int64), answer_logprob.numpy().astype(np.float32),

@@ -23,6 +23,7 @@ ids outside ``0..d_vocab-1`` raise `phaseinterp.errors.UserInputError` naming th
 from __future__ import annotations
 
 import json
+import math
 import re
 import socket
 import urllib.error
@@ -35,6 +36,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from phaseinterp._checks import check_int
+from phaseinterp.engines.answers import check_logprob_rows
 from phaseinterp.errors import EngineError, UserInputError
 
 RETRYABLE_HTTP = (408, 429, 500, 502, 503, 504)  # the server is busy or restarting: worth another try
@@ -131,21 +133,40 @@ class OpenAIEngine:
             raise UserInputError(f"{self.url} returned {got} choices for {tokens.shape[0]} prompts (a server that "
                                  "takes one prompt per request needs batch_size=1)")
         out = torch.full((tokens.shape[0], self.d_vocab), float("nan"))
+        seen: dict[int, int] = {}
         for position, choice in enumerate(choices):
-            row = choice.get("index", position) if isinstance(choice, dict) else position
-            if not isinstance(row, int) or not 0 <= row < tokens.shape[0]:
-                raise UserInputError(f"{self.url} returned choice index {row!r} for {tokens.shape[0]} prompts")
-            top = ((choice.get("logprobs") or {}).get("top_logprobs") or []) if isinstance(choice, dict) else []
-            if not top or not isinstance(top[0], dict) or not top[0]:
+            if not isinstance(choice, dict):
+                raise UserInputError(f"{self.url} returned choices[{position}] as a {type(choice).__name__}, not an "
+                                     "object with 'index' and 'logprobs'")
+            row = choice.get("index", position)
+            if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row < tokens.shape[0]:
+                raise UserInputError(f"{self.url} returned choice index {row!r} for {tokens.shape[0]} prompts "
+                                     f"(valid: 0..{tokens.shape[0] - 1})")
+            if row in seen:
+                raise UserInputError(f"{self.url} returned choice index {row} twice (choices[{seen[row]}] and "
+                                     f"choices[{position}]) for {tokens.shape[0]} prompts: each prompt needs its own "
+                                     "choice")
+            seen[row] = position
+            logprobs = choice.get("logprobs")
+            top = logprobs.get("top_logprobs") if isinstance(logprobs, dict) else None
+            if not top:
                 raise UserInputError(f"{self.url} returned no top_logprobs for prompt {row}: the server must answer "
                                      f"'logprobs': {self.top_logprobs} with choices[i].logprobs.top_logprobs (vLLM: "
                                      "start it with --max-logprobs >= that)")
+            if not isinstance(top, list) or not isinstance(top[0], dict) or not top[0]:
+                shape = type(top[0]).__name__ if isinstance(top, list) else type(top).__name__
+                raise UserInputError(f"{self.url} returned choices[{position}].logprobs.top_logprobs[0] as a {shape}, "
+                                     "not an object {token: log-prob} (the completions API's format)")
             for key, value in top[0].items():
                 token = self._token_id(key)
                 if not 0 <= token < self.d_vocab:
                     raise UserInputError(f"{self.url} returned token id {token}, outside 0..{self.d_vocab - 1} "
                                          f"(d_vocab={self.d_vocab}): the served model's vocabulary is not the task's")
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+                    raise UserInputError(f"{self.url} returned log-prob {value!r} for token {key!r} of prompt {row}: "
+                                         "not a number")
                 out[row, token] = float(value)
+        check_logprob_rows(out, self.url)
         return out
 
 
