@@ -382,6 +382,14 @@ def _save_checkpoint(root: Path, model, optimizer, step: int, log_rows, curve_ro
     torch.save(optimizer.state_dict(), buf)
     atomic_write(tmp / OPTIMIZER_FILE, buf.getvalue())
     atomic_write(tmp / STATE_FILE, json.dumps({"step": step, "log": log_rows, "curves": curve_rows}).encode())
+    publish_checkpoint(root, tmp, name)
+
+
+def publish_checkpoint(root: Path, tmp: Path, name: str) -> None:
+    """Rename the complete checkpoint folder ``tmp`` to ``root/name``, point ``root/LATEST`` at it
+    (atomic write) and delete every older ``step_*`` but the previous one."""
+    import shutil
+
     final = root / name
     if final.exists():
         shutil.rmtree(final)

@@ -43,6 +43,7 @@ from phaseinterp.models.transformer import CompressedTransformer
 from phaseinterp.parallel.launch import Launch, init_distributed, launch_info, rank_device
 from phaseinterp.phase import check_residue_modulus
 from phaseinterp.tasks.text_needle import TextNeedle
+from phaseinterp.train.compressed import publish_checkpoint
 from phaseinterp.train.corpus import packed_rows, tokenize_corpus
 from phaseinterp.train.tokenizer import TextTokenizer
 
@@ -322,15 +323,7 @@ def _save(root: Path, model, optimizer, step: int, rows: list, probe_rows: list,
     if launch.is_main:
         atomic_write(tmp / STATE_FILE, json.dumps({"step": step, "curves": rows, "probe": probe_rows,
                                                    "world_size": launch.world_size}).encode())
-        final = root / name
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        previous = (root / "LATEST").read_text().strip() if (root / "LATEST").is_file() else None
-        atomic_write(root / "LATEST", name.encode())
-        for old in root.glob("step_*"):
-            if old.name not in (name, previous):
-                shutil.rmtree(old, ignore_errors=True)
+        publish_checkpoint(root, tmp, name)
     _barrier(launch)
 
 
