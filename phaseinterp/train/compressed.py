@@ -367,7 +367,6 @@ def _save_checkpoint(root: Path, model, optimizer, step: int, log_rows, curve_ro
     it into place, then point ``root/LATEST`` at it (atomic write). A crash at any moment
     leaves ``LATEST`` naming a complete checkpoint. The previous checkpoint is kept."""
     import io
-    import shutil
     import tempfile
 
     root.mkdir(parents=True, exist_ok=True)
