@@ -227,7 +227,7 @@ def test_activation_checkpointing_keeps_a_users_hook_and_saves_less():
         model.blocks[0].hook_resid_post.add_hook(lambda x, hook: x * 0.5)
         count = [0]
 
-        def pack(t):
+        def pack(t, count=count):
             count[0] += 1
             return t
 
