@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -170,6 +172,11 @@ def test_ablation_result_round_trip(tmp_path):
     back = AblationResult.load(tmp_path / "abl")
     pd.testing.assert_frame_equal(back.relative_change, res.relative_change)
     (tmp_path / "abl" / "arrays.npz").write_bytes(b"PK\x03\x04 broken")
+    with pytest.raises(ValueError, match="changed after it was saved"):
+        AblationResult.load(tmp_path / "abl")
+    meta = json.loads((tmp_path / "abl" / "meta.json").read_text())
+    del meta["content_sha256"]  # a save without the hash: the arrays file itself is checked
+    (tmp_path / "abl" / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(ValueError, match="truncated or corrupt"):
         AblationResult.load(tmp_path / "abl")
 
