@@ -6,6 +6,8 @@
     python benchmarks/pretrain_cpu.py train --arch full --needle-fraction 0.0 --out runs/pretrain/full-text
     python benchmarks/pretrain_cpu.py train --arch compressed --needle-fraction 0.5 --out runs/pretrain/cmp-mix
     python benchmarks/pretrain_cpu.py train --arch full --needle-fraction 0.5 --out runs/pretrain/full-mix
+    python benchmarks/pretrain_cpu.py train --arch compressed --needle-fraction 1.0 --max-minutes 35 --out runs/pretrain/cmp-needle
+    python benchmarks/pretrain_cpu.py train --arch full --needle-fraction 1.0 --max-minutes 35 --out runs/pretrain/full-needle
     python benchmarks/pretrain_cpu.py profile runs/pretrain/cmp-text runs/pretrain/full-text ... [--n-per-residue 64]
 
 Each run is the `cpu-small` preset (4 layers, d_model 128, 4 query heads of 32, 2 KV heads, W = S = 4

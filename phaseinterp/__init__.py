@@ -21,6 +21,7 @@ _NAMES = {
     "DEFAULT_N_PER_RESIDUE": "phaseinterp._checks",  # every accuracy-by-phase function's default size
     "load": "phaseinterp.models.loading",  # one loader: zoo names, own checkpoints, HF DeepSeek-V4 folders
     "PhaseProfile": "phaseinterp.profile",
+    "TwoAxisProfile": "phaseinterp.profile",
     "phase_profile": "phaseinterp.profile",
     "AblationResult": "phaseinterp.interventions",
     "CyclingResult": "phaseinterp.interventions",
@@ -87,6 +88,7 @@ __all__ = [
     "load",
     "load_hf",
     "PhaseProfile",
+    "TwoAxisProfile",
     "ablate",
     "shift_gates",
     "from_hf",

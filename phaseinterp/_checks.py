@@ -3,6 +3,8 @@ naming the value and the valid range, before any expensive work."""
 
 from __future__ import annotations
 
+import os
+
 import re
 
 from typing import Any, Union
@@ -188,3 +190,20 @@ def parse_size(value: Union[int, str], what: str = "size") -> int:
     if n <= 0:
         raise UserInputError(f"{what}={value!r} must be a positive number of bytes")
     return n
+
+
+def check_is_model(model) -> None:
+    """A `UserInputError` when ``model`` is a name or a path (a zoo name, a checkpoint folder), not a
+    loaded model: experiments take the model object (`phaseinterp.load` makes one)."""
+    if isinstance(model, (str, bytes, os.PathLike)):
+        raise UserInputError(f"model={model!r} is a {type(model).__name__}, not a model: load it first, e.g. "
+                             f"phaseinterp.load({str(model)!r})")
+
+
+FALSE_WORDS = ("", "0", "false", "no", "off")
+
+
+def env_flag(name: str) -> bool:
+    """An environment switch: on unless unset or one of ``FALSE_WORDS`` (any case), so
+    ``PHASEINTERP_NO_PROGRESS=0`` leaves progress bars on."""
+    return os.environ.get(name, "").strip().lower() not in FALSE_WORDS

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import errno
 import os
 import shutil
 import tempfile
@@ -11,6 +12,7 @@ from typing import Any, Callable, Optional, Union
 
 import numpy as np
 
+from phaseinterp._checks import env_flag
 from phaseinterp.errors import UserInputError
 
 
@@ -131,8 +133,8 @@ def saved_kind(path: Union[str, os.PathLike]) -> Optional[str]:
     checkpoint"`` (`CompressedTransformer.save_pretrained`), ``"Hugging Face checkpoint"`` (an HF
     ``save_pretrained`` or a DeepSeek-layout export), ``"report"`` (`build_report`), ``"shard
     folder"`` (a ``--shard-dir`` run), ``"training run"`` (`train(out_dir=)`), ``"pretraining run"``
-    (`pretrain(out_dir=)`) or ``"tokenizer"`` (`train_tokenizer`), else ``"other
-    files"`` (a folder of something else)."""
+    (`pretrain(out_dir=)`), ``"tokenizer"`` (`train_tokenizer`) or ``"lm-eval task"``
+    (`phaseinterp.lm_eval.write_lm_eval_task`), else ``"other files"`` (a folder of something else)."""
     path = Path(path)
     if not path.exists() and not path.is_symlink():
         return None
@@ -145,6 +147,8 @@ def saved_kind(path: Union[str, os.PathLike]) -> Optional[str]:
         return "pretraining run"
     if "tokenizer.json" in names and "config.json" not in names:
         return "tokenizer"
+    if "lm_eval_task.json" in names:
+        return "lm-eval task"
     if "meta.json" in names and "arrays.npz" in names:
         try:
             meta = json.loads((path / "meta.json").read_text())
@@ -189,7 +193,8 @@ def check_write_target(path: Union[str, os.PathLike], kind: str, *, overwrite: b
     (``kind="shard folder"``: a folder of the same run is resumed, which its run header checks) and
     `phaseinterp.train.train` ``out_dir`` (``kind="training run"``: resumed with ``resume=True``),
     `phaseinterp.train.pretrain.prepare` (``pretrain``'s ``out_dir``, ``kind="pretraining run"``, resumed the
-    same way) and `phaseinterp.train.tokenizer.train_tokenizer` (``kind="tokenizer"``).
+    same way), `phaseinterp.train.tokenizer.train_tokenizer` (``kind="tokenizer"``) and
+    `phaseinterp.lm_eval.write_lm_eval_task` (``kind="lm-eval task"``).
     """
     target = check_output_dir(path, name)
     held = saved_kind(target)
@@ -267,6 +272,9 @@ def temporary_file_beside(path: Path) -> Path:
 def move_file_into_place(tmp: Path, path: Path, *, overwrite: bool = False, name: str = "path") -> None:
     """Move the finished file ``tmp`` to ``path`` in one step. Without ``overwrite`` a file at ``path``
     (one that appeared after `check_file_target`) is never replaced: a hard link refuses it atomically."""
+    if not tmp.is_file():  # its writer removed it (kaleido does on a failed render): nothing to move
+        raise OSError(errno.ENOENT, f"the finished file for {name}={str(path)!r} is missing: its writer removed "
+                                    "it or never wrote it", str(tmp))
     if overwrite:
         os.replace(tmp, path)
         return
@@ -275,10 +283,18 @@ def move_file_into_place(tmp: Path, path: Path, *, overwrite: bool = False, name
     except FileExistsError:
         raise UserInputError(f"{name}={str(path)!r} already exists; pass overwrite=True (CLI: --overwrite) to "
                              "replace it, or a new file name") from None
-    except OSError:  # a file system without hard links: the check before the work stands
-        os.replace(tmp, path)
+    except OSError as err:
+        if err.errno not in _NO_HARD_LINKS:
+            raise
+        os.replace(tmp, path)  # a file system without hard links: the check before the work stands
         return
     os.unlink(tmp)
+
+
+# What os.link raises where the file system has no hard links (FAT, some network and FUSE mounts):
+# only these fall back to a plain rename; anything else (a missing file) is an error.
+_NO_HARD_LINKS = {errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOSYS, errno.EOPNOTSUPP,
+                  getattr(errno, "ENOTSUP", errno.EOPNOTSUPP), errno.EACCES}
 
 
 def staging_dir(final: Path) -> Path:
@@ -338,7 +354,7 @@ def json_default(value: Any) -> Any:
 
 def progress_bar(enabled: bool, total: int, desc: str, initial: int = 0, leave: bool = False):
     """A tqdm bar, or None when ``enabled`` is false or ``PHASEINTERP_NO_PROGRESS`` is set."""
-    if not enabled or os.environ.get("PHASEINTERP_NO_PROGRESS"):
+    if not enabled or env_flag("PHASEINTERP_NO_PROGRESS"):
         return None
     from tqdm.auto import tqdm
 

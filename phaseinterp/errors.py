@@ -100,4 +100,34 @@ def keyword_options(*old_order: str) -> Callable:
     return wrap
 
 
-__all__ = ["MissingPathError", "EngineError", "UserInputError", "keyword_options", "renamed", "warn_renamed"]
+def applies_only(options: tuple[str, ...], *, unless: Callable[[dict], str | None]) -> Callable:
+    """Refuse options that cannot apply to the call: when ``unless(arguments)`` (the call's bound
+    arguments, defaults not filled in) returns a reason, any of ``options`` passed explicitly raises a
+    one-line `UserInputError` naming it, its value and the reason, before the function runs. An option
+    left at its default is never blamed."""
+
+    def wrap(fn: Callable) -> Callable:
+        signature = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            passed = [name for name in options if name in kwargs]
+            if passed:
+                why = unless(signature.bind_partial(*args, **kwargs).arguments)
+                if why:
+                    name = passed[0]
+                    raise UserInputError(f"{name}={kwargs[name]!r} does not apply here: {why}; drop {name}=")
+            return fn(*args, **kwargs)
+
+        return call
+
+    return wrap
+
+
+def when_given(name: str, why: str) -> Callable[[dict], str | None]:
+    """An `applies_only` condition: ``why`` when the call passes ``name`` (not None)."""
+    return lambda arguments: why if arguments.get(name) is not None else None
+
+
+__all__ = ["MissingPathError", "EngineError", "UserInputError", "applies_only", "when_given", "keyword_options", "renamed",
+           "warn_renamed"]

@@ -11,13 +11,14 @@ import torch
 from jaxtyping import Float, Int
 from tqdm.auto import tqdm
 
-from phaseinterp.errors import UserInputError, keyword_options
+from phaseinterp.errors import UserInputError, applies_only, keyword_options
 from phaseinterp import stats
 from phaseinterp.models.protocol import phase_model
-from phaseinterp._checks import DEFAULT_N_PER_RESIDUE, check_device, check_int, check_n_per_residue
+from phaseinterp._checks import DEFAULT_N_PER_RESIDUE, check_device, check_int, check_n_per_residue, env_flag
 from phaseinterp.phase import check_residue_modulus
 from phaseinterp.results import Result
 from phaseinterp.tasks import resolve_task
+from phaseinterp.tasks.length_axis import check_axis, length_axis_batch
 
 INTERVALS = ("auto", "wilson", "cluster_bootstrap")
 
@@ -37,6 +38,10 @@ class PhaseProfile(Result):
     significant dominant period of the residue profile (:func:`phaseinterp.stats.detect_period`,
     a permutation test; None when not significant at 0.05); ``homogeneity_p_value`` is the
     chi-square test that every phase has the same accuracy.
+
+    ``axis`` says what the residues are residues of: ``"target"`` (the target's position, the prompt
+    length fixed) or ``"length"`` (the prompt's length, the target's residue held fixed:
+    `phaseinterp.tasks.length_axis`).
     """
 
     label: str
@@ -59,6 +64,7 @@ class PhaseProfile(Result):
     period_p_value: float
     homogeneity_p_value: float
     records: pd.DataFrame
+    axis: str = "target"
 
     def __post_init__(self) -> None:
         if len(self.residue_n) != self.modulus or len(self.phase_n) != self.stride:
@@ -144,6 +150,7 @@ class PhaseProfile(Result):
         """Headline numbers, full precision (accuracies as fractions, gaps as fraction differences)."""
         return {
             "label": self.label,
+            "axis": self.axis,
             "modulus": self.modulus,
             "stride": self.stride,
             "n_prompts": int(self.residue_n.sum()),
@@ -176,6 +183,85 @@ class PhaseProfile(Result):
 
         return plot_profile(self)
 
+    @classmethod
+    def from_lm_eval(cls, output_dir: str | os.PathLike, **options: Any) -> "PhaseProfile":
+        """The profile of lm-eval's logged samples of a `phaseinterp.lm_eval` task: `profile_from_lm_eval`
+        (``task_name=``, ``label=`` and `phase_profile`'s interval options as keywords)."""
+        from phaseinterp.lm_eval import profile_from_lm_eval
+
+        return profile_from_lm_eval(output_dir, **options)
+
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class TwoAxisProfile(Result):
+    """Accuracy by target phase x prompt-length phase (``phase_profile(..., axis="both")``).
+
+    ``profiles`` holds the target-axis `PhaseProfile` (residues mod R of the target, every length
+    pooled) and the length-axis one (phases mod S of the prompt length, every target pooled);
+    ``cell_correct`` / ``cell_n`` count the prompts of each (target phase, length phase) cell.
+    A model whose weak spot follows the target shows it in rows; an engine whose bug follows the
+    prompt's length shows it in columns.
+    """
+
+    label: str
+    modulus: int
+    stride: int
+    cell_correct: Int[np.ndarray, "target_phase length_phase"]
+    cell_n: Int[np.ndarray, "target_phase length_phase"]
+    profiles: tuple
+
+    @classmethod
+    def from_profiles(cls, target: PhaseProfile, length: PhaseProfile) -> "TwoAxisProfile":
+        S = target.stride
+        rec = target.records
+        t = rec["target_residue"].to_numpy() % S
+        ell = rec["length_residue"].to_numpy() % S
+        correct = rec["correct"].to_numpy().astype(np.int64)
+        cell_n = np.zeros((S, S), dtype=np.int64)
+        cell_k = np.zeros((S, S), dtype=np.int64)
+        np.add.at(cell_n, (t, ell), 1)
+        np.add.at(cell_k, (t, ell), correct)
+        return cls(label=target.label, modulus=target.modulus, stride=S, cell_correct=cell_k, cell_n=cell_n,
+                   profiles=(target, length))
+
+    @property
+    def target(self) -> PhaseProfile:
+        return self.profiles[0]
+
+    @property
+    def length(self) -> PhaseProfile:
+        return self.profiles[1]
+
+    def table(self) -> pd.DataFrame:
+        """Accuracy (fraction) per cell: rows the target's phase, columns the prompt length's phase."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            acc = self.cell_correct / self.cell_n
+        frame = pd.DataFrame(acc, index=pd.RangeIndex(self.stride, name="target phase"),
+                             columns=pd.RangeIndex(self.stride, name="length phase"))
+        return frame
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per prompt (with ``target_residue``, ``length_residue``, ``prompt_len``)."""
+        return self.target.to_frame()
+
+    def to_dict(self) -> dict[str, Any]:
+        """Both axes' headline numbers, prefixed ``target_`` and ``length_``."""
+        keep = ("mean", "worst_phases", "worst_phase_accuracy", "best_phase", "best_phase_accuracy", "phase_gap",
+                "period", "period_p_value", "homogeneity_p_value")
+        out: dict[str, Any] = {"label": self.label, "modulus": self.modulus, "stride": self.stride,
+                               "n_prompts": int(self.cell_n.sum())}
+        for name, prof in (("target", self.target), ("length", self.length)):
+            d = prof.to_dict()
+            out.update({f"{name}_{k}": d[k] for k in keep})
+        return out
+
+    def plot(self) -> Any:
+        """Plotly heatmap: target phase x prompt-length phase."""
+        from phaseinterp.plot.profile import plot_two_axis
+
+        return plot_two_axis(self)
+
 
 def _logits(output: Any) -> torch.Tensor:
     # HF-style models return an object with .logits; the toolkit's models return the tensor.
@@ -187,7 +273,20 @@ def _is_engine(model: Any) -> bool:
     return not isinstance(model, torch.nn.Module) and callable(model)
 
 
+def _batch_given(arguments: dict) -> str | None:
+    task = arguments.get("task")
+    if task is not None and hasattr(task, "tokens") and not hasattr(task, "generate"):
+        return f"task= is a ready TaskBatch of {len(task)} prompts (pass the task itself to choose a size)"
+    return None
+
+
+def _in_process(arguments: dict) -> str | None:
+    return None if _is_engine(arguments.get("model")) else "it retries an engine's requests; the model runs here"
+
+
 @keyword_options("n_per_residue")
+@applies_only(("n_per_residue",), unless=_batch_given)
+@applies_only(("retries", "retry_wait"), unless=_in_process)
 def phase_profile(
     model: Any,
     task: Any = None,
@@ -207,7 +306,10 @@ def phase_profile(
     resume_dir: str | os.PathLike | None = None,
     retries: int = 3,
     retry_wait: float = 1.0,
-) -> PhaseProfile:
+    axis: str = "target",
+    hold: int | None = None,
+    length_modulus: int | None = None,
+) -> "PhaseProfile | TwoAxisProfile":
     """Top-1 accuracy of ``model`` (or of an engine) on ``task`` by the target's residue mod R and phase mod S.
 
     A prompt is correct when the argmax over the full vocabulary of the logits at
@@ -233,7 +335,8 @@ def phase_profile(
             0.3 with a DeprecationWarning.
             Moment matching needs enough prompts: for the zoo task (T = 128, R = 24) 72, 77, 80
             and every size from 86 work, other small sizes raise naming the nearest workable
-            one; at most ``MAX_PROMPTS // R`` (500,000 prompts per call). Ignored for a TaskBatch.
+            one; at most ``MAX_PROMPTS // R`` (500,000 prompts per call). Refused beside a TaskBatch
+            (its size is fixed).
         seed: prompt seed (default 0); also seeds the bootstrap and the permutation test.
         batch_size: prompts per forward pass (default 64, >= 1; under glibc's default allocator
             256 ran 1.0-1.6x slower, with `keep_freed_memory` within 5%: `benchmarks/batch_size.py`).
@@ -254,6 +357,18 @@ def phase_profile(
             atomically; a rerun with the same folder asks only for the rest (default: none).
         retries: (engines) further tries of a batch that fails with a network or server error, waiting
             ``retry_wait * 2**k`` seconds (at most 60) before try ``k + 1`` (defaults 3 and 1.0).
+        axis: ``"target"`` (default: the target's residue varies, the prompt length is the task's
+            ``seq_len``), ``"length"`` (the prompt length's residue mod R varies, ``n_per_residue``
+            prompts each, the target held at residue ``hold``; the profile's residues are length
+            residues) or ``"both"`` (every target phase crossed with every length phase: a
+            `TwoAxisProfile`). Off the target axis the task lays its prompts out up to R - 1 (or S - 1)
+            tokens shorter and inserts filler after the head (`phaseinterp.tasks.length_axis`), so the
+            target-to-answer distance keeps the target axis's matched moments; a ready TaskBatch has
+            no length axis.
+        hold: the target residue mod R held fixed on the length axis (default 0; length axis only).
+        length_modulus: the length axis's modulus M, a multiple of S dividing R (default: R when the
+            task's prompts can be laid out R - 1 tokens shorter, else the largest M they can; the
+            profile's ``modulus`` reports it).
 
     Returns a `PhaseProfile` (accuracies are fractions in [0, 1]). The model runs in eval mode
     under ``torch.inference_mode`` and its training flag is restored afterwards. An engine
@@ -262,6 +377,11 @@ def phase_profile(
     """
     if interval not in INTERVALS:
         raise UserInputError(f"interval={interval!r} is not one of {INTERVALS}")
+    check_axis(axis)
+    if axis != "length" and (hold is not None or length_modulus is not None):
+        given = "hold" if hold is not None else "length_modulus"
+        raise UserInputError(f"{given}= applies to axis='length' only (axis={axis!r}); drop it or pass axis='length'")
+    hold = 0 if hold is None else check_int("hold", hold, 0)
     check_int("batch_size", batch_size, 1)
     check_int("n_permutations", n_permutations, 1, 1_000_000)  # issue 37: a huge or negative count crashed numpy
     check_int("n_bootstrap", n_bootstrap, 1, 1_000_000)
@@ -280,7 +400,8 @@ def phase_profile(
         return _engine_profile(model, task, n_per_residue, seed=seed, batch_size=batch_size, device=device,
                                stride=stride, label=label, confidence=confidence, interval=interval,
                                n_bootstrap=n_bootstrap, n_permutations=n_permutations, progress=progress,
-                               tokenizer=tokenizer, resume_dir=resume_dir, retries=retries, retry_wait=retry_wait)
+                               tokenizer=tokenizer, resume_dir=resume_dir, retries=retries, retry_wait=retry_wait,
+                               axis=axis, hold=hold, length_modulus=length_modulus)
     if resume_dir is not None:
         raise UserInputError("resume_dir= journals an engine's answers; for an in-process model use "
                              "phaseinterp.parallel.sharded_profile(model, task, out_dir=DIR)")
@@ -292,7 +413,7 @@ def phase_profile(
         if stride is None:
             raise UserInputError("the model has no cfg.stride; pass stride= explicitly")
     stride = check_int("stride", stride, 1)
-    batch = _prompts(task, n_per_residue, seed, stride, tokenizer)
+    batch = _prompts(task, n_per_residue, seed, stride, tokenizer, axis, hold, length_modulus)
     R = batch.residue_modulus
     d_vocab, n_ctx = getattr(cfg, "d_vocab", None), getattr(cfg, "n_ctx", None)  # optional for GenericModel
     if n_ctx is not None and batch.seq_len > n_ctx:
@@ -314,7 +435,7 @@ def phase_profile(
     try:
         with torch.inference_mode():
             starts = range(0, n, batch_size)
-            quiet = not progress or len(starts) < 2 or bool(os.environ.get("PHASEINTERP_NO_PROGRESS"))
+            quiet = not progress or len(starts) < 2 or env_flag("PHASEINTERP_NO_PROGRESS")
             for start in tqdm(starts, desc="phase profile", disable=quiet):
                 stop = min(start + batch_size, n)
                 pos = batch.answer_pos[start:stop]
@@ -339,21 +460,39 @@ def phase_profile(
     own = family.stride
     if family.is_compressed and own is not None and stride != own:
         label += f" [re-folded by S={stride}; the model's own stride is {own}]"  # a deliberate choice, shown
-    return profile_from_records(
-        records, R, stride, label=label, confidence=confidence, interval=interval, n_bootstrap=n_bootstrap,
-        n_permutations=n_permutations, seed=seed,
-    )
+    return _aggregate(records, R, stride, axis, label=label, confidence=confidence, interval=interval,
+                      n_bootstrap=n_bootstrap, n_permutations=n_permutations, seed=seed)
 
 
-def _prompts(task: Any, n_per_residue: int, seed: int, stride: int, tokenizer: Any) -> Any:
-    """The task's prompts (``task.generate``, checked first) or a ready TaskBatch."""
+def _aggregate(records: pd.DataFrame, modulus: int, stride: int, axis: str, **options: Any) -> Any:
+    """The profile of ``axis`` from per-prompt records: a `PhaseProfile` (target, length) or a
+    `TwoAxisProfile` (both)."""
+    if axis != "both":
+        return profile_from_records(records, modulus, stride, axis=axis, **options)
+    target = profile_from_records(records, modulus, stride, axis="target", **options)
+    by_length = records.assign(residue=records["length_residue"] % stride)
+    length = profile_from_records(by_length, stride, stride, axis="length", **options)
+    return TwoAxisProfile.from_profiles(target, length)
+
+
+def _prompts(task: Any, n_per_residue: int, seed: int, stride: int, tokenizer: Any, axis: str = "target",
+             hold: int = 0, length_modulus: int | None = None) -> Any:
+    """The task's prompts (``task.generate``, checked first; on the length axis
+    `length_axis_batch`) or a ready TaskBatch."""
     if hasattr(task, "generate"):
         R = task.residue_modulus
         check_residue_modulus(R, stride)
         check_n_per_residue(n_per_residue, R)
+        if axis != "target":
+            check_int("hold", hold, 0, R - 1)
+            return length_axis_batch(task, n_per_residue, seed=seed, stride=stride, axis=axis, hold=hold,
+                                     tokenizer=tokenizer, length_modulus=length_modulus)
         extra = {} if tokenizer is None else {"tokenizer": tokenizer}
         batch = task.generate(n_per_residue, seed=seed, **extra)
     else:
+        if axis != "target":
+            raise UserInputError(f"axis={axis!r} lays the task's prompts out at several lengths; a ready TaskBatch "
+                                 "has one layout: pass the task (e.g. KeyValueRetrieval) instead")
         if tokenizer is not None:
             raise UserInputError("tokenizer= lays out a task's prompts; this TaskBatch is laid out already")
         batch = task
@@ -382,7 +521,8 @@ def _records(batch: Any, stride: int, predicted: np.ndarray, answer_logprob: np.
 def _engine_profile(engine: Any, task: Any, n_per_residue: int, *, seed: int, batch_size: int, device: Any,
                     stride: int | None, label: str | None, confidence: float, interval: str, n_bootstrap: int,
                     n_permutations: int, progress: bool, tokenizer: Any, resume_dir: Any, retries: int,
-                    retry_wait: float) -> PhaseProfile:
+                    retry_wait: float, axis: str = "target", hold: int = 0,
+                    length_modulus: int | None = None) -> Any:
     """`phase_profile` from an engine's answers (`phaseinterp.engines.answers.engine_answers`)."""
     from phaseinterp.engines.answers import check_engine, check_ids_fit, engine_answers
 
@@ -398,15 +538,14 @@ def _engine_profile(engine: Any, task: Any, n_per_residue: int, *, seed: int, ba
     if d_vocab is not None and size is not None and size > d_vocab:
         raise UserInputError(f"the tokenizer has {size} tokens but engine {name!r} has d_vocab={d_vocab}: it is not "
                              "the served model's tokenizer (its ids could fall outside the model's vocabulary)")
-    batch = _prompts(task, n_per_residue, seed, stride, tokenizer)
+    batch = _prompts(task, n_per_residue, seed, stride, tokenizer, axis, hold, length_modulus)
     check_ids_fit(batch, d_vocab, f"engine {name!r}")
     answers = engine_answers(engine, batch, batch_size=batch_size, resume_dir=resume_dir, retries=retries,
                              retry_wait=retry_wait, progress=progress)
     records = _records(batch, stride, answers.predicted, answers.answer_logprob)
-    return profile_from_records(
-        records, batch.residue_modulus, stride, label=name if label is None else label, confidence=confidence,
-        interval=interval, n_bootstrap=n_bootstrap, n_permutations=n_permutations, seed=seed,
-    )
+    return _aggregate(records, batch.residue_modulus, stride, axis, label=name if label is None else label,
+                      confidence=confidence, interval=interval, n_bootstrap=n_bootstrap,
+                      n_permutations=n_permutations, seed=seed)
 
 
 def profile_from_records(
@@ -420,8 +559,12 @@ def profile_from_records(
     n_bootstrap: int = 2000,
     n_permutations: int = 1999,
     seed: int = 0,
+    axis: str = "target",
 ) -> PhaseProfile:
-    """Aggregate per-prompt records (columns ``residue``, ``correct``; ``mapping_id`` optional) into a profile."""
+    """Aggregate per-prompt records (columns ``residue``, ``correct``; ``mapping_id`` optional) into a profile
+    whose residues are those of ``axis`` ("target" or "length")."""
+    if axis not in ("target", "length"):
+        raise UserInputError(f"axis={axis!r}: a PhaseProfile's residues are of 'target' or 'length'")
     if interval not in INTERVALS:
         raise UserInputError(f"interval={interval!r} is not one of {INTERVALS}")
     check_residue_modulus(modulus, stride)
@@ -480,4 +623,5 @@ def profile_from_records(
         period_p_value=p_period,
         homogeneity_p_value=stats.homogeneity_test(phase_k, phase_n).p_value,
         records=records.reset_index(drop=True),
+        axis=axis,
     )

@@ -64,6 +64,16 @@ def _plotly_js():
     return True
 
 
+PREMISE_FAILS = "PREMISE FAILS"
+
+
+def premise_entries(notes) -> dict[str, Any]:
+    """The two entries a result's ``to_dict()`` / ``summary()`` carries about its premise:
+    ``premise`` ("holds" or "PREMISE FAILS") and ``premise_notes`` (the sentences; empty when it holds)."""
+    notes = [str(n) for n in notes]
+    return {"premise": PREMISE_FAILS if notes else "holds", "premise_notes": notes}
+
+
 _KINDS: dict[str, type] = {}  # "module.qualname" -> Result subclass, for loading nested results
 
 
@@ -77,6 +87,21 @@ class Result:
     def to_dict(self) -> dict[str, Any]:  # pragma: no cover - every subclass defines it
         raise NotImplementedError
 
+    # ---------------------------------------------------------------- premise
+    @property
+    def premise_notes(self) -> tuple[str, ...]:
+        """One sentence per premise of the experiment that fails (empty: every checked premise
+        holds). A result whose premise fails keeps its numbers, but they are not evidence for the
+        experiment's claim. The base reads the ``premise_recorded`` field (notes recorded from
+        the model when the experiment ran; saved with the result); classes add notes derived
+        from their own data (so a result saved before the checks existed gets them on load)."""
+        return tuple(getattr(self, "premise_recorded", ()) or ())
+
+    @property
+    def premise_holds(self) -> bool:
+        """True when no premise check fails (``premise_notes`` is empty)."""
+        return not self.premise_notes
+
     # ---------------------------------------------------------------- reading
     @property
     def _title(self) -> str:
@@ -85,9 +110,14 @@ class Result:
 
     def summary(self) -> pd.DataFrame:
         """The headline numbers of ``to_dict()`` as a table: one row per quantity, values
-        rounded to 4 significant digits and lists joined for reading. ``to_dict()`` keeps
-        the full-precision values."""
-        rows = [(key, _readable(value)) for key, value in self.to_dict().items()]
+        rounded to 4 significant digits and lists joined for reading (``premise_notes`` in full,
+        and present whenever a premise fails). ``to_dict()`` keeps the full-precision values."""
+        entries = self.to_dict()
+        if "premise" not in entries and self.premise_notes:
+            entries = entries | premise_entries(self.premise_notes)
+        # a failed premise is read in full: its sentences are never cut like other cells
+        rows = [(key, "; ".join(value) if key == "premise_notes" and value else _readable(value))
+                for key, value in entries.items()]
         frame = pd.DataFrame(rows, columns=["quantity", "value"]).set_index("quantity")
         frame.index.name = None  # the row labels name the quantities; no extra header row in HTML
         return frame

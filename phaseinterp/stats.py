@@ -3,7 +3,7 @@
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import pandas as pd
@@ -362,3 +362,62 @@ def paired_change(before: ArrayLike, after: ArrayLike, alpha: ArrayLike = 0.05) 
         lower = np.where(m > 0, m * (2 * np.nan_to_num(lo_pi) - 1) / nn, 0.0)
         upper = np.where(m > 0, m * (2 * np.nan_to_num(hi_pi, nan=1.0) - 1) / nn, 0.0)
     return PairedChange(change, lower, upper, p, lost, gained, n)
+
+
+# ------------------------------------------------------------ premise checks
+# Shared tests of what an experiment's logic assumes, on its own data (`Result.premise_notes`).
+COLLAPSE_FRACTION = 0.5  # a shifted model below this fraction of the unshifted mean accuracy has collapsed
+NOISE_SE = 3.0  # a best-minus-worst phase gap within this many standard errors is no gap
+MIN_CLEAN = 0.10  # a relative change of accuracy needs at least this clean accuracy per phase
+
+
+def phase_gap_note(accuracy: np.ndarray, n: np.ndarray, what: str) -> Optional[str]:
+    """A premise note when the best-minus-worst gap of the per-phase accuracies ``accuracy`` ``[S]``
+    (fractions, ``n[r]`` prompts each; binomial standard errors) is within `NOISE_SE` standard
+    errors of no gap: there is no phase gap to move or to explain. None when there is one."""
+    accuracy, n = np.asarray(accuracy, dtype=float), np.asarray(n, dtype=float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        se = np.sqrt(accuracy * (1 - accuracy) / n)
+    return mean_gap_note(accuracy, np.where(n > 0, se, np.nan), what, unit="pp", scale=100)
+
+
+def mean_gap_note(means: np.ndarray, se: np.ndarray, what: str, unit: str = "", scale: float = 1.0) -> Optional[str]:
+    """A premise note when the best-minus-worst gap of per-phase means ``means`` ``[S]`` (standard
+    errors ``se``) is within `NOISE_SE` standard errors of the difference of those two phases: the
+    phases do not differ beyond sampling noise. ``scale``/``unit`` only format the message."""
+    means, se = np.asarray(means, dtype=float), np.asarray(se, dtype=float)
+    ok = np.isfinite(means) & np.isfinite(se)
+    if ok.sum() < 2:
+        return f"{what}: fewer than 2 phases measured, so there is no phase gap to test"
+    m, e = means[ok], se[ok]
+    hi, lo = int(np.argmax(m)), int(np.argmin(m))
+    bound = NOISE_SE * float(np.hypot(e[hi], e[lo]))
+    gap = float(m[hi] - m[lo])
+    if gap > bound and gap > 0:
+        return None
+    u = f" {unit}" if unit else ""
+    return (f"{what} has no phase gap: best minus worst phase is {scale * gap:.3g}{u}, within {NOISE_SE:g} "
+            f"standard errors ({scale * bound:.3g}{u}) of no gap")
+
+
+def collapse_note(unshifted_mean: float, shifted_mean: float, label: str) -> Optional[str]:
+    """A note when an intervention that should only move accuracy between phases (the mean is kept
+    by the prediction) drops the mean accuracy below `COLLAPSE_FRACTION` of the unshifted mean."""
+    if not (np.isfinite(unshifted_mean) and np.isfinite(shifted_mean)) or unshifted_mean <= 0:
+        return None
+    if shifted_mean >= COLLAPSE_FRACTION * unshifted_mean:
+        return None
+    return (f"{label} collapses accuracy ({100 * shifted_mean:.1f}% mean against {100 * unshifted_mean:.1f}% "
+            f"unshifted): the model no longer works, so where its weak spots moved is not measured")
+
+
+def collapsed_profile_note(accuracy: np.ndarray, what: str, minimum: float = MIN_CLEAN) -> Optional[str]:
+    """A premise note when every phase's clean accuracy is below ``minimum`` (a collapsed profile): a
+    knockout cannot lower what is not there, so no phase can show specialization. One weak phase is
+    no failure (the boundary phase often is; `AblationResult.specialization` skips it)."""
+    accuracy = np.asarray(accuracy, dtype=float)
+    if accuracy.size == 0 or np.any(accuracy >= minimum):
+        return None
+    return (f"{what} has collapsed: clean accuracy below {100 * minimum:.0f}% at every phase (at most "
+            f"{100 * float(np.nanmax(accuracy, initial=0.0)):.1f}%); a knockout cannot lower what is not there, so no "
+            "phase can show specialization")

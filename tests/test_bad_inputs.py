@@ -532,6 +532,12 @@ def _write_tokenizer(model, target, overwrite=False):
     return train_tokenizer(_text_corpus()[0], 300, target, overwrite=overwrite, progress=False)
 
 
+def _write_lm_eval_task(model, target, overwrite=False):
+    from phaseinterp.lm_eval import write_lm_eval_task
+
+    return write_lm_eval_task(model, target, n_per_residue=23, overwrite=overwrite)
+
+
 _DSV4 = []
 
 
@@ -556,6 +562,7 @@ WRITERS = {
     "phaseinterp.train.compressed:train": (_write_training_run, "training run", True),
     "phaseinterp.train.pretrain:prepare": (_write_pretraining_run, "pretraining run", True),
     "phaseinterp.train.tokenizer:train_tokenizer": (_write_tokenizer, "tokenizer", True),
+    "phaseinterp.lm_eval:write_lm_eval_task": (_write_lm_eval_task, "lm-eval task", True),
 }
 # Writers outside the rule, each with the reason. Internal helpers write only into a folder a
 # listed writer has just made (a report's staging folder, a result's new folder).
@@ -738,7 +745,8 @@ def test_every_out_verb_refuses_without_overwrite(model, checkpoint, tmp_path, c
     argv = {"demo": ["demo"], "report": ["report", str(checkpoint)], "profile": ["profile", str(checkpoint)],
             "ablate": ["ablate", str(checkpoint)], "cycle": ["cycle", str(checkpoint)], "gates": ["gates", str(checkpoint)],
             "conformance": ["conformance", str(checkpoint)], "merge": ["merge", str(tmp_path / "mine")],
-            "zoo export": ["zoo", "export", "dsv4-tiny", "--layout", "deepseek"]}
+            "zoo export": ["zoo", "export", "dsv4-tiny", "--layout", "deepseek"],
+            "lm-eval-task": ["lm-eval-task", str(checkpoint)]}
     before = _snapshot(tmp_path)
     for verb in verbs:
         if verb == "merge":

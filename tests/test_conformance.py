@@ -176,11 +176,113 @@ def test_cli_conformance_and_its_bad_input(tmp_path, capsys):
     assert "--chunk 6 is not a multiple of the cut period 4" in capsys.readouterr().err
 
 
+# ------------------------------------------------------------- warm: a reused prefix cache
+def keep_only_closed_windows_on_truncation(monkeypatch):
+    """A prefix cache that keeps the compressor inputs of closed windows only: the tokens of the
+    window still open at the shared-prefix length come back zeroed (its entry is then compressed
+    from zeros once the target closes it). A prefix ending on a window start loses nothing."""
+    original = engines.adapters.truncate_cache
+
+    def faulty(model, cache, length):
+        kept = original(model, cache, length)
+        for layer in kept.layers:
+            layer.h = layer.h.clone()
+            layer.h[:, length - length % model.cfg.stride:] = 0.0
+        return kept
+
+    monkeypatch.setattr(engines.adapters, "truncate_cache", faulty)
+
+
+def test_warm_prefix_cache_answers_as_cold_at_every_prefix_phase(w4s4):
+    model, task = w4s4
+    result = conformance(model, task, ("warm",), n_per_residue=2, progress=False)
+    assert result.passed and result.settings == ("warm",)
+    assert sorted(set(result.records["prefix_len"])) == [12, 13, 14, 15]  # default: one length per phase mod 4
+    assert result.failing_phases("warm", "cut") == () and sorted(result.table.query("kind == 'cut'").phase) == [0, 1, 2, 3]
+    assert (result.records["max_abs_diff"] < 1e-4).all() and result.records["agree"].all()
+    donors = engines.check.donor_prompts(result_tokens := task.generate(2, seed=0, strict=False).tokens, 13,
+                                         task.vocab.filler_ids)
+    assert torch.equal(donors[:, :13], result_tokens[:, :13]) and (donors[:, 13] != result_tokens[:, 13]).all()
+
+
+def test_warm_cache_that_loses_the_open_window_fails_at_nonzero_prefix_phases(w4s4, monkeypatch):
+    model, task = w4s4
+    keep_only_closed_windows_on_truncation(monkeypatch)
+    result = conformance(model, task, ("warm",), n_per_residue=2, prefix_lengths=(16, 17, 18, 19, 20), progress=False)
+    assert result.failing_phases("warm", "cut") == (1, 2, 3)
+    cut0 = result.table.query("kind == 'cut' and phase == 0").iloc[0]
+    assert cut0["max_abs_diff"] < 1e-4 and cut0["n"] == 2 * 4 * 8  # lengths 16 and 20 x 4 answer phases x 8 prompts
+
+
+def test_deepseek_v4_warm_checkpoint_at_csa_phases_and_the_hca_boundary():
+    """transformers' DeepSeek-V4 cache checkpointed after the shared prefix (`TransformersEngine.warm`):
+    the same answers as the full forward with the prefix ending at every CSA phase (mod 4) and on and
+    around an HCA boundary (32)."""
+    from phaseinterp.tasks import KeyValueRetrieval
+
+    model = pi.zoo.load("dsv4-tiny")
+    task = KeyValueRetrieval(seq_len=40, n_records=6, n_demos=1, min_distance=18, residue_modulus=4)
+    result = conformance(model, task, ("warm",), n_per_residue=1, answer_phases=(3,),
+                         prefix_lengths=(29, 30, 31, 32, 33, 34), progress=False)
+    assert result.cut_period == 32 and sorted(set(result.records["prefix_len"] % 4)) == [0, 1, 2, 3]
+    assert result.passed, result.table[["kind", "phase", "max_abs_diff"]]
+
+
+class ColdOnly:
+    """An engine without a prefix cache (no ``warm``)."""
+
+    name = "cold_only"
+
+    def __call__(self, tokens):
+        return torch.zeros(tokens.shape[0], 4)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(warm_engines={"plain": ColdOnly()}), "warm_engines['plain']: a ColdOnly cannot reuse a cached prefix"),
+    (dict(prefix_lengths=(0,)), "prefix_lengths: 0 is out of range (shared-prefix lengths are 1..28 for the "
+                                "shortest prompt of 29 tokens)"),
+    (dict(prefix_lengths=(12, 29)), "prefix_lengths: 29 is out of range (shared-prefix lengths are 1..28"),
+    (dict(prefix_lengths=(1.5,)), "prefix_lengths: 1.5 is out of range"),
+    (dict(prefix_lengths=(12, 12)), "repeats a length"),
+    (dict(modes=("decode",), prefix_lengths=(12,)), "prefix_lengths=(12,) is for the warm mode"),
+    (dict(engines={"x": ColdOnly()}, warm_engines={"x": CacheEngine.__new__(CacheEngine)}), "in both engines and"),
+    (dict(warm_engines=[1]), "warm_engines=list must be a dict"),
+])
+def test_warm_bad_input_is_one_clear_line(w4s4, kwargs, match):
+    from phaseinterp.errors import UserInputError
+
+    import inspect
+
+    model, task = w4s4
+    modes = kwargs.pop("modes", ("warm",))
+    check = inspect.unwrap(conformance)  # as a user calls it: without the suite's type hook, which stops some first
+    with pytest.raises(UserInputError, match=re.escape(match)) as caught:
+        check(model, task, modes, n_per_residue=1, progress=False, **kwargs)
+    assert "\n" not in str(caught.value)
+
+
+def test_check_warm_rows_names_the_problem():
+    from phaseinterp.engines.adapters import check_warm_rows
+    from phaseinterp.errors import UserInputError
+
+    tokens = torch.arange(12).reshape(2, 6)
+    with pytest.raises(UserInputError, match=re.escape("prefix_len=6 is out of range for prompts of 6 tokens (1..5)")):
+        check_warm_rows(tokens, tokens, 6)
+    with pytest.raises(UserInputError, match="differ within the first prefix_len=3"):
+        check_warm_rows(tokens.flip(1), tokens, 3)
+    with pytest.raises(UserInputError, match="must be one"):
+        check_warm_rows(tokens[:, :5], tokens, 3)
+
+
 # ------------------------------------------------------------- OpenAI-compatible stand-in
-def _serve(model, perturb_phase=None):
+def _serve(model, perturb_phase=None, corrupt_reused_prefix=False):
     """A local /v1/completions server answering from ``model``'s full forward (top-20 logprobs,
-    keys "token_id:N"); ``perturb_phase`` swaps the top two tokens when the last position has that phase."""
+    keys "token_id:N"); ``perturb_phase`` swaps the top two tokens when the last position has that phase.
+    ``corrupt_reused_prefix``: a faulty prefix cache; a prompt that shares with the same row of the
+    previous request a prefix ending inside a window (length mod S != 0) is answered with its top two
+    tokens swapped."""
     S = model.cfg.stride
+    previous: list = []
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_POST(self):  # noqa: N802 - the stdlib's name
@@ -195,8 +297,15 @@ def _serve(model, perturb_phase=None):
                 values, ids = top.values.tolist(), top.indices.tolist()
                 if perturb_phase is not None and (tokens.shape[1] - 1) % S == perturb_phase:
                     values[0], values[1] = values[1], values[0]
+                if corrupt_reused_prefix and i < len(previous):
+                    shared = 0
+                    while shared < min(len(previous[i]), tokens.shape[1]) and previous[i][shared] == tokens[i, shared]:
+                        shared += 1
+                    if 0 < shared < tokens.shape[1] and shared % S:
+                        values[0], values[1] = values[1], values[0]
                 entries = {f"token_id:{t}": v for t, v in zip(ids, values)}
                 choices.append({"index": i, "text": "", "logprobs": {"top_logprobs": [entries]}})
+            previous[:] = body["prompt"]
             payload = json.dumps({"choices": choices}).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
@@ -228,6 +337,28 @@ def test_openai_compatible_server_adapter(w4s4, perturb_phase):
     if perturb_phase is not None:
         row = result.table[(result.table["phase"] == perturb_phase) & (result.table["kind"] == "answer")].iloc[0]
         assert row["agreement"] == 0.0  # every top-1 swapped
+
+
+@pytest.mark.parametrize("corrupt", [False, True])
+def test_openai_server_warm_answers_checked_per_prefix_phase(w4s4, corrupt):
+    """`OpenAIEngine.warm`: the donors in one request, then the prompts; a server whose prefix cache
+    spoils a reused prefix ending mid-window fails at exactly those prefix phases."""
+    model, task = w4s4
+    server = _serve(model, corrupt_reused_prefix=corrupt)
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        engine = OpenAIEngine(url, "w4s4", d_vocab=model.cfg.d_vocab, top_logprobs=20)
+        result = conformance(model, task, (), n_per_residue=1, answer_phases=(0, 3), warm_engines={"server": engine},
+                             progress=False)
+    finally:
+        server.shutdown()
+    assert result.settings == ("server",) and set(result.records["mode"]) == {"warm"}
+    assert result.failing_phases("server", "cut") == ((1, 2, 3) if corrupt else ())
+    cut = result.table[result.table["kind"] == "cut"].set_index("phase")
+    assert cut.loc[0, "agreement"] == 1.0
+    if corrupt:
+        assert (cut.loc[[1, 2, 3], "agreement"] == 0.0).all()  # every reused mid-window prefix swapped the top-1
+        assert "server: failing cut phases" in repr(result)
 
 
 def test_openai_engine_refuses_bad_settings():

@@ -45,20 +45,50 @@ def test_missing_llama_cpp_names_the_extra(tmp_path, monkeypatch):
     with pytest.raises(ImportError, match=r"pip install 'phaseinterp\[llama\]'"):
         LlamaCppEngine(gguf)
     for kwargs, message in (({"n_ctx": 0}, "n_ctx=0"), ({"n_ctx": 64, "n_batch": 65}, "n_batch=65 is larger"),
-                            ({"cache_type": "q8_0"}, "cache_type='q8_0' is not supported")):
+                            ({"cache_type": "q8_0"}, "cache_type='q8_0' is not supported"),
+                            ({"reuse": "prefix"}, "reuse='prefix' is not supported")):
         with pytest.raises(UserInputError, match=message):
             LlamaCppEngine(gguf, **kwargs)
 
 
+@pytest.mark.parametrize("error", [
+    OSError("/lib/x86_64-linux-gnu/libc.so.6: version `GLIBC_2.38' not found (required by libllama.so)"),
+    RuntimeError("Failed to load shared library 'libllama.so': /lib/x86_64-linux-gnu/libm.so.6: version "
+                 "`GLIBC_2.38' not found"),  # llama_cpp wraps the loader's OSError so
+])
+def test_llama_cpp_built_for_a_newer_glibc_is_one_clear_line(monkeypatch, error):
+    import builtins
+    import os
+
+    from phaseinterp.engines.llama_cpp import import_llama_cpp
+
+    real_import = builtins.__import__
+
+    def failing_import(name, *args, **kwargs):
+        if name == "llama_cpp":
+            raise error
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.delitem(sys.modules, "llama_cpp", raising=False)
+    monkeypatch.setattr(builtins, "__import__", failing_import)
+    monkeypatch.setattr(os, "confstr", lambda name: "glibc 2.36")
+    with pytest.raises(ImportError) as caught:
+        import_llama_cpp()
+    message = str(caught.value)
+    assert "needs glibc 2.38 but this machine has glibc 2.36" in message and "\n" not in message
+    assert "--no-binary llama-cpp-python llama-cpp-python" in message
+
+
 class _FakeLlama:
     """Records what `LlamaCppEngine` asks of ``llama_cpp.Llama``: the constructor's settings, each
-    ``reset`` and ``eval`` call; its logits after a call are a function of every token fed since the
-    last reset, so a lost or repeated piece changes them."""
+    ``reset``, ``eval``, ``save_state`` and ``load_state`` call; like ``Llama.eval``, an eval first
+    drops the positions from ``n_tokens`` on. Its logits after a call are a function of every token
+    in the sequence, so a lost, stale or repeated piece changes them."""
 
     instances: list = []
 
     def __init__(self, **kwargs):
-        self.kwargs, self.calls, self.fed = kwargs, [], []
+        self.kwargs, self.calls, self.fed, self.n_tokens = kwargs, [], [], 0
         _FakeLlama.instances.append(self)
 
     def n_vocab(self):
@@ -66,15 +96,24 @@ class _FakeLlama:
 
     def reset(self):
         self.calls.append("reset")
-        self.fed = []
+        self.n_tokens = 0
 
     def eval(self, ids):
         self.calls.append(len(ids))
-        self.fed += list(ids)
+        self.fed = self.fed[:self.n_tokens] + list(ids)
+        self.n_tokens = len(self.fed)
         import ctypes
 
         logits = [float((sum(self.fed) * (v + 1)) % 7) for v in range(8)]
         self.buffer = (ctypes.c_float * 8)(*logits)
+
+    def save_state(self):
+        self.calls.append("save")
+        return list(self.fed), self.n_tokens
+
+    def load_state(self, state):
+        self.calls.append("load")
+        self.fed, self.n_tokens = list(state[0]), state[1]
 
     @property
     def ctx(self):
@@ -88,7 +127,46 @@ def _fake_llama_cpp():
     module = types.ModuleType("llama_cpp")
     module.Llama, module.GGML_TYPE_F32, module.GGML_TYPE_F16 = _FakeLlama, 0, 1
     module.llama_get_logits_ith = lambda ctx, i: ctypes.cast(ctx.buffer, ctypes.POINTER(ctypes.c_float))
+    module.llama_get_memory = lambda ctx: ctx
+    module.partial_seq_rm = True  # what llama_memory_seq_rm answers for a partial removal
+
+    def seq_rm(memory, seq_id, p0, p1):
+        memory.calls.append(f"seq_rm({p0})")
+        if module.partial_seq_rm:
+            memory.fed = memory.fed[:p0]
+        return module.partial_seq_rm
+
+    module.llama_memory_seq_rm = seq_rm
     return module
+
+
+def test_warm_reuses_the_donor_cache_of_the_shared_prefix(tmp_path, monkeypatch):
+    """Without llama.cpp: ``warm`` evaluates only the target's tokens after the shared prefix, from the
+    checkpoint taken after the donor's prefix (or, with ``reuse="seq_rm"``, the donor's cache cut back in
+    place), and answers as the cold prompt; a memory that refuses a partial removal is one clear line."""
+    from phaseinterp.engines.llama_cpp import LlamaCppEngine
+
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    module = _fake_llama_cpp()
+    monkeypatch.setitem(sys.modules, "llama_cpp", module)
+    engine = LlamaCppEngine(gguf, n_ctx=64, n_batch=32)
+    fake = _FakeLlama.instances[-1]
+    tokens = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 0, 1, 2]])
+    donors = torch.tensor([[1, 2, 3, 4, 5, 6, 0, 7, 7, 7]])
+    cold = engine(tokens)
+    fake.calls.clear()
+    assert torch.equal(engine.warm(donors, tokens, 6), cold)
+    assert fake.calls == ["reset", 6, "save", 4, "load", 4]  # prefix, checkpoint, donor's rest, restore, target's rest
+    removal = engine.with_schedule(None, "rm", reuse="seq_rm")
+    fake.calls.clear()
+    assert torch.equal(removal.warm(donors, tokens, 6), cold) and fake.calls == ["reset", 10, "seq_rm(6)", 4]
+    module.partial_seq_rm = False
+    with pytest.raises(UserInputError, match=r"llama.cpp refused to drop positions 6\.\. of the donor .* use "
+                                             r"reuse='checkpoint'"):
+        removal.warm(donors, tokens, 6)
+    with pytest.raises(UserInputError, match="prefix_len=10 is out of range"):
+        engine.warm(donors, tokens, 10)
 
 
 def test_engine_feeds_each_row_fresh_in_the_schedules_pieces(tmp_path, monkeypatch):
@@ -194,6 +272,36 @@ def test_llama_cpp_agrees_with_transformers_past_the_indexer_top_k(gguf, referen
     assert set(table.setting) == set(engines) and len(table[table.kind == "answer"]) == 3 * 4
     assert table.passed.all(), table[["setting", "kind", "phase", "max_abs_diff"]]
     assert (table.agreement == 1.0).all()
+
+
+@pytest.mark.slow
+def test_llama_cpp_warm_checkpoint_answers_as_cold_at_csa_phases_and_hca_boundaries(gguf, reference):
+    """Warm against cold on llama.cpp itself (``reference=`` the cold engine: a fresh sequence per
+    prompt): 4 prompts of 640 tokens, each answered from llama.cpp's state checkpointed after a donor's
+    first ``L`` tokens, ``L`` = 255..258 (every CSA phase mod 4; just before, on and after the HCA
+    boundary 256, mod 128) and 384 (another HCA boundary), within 1e-4 with the same top-1. llama.cpp's
+    in-place reuse (``llama_memory_seq_rm``) is refused by DeepSeek-V4's memory: one clear line."""
+    from phaseinterp.engines import conformance, cut_period
+    from phaseinterp.engines.check import donor_prompts
+    from phaseinterp.engines.llama_cpp import LlamaCppEngine
+    from phaseinterp.tasks import KeyValueRetrieval
+
+    task = KeyValueRetrieval(seq_len=640, n_records=12, n_demos=2, residue_modulus=4, padding="in_sequence")
+    assert cut_period(reference) == 128
+    cold = LlamaCppEngine(gguf[1], n_ctx=648, cache_type="f32", n_threads=2, name="llama.cpp")
+    lengths = (255, 256, 257, 258, 384)
+    result = conformance(reference, task, modes=(), reference=cold, warm_engines={"llama.cpp:warm": cold},
+                         prefix_lengths=lengths, n_per_residue=1, answer_phases=(3,),
+                         tolerance={"llama.cpp:warm": 1e-4}, progress=False)
+    table = result.table
+    assert sorted(table[table.kind == "cut"].phase) == [0, 1, 2, 127]  # L mod 128
+    assert sorted(set(result.records.prefix_len % 4)) == [0, 1, 2, 3]
+    assert table.passed.all(), table[["kind", "phase", "max_abs_diff"]]
+    assert (table.agreement == 1.0).all() and len(result.records) == len(lengths) * 4
+    tokens = task.generate(1, seed=0, strict=False).tokens
+    with pytest.raises(UserInputError, match="llama.cpp refused to drop positions 256"):
+        cold.with_schedule(None, "rm", reuse="seq_rm").warm(donor_prompts(tokens, 256, task.vocab.filler_ids),
+                                                             tokens, 256)
 
 
 # max |d log p| per phase allowed to llama.cpp (f32 KV cache) against transformers. Measured on this fixture

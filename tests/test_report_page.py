@@ -98,6 +98,47 @@ def test_browser_check_fails_on_a_broken_figure_and_an_overflowing_table(report,
     assert not [p for p in found if "fig-phase_profile" in p or "fig-gate" in p], found  # the real ones still draw
 
 
+LONG_TITLE = ("Mean replacement of z at the answer: w4s4 (W4/S4 gated, 2 KV heads) (* significant, Holm over "
+              "units x phases)")
+
+
+@pytest.mark.slow  # spawns Chromium
+def test_browser_check_finds_a_cut_title_and_the_house_style_wraps_it(report, tmp_path):
+    """A figure title plotly cuts at the figure's edge is a problem check-report names; the same
+    title through the house style (`style`, which every mechanism figure uses) is wrapped and passes."""
+    import plotly.graph_objects as go
+    import plotly.io as pio
+
+    from phaseinterp.plot.mechanisms import style
+    from phaseinterp.report.check import check_page, problems
+
+    _chromium_or_skip()
+    heat = go.Heatmap(z=[[1, -1, 0, 2], [0, 1, -2, 1]])
+    cut = go.Figure(heat).update_layout(title=dict(text=LONG_TITLE, x=0.02), width=560, height=380)
+    wrapped = style(go.Figure(heat), LONG_TITLE, width=560, height=380)
+    page = (report / "index.html").read_text()
+    parts = [pio.to_html(f, include_plotlyjs=False, full_html=False, div_id=i)
+             for f, i in ((cut, "fig-cut"), (wrapped, "fig-wrapped"))]
+    bad = tmp_path / "index.html"
+    bad.write_text(page.replace("</body>", "".join(parts) + "</body>"))
+    found = problems(check_page(bad, width=1400))
+    assert any(p.startswith("figure fig-cut: title cut off") for p in found), found
+    assert not [p for p in found if "fig-wrapped" in p or "title cut off" in p and "fig-cut" not in p], found
+
+
+def test_long_titles_wrap_to_the_figure_width():
+    from phaseinterp.plot.mechanisms import style, wrap_title
+
+    lines = wrap_title(LONG_TITLE, 560)
+    assert len(lines) >= 2 and " ".join(lines) == LONG_TITLE
+    assert all(len(line) * 0.6 * 17 <= 560 for line in lines)
+    assert wrap_title("short", 560) == ["short"] and wrap_title("a<br>b", 100) == ["a", "b"]
+    import plotly.graph_objects as go
+
+    fig = style(go.Figure(), LONG_TITLE, width=560)
+    assert fig.layout.title.text.count("<br>") == len(lines) - 1 and fig.layout.margin.t > 70
+
+
 # ----------------------------------------------------------- the page's text
 def test_report_reads_itself(report):
     page = (report / "index.html").read_text()

@@ -21,6 +21,18 @@ N_PER_RESIDUE_HELP = ("prompts per residue group (x R = 24 residues for the zoo 
                       "77, 80 or any size from 86 for the zoo task; at most 500,000 prompts in all")
 
 
+def axis_options(args) -> dict:
+    """phase_profile's axis options from --axis/--hold/--length-modulus (--hold and --length-modulus
+    apply to --axis length only)."""
+    for flag, value in (("--hold", args.hold), ("--length-modulus", args.length_modulus)):
+        if value is not None and args.axis != "length":
+            raise UsageError(f"{flag} applies to --axis length only (here --axis {args.axis}); drop it")
+    options = {"axis": args.axis}
+    if args.axis == "length":
+        options.update(hold=args.hold, length_modulus=args.length_modulus)
+    return options
+
+
 def _parse_number(text: str, kind: type, ok, bound: str):
     """``text`` as ``kind`` (int or float) satisfying ``ok``, else an argparse error naming the value."""
     try:
@@ -117,7 +129,8 @@ def _scale_args(p):
                    help="prompts per shard file; with profile --engine, prompts per request (default: 64)")
     p.add_argument("--query-chunk", type=_positive, default=None,
                    help="attention queries per chunk for long prompts: memory linear in the prompt length, same "
-                        "numbers (default: all at once)")
+                        "numbers (default: the model's 'auto': forwards over more than 2,048 new tokens are chunked "
+                        "to a bounded score block, shorter ones run all at once)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -210,9 +223,33 @@ def build_parser() -> argparse.ArgumentParser:
                         "with phaseinterp.phase_profile(..., stride=...)) (default: the model's)")
     p.add_argument("--padding", choices=["prefix", "in_sequence"], default=None,
                    help="how records are moved to each residue (default: the task's own)")
+    p.add_argument("--axis", choices=["target", "length", "both"], default="target",
+                   help="target: the target's residue varies at a fixed prompt length; length: the prompt "
+                        "length's residue varies with the target's residue held (--hold); both: target phase x "
+                        "length phase (default: target)")
+    p.add_argument("--hold", type=_non_negative, default=None,
+                   help="with --axis length: the target residue mod R held fixed (default: 0)")
+    p.add_argument("--length-modulus", type=_positive, default=None,
+                   help="with --axis length: the length residues' modulus, a multiple of S dividing R (default: R, "
+                        "or the largest the task's layout allows)")
     p.add_argument("--seed", type=_non_negative, default=0, help="prompt seed, >= 0 (default: 0)")
     _out_arg(p, what="the profile (meta.json + arrays.npz)")
     _scale_args(p)
+
+    p = sub.add_parser("lm-eval-task", help="write MODEL's task as an lm-evaluation-harness task folder "
+                       "(phaseinterp.lm_eval.write_lm_eval_task)",
+                       description="Write the prompts of MODEL's task (task.generate(N, seed)) as a task that "
+                       "`lm_eval --include_path DIR --tasks NAME` runs on any backend (hf, vllm, local-completions): "
+                       "a loglikelihood request of the one-token answer, acc = the answer is the top-1 next token. "
+                       "Read lm-eval's --log_samples output back with phaseinterp.PhaseProfile.from_lm_eval(OUT).")
+    p.add_argument("model", help="zoo name (see `phaseinterp zoo list`) or a checkpoint directory: its stored "
+                                 "task, stride and name")
+    p.add_argument("--n-per-residue", type=_positive, default=DEFAULT_N_PER_RESIDUE,
+                   help=N_PER_RESIDUE_HELP + f" (default: {DEFAULT_N_PER_RESIDUE}, as every experiment)")
+    p.add_argument("--seed", type=_non_negative, default=0, help="prompt seed, >= 0 (default: 0)")
+    p.add_argument("--name", default=None,
+                   help="the lm-eval task name: a letter, then letters, digits and _ (default: phaseinterp_<model>)")
+    _out_arg(p, required=True, what="the task (NAME.yaml, prompts.jsonl, prompts.py, lm_eval_task.json)")
 
     p = sub.add_parser("ablate", help="per-KV-head mean replacement (phaseinterp.ablate)",
                        description="Replace each KV head's per-head outputs (hook_z) at the answer position by "
@@ -284,8 +321,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "bfloat16/float16; print max and mean |difference of next-token log-probs|, top-1 agreement and "
                        "the accuracy difference per answer phase (and per cut phase), with a verdict per phase.")
     _model_arg(p)
-    p.add_argument("--modes", nargs="+", choices=["decode", "chunked_prefill", "dtype"], default=None,
-                   help="what to compare with the reference (default: decode chunked_prefill dtype)")
+    p.add_argument("--modes", nargs="+", choices=["decode", "chunked_prefill", "warm", "dtype"], default=None,
+                   help="what to compare with the reference (default: decode chunked_prefill dtype; warm: each "
+                        "prompt answered from the cache of a donor sharing its prefix, one length per cut phase)")
     p.add_argument("--dtypes", nargs="+", choices=["bfloat16", "float16"], default=None,
                    help="low precisions of the dtype mode; one the device cannot run is skipped and named "
                         "(default: bfloat16 float16)")

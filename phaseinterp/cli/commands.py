@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from phaseinterp.cli.args import UsageError
+from phaseinterp.cli.args import UsageError, axis_options
 
 
 # ------------------------------------------------------------------- the zoo
@@ -36,7 +36,7 @@ def zoo_markdown() -> str:
 # merge's result kind is known only from its run header, so its save checks it.
 OUT_KINDS = {"demo": "report", "report": "report", "profile": "PhaseProfile result", "ablate": "AblationResult result",
              "gates": "GateProfile result", "conformance": "ConformanceResult result", "train": "training run",
-             "pretrain": "pretraining run", "tokenizer": "tokenizer"}
+             "pretrain": "pretraining run", "tokenizer": "tokenizer", "lm-eval-task": "lm-eval task"}
 
 
 def _out_kind(args) -> Optional[str]:
@@ -307,8 +307,23 @@ def _finish(args, result) -> int:
     if result is None:
         return 0
     _print_table(result)
+    _print_premise(result)
     _save(args.out, result, args.overwrite)
     return 0
+
+
+def _print_premise(result) -> None:
+    """Each failed premise of the experiment, in full, after its table (stdout, where the numbers
+    are), and one line on stderr so a pipeline that keeps only stdout's numbers still hears of it.
+    The exit code stays 0: the run did what was asked, and the result records why it is no evidence."""
+    notes = getattr(result, "premise_notes", ())
+    if not notes:
+        return
+    print(f"PREMISE FAILS ({len(notes)}): these numbers are not evidence for the experiment's claim")
+    for note in notes:
+        print(f"  - {note}")
+    print(f"phaseinterp: premise fails: {notes[0]}" + (f" (and {len(notes) - 1} more)" if len(notes) > 1 else ""),
+          file=sys.stderr)
 
 
 def _cmd_profile(args) -> int:
@@ -337,11 +352,28 @@ def _cmd_profile(args) -> int:
     if args.shard_dir is not None:
         from phaseinterp.parallel import sharded_profile
 
+        if args.axis != "target":
+            raise UsageError(f"--axis {args.axis} is not sharded yet (--shard-dir runs the target axis); drop one")
         result = sharded_profile(model, task, n_per_residue=args.n_per_residue, out_dir=args.shard_dir, seed=args.seed,
                                  chunk_size=args.chunk_size, stride=args.stride, label=label)
     else:
-        result = phase_profile(model, task, n_per_residue=args.n_per_residue, seed=args.seed, stride=args.stride, label=label)
+        result = phase_profile(model, task, n_per_residue=args.n_per_residue, seed=args.seed, stride=args.stride,
+                               label=label, **axis_options(args))
     return _finish(args, result)
+
+
+def _cmd_lm_eval_task(args) -> int:
+    """``phaseinterp lm-eval-task MODEL --out DIR``: MODEL's task as an lm-evaluation-harness task folder."""
+    _check_model_name(args.model)
+    from phaseinterp.lm_eval import write_lm_eval_task
+
+    out = write_lm_eval_task(args.model, args.out, n_per_residue=args.n_per_residue, seed=args.seed, name=args.name,
+                             overwrite=args.overwrite)
+    name = next(out.glob("*.yaml")).stem
+    print(f"wrote lm-eval task {name!r} to {out}; run it with\n"
+          f"  lm_eval --model hf --model_args pretrained=MODEL_DIR --include_path {out} --tasks {name} "
+          f"--log_samples --output_path OUT\nand read it with phaseinterp.PhaseProfile.from_lm_eval(OUT)")
+    return 0
 
 
 def _cmd_ablate(args) -> int:
@@ -432,11 +464,11 @@ def _cmd_conformance(args) -> int:
     if described is not None and args.chunk is not None and args.chunk % described.cfg.stride:
         raise UsageError(f"--chunk {args.chunk} is not a multiple of the cut period {described.cfg.stride} "
                          f"(the stride of {args.model})")
-    from phaseinterp.engines import DTYPES, MODES, conformance
+    from phaseinterp.engines import DEFAULT_MODES, DTYPES, conformance
     from phaseinterp.tasks import resolve_task
 
     model = load(args.model, device=args.device)
-    result = conformance(model, resolve_task(model), tuple(args.modes or MODES), n_per_residue=args.n_per_residue,
+    result = conformance(model, resolve_task(model), tuple(args.modes or DEFAULT_MODES), n_per_residue=args.n_per_residue,
                          dtypes=tuple(args.dtypes or DTYPES), chunk=args.chunk, seed=args.seed)
     columns = ["setting", "kind", "phase", "n", "max_abs_diff", "mean_abs_diff", "agreement", "accuracy_diff",
                "accuracy_diff_lower", "accuracy_diff_upper", "statistic", "tolerance", "passed"]
@@ -748,4 +780,5 @@ COMMANDS = {
     "profile": _cmd_profile, "ablate": _cmd_ablate, "cycle": _cmd_cycle, "gates": _cmd_gates, "merge": _cmd_merge,
     "conformance": _cmd_conformance, "train": _cmd_train, "zoo": _cmd_zoo, "memory-plan": _cmd_memory_plan,
     "experiments": _cmd_experiments, "pretrain": _cmd_pretrain, "tokenizer": _cmd_tokenizer,
+    "lm-eval-task": _cmd_lm_eval_task,
 }

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from phaseinterp.cli.args import UsageError
+from phaseinterp.cli.args import UsageError, axis_options
 
 
 def _tokenizer(directory: str):
@@ -41,6 +41,7 @@ def engine_profile(args) -> int:
         raise UsageError("--engine takes the task from MODEL (a zoo name or checkpoint directory: its task, "
                          "vocabulary and stride) or from --tokenizer DIR (a needle task in that tokenizer's ids); "
                          "pass exactly one")
+    axis = axis_options(args)
     if args.shard_dir is not None:
         from phaseinterp._files import check_output_dir
 
@@ -97,7 +98,7 @@ def engine_profile(args) -> int:
 
     result = phase_profile(engine, task, n_per_residue=args.n_per_residue, seed=args.seed, stride=stride, label=label,
                            batch_size=args.chunk_size, resume_dir=args.shard_dir, retries=args.retries,
-                           tokenizer=tokenizer)
+                           tokenizer=tokenizer, **axis)
     print(result.summary().to_string(header=False))
     if args.out:
         overwrite = {"overwrite": True} if getattr(args, "overwrite", False) else {}

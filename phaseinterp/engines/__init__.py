@@ -2,25 +2,34 @@
 
 An engine is a callable ``tokens [batch, pos] -> next-token log-probs [batch, d_vocab]``
 (`Engine`). `conformance` runs the same phase-controlled prompts through the reference forward
-and through decoding, chunked prefill, lower precision or any engine (an OpenAI-compatible
-server through `OpenAIEngine`), and reports agreement per phase.
+and through decoding, chunked prefill, a warm prefix cache, lower precision or any engine (an
+OpenAI-compatible server through `OpenAIEngine`), and reports agreement per phase.
 """
 
 from phaseinterp.engines.adapters import (
     CacheEngine,
     Engine,
     TransformersEngine,
+    WarmEngine,
     cast_copy,
     chunked_pieces,
     decode_pieces,
     engine_for,
     full_pieces,
 )
-from phaseinterp.engines.check import DEFAULT_TOLERANCE, DTYPES, MODES, conformance, cut_period, phase_table
+from phaseinterp.engines.check import (
+    DEFAULT_MODES,
+    DEFAULT_TOLERANCE,
+    DTYPES,
+    MODES,
+    conformance,
+    cut_period,
+    phase_table,
+)
 from phaseinterp.engines.llama_cpp import LlamaCppEngine  # llama_cpp itself is imported on first use
 from phaseinterp.engines.openai import OpenAIEngine
 from phaseinterp.engines.result import ConformanceResult
 
-__all__ = ["CacheEngine", "ConformanceResult", "DEFAULT_TOLERANCE", "DTYPES", "Engine", "LlamaCppEngine", "MODES", "OpenAIEngine",
-           "TransformersEngine", "cast_copy", "chunked_pieces", "conformance", "cut_period", "decode_pieces",
+__all__ = ["CacheEngine", "ConformanceResult", "DEFAULT_MODES", "DEFAULT_TOLERANCE", "DTYPES", "Engine", "LlamaCppEngine",
+           "MODES", "OpenAIEngine", "TransformersEngine", "WarmEngine", "cast_copy", "chunked_pieces", "conformance", "cut_period", "decode_pieces",
            "engine_for", "full_pieces", "phase_table"]

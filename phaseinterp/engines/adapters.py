@@ -12,6 +12,15 @@ In-process engines here: `CacheEngine` (phaseinterp's own `CompressedTransformer
 for DeepSeek-V4, transformers' ``DeepseekV4CSACache``/``DeepseekV4HCACache`` inside a
 ``DynamicCache``). `phaseinterp.engines.openai.OpenAIEngine` reads an OpenAI-compatible
 server's logprobs.
+
+A warm engine (`WarmEngine`) also answers a prompt right after a *donor* prompt that shares its
+first ``prefix_len`` tokens, reusing its cache of that prefix instead of recomputing it::
+
+    engine.warm(donors, tokens, prefix_len) -> Float[Tensor, "batch d_vocab"]
+
+`CacheEngine` truncates its `KVCache` after the donor to the first ``prefix_len`` tokens (a
+prefix cache); `TransformersEngine` checkpoints its cache after the prefix and restores it once
+the donor is done.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from phaseinterp.errors import UserInputError
+from phaseinterp.models.cache import KVCache, LayerCache
 from phaseinterp.models.protocol import phase_model
 
 Schedule = Callable[[int], Sequence[int]]  # prompt length -> piece lengths (they sum to the length)
@@ -37,6 +47,30 @@ class Engine(Protocol):
     name: str
 
     def __call__(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch d_vocab"]: ...
+
+
+@runtime_checkable
+class WarmEngine(Engine, Protocol):
+    """An `Engine` that can reuse a cached prefix: ``warm(donors, tokens, prefix_len)`` feeds each
+    row of ``donors`` (same length as ``tokens``, equal to it on the first ``prefix_len`` tokens),
+    then answers the row of ``tokens`` from its cache of those ``prefix_len`` tokens, computing only
+    ``tokens[:, prefix_len:]``. Returns the log-probs after each row of ``tokens``."""
+
+    def warm(self, donors: Int[Tensor, "batch pos"], tokens: Int[Tensor, "batch pos"],
+             prefix_len: int) -> Float[Tensor, "batch d_vocab"]: ...
+
+
+def check_warm_rows(donors: Tensor, tokens: Tensor, prefix_len: int) -> None:
+    """`UserInputError` unless ``donors`` and ``tokens`` have one shape, share their first
+    ``prefix_len`` tokens, and ``prefix_len`` leaves at least one token of ``tokens`` to compute."""
+    if donors.shape != tokens.shape or tokens.ndim != 2:
+        raise UserInputError(f"donors {tuple(donors.shape)} and tokens {tuple(tokens.shape)} must be one [batch, pos] "
+                             "shape")
+    if isinstance(prefix_len, bool) or not isinstance(prefix_len, int) or not 1 <= prefix_len < tokens.shape[1]:
+        raise UserInputError(f"prefix_len={prefix_len!r} is out of range for prompts of {tokens.shape[1]} tokens "
+                             f"(1..{tokens.shape[1] - 1})")
+    if not torch.equal(donors[:, :prefix_len].cpu(), tokens[:, :prefix_len].cpu()):
+        raise UserInputError(f"donors and tokens differ within the first prefix_len={prefix_len} tokens")
 
 
 # ------------------------------------------------------------------------------- schedules
@@ -109,6 +143,42 @@ class CacheEngine:
             pos += n
         return _last_logprobs(logits)
 
+    @torch.inference_mode()
+    def warm(self, donors: Int[Tensor, "batch pos"], tokens: Int[Tensor, "batch pos"],
+             prefix_len: int) -> Float[Tensor, "batch d_vocab"]:
+        """``tokens`` answered from the cache the donors left, cut back to ``prefix_len`` tokens
+        (`truncate_cache`): the donors go through ``model.init_cache()`` in one piece, then only
+        ``tokens[:, prefix_len:]`` are computed (see `WarmEngine`)."""
+        check_warm_rows(donors, tokens, prefix_len)
+        cache = self.model.init_cache()
+        self.model(donors.to(self.device), cache=cache)
+        cache = truncate_cache(self.model, cache, prefix_len)
+        return _last_logprobs(self.model(tokens[:, prefix_len:].to(self.device), cache=cache))
+
+
+def truncate_cache(model: torch.nn.Module, cache: KVCache, length: int) -> KVCache:
+    """``cache`` (a `CompressedTransformer`'s) cut back to its first ``length`` tokens, as a prefix
+    cache keeps it: per-token inputs ``[:, :length]`` and the compressed entries whose windows are
+    closed for every KV head at ``length``. The entries after those may have read tokens past
+    ``length``; the next ``model(tokens, cache=cache)`` recomputes them from the kept inputs (it
+    recomputes every entry from the first one not closed for every head). The tensors are views
+    of ``cache``'s; neither cache is changed in place by later forwards."""
+    if not 0 < length <= cache.length:
+        raise UserInputError(f"length={length} is out of range for a cache of {cache.length} tokens "
+                             f"(1..{cache.length})")
+    layers: list[Optional[LayerCache]] = []
+    for block, layer in zip(model.blocks, cache.layers):
+        if layer is None:
+            layers.append(None)
+            continue
+        kept = LayerCache(*(t[:, :length] for t in (layer.h, layer.k, layer.v, layer.k_rot)),
+                          layer.k_comp, layer.v_comp)
+        if model.cfg.is_compressed:
+            closed = block.attn._entry_range(length, length)[0]  # the first entry open for some head
+            kept.k_comp, kept.v_comp = layer.k_comp[:, :closed], layer.v_comp[:, :closed]
+        layers.append(kept)
+    return KVCache(layers, length)
+
 
 # ------------------------------------------------------------------------- transformers
 class TransformersEngine:
@@ -146,6 +216,27 @@ class TransformersEngine:
             logits = out.logits
             pos += n
         return _last_logprobs(logits)
+
+    @torch.inference_mode()
+    def warm(self, donors: Int[Tensor, "batch pos"], tokens: Int[Tensor, "batch pos"],
+             prefix_len: int) -> Float[Tensor, "batch d_vocab"]:
+        """``tokens`` answered from a checkpoint of the cache after the donors' first ``prefix_len``
+        tokens (``copy.deepcopy`` of the ``DynamicCache``, its CSA/HCA compressor states included),
+        restored after the rest of the donors ran; only ``tokens[:, prefix_len:]`` are computed."""
+        from transformers import DynamicCache
+
+        check_warm_rows(donors, tokens, prefix_len)
+        donors, tokens = donors.to(self.device), tokens.to(self.device)
+        cache = DynamicCache(config=self.hf.config)
+        self._extend(cache, donors[:, :prefix_len], 0)
+        checkpoint = copy.deepcopy(cache)
+        self._extend(cache, donors[:, prefix_len:], prefix_len)  # the donor's own continuation, then dropped
+        return _last_logprobs(self._extend(checkpoint, tokens[:, prefix_len:], prefix_len))
+
+    def _extend(self, cache, tokens: Tensor, start: int) -> Tensor:
+        """Logits of ``tokens`` at positions ``start..``, ``cache`` extended by them."""
+        position_ids = torch.arange(start, start + tokens.shape[1], device=tokens.device).expand(tokens.shape[0], -1)
+        return self.hf(input_ids=tokens, position_ids=position_ids, use_cache=True, **{self._cache_arg: cache}).logits
 
 
 def _last_logprobs(logits: Float[Tensor, "batch pos d_vocab"]) -> Float[Tensor, "batch d_vocab"]:
@@ -186,5 +277,5 @@ def cast_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
     return out
 
 
-__all__ = ["CacheEngine", "Engine", "Schedule", "TransformersEngine", "cast_copy", "chunked_pieces",
-           "decode_pieces", "engine_for", "full_pieces", "is_hf_wrapper"]
+__all__ = ["CacheEngine", "Engine", "Schedule", "TransformersEngine", "WarmEngine", "cast_copy", "check_warm_rows",
+           "chunked_pieces", "decode_pieces", "engine_for", "full_pieces", "is_hf_wrapper", "truncate_cache"]

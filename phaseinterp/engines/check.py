@@ -1,16 +1,18 @@
 """`conformance`: the same phase-controlled prompts through the reference forward and through
-incremental decoding, chunked prefill, lower precision or an external engine, compared per
-phase of the answer position (and per phase of the prefill cut).
+incremental decoding, chunked prefill, a warm prefix cache, lower precision or an external
+engine, compared per phase of the answer position (and per phase of the prefill cut, or of the
+shared-prefix length a warm cache reused).
 
 Every prompt of the task is presented at each answer phase ``a`` (``answer_pos mod S``) by
 deleting its last ``d`` filler tokens (``d`` in ``0..S-1``; nothing else moves relative to
-the query), so the reference and every engine see the very same sequences.
+the query), so the reference and every engine see the very same sequences. In the warm mode each
+prompt is answered right after a donor prompt that shares its first ``L`` tokens and then differs
+(`donor_prompts`), the engine reusing its cache of those ``L`` tokens.
 """
 
 from __future__ import annotations
 
 import math
-import os
 from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
@@ -22,24 +24,26 @@ from tqdm.auto import tqdm
 
 from phaseinterp.errors import UserInputError
 from phaseinterp import stats
-from phaseinterp._checks import check_int, check_n_per_residue
+from phaseinterp._checks import check_int, check_n_per_residue, env_flag, check_is_model
 from phaseinterp.engines.adapters import (
     cast_copy,
     chunked_pieces,
     decode_pieces,
     engine_for,
 )
+from phaseinterp.engines.adapters import WarmEngine
 from phaseinterp.engines.result import ConformanceResult
 from phaseinterp.models.protocol import phase_model
 
-MODES = ("decode", "chunked_prefill", "dtype")
+MODES = ("decode", "chunked_prefill", "warm", "dtype")
+DEFAULT_MODES = ("decode", "chunked_prefill", "dtype")  # warm is asked for: it costs one donor per prompt and L
 DTYPES = ("bfloat16", "float16")
 # The verdict per phase: a statistic of |difference of next-token log-probs| against a tolerance.
 # float32 engines only reorder sums (~1e-5 measured), so one prompt beyond 1e-3 is a fault: the
 # statistic is the max. Low precision rounds every op, and its max grows with the number of
 # prompts; its scale is the mean, allowed 32 units of the dtype's unit roundoff (2^-8 bfloat16,
 # 2^-11 float16). Override per setting: ``tolerance={"bfloat16": ("max", 1.0), "decode": 1e-4}``.
-DEFAULT_TOLERANCE = {"decode": ("max", 1e-3), "chunked_prefill": ("max", 1e-3),
+DEFAULT_TOLERANCE = {"decode": ("max", 1e-3), "chunked_prefill": ("max", 1e-3), "warm": ("max", 1e-3),
                      "bfloat16": ("mean", 32 * 2.0**-8), "float16": ("mean", 32 * 2.0**-11)}
 STATISTICS = ("max", "mean")
 ENGINE_TOLERANCE = ("max", 1e-3)  # default for an external engine
@@ -83,6 +87,52 @@ def answer_phase_variants(tokens: Int[Tensor, "batch pos"], filler_ids: Sequence
     return out
 
 
+def shortest_variant(seq_len: int, stride: int, answer_phases: Sequence[int]) -> int:
+    """The length of the shortest prompt `answer_phase_variants` makes from ``seq_len``-token prompts."""
+    return seq_len - max((seq_len - 1 - a) % stride for a in answer_phases)
+
+
+def default_prefix_lengths(length: int, period: int) -> tuple[int, ...]:
+    """One shared-prefix length per phase of ``period``: ``L = B + c`` for ``c`` in ``0..period-1``,
+    ``B`` the multiple of ``period`` nearest the middle of a ``length``-token prompt (at least
+    ``period``), so every ``L mod period`` is visited and ``L = B`` sits on a boundary of every
+    compressor whose rate divides ``period`` (DeepSeek-V4's HCA included)."""
+    base = period * max(1, (length - 1) // 2 // period)
+    if base + period - 1 > length - 1:
+        raise UserInputError(f"prompts of {length} tokens are too short for shared-prefix lengths {base}.."
+                             f"{base + period - 1} (one per phase of the cut period {period}): give "
+                             f"prefix_lengths= in 1..{length - 1}")
+    return tuple(range(base, base + period))
+
+
+def _check_prefix_lengths(values: Any, length: int) -> tuple[int, ...]:
+    valid = f"shared-prefix lengths are 1..{length - 1} for the shortest prompt of {length} tokens"
+    values = tuple(values) if isinstance(values, (list, tuple, range)) else (values,)
+    if not values:
+        raise UserInputError(f"prefix_lengths=() is empty: {valid}")
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= length - 1:
+            raise UserInputError(f"prefix_lengths: {value!r} is out of range ({valid})")
+    if len(set(values)) != len(values):
+        raise UserInputError(f"prefix_lengths={values} repeats a length")
+    return tuple(int(v) for v in values)
+
+
+def donor_prompts(tokens: Int[Tensor, "batch pos"], prefix_len: int,
+                  filler_ids: Sequence[int]) -> Int[Tensor, "batch pos"]:
+    """Donors for the warm mode: each row equal to ``tokens``'s row on the first ``prefix_len``
+    tokens, then the next row's tail (rows rolled by one), with the token at ``prefix_len``
+    replaced where it would still agree, so the shared prefix is exactly ``prefix_len`` long."""
+    donors = tokens.clone()
+    donors[:, prefix_len:] = tokens.roll(1, 0)[:, prefix_len:]
+    first = int(filler_ids[0])
+    second = next((int(f) for f in filler_ids if int(f) != first), first - 1 if first > 0 else first + 1)
+    same = donors[:, prefix_len] == tokens[:, prefix_len]
+    other = torch.where(tokens[:, prefix_len] == first, second, first)
+    donors[:, prefix_len] = torch.where(same, other, donors[:, prefix_len])
+    return donors
+
+
 def _check_phases(name: str, phases: Any, period: int) -> tuple[int, ...]:
     if phases is None:
         return tuple(range(period))
@@ -109,7 +159,7 @@ def _names(name: str, value: Any, options: tuple) -> tuple:
 def conformance(
     model: torch.nn.Module,
     task: Any,
-    modes: Sequence[str] = MODES,
+    modes: Sequence[str] = DEFAULT_MODES,
     *,
     n_per_residue: int = 8,
     seed: int = 0,
@@ -119,6 +169,8 @@ def conformance(
     dtypes: Sequence[str] = DTYPES,
     tolerance: Optional[Mapping[str, Any]] = None,
     engines: Optional[Mapping[str, Any]] = None,
+    prefix_lengths: Optional[Sequence[int]] = None,
+    warm_engines: Optional[Mapping[str, Any]] = None,
     reference: Optional[Any] = None,
     batch_size: int = 256,
     confidence: float = 0.95,
@@ -127,16 +179,19 @@ def conformance(
     progress: bool = True,
 ) -> ConformanceResult:
     """Compare next-token log-probs at the answer position of every engine with the reference,
-    per answer phase (``answer_pos mod S``) and, for chunked prefill, per cut phase.
+    per answer phase (``answer_pos mod S``) and, for chunked prefill, per cut phase; for a warm
+    cache, per phase of the shared-prefix length.
 
     Parameters:
         model: a `CompressedTransformer` (own cache, ``model.init_cache()``) or a `HookedDeepseekV4`
             (transformers' own cache through ``model.hf``); engines run on the model's device.
         task: a retrieval task with ``generate`` and ``vocab.filler_ids`` (``phaseinterp.zoo.task_for(model)``).
         modes: any of ``"decode"`` (token by token through the cache), ``"chunked_prefill"`` (pieces
-            cut at one phase of the cut period, then decoded; `chunked_pieces`), ``"dtype"`` (the
-            model cast to each of ``dtypes``, full forward); default all three. May be empty when
-            ``engines`` is given.
+            cut at one phase of the cut period, then decoded; `chunked_pieces`), ``"warm"`` (each
+            prompt answered from the model's cache of a donor prompt that shares its first ``L``
+            tokens, for each ``L`` of ``prefix_lengths``; `CacheEngine.warm`,
+            `TransformersEngine.warm`), ``"dtype"`` (the model cast to each of ``dtypes``, full
+            forward); default `DEFAULT_MODES` (all but ``"warm"``). May be empty when ``engines`` or ``warm_engines`` is given.
         n_per_residue: prompts per target residue (default 8; total ``n * R`` prompts, each at
             every answer phase). Target moments are matched best-effort (the comparison is paired:
             engine and reference see the same sequences).
@@ -147,15 +202,26 @@ def conformance(
             the device cannot run is skipped with the reason in ``result.skipped``.
         tolerance: ``{setting: bound}`` or ``{setting: (statistic, bound)}`` overriding
             `DEFAULT_TOLERANCE` (statistic ``"max"`` or ``"mean"`` |d log p| of a phase; settings:
-            ``decode``, ``chunked_prefill``, the dtype names, the ``engines`` names).
+            ``decode``, ``chunked_prefill``, ``warm``, the dtype names, the ``engines`` and
+            ``warm_engines`` names).
         engines: extra `Engine` callables by name (e.g. an `OpenAIEngine`), compared like a mode.
+        prefix_lengths: the shared-prefix lengths ``L`` of the warm settings (each in
+            ``1..T-1``, ``T`` the shortest prompt); default `default_prefix_lengths`: one ``L`` per
+            phase of the cut period, so ``L mod P`` visits every phase (for DeepSeek-V4 every CSA
+            phase and an HCA boundary). The table's "cut" rows of a warm setting are ``L mod P``.
+        warm_engines: `WarmEngine` s by name (`LlamaCppEngine`, `OpenAIEngine`, ...), each answering
+            every prompt right after its donor (``engine.warm(donors, tokens, L)``); compared with
+            the reference like ``engines`` (the cold answer is the reference's: a server's prefix
+            cache may serve any of its own answers warm). An engine without ``warm`` is refused.
         reference: the reference engine (default: the model's plain full forward in float32).
         confidence / n_bootstrap: Wilson intervals of agreement; a paired bootstrap over prompts
             (``n_bootstrap`` replicates, seeded by ``seed``) for the accuracy difference.
 
     Returns a `ConformanceResult`: ``table`` (one row per setting x phase: max and mean
-    |d log p|, top-1 agreement, accuracy difference, intervals, verdict) and ``records``.
+    |d log p|, top-1 agreement, accuracy difference, intervals, verdict) and ``records``
+    (``prefix_len``: the warm rows' ``L``, -1 elsewhere).
     """
+    check_is_model(model)
     modes = _names("modes", modes, MODES)
     for m in modes:
         if m not in MODES:
@@ -166,21 +232,37 @@ def conformance(
         raise UserInputError(f"engines={type(engines).__name__} must be a dict {{name: engine}}")
     if tolerance is not None and not isinstance(tolerance, Mapping):
         raise UserInputError(f"tolerance={tolerance!r} must be a dict {{setting: bound or (statistic, bound)}}")
-    engines = dict(engines or {})
-    for name, engine in engines.items():
-        if not isinstance(name, str) or not name or name in MODES or name in DTYPES:
-            raise UserInputError(f"engine name {name!r} must be a non-empty string other than {MODES + DTYPES}")
-        if not callable(engine):
-            raise UserInputError(f"engines[{name!r}] is a {type(engine).__name__}, not a callable engine")
-    if not modes and not engines:
-        raise UserInputError(f"nothing to check: give modes from {MODES} or engines")
+    if warm_engines is not None and not isinstance(warm_engines, Mapping):
+        raise UserInputError(f"warm_engines={type(warm_engines).__name__} must be a dict {{name: engine}}")
+    engines, warm_engines = dict(engines or {}), dict(warm_engines or {})
+    for argument, given in (("engines", engines), ("warm_engines", warm_engines)):
+        for name, engine in given.items():
+            if not isinstance(name, str) or not name or name in MODES or name in DTYPES:
+                raise UserInputError(f"engine name {name!r} must be a non-empty string other than {MODES + DTYPES}")
+            if not callable(engine):
+                raise UserInputError(f"{argument}[{name!r}] is a {type(engine).__name__}, not a callable engine")
+    for name, engine in warm_engines.items():
+        if name in engines:
+            raise UserInputError(f"engine name {name!r} is in both engines and warm_engines: name them apart "
+                                 f"(e.g. {name + ':warm'!r})")
+        if not isinstance(engine, WarmEngine):
+            raise UserInputError(f"warm_engines[{name!r}]: a {type(engine).__name__} cannot reuse a cached prefix (it "
+                                 "has no warm(donors, tokens, prefix_len)); CacheEngine, TransformersEngine, "
+                                 "LlamaCppEngine and OpenAIEngine can")
+    if not modes and not engines and not warm_engines:
+        raise UserInputError(f"nothing to check: give modes from {MODES}, engines or warm_engines")
+    is_warm = "warm" in modes or bool(warm_engines)
+    if prefix_lengths is not None and not is_warm:
+        raise UserInputError(f"prefix_lengths={prefix_lengths!r} is for the warm mode: add 'warm' to modes or give "
+                             "warm_engines")
     dtypes = _names("dtypes", dtypes, DTYPES)
     for dt in dtypes:
         if dt not in DTYPES:
             raise UserInputError(f"dtype {dt!r} is not one of {DTYPES}")
     if "dtype" in modes and not dtypes:
         raise UserInputError(f"mode 'dtype' needs dtypes from {DTYPES}")
-    settings = [m for m in modes if m != "dtype"] + (list(dtypes) if "dtype" in modes else []) + list(engines)
+    settings = ([m for m in modes if m != "dtype"] + (list(dtypes) if "dtype" in modes else []) + list(engines)
+                + list(warm_engines))
     tol = {s: DEFAULT_TOLERANCE.get(s, ENGINE_TOLERANCE) for s in settings}
     for key, value in dict(tolerance or {}).items():
         if key not in tol:
@@ -231,11 +313,27 @@ def conformance(
                 continue
             runs.append(("dtype", dt, -1, engine))
     runs += [("engine", name, -1, engine) for name, engine in engines.items()]
+    if is_warm:
+        shortest = min(t.shape[1] for t, _ in variants.values())
+        prefix_lengths = (default_prefix_lengths(shortest, period) if prefix_lengths is None
+                          else _check_prefix_lengths(prefix_lengths, shortest))
+        if "warm" in modes:
+            engine = engine_for(model, None, "warm")
+            runs.append(("warm", "warm", -1, engine))
+        runs += [("warm", name, -1, engine) for name, engine in warm_engines.items()]
 
-    quiet = not progress or bool(os.environ.get("PHASEINTERP_NO_PROGRESS"))
+    quiet = not progress or env_flag("PHASEINTERP_NO_PROGRESS")
     reference_logprobs = {a: _run(ref_engine, tokens, batch_size) for a, (tokens, _) in variants.items()}
     frames = []
     for mode, setting, cut, engine in tqdm(runs, desc="conformance", disable=quiet):
+        if mode == "warm":
+            for length in prefix_lengths:
+                for a, (tokens, removed) in variants.items():
+                    donors = donor_prompts(tokens, length, task.vocab.filler_ids)
+                    logprobs = _run(engine, tokens, batch_size, donors, length)
+                    frames.append(_records(batch, removed, tokens.shape[1], a, mode, setting, length % period,
+                                           reference_logprobs[a], logprobs, prefix_len=length))
+            continue
         for a, (tokens, removed) in variants.items():
             logprobs = _run(engine, tokens, batch_size)
             frames.append(_records(batch, removed, tokens.shape[1], a, mode, setting, cut,
@@ -262,11 +360,13 @@ def _dtype_engine(model: torch.nn.Module, dtype: torch.dtype, probe: Tensor):
     return engine, ""
 
 
-def _run(engine: Any, tokens: Tensor, batch_size: int) -> Float[Tensor, "batch d_vocab"]:
+def _run(engine: Any, tokens: Tensor, batch_size: int, donors: Optional[Tensor] = None,
+         prefix_len: int = 0) -> Float[Tensor, "batch d_vocab"]:
+    """``engine(tokens)`` in batches, or ``engine.warm(donors, tokens, prefix_len)`` with ``donors``."""
     parts = []
     for start in range(0, tokens.shape[0], batch_size):
         chunk = tokens[start:start + batch_size]
-        out = engine(chunk)
+        out = engine(chunk) if donors is None else engine.warm(donors[start:start + batch_size], chunk, prefix_len)
         if not isinstance(out, Tensor) or out.ndim != 2 or out.shape[0] != chunk.shape[0]:
             shape = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
             raise UserInputError(f"engine {getattr(engine, 'name', engine)!r} returned {shape}; expected "
@@ -276,7 +376,8 @@ def _run(engine: Any, tokens: Tensor, batch_size: int) -> Float[Tensor, "batch d
 
 
 def _records(batch, removed: np.ndarray, length: int, answer_phase: int, mode: str, setting: str, cut: int,
-             ref: Float[Tensor, "batch d_vocab"], out: Float[Tensor, "batch d_vocab"]) -> pd.DataFrame:
+             ref: Float[Tensor, "batch d_vocab"], out: Float[Tensor, "batch d_vocab"],
+             prefix_len: int = -1) -> pd.DataFrame:
     """One row per prompt: |d log p| over the entries the engine reports, top-1s, correctness."""
     if out.shape != ref.shape:
         raise UserInputError(f"engine {setting!r} returned {out.shape[1]} log-probs per prompt; the reference has "
@@ -290,7 +391,7 @@ def _records(batch, removed: np.ndarray, length: int, answer_phase: int, mode: s
     target = batch.meta["target_pos"].to_numpy()
     shift = (removed < target[:, None]).sum(1) if removed.size else 0
     return pd.DataFrame({
-        "mode": mode, "setting": setting, "cut_phase": cut, "answer_phase": answer_phase,
+        "mode": mode, "setting": setting, "cut_phase": cut, "prefix_len": prefix_len, "answer_phase": answer_phase,
         "answer_pos": length - 1, "prompt": np.arange(len(answer)), "residue": batch.meta["residue"].to_numpy(),
         "target_pos": target - shift, "answer": answer.numpy(), "ref_top1": ref_top1.numpy(),
         "top1": top1.numpy(), "agree": (top1 == ref_top1).numpy(),
@@ -302,7 +403,7 @@ def _records(batch, removed: np.ndarray, length: int, answer_phase: int, mode: s
 
 
 def _records_empty() -> pd.DataFrame:
-    return pd.DataFrame(columns=["mode", "setting", "cut_phase", "answer_phase", "answer_pos", "prompt", "residue",
+    return pd.DataFrame(columns=["mode", "setting", "cut_phase", "prefix_len", "answer_phase", "answer_pos", "prompt", "residue",
                                  "target_pos", "answer", "ref_top1", "top1", "agree", "ref_correct", "correct",
                                  "max_abs_diff", "mean_abs_diff", "n_reported"])
 
@@ -310,7 +411,8 @@ def _records_empty() -> pd.DataFrame:
 def phase_table(records: pd.DataFrame, tolerance: Mapping[str, tuple[str, float]], *, confidence: float = 0.95,
                 n_bootstrap: int = 2000, seed: int = 0) -> pd.DataFrame:
     """Per setting and phase (``kind`` "answer": the answer position's phase mod S; "cut": the
-    prefill cut's phase mod the cut period, pooled over answer phases): prompts ``n``, ``max_abs_diff``
+    prefill cut's phase mod the cut period, or a warm setting's shared-prefix length mod the cut
+    period (the cut where the cached prefix ends), pooled over answer phases): prompts ``n``, ``max_abs_diff``
     and ``mean_abs_diff`` of next-token log-probs, top-1 ``agreement`` (Wilson interval),
     reference and engine accuracy and their paired difference ``accuracy_diff`` (percentile
     bootstrap over prompts), the verdict's ``statistic`` ("max" or "mean" |d log p|), its
@@ -344,5 +446,5 @@ def phase_table(records: pd.DataFrame, tolerance: Mapping[str, tuple[str, float]
     return pd.DataFrame(rows).sort_values(["kind", "mode", "setting", "phase"], kind="stable").reset_index(drop=True)
 
 
-__all__ = ["DEFAULT_TOLERANCE", "DTYPES", "MODES", "STATISTICS", "answer_phase_variants", "conformance", "cut_period",
-           "phase_table"]
+__all__ = ["DEFAULT_MODES", "DEFAULT_TOLERANCE", "DTYPES", "MODES", "STATISTICS", "answer_phase_variants", "conformance", "cut_period",
+           "default_prefix_lengths", "donor_prompts", "phase_table", "shortest_variant"]

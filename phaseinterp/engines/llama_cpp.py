@@ -4,13 +4,18 @@ A GGUF file is loaded once (``llama_cpp.Llama``); each prompt row is fed as toke
 tokenizer: the phase the task laid out is the phase llama.cpp sees) into a fresh sequence, in the
 pieces of ``schedule`` (``None``: the whole prompt in one call), each piece one ``llama_decode``
 (``n_batch`` = ``n_ubatch`` must hold the largest piece, so llama.cpp adds no cut of its own).
-The last position's logits are read and turned into float32 log-probs. Install with
+The last position's logits are read and turned into float32 log-probs. `LlamaCppEngine.warm`
+answers a prompt from the KV cache a donor prompt left (``reuse``: a state checkpoint after the
+shared prefix, or llama.cpp's in-place ``llama_memory_seq_rm``). Install with
 ``pip install 'phaseinterp[llama]'`` (``llama-cpp-python>=0.3.36``, built from source: it
 includes DeepSeek-V4, ``src/models/deepseek4.cpp``).
 """
 
 from __future__ import annotations
 
+import os
+import platform
+import re
 from pathlib import Path
 from typing import Optional, Union
 
@@ -20,21 +25,40 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from phaseinterp._checks import check_int
-from phaseinterp.engines.adapters import Schedule, _check_pieces
+from phaseinterp.engines.adapters import Schedule, _check_pieces, check_warm_rows
 from phaseinterp.errors import UserInputError
 
 EXTRA = "llama"  # pyproject's optional extra
 CACHE_TYPES = ("f16", "f32")  # llama.cpp's KV cache types offered here (GGML_TYPE_F16 = 1, GGML_TYPE_F32 = 0)
+REUSE = ("checkpoint", "seq_rm")  # how `LlamaCppEngine.warm` keeps the shared prefix
 
 
 def import_llama_cpp():
-    """``llama_cpp``, or an ImportError that names the extra to install."""
+    """``llama_cpp``, or an ImportError that names the extra to install; a prebuilt library linked
+    against a newer glibc than this machine's (its loader says ``GLIBC_x.y' not found``) is an
+    ImportError naming both versions and the source build."""
     try:
         import llama_cpp
-    except ImportError as err:
+    except (ImportError, OSError, RuntimeError) as err:  # llama_cpp wraps the loader's OSError in a RuntimeError
+        needed = re.search(r"GLIBC_(\d+(?:\.\d+)+)", str(err))
+        if needed:
+            raise ImportError(f"llama_cpp's prebuilt library needs glibc {needed.group(1)} but this machine has glibc "
+                              f"{_libc_version()}: build llama-cpp-python from source instead (pip install --force-reinstall "
+                              f"--no-binary llama-cpp-python llama-cpp-python, as pip install 'phaseinterp[{EXTRA}]' "
+                              "does)") from None
+        if not isinstance(err, ImportError):
+            raise
         raise ImportError(f"LlamaCppEngine needs llama-cpp-python (>= 0.3.36, DeepSeek-V4 support): pip install "
                           f"'phaseinterp[{EXTRA}]' (it builds llama.cpp from source; {err})") from None
     return llama_cpp
+
+
+def _libc_version() -> str:
+    """This machine's glibc version (``"2.36"``), or ``"unknown"``."""
+    try:
+        return os.confstr("CS_GNU_LIBC_VERSION").split()[-1]
+    except (AttributeError, ValueError, OSError, IndexError):
+        return platform.libc_ver()[1] or "unknown"
 
 
 class LlamaCppEngine:
@@ -50,12 +74,19 @@ class LlamaCppEngine:
         cache_type: the KV cache's element type, ``"f16"`` (llama.cpp's default) or ``"f32"``.
         n_threads: CPU threads (default: llama.cpp's choice).
         flash_attn: llama.cpp's flash attention (default off).
+        reuse: how `warm` keeps the donor's cache of the shared prefix: ``"checkpoint"`` (default;
+            llama.cpp's state saved after the prefix, ``llama_state_get_data``, and restored after the
+            donor, as llama-server's context checkpoints do) or ``"seq_rm"`` (the donor whole, then
+            its positions from the prefix on removed in place, ``llama_memory_seq_rm``, as
+            llama-server's prefix reuse does; a memory that cannot drop a partial sequence, such as
+            DeepSeek-V4's compressed cache, refuses it and `warm` raises).
         name: the engine's name in results.
     """
 
     def __init__(self, gguf_path: Union[str, Path], n_ctx: int = 4096, n_batch: Optional[int] = None, *,
                  schedule: Optional[Schedule] = None, cache_type: str = "f16", n_threads: Optional[int] = None,
-                 flash_attn: bool = False, name: Optional[str] = None, verbose: bool = False):
+                 flash_attn: bool = False, reuse: str = "checkpoint", name: Optional[str] = None,
+                 verbose: bool = False):
         path = Path(gguf_path)
         if not path.is_file():
             raise UserInputError(f"gguf_path={str(gguf_path)!r} does not exist or is not a file (a GGUF model, "
@@ -69,20 +100,25 @@ class LlamaCppEngine:
             raise UserInputError(f"cache_type={cache_type!r} is not supported (valid: {', '.join(CACHE_TYPES)})")
         if n_threads is not None:
             check_int("n_threads", n_threads, 1)
+        if reuse not in REUSE:
+            raise UserInputError(f"reuse={reuse!r} is not supported (valid: {', '.join(REUSE)})")
         llama_cpp = import_llama_cpp()
         ggml_type = {"f16": llama_cpp.GGML_TYPE_F16, "f32": llama_cpp.GGML_TYPE_F32}[cache_type]
         self.llama = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch,
                                      n_threads=n_threads, n_threads_batch=n_threads, logits_all=False,
                                      type_k=ggml_type, type_v=ggml_type, flash_attn=flash_attn, verbose=verbose)
         self.path, self.n_ctx, self.n_batch, self.schedule = path, n_ctx, n_batch, schedule
-        self.cache_type, self.d_vocab = cache_type, int(self.llama.n_vocab())
+        self.cache_type, self.reuse, self.d_vocab = cache_type, reuse, int(self.llama.n_vocab())
         self.name = name or f"llama.cpp:{path.name}"
 
-    def with_schedule(self, schedule: Optional[Schedule], name: str) -> "LlamaCppEngine":
-        """The same loaded model fed in another schedule (a view sharing ``self.llama``; not thread-safe)."""
+    def with_schedule(self, schedule: Optional[Schedule], name: str, *, reuse: Optional[str] = None) -> "LlamaCppEngine":
+        """The same loaded model fed in another schedule (and ``reuse``, when given; a view sharing
+        ``self.llama``; not thread-safe)."""
+        if reuse is not None and reuse not in REUSE:
+            raise UserInputError(f"reuse={reuse!r} is not supported (valid: {', '.join(REUSE)})")
         view = object.__new__(LlamaCppEngine)
         view.__dict__.update(self.__dict__)
-        view.schedule, view.name = schedule, name
+        view.schedule, view.name, view.reuse = schedule, name, reuse or self.reuse
         return view
 
     def _pieces(self, length: int) -> list[int]:
@@ -92,28 +128,73 @@ class LlamaCppEngine:
                                  f"it at its own batch boundaries; raise n_batch (valid: up to n_ctx={self.n_ctx})")
         return pieces
 
-    def logits(self, row: Int[Tensor, " pos"]) -> np.ndarray:
-        """The float32 logits after ``row``'s last token, the prompt fed in this engine's pieces."""
+    def _ids(self, row: Int[Tensor, " pos"]) -> list[int]:
         ids = [int(t) for t in row.tolist()]
         if len(ids) > self.n_ctx:
             raise UserInputError(f"a prompt of {len(ids)} tokens does not fit n_ctx={self.n_ctx}")
         bad = [t for t in ids if not 0 <= t < self.d_vocab]
         if bad:
             raise UserInputError(f"token id {bad[0]} is outside the GGUF's vocabulary (0..{self.d_vocab - 1})")
-        self.llama.reset()  # n_tokens = 0: the next eval removes every cached position of the sequence
-        pos = 0
-        for n in self._pieces(len(ids)):
-            self.llama.eval(ids[pos:pos + n])
-            pos += n
+        return ids
+
+    def _eval(self, ids: list[int]) -> None:
+        """``ids`` appended to the sequence in ``n_batch``-token pieces (each one ``llama_decode``)."""
+        for start in range(0, len(ids), self.n_batch):
+            self.llama.eval(ids[start:start + self.n_batch])
+
+    def _last_logits(self) -> np.ndarray:
         import llama_cpp
 
         out = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.llama.ctx, -1), shape=(self.d_vocab,))
         return out.astype(np.float32, copy=True)
 
+    def logits(self, row: Int[Tensor, " pos"]) -> np.ndarray:
+        """The float32 logits after ``row``'s last token, the prompt fed in this engine's pieces."""
+        ids = self._ids(row)
+        self.llama.reset()  # n_tokens = 0: the next eval removes every cached position of the sequence
+        pos = 0
+        for n in self._pieces(len(ids)):
+            self.llama.eval(ids[pos:pos + n])
+            pos += n
+        return self._last_logits()
+
+    def warm_logits(self, donor: Int[Tensor, " pos"], row: Int[Tensor, " pos"], prefix_len: int) -> np.ndarray:
+        """The float32 logits after ``row``'s last token, computed from the cache ``donor`` left of
+        their shared first ``prefix_len`` tokens (``reuse``, see the class doc): only
+        ``row[prefix_len:]`` is evaluated. Pieces are ``n_batch`` tokens (the schedule is not used)."""
+        donor_ids, ids = self._ids(donor), self._ids(row)
+        self.llama.reset()
+        if self.reuse == "checkpoint":
+            self._eval(donor_ids[:prefix_len])
+            checkpoint = self.llama.save_state()
+            self._eval(donor_ids[prefix_len:])
+            self.llama.load_state(checkpoint)  # n_tokens = prefix_len, the memory as it was after the prefix
+        else:
+            import llama_cpp
+
+            self._eval(donor_ids)
+            memory = llama_cpp.llama_get_memory(self.llama.ctx)
+            if not llama_cpp.llama_memory_seq_rm(memory, 0, prefix_len, -1):
+                raise UserInputError(f"llama.cpp refused to drop positions {prefix_len}.. of the donor "
+                                     f"(llama_memory_seq_rm returned false: {self.path.name}'s memory cannot remove "
+                                     "part of a sequence, as DeepSeek-V4's compressed KV cache cannot): use "
+                                     "reuse='checkpoint'")
+            self.llama.n_tokens = prefix_len  # the next eval continues at position prefix_len
+        self._eval(ids[prefix_len:])
+        return self._last_logits()
+
     def __call__(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch d_vocab"]:
         if tokens.ndim != 2:
             raise UserInputError(f"tokens must be [batch, pos], got shape {tuple(tokens.shape)}")
         rows = [torch.from_numpy(self.logits(row)) for row in tokens.cpu()]
+        return torch.log_softmax(torch.stack(rows).float(), dim=-1)
+
+    def warm(self, donors: Int[Tensor, "batch pos"], tokens: Int[Tensor, "batch pos"],
+             prefix_len: int) -> Float[Tensor, "batch d_vocab"]:
+        """Log-probs after each row of ``tokens``, answered right after its donor row (`WarmEngine`;
+        `warm_logits`)."""
+        check_warm_rows(donors, tokens, prefix_len)
+        rows = [torch.from_numpy(self.warm_logits(d, t, prefix_len)) for d, t in zip(donors.cpu(), tokens.cpu())]
         return torch.log_softmax(torch.stack(rows).float(), dim=-1)
 
     def close(self) -> None:
@@ -122,7 +203,7 @@ class LlamaCppEngine:
 
     def __repr__(self) -> str:
         return (f"LlamaCppEngine({str(self.path)!r}, n_ctx={self.n_ctx}, n_batch={self.n_batch}, "
-                f"cache_type={self.cache_type!r}, d_vocab={self.d_vocab})")
+                f"cache_type={self.cache_type!r}, reuse={self.reuse!r}, d_vocab={self.d_vocab})")
 
 
-__all__ = ["CACHE_TYPES", "LlamaCppEngine", "import_llama_cpp"]
+__all__ = ["CACHE_TYPES", "REUSE", "LlamaCppEngine", "import_llama_cpp"]

@@ -13,6 +13,10 @@ of the first generated token; its keys are read as ``"token_id:N"`` (vLLM's
 tokenizer's ``convert_tokens_to_ids``) for servers that return token strings. Entries outside
 the top-k stay ``NaN``: the conformance check then compares the reported ones only.
 
+`OpenAIEngine.warm` sends the donor prompts, then the prompts: the server's own prefix cache
+(vLLM's automatic prefix caching, SGLang's radix cache, llama-server's ``cache_prompt``) decides
+what it reuses; the answers are the second request's.
+
 Errors: a server that cannot be reached, times out or answers HTTP 408/429/5xx raises
 `phaseinterp.errors.EngineError` (worth retrying: `phase_profile` does, with backoff); a server
 whose schema refuses token-id prompts (any status: llama-cpp-python's server answers 500), a bad
@@ -36,6 +40,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from phaseinterp._checks import check_int
+from phaseinterp.engines.adapters import check_warm_rows
 from phaseinterp.engines.answers import check_logprob_rows
 from phaseinterp.errors import EngineError, UserInputError
 
@@ -123,6 +128,15 @@ class OpenAIEngine:
         except ValueError:
             raise UserInputError(f"cannot map the returned token {key!r} to an id: ask the server for "
                                  "return_tokens_as_token_ids or pass token_to_id=") from None
+
+    def warm(self, donors: Int[Tensor, "batch pos"], tokens: Int[Tensor, "batch pos"],
+             prefix_len: int) -> Float[Tensor, "batch d_vocab"]:
+        """Log-probs after each row of ``tokens``, asked right after one request with the ``donors``
+        (`WarmEngine`); whether and how much of the shared ``prefix_len`` tokens the server reuses is
+        the server's choice (its prefix cache), not sent."""
+        check_warm_rows(donors, tokens, prefix_len)
+        self(donors)  # answers discarded: the request only fills the server's prefix cache
+        return self(tokens)
 
     def __call__(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch d_vocab"]:
         body = {"model": self.model, "prompt": tokens.tolist(), "max_tokens": 1, "temperature": 0,

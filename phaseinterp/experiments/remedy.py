@@ -23,7 +23,8 @@ from phaseinterp._checks import DEFAULT_N_PER_RESIDUE
 from phaseinterp.errors import UserInputError
 from phaseinterp._files import atomic_write
 from phaseinterp.phase import boundary_phase, n_closed_windows
-from phaseinterp.results import Result
+from phaseinterp import stats
+from phaseinterp.results import Result, premise_entries
 
 VARIANTS = ("baseline", "staggered")
 LEARNED = 0.8  # a phase is "learned" at the first evaluation where its probe accuracy reaches this
@@ -133,6 +134,27 @@ class RemedyResult(Result):
     threshold: float = LEARNED
     label: str = "staggered vs shared compression windows"
 
+    @property
+    def premise_notes(self) -> tuple[str, ...]:
+        """The premises of the comparison that fail: the baseline has a phase gap to remedy (its
+        final best-minus-worst phase accuracy beyond 3 standard errors; the claim "the staggered
+        gap is at most half the baseline's" means nothing without one), and the variants use equal
+        memory (closed-cache bytes per token within 1%)."""
+        notes = list(super().premise_notes)
+        base = self.profiles[self.profiles.variant == "baseline"]
+        if len(base):
+            phase = base.groupby("phase")
+            acc = phase.apply(lambda d: np.average(d.accuracy, weights=d.n), include_groups=False)
+            gap = stats.phase_gap_note(acc.to_numpy(), phase.n.sum().to_numpy(), "the baseline's final profile")
+            notes += [gap] if gap else []
+        mem = self.memory.groupby("variant").closed_bytes_per_token.mean() if len(self.memory) else pd.Series()
+        if {"baseline", "staggered"} <= set(mem.index) and mem["baseline"] > 0:
+            ratio = float(mem["staggered"] / mem["baseline"])
+            if abs(ratio - 1) > 0.01:
+                notes.append(f"the variants do not use equal memory (staggered / baseline closed-cache bytes per "
+                             f"token = {ratio:.3f}): an accuracy difference may be bought with memory")
+        return tuple(notes)
+
     # ------------------------------------------------------------- analyses
     def learned_steps(self) -> pd.DataFrame:
         """Step at which each (variant, seed, phase) is learned (NaN: never, within the run)."""
@@ -197,6 +219,7 @@ class RemedyResult(Result):
             out[f"{variant}_learned_step_by_phase"] = [float(x) for x in learned[variant]]
             out[f"{variant}_bytes_per_token"] = float(mem.loc[variant, "closed_bytes_per_token"])
         out.update(self.criteria())
+        out.update(premise_entries(self.premise_notes))
         return out
 
     def to_frame(self) -> pd.DataFrame:

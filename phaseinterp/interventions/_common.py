@@ -86,3 +86,25 @@ def paired_bootstrap_relative_change(
     high = np.nanquantile(boot, 1 - alpha, axis=0) if np.isfinite(boot).any() else np.full_like(estimate, np.nan)
     estimate = np.where(clean_pt[None] > 0, estimate, np.nan)
     return estimate, low, high
+
+
+def phase_model_note(model, experiment: str) -> Optional[str]:
+    """A premise note (`Result.premise_notes`) when ``model`` has no compression grid (full
+    attention): its "phases" are positions mod S by label only, so a phase-resolved result on it
+    is a control, not a measurement of phase structure. None for a compressed model."""
+    from phaseinterp.models.protocol import phase_model
+
+    if phase_model(model).is_compressed:
+        return None
+    return (f"{experiment} on a full-attention model: it has no compression windows, so its phases are positions "
+            "mod S by label only; read the result as a control, not as phase structure")
+
+
+def cycling_note(model) -> Optional[str]:
+    """A premise note when gate cycling is not meaningful on ``model`` (`cycling_fitness`:
+    offset-specific gates AND payloads shared across slots; docs/science.md, "Gate cycling"): the
+    run is a negative control. None for a fit model."""
+    from phaseinterp.models.protocol import phase_model
+
+    fit, why = phase_model(model).cycling_fitness()
+    return None if fit else f"not fit for gate cycling, so this run is a negative control: {why}"

@@ -22,9 +22,8 @@ import numpy as np
 import pandas as pd
 
 from phaseinterp._checks import DEFAULT_N_PER_RESIDUE
-from phaseinterp.errors import renamed
 from phaseinterp.models.protocol import model_label as label_of
-from phaseinterp.errors import UserInputError
+from phaseinterp.errors import UserInputError, applies_only, renamed, when_given
 from phaseinterp._checks import MAX_PROMPTS, check_device, check_int, check_n_per_residue
 from phaseinterp._files import progress_bar
 from phaseinterp.phase import check_residue_modulus
@@ -32,11 +31,13 @@ from phaseinterp.interventions._common import (
     check_layers,
     fixed_answer_position,
     paired_bootstrap_relative_change,
+    phase_model_note,
 )
 from phaseinterp.interventions.knockout import calibration_mean_z, knockout_measures
 from phaseinterp.models.protocol import phase_model
 from phaseinterp.tasks import resolve_task
-from phaseinterp.results import Result
+from phaseinterp import stats
+from phaseinterp.results import Result, premise_entries
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -64,6 +65,17 @@ class AblationResult(Result):
     n_calibration: int = 0
     clean_logit_answer: Optional[np.ndarray] = None
     knockout_logit_answer: Optional[np.ndarray] = None
+    premise_recorded: tuple[str, ...] = ()  # from the model when it ran (a full-attention model)
+
+    @property
+    def premise_notes(self) -> tuple[str, ...]:
+        """The premises of phase specialization that fail: the model compresses (``premise_recorded``:
+        on full attention a phase is a label), and some phase has a clean accuracy a knockout can
+        lower (a collapsed profile, below 10% at every phase, the threshold `specialization` uses, has none)."""
+        notes = list(super().premise_notes)
+        clean = self.clean.reindex(range(self.stride)).to_numpy(dtype=float)
+        low = stats.collapsed_profile_note(clean, "the clean profile")
+        return tuple(notes + ([low] if low else []))
 
     # ---------------------------------------------------------------- numbers
     @property
@@ -214,7 +226,8 @@ class AblationResult(Result):
     def to_dict(self) -> dict:
         """Headline numbers: model, scope, prompt count, clean accuracy (fraction), the
         specialized units (knockout change <= -50% relative, significant after Holm's correction
-        over units x phases, on 1..3 adjacent phases) and the units hurt on several phases."""
+        over units x phases, on 1..3 adjacent phases), the units hurt on several phases, and
+        ``premise`` / ``premise_notes``."""
         spec = self.specialization()
         strong = spec[(spec.n_phases >= 1) & (spec.n_phases <= 3) & spec.contiguous]
         label = lambda r: f"L{r.layer}H{r.kv_head}" if r.kv_head >= 0 else f"L{r.layer}{list(r.heads)}"  # noqa: E731
@@ -225,6 +238,7 @@ class AblationResult(Result):
             "multi_phase_units": [f"{label(r)}: phases {r.hurt_phases}" for r in spec.itertuples()
                                   if len(r.hurt_phases) >= 2],
             "test": "exact McNemar per unit x phase, Holm over all, alpha 0.05",
+            **premise_entries(self.premise_notes),
         }
 
     def plot(self, **kwargs):
@@ -279,6 +293,7 @@ def _units(model, layers: list[int], scope: str, heads: Optional[Sequence[Sequen
     return pd.DataFrame(rows)
 
 
+@applies_only(("n_per_residue",), unless=when_given("prompts", "prompts= gives the prompts, so their count is fixed"))
 def ablate(
     model,
     task=None,
@@ -378,6 +393,7 @@ def ablate(
         clean_correct=clean_ok.numpy(), knockout_correct=ko_ok.numpy(), residue_modulus=modulus, stride=stride,
         scope="custom" if heads is not None else scope, model_label=label_of(model), n_calibration=n_calibration,
         clean_logit_answer=clean_logit.numpy(), knockout_logit_answer=ko_logit.numpy(),
+        premise_recorded=tuple(n for n in [phase_model_note(model, "ablate")] if n),
     )
 
 

@@ -25,10 +25,10 @@ import pandas as pd
 import torch
 
 from phaseinterp._checks import DEFAULT_N_PER_RESIDUE
-from phaseinterp.errors import UserInputError
+from phaseinterp.errors import UserInputError, applies_only, when_given
 from phaseinterp._files import progress_bar
 from phaseinterp.interventions._common import fixed_answer_position, model_device
-from phaseinterp.results import Result
+from phaseinterp.results import Result, premise_entries
 from phaseinterp.tasks import resolve_task
 from phaseinterp.models.protocol import model_label as label_of, phase_model
 
@@ -50,6 +50,7 @@ def _answer_z(model, tokens: torch.Tensor, answer_pos: int, batch_size: int) -> 
 
 
 @torch.inference_mode()
+@applies_only(("n_per_residue",), unless=when_given("prompts", "prompts= gives the prompts, so their count is fixed"))
 def replacement_ablation(model, task=None, *, method: str = "resample", layer=None, n_per_residue: int = DEFAULT_N_PER_RESIDUE,
                          n_calibration: int = 256, seed: int = 0, calibration_seed: int = 1,
                          batch_size: int = 64, prompts=None, progress: bool = False):
@@ -68,10 +69,11 @@ def replacement_ablation(model, task=None, *, method: str = "resample", layer=No
     if method not in ABLATIONS:
         raise UserInputError(f"method={method!r} is not one of {ABLATIONS}")
     if method == "mean":
-        return ablate(model, task, layer=layer, n_per_residue=n_per_residue, n_calibration=n_calibration,
-                             seed=seed, calibration_seed=calibration_seed, batch_size=batch_size, prompts=prompts,
-                             progress=progress)
-    from phaseinterp.interventions._common import check_layers
+        size = {} if prompts is not None else {"n_per_residue": n_per_residue}
+        return ablate(model, task, layer=layer, n_calibration=n_calibration, seed=seed,
+                      calibration_seed=calibration_seed, batch_size=batch_size, prompts=prompts, progress=progress,
+                      **size)
+    from phaseinterp.interventions._common import check_layers, phase_model_note
 
     if getattr(model, "training", False):
         raise UserInputError("replacement_ablation needs the model in eval mode; call model.eval() first")
@@ -121,7 +123,8 @@ def replacement_ablation(model, task=None, *, method: str = "resample", layer=No
     return AblationResult(units=units, residue=np.asarray(batch.meta["residue"].to_numpy(), dtype=np.int64),
                           clean_correct=clean_ok, knockout_correct=ko_ok, residue_modulus=task.residue_modulus,
                           stride=model.cfg.stride, scope="kv_head", model_label=label_of(model),
-                          n_calibration=n_calibration)
+                          n_calibration=n_calibration,
+                          premise_recorded=tuple(n for n in [phase_model_note(model, "replacement_ablation")] if n))
 
 
 def ablation_agreement(results: dict, correction: str = "holm", alpha: float = 0.05) -> pd.DataFrame:
@@ -253,10 +256,13 @@ class ConfirmResult(Result):
     alpha: float = 0.05
     n_prompts: int = 0
     seeds: tuple = (0, 1, 2)
+    premise_recorded: tuple[str, ...] = ()  # the mean ablation's and the gate cycling's failed premises
 
     def to_dict(self) -> dict:
         """Headline numbers: clean phase accuracies, units each ablation finds specialized, how the
-        ablations agree, the nomination hit rate against chance, and the gate-cycling scores."""
+        ablations agree, the nomination hit rate against chance, the gate-cycling scores
+        (``cycling_identified`` says "not claimed" when the cycling's premise fails), and
+        ``premise`` / ``premise_notes`` (the mean ablation's and the gate cycling's)."""
         spec = {m: [f"L{r.layer}H{r.kv_head}: {list(r.hurt_phases)}" for r in grp.itertuples() if len(r.hurt_phases)]
                 for m, grp in self.specialization.groupby("method", sort=False)}
         agree = {f"{r.method_a} vs {r.method_b}": f"r={r.correlation_pp:.3f}, calls agree {r.significance_agreement:.0%}"
@@ -277,6 +283,7 @@ class ConfirmResult(Result):
                        cycling_identification_p=self.cycling_identification_p)
         else:
             out["cycling"] = self.cycling_note or "not run"
+        out.update(premise_entries(self.premise_notes))
         return out
 
     def to_frame(self) -> pd.DataFrame:
@@ -289,6 +296,7 @@ class ConfirmResult(Result):
         return confirm_figure(self, **kwargs)
 
 
+@applies_only(("n_per_residue",), unless=when_given("prompts", "prompts= gives the prompts, so their count is fixed"))
 def confirm(model, task=None, *, n_per_residue: int = DEFAULT_N_PER_RESIDUE, n_calibration: int = 256, nominate_per_residue: int = 8,
             seed: int = 0, calibration_seed: int = 1, nomination_seed: int = 2, correction: str = "holm",
             alpha: float = 0.05, max_concentration: Optional[float] = None, methods=ABLATIONS,
@@ -338,6 +346,7 @@ def confirm(model, task=None, *, n_per_residue: int = DEFAULT_N_PER_RESIDUE, n_c
                                            correction, alpha)
     cyc_table, note = pd.DataFrame(), ""
     cyc_stats: dict = {}
+    premise = [f"mean ablation: {n}" for n in results["mean"].premise_notes]
     fit, reason = cycling_fitness(model)
     if not cycling:
         note = "skipped (cycling=False)"
@@ -348,8 +357,10 @@ def confirm(model, task=None, *, n_per_residue: int = DEFAULT_N_PER_RESIDUE, n_c
         s = cyc.scores
         cyc_table = s["per_shift"]
         cyc_stats = dict(cycling_r2_pooled=s["r2_pooled"], cycling_corr2_pooled=s["corr2_pooled"],
-                         cycling_identified=f"{s['n_identified']} of {s['n_shifts']}",
+                         cycling_identified=(f"{s['n_identified']} of {s['n_shifts']}" if cyc.premise_holds
+                                             else "not claimed: the premise fails (premise_notes)"),
                          cycling_identification_p=s["identification_p"])
+        premise += [f"gate cycling: {n}" for n in cyc.premise_notes]
         note = reason
     clean = results["mean"].clean.reindex(range(model.cfg.stride)).to_numpy(dtype=float)
     return ConfirmResult(
@@ -359,7 +370,7 @@ def confirm(model, task=None, *, n_per_residue: int = DEFAULT_N_PER_RESIDUE, n_c
         chance_rate=nom["chance_rate"], nomination_p=nom["p_value"],
         chance_rate_same_units=nom["chance_rate_same_units"], nomination_p_same_units=nom["p_same_units"],
         cycling_note=note, correction=correction, alpha=alpha, n_prompts=int(batch.tokens.shape[0]),
-        seeds=(seed, calibration_seed, nomination_seed), **cyc_stats,
+        seeds=(seed, calibration_seed, nomination_seed), premise_recorded=tuple(premise), **cyc_stats,
     )
 
 

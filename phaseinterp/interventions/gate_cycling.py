@@ -24,8 +24,8 @@ import torch
 from phaseinterp._checks import DEFAULT_N_PER_RESIDUE
 from phaseinterp._checks import check_int, check_n_per_residue
 from phaseinterp._files import progress_bar
-from phaseinterp.errors import UserInputError
-from phaseinterp.interventions._common import check_layers, fixed_answer_position, model_device
+from phaseinterp.errors import UserInputError, applies_only, when_given
+from phaseinterp.interventions._common import check_layers, cycling_note, fixed_answer_position, model_device
 from phaseinterp.interventions.cycling_stats import (
     cycling_scores,
     movement_scores,
@@ -41,7 +41,8 @@ from phaseinterp.interventions.gate_shifts import (
     shift_targets,
     static_targets,
 )
-from phaseinterp.results import Result
+from phaseinterp import stats
+from phaseinterp.results import Result, premise_entries
 from phaseinterp.tasks import resolve_task
 from phaseinterp.models.protocol import model_label as label_of
 
@@ -65,6 +66,27 @@ class CyclingResult(Result):
     n_boot: int = 1000
     seed: int = 0
     mode: str = "roll"
+    premise_recorded: tuple[str, ...] = ()  # from the model when it ran (`cycling_fitness`)
+
+    @property
+    def premise_notes(self) -> tuple[str, ...]:
+        """The premises of the prediction ``A_d(r) = A_0((r - d) mod S)`` that fail: the model is
+        fit for gate cycling (``premise_recorded``: offset-specific gates, payload shared across
+        slots), the unshifted profile has a phase gap to move (best minus worst phase beyond 3
+        standard errors), and no shift collapses the model (a shift only permutes the phases, so
+        the prediction keeps the mean accuracy; below half of it the model no longer works). With
+        any of them failing, ``identified`` is not claimed."""
+        acc = self.phase_accuracy()
+        phases = self.residue % self.stride
+        n = np.array([(phases == r).sum() for r in range(self.stride)])
+        notes = list(super().premise_notes)
+        gap = stats.phase_gap_note(acc.loc[0].to_numpy(), n, "the unshifted profile")
+        notes += [gap] if gap else []
+        mean = self.correct.mean(1)
+        for d in self.scored_shifts:
+            note = stats.collapse_note(float(mean[0]), float(mean[list(self.shifts).index(d)]), f"shift {d:+d}")
+            notes += [note] if note else []
+        return tuple(notes)
 
     def phase_accuracy(self, index: Optional[np.ndarray] = None) -> pd.DataFrame:
         """Accuracy per shift (rows) x phase (columns)."""
@@ -132,12 +154,17 @@ class CyclingResult(Result):
     def identification(self) -> pd.DataFrame:
         """Shift-identification table: rows = applied shift, columns = hypothesised shift
         ``0..S-1``, values = headline score of that hypothesis (S-1 points each); plus the best
-        hypothesis, whether it is the applied one (mod S), and the permutation p."""
+        hypothesis, whether it is the applied one (mod S), and the permutation p. When a premise
+        fails (``premise_notes``) the ``identified`` column is replaced by ``premise`` ("fails"):
+        a best hypothesis then is no evidence that the weak spots moved."""
         ps = self.scores["per_shift"].set_index("shift")
         table = ps[[f"hypothesis_{k}" for k in range(self.stride)]].copy()
         table.columns = pd.Index(range(self.stride), name="hypothesised shift")
         table["best"] = [int(ps.loc[d, "displacement"]) % self.stride for d in ps.index]
-        table["identified"] = ps["identified"]
+        if self.premise_holds:
+            table["identified"] = ps["identified"]
+        else:
+            table["premise"] = "fails"
         table["p"] = ps["identification_p"]
         return table
 
@@ -174,11 +201,13 @@ class CyclingResult(Result):
         S-1 points per shift), ``corr2_*`` the squared correlation (slope and intercept fitted);
         ``movement_r2`` (with its bootstrap interval) asks only where the weak spot went
         (`movement`; NaN with fewer than 2 shifts), ``identified`` whether the applied shift is
-        the best hypothesis."""
+        the best hypothesis; when a premise fails (``premise_notes``) it is replaced by
+        ``identification`` ("not claimed") and ``premise`` / ``premise_notes`` say why."""
         s = self.scores
         ps = s["per_shift"].set_index("shift")
         by = lambda col, cast=float: {int(d): cast(ps.loc[d, col]) for d in ps.index}  # noqa: E731
         movement = self.movement() if s["n_shifts"] >= 2 else None
+        notes = self.premise_notes
         return {
             "model": self.model_label,
             "shifts": [int(d) for d in ps.index],
@@ -186,7 +215,9 @@ class CyclingResult(Result):
             "r2_pooled": s["r2_pooled"],
             "movement_r2": s["movement_r2"],
             "movement_r2_ci": movement["movement_r2_ci"] if movement else [float("nan")] * 2,
-            "identified": f"{s['n_identified']} of {s['n_shifts']}",
+            **premise_entries(notes),
+            **({"identified": f"{s['n_identified']} of {s['n_shifts']}"} if not notes
+               else {"identification": "not claimed: the premise fails (premise_notes)"}),
             "r2_by_shift": by("r2"),
             "corr2_pooled": s["corr2_pooled"],
             "corr2_by_shift": by("corr2"),
@@ -262,6 +293,7 @@ def _baseline_correct(model, baseline, batch, answer_pos: int, batch_size: int) 
     return records["correct"].to_numpy().astype(bool)
 
 
+@applies_only(("n_per_residue",), unless=when_given("prompts", "prompts= gives the prompts, so their count is fixed"))
 def gate_cycling_profile(
     model,
     task=None,
@@ -318,7 +350,10 @@ def gate_cycling_profile(
             first batch, must predict the tokens the profile recorded with answer log-probs within
             1e-4; otherwise a `UserInputError` says what differs.
 
-    Returns a `CyclingResult`.
+    Returns a `CyclingResult`. On a model not fit for the experiment (`cycling_fitness`: a
+    payload map per slot, uniform gates, W != S) it runs as a negative control and the result's
+    ``premise_notes`` say so, as they do when a shift collapses the model or the unshifted profile
+    has no phase gap; ``identified`` is then not claimed.
     """
     if mode not in ("roll", "static"):
         raise UserInputError(f"mode={mode!r} is not one of ('roll', 'static')")
@@ -370,7 +405,8 @@ def gate_cycling_profile(
             bar.close()
     return CyclingResult(shifts=shifts, residue=np.asarray(batch.meta["residue"].to_numpy(), dtype=np.int64),
                          correct=np.stack(rows), residue_modulus=task.residue_modulus, stride=model.cfg.stride,
-                         model_label=label_of(model), n_boot=n_boot, seed=seed, mode=mode)
+                         model_label=label_of(model), n_boot=n_boot, seed=seed, mode=mode,
+                         premise_recorded=tuple(n for n in [cycling_note(model)] if n))
 
 
 

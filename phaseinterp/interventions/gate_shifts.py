@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from phaseinterp._checks import check_is_model
 from phaseinterp.errors import keyword_options, renamed
 from phaseinterp.errors import UserInputError
 from phaseinterp.interventions._common import check_layers, model_device
@@ -135,6 +136,7 @@ def shift_gates(model, shift: int, *, layers: Union[int, Sequence[int], None] = 
     DeepSeek kernel and tied gates allow only "both"). Defined for W = S gated models and the
     DeepSeek kernel. Restores every parameter bit-exactly on exit, also when the body raises.
     """
+    check_is_model(model)
     shift = check_shift(shift, model, layers)
     heads = check_kv_heads(model, kv_heads)
     targets = shift_targets(model, check_layers(model, layers), branch)
@@ -148,6 +150,7 @@ def shifted_copy(model, shift: int, *, layers: Union[int, Sequence[int], None] =
                  kv_heads: Union[int, Sequence[int], None] = None):
     """A deep copy of ``model`` with its gates permanently shifted by ``shift`` slots (the
     original is untouched); ``layers``, ``branch`` and ``kv_heads`` as in `shift_gates`."""
+    check_is_model(model)
     shift = check_shift(shift, model, layers)
     twin = copy.deepcopy(model)
     heads = check_kv_heads(twin, kv_heads)
@@ -188,6 +191,7 @@ def mean_gate_logits(model, tokens: Tensor, *, layers: Union[int, Sequence[int],
     Returns ``{hook name: [slot, kv_head(, d_head)]}`` for each gate-logit hook of ``layers``
     (entries whose logit is -inf, such as the older half of DeepSeek-V4's partial entry 0,
     are left out of the mean)."""
+    check_is_model(model)
     from phaseinterp._checks import check_int
 
     batch_size = check_int("batch_size", batch_size, 1)
@@ -233,6 +237,7 @@ def shift_static_gates(model, shift: int, *, layers: Union[int, Sequence[int], N
     preference moves by ``d`` slots while the prompt-dependent part ``Z_i h - E[Z_i h]`` stays
     with its slot (docs/science.md explains why this differs from rolling ``Z`` and ``b``).
     ``kv_heads`` as in `shift_gates`. Restores every parameter bit-exactly on exit."""
+    check_is_model(model)
     shift = check_shift(shift, model, layers)
     heads = check_kv_heads(model, kv_heads)
     pairs = []

@@ -15,11 +15,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-from phaseinterp.errors import UserInputError
-from phaseinterp._checks import check_int, check_n_per_residue
+from phaseinterp.errors import UserInputError, applies_only, when_given
+from phaseinterp._checks import check_int, check_n_per_residue, check_is_model
 from phaseinterp.models.protocol import phase_model
 from phaseinterp.interventions._common import model_device
-from phaseinterp.results import Result
+from phaseinterp.results import Result, premise_entries
 from phaseinterp.tasks import resolve_task
 from phaseinterp.models.protocol import model_label as label_of
 
@@ -45,6 +45,17 @@ class GateProfile(Result):
     window: int
     stride: int
     model_label: str = ""
+
+    @property
+    def premise_notes(self) -> tuple[str, ...]:
+        """The premise of a preferred slot that fails: some gate concentrates (an effective number
+        of slots below W); with every gate uniform the preferred slot is an arbitrary tie."""
+        notes = list(super().premise_notes)
+        conc = self.heads["window_concentration"].to_numpy(dtype=float) if len(self.heads) else np.zeros(0)
+        if conc.size and np.all(conc >= self.window * (1 - 1e-3)):
+            notes.append(f"every gate is uniform (effective number of slots {self.window} of {self.window}): no slot "
+                         "is preferred, so preferred_slot is an arbitrary tie")
+        return tuple(notes)
 
     def mean_alpha(self, branch: str = "k") -> np.ndarray:
         """``[layer, kv_head, slot]`` E[alpha] of one branch."""
@@ -88,12 +99,12 @@ class GateProfile(Result):
 
     def to_dict(self) -> dict:
         """Headline numbers: window, stride, and per (layer, KV head, branch) the preferred slot and
-        the per-window concentration (effective number of slots)."""
+        the per-window concentration (effective number of slots); ``premise`` / ``premise_notes``."""
         out = {"model": self.model_label, "window": self.window, "stride": self.stride}
         for r in self.heads.itertuples():
             out[f"L{r.layer} KV{r.kv_head} {r.branch}"] = (
                 f"slot {r.preferred_slot}, concentration {r.window_concentration:.2f} of {self.window}")
-        return out
+        return out | premise_entries(self.premise_notes)
 
     def plot(self, **kwargs):
         from phaseinterp.plot import gate_profile_figure
@@ -102,6 +113,7 @@ class GateProfile(Result):
 
 
 @torch.inference_mode()
+@applies_only(("n_per_residue",), unless=when_given("prompts", "prompts= gives the prompts, so their count is fixed"))
 def gate_profile(model, task=None, *, n_per_residue: int = 8, seed: int = 0, batch_size: int = 64,
                  prompts=None) -> GateProfile:
     """Gate statistics of every layer, KV head and branch over the task's windows.
@@ -112,6 +124,7 @@ def gate_profile(model, task=None, *, n_per_residue: int = 8, seed: int = 0, bat
     ``seed`` (default 0); ``batch_size`` (default 64); ``prompts`` a pre-generated batch.
     Returns a `GateProfile` (E[alpha] per slot, static and per-window concentration).
     """
+    check_is_model(model)
     cfg = model.cfg
     family = phase_model(model)
     if not family.is_compressed:

@@ -28,9 +28,9 @@ import torch
 
 from phaseinterp._checks import DEFAULT_N_PER_RESIDUE
 from phaseinterp._checks import check_int, check_layer, check_n_per_residue
-from phaseinterp.errors import UserInputError
+from phaseinterp.errors import UserInputError, applies_only, when_given
 from phaseinterp import stats
-from phaseinterp.results import Result
+from phaseinterp.results import Result, premise_entries
 from phaseinterp.tasks import resolve_task
 from phaseinterp.interventions._common import fixed_answer_position, model_device
 from phaseinterp.models.protocol import phase_model
@@ -173,6 +173,7 @@ def _setup(model, task, layers, n_per_residue: int, seed: int, prompts, what: st
 
 
 @torch.inference_mode()  # prompts generated here and every forward: no autograd (the prompts are inference tensors)
+@applies_only(("n_per_residue",), unless=when_given("prompts", "prompts= gives the prompts, so their count is fixed"))
 def indexer_phase(model, task=None, *, layers: Optional[Sequence[int]] = None, n_per_residue: int = DEFAULT_N_PER_RESIDUE,
                   seed: int = 0, batch_size: int = 32, prompts=None, confidence: float = 0.95) -> IndexerPhaseResult:
     """How often each CSA layer's indexer keeps the entry holding the target, by target phase.
@@ -245,6 +246,20 @@ class ForcedSelectionResult(Result):
     model_label: str = ""
     confidence: float = 0.95
 
+    @property
+    def premise_notes(self) -> tuple[str, ...]:
+        """The premises of the causal test that fail: the indexer missed the target's entry for
+        some prompt (else forcing changes nothing and the test has nothing to measure), and the
+        clean accuracy has a phase gap for forcing to close (best minus worst phase beyond 3
+        standard errors)."""
+        notes = list(super().premise_notes)
+        if not self.records["changed"].any():
+            notes.append("the indexer already kept every entry holding the target's value for every prompt: forcing "
+                         "changed no selection, so this measures nothing about selection misses")
+        frame = self.to_frame()
+        gap = stats.phase_gap_note(frame.clean_accuracy.to_numpy(), frame.n.to_numpy(), "the clean accuracy")
+        return tuple(notes + ([gap] if gap else []))
+
     def to_frame(self) -> pd.DataFrame:
         """Per phase: ``n``, clean and forced accuracy with Wilson intervals, the change (pp), and the
         share of prompts whose indexer kept no entry holding the value in some forced layer
@@ -262,14 +277,16 @@ class ForcedSelectionResult(Result):
         return pd.DataFrame(rows)
 
     def to_dict(self) -> dict[str, Any]:
-        """Clean and forced accuracy by phase and their best-minus-worst gaps."""
+        """Clean and forced accuracy by phase, their best-minus-worst gaps, and ``premise`` /
+        ``premise_notes``."""
         frame = self.to_frame()
         return {"model": self.model_label, "layers": list(self.layers), "top_k": self.top_k,
                 "n_prompts": int(len(self.records)),
                 "clean_by_phase": [round(float(x), 4) for x in frame.clean_accuracy],
                 "forced_by_phase": [round(float(x), 4) for x in frame.forced_accuracy],
                 "clean_gap": float(frame.clean_accuracy.max() - frame.clean_accuracy.min()),
-                "forced_gap": float(frame.forced_accuracy.max() - frame.forced_accuracy.min())}
+                "forced_gap": float(frame.forced_accuracy.max() - frame.forced_accuracy.min()),
+                **premise_entries(self.premise_notes)}
 
     def plot(self) -> Any:
         import plotly.graph_objects as go
@@ -288,6 +305,7 @@ class ForcedSelectionResult(Result):
 
 
 @torch.inference_mode()
+@applies_only(("n_per_residue",), unless=when_given("prompts", "prompts= gives the prompts, so their count is fixed"))
 def force_target_selection(model, task=None, *, layers: Optional[Sequence[int]] = None, n_per_residue: int = DEFAULT_N_PER_RESIDUE,
                            seed: int = 0, batch_size: int = 32, prompts=None,
                            confidence: float = 0.95) -> ForcedSelectionResult:

@@ -28,10 +28,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-from phaseinterp._checks import DEFAULT_N_PER_RESIDUE
+from phaseinterp._checks import DEFAULT_N_PER_RESIDUE, check_is_model
 from phaseinterp._checks import MAX_PROMPTS, check_int, check_n_per_residue
 from phaseinterp._files import progress_bar
-from phaseinterp.interventions._common import check_layers, fixed_answer_position
+from phaseinterp import stats
+from phaseinterp.interventions._common import check_layers, cycling_note, fixed_answer_position
 from phaseinterp.interventions.cycling_stats import (
     contribution_displacements,
     movement_point,
@@ -42,8 +43,8 @@ from phaseinterp.interventions.cycling_stats import (
     unit_score_arrays,
 )
 from phaseinterp.interventions.knockout import calibration_mean_z, mean_replacement_hook, shifted_knockouts
-from phaseinterp.errors import UserInputError
-from phaseinterp.results import Result
+from phaseinterp.errors import UserInputError, applies_only, when_given
+from phaseinterp.results import Result, premise_entries
 from phaseinterp.tasks import resolve_task
 from phaseinterp.models.protocol import model_label as label_of
 from phaseinterp.interventions.gate_shifts import (
@@ -99,6 +100,30 @@ class UnitCyclingResult(Result):
     n_calibration: int = 0
     n_boot: int = 1000
     seed: int = 0
+    premise_recorded: tuple[str, ...] = ()  # from the model when it ran (`cycling_fitness`)
+
+    @property
+    def premise_notes(self) -> tuple[str, ...]:
+        """The premises of ``C_d(r) = C_0((r - d) mod S)`` that fail: the model is fit for gate
+        cycling (``premise_recorded``), the unit's unshifted contribution ``C_0`` differs between
+        phases beyond 3 standard errors (a unit without phase structure has nothing to move: the
+        negative control of `specialized_units` is expected to fail here), and no shift collapses
+        the model's accuracy below half the unshifted one. With any failing, ``identified`` is not
+        claimed."""
+        notes = list(super().premise_notes)
+        phases = self.residue % self.stride
+        values = self.measure_shifted[0] - self.measure_knocked[0]
+        means = self._phase_means(values[None])[0]
+        se = np.array([values[phases == r].std(ddof=1) / np.sqrt(max((phases == r).sum(), 1))
+                       if (phases == r).sum() > 1 else np.nan for r in range(self.stride)])
+        gap = stats.mean_gap_note(means, se, f"unit {self.unit}'s unshifted contribution ({self.measure})")
+        notes += [gap] if gap else []
+        accuracy = self.correct_shifted.mean(1)
+        for d in self.scored_shifts:
+            note = stats.collapse_note(float(accuracy[0]), float(accuracy[list(self.shifts).index(d)]),
+                                       f"shifting unit {self.unit} by {d:+d}")
+            notes += [note] if note else []
+        return tuple(notes)
 
     # ---------------------------------------------------------------- numbers
     @property
@@ -207,12 +232,16 @@ class UnitCyclingResult(Result):
 
     def identification(self) -> pd.DataFrame:
         """Rows = applied shift, columns = hypothesised shift 0..S-1 (R² of that hypothesis), plus
-        the best hypothesis, whether it is the applied one, and the chance of that by luck."""
+        the best hypothesis, whether it is the applied one, and the chance of that by luck. When a
+        premise fails (``premise_notes``) ``identified`` is replaced by ``premise`` ("fails")."""
         ps = self.scores["per_shift"].set_index("shift")
         table = ps[[f"hypothesis_{k}" for k in range(self.stride)]].copy()
         table.columns = pd.Index(range(self.stride), name="hypothesised shift")
         table["best"] = ps["best"] % self.stride
-        table["identified"] = ps["identified"]
+        if self.premise_holds:
+            table["identified"] = ps["identified"]
+        else:
+            table["premise"] = "fails"
         table["chance"] = ps["identification_null"]
         return table
 
@@ -284,7 +313,8 @@ class UnitCyclingResult(Result):
     def to_dict(self) -> dict:
         """Headline numbers: the unit, how it was shifted and measured, the pooled R² with its 95%
         interval, the movement R² with its interval (`movement`: did the peak move by the applied
-        shift; NaN with fewer than 2 shifts), identification and its exact joint p, R² per shift
+        shift; NaN with fewer than 2 shifts), ``premise`` / ``premise_notes``, identification (not
+        claimed when a premise fails) and its exact joint p, R² per shift
         (S points each, all phases), and where the unit's contribution peaks per shift."""
         s = self.scores
         ps = s["per_shift"].set_index("shift")
@@ -292,6 +322,7 @@ class UnitCyclingResult(Result):
         by = lambda col, cast=float: {int(d): cast(ps.loc[d, col]) for d in ps.index}  # noqa: E731
         movement = self.movement() if s["n_shifts"] >= 2 else None
         c0 = self.contribution().loc[0].to_numpy()
+        notes = self.premise_notes
         return {
             "model": self.model_label, "unit": self.unit, "mode": self.mode, "measure": self.measure,
             "shifts": [int(d) for d in ps.index], "points_per_shift": self.stride,
@@ -300,7 +331,9 @@ class UnitCyclingResult(Result):
             "r2_pooled_ci": [float(iv.loc["r2_pooled", "low"]), float(iv.loc["r2_pooled", "high"])],
             "movement_r2": s["movement_r2"],
             "movement_r2_ci": movement["movement_r2_ci"] if movement else [float("nan")] * 2,
-            "identified": f"{s['n_identified']} of {s['n_shifts']}",
+            **premise_entries(notes),
+            **({"identified": f"{s['n_identified']} of {s['n_shifts']}"} if not notes
+               else {"identification": "not claimed: the premise fails (premise_notes)"}),
             "r2_by_shift": by("r2"), "r2_no_boundary_by_shift": by("r2_no_boundary"),
             "identification_p": s["identification_p"],
             "movement_corr2": s["movement_corr2"],
@@ -363,6 +396,7 @@ def _joint_knockout(model, tokens, answer_pos, answer, units: pd.DataFrame, mean
     return clean_lp, clean_ok, ko_lp, ko_ok
 
 
+@applies_only(("n_per_residue",), unless=when_given("prompts", "prompts= gives the prompts, so their count is fixed"))
 def gate_cycling_unit(
     model,
     task=None,
@@ -391,7 +425,9 @@ def gate_cycling_unit(
     phases. `specialized_units` picks units by a rule. ``mode``, ``n_per_residue``, ``seed``,
     ``n_calibration``/``calibration_seed`` (the mean replacement's and the static mode's calibration
     prompts), ``batch_size``, ``n_boot``, ``progress`` and ``prompts`` as in `gate_cycling_profile`.
-    Returns a `UnitCyclingResult`."""
+    Returns a `UnitCyclingResult`; its ``premise_notes`` say when the model is not fit for gate
+    cycling, the unit's contribution has no phase structure, or a shift collapses the model."""
+    check_is_model(model)
     _check_choice("measure", measure, MEASURES)
     _check_choice("mode", mode, MODES)
     if layers is None:
@@ -462,6 +498,7 @@ def gate_cycling_unit(
         residue_modulus=modulus, stride=S, layers=tuple(layers_list),
         kv_heads=None if heads is None else tuple(heads), measure=measure, mode=mode, model_label=label_of(model),
         n_calibration=n_calibration, n_boot=n_boot, seed=seed,
+        premise_recorded=tuple(n for n in [cycling_note(model)] if n),
     )
 
 
@@ -526,6 +563,8 @@ class UnitSelection(Result):
         return fig
 
 
+@applies_only(("layers", "n_per_residue", "seed", "n_calibration", "calibration_seed", "batch_size"),
+              unless=when_given("ablation", "ablation= is the sweep already run on its own prompts"))
 def specialized_units(
     model,
     task=None,
@@ -556,6 +595,7 @@ def specialized_units(
     ``ablation``: a precomputed `AblationResult` on the selection split (skips the sweep).
     Returns a `UnitSelection`; ``.units("specialized")`` gives `gate_cycling` arguments.
     """
+    check_is_model(model)
     from phaseinterp.interventions.ablation import ablate
 
     check_int("max_phases", max_phases, 1)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from phaseinterp._checks import check_layer
+from phaseinterp._checks import check_is_model, check_layer
 from phaseinterp.errors import UserInputError
 from phaseinterp.phase import boundary_phase
 
@@ -426,9 +426,11 @@ def model_label(model) -> str:
 
 
 def phase_model(model) -> PhaseModel:
-    """The `PhaseModel` adapter of ``model`` (an adapter passes through)."""
+    """The `PhaseModel` adapter of ``model`` (an adapter passes through); a name or path instead of a
+    model is refused naming the loader."""
     if isinstance(model, _Family):
         return model
+    check_is_model(model)
     # Each family's module is loaded iff such a model exists; looking it up (not importing it) keeps
     # this module below the models.
     own = sys.modules.get("phaseinterp.models.transformer")

@@ -16,7 +16,7 @@ from phaseinterp.plot.mechanisms import (
     training_curves,
     unit_cycling_figure,
 )
-from phaseinterp.plot.profile import plot_docstring, plot_profile
+from phaseinterp.plot.profile import plot_docstring, plot_profile, plot_two_axis
 
 __all__ = [
     "export",
@@ -24,6 +24,7 @@ __all__ = [
     "gate_profile_figure",
     "plot_docstring",
     "plot_profile",
+    "plot_two_axis",
     "profiles_figure",
     "save",
     "specialization_heatmap",

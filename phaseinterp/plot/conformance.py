@@ -10,13 +10,17 @@ from phaseinterp.plot.mechanisms import style
 
 
 def conformance_figure(result, title: str | None = None) -> go.Figure:
-    """Left: every setting x answer phase; right: chunked prefill per cut phase (when measured).
+    """Left: every setting x answer phase; right: chunked prefill per cut phase and warm settings
+    per shared-prefix phase (when measured).
     Colour: the max |d log p|; text: the verdict's statistic (max or mean) and pass/FAIL."""
     table = result.table
     kinds = [k for k in ("answer", "cut") if (table["kind"] == k).any()]
+    cut_modes = set(table.loc[table["kind"] == "cut", "mode"])  # a warm setting's cut: where its cached prefix ends
+    cut_title = " / ".join(name for name, present in (("prefill cut", cut_modes - {"warm"}),
+                                                      ("shared-prefix length", "warm" in cut_modes)) if present)
     fig = make_subplots(rows=1, cols=max(1, len(kinds)), horizontal_spacing=0.12,
                         subplot_titles=[f"answer phase (mod {result.stride})" if k == "answer"
-                                        else f"prefill cut phase (mod {result.cut_period})" for k in kinds])
+                                        else f"{cut_title} phase (mod {result.cut_period})" for k in kinds])
     for col, kind in enumerate(kinds, start=1):
         rows = table[table["kind"] == kind]
         settings = [s for s in result.settings if s in set(rows["setting"])]

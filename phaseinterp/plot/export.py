@@ -108,15 +108,32 @@ def save_static(figures: Mapping[Union[str, Path], go.Figure], scale: float = 2.
         t.parent.mkdir(parents=True, exist_ok=True)
     if _warming is not None:
         _warming.join()  # a `static_session` is starting the browser: wait for it rather than start another
-    temporary = []
+    temporary: list[Path] = []
+    figs = list(figures.values())
     try:
         temporary = [temporary_file_beside(t) for t in targets]
-        try:
-            with warnings.catch_warnings():  # a running session already holds plotly's kaleido options
-                warnings.filterwarnings("ignore", message="The kopts argument is ignored if using a server")
-                pio.write_images(list(figures.values()), temporary, format=kinds, scale=scale)
-        except Exception as err:  # kaleido wraps browser failures in several exception types
-            raise ExportError(f"kaleido could not write {', '.join(t.name for t in targets)}: {err}") from err
+        todo = list(range(len(targets)))
+        # kaleido returns a failed render's error instead of raising it (and removes that file), and
+        # plotly drops the return value: a missing or empty file is the only sign. A render that fails
+        # under load is drawn again once; a second failure is an ExportError naming the figure.
+        for attempt in range(2):
+            if attempt:
+                for i in todo:
+                    temporary[i].unlink(missing_ok=True)
+                    temporary[i] = temporary_file_beside(targets[i])
+            try:
+                with warnings.catch_warnings():  # a running session already holds plotly's kaleido options
+                    warnings.filterwarnings("ignore", message="The kopts argument is ignored if using a server")
+                    pio.write_images([figs[i] for i in todo], [temporary[i] for i in todo],
+                                     format=[kinds[i] for i in todo], scale=scale)
+            except Exception as err:  # kaleido wraps browser failures in several exception types
+                raise ExportError(f"kaleido could not write {', '.join(t.name for t in targets)}: {err}") from err
+            todo = [i for i in todo if not (temporary[i].is_file() and temporary[i].stat().st_size > 0)]
+            if not todo:
+                break
+        if todo:
+            raise ExportError(f"kaleido could not draw {', '.join(targets[i].name for i in todo)} (twice): its "
+                              "render failed without an error; nothing was written for them")
         for tmp, target in zip(temporary, targets):
             move_file_into_place(tmp, target, overwrite=overwrite, name="figures")
     finally:

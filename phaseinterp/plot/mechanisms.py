@@ -14,12 +14,31 @@ PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8
 
 
 def style(fig: go.Figure, title: str | None = None, width: int = 760, height: int = 460) -> go.Figure:
-    """The house style: white template, one font, compact margins (paper-ready at 2x scale)."""
-    fig.update_layout(template="plotly_white", font=FONT, width=width, height=height,
-                      margin=dict(l=70, r=30, t=70 if title else 30, b=60),
-                      title=dict(text=title, x=0.02) if title else None,
+    """The house style: white template, one font, compact margins (paper-ready at 2x scale). A
+    title longer than the figure is wide is wrapped at spaces (plotly draws a title on one line and
+    cuts it at the figure's edge), with the top margin grown by a line per extra line."""
+    lines = wrap_title(title, width) if title else []
+    fig.update_layout(template="plotly_white", font=FONT, width=width, height=height + 20 * max(len(lines) - 1, 0),
+                      margin=dict(l=70, r=30, t=(70 + 20 * (len(lines) - 1)) if title else 30, b=60),
+                      title=dict(text="<br>".join(lines), x=0.02) if title else None,
                       legend=dict(bgcolor="rgba(255,255,255,0.7)"))
     return fig
+
+
+def wrap_title(title: str, width: int, font_size: float = 17) -> list[str]:
+    """``title`` split at spaces into lines that fit a figure ``width`` px wide (a title's font is
+    larger than the body's: plotly's default 17 px at body 13 px), by a conservative 0.6 em per
+    character; a title that already holds ``<br>`` breaks is kept as its author split it."""
+    if "<br>" in title:
+        return title.split("<br>")
+    per_line = max(int((width * 0.96 - 20) / (0.6 * font_size)), 20)
+    lines: list[str] = []
+    for word in title.split(" "):
+        if lines and len(lines[-1]) + 1 + len(word) <= per_line:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return lines
 
 
 def specialization_heatmap(result, level: str = "phase", zmax: float | None = None, title: str | None = None,
@@ -109,8 +128,9 @@ def gate_cycling_figure(result, title: str | None = None) -> go.Figure:
     fig = make_subplots(rows=1, cols=2, subplot_titles=(
         "accuracy by phase per shift",
         f"predicted vs observed change (boundary excl.)<br>R² {scores['r2_pooled']:.2f} (no fit), "
-        f"r² {scores['corr2_pooled']:.2f} (fitted line), {scores['n_identified']}/{scores['n_shifts']} "
-        f"shifts identified"))
+        f"r² {scores['corr2_pooled']:.2f} (fitted line), "
+        + (f"{scores['n_identified']}/{scores['n_shifts']} shifts identified" if result.premise_holds
+           else "PREMISE FAILS: not evidence")))
     for i, d in enumerate(acc.index):
         fig.add_trace(go.Scatter(x=list(acc.columns), y=acc.loc[d].to_numpy(), mode="lines+markers",
                                  name=f"shift {d:+d}" if d else "unshifted",
@@ -153,7 +173,7 @@ def unit_cycling_figure(result, title: str | None = None) -> go.Figure:
             titles.append("unshifted: C₀")
         elif d in ps.index:
             titles.append(f"shift {d:+d}: R² {ps.loc[d, 'r2']:.2f}, best {int(ps.loc[d, 'best']):+d}"
-                          + (" ✓" if ps.loc[d, "identified"] else ""))
+                          + (" ✓" if ps.loc[d, "identified"] and result.premise_holds else ""))
         else:
             titles.append(f"shift {d:+d} (same as another mod S)")
     fig = make_subplots(rows=rows, cols=cols, subplot_titles=titles, shared_yaxes=True)

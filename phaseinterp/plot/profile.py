@@ -79,8 +79,27 @@ def plot_profile(profile: Any) -> go.Figure:
         ),
         yaxis={"title": "top-1 accuracy", "range": [0, 1.02]},
         yaxis2={"range": [0, 1.02]},
-        xaxis={"title": "target residue", "dtick": profile.stride},
+        xaxis={"title": "prompt-length residue" if getattr(profile, "axis", "target") == "length" else "target residue",
+               "dtick": profile.stride},
         xaxis2={"title": "phase", "dtick": 1},
+        template="plotly_white",
+    )
+    return fig
+
+
+def plot_two_axis(result: Any) -> go.Figure:
+    """Heatmap of accuracy: target phase (rows) x prompt-length phase (columns), prompt counts on hover."""
+    table = result.table()
+    fig = go.Figure(go.Heatmap(
+        z=table.to_numpy(), x=[str(c) for c in table.columns], y=[str(r) for r in table.index], zmin=0, zmax=1,
+        colorscale="Viridis", colorbar={"title": "top-1"}, customdata=result.cell_n,
+        hovertemplate="target phase %{y}, length phase %{x}: %{z:.1%} of %{customdata} prompts<extra></extra>",
+    ))
+    t, ell = result.target, result.length
+    fig.update_layout(
+        title=(f"{result.label}: target-phase gap {t.phase_gap:.1%} (period {t.period or 'none'}), "
+               f"length-phase gap {ell.phase_gap:.1%} (period {ell.period or 'none'})"),
+        xaxis={"title": "prompt-length phase"}, yaxis={"title": "target phase", "autorange": "reversed"},
         template="plotly_white",
     )
     return fig

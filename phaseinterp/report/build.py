@@ -19,13 +19,13 @@ from phaseinterp.report.section import ReportContext, SectionClock, run_sections
 from phaseinterp.report.sections.conformance import Conformance
 from phaseinterp.report.sections.deepseek_v4 import DeepseekV4
 from phaseinterp.report.sections.mechanisms import GateCycling, GateStatistics, MeanReplacement, UnitCycling
-from phaseinterp.report.sections.profile import PhaseProfiles, TrainingControls
+from phaseinterp.report.sections.profile import PhaseProfiles, PromptLength, TrainingControls
 from phaseinterp.report.sections.remedy import Remedy
 from phaseinterp.results import dumps
 from phaseinterp.tasks import resolve_task
 
 # The report's sections, in page order; each declares the earlier sections it reads.
-SECTIONS = (PhaseProfiles(), TrainingControls(), MeanReplacement(), GateCycling(), UnitCycling(), GateStatistics(),
+SECTIONS = (PhaseProfiles(), TrainingControls(), PromptLength(), MeanReplacement(), GateCycling(), UnitCycling(), GateStatistics(),
             Conformance(), DeepseekV4(), Remedy())
 
 
@@ -90,7 +90,8 @@ class Report:
                          f"{cyc.get('points_per_shift')} points per shift): "
                          f"R^2 of the prediction (boundary excluded, pooled) = {num(cyc.get('r2_pooled'))}; "
                          f"squared correlation = {num(cyc.get('corr2_pooled'))}; "
-                         f"shift identified in {cyc.get('identified')} "
+                         + (f"shift identified in {cyc['identified']} " if "identified" in cyc
+                            else "shift identification not claimed (premise fails) ") +
                          f"(permutation p = {num(cyc.get('identification_p'))})")
             if cyc.get("why_this_model"):
                 lines.append(f"  why this model: {cyc['why_this_model']}")

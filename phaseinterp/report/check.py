@@ -51,7 +51,19 @@ window.addEventListener('load', function () { setTimeout(function () {
         if (box.width > 0 || box.height > 0) drawn++;
       }
     });
-    figures.push({id: div.id, drawn: drawn});
+    // a title or subplot title (plotly draws them as one SVG text line each) reaching past the
+    // figure's own SVG is cut off there: plotly neither wraps nor clips it to fit
+    var cut = [];
+    var svg = div.querySelector('svg.main-svg');
+    if (svg) {
+      var sr = svg.getBoundingClientRect();
+      div.querySelectorAll('.infolayer .gtitle, .infolayer .annotation-text').forEach(function (t) {
+        var tr = t.getBoundingClientRect();
+        if (tr.width > 0 && (tr.right > sr.right + 1 || tr.left < sr.left - 1))
+          cut.push((t.textContent || '').slice(0, 120));
+      });
+    }
+    figures.push({id: div.id, drawn: drawn, cut_titles: cut});
   });
   var overflow = [];
   document.querySelectorAll('body *').forEach(function (el) {
@@ -137,8 +149,9 @@ def report_page(page: Union[str, os.PathLike], name: str = "page") -> Path:
 
 def check_page(page: Union[str, Path], width: int = 1400, height: int = 1000, timeout: float = 120) -> dict:
     """Render ``page`` (an HTML file, or a report folder's index.html) at ``width`` px and return
-    ``{"width", "scroll_width", "figures": [{"id", "drawn"}], "overflow": [...], "bad_text": [...]}``.
-    ``drawn`` counts plot elements with geometry inside each figure's plot area."""
+    ``{"width", "scroll_width", "figures": [{"id", "drawn", "cut_titles"}], "overflow": [...], "bad_text": [...]}``.
+    ``drawn`` counts plot elements with geometry inside each figure's plot area; ``cut_titles`` the
+    figure's title and subplot titles that reach past its edge (plotly cuts them there)."""
     page = report_page(page)
     with tempfile.TemporaryDirectory(prefix="phaseinterp-check-") as tmp:
         text = page.read_text()
@@ -164,6 +177,8 @@ def problems(result: dict) -> list[str]:
     if not result["figures"]:  # nothing was checked: never "ok" (every report has figures)
         return ["the page has no figures: nothing to check (is it a phaseinterp report?)"]
     out = [f"figure {f['id']} drew no plot elements" for f in result["figures"] if f["drawn"] == 0]
+    out += [f"figure {f['id']}: title cut off at the figure's edge: {t!r}"
+            for f in result["figures"] for t in f.get("cut_titles", [])]
     if result["scroll_width"] > result["width"] + 1:
         out.append(f"the page is {result['scroll_width']} px wide in a {result['width']} px window")
     out += [f"<{o['tag']} id={o['id']!r} class={o['cls']!r}> reaches x = {o['right']} px "

@@ -264,7 +264,10 @@ def page_html(summary: dict, figures: dict, tables: dict, static: dict) -> str:
     parts.append(resolution_html(summary))
     parts.append(settings_html(summary))
     parts.append(timing_html(summary))
-    titles = {"phase_profile": "Accuracy by phase", "ablation_heatmap": "Head x phase specialization",
+    titles = {"phase_profile": "Accuracy by phase",
+              "prompt_length": "Target phase x prompt-length phase (the model's weak spot follows the target; an "
+                               "engine's length bug would follow the prompt's length)",
+              "ablation_heatmap": "Head x phase specialization",
               "gate_cycling": "Gate cycling: every layer's gates shifted (whole-profile score)",
               "unit_cycling": "Gate cycling, one unit at a time (unit-level score)",
               "gate_profile": "Gate statistics",

@@ -8,6 +8,7 @@ padding), `splits` (seed streams and the evaluation/calibration parity), `batche
 
 from typing import Any
 
+from phaseinterp._checks import check_is_model
 from phaseinterp.errors import UserInputError
 from phaseinterp.tasks.batches import TaskBatch, TrainBatch
 from phaseinterp.tasks.docstring import DocstringProbe, DocstringResult
@@ -32,6 +33,7 @@ def task_from_dict(d: dict[str, Any]) -> KeyValueRetrieval | NeedleRetrieval:
 def resolve_task(model, task=None):
     """``task`` if given, else the evaluation task stored with the model (zoo checkpoints:
     ``model.metadata["task"]``, of type ``model.metadata["task_type"]``)."""
+    check_is_model(model)
     if task is not None:
         return task
     metadata = getattr(model, "metadata", {})

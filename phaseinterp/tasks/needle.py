@@ -17,6 +17,7 @@ from phaseinterp.tasks.layout import residue_cycle_positions
 from phaseinterp.tasks.placement import TargetPlacement, check_target_band, match_target_moments
 from phaseinterp.tasks.splits import SPLIT_PARITY, hashed_pair_bits, mapping_parity, split_rng
 from phaseinterp.tasks.vocab import Tokenizer, Vocab
+from phaseinterp.tasks.length_axis import LengthPadding
 
 
 def encode_piece(tokenizer: Any, text: str) -> list[int]:
@@ -195,6 +196,12 @@ class NeedleRetrieval(TaskSettings):
             f">= {L - 1} to reach every position)",
         )
         return {"n_records": n_records, "slack": slack, "start": start, "lo": lo, "hi": hi}
+
+    def length_padding(self, tokenizer: Tokenizer | None = None):
+        """Extra filler for the prompt-length axis (`phaseinterp.tasks.length_axis`): the pools' fillers
+        after the head."""
+        pools = self.pools(tokenizer)
+        return LengthPadding(len(pools.head), np.array(pools.filler_ids))
 
     def placement(self, n_per_residue: int, tokenizer: Tokenizer | None = None, *, strict: bool = True) -> TargetPlacement:
         g = self._geometry(self.pools(tokenizer))

@@ -7,6 +7,8 @@ layout in `phaseinterp.tasks.layout`, the split parity in `phaseinterp.tasks.spl
 import functools
 from dataclasses import dataclass, field
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 import torch
@@ -21,6 +23,7 @@ from phaseinterp.tasks.layout import residue_cycle_positions
 from phaseinterp.tasks.placement import TargetPlacement, check_target_band, match_target_moments
 from phaseinterp.tasks.splits import draw_mappings, split_rng
 from phaseinterp.tasks.vocab import Vocab
+from phaseinterp.tasks.length_axis import LengthPadding
 
 
 @functools.lru_cache(maxsize=64)
@@ -108,6 +111,11 @@ class KeyValueRetrieval(TaskSettings):
         lo = max(1, self.query_pos - max_distance)
         hi = min(self.query_pos - self.min_distance, 1 + self.slack + 2 * (self.n_records - 1))
         return lo, hi
+
+    def length_padding(self, tokenizer: Any = None):
+        """Extra filler for the prompt-length axis (`phaseinterp.tasks.length_axis`): vocabulary fillers
+        after ``<bos>``."""
+        return LengthPadding(1, np.array(self.vocab.filler_ids))
 
     def placement(self, n_per_residue: int, *, strict: bool = True) -> TargetPlacement:
         """Moment-matched target positions for ``n_per_residue`` prompts per residue (see ``match_target_moments``)."""

@@ -22,6 +22,7 @@ from phaseinterp.errors import UserInputError
 from phaseinterp.tasks.layout import check_padding
 from phaseinterp.tasks.needle import NeedleRetrieval, TokenPools, encode_piece
 from phaseinterp.tasks.splits import split_rng
+from phaseinterp.tasks.length_axis import LengthPadding
 
 _FILLER = -1  # marks the filler positions of a laid-out prompt until text replaces them
 MIN_PIECES = 16  # key and value pieces each: fewer cannot hold distinct records and a fair chance level
@@ -109,6 +110,10 @@ class TextNeedle(NeedleRetrieval):
     def d_vocab_needed(self) -> int:
         return 1 + max(max(self.key_ids), max(self.value_ids), max(self.separator_ids, default=0),
                        max(self.filler_text))
+
+    def length_padding(self, tokenizer: Any = None):
+        """Extra filler for the prompt-length axis: a contiguous span of the held-out filler text."""
+        return LengthPadding(0, np.asarray(self.filler_text), contiguous=True)
 
     def pools(self, tokenizer: Any = None) -> TokenPools:
         return TokenPools(self.key_ids, self.value_ids, (_FILLER,), (), self.separator_ids)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from phaseinterp.results import Result
+from phaseinterp.results import Result, premise_entries
 
 KEY, VALUE = 0, 1
 
@@ -120,19 +120,36 @@ class FlowResult(Result):
         return effective_slots(self.mean_p)
 
     @property
+    def premise_notes(self) -> tuple[str, ...]:
+        """The premises of reading ``slots`` as where the flow ends that fail: a gradient flow never
+        raises the loss (an increase beyond 1e-6 of the starting loss, with ``method`` the
+        Dormand-Prince flow, is an integration error), and every head reached 0.95 on its slot
+        (else the slots are where the run stopped, not where it converges)."""
+        notes = list(super().premise_notes)
+        rise = self.max_loss_increase()
+        if self.method == "dormand_prince" and rise > 1e-6 * max(abs(float(self.loss[0])), 1e-12):
+            notes.append(f"the loss rose by {rise:.3g} between records: a gradient flow cannot raise it, so the "
+                         "integration did not follow the flow (tighten rtol/atol)")
+        if not self.reached(0.95):
+            notes.append(f"not every head reached 0.95 on its slot by t={float(self.t[-1]):g}: the slots are where "
+                         "the run stopped, not where the flow converges (raise t_max)")
+        return tuple(notes)
+
+    @property
     def _title(self) -> str:
         return f"FlowResult: {self.method}, {_shape(self.config)}, seed {self.settings.get('seed')}"
 
     def to_dict(self) -> dict[str, Any]:
         """The model, the init, each head's final slot and worst-chunk p, whether and when every
-        head reached 0.95, and the loss at start and end."""
+        head reached 0.95, the loss at start and end, and ``premise`` / ``premise_notes``."""
         f = self.final()
         return dict(method=self.method, **{k: self.config[k] for k in ("N", "S", "L", "heads", "eps", "gamma", "beta")},
                     rho=self.settings.get("rho"), seed=self.settings.get("seed"), slots=self.slots(),
                     min_p_key=float(f.p_key.min()), min_p_value=float(f.p_value.min()),
                     reached_095=self.reached(0.95), time_to_095=self.time_to(0.95), slot_fixed=self.slot_fixed(),
                     collided=self.collided(), loss_start=float(self.loss[0]), loss_end=float(self.loss[-1]),
-                    max_loss_increase=self.max_loss_increase(), t_end=float(self.t[-1]), records=len(self.t))
+                    max_loss_increase=self.max_loss_increase(), t_end=float(self.t[-1]), records=len(self.t),
+                    **premise_entries(self.premise_notes))
 
     def to_frame(self) -> pd.DataFrame:
         """Tidy: one row per (time, head, branch, slot) with mean and worst-chunk p, and the loss."""

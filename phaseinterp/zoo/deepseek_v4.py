@@ -3,7 +3,8 @@
 ``build("dsv4-tiny")`` trains ``DeepseekV4ForCausalLM`` from scratch on CPU with the zoo's
 task and batch mixture (`phaseinterp.zoo.task.TASK`, periodic rows, the easy-stage curriculum)
 and installs it in ``phaseinterp/zoo/checkpoints/<name>`` in HF format (``model.safetensors``
-+ ``config.json``) with a ``phaseinterp.json`` sidecar (evaluation task, recipe, command);
++ ``config.json``, and the task vocabulary's ``tokenizer.json``: `write_tokenizer`) with a
+``phaseinterp.json`` sidecar (evaluation task, recipe, command);
 ``phaseinterp.zoo.load(name)`` / ``phaseinterp.load_hf(path)`` read it. Command:
 ``phaseinterp zoo build NAME`` (one thread; rerun resumes nothing: runs are short).
 
@@ -158,10 +159,31 @@ def install_run(name: str, run_dir: Union[str, Path]) -> Path:
         shutil.rmtree(tmp)
     shutil.copytree(source, tmp)
     shutil.copy(run_dir / "curves.csv", tmp / "curves.csv")
+    write_tokenizer(tmp)
     if target.exists():
         shutil.rmtree(target)
     tmp.rename(target)
     return target
+
+
+def write_tokenizer(folder: Union[str, Path]) -> list[Path]:
+    """Write the tokenizer of a tiny DeepSeek-V4 folder (``tokenizer.json`` + ``tokenizer_config.json``:
+    `phaseinterp.tasks.hf_tokenizer`, id i = token i of the vocabulary of the task in its
+    ``phaseinterp.json``), so ``AutoTokenizer.from_pretrained(folder)`` and tools built on it (lm-eval,
+    vLLM) read it as a plain Hugging Face model. The weights and their files are not touched."""
+    import json
+
+    from phaseinterp.tasks import task_from_dict
+    from phaseinterp.tasks.hf_tokenizer import write_vocab_tokenizer
+
+    folder = Path(folder)
+    try:
+        task = json.loads((folder / "phaseinterp.json").read_text())["metadata"]["task"]
+        n_ctx = json.loads((folder / "config.json").read_text())["max_position_embeddings"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise MissingPathError(f"{folder} is not a tiny DeepSeek-V4 folder with a stored task (phaseinterp.json) "
+                               f"and config.json ({err})") from None
+    return write_vocab_tokenizer(task_from_dict(task).vocab, folder, n_ctx)
 
 
 def available() -> list[str]:

@@ -28,8 +28,8 @@ class MeanReplacement(Section):
 
         s = ctx.settings
         ctx.log(f"[2/4] per-KV-head mean replacement: every layer, {s.ablation_per_residue} prompts per residue")
-        return ablate(ctx.model, ctx.task, n_per_residue=s.ablation_per_residue, n_calibration=s.n_calibration,
-                      progress=ctx.progress, prompts=ctx.prompts.get(ctx.task, s.ablation_per_residue))
+        return ablate(ctx.model, ctx.task, n_calibration=s.n_calibration, progress=ctx.progress,
+                      prompts=ctx.prompts.get(ctx.task, s.ablation_per_residue))
 
     def render(self, ctx: ReportContext, abl) -> None:
         spec = abl.specialization()
@@ -75,9 +75,8 @@ class GateCycling(Section):
         result = {"model": cyc_model, "name": cyc_name, "task": cyc_task, "reason": cyc_reason,
                   "negative": negative, "cycling": None, "error": None}
         try:
-            result["cycling"] = gate_cycling_profile(cyc_model, cyc_task, settings.shifts,
-                                             n_per_residue=settings.cycling_per_residue, progress=ctx.progress,
-                                             n_boot=200,
+            result["cycling"] = gate_cycling_profile(cyc_model, cyc_task, settings.shifts, progress=ctx.progress,
+                                                     n_boot=200,
                                              prompts=ctx.prompts.get(cyc_task, settings.cycling_per_residue))
         except ValueError as err:
             result["error"] = str(err)
@@ -156,8 +155,9 @@ def _unit_cycling(model, task, ablation, settings, progress, out: Path, prompts:
     scored on held-out prompts (seed 1) against C_0((r - d) mod S)."""
     from phaseinterp.interventions import gate_cycling_unit, specialized_units
 
-    selection = specialized_units(model, task, ablation=ablation, n_per_residue=settings.ablation_per_residue,
-                                  n_calibration=settings.n_calibration, progress=progress)
+    selection = (specialized_units(model, task, ablation=ablation, progress=progress) if ablation is not None else
+                 specialized_units(model, task, n_per_residue=settings.ablation_per_residue,
+                                   n_calibration=settings.n_calibration, progress=progress))
     atomic_write_text(out / "data" / "unit_selection.csv", selection.table.to_csv(index=False))
     picked = selection.units("specialized")[:1] + selection.units("control")
     where = "the report's mean-replacement run (seed 0)" if ablation is not None else \
@@ -175,8 +175,7 @@ def _unit_cycling(model, task, ablation, settings, progress, out: Path, prompts:
                      "phases (not all of them) and nowhere else (see unit_selection.csv).</p>")
     for u in picked:
         r = gate_cycling_unit(model, task, settings.shifts, layers=u["layers"], kv_heads=u["kv_heads"],
-                         n_per_residue=settings.ablation_per_residue, seed=UNIT_SCORE_SEED,
-                         n_calibration=settings.n_calibration, n_boot=200, progress=progress,
+                         seed=UNIT_SCORE_SEED, n_calibration=settings.n_calibration, n_boot=200, progress=progress,
                          prompts=prompts.get(task, settings.ablation_per_residue, UNIT_SCORE_SEED))
         atomic_write_text(out / "data" / f"unit_cycling_{u['label']}.csv", r.profile_frame().to_csv(index=False))
         s, d = r.scores, r.to_dict()
@@ -193,6 +192,8 @@ def _unit_cycling(model, task, ablation, settings, progress, out: Path, prompts:
             f"(chance per shift about 1/{r.stride}). Parameter-free R² over all {r.stride} phases, pooled: "
             f"{s['r2_pooled']:.2f} [{low:.2f}, {high:.2f}] (negative when the shifted contribution has the right "
             f"place but not the size of the unshifted one).</p>")
+        if not r.premise_holds:
+            parts.append(_premise_html(r))
         parts.append(_movement_html(r, "the unit's contribution peak"))
         parts.append(r.identification().to_html(border=0, float_format=fmt))
     return {"summary": summary, "html": "".join(parts), "figure": figure}
@@ -218,6 +219,12 @@ def _movement_html(result, what: str) -> str:
             f"best hypothesis.</p>")
 
 
+def _premise_html(result) -> str:
+    """A result's failed premises (`Result.premise_notes`) as a note: its scores are no evidence."""
+    items = "".join(f"<li>{html.escape(n)}</li>" for n in result.premise_notes)
+    return f"<p class='note'>Premise fails: these scores are not evidence for the prediction.</p><ul>{items}</ul>"
+
+
 def _cycling_html(cyc, name: str, reason: str, negative: bool = False) -> str:
     """Which model gate cycling ran on and why, and its scores in words (the numbers the figure shows)."""
     s = cyc.scores
@@ -236,6 +243,8 @@ def _cycling_html(cyc, name: str, reason: str, negative: bool = False) -> str:
     if negative:
         text += ("<p class='note'>Negative control: this model is not fit for the experiment (see above); its "
                  "scores measure the collapse of every phase, not the paper's prediction.</p>")
+    elif not cyc.premise_holds:
+        text += _premise_html(cyc)
     elif s["r2_pooled"] != s["r2_pooled"] or s["r2_pooled"] < 0.5 or s["n_identified"] < s["n_shifts"]:
         text += ("<p class='note'>The whole-profile prediction fails on this model. It shifts every layer's gates "
                  "at once, which can break units that serve every phase; whether a single unit's phase moves with "

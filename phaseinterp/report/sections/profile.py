@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 from typing import Any, Optional
 
+from phaseinterp._files import atomic_write_text
 from phaseinterp.report.models import as_model, data_name, model_label
 from phaseinterp.report.section import ReportContext, Section, write_profile_csvs
 
@@ -118,3 +119,35 @@ def _controls_html(rows: list[dict]) -> str:
             "computed from the training curves by <code>phaseinterp.zoo.equal_training_step</code>), and the "
             "final step.</p><table><tr><th>pair</th><th>step</th><th>compressed</th><th>mean</th><th>worst phase"
             "</th><th>twin</th><th>mean</th><th>worst phase</th><th>twin phase gap</th></tr>" + body + "</table>")
+
+
+class PromptLength(Section):
+    """The model's accuracy by target phase x prompt-length phase (``phase_profile(axis="both")``): a
+    weak spot of the model follows the target (rows), a length-keyed implementation bug follows the
+    prompt's length (columns)."""
+
+    name = "prompt length"
+
+    def skip_reason(self, ctx: ReportContext) -> Optional[str]:
+        if getattr(ctx.model.cfg, "stride", None) is None or not hasattr(ctx.task, "length_padding"):
+            return "the task has no prompt-length axis"
+        return None
+
+    def compute(self, ctx: ReportContext) -> Any:
+        from phaseinterp.profile import phase_profile
+
+        n = ctx.settings.n_per_residue
+        ctx.log(f"prompt-length axis: {n} prompts x {ctx.task.residue_modulus} residues x {ctx.model.cfg.stride} lengths")
+        return phase_profile(ctx.model, ctx.task, n_per_residue=n, axis="both", label=model_label(ctx.model),
+                             progress=ctx.progress)
+
+    def render(self, ctx: ReportContext, result: Any) -> None:
+        atomic_write_text(ctx.out / "data" / f"prompt_length_{data_name(ctx.model)}.csv", result.table().to_csv())
+        ctx.summary["prompt_length"] = result.to_dict()
+        ctx.figures["prompt_length"] = result.plot()
+        rows = "".join(
+            f"<tr><td style='text-align:left'>{axis}</td><td>{100 * p.phase_gap:.1f} pp</td>"
+            f"<td>{p.period if p.period is not None else 'none'}</td><td>{p.homogeneity_p_value:.3g}</td></tr>"
+            for axis, p in (("target phase", result.target), ("prompt-length phase", result.length)))
+        ctx.tables["prompt_length"] = ("<table><tr><th>axis</th><th>phase gap</th><th>period</th>"
+                                       f"<th>homogeneity p</th></tr>{rows}</table>")

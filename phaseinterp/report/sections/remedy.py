@@ -81,9 +81,12 @@ def _measure_pair(name: str, settings, progress, log, reuse, device, prompts) ->
             profile = reuse[zoo_name]
         else:
             log(f"[remedy] {zoo_name}: phase profile, {settings.n_per_residue} prompts x {task.residue_modulus} residues")
-            batch = prompts.get(task, settings.n_per_residue) if prompts is not None else task
-            profile = phase_profile(model, batch, n_per_residue=settings.n_per_residue, label=f"{zoo_name} ({role})",
-                                    progress=progress)
+            if prompts is not None:
+                profile = phase_profile(model, prompts.get(task, settings.n_per_residue), label=f"{zoo_name} ({role})",
+                                        progress=progress)
+            else:
+                profile = phase_profile(model, task, n_per_residue=settings.n_per_residue, label=f"{zoo_name} ({role})",
+                                        progress=progress)
         profiles.append(profile)
         memory = memory_per_token(model)
         boundaries = sorted({int(b) for layer in range(model.cfg.n_layers) for b in model.boundary_phases(layer)})

@@ -1,0 +1,361 @@
+"""The prebuilt llama.cpp (``llama-cpp-py-sync``'s wheel) made to load on an older glibc, and its backend.
+
+ELF tests: the patched copy loads, the wheel's own libraries fail with the glibc error (on a glibc
+older than 2.38), the edit is idempotent and the cached copy reused, other too-new symbols are
+refused in one line. Backend tests (slow): per-position logits of `PrebuiltLlama` against
+llama-cpp-python on the same GGUF and against phaseinterp's forward, on the DeepSeek-V4 fixture
+converted by llama.cpp's ``convert_hf_to_gguf.py`` (``PHASEINTERP_LLAMA_CPP_SRC``, as in
+``test_llama_cpp.py``) and on a tiny random llama. The two llama.cpp builds share library names, so
+each runs in its own process (this file's ``__main__``). Under ``CI=true`` a missing
+``llama_cpp_py_sync``, ``llama_cpp`` or converter fails these tests; elsewhere they are skipped.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "llama_cpp_dsv4.py"
+CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+TOKENS_TOLERANCE = 1e-4  # |logit| between two llama.cpp builds on one GGUF (f32 cache; llama: measured ~4e-6)
+# The two builds' DeepSeek-V4 graphs round differently at a few positions (up to 1.2e-3 in |logit| measured, at 6 of
+# 300; both then stay equally close to transformers, whose floor is ~3e-3 in log-probs).
+DSV4_BUILDS_TOLERANCE = 5e-3
+REFERENCE_TOLERANCE = 1e-2  # max |d log p| against phaseinterp's forward, as LLAMA_CPP_F32_TOLERANCE
+
+
+def _missing(why: str):
+    if CI:
+        pytest.fail(f"{why}; under CI=true the prebuilt llama.cpp tests must run (pip install llama-cpp-py-sync)",
+                    pytrace=False)
+    pytest.skip(why)
+
+
+@pytest.fixture(scope="module")
+def source():
+    """The installed ``llama_cpp_py_sync`` library folder."""
+    from phaseinterp.engines.llama_prebuilt import PrebuiltLibraryError, installed_library_dir
+
+    try:
+        return installed_library_dir()
+    except PrebuiltLibraryError as err:
+        _missing(str(err))
+
+
+def _target_glibc():
+    """The machine's glibc, capped below 2.38 so that the edit runs on every machine."""
+    from phaseinterp.engines.llama_prebuilt import machine_glibc
+
+    return min(machine_glibc() or (2, 37), (2, 37))
+
+
+@pytest.fixture(scope="module")
+def patched(source, tmp_path_factory):
+    """(cache root, patched folder) for `_target_glibc`."""
+    from phaseinterp.engines.llama_prebuilt import compatible_library_dir
+
+    root = tmp_path_factory.mktemp("prebuilt-cache")
+    return root, compatible_library_dir(source, cache_root=root, glibc=_target_glibc())
+
+
+# ------------------------------------------------------------------ the ELF edit
+def test_patched_copy_loads_and_the_wheel_does_not(source, patched):
+    """The copy holds every library under its name, needs no GLIBC_2.38, and names the classic
+    functions at GLIBC_2.2.5; it loads (``ctypes.CDLL`` in dependency order). The wheel's own
+    libraries fail with the loader's glibc message where the machine's glibc is older than 2.38."""
+    from phaseinterp.engines.llama_prebuilt import (ElfImage, PrebuiltLibraryError, check_loads, library_files,
+                                                    machine_glibc)
+
+    root, folder = patched
+    assert folder.parent == root and folder != source
+    assert sorted(p.name for p in library_files(folder)) == sorted(p.name for p in library_files(source))
+    image = ElfImage((folder / "libllama.so").read_bytes(), "libllama.so")
+    assert "GLIBC_2.38" not in {n.name for n in image.needs}
+    versions = {s.name: image.version_of(s).name for s in image.symbols if image.version_of(s) is not None}
+    assert not any(name.startswith("__isoc23_") for name in versions)
+    assert {versions[f] for f in ("strtol", "strtoul", "strtoull", "sscanf")} == {"GLIBC_2.2.5"}
+    check_loads(folder)
+    if shutil.which("readelf"):  # binutils reads the edited tables without a complaint
+        done = subprocess.run(["readelf", "-V", "-W", str(folder / "libllama.so")], capture_output=True, text=True)
+        assert done.returncode == 0 and "warning" not in (done.stdout + done.stderr).lower()
+        assert "GLIBC_2.38" not in done.stdout and "__isoc23" not in done.stdout
+    if (machine_glibc() or (99,)) < (2, 38):
+        with pytest.raises(PrebuiltLibraryError, match=r"version `GLIBC_2\.38' not found") as caught:
+            check_loads(source)
+        assert "\n" not in str(caught.value)
+
+
+def test_patch_is_idempotent_and_the_cache_is_reused(source, patched):
+    from phaseinterp.engines.llama_prebuilt import MANIFEST, compatible_library_dir, library_files, patch_elf
+
+    root, folder = patched
+    for path in library_files(folder):
+        data = path.read_bytes()
+        again, renamed = patch_elf(data, _target_glibc(), path.name)
+        assert again == data and renamed == []
+    stamps = {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
+    assert compatible_library_dir(source, cache_root=root, glibc=_target_glibc()) == folder
+    assert {p.name: p.stat().st_mtime_ns for p in folder.iterdir()} == stamps
+    assert [p.name for p in root.iterdir()] == [folder.name]  # no staging folder left behind
+    assert (folder / MANIFEST).is_file()
+    # A folder whose libraries need nothing newer than the machine's glibc is used as it is.
+    assert compatible_library_dir(folder, cache_root=root, glibc=_target_glibc()) == folder
+
+
+def test_another_too_new_symbol_is_refused_in_one_line(source, tmp_path):
+    """A copy whose GLIBC_2.29 need is renamed GLIBC_2.99 (same length, in .dynstr): its libm
+    symbols are then too new and have no older equivalent, so the edit refuses and names them; the
+    cache gets nothing."""
+    from phaseinterp.engines.llama_prebuilt import (ElfImage, PrebuiltLibraryError, compatible_library_dir,
+                                                    patch_elf, too_new_symbols)
+
+    data = (source / "libggml-base.so.0").read_bytes()
+    assert data.count(b"GLIBC_2.29\0") >= 1
+    edited = data.replace(b"GLIBC_2.29\0", b"GLIBC_2.99\0")
+    wanted = sorted(ElfImage(edited).glibc_requirements()["GLIBC_2.99"])
+    assert wanted  # log2 in llama-cpp-py-sync 0.11739
+    with pytest.raises(PrebuiltLibraryError) as caught:
+        patch_elf(edited, (2, 36), "libggml-base.so.0")
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith("libggml-base.so.0 needs symbols newer than")
+    assert all(f"{name}@GLIBC_2.99" in message for name in wanted) and "__isoc23_strtol@" not in message
+    folder = tmp_path / "wheel"
+    folder.mkdir()
+    for path in source.glob("lib*.so*"):
+        shutil.copy(path, folder / path.name)
+    (folder / "libggml-base.so.0").write_bytes(edited)
+    with pytest.raises(PrebuiltLibraryError, match=re.escape(f"{wanted[0]}@GLIBC_2.99")):
+        compatible_library_dir(folder, cache_root=tmp_path / "cache", glibc=(2, 36))
+    assert list((tmp_path / "cache").iterdir()) == []
+    # The checker on parsed data: only the four C23 aliases may be newer than the machine's glibc.
+    assert too_new_symbols({"GLIBC_2.38": ["__isoc23_strtol", "__isoc23_sscanf"], "GLIBC_2.2.5": ["free"]},
+                           (2, 36)) == {}
+    assert too_new_symbols({"GLIBC_2.38": ["__isoc23_strtol", "__isoc23_fscanf"], "GLIBC_2.39": ["pidfd_spawn"]},
+                           (2, 36)) == {"GLIBC_2.38": ["__isoc23_fscanf"], "GLIBC_2.39": ["pidfd_spawn"]}
+    assert too_new_symbols({"GLIBC_2.39": ["pidfd_spawn"]}, (2, 39)) == {}
+
+
+def test_missing_base_version_is_refused(source):
+    """Without a GLIBC_2.2.5 need on libc there is no version to move the aliases to (none is added)."""
+    from phaseinterp.engines.llama_prebuilt import PrebuiltLibraryError, patch_elf
+
+    edited = (source / "libggml-base.so.0").read_bytes().replace(b"GLIBC_2.2.5\0", b"GLIBC_2.2.4\0")
+    with pytest.raises(PrebuiltLibraryError, match=r"has no GLIBC_2\.2\.5 need on libc\.so\.6"):
+        patch_elf(edited, (2, 36), "libggml-base.so.0")
+
+
+# ------------------------------------------------------------------ the backend, one process per llama.cpp
+def _worker(kind: str, gguf: Path, ids: np.ndarray, out: Path, *, library_dir=None, steps: int,
+            pieces=(), keep: int = 0) -> dict:
+    """Run this file's ``__main__`` in a fresh process; its arrays (or the crash) come back."""
+    np.save(out.with_suffix(".ids.npy"), ids)
+    argv = [sys.executable, __file__, kind, str(gguf), str(out.with_suffix(".ids.npy")), str(out), str(steps),
+            ",".join(map(str, pieces)), str(keep), str(library_dir or "")]
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=900)
+    assert done.returncode == 0, f"{kind} worker exited {done.returncode}: {done.stderr[-3000:]}"
+    return dict(np.load(out))
+
+
+def _log_probs(x):
+    import torch
+
+    return torch.log_softmax(torch.as_tensor(np.asarray(x)).float(), dim=-1)
+
+
+@pytest.fixture(scope="module")
+def dsv4_gguf(tmp_path_factory):
+    """(release folder, GGUF) of the DeepSeek-V4 fixture, as in ``test_llama_cpp.py``."""
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError as err:
+        _missing(f"llama-cpp-python is not installed ({err})")
+    src = os.environ.get("PHASEINTERP_LLAMA_CPP_SRC")
+    if not src or not (Path(src) / "convert_hf_to_gguf.py").is_file():
+        _missing(f"PHASEINTERP_LLAMA_CPP_SRC={src!r} does not name llama.cpp's source (with convert_hf_to_gguf.py)")
+    root = tmp_path_factory.mktemp("prebuilt_dsv4")
+    for argv in (["fixture", str(root / "fixture")],
+                 ["convert", str(root / "fixture" / "release"), str(root / "fixture.gguf"), "--llama-cpp-src", src]):
+        done = subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, cwd=ROOT)
+        assert done.returncode == 0, done.stderr[-3000:]
+    return root / "fixture" / "release", root / "fixture.gguf"
+
+
+@pytest.fixture(scope="module")
+def llama_gguf(tmp_path_factory):
+    """(folder, GGUF) of a tiny random llama (2 layers, grouped-query attention, vocabulary 512)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError as err:
+        _missing(f"llama-cpp-python is not installed ({err})")
+    src = os.environ.get("PHASEINTERP_LLAMA_CPP_SRC")
+    if not src or not (Path(src) / "convert_hf_to_gguf.py").is_file():
+        _missing(f"PHASEINTERP_LLAMA_CPP_SRC={src!r} does not name llama.cpp's source (with convert_hf_to_gguf.py)")
+    sys.path.insert(0, str(SCRIPT.parent))
+    from llama_cpp_dsv4 import write_tokenizer
+
+    root = tmp_path_factory.mktemp("prebuilt_llama")
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, bos_token_id=0,
+                         eos_token_id=1, tie_word_embeddings=False)
+    model = LlamaForCausalLM(config).float().eval()
+    with torch.no_grad():
+        model.model.embed_tokens.weight.normal_(0.0, 1.0)
+        model.lm_head.weight.normal_(0.0, 0.3)
+    model.save_pretrained(root / "hf")
+    write_tokenizer(root / "hf", 512, 0, 1)
+    done = subprocess.run([sys.executable, str(SCRIPT), "convert", str(root / "hf"), str(root / "llama.gguf"),
+                           "--llama-cpp-src", src], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return root / "hf", root / "llama.gguf"
+
+
+@pytest.mark.slow
+def test_prebuilt_matches_llama_cpp_python_and_transformers_on_a_tiny_llama(patched, llama_gguf, tmp_path):
+    """Every position's logits (one ``llama_decode`` per token) equal llama-cpp-python's on the same
+    GGUF and transformers'; the whole prompt at once, in pieces, and after trimming the cache to a
+    prefix (``keep_prefix``) and feeding the rest give the same last logits."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    ids = np.random.default_rng(0).integers(2, 512, 120)
+    pre = _worker("prebuilt", llama_gguf[1], ids, tmp_path / "pre.npz", library_dir=patched[1], steps=120,
+                  pieces=(1, 63, 56), keep=50)
+    ref_cpp = _worker("llama_cpp", llama_gguf[1], ids, tmp_path / "cpp.npz", steps=120)
+    hf = LlamaForCausalLM.from_pretrained(llama_gguf[0], dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = hf(torch.tensor(ids)[None]).logits[0].numpy()
+    assert pre["steps"].shape == (120, 512)
+    np.testing.assert_allclose(pre["steps"], ref_cpp["steps"], atol=TOKENS_TOLERANCE, rtol=0)
+    np.testing.assert_allclose(pre["steps"], ref, atol=1e-4, rtol=0)
+    for key in ("whole", "pieces", "warm"):
+        np.testing.assert_allclose(pre[key], pre["steps"][-1], atol=1e-5, rtol=0, err_msg=key)
+    assert int(pre["warm_refused"]) == 0
+
+
+@pytest.mark.slow
+def test_prebuilt_runs_the_converted_deepseek_v4_like_llama_cpp_python(patched, dsv4_gguf, tmp_path):
+    """On the DeepSeek-V4 fixture (converter output): 300 positions one token at a time (past the
+    128-token window and HCA block) and one 2,304-token prompt (past the indexer's top-k of 512
+    compressed entries), whole and in pieces. The prebuilt equals llama-cpp-python within
+    `DSV4_BUILDS_TOLERANCE`; against phaseinterp's forward each position is within
+    `REFERENCE_TOLERANCE` or no further than llama-cpp-python is (plus that tolerance). DeepSeek-V4's memory refuses
+    to drop a suffix (``llama_memory_seq_rm`` returns false; only a clear resets it)."""
+    import torch
+
+    import phaseinterp as pi
+
+    g = np.random.default_rng(0)
+    ids = g.integers(2, 512, 2304)
+    pieces = (1, 511, 512, 512, 512, 256)
+    pre = _worker("prebuilt", dsv4_gguf[1], ids, tmp_path / "pre.npz", library_dir=patched[1], steps=300,
+                  pieces=pieces, keep=128)
+    ref_cpp = _worker("llama_cpp", dsv4_gguf[1], ids, tmp_path / "cpp.npz", steps=300)
+    np.testing.assert_allclose(pre["steps"], ref_cpp["steps"], atol=DSV4_BUILDS_TOLERANCE, rtol=0)
+    np.testing.assert_allclose(pre["whole"], ref_cpp["whole"], atol=DSV4_BUILDS_TOLERANCE, rtol=0)
+    np.testing.assert_allclose(pre["pieces"], pre["whole"], atol=1e-5, rtol=0)
+    assert int(pre["warm_refused"]) == 1
+    model = pi.load_hf(dsv4_gguf[0], dtype=torch.float32)
+    with torch.no_grad():
+        ref = _log_probs(model(torch.tensor(ids[:300])[None])[0])
+        ref_last = _log_probs(model(torch.tensor(ids)[None])[0, -1])
+    ours = (_log_probs(pre["steps"]) - ref).abs().amax(-1)
+    theirs = (_log_probs(ref_cpp["steps"]) - ref).abs().amax(-1)
+    assert bool((ours <= torch.clamp(theirs + DSV4_BUILDS_TOLERANCE, min=REFERENCE_TOLERANCE)).all()), ours.max()
+    assert float(ours.median()) < REFERENCE_TOLERANCE
+    assert float((_log_probs(pre["whole"]) - ref_last).abs().max()) < REFERENCE_TOLERANCE
+
+
+@pytest.mark.slow
+def test_prebuilt_refuses_to_share_a_process_with_llama_cpp_python(patched, llama_gguf, tmp_path):
+    done = subprocess.run([sys.executable, __file__, "clash", str(llama_gguf[1]), "", "", "0", "", "0",
+                           str(patched[1])], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "another llama.cpp is already loaded in this process" in done.stdout
+
+
+def _main(kind, gguf, ids_file, out, steps, pieces, keep, library_dir):
+    """Worker: ``steps`` positions one token each (``steps``), the whole prompt (``whole``), the prompt
+    in ``pieces`` (``pieces``), and (prebuilt, ``keep`` > 0) the cache trimmed to ``keep`` after
+    ``keep + 20`` tokens then the rest (``warm``; ``warm_refused`` where llama.cpp cannot trim)."""
+    steps, keep = int(steps), int(keep)
+    if kind == "clash":
+        import llama_cpp  # noqa: F401  (its libllama.so.0 is loaded on import)
+
+        from phaseinterp.engines.llama_prebuilt import PrebuiltLibraryError, PrebuiltLlama
+
+        try:
+            PrebuiltLlama(gguf, n_ctx=64, n_batch=64, library_dir=library_dir)
+        except PrebuiltLibraryError as err:
+            print(err)
+        return
+    ids = [int(t) for t in np.load(ids_file)]
+    n_ctx = len(ids) + 8
+    result = {}
+    if kind == "prebuilt":
+        from phaseinterp.engines.llama_prebuilt import PrebuiltLlama
+
+        llm = PrebuiltLlama(gguf, n_ctx=n_ctx, n_batch=n_ctx, cache_type="f32", n_threads=2, library_dir=library_dir)
+        rows = []
+        llm.clear()
+        for i in range(steps):
+            llm.decode([ids[i]], i)
+            rows.append(llm.last_logits())
+        result["steps"] = np.stack(rows)
+        llm.clear()
+        llm.decode(ids, 0)
+        result["whole"] = llm.last_logits()
+        if pieces:
+            llm.clear()
+            start = 0
+            for n in map(int, pieces.split(",")):
+                llm.decode(ids[start:start + n], start)
+                start += n
+            assert start == len(ids), (start, len(ids))
+            result["pieces"] = llm.last_logits()
+        if keep:
+            llm.clear()
+            llm.decode(ids[:keep + 20], 0)
+            try:
+                llm.keep_prefix(keep)
+                llm.decode(ids[keep:], keep)
+                result["warm"], result["warm_refused"] = llm.last_logits(), 0
+            except RuntimeError:
+                result["warm_refused"] = 1
+        llm.close()
+    else:
+        import llama_cpp
+
+        llm = llama_cpp.Llama(model_path=gguf, n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, n_threads=2,
+                              n_threads_batch=2, logits_all=False, type_k=llama_cpp.GGML_TYPE_F32,
+                              type_v=llama_cpp.GGML_TYPE_F32, flash_attn=False, verbose=False)
+        n_vocab = llm.n_vocab()
+
+        def last():
+            pointer = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
+            return np.ctypeslib.as_array(pointer, shape=(n_vocab,)).astype(np.float32, copy=True)
+
+        llm.reset()
+        rows = []
+        for i in range(steps):
+            llm.eval([ids[i]])
+            rows.append(last())
+        result["steps"] = np.stack(rows)
+        llm.reset()
+        llm.eval(ids)
+        result["whole"] = last()
+        llm.close()
+    np.savez(out, **result)
+
+
+if __name__ == "__main__":
+    _main(*sys.argv[1:9])

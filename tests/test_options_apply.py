@@ -1,0 +1,101 @@
+"""Options that cannot apply are refused, and an argument of the wrong kind is named as such
+(issue 45, class 5): walked over every public function with the parameters the rule is about."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+import phaseinterp as pi
+from phaseinterp._checks import env_flag
+from phaseinterp.errors import UserInputError
+
+# Public functions that take a model's name or folder on purpose (they load it).
+TAKES_NAMES = {"load", "load_hf", "from_hf", "build_report", "from_pretrained"}
+
+
+def _public_functions():
+    for name in pi.__all__:
+        obj = getattr(pi, name)
+        if inspect.isfunction(obj) or (callable(obj) and hasattr(obj, "__wrapped__") and not inspect.isclass(obj)):
+            yield name, obj
+
+
+def _params(fn):
+    return inspect.signature(fn).parameters
+
+
+PROMPT_TAKERS = [name for name, fn in _public_functions() if {"prompts", "n_per_residue"} <= set(_params(fn))]
+MODEL_TAKERS = [name for name, fn in _public_functions()
+                if next(iter(_params(fn)), None) == "model" and name not in TAKES_NAMES]
+
+
+@pytest.fixture(scope="module")
+def w4s4():
+    return pi.load("w4s4")
+
+
+def test_the_walks_find_the_experiments():
+    assert {"ablate", "gate_cycling_profile", "gate_cycling_unit", "gate_profile"} <= set(PROMPT_TAKERS)
+    assert {"phase_profile", "ablate", "conformance", "gate_cycling_profile"} <= set(MODEL_TAKERS)
+
+
+def test_a_ready_batch_with_a_size_is_refused(w4s4):
+    """The reported instance: phase_profile(model, task.generate(72), n_per_residue=80) ran 1,728 prompts."""
+    batch = pi.zoo.task_for(w4s4).generate(72)
+    with pytest.raises(UserInputError, match=r"n_per_residue=80 does not apply here: task= is a ready TaskBatch "
+                                             r"of 1728 prompts"):
+        pi.phase_profile(w4s4, batch, n_per_residue=80)
+
+
+@pytest.mark.parametrize("name", PROMPT_TAKERS)
+def test_prompts_and_a_size_together_are_refused(name, w4s4):
+    fn = getattr(pi, name)
+    batch = pi.zoo.task_for(w4s4).generate(72)
+    extra = {"shifts": [1]} if "shifts" in _params(fn) else {}
+    if "layers" in _params(fn) and name == "gate_cycling_unit":
+        extra["layers"] = [0]
+    with pytest.raises(UserInputError) as err:
+        fn(w4s4, prompts=batch, n_per_residue=72, **extra)
+    message = str(err.value)
+    assert message.startswith("n_per_residue=72 does not apply here: prompts= gives the prompts") and "\n" not in message
+
+
+def test_engine_only_options_are_refused_for_an_in_process_model(w4s4):
+    for option in ("retries", "retry_wait"):
+        with pytest.raises(UserInputError, match=f"{option}=.* does not apply here: it retries an engine's requests"):
+            pi.phase_profile(w4s4, **{option: 2})
+
+
+def test_a_precomputed_sweep_takes_no_sweep_options(w4s4):
+    ablation = pi.ablate(w4s4, n_per_residue=72, progress=False)
+    for option, value in (("n_per_residue", 96), ("seed", 3), ("n_calibration", 300), ("layers", [0])):
+        with pytest.raises(UserInputError, match=f"{option}=.* does not apply here: ablation= is the sweep"):
+            pi.specialized_units(w4s4, ablation=ablation, **{option: value})
+    assert pi.specialized_units(w4s4, ablation=ablation).table is not None
+
+
+@pytest.mark.parametrize("name", MODEL_TAKERS)
+def test_a_model_name_instead_of_a_model_is_named(name):
+    """The reported instance: pi.ablate("w4s4") said "no task given"."""
+    fn = getattr(pi, name)
+    fillers = {"shifts": [1], "shift": 1, "tokens": torch.zeros(1, 8, dtype=torch.long), "layers": [0],
+               "mean_logits": {}}
+    params = _params(fn)
+    extra = {k: v for k, v in fillers.items() if k in params}
+    if "task" in params and params["task"].default is inspect.Parameter.empty:
+        extra["task"] = None
+    with pytest.raises(UserInputError, match=r"model='w4s4' is a str, not a model: load it first"):
+        out = fn("w4s4", **extra)
+        if hasattr(out, "__enter__"):  # a context manager checks on entry
+            with out:
+                pass
+
+
+@pytest.mark.parametrize("text, on", [("", False), ("0", False), ("false", False), ("FALSE", False), ("no", False),
+                                      ("off", False), ("1", True), ("true", True), ("yes", True)])
+def test_environment_switches_read_false_as_off(monkeypatch, text, on):
+    monkeypatch.setenv("PHASEINTERP_NO_PROGRESS", text)
+    assert env_flag("PHASEINTERP_NO_PROGRESS") is on
