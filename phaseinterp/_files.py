@@ -134,7 +134,7 @@ def saved_kind(path: Union[str, os.PathLike]) -> Optional[str]:
     ``save_pretrained`` or a DeepSeek-layout export), ``"report"`` (`build_report`), ``"shard
     folder"`` (a ``--shard-dir`` run), ``"training run"`` (`train(out_dir=)`), ``"pretraining run"``
     (`pretrain(out_dir=)`), ``"tokenizer"`` (`train_tokenizer`) or ``"lm-eval task"``
-    (`phaseinterp.lm_eval.write_lm_eval_task`), else ``"other files"`` (a folder of something else)."""
+    (`phaseinterp.engines.lm_eval.write_lm_eval_task`), else ``"other files"`` (a folder of something else)."""
     path = Path(path)
     if not path.exists() and not path.is_symlink():
         return None
@@ -194,7 +194,7 @@ def check_write_target(path: Union[str, os.PathLike], kind: str, *, overwrite: b
     `phaseinterp.train.train` ``out_dir`` (``kind="training run"``: resumed with ``resume=True``),
     `phaseinterp.train.pretrain.prepare` (``pretrain``'s ``out_dir``, ``kind="pretraining run"``, resumed the
     same way), `phaseinterp.train.tokenizer.train_tokenizer` (``kind="tokenizer"``) and
-    `phaseinterp.lm_eval.write_lm_eval_task` (``kind="lm-eval task"``).
+    `phaseinterp.engines.lm_eval.write_lm_eval_task` (``kind="lm-eval task"``).
     """
     target = check_output_dir(path, name)
     held = saved_kind(target)

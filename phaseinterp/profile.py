@@ -1,6 +1,7 @@
 """The phase profile: top-1 retrieval accuracy by target residue and phase, with intervals
 (docs/science.md, "Evaluation protocol")."""
 
+import importlib
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -185,9 +186,9 @@ class PhaseProfile(Result):
 
     @classmethod
     def from_lm_eval(cls, output_dir: str | os.PathLike, **options: Any) -> "PhaseProfile":
-        """The profile of lm-eval's logged samples of a `phaseinterp.lm_eval` task: `profile_from_lm_eval`
+        """The profile of lm-eval's logged samples of a `phaseinterp.engines.lm_eval` task: `profile_from_lm_eval`
         (``task_name=``, ``label=`` and `phase_profile`'s interval options as keywords)."""
-        from phaseinterp.lm_eval import profile_from_lm_eval
+        profile_from_lm_eval = importlib.import_module("phaseinterp.engines.lm_eval").profile_from_lm_eval  # the layer above
 
         return profile_from_lm_eval(output_dir, **options)
 

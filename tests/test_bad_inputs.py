@@ -533,7 +533,7 @@ def _write_tokenizer(model, target, overwrite=False):
 
 
 def _write_lm_eval_task(model, target, overwrite=False):
-    from phaseinterp.lm_eval import write_lm_eval_task
+    from phaseinterp.engines.lm_eval import write_lm_eval_task
 
     return write_lm_eval_task(model, target, n_per_residue=23, overwrite=overwrite)
 
@@ -562,7 +562,7 @@ WRITERS = {
     "phaseinterp.train.compressed:train": (_write_training_run, "training run", True),
     "phaseinterp.train.pretrain:prepare": (_write_pretraining_run, "pretraining run", True),
     "phaseinterp.train.tokenizer:train_tokenizer": (_write_tokenizer, "tokenizer", True),
-    "phaseinterp.lm_eval:write_lm_eval_task": (_write_lm_eval_task, "lm-eval task", True),
+    "phaseinterp.engines.lm_eval:write_lm_eval_task": (_write_lm_eval_task, "lm-eval task", True),
 }
 # Writers outside the rule, each with the reason. Internal helpers write only into a folder a
 # listed writer has just made (a report's staging folder, a result's new folder).

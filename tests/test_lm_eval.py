@@ -1,4 +1,4 @@
-"""lm-evaluation-harness interop (`phaseinterp.lm_eval`): the written task folder, the logged samples read
+"""lm-evaluation-harness interop (`phaseinterp.engines.lm_eval`): the written task folder, the logged samples read
 back as a `PhaseProfile`, the zoo folders' tokenizers, and (slow) lm-eval's hf backend against
 `phase_profile` prompt by prompt."""
 
@@ -34,7 +34,7 @@ def model():
 
 @pytest.fixture(scope="module")
 def task_dir(model, tmp_path_factory):
-    from phaseinterp.lm_eval import write_lm_eval_task
+    from phaseinterp.engines.lm_eval import write_lm_eval_task
 
     return write_lm_eval_task(model, tmp_path_factory.mktemp("lm_eval") / "task", n_per_residue=N, seed=3,
                               name=NAME)
@@ -219,7 +219,7 @@ def test_from_lm_eval_bad_inputs_each_give_one_line(task_dir, tmp_path):
 
 
 def test_write_refuses_bad_settings_before_writing(model, tmp_path):
-    from phaseinterp.lm_eval import write_lm_eval_task
+    from phaseinterp.engines.lm_eval import write_lm_eval_task
 
     for kwargs, match in (({"name": "has-dash"}, "name='has-dash'"), ({"n_per_residue": 0}, "n_per_residue"),
                           ({"seed": -1}, "seed")):
@@ -259,7 +259,7 @@ def test_lm_eval_hf_backend_agrees_with_phase_profile_prompt_by_prompt(tmp_path)
     pytest.importorskip("lm_eval")
     pytest.importorskip("transformers")
     import phaseinterp
-    from phaseinterp.lm_eval import write_lm_eval_task
+    from phaseinterp.engines.lm_eval import write_lm_eval_task
     from phaseinterp.profile import PhaseProfile
     from phaseinterp.zoo import deepseek_v4 as hf_zoo
 

@@ -237,7 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     _scale_args(p)
 
     p = sub.add_parser("lm-eval-task", help="write MODEL's task as an lm-evaluation-harness task folder "
-                       "(phaseinterp.lm_eval.write_lm_eval_task)",
+                       "(phaseinterp.engines.lm_eval.write_lm_eval_task)",
                        description="Write the prompts of MODEL's task (task.generate(N, seed)) as a task that "
                        "`lm_eval --include_path DIR --tasks NAME` runs on any backend (hf, vllm, local-completions): "
                        "a loglikelihood request of the one-token answer, acc = the answer is the top-1 next token. "

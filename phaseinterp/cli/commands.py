@@ -365,7 +365,7 @@ def _cmd_profile(args) -> int:
 def _cmd_lm_eval_task(args) -> int:
     """``phaseinterp lm-eval-task MODEL --out DIR``: MODEL's task as an lm-evaluation-harness task folder."""
     _check_model_name(args.model)
-    from phaseinterp.lm_eval import write_lm_eval_task
+    from phaseinterp.engines.lm_eval import write_lm_eval_task
 
     out = write_lm_eval_task(args.model, args.out, n_per_residue=args.n_per_residue, seed=args.seed, name=args.name,
                              overwrite=args.overwrite)

@@ -35,6 +35,7 @@ import shutil
 import struct
 import subprocess
 import sys
+from phaseinterp.errors import UserInputError
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -471,11 +472,11 @@ class PrebuiltLlama:
         if not path.is_file():
             raise FileNotFoundError(f"gguf_path={str(gguf_path)!r} does not exist or is not a file")
         if cache_type not in GGML_TYPES:
-            raise ValueError(f"cache_type={cache_type!r} is not supported (valid: {', '.join(GGML_TYPES)})")
+            raise UserInputError(f"cache_type={cache_type!r} is not supported (valid: {', '.join(GGML_TYPES)})")
         n_ubatch = n_batch if n_ubatch is None else n_ubatch
         for label, value in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_ubatch", n_ubatch)):
             if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{label}={value!r} must be a positive int")
+                raise UserInputError(f"{label}={value!r} must be a positive int")
         folder = Path(library_dir) if library_dir is not None else compatible_library_dir()
         other = _loaded_elsewhere(folder)
         if other is not None:
@@ -534,7 +535,7 @@ class PrebuiltLlama:
         ``n_batch`` and RuntimeError with llama.cpp's return code when decoding fails."""
         n = len(tokens)
         if not 1 <= n <= self.n_batch:
-            raise ValueError(f"a piece of {n} tokens does not fit n_batch={self.n_batch} (valid: 1..{self.n_batch})")
+            raise UserInputError(f"a piece of {n} tokens does not fit n_batch={self.n_batch} (valid: 1..{self.n_batch})")
         batch = self._batch
         for i, token in enumerate(tokens):
             batch.token[i] = int(token)

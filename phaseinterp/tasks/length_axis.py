@@ -86,7 +86,7 @@ def shift_prompts(batch: TaskBatch, shifts: np.ndarray, padding: LengthPadding, 
     n, T = batch.tokens.shape
     shifts = np.asarray(shifts, dtype=np.int64)
     if shifts.shape != (n,) or shifts.min() < 0 or int(shifts.max()) + T > width:
-        raise ValueError("shifts must be one non-negative count per prompt that fits the width")
+        raise UserInputError("shifts must be one non-negative count per prompt that fits the width")
     rng = np.random.default_rng([seed, 0x1E9])
     old = batch.tokens.numpy()
     out = np.empty((n, width), dtype=old.dtype)
@@ -165,7 +165,7 @@ def length_axis_batch(task: Any, n_per_residue: int, *, seed: int, stride: int, 
     ``residue_modulus`` is M), for "both" the target residue mod R (``length_residue`` beside it)."""
     check_axis(axis)
     if axis == "target":
-        raise ValueError("the target axis is the task's own generate()")
+        raise UserInputError("the target axis is the task's own generate()")
     R = task.residue_modulus
     check_int("hold", hold, 0, R - 1)
     padding = length_padding(task, tokenizer)
