@@ -119,6 +119,7 @@ def applies_only(options: tuple[str, ...], *, unless: Callable[[dict], str | Non
                     raise UserInputError(f"{name}={kwargs[name]!r} does not apply here: {why}; drop {name}=")
             return fn(*args, **kwargs)
 
+        call.__applies_only__ = tuple(options)
         return call
 
     return wrap

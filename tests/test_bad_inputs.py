@@ -327,8 +327,8 @@ def _unchecked(fn):
     """``fn`` without the test suite's runtime type checker (conftest's jaxtyping hook), which
     would reject a wrongly typed argument before the function's own check: users, who have no
     hook, get the function's ValueError, and that is what these rows test."""
-    if hasattr(fn, "__keyword_options__"):  # errors.keyword_options' shim: the checked function is one level in
-        fn = fn.__wrapped__
+    while hasattr(fn, "__keyword_options__") or hasattr(fn, "__applies_only__"):  # errors' shims: the checked
+        fn = fn.__wrapped__  # function is below them
     return getattr(fn, "__wrapped__", fn)
 
 
