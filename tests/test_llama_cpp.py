@@ -8,7 +8,6 @@ a missing ``llama_cpp`` or converter fails these tests; elsewhere they are skipp
 """
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import pytest
 import torch
 
 from phaseinterp.errors import UserInputError
+from llama_fixtures import converted_dsv4_fixture, converter_source, require_llama_cpp_python  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "llama_cpp_dsv4.py"
@@ -202,19 +202,10 @@ def test_engine_feeds_each_row_fresh_in_the_schedules_pieces(tmp_path, monkeypat
 @pytest.fixture(scope="module")
 def gguf(tmp_path_factory):
     """(release folder, GGUF path): the fixture built, exported and converted once per module."""
-    try:
-        import llama_cpp  # noqa: F401
-    except ImportError as err:
-        _missing(f"llama-cpp-python is not installed ({err})", optional="llama_cpp")
-    src = os.environ.get("PHASEINTERP_LLAMA_CPP_SRC")
-    if not src or not (Path(src) / "convert_hf_to_gguf.py").is_file():
-        _missing(f"PHASEINTERP_LLAMA_CPP_SRC={src!r} does not name llama.cpp's source (with convert_hf_to_gguf.py)")
+    require_llama_cpp_python(_missing)
+    src = converter_source(_missing)
     root = tmp_path_factory.mktemp("llama_cpp")
-    for argv in (["fixture", str(root / "fixture")],
-                 ["convert", str(root / "fixture" / "release"), str(root / "fixture.gguf"), "--llama-cpp-src", src]):
-        done = subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, cwd=ROOT)
-        assert done.returncode == 0, done.stderr[-3000:]
-    return root / "fixture" / "release", root / "fixture.gguf"
+    return converted_dsv4_fixture(root, src)
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from llama_fixtures import converted_dsv4_fixture, converter_source, require_llama_cpp_python  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "llama_cpp_dsv4.py"
@@ -173,19 +174,10 @@ def _log_probs(x):
 @pytest.fixture(scope="module")
 def dsv4_gguf(tmp_path_factory):
     """(release folder, GGUF) of the DeepSeek-V4 fixture, as in ``test_llama_cpp.py``."""
-    try:
-        import llama_cpp  # noqa: F401
-    except ImportError as err:
-        _missing(f"llama-cpp-python is not installed ({err})", optional="llama_cpp")
-    src = os.environ.get("PHASEINTERP_LLAMA_CPP_SRC")
-    if not src or not (Path(src) / "convert_hf_to_gguf.py").is_file():
-        _missing(f"PHASEINTERP_LLAMA_CPP_SRC={src!r} does not name llama.cpp's source (with convert_hf_to_gguf.py)")
+    require_llama_cpp_python(_missing)
+    src = converter_source(_missing)
     root = tmp_path_factory.mktemp("prebuilt_dsv4")
-    for argv in (["fixture", str(root / "fixture")],
-                 ["convert", str(root / "fixture" / "release"), str(root / "fixture.gguf"), "--llama-cpp-src", src]):
-        done = subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, cwd=ROOT)
-        assert done.returncode == 0, done.stderr[-3000:]
-    return root / "fixture" / "release", root / "fixture.gguf"
+    return converted_dsv4_fixture(root, src)
 
 
 @pytest.fixture(scope="module")
@@ -194,13 +186,8 @@ def llama_gguf(tmp_path_factory):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    try:
-        import llama_cpp  # noqa: F401
-    except ImportError as err:
-        _missing(f"llama-cpp-python is not installed ({err})", optional="llama_cpp")
-    src = os.environ.get("PHASEINTERP_LLAMA_CPP_SRC")
-    if not src or not (Path(src) / "convert_hf_to_gguf.py").is_file():
-        _missing(f"PHASEINTERP_LLAMA_CPP_SRC={src!r} does not name llama.cpp's source (with convert_hf_to_gguf.py)")
+    require_llama_cpp_python(_missing)
+    src = converter_source(_missing)
     sys.path.insert(0, str(SCRIPT.parent))
     from llama_cpp_dsv4 import write_tokenizer
 
