@@ -152,3 +152,11 @@ def test_cli_axis(tmp_path, capsys):
     assert main(["profile", "w4s4", "--hold", "1", "--out", str(tmp_path / "q")]) == 2
     assert "--hold applies to --axis length only" in capsys.readouterr().err
     assert not (tmp_path / "q").exists()
+
+
+def test_the_hugging_face_family_has_both_axes_too():
+    """dsv4-tiny (transformers' DeepSeek-V4): its weak spots follow the target's phase, not the length's."""
+    model = pi.load("dsv4-tiny")
+    both = phase_profile(model, pi.zoo.task_for(model), n_per_residue=72, axis="both", progress=False)
+    assert both.target.period == 4 and both.target.phase_gap > 0.5
+    assert both.length.period is None and both.length.phase_gap < 0.1
