@@ -417,6 +417,7 @@ NOT_CALLED = {
     "PhaseProfile": "a result class: load and save are fuzzed in test_fuzz_paths",
     "IndexerPhaseResult": "a result class", "ForcedSelectionResult": "a result class",
     "ConformanceResult": "a result class", "UnitCyclingResult": "a result class", "UnitSelection": "a result class",
+    "TwoAxisProfile": "a result class (two PhaseProfiles): save and load round trip in test_length_axis",
     "CheckpointError": "an error class", "KVCache": "the model's cache object, built by the model",
     "load": "every kind of source and its refusals: tests/test_load.py; its device in test_bad_inputs' device walk",
     "shift_static_gates": "shares check_shift/check_layers/check_kv_heads with shift_gates (fuzzed)",

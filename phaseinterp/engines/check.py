@@ -157,7 +157,7 @@ def _names(name: str, value: Any, options: tuple) -> tuple:
 
 
 def conformance(
-    model: torch.nn.Module,
+    model: Any,
     task: Any,
     modes: Sequence[str] = DEFAULT_MODES,
     *,

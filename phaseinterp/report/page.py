@@ -24,6 +24,12 @@ def fmt(value: float) -> str:
 # One line per statistic the report shows (a table column or row label): the report prints the
 # meaning of each one that appears in a section, right under that section's tables.
 MEANINGS: dict[str, str] = {
+    "axis": "which position the profile varies: the target's phase ('target') or the prompt length's ('length')",
+    "period": "the period the profile repeats with (permutation test); 'none' means no period is significant",
+    "homogeneity p": "p-value of the test that accuracy is the same in every cell of the row; small = it differs",
+    "premise": "whether the experiment's assumptions held on this run ('holds'), or 'PREMISE FAILS'",
+    "premise_notes": "each assumption that failed, in words: while any is listed, the scores are no evidence",
+    "identification": "whether the run identifies the claimed unit or mechanism, or why it is not claimed",
     "mean": "top-1 accuracy over all prompts, every phase weighted equally by design (1.0 = every answer right)",
     "worst phase": "the phase with the lowest accuracy, and that accuracy in brackets",
     "phase gap": "best minus worst accuracy across phases, in percentage points: 0 means phase does not matter",
