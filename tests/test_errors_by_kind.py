@@ -112,16 +112,18 @@ def test_the_models_layer_checks_are_check_layer():
 
 
 # ----------------------------------------------------------------- has_hooks
-def test_has_hooks_sees_forward_pre_and_backward_hooks():
+def test_has_hooks_asks_transformer_lens_s_registry():
+    """Forward, backward and permanent TransformerLens hooks count; nothing private to torch is read."""
     point = HookPoint()
     assert not has_hooks(point)
     point.add_hook(lambda x, hook: x)
     assert has_hooks(point)
     point.remove_hooks()
     assert not has_hooks(point)
-    handle = point.register_forward_pre_hook(lambda module, args: None)
+    point.add_perma_hook(lambda x, hook: x)
     assert has_hooks(point)
-    handle.remove()
+    point.remove_hooks(including_permanent=True)
+    assert not has_hooks(point)
     point.add_hook(lambda grad, hook: None, dir="bwd")
     assert has_hooks(point)
     point.remove_hooks(dir="both")

@@ -592,20 +592,18 @@ def test_last_logits_with_a_hook_attached_is_the_full_forward():
 
 @pytest.mark.parametrize("name", list(LAST_CONFIGS))
 @pytest.mark.parametrize("length", [1, 3, 37])
-def test_a_hook_z_hook_takes_the_last_position_path(name, length):
-    """With only ``hook_z`` hooks attached `last_logits` runs the knockout engine's last-position path:
-    ``hook_z`` fires once per hooked layer with ``[batch, 1, head, d_head]`` and ``query_range ==
-    (p, p + 1)``; an identity hook gives the full forward's last position (1e-5), and an edit of the
-    final position equals the same edit in the full forward (1e-5); the hooks are back after the prefix."""
+def test_a_hook_z_hook_sees_every_position_in_last_logits(name, length):
+    """A ``hook_z`` hook means in `last_logits` what it means in the full forward: it fires once per
+    layer with ``[batch, pos, head, d_head]`` (the full forward runs, ``path_counts["full"]``), and an
+    edit of the final position or of every position gives the full forward's logits exactly."""
     model = make(3, **LAST_CONFIGS[name])
     tokens = torch.randint(0, 32, (3, length), generator=torch.Generator().manual_seed(length))
-    p = length - 1
     seen = []
 
     def watch(z, hook):
-        seen.append((hook.name, tuple(z.shape), hook.ctx["query_range"]))
+        seen.append((hook.name, tuple(z.shape)))
 
-    def knock(z, hook):  # the final position's head 1 set to 0.5, as a user would write it
+    def knock_last(z, hook):  # the final position's head 1 set to 0.5, as a user would write it
         z = z.clone()
         z[:, -1, 1] = 0.5
         return z
@@ -614,29 +612,34 @@ def test_a_hook_z_hook_takes_the_last_position_path(name, length):
         full = model(tokens)[:, -1]
         with model.hooks(fwd_hooks=[("blocks.0.attn.hook_z", watch), ("blocks.1.attn.hook_z", watch)]):
             got = model.last_logits(tokens)
-        assert seen == [(f"blocks.{layer}.attn.hook_z", (3, 1, 4, 8), (p, p + 1)) for layer in (0, 1)]
-        assert model.path_counts["last_position"] == 1 and model.path_counts["full"] == 0
-        torch.testing.assert_close(got, full, rtol=0, atol=1e-5)
-        reference = model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.attn.hook_z", knock)])[:, -1]
-        with model.hooks(fwd_hooks=[("blocks.0.attn.hook_z", knock)]):
-            got = model.last_logits(tokens)
-        torch.testing.assert_close(got, reference, rtol=0, atol=1e-5)
-        assert not torch.allclose(got, full, atol=1e-3)
+        assert seen == [(f"blocks.{layer}.attn.hook_z", (3, length, 4, 8)) for layer in (0, 1)]
+        assert model.path_counts["full"] == 1 and model.path_counts["last_position"] == 0
+        assert torch.equal(got, full)
+        for knock in (knock_last, lambda z, hook: 0.5 * z):
+            reference = model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.attn.hook_z", knock)])[:, -1]
+            with model.hooks(fwd_hooks=[("blocks.0.attn.hook_z", knock)]):
+                got = model.last_logits(tokens)
+            assert torch.equal(got, reference)
+            assert (got - full).abs().max() > 1e-4  # the edit landed
 
 
-def test_the_prefix_holds_hook_z_hooks_back_and_restores_them_on_error():
-    """`paths.held_back` (the last-position path's prefix) restores the hooks, also when the body raises."""
-    from phaseinterp.models.paths import held_back, hooked_points
-
+def test_a_hook_on_a_name_the_model_lacks_or_that_changes_a_shape_is_one_line():
+    """Attaching a hook checks its name against the model's hook points (closest names in the
+    message; a filter matching none is refused too), and a hook returning another shape is refused
+    naming the point and both shapes (`paths.CheckedHooks`)."""
     model = make(0, window=4, stride=4)
-    with model.hooks(fwd_hooks=[("blocks.1.attn.hook_z", lambda z, hook: z)]):
-        point = model.blocks[1].attn.hook_z
-        before = dict(point._forward_hooks)
-        with pytest.raises(RuntimeError, match="boom"):
-            with held_back([point]):
-                assert not hooked_points(model)
-                raise RuntimeError("boom")
-        assert point._forward_hooks == before and list(hooked_points(model)) == ["blocks.1.attn.hook_z"]
+    tokens = torch.randint(0, 32, (2, 12), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=r"hook name 'blocks\.0\.hook_z' is not a hook point.*closest: blocks\.0\.attn\.hook_z"):
+        with model.hooks(fwd_hooks=[("blocks.0.hook_z", lambda z, hook: z)]):
+            pass
+    with pytest.raises(ValueError, match="hook name 'blocks.7.hook_resid_post' is not a hook point"):
+        model.add_hook("blocks.7.hook_resid_post", lambda z, hook: z)
+    with pytest.raises(ValueError, match="the hook filter .* matches no hook point"):
+        model.run_with_hooks(tokens, fwd_hooks=[(lambda name: name.endswith("hook_nothing"), lambda z, hook: z)])
+    with pytest.raises(ValueError, match=r"the hook on blocks\.0\.hook_resid_post returned shape \(2, 3, 32\) "
+                                         r"for an activation of shape \(2, 12, 32\)"):
+        model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.hook_resid_post", lambda z, hook: z[:, :3])])
+    assert not any(point.has_hooks() for point in model.hook_dict.values())  # nothing left attached
 
 
 @pytest.mark.parametrize("kv_heads", [1, 2, 4])

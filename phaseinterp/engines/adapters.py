@@ -36,6 +36,7 @@ from torch import Tensor
 from phaseinterp.errors import UserInputError
 from phaseinterp.models.cache import KVCache, LayerCache
 from phaseinterp.models.protocol import phase_model
+from phaseinterp.models.paths import refuse_hooks
 
 Schedule = Callable[[int], Sequence[int]]  # prompt length -> piece lengths (they sum to the length)
 
@@ -137,6 +138,7 @@ class CacheEngine:
         tokens = tokens.to(self.device)
         if self.schedule is None:
             return _last_logprobs(self.model(tokens))
+        refuse_hooks(self.model, f"CacheEngine {self.name!r} (prompts in cached pieces)")
         cache, pos, logits = self.model.init_cache(), 0, None
         for n in _check_pieces(self.schedule(tokens.shape[1]), tokens.shape[1]):
             logits = self.model(tokens[:, pos:pos + n], cache=cache)
@@ -150,6 +152,7 @@ class CacheEngine:
         (`truncate_cache`): the donors go through ``model.init_cache()`` in one piece, then only
         ``tokens[:, prefix_len:]`` are computed (see `WarmEngine`)."""
         check_warm_rows(donors, tokens, prefix_len)
+        refuse_hooks(self.model, f"CacheEngine {self.name!r} (a warm cache)")
         cache = self.model.init_cache()
         self.model(donors.to(self.device), cache=cache)
         cache = truncate_cache(self.model, cache, prefix_len)

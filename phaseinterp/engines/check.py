@@ -34,6 +34,7 @@ from phaseinterp.engines.adapters import (
 from phaseinterp.engines.adapters import WarmEngine
 from phaseinterp.engines.result import ConformanceResult
 from phaseinterp.models.protocol import phase_model
+from phaseinterp.models.paths import refuse_hooks
 
 MODES = ("decode", "chunked_prefill", "warm", "dtype")
 DEFAULT_MODES = ("decode", "chunked_prefill", "dtype")  # warm is asked for: it costs one donor per prompt and L
@@ -222,6 +223,7 @@ def conformance(
     (``prefix_len``: the warm rows' ``L``, -1 elsewhere).
     """
     check_is_model(model)
+    refuse_hooks(model, "conformance")
     modes = _names("modes", modes, MODES)
     for m in modes:
         if m not in MODES:

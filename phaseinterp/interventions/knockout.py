@@ -8,9 +8,9 @@ family) keeps a KV cache and calls `CompressedAttention.forward_last`; `_fast_kn
 keeps one clean full forward's per-layer activations and calls
 `phaseinterp.models.hf.last_position.block_forward_last`. Naive path (`_naive_knockouts`): a hooked
 full forward per unit, the reference both fast paths equal to 1e-5. On every path the replacement is
-one ``hook_z`` hook, `mean_replacement_hook` (the fast paths fire ``hook_z`` at the answer position
-only, as ``last_logits`` does for a user's ``hook_z`` hook: docs/hooks.md). Which engine runs is the
-model protocol's answer (`PhaseModel.has_fast_ablation`, `family`).
+one ``hook_z`` hook, `mean_replacement_hook`, which edits the answer position only on every path.
+Which engine runs is the model protocol's answer (`PhaseModel.has_fast_ablation`, `family`); while a
+user's hook is attached only the hooked full forward runs, so every attached hook is honoured.
 
 Unit-level gate cycling repeats one layer's knockout under several gate shifts of that layer:
 `shifted_knockouts` runs the layers below it once per prompt batch for every shift (own family;
@@ -26,7 +26,7 @@ import torch
 
 from phaseinterp.errors import UserInputError
 from phaseinterp.interventions._common import model_device
-from phaseinterp.models.paths import record_path
+from phaseinterp.models.paths import attached_hooks, record_path
 from phaseinterp.models.protocol import phase_model
 
 
@@ -48,9 +48,11 @@ def knockout_measures(model, tokens, answer_pos: int, answer, units, mean_z, bat
     """Every unit's mean replacement at ``answer_pos`` (``units``: rows with ``layer`` and ``heads``;
     ``mean_z`` ``[layer, head, d_head]``). ``method="fast"`` uses the family's cached-prefix path
     where the model protocol has one (`PhaseModel.has_fast_ablation`), else the hooked full forward
-    per unit; ``"naive"`` always takes the hooked path. Both agree to 1e-5 (tests)."""
+    per unit; ``"naive"`` always takes the hooked path. Both agree to 1e-5 (tests). While a user's
+    hook is attached (`phaseinterp.models.paths.attached_hooks`) the hooked path runs whatever
+    ``method`` says: the engine computes the unhooked model only."""
     family = phase_model(model)
-    fast = method == "fast" and family.has_fast_ablation
+    fast = method == "fast" and family.has_fast_ablation and not attached_hooks(model)
     run = FAST_ENGINES[family.family] if fast else _naive_knockouts
     return run(model, tokens, answer_pos, torch.as_tensor(answer), units, mean_z, batch_size, bar)
 
@@ -151,7 +153,16 @@ def shares_lower_layers(model) -> bool:
     """Whether `shifted_knockouts` runs the layers below the edited one once for every variant
     (the own family); elsewhere it reruns every layer per variant."""
     family = phase_model(model)
-    return family.family == "compressed" and family.has_fast_ablation
+    return family.family == "compressed" and family.has_fast_ablation and not attached_hooks(model)
+
+
+def _engine_hooks_only(model) -> None:
+    """The engine runs the unhooked model plus its own ``hook_z`` edit: a hook attached inside a
+    variant (rather than a parameter edit) is refused by name."""
+    names = attached_hooks(model)
+    if names:
+        raise UserInputError(f"a variant of shifted_knockouts attached hooks ({', '.join(names)}); its variants may "
+                             "only change parameters (the shared-prefix engine cannot run a hook at every position)")
 
 
 @torch.inference_mode()
@@ -192,6 +203,7 @@ def shifted_knockouts(model, tokens, answer_pos: int, answer, units, variants, c
         for k, variant in enumerate(variants):
             cache = type(shared)(layers=list(shared.layers), length=shared.length)
             with variant():
+                _engine_hooks_only(model)
                 parts[k].append(_finish_knockouts(model, chunk, answer_pos, cache, resid, last, resid_pre, L, ans,
                                                   by_layer, units, mean_zs[k], None))
             if bar is not None:
@@ -207,7 +219,6 @@ def _shifted_mean_z(model, tokens, answer_pos: int, layer: int, variants, batch_
     totals: list = [None] * len(variants)
     got: list[torch.Tensor] = []
 
-    point = model.hook_dict[name]
     for i in range(0, tokens.shape[0], batch_size):
         chunk = tokens[i : i + batch_size, : answer_pos + 1].to(device).long()
         resid = model.hook_embed(model.W_E[chunk])
@@ -215,11 +226,9 @@ def _shifted_mean_z(model, tokens, answer_pos: int, layer: int, variants, batch_
             resid, _ = model.blocks[lower](resid, None, 0)
         for k, variant in enumerate(variants):
             with variant():
-                handle = point.register_forward_hook(lambda module, inputs, z: got.append(z[:, answer_pos]))
-                try:
+                _engine_hooks_only(model)
+                with model.hooks(fwd_hooks=[(name, lambda z, hook: got.append(z[:, answer_pos]))]):
                     model.blocks[layer](resid, None, 0)
-                finally:
-                    handle.remove()
             z = torch.stack([got.pop()], 0).sum(1)[0]  # [head, d_head], summed as calibration_mean_z sums
             totals[k] = z if totals[k] is None else totals[k] + z
     out = []
@@ -271,6 +280,7 @@ def _naive_knockouts(model, tokens, answer_pos, answer, units, mean_z, batch_siz
         chunk = tokens[i : i + batch_size, : answer_pos + 1].to(device)
         ans = answer[i : i + batch_size].to(device)
         ok, logit, lp = _answer_stats(model(chunk)[:, answer_pos], ans)
+        record_path(model, "full")
         clean_ok.append(ok)
         clean_logit.append(logit)
         clean_lp.append(lp)
@@ -278,6 +288,7 @@ def _naive_knockouts(model, tokens, answer_pos, answer, units, mean_z, batch_siz
         for unit in units.itertuples():
             lg = model.run_with_hooks(chunk, fwd_hooks=[mean_replacement_hook(model, unit.layer, unit.heads, mean_z,
                                                                                answer_pos)])[:, answer_pos]
+            record_path(model, "full")
             ok, logit, lp = _answer_stats(lg, ans)
             oks.append(ok)
             lgs.append(logit)

@@ -1,25 +1,34 @@
-"""Which path a forward takes, decided by the hooks attached (docs/models.md, "Which path runs when").
+"""Which computation a forward runs, decided by the hooks attached (docs/models.md, "Which path runs when").
 
-`last_logits` (the answer logits; both model families) has three paths:
+There is one forward per family, the hooked full forward: every HookPoint fires with its full shape.
+The speed paths are engines that compute the same numbers while no hook is attached (then no hook
+point has anything to do); with any hook attached they are not taken:
 
-- ``"final"``: no hook attached. Every layer but the last over all positions, the last layer's
-  attention and MLP at the final position only.
-- ``"last_position"``: the only hooks attached are forward hooks on ``blocks.{l}.attn.hook_z``. The
-  knockout engine's computation: the prefix once, with those hooks held back, then the final position
-  ``p`` alone through the layers. ``hook_z`` fires once per layer with ``[batch, 1, head, d_head]``
-  (position ``p`` only) and ``hook.ctx["query_range"] == (p, p + 1)``.
-- ``"full"``: any other hook (or a backward hook), or ``path="full"``: ``model(tokens)[:, -1]``, every
-  hook on its usual full shape.
+- ``"final"``: `last_logits` while no hook is attached. Every layer but the last over all positions,
+  the last layer's attention and MLP at the final position only.
+- ``"full"``: `last_logits` with a hook attached (or ``path="full"``): ``model(tokens)[:, -1]``.
+- ``"last_position"``: the knockout engine (`phaseinterp.models.engines`): the shared prefix once,
+  then variants of the final position from a layer on. It runs only while no hook is attached, and
+  fires only the hooks it is given itself (``hook_z`` at the final position, which is where the
+  experiments edit it); `ablate` and the other experiments take the hooked full forward instead when a
+  user's hook is attached.
 
-Every path run is counted in ``model.path_counts`` (a `collections.Counter`), so a test or a user can
-see which one ran.
+Whether a hook is attached is TransformerLens's own registry (``HookPoint.has_hooks``: hooks added by
+``add_hook``, ``hooks()``, ``run_with_hooks``, ``run_with_cache``); no private torch state is read. A
+hook attached with torch's raw ``register_forward_hook`` is not a TransformerLens hook and is not
+seen. Every path run is counted in ``model.path_counts`` (a `collections.Counter`).
 """
 
 from __future__ import annotations
 
+import difflib
+import functools
 import re
 from contextlib import contextmanager
-from typing import Iterable
+from typing import Callable, Iterable, Union
+
+import torch
+from transformer_lens.HookedRootModule import HookedRootModule
 
 from phaseinterp.errors import UserInputError
 
@@ -28,11 +37,9 @@ Z_HOOK = re.compile(r"blocks\.\d+\.attn\.hook_z")
 
 
 def has_hooks(point) -> bool:
-    """Whether a hook is attached to ``point`` (a TransformerLens ``HookPoint``): a forward,
-    forward-pre or backward hook, as ``run_with_hooks``, ``hooks()`` and ``add_hook`` attach them.
-    The one such test of the package: a fast path that skips or reshapes a hook point's value runs
-    only while this is False for every point it would skip, so attaching a hook never goes unseen."""
-    return bool(point._forward_hooks or point._forward_pre_hooks or point._backward_hooks)
+    """Whether a TransformerLens hook (forward or backward, context or permanent) is attached to
+    ``point``: TransformerLens's registry, ``HookPoint.has_hooks()``."""
+    return bool(point.has_hooks())
 
 
 def hooked_points(model) -> dict:
@@ -40,26 +47,28 @@ def hooked_points(model) -> dict:
     return {name: point for name, point in model.hook_dict.items() if has_hooks(point)}
 
 
-def last_logits_path(model, path: str = "auto") -> str:
-    """The path `last_logits` takes: ``"final"``, ``"last_position"`` or ``"full"`` (module docstring).
+def attached_hooks(model) -> list[str]:
+    """Names of the hook points with a hook attached, in the model's order."""
+    return list(hooked_points(model))
 
-    ``path="auto"`` decides from the hooks attached; ``path="full"`` asks for the full forward (a
-    ``hook_z`` hook that must see every position)."""
+
+def last_logits_path(model, path: str = "auto") -> str:
+    """The path `last_logits` takes: ``"final"`` while no hook is attached, else ``"full"`` (module
+    docstring); ``path="full"`` asks for the full forward whatever is attached."""
     if path not in ("auto", "full"):
         raise UserInputError(f"path={path!r} is not one of ('auto', 'full')")
-    hooked = hooked_points(model)
-    if path == "full":
+    if path == "full" or hooked_points(model):
         return "full"
-    if not hooked:
-        return "final"
-    z_only = all(Z_HOOK.fullmatch(name) and not point._forward_pre_hooks and not point._backward_hooks
-                 for name, point in hooked.items())
-    return "last_position" if z_only else "full"
+    return "final"
 
 
-def hooked_z_layers(model) -> list[int]:
-    """The layers whose ``hook_z`` has a hook attached, ascending."""
-    return sorted(int(name.split(".")[1]) for name in hooked_points(model) if Z_HOOK.fullmatch(name))
+def refuse_hooks(model, what: str) -> None:
+    """Raise naming the attached hooks: ``what`` (an engine comparison, say) cannot honour them."""
+    names = attached_hooks(model)
+    if names:
+        shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+        raise UserInputError(f"{what} cannot honour the hooks attached at {shown}: it compares implementations "
+                             "of the model as stored; remove them first (model.reset_hooks(including_permanent=True))")
 
 
 def record_path(model, path: str) -> None:
@@ -73,7 +82,7 @@ def record_path(model, path: str) -> None:
 def query_context(hooks: Iterable, a: int, b: int):
     """Tell ``hooks`` which query positions the activation they are about to see covers: a hook
     function reads ``hook.ctx["query_range"] == (a, b)``, positions ``a .. b - 1`` (a chunked forward
-    calls the per-query ``[pos, key_slot]`` hooks once per query chunk; the last-position path calls
+    calls the per-query ``[pos, key_slot]`` hooks once per query chunk; the knockout engine calls
     ``hook_z`` with ``(p, p + 1)``; the full forward with ``(start, start + pos)``)."""
     hooks = list(hooks)
     for hook in hooks:
@@ -85,19 +94,53 @@ def query_context(hooks: Iterable, a: int, b: int):
             hook.ctx.pop("query_range", None)
 
 
-@contextmanager
-def held_back(points: Iterable):
-    """The forward hooks of ``points`` do not fire inside the block (the last-position path's prefix:
-    ``hook_z`` fires at the final position only); restored exactly on exit, also when the body raises."""
-    saved = [(point, dict(point._forward_hooks)) for point in points]
-    for point, _ in saved:
-        point._forward_hooks.clear()
-    try:
-        yield
-    finally:
-        for point, hooks in saved:
-            point._forward_hooks.update(hooks)
+class CheckedHooks(HookedRootModule):
+    """TransformerLens's ``HookedRootModule`` with the two checks a hook needs before a run: its name
+    is one of the model's hook points (a misspelt name, or a filter that matches none, is one error
+    naming the closest names instead of a ``KeyError`` or a silent no-op), and what the hook returns
+    has the shape of what it was given (else one error naming the hook point and both shapes,
+    instead of a broadcasting error deep in the forward)."""
+
+    def _hook_names(self, name: Union[str, Callable[[str], bool]]) -> list[str]:
+        if isinstance(name, str):
+            if name not in self.hook_dict:
+                close = difflib.get_close_matches(name, list(self.hook_dict), n=3, cutoff=0.5)
+                hint = f"; closest: {', '.join(close)}" if close else ""
+                raise UserInputError(f"hook name {name!r} is not a hook point of this model ({len(self.hook_dict)} "
+                                     f"points, e.g. blocks.0.hook_resid_post; model.hook_dict lists them){hint}")
+            return [name]
+        if not callable(name):
+            raise UserInputError(f"a hook's name must be a hook point's name or a filter on names, got {name!r}")
+        names = [n for n in self.hook_dict if name(n)]
+        if not names:
+            raise UserInputError(f"the hook filter {name!r} matches no hook point of this model (model.hook_dict "
+                                 "lists them)")
+        return names
+
+    def _enable_hook(self, name, hook, dir="fwd"):  # hooks(), run_with_hooks
+        for point in self._hook_names(name):
+            self.hook_dict[point].add_hook(shape_checked(point, hook), dir=dir, level=self.context_level)
+
+    def add_hook(self, name, hook, dir="fwd", is_permanent=False, level=None, prepend=False):
+        for point in self._hook_names(name):
+            super().add_hook(point, shape_checked(point, hook), dir=dir, is_permanent=is_permanent, level=level,
+                             prepend=prepend)
 
 
-__all__ = ["PATHS", "has_hooks", "held_back", "hooked_points", "hooked_z_layers", "last_logits_path",
-           "query_context", "record_path"]
+def shape_checked(name: str, hook: Callable) -> Callable:
+    """``hook`` refusing to return a tensor of another shape than it was given."""
+
+    @functools.wraps(hook)
+    def checked(value, hook=None):
+        out = hook_fn(value, hook=hook)
+        if isinstance(out, torch.Tensor) and isinstance(value, torch.Tensor) and out.shape != value.shape:
+            raise UserInputError(f"the hook on {name} returned shape {tuple(out.shape)} for an activation of shape "
+                                 f"{tuple(value.shape)}: a hook must return None or a tensor of the shape it is given")
+        return out
+
+    hook_fn = hook
+    return checked
+
+
+__all__ = ["PATHS", "CheckedHooks", "attached_hooks", "has_hooks", "hooked_points", "last_logits_path",
+           "query_context", "record_path", "refuse_hooks", "shape_checked"]

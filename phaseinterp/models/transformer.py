@@ -48,7 +48,6 @@ import torch.utils.checkpoint
 from jaxtyping import Float, Int
 from torch import Tensor
 from transformer_lens.hook_points import HookPoint
-from transformer_lens.HookedRootModule import HookedRootModule
 
 from phaseinterp._checks import check_layer
 from phaseinterp.errors import UserInputError
@@ -57,7 +56,7 @@ from phaseinterp.config import CompressedConfig
 from phaseinterp.models.attention import CompressedAttention
 from phaseinterp.models.cache import KVCache, LayerCache
 from phaseinterp.models.compressor import GateParameters, RMSNorm
-from phaseinterp.models.paths import held_back, has_hooks, last_logits_path, record_path
+from phaseinterp.models.paths import CheckedHooks, has_hooks, last_logits_path, record_path
 from phaseinterp.phase import boundary_phase
 
 CHECKPOINT_FORMAT = 1
@@ -175,7 +174,7 @@ def _empty_layer_cache(cfg: CompressedConfig, n: int, device) -> LayerCache:
     return LayerCache(zeros(n, 0, cfg.d_model), *(zeros(*per_head) for _ in range(5)))
 
 
-class CompressedTransformer(HookedRootModule):
+class CompressedTransformer(CheckedHooks):
     """Decoder-only transformer whose attention reads a chunk-compressed KV cache.
 
     ``model(tokens)`` returns logits ``[batch, pos, d_vocab]``; ``model(tokens,
@@ -323,46 +322,22 @@ class CompressedTransformer(HookedRootModule):
 
     def last_logits(self, tokens: Int[Tensor, "batch pos"], *, path: str = "auto") -> Float[Tensor, "batch d_vocab"]:
         """The logits at the LAST position, ``model(tokens)[:, -1]`` (equal to 1e-5, tested), at less
-        cost. What `phase_profile`, gate cycling and mean replacement read: one answer per prompt.
+        cost while no hook is attached. What `phase_profile` and gate cycling read: one answer per prompt.
 
         The path follows the hooks attached (`phaseinterp.models.paths`; counted in ``path_counts``):
-
-        - none: ``"final"``. Every layer but the last runs over all positions; the last layer computes
-          its K/V and compressed entries over all positions but its attention and MLP at the final
-          position only (for a 2-layer model about half the work of a full forward).
-        - only forward hooks on ``blocks.{l}.attn.hook_z``: ``"last_position"``, the knockout engine's
-          computation (`last_position_logits`). ``hook_z`` fires once per layer with
-          ``[batch, 1, head, d_head]``, the final position ``p`` only (``hook.ctx["query_range"] ==
-          (p, p + 1)``); an edit there lands exactly as in the full forward.
-        - any other hook (``run_with_hooks``, ``hooks()``, `shift_gates`' static mode...), or
-          ``path="full"``: ``"full"``, the full forward; every hook sees what it always sees. Ask
-          for it when a ``hook_z`` hook must see (or edit) every position."""
+        none: ``"final"``, every layer but the last over all positions, the last layer's K/V and
+        compressed entries over all positions but its attention and MLP at the final position only;
+        any hook (or ``path="full"``): ``"full"``, the full forward, every hook on its full shape."""
         chosen = last_logits_path(self, path)
         record_path(self, chosen)
         if chosen == "full":
             return self(tokens)[:, -1]
         self._check_tokens(tokens, 0)
         tokens = tokens.to(self.W_E.device).long()
-        if chosen == "last_position":
-            return self.last_position_logits(tokens)
         resid = self.W_E[tokens]
         for block in self.blocks[:-1]:
             resid, _ = block(resid, None, 0)
         return self.unembed(self.blocks[-1].forward_final(resid))[:, 0]
-
-    def last_position_logits(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch d_vocab"]:
-        """The logits at the final position ``p`` by the knockout engine's computation: the prefix
-        ``tokens[:, :p]`` once into a KV cache (`prefix_cache`; ``hook_z`` hooks held back), then the
-        token at ``p`` alone through every layer (`Block.forward_last`), where ``hook_z`` fires with
-        ``[batch, 1, head, d_head]``. `last_logits` takes it while only ``hook_z`` hooks are attached."""
-        tokens = tokens.to(self.W_E.device).long()
-        cache = self.init_cache()
-        with held_back(block.attn.hook_z for block in self.blocks):
-            self.prefix_cache(tokens[:, :-1], cache, range(self.cfg.n_layers))
-        last = self.W_E[tokens[:, -1:]]
-        for layer, block in enumerate(self.blocks):
-            last = block.forward_last(last, cache.layers[layer])
-        return self.unembed(last)[:, 0]
 
     def prefix_cache(self, prefix: Int[Tensor, "batch prefix"], cache: KVCache, layers: range,
                      resid: Optional[Tensor] = None) -> Optional[Tensor]:

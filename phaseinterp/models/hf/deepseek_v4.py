@@ -35,7 +35,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 from transformer_lens.hook_points import HookPoint
-from transformer_lens.HookedRootModule import HookedRootModule
+from phaseinterp.models.paths import CheckedHooks
 
 from phaseinterp._checks import check_layer
 from phaseinterp.errors import UserInputError
@@ -52,7 +52,7 @@ SIDECAR_FILE = "phaseinterp.json"  # phaseinterp metadata (task, recipe) beside 
 # ---------------------------------------------------------------------------------------------
 # The model
 # ---------------------------------------------------------------------------------------------
-class HookedDeepseekV4(HookedRootModule):
+class HookedDeepseekV4(CheckedHooks):
     """A ``transformers`` ``DeepseekV4ForCausalLM`` under phaseinterp's hooks and model protocol.
 
     ``model(tokens)`` returns logits ``[batch, pos, d_vocab]`` equal to the HF forward's;
@@ -189,32 +189,20 @@ class HookedDeepseekV4(HookedRootModule):
 
     def last_logits(self, tokens: Tensor, *, path: str = "auto") -> Tensor:
         """The logits at the LAST position, ``model(tokens)[:, -1]`` (equal to 1e-5, tested), at less
-        cost. What `phase_profile` and gate cycling read. The path follows the hooks attached
-        (`phaseinterp.models.paths`; counted in ``path_counts``):
-
-        - none: ``"final"``. Every layer but the last runs over all positions; the last layer computes
-          its K = V, compressed entries and indexer scores over all positions but its attention and MoE
-          at the final position only (`models.hf.last_position`; offloaded layers are brought in as the
-          forward brings them).
-        - only forward hooks on ``blocks.{l}.attn.hook_z``: ``"last_position"``, the knockout engine's
-          computation (`last_position.last_position_logits`): ``hook_z`` fires with ``[batch, 1, head,
-          d_head]``, the final position ``p`` only (``hook.ctx["query_range"] == (p, p + 1)``). Not for
-          offloaded layers (as `ablate`'s fast path): those take the full forward.
-        - any other hook, or ``path="full"``: ``"full"``, the full forward; every hook sees what it
-          always sees."""
-        from phaseinterp.models.hf.last_position import last_layer_at_p, last_position_logits
+        cost while no hook is attached. What `phase_profile` and gate cycling read. The path follows
+        the hooks attached (`phaseinterp.models.paths`; counted in ``path_counts``): none: ``"final"``,
+        every layer but the last over all positions, the last layer's K = V, compressed entries and
+        indexer scores over all positions but its attention and MoE at the final position only
+        (`models.hf.last_position`; offloaded layers are brought in as the forward brings them); any
+        hook (or ``path="full"``): ``"full"``, the full forward, every hook on its full shape."""
+        from phaseinterp.models.hf.last_position import last_layer_at_p
         from phaseinterp.models.paths import last_logits_path, record_path
-        from phaseinterp.models.protocol import phase_model
 
         chosen = last_logits_path(self, path)
-        if chosen == "last_position" and not phase_model(self).has_fast_ablation:
-            chosen = "full"
         record_path(self, chosen)
         if chosen == "full":
             return self(tokens)[:, -1]
         self._check_tokens(tokens)
-        if chosen == "last_position":
-            return last_position_logits(self, tokens)
         streams, (tokens, position_ids, _, rope) = self._through(self.blocks[:-1], *self._decoder_inputs(tokens))
         return last_layer_at_p(self, streams, tokens, position_ids, rope)[1]
 

@@ -35,7 +35,7 @@ from torch import Tensor
 
 from phaseinterp.models.hf.compressor import CompressorHooks, _hf
 from phaseinterp.models.hf.config import CSA
-from phaseinterp.models.paths import has_hooks, held_back, hooked_z_layers, query_context
+from phaseinterp.models.paths import has_hooks, query_context
 
 
 @dataclass(frozen=True)
@@ -173,27 +173,6 @@ def last_layer_at_p(model, streams: Tensor, tokens: Tensor, position_ids: Tensor
         return state, logits_last(model, out.to(execution_device(norm)))[:, 0]
 
 
-@torch.inference_mode()
-def last_position_logits(model, tokens: Tensor) -> Tensor:
-    """The logits at ``p = T - 1`` ``[N, vocab]`` by the knockout engine's computation while ``hook_z``
-    hooks are attached (`HookedDeepseekV4.last_logits`'s ``"last_position"`` path): one clean pass
-    (`clean_states`, the ``hook_z`` hooks held back), then position ``p`` alone through the first
-    hooked layer and the later ones (`block_forward_last`), ``hook_z`` firing there with
-    ``[N, 1, head, d_head]``. No hooked layer: the clean logits."""
-    z_points = [block.attn.hook_z for block in model.blocks]
-    layers = hooked_z_layers(model)
-    with held_back(z_points):
-        logits, states = clean_states(model, tokens)
-    if not layers:
-        return logits
-    tokens = tokens.to(states[0].resid_pre.device).long()
-    rope = _rope(model, tokens.shape[1] - 1, states[0].attn_in)
-    streams = states[layers[0]].resid_pre
-    for layer in range(layers[0], model.cfg.n_layers):
-        streams = block_forward_last(model.blocks[layer], states[layer], streams, tokens[:, -1:], rope)
-    return logits_last(model, streams)[:, 0]
-
-
 def _rope(model, position: int, like: Tensor) -> dict[str, tuple[Tensor, Tensor]]:
     position_ids = torch.full((1, 1), position, device=like.device, dtype=torch.long)
     hf = model.hf.model
@@ -306,5 +285,5 @@ def logits_last(model, streams: Tensor) -> Tensor:
     return model.hf.lm_head(hf.norm(hf.hc_head(streams)))
 
 
-__all__ = ["LayerState", "block_forward_last", "clean_states", "last_layer_at_p", "last_position_logits", "layer_state",
+__all__ = ["LayerState", "block_forward_last", "clean_states", "last_layer_at_p", "layer_state",
            "logits_last"]

@@ -1,0 +1,155 @@
+"""One forward per family: with a user's hook attached, every experiment gives the hooked full
+forward's numbers (computed here from ``model(tokens)`` under the same hook), or refuses naming the
+hook. Hypothesis draws the hook point (any of the model's) and the edit, for both model families."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import phaseinterp as pi
+from phaseinterp.interventions._common import fixed_answer_position
+from phaseinterp.interventions.confirm import confirm
+from phaseinterp.models.protocol import phase_model
+
+FAMILIES = [pytest.param("w4s4", marks=pytest.mark.zoo("w4s4")),
+            pytest.param("dsv4-tiny", marks=pytest.mark.zoo("dsv4-tiny"))]
+PROPERTY = settings(max_examples=10, derandomize=True, deadline=None, database=None,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+
+def edit(kind: str, factor: float):
+    """A shape-keeping edit of whatever the hook point carries: scale it all, or only index 1 of
+    its second axis (a position, an entry or a window on the point's own layout)."""
+
+    def scale(x, hook):
+        if kind == "all" or x.ndim < 2 or x.shape[1] < 2:
+            return x * factor
+        x = x.clone()
+        x[:, 1] = x[:, 1] * factor
+        return x
+
+    return scale
+
+
+def hooked_answers(model, tokens, answer_pos: int, answer, hooks) -> np.ndarray:
+    """Top-1 == answer at ``answer_pos`` from the hooked full forward, one prompt at a time."""
+    with torch.no_grad(), model.hooks(fwd_hooks=hooks):
+        logits = model(tokens[:, : answer_pos + 1])[:, answer_pos]
+    return (logits.argmax(-1).cpu() == torch.as_tensor(answer)).numpy()
+
+
+def replace_z(layer: int, heads, mean_z, answer_pos: int):
+    """The mean replacement written from its definition: ``hook_z`` of ``heads`` at the answer position."""
+
+    def fn(z, hook):
+        z = z.clone()
+        z[:, answer_pos, heads] = mean_z[layer, heads].to(z.dtype)
+        return z
+
+    return f"blocks.{layer}.attn.hook_z", fn
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", FAMILIES)
+def test_every_experiment_gives_the_hooked_full_forward_s_numbers(zoo_model, name):
+    model = zoo_model(name)
+    task = pi.zoo.task_for(model)
+    prompts = task.generate(1, seed=0, strict=False)
+    p = fixed_answer_position(prompts)
+    tokens, answer = prompts.tokens, prompts.answer
+    calib = task.calibration(24, seed=1)
+    layer = model.cfg.n_layers - 1
+    names = sorted(model.hook_dict)
+    family = phase_model(model)
+
+    @PROPERTY
+    @given(point=st.sampled_from(names), kind=st.sampled_from(["all", "one"]), factor=st.sampled_from([0.5, 1.7]))
+    def check(point, kind, factor):
+        hook = (point, edit(kind, factor))
+        clean = hooked_answers(model, tokens, p, answer, [hook])
+        with model.hooks(fwd_hooks=[hook]):
+            # last_logits
+            with torch.no_grad():
+                assert torch.equal(model.last_logits(tokens[:, : p + 1]), model(tokens[:, : p + 1])[:, -1])
+            # phase_profile
+            profile = pi.phase_profile(model, prompts, progress=False, n_bootstrap=10, n_permutations=9)
+            assert (profile.records.correct.to_numpy() == clean).all(), point
+            # ablate, clean and every unit's knockout, on the mean taken under the hook too
+            z_name = family.knockout_point(layer, 0).hook
+            with torch.no_grad():
+                _, cache = model.run_with_cache(calib.tokens[:, : p + 1], names_filter=[z_name],
+                                                return_cache_object=False)
+            mean_z = torch.zeros((model.cfg.n_layers,) + tuple(cache[z_name].shape[2:]))
+            mean_z[layer] = cache[z_name][:, p].mean(0).cpu()
+            result = pi.ablate(model, task, layer=layer, prompts=prompts, calibration_mean=mean_z, n_calibration=24,
+                               progress=False)
+            assert (result.clean_correct == clean).all(), point
+        for u, unit in enumerate(result.units.itertuples()):
+            knocked = hooked_answers(model, tokens, p, answer, [hook, replace_z(layer, list(unit.heads), mean_z, p)])
+            assert (result.knockout_correct[:, u] == knocked).all(), (point, unit)
+        if not family.compressed_layers:
+            return
+        # gate cycling: the unshifted and the shifted model, each under the hook
+        with pi.shift_gates(model, 1):
+            shifted = hooked_answers(model, tokens, p, answer, [hook])
+        with model.hooks(fwd_hooks=[hook]):
+            cycling = pi.gate_cycling_profile(model, task, shifts=[1], prompts=prompts, n_calibration=24,
+                                              n_boot=10, progress=False)
+            unit = pi.gate_cycling_unit(model, task, shifts=[1], layers=family.compressed_layers[-1],
+                                        measure="accuracy", prompts=prompts, n_calibration=24, n_boot=10,
+                                        progress=False)
+        assert (cycling.correct[0] == clean).all() and (cycling.correct[1] == shifted).all(), point
+        layer_shift = family.compressed_layers[-1]
+        with pi.shift_gates(model, 1, layers=layer_shift):
+            shifted_one = hooked_answers(model, tokens, p, answer, [hook])
+        assert (unit.correct_shifted[0] == clean).all() and (unit.correct_shifted[1] == shifted_one).all(), point
+        # conformance compares implementations of the stored model: it refuses, naming the hook
+        with model.hooks(fwd_hooks=[hook]):
+            with pytest.raises(ValueError, match=rf"conformance cannot honour the hooks attached at {point}"):
+                pi.conformance(model, task, n_per_residue=1, progress=False)
+
+    check()
+    assert not any(point.has_hooks() for point in model.hook_dict.values())
+
+
+@pytest.mark.slow
+@pytest.mark.zoo("w4s4")
+def test_confirm_under_a_hook_reads_the_hooked_model(zoo_model):
+    """`confirm`'s clean accuracy by phase is the hooked full forward's (a hook halving the first
+    block's output, the case a review found `ablate` ignoring)."""
+    model = zoo_model("w4s4")
+    task = pi.zoo.task_for(model)
+    prompts = task.generate(2, seed=0, strict=False)
+    nominate = task.generate(1, seed=2, strict=False)
+    p = fixed_answer_position(prompts)
+    hook = ("blocks.0.hook_resid_post", lambda x, hook: 0.5 * x)
+    clean = hooked_answers(model, prompts.tokens, p, prompts.answer, [hook])
+    phase = prompts.meta.target_pos.to_numpy() % model.cfg.stride
+    expected = [clean[phase == f].mean() for f in range(model.cfg.stride)]
+    unhooked = hooked_answers(model, prompts.tokens, p, prompts.answer, [])
+    assert clean.mean() != unhooked.mean()  # the hook changes the answers
+    with model.hooks(fwd_hooks=[hook]):
+        result = confirm(model, task, prompts=prompts, nomination_prompts=nominate, n_calibration=24,
+                         methods=("mean",), cycling=False, progress=False)
+    np.testing.assert_allclose(np.asarray(result.phase_accuracy, dtype=float), expected)
+
+
+@pytest.mark.zoo("w4s4")
+def test_ablate_honours_a_user_s_hook_the_review_s_case(zoo_model):
+    """A hook halving ``blocks.0.hook_resid_post``: `ablate`'s clean accuracy is `phase_profile`'s
+    under the same hook (the engine is not taken while the hook is attached; ``path_counts``)."""
+    model = zoo_model("w4s4")
+    task = pi.zoo.task_for(model)
+    prompts = task.generate(2, seed=0, strict=False)
+    with model.hooks(fwd_hooks=[("blocks.0.hook_resid_post", lambda x, hook: 0.5 * x)]):
+        profile = pi.phase_profile(model, prompts, progress=False, n_bootstrap=10, n_permutations=9)
+        before = dict(model.path_counts)
+        result = pi.ablate(model, task, layer=1, prompts=prompts, n_calibration=24, progress=False)
+        assert model.path_counts["last_position"] == before.get("last_position", 0)
+    unhooked = pi.phase_profile(model, prompts, progress=False, n_bootstrap=10, n_permutations=9)
+    assert result.clean_correct.mean() == pytest.approx(profile.records.correct.mean())
+    assert profile.records.correct.mean() != unhooked.records.correct.mean()
