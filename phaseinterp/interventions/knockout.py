@@ -1,20 +1,16 @@
-"""The knockout engines behind `ablate`: the calibration mean of ``hook_z`` and two ways to run
-every unit's mean replacement at the answer position.
+"""`ablate`'s knockouts: the calibration mean of ``hook_z``, the mean-replacement hook, and the two
+ways to run every unit's replacement at the answer position.
 
-Fast path: a knockout at the final position changes nothing at earlier positions, so the clean
-prefix is run once and only the final position is recomputed, for the layers at and after the
-knocked-out one, with every unit of a layer as one batch of variants. `_fast_knockouts` (own
-family) keeps a KV cache and calls `CompressedAttention.forward_last`; `_fast_knockouts_deepseek_v4`
-keeps one clean full forward's per-layer activations and calls
-`phaseinterp.models.hf.last_position.block_forward_last`. Naive path (`_naive_knockouts`): a hooked
-full forward per unit, the reference both fast paths equal to 1e-5. On every path the replacement is
-one ``hook_z`` hook, `mean_replacement_hook`, which edits the answer position only on every path.
-Which engine runs is the model protocol's answer (`PhaseModel.has_fast_ablation`, `family`); while a
-user's hook is attached only the hooked full forward runs, so every attached hook is honoured.
+Engine path (`_fast_knockouts`): the family's last-position engine (`phaseinterp.models.engines`)
+runs the prompts' prefix once and each layer's units as variants of the answer position. Naive path
+(`_naive_knockouts`): a hooked full forward per unit, the reference the engines equal to 1e-5. On
+both the replacement is one ``hook_z`` hook, `mean_replacement_hook`, which edits the answer
+position only. The engine runs only while no hook is attached; with a user's hook the naive path
+runs, so every attached hook is honoured.
 
 Unit-level gate cycling repeats one layer's knockout under several gate shifts of that layer:
-`shifted_knockouts` runs the layers below it once per prompt batch for every shift (own family;
-bit-identical to the per-shift loop, tested).
+`shifted_knockouts` runs the layers below it once per prompt batch for every shift (own family,
+`CompressedPrefix`; bit-identical to the per-shift loop, tested).
 """
 
 from __future__ import annotations
@@ -26,6 +22,7 @@ import torch
 
 from phaseinterp.errors import UserInputError
 from phaseinterp.interventions._common import model_device
+from phaseinterp.models.engines import CompressedPrefix, last_position_engine
 from phaseinterp.models.paths import attached_hooks, record_path
 from phaseinterp.models.protocol import phase_model
 
@@ -53,7 +50,7 @@ def knockout_measures(model, tokens, answer_pos: int, answer, units, mean_z, bat
     ``method`` says: the engine computes the unhooked model only."""
     family = phase_model(model)
     fast = method == "fast" and family.has_fast_ablation and not attached_hooks(model)
-    run = FAST_ENGINES[family.family] if fast else _naive_knockouts
+    run = _fast_knockouts if fast else _naive_knockouts
     return run(model, tokens, answer_pos, torch.as_tensor(answer), units, mean_z, batch_size, bar)
 
 
@@ -79,48 +76,18 @@ def calibration_mean_z(model, tokens: torch.Tensor, answer_pos: int, batch_size:
     return total / tokens.shape[0]
 
 
-def _prefix_cache(model, chunk: torch.Tensor, answer_pos: int, upto: int):
-    """Run layers ``0 .. upto - 1`` of the own family over the prefix ``chunk[:, :answer_pos]``:
-    (the KV cache with those layers filled, the prefix's residual stream entering layer ``upto``,
-    the answer token's residual entering layer ``upto`` (`Block.forward_last` over the cache),
-    the answer token's residuals entering each of those layers). The same operations, on the same
-    batch, as `CompressedTransformer.last_position_logits` over those layers."""
-    cache = model.init_cache()
-    resid = model.prefix_cache(chunk[:, :answer_pos], cache, range(upto))
-    last = model.W_E[chunk[:, answer_pos:answer_pos + 1].long()]
-    resid_pre = []
-    for layer in range(upto):
-        resid_pre.append(last)
-        last = model.blocks[layer].forward_last(last, cache.layers[layer])
-    return cache, resid, last, resid_pre
-
-
-def _finish_knockouts(model, chunk, answer_pos: int, cache, resid, last, resid_pre, start: int, ans, by_layer,
-                      units, mean_z, bar):
-    """Layers ``start ..`` over the prefix ``chunk[:, :answer_pos]`` (its residual ``resid`` entering
-    ``start``, from `_prefix_cache`), then the answer position clean and with each unit of
-    ``by_layer`` mean-replaced by `mean_replacement_hook` (a layer's units as variants of each prompt):
-    (clean ok, logit, log-prob; knocked ok, logit, log-prob ``[n, unit]``)."""
-    cfg = model.cfg
-    model.prefix_cache(chunk[:, :answer_pos], cache, range(start, cfg.n_layers), resid)
-    resid_pre = list(resid_pre)
-    for layer in range(start, cfg.n_layers):
-        resid_pre.append(last)
-        last = model.blocks[layer].forward_last(last, cache.layers[layer])
-    record_path(model, "last_position")
-    clean = _answer_stats(model.unembed(last)[:, 0], ans)
-    n = last.shape[0]
+def _engine_knockouts(model, engine, ans, by_layer, units, mean_z, answer_pos: int, bar):
+    """The clean answer and each unit of ``by_layer`` mean-replaced (`mean_replacement_hook`), a
+    layer's units as variants of each prompt, from a last-position ``engine``
+    (`phaseinterp.models.engines`): (clean ok, logit, log-prob; knocked ok, logit, log-prob ``[n, unit]``)."""
+    clean = _answer_stats(engine.clean, ans)
+    n = ans.shape[0]
     out_ok = torch.zeros(n, len(units), dtype=torch.bool)
     out_logit = torch.zeros(n, len(units))
     out_lp = torch.zeros(n, len(units))
     for layer, unit_idx in by_layer.items():
         hook = mean_replacement_hook(model, layer, [units.heads.iloc[u] for u in unit_idx], mean_z, answer_pos)
-        with model.hooks(fwd_hooks=[hook]):  # hook_z of `layer` fires in its forward_last
-            r = resid_pre[layer].expand(-1, len(unit_idx), -1)
-            for later in range(layer, cfg.n_layers):
-                r = model.blocks[later].forward_last(r, cache.layers[later])
-        record_path(model, "last_position")
-        ok, logit, lp = _answer_stats(model.unembed(r), ans)  # logits [n, variant, vocab]
+        ok, logit, lp = _answer_stats(engine.variants(layer, len(unit_idx), [hook]), ans)  # [n, variant, vocab]
         out_ok[:, unit_idx], out_logit[:, unit_idx], out_lp[:, unit_idx] = ok, logit, lp
         if bar is not None:
             bar.update(n * len(unit_idx))
@@ -136,16 +103,15 @@ def _collect(parts) -> KnockoutOutputs:
 
 @torch.inference_mode()
 def _fast_knockouts(model, tokens, answer_pos, answer, units, mean_z, batch_size, bar):
-    """(clean correct [N], knockout correct [N, U], clean answer logit [N], knockout answer logit [N, U])."""
+    """Every unit's knockout from the family's last-position engine, per prompt batch."""
     device = model_device(model)
     by_layer = {layer: [int(i) for i in grp.index] for layer, grp in units.groupby("layer")}
     parts = []
     for i in range(0, tokens.shape[0], batch_size):
         chunk = tokens[i : i + batch_size, : answer_pos + 1].to(device)
         ans = answer[i : i + batch_size].to(device)
-        cache, resid, last, resid_pre = _prefix_cache(model, chunk, answer_pos, 0)
-        parts.append(_finish_knockouts(model, chunk, answer_pos, cache, resid, last, resid_pre, 0, ans, by_layer,
-                                       units, mean_z, bar))
+        engine = last_position_engine(model, chunk)
+        parts.append(_engine_knockouts(model, engine, ans, by_layer, units, mean_z, answer_pos, bar))
     return _collect(parts)
 
 
@@ -199,13 +165,12 @@ def shifted_knockouts(model, tokens, answer_pos: int, answer, units, variants, c
     for i in range(0, tokens.shape[0], batch_size):
         chunk = tokens[i : i + batch_size, : answer_pos + 1].to(device)
         ans = answer[i : i + batch_size].to(device)
-        shared, resid, last, resid_pre = _prefix_cache(model, chunk, answer_pos, L)
+        shared = CompressedPrefix(model, chunk, L)
         for k, variant in enumerate(variants):
-            cache = type(shared)(layers=list(shared.layers), length=shared.length)
             with variant():
                 _engine_hooks_only(model)
-                parts[k].append(_finish_knockouts(model, chunk, answer_pos, cache, resid, last, resid_pre, L, ans,
-                                                  by_layer, units, mean_zs[k], None))
+                parts[k].append(_engine_knockouts(model, shared.engine(), ans, by_layer, units, mean_zs[k],
+                                                  answer_pos, None))
             if bar is not None:
                 bar.update(chunk.shape[0])
     return [_collect(p) for p in parts]
@@ -300,53 +265,3 @@ def _naive_knockouts(model, tokens, answer_pos, answer, units, mean_z, batch_siz
         ko_lp.append(torch.stack(lps, 1))
     return KnockoutOutputs(torch.cat(clean_ok), torch.cat(ko_ok), torch.cat(clean_logit), torch.cat(ko_logit),
                            torch.cat(clean_lp), torch.cat(ko_lp))
-
-
-@torch.inference_mode()
-def _fast_knockouts_deepseek_v4(model, tokens, answer_pos, answer, units, mean_z, batch_size, bar):
-    """The fast path on a wrapped DeepSeek-V4: one clean pass per prompt batch keeps every layer's
-    activations (`clean_states`; the last layer runs at the answer position only, as the own
-    family's engine only fills its cache); each unit then reruns only the answer position through
-    its layer and the later ones (`block_forward_last`), a layer's units as one batch of variants."""
-    from phaseinterp.models.hf.last_position import _rope, block_forward_last, clean_states, logits_last
-
-    device = model_device(model)
-    by_layer = {layer: [int(i) for i in grp.index] for layer, grp in units.groupby("layer")}
-    clean_ok, ko_ok, clean_logit, ko_logit, clean_lp, ko_lp = [], [], [], [], [], []
-    for i in range(0, tokens.shape[0], batch_size):
-        chunk = tokens[i : i + batch_size, : answer_pos + 1].to(device)
-        ans = answer[i : i + batch_size].to(device)
-        n = chunk.shape[0]
-        logits, states = clean_states(model, chunk)  # logits at answer_pos, the chunk's last position
-        record_path(model, "last_position")
-        ok, logit, lp = _answer_stats(logits, ans)
-        clean_ok.append(ok)
-        clean_logit.append(logit)
-        clean_lp.append(lp)
-        rope = _rope(model, answer_pos, states[0].attn_in)
-        out_ok = torch.zeros(n, len(units), dtype=torch.bool)
-        out_logit = torch.zeros(n, len(units))
-        out_lp = torch.zeros(n, len(units))
-        for layer, unit_idx in by_layer.items():
-            V = len(unit_idx)
-            hook = mean_replacement_hook(model, layer, [units.heads.iloc[u] for u in unit_idx], mean_z, answer_pos)
-            token = chunk[:, answer_pos:].repeat_interleave(V, 0)  # row r: prompt r // V, variant r % V
-            streams = states[layer].resid_pre.repeat_interleave(V, 0)  # the streams at answer_pos
-            with model.hooks(fwd_hooks=[hook]):  # hook_z of `layer` fires in its block_forward_last
-                for later in range(layer, model.cfg.n_layers):
-                    state = states[later] if V == 1 else states[later].repeat(V)
-                    streams = block_forward_last(model.blocks[later], state, streams, token, rope)
-            record_path(model, "last_position")
-            lg = logits_last(model, streams)[:, 0].reshape(n, V, -1)
-            ok, logit, lp = _answer_stats(lg, ans)
-            out_ok[:, unit_idx], out_logit[:, unit_idx], out_lp[:, unit_idx] = ok, logit, lp
-            if bar is not None:
-                bar.update(n * V)
-        ko_ok.append(out_ok)
-        ko_logit.append(out_logit)
-        ko_lp.append(out_lp)
-    return KnockoutOutputs(torch.cat(clean_ok), torch.cat(ko_ok), torch.cat(clean_logit), torch.cat(ko_logit),
-                           torch.cat(clean_lp), torch.cat(ko_lp))
-
-
-FAST_ENGINES = {"compressed": _fast_knockouts, "deepseek_v4": _fast_knockouts_deepseek_v4}

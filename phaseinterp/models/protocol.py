@@ -111,8 +111,8 @@ class PhaseModel(Protocol):
 
     @property
     def has_fast_ablation(self) -> bool:
-        """Whether the family has a cached-prefix ablation sweep (``interventions.knockout``'s engine
-        for ``family``); else `ablate` runs the hooked full forward per unit."""
+        """Whether the family has a last-position engine (`phaseinterp.models.engines`) for the
+        cached-prefix ablation sweep; else `ablate` runs the hooked full forward per unit."""
 
     @property
     def has_answer_logits(self) -> bool:
