@@ -49,7 +49,7 @@ _NAMES = {
     "IndexerPhaseResult": "phaseinterp.interventions.indexer",
     "force_target_selection": "phaseinterp.interventions.indexer",
     "ForcedSelectionResult": "phaseinterp.interventions.indexer",
-    "conformance": "phaseinterp.engines",  # issue 24: implementations compared per phase
+    "conformance": "phaseinterp.engines",  # implementations compared per phase
     "ConformanceResult": "phaseinterp.engines",
     "OpenAIEngine": "phaseinterp.engines",
     "keep_freed_memory": "phaseinterp.models.allocator",  # CPU speed: glibc keeps freed memory

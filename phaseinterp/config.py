@@ -50,7 +50,7 @@ class CompressedConfig:
     - ``memory``: ``"local"`` (exact K/V of the last ``local_window`` tokens, the
       query included) or ``"uncompressed_tail"`` (exact K/V only for tokens not yet
       covered by a closed window).
-    - ``window_offsets``: staggered compression grids (issue 14). KV head ``h`` of layer
+    - ``window_offsets``: staggered compression grids. KV head ``h`` of layer
       ``l`` compresses windows starting at ``j*S + o`` with ``o`` in ``0..S-1``: ``None``
       (all 0: the paper's shared grid), a sequence of ``n_kv_heads`` offsets (per KV head,
       every layer), ``n_layers`` sequences of ``n_kv_heads`` offsets (per layer and head),

@@ -339,8 +339,8 @@ def phase_profile(
             one; at most ``MAX_PROMPTS // R`` (500,000 prompts per call). Refused beside a TaskBatch
             (its size is fixed).
         seed: prompt seed (default 0); also seeds the bootstrap and the permutation test.
-        batch_size: prompts per forward pass (default 64, >= 1; under glibc's default allocator
-            256 ran 1.0-1.6x slower, with `keep_freed_memory` within 5%: `benchmarks/batch_size.py`).
+        batch_size: prompts per forward pass (default 64, >= 1; larger batches pay off only with
+            `keep_freed_memory`: `benchmarks/batch_size.py`).
         device: where the prompts go (default: the model's device); must exist on this machine.
         stride: fold residues to phases with this stride (default ``model.cfg.stride``; another
             stride on a compressed model is a deliberate re-folding and the label says so); R must be
@@ -384,7 +384,7 @@ def phase_profile(
         raise UserInputError(f"{given}= applies to axis='length' only (axis={axis!r}); drop it or pass axis='length'")
     hold = 0 if hold is None else check_int("hold", hold, 0)
     check_int("batch_size", batch_size, 1)
-    check_int("n_permutations", n_permutations, 1, 1_000_000)  # issue 37: a huge or negative count crashed numpy
+    check_int("n_permutations", n_permutations, 1, 1_000_000)  # bounded: numpy fails on a huge or negative count
     check_int("n_bootstrap", n_bootstrap, 1, 1_000_000)
     if not (isinstance(confidence, float) and 0 < confidence < 1):
         raise UserInputError(f"confidence={confidence!r} must be a float in (0, 1)")

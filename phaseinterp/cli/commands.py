@@ -455,7 +455,7 @@ def _cmd_merge(args) -> int:
 
 
 def _cmd_conformance(args) -> int:
-    """``phaseinterp conformance MODEL``: `phaseinterp.engines.conformance` (issue 24)."""
+    """``phaseinterp conformance MODEL``: `phaseinterp.engines.conformance`."""
     _keep_freed_memory()
     _check_model_name(args.model)
     from phaseinterp.models.loading import load, peek

@@ -1,5 +1,5 @@
 """``phaseinterp profile --engine URL --model-name NAME``: the phase profile of a served model
-(`phaseinterp.phase_profile` over an `OpenAIEngine`, issue 34). Imports only the standard library
+(`phaseinterp.phase_profile` over an `OpenAIEngine`). Imports only the standard library
 at the top, like the rest of the command line.
 
 The task comes from MODEL (a zoo name or checkpoint directory: its stored task, vocabulary size,

@@ -1,4 +1,4 @@
-"""Engines and the phase-resolved conformance check (issue 24).
+"""Engines and the phase-resolved conformance check.
 
 An engine is a callable ``tokens [batch, pos] -> next-token log-probs [batch, d_vocab]``
 (`Engine`). `conformance` runs the same phase-controlled prompts through the reference forward

@@ -276,7 +276,7 @@ def conformance(
             raise UserInputError(f"tolerance[{key!r}]={bound!r} must be a finite number > 0")
         tol[key] = (statistic, float(bound))
     check_int("batch_size", batch_size, 1)
-    check_int("n_bootstrap", n_bootstrap, 1, 1_000_000)  # issue 37: a huge count ran without end
+    check_int("n_bootstrap", n_bootstrap, 1, 1_000_000)  # bounded: a huge count would run without end
     if not (isinstance(confidence, float) and 0 < confidence < 1):
         raise UserInputError(f"confidence={confidence!r} must be a float in (0, 1)")
     if not hasattr(task, "generate") or not hasattr(getattr(task, "vocab", None), "filler_ids"):

@@ -1,4 +1,4 @@
-"""Staggered compression windows as a remedy for the weak boundary phase (issue 14).
+"""Staggered compression windows as a remedy for the weak boundary phase.
 
 `compare_remedy` trains twins that differ only in ``window_offsets``: the paper's shared
 grid (every KV head compresses windows ``j*S ..``) and a staggered one (KV head ``h`` at
@@ -177,7 +177,7 @@ class RemedyResult(Result):
         return per_seed.reset_index()
 
     def criteria(self) -> dict[str, Any]:
-        """The three claims of issue 14, each computed here (see the class docstring)."""
+        """The three claims of the remedy, each computed here (see the class docstring)."""
         learned = self.learned_steps()
         late = self.steps + self.eval_every
         stag = learned[learned.variant == "staggered"].fillna({"step": late})

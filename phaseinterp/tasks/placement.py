@@ -359,7 +359,7 @@ def match_target_moments(
 def _smallest_workable(
     lo: int, hi: int, modulus: int, n: int, var_lo: float, var_hi: float, mean_tol: float, std_tol: float
 ) -> str:
-    """The next size whose best plan meets the tolerances (plans only, nothing realized: ~1 ms per size)."""
+    """The next size whose best plan meets the tolerances (plans only, nothing realized)."""
     for size in range(n + 1, n + modulus * modulus + 1):
         if exact_matching_possible(size, modulus) or _plans(lo, hi, modulus, size, var_lo, var_hi, mean_tol, std_tol)[0][0] <= 1:
             return f"the smallest workable n_per_residue above {n} is about {size}"

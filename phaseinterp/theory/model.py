@@ -43,7 +43,7 @@ def _check_float(name: str, value, low: float, high: float = math.inf, *, low_op
 def single_threaded() -> Iterator[None]:
     """Run the body with one intra-op CPU thread, restoring the previous count on exit (also on
     error). The tensors here are tiny: extra threads only add synchronisation, which costs
-    milliseconds per op (measured 4x slower searches with 2 threads on a loaded 2-core machine)."""
+    milliseconds per op."""
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

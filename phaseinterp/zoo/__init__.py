@@ -8,24 +8,19 @@ mixture, optimiser and step count; only the attention's compression changes. A z
 entry is a documented snapshot of that run (``snapshot_step``), chosen so the phase
 weakness is measurable rather than trained into saturation (see README / RESULTS.md).
 
-Why the recipe looks the way it does (measured here, one seed each):
-- no QK-norm: with d_head = 16, RMS-normalised queries and keys cap every attention logit at
-  sqrt(16) = 4, too flat for induction over 128 positions; with QK-norm the full-attention
-  twin was still at chance at step 900, without it at 76% by step 800;
-- periodic rows of 4-48 tokens: with 2-8-token blocks the twin solved the rows by position
-  offsets (89% on the rows, 1% on a repeated random segment) and never formed induction;
-- the curriculum's easy stage (4-24 records, the query section filled with queries that
-  repeat keys) gives short-range induction examples before the real task.
+The recipe's choices: no QK-norm (with d_head = 16, RMS-normalised queries and keys cap every
+attention logit at sqrt(16) = 4, too flat for induction over 128 positions); periodic rows of
+4-48 tokens (short blocks can be solved by position offsets, without induction); a curriculum
+whose easy stage (4-24 records, the query section filled with queries that repeat keys) gives
+short-range induction examples before the real task.
 
-Which snapshot ships (rules in code, not choices made after seeing the results):
+Which snapshot ships (rules in code, fixed before training):
 - a compressed model ships its final step (``snapshot_step=None``);
 - an equal-training pair (``snapshot_step=EQUAL_TRAINING``, ``pair=`` the other model) ships
   `equal_training_step` of the two runs' held-out probe curves (``curves.csv``): the first
-  snapshot at which BOTH models have learned the task (probe mean >= ``LEARNED_MEAN`` = 60%).
-  For ``w4s4`` and ``full`` that is step 800 (probe means 68.8% and 76.0%; at step 700 the
-  twin is at 18.8%): ``w4s4-equal`` and ``full`` ship it, ``w4s4`` and ``full-final`` the final
-  step (1500), so the report can show both pairs. Step 800 still lies in the curriculum's
-  easy stage (the first 60% of steps, to step 900): the final-step pair is the other control.
+  snapshot at which BOTH models have learned the task (probe mean >= ``LEARNED_MEAN``).
+  ``w4s4-equal`` and ``full`` ship that step, ``w4s4`` and ``full-final`` the final step, so the
+  report can show both pairs (benchmarks/RESULTS.md has the steps and accuracies).
 """
 
 from __future__ import annotations
@@ -56,22 +51,13 @@ TRAIN: dict[str, Any] = dict(
 )
 
 
-# The paper-depth recipe (issue 13): the shared recipe with a doubled schedule. Measured here
-# (one seed, runs kept out of the package): with the shared 1500-step schedule the 12-layer
-# W = S = 8 one-KV-head compressed model learned the periodic rows (loss 4.7 -> 1.2) but never
-# the retrieval (probe mean 3.1% at step 1500, chance level; its twin 97% by step 600). Its
-# step-1500 weights resumed under a 3000-step schedule (the curriculum's easy stage then lasts
-# to step 1800) reached a 90% probe mean by step 1800 with every phase 71-100%. So the deep
-# pair trains from scratch with ``steps=3000``: the same stages, learning rate, batch and
-# mixture, stretched (easy stage to step 1800); both deep runs use it, so the pair is still
-# one recipe (`test_zoo.py` checks that every 2-layer model shares TRAIN, and the deep pair DEEP_TRAIN).
-# Trained from scratch with it, the compressed model learned retrieval between steps 800 and
-# 1100 (probe mean 3% -> 92%; its twin by step 600) and saturates by the final step (99.9% at
-# every phase, no period): the phase weakness lives at the equal-training step (1000, the
-# rule below): period 8 with phases 5 and 6 weak but above chance (benchmarks/RESULTS.md, "Paper-depth models and seeds").
+# The paper-depth recipe: the shared recipe with a doubled schedule (the same stages, learning rate,
+# batch and mixture, stretched: the easy stage lasts to step 1800). Both deep runs use it, so the pair
+# is still one recipe (`test_zoo.py` checks that every 2-layer model shares TRAIN, and the deep pair
+# DEEP_TRAIN). Why 3000 steps: benchmarks/RESULTS.md, "The deep models and why their recipe is 3000 steps".
 DEEP_TRAIN: dict[str, Any] = dict(steps=3000, snapshot_steps=tuple(range(100, 3001, 100)))
 
-# Post-training (issue 36): continue a shipped compressed model on another data mixture. The pretraining
+# Post-training: continue a shipped compressed model on another data mixture. The pretraining
 # mixture is half periodic rows (the copy circuit) and a curriculum; post-training drops both: every
 # row is a retrieval prompt of the final task (8 queries), at a third of the peak learning rate with a
 # short warm-up and the same cosine decay, for a third of the pretraining steps. The evaluation task
@@ -122,7 +108,7 @@ class ZooEntry:
 
 def _deep_seed_pair(seed: int) -> list[ZooEntry]:
     """The deep equal-training pair with model and data seed ``seed`` (the identical recipe, the same
-    snapshot rule): issue 36's seed replicates."""
+    snapshot rule): the seed replicates."""
     compressed, twin = f"deep12-w8s8-1kv-shared-seed{seed}-equal", f"deep12-full-seed{seed}-equal"
     backbone, train = dict(n_layers=12, n_kv_heads=1, seed=seed), dict(DEEP_TRAIN, seed=seed)
     return [
@@ -165,7 +151,7 @@ ENTRIES: dict[str, ZooEntry] = {
                  dict(compression="gated", window=6, stride=6, gate="scalar"), backbone=dict(n_kv_heads=4)),
         ZooEntry("w8s8-4kv", "compressed W = S = 8, scalar gates, FOUR KV heads",
                  dict(compression="gated", window=8, stride=8, gate="scalar"), backbone=dict(n_kv_heads=4)),
-        # The remedy pair (issue 14): w4s4 is the baseline twin; this one staggers the two KV
+        # The remedy pair: w4s4 is the baseline twin; this one staggers the two KV
         # heads' window grids (offsets 0 and 2) at equal compression.
         ZooEntry("w4s4-staggered", "W = S = 4, 2 KV heads, scalar gates, staggered window grids (KV head h "
                  "compresses windows starting at j*S + h*S/2): the remedy twin of w4s4",
@@ -178,7 +164,7 @@ ENTRIES: dict[str, ZooEntry] = {
                  "a payload map trained for every slot",
                  dict(compression="gated", window=4, stride=4, gate="scalar", payload="shared"),
                  backbone=dict(n_kv_heads=1)),
-        # Paper-depth pairs (issue 13): 12 layers, one KV head per layer, the shared recipe with DEEP_TRAIN's
+        # Paper-depth pairs: 12 layers, one KV head per layer, the shared recipe with DEEP_TRAIN's
         # 3000-step schedule (see DEEP_TRAIN for why).
         # Snapshot rules (fixed before training): the final-step pair (both runs' step 1500) and the
         # equal-training pair (zoo.equal_training_step of the two runs' curves), as for w4s4 / full.
@@ -201,7 +187,7 @@ ENTRIES: dict[str, ZooEntry] = {
                  "deep12-w8s8-1kv-shared-equal (zoo.equal_training_step)",
                  dict(compression=None, window=8, stride=8), backbone=dict(n_layers=12, n_kv_heads=1), train=DEEP_TRAIN,
                  snapshot_step=EQUAL_TRAINING, run="deep12-full", pair="deep12-w8s8-1kv-shared-equal"),
-        # A second seed of the equal-training pair (issue 20's cycling table): the same recipe with
+        # A second seed of the equal-training pair (for the cycling table): the same recipe with
         # model and data seed 1; the same snapshot rule.
         ZooEntry("deep12-w8s8-1kv-shared-seed1-equal", "deep12-w8s8-1kv-shared-equal's second seed: the identical "
                  "recipe with model and data seed 1, at its own equal-training step with deep12-full-seed1-equal "
@@ -215,12 +201,12 @@ ENTRIES: dict[str, ZooEntry] = {
                  dict(compression=None, window=8, stride=8), backbone=dict(n_layers=12, n_kv_heads=1, seed=1),
                  train=dict(DEEP_TRAIN, seed=1), snapshot_step=EQUAL_TRAINING, run="deep12-full-seed1",
                  pair="deep12-w8s8-1kv-shared-seed1-equal"),
-        # Seeds 2 and 3 of the equal-training pair (issue 36): the identical recipe with model and data
+        # Seeds 2 and 3 of the equal-training pair: the identical recipe with model and data
         # seed 2 or 3, the same snapshot rule; added after seeds 0 and 1 were analysed, so the unit rule
         # of `specialized_units` (fixed before they existed) is tested on them, not tuned to them.
         *_deep_seed_pair(2),
         *_deep_seed_pair(3),
-        # Stride 12 (issue 36): the paper's fourth stride. Four KV heads as for w8s8-4kv (two learned 2 of
+        # Stride 12: the paper's fourth stride. Four KV heads as for w8s8-4kv (two learned 2 of
         # 8 phases at stride 8); the zoo task's residue modulus 24 is a multiple of 12, so every phase is
         # measured with the same moment matching. Its twin is the full-attention run with stride 12 as
         # the folding reference, both at the final step.
@@ -356,7 +342,7 @@ def load(name: str, device=None):
     has (default: cpu)."""
     from phaseinterp._checks import check_device
     from phaseinterp.models import CompressedTransformer
-    from phaseinterp.zoo import deepseek_v4 as hf_zoo  # HF-format DeepSeek-V4 checkpoints (issue 12)
+    from phaseinterp.zoo import deepseek_v4 as hf_zoo  # HF-format DeepSeek-V4 checkpoints
 
     check_device(device)  # before reading any weights
     if not isinstance(name, str):

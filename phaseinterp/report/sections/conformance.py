@@ -1,4 +1,4 @@
-"""The report's conformance section (issue 24): a light `phaseinterp.conformance` run of the
+"""The report's conformance section: a light `phaseinterp.conformance` run of the
 report's model (own family only): decoding and chunked prefill against the full forward, per
 answer phase and per cut phase, plus bfloat16."""
 
