@@ -158,12 +158,15 @@ def _open_journal(directory: Union[str, Path], header: dict[str, Any]) -> Path:
 
 
 NORMALIZATION_SLACK = 1e-2  # a row's reported probabilities may sum to at most 1 + this (float rounding)
+TOP_K_SLACK = math.log(2.0)  # ... and to at least k / d_vocab over this factor's exp (2: low-precision servers)
 
 
 def check_logprob_rows(logprobs: torch.Tensor, who: str, first: int = 0) -> None:
     """Log-probabilities a model can give: each reported value (not NaN) is +inf-free and <= 0, and each
-    row's reported probabilities sum to at most 1 (a top-k row sums to less). Names the first prompt and
-    token that break it."""
+    row's reported probabilities sum to at most 1 (a top-k row sums to less) and to at least
+    ``k / d_vocab`` for ``k`` reported of ``d_vocab`` (the k most probable tokens of any distribution
+    carry that much; halved for rounding): a row of -inf, or of log-probs shifted far below 0, is
+    the top of no distribution. Names the first prompt and token that break it."""
     reported = ~torch.isnan(logprobs)
     bad = reported & (torch.isposinf(logprobs) | (logprobs > NORMALIZATION_SLACK))
     if bool(bad.any()):
@@ -177,6 +180,15 @@ def check_logprob_rows(logprobs: torch.Tensor, who: str, first: int = 0) -> None
         raise UserInputError(f"{who} returned log-probs for prompt {first + row} whose probabilities sum to "
                              f"{math.exp(float(total[row])):.4g} > 1: not a distribution (raw logits instead of "
                              "log-probs?)")
+    n_reported = reported.sum(dim=1)
+    floor = torch.log(n_reported.clamp(min=1).double() / logprobs.shape[1]) - TOP_K_SLACK
+    under = (n_reported > 0) & (total.double() < floor)
+    if bool(under.any()):
+        row = int(torch.nonzero(under)[0])
+        raise UserInputError(f"{who} returned log-probs for prompt {first + row} whose probabilities sum to "
+                             f"{math.exp(float(total[row])):.4g}, below {int(n_reported[row])}/{logprobs.shape[1]} "
+                             "(the least the most probable tokens of any distribution carry): not a distribution's "
+                             "top log-probs")
 
 
 def _read_answers(logprobs: Any, answer: torch.Tensor, d_vocab: Optional[int], name: str,

@@ -26,6 +26,7 @@ ids outside ``0..d_vocab-1`` raise `phaseinterp.errors.UserInputError` naming th
 
 from __future__ import annotations
 
+import http.client
 import json
 import math
 import re
@@ -35,13 +36,14 @@ import urllib.parse
 import urllib.request
 from typing import Any, Callable, Optional
 
+import numpy as np
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
 from phaseinterp._checks import check_int
 from phaseinterp.engines.adapters import check_warm_rows
-from phaseinterp.engines.answers import check_logprob_rows
+from phaseinterp.engines.answers import NORMALIZATION_SLACK, check_logprob_rows
 from phaseinterp.errors import EngineError, UserInputError
 
 RETRYABLE_HTTP = (408, 429, 500, 502, 503, 504)  # the server is busy or restarting: worth another try
@@ -50,6 +52,11 @@ RETRYABLE_HTTP = (408, 429, 500, 502, 503, 504)  # the server is busy or restart
 # be a valid string'") with a 5xx. The same request can never succeed, so it is a refusal, not a retry.
 _TEXT_ONLY_PROMPT = re.compile(r"prompt.{0,120}(valid string|string_type|must be a string|expected str)",
                                re.IGNORECASE | re.DOTALL)
+
+
+def _short(text: str, limit: int = 60) -> str:
+    """``repr(text)``, cut to ``limit`` characters: a message names a returned token, never pastes a page."""
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + f"... ({len(text)} characters)"
 
 
 def refuses_token_ids(body: str) -> bool:
@@ -110,6 +117,8 @@ class OpenAIEngine:
             if isinstance(reason, socket.timeout) or isinstance(err, TimeoutError):
                 reason = f"no answer within timeout={self.timeout} s"
             raise EngineError(f"cannot reach {self.url}: {reason}") from None
+        except http.client.HTTPException as err:  # an answer cut short (IncompleteRead), a garbled status line
+            raise EngineError(f"{self.url} sent a broken HTTP answer ({type(err).__name__}: {str(err)[:200]})") from None
         try:
             answer = json.loads(text)
         except ValueError:
@@ -120,14 +129,21 @@ class OpenAIEngine:
 
     def _token_id(self, key: str) -> int:
         if key.startswith("token_id:"):
-            return int(key.split(":", 1)[1])
+            number = key.split(":", 1)[1]
+            if not re.fullmatch(r"-?[0-9]{1,30}", number.strip()):
+                raise UserInputError(f"{self.url} returned the token {_short(key)}: 'token_id:' must be followed by an "
+                                     "integer id")
+            return int(number)
         if self.token_to_id is not None:
-            return int(self.token_to_id(key))
-        try:
+            token = self.token_to_id(key)
+            if isinstance(token, bool) or not isinstance(token, (int, np.integer)):
+                raise UserInputError(f"token_to_id maps the returned token {_short(key)} to {token!r}, not a token id: "
+                                     "the tokenizer is not the served model's")
+            return int(token)
+        if re.fullmatch(r"-?[0-9]{1,30}", key.strip()):
             return int(key)
-        except ValueError:
-            raise UserInputError(f"cannot map the returned token {key!r} to an id: ask the server for "
-                                 "return_tokens_as_token_ids or pass token_to_id=") from None
+        raise UserInputError(f"cannot map the returned token {_short(key)} to an id: ask the server for "
+                             "return_tokens_as_token_ids or pass token_to_id=")
 
     def warm(self, donors: Int[Tensor, "batch pos"], tokens: Int[Tensor, "batch pos"],
              prefix_len: int) -> Float[Tensor, "batch d_vocab"]:
@@ -141,9 +157,17 @@ class OpenAIEngine:
     def __call__(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch d_vocab"]:
         body = {"model": self.model, "prompt": tokens.tolist(), "max_tokens": 1, "temperature": 0,
                 "logprobs": self.top_logprobs, "return_tokens_as_token_ids": True}
-        choices = self._post(body).get("choices")
-        if not isinstance(choices, list) or len(choices) != tokens.shape[0]:
-            got = len(choices) if isinstance(choices, list) else choices
+        answer = self._post(body)
+        if "choices" not in answer:
+            said = answer.get("error", sorted(answer)[:5])
+            raise UserInputError(f"{self.url} answered without 'choices' ({str(said)[:200]}): not a completions "
+                                 "answer")
+        choices = answer["choices"]
+        if not isinstance(choices, list):
+            raise UserInputError(f"{self.url} returned 'choices' as a {type(choices).__name__}, not a list of one "
+                                 f"choice per prompt ({tokens.shape[0]} prompts)")
+        if len(choices) != tokens.shape[0]:
+            got = len(choices)
             raise UserInputError(f"{self.url} returned {got} choices for {tokens.shape[0]} prompts (a server that "
                                  "takes one prompt per request needs batch_size=1)")
         out = torch.full((tokens.shape[0], self.d_vocab), float("nan"))
@@ -167,19 +191,30 @@ class OpenAIEngine:
                 raise UserInputError(f"{self.url} returned no top_logprobs for prompt {row}: the server must answer "
                                      f"'logprobs': {self.top_logprobs} with choices[i].logprobs.top_logprobs (vLLM: "
                                      "start it with --max-logprobs >= that)")
-            if not isinstance(top, list) or not isinstance(top[0], dict) or not top[0]:
+            if not isinstance(top, list) or not isinstance(top[0], dict):
                 shape = type(top[0]).__name__ if isinstance(top, list) else type(top).__name__
                 raise UserInputError(f"{self.url} returned choices[{position}].logprobs.top_logprobs[0] as a {shape}, "
                                      "not an object {token: log-prob} (the completions API's format)")
+            if not top[0]:
+                raise UserInputError(f"{self.url} returned an empty choices[{position}].logprobs.top_logprobs[0] for "
+                                     f"prompt {row}: no token's log-prob")
+            keys: dict[int, str] = {}
             for key, value in top[0].items():
                 token = self._token_id(key)
-                if not 0 <= token < self.d_vocab:
-                    raise UserInputError(f"{self.url} returned token id {token}, outside 0..{self.d_vocab - 1} "
+                if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < self.d_vocab:
+                    raise UserInputError(f"{self.url} returned token id {token!r}, outside 0..{self.d_vocab - 1} "
                                          f"(d_vocab={self.d_vocab}): the served model's vocabulary is not the task's")
+                if token in keys:
+                    raise UserInputError(f"{self.url} returned two log-probs for token id {token} of prompt {row} "
+                                         f"({_short(keys[token])} and {_short(key)})")
+                keys[token] = key
                 if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-                    raise UserInputError(f"{self.url} returned log-prob {value!r} for token {key!r} of prompt {row}: "
-                                         "not a number")
-                out[row, token] = float(value)
+                    raise UserInputError(f"{self.url} returned log-prob {repr(value)[:60]} for token {_short(key)} of "
+                                         f"prompt {row}: not a number")
+                if value > NORMALIZATION_SLACK:  # checked before float32 holds it (1e300 would overflow)
+                    raise UserInputError(f"{self.url} returned log-prob {float(value)} for token {token} of prompt "
+                                         f"{row}: a log-probability is <= 0 (finite, or -inf for probability 0)")
+                out[row, token] = float(value) if value > -3e38 else -math.inf  # below float32: probability 0
         check_logprob_rows(out, self.url)
         return out
 
