@@ -3,10 +3,9 @@ naming the value and the valid range, before any expensive work."""
 
 from __future__ import annotations
 
+import numbers
 import os
-
 import re
-
 from typing import Any, Union
 
 from phaseinterp.errors import UserInputError
@@ -27,8 +26,6 @@ def check_int(name: str, value: Any, low: int = 1, high: int | None = None, why:
     """``value`` as an int if it is an integer (a numpy integer too, never a bool) in ``low..high``
     (``high=None``: no upper bound); else a `UserInputError` naming it and the valid range, with
     ``why`` appended (`` (one chunk makes attention trivial)``). The one integer check of the package."""
-    import numbers
-
     span = f">= {low}" if high is None else f"in {low}..{high}"
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise UserInputError(f"{name}={value!r} must be an integer {span}{why}")
@@ -44,8 +41,6 @@ def check_layer(layer: Any, n_layers: int, name: str = "layer") -> int:
     """``layer`` as an int if it indexes a layer of an ``n_layers``-layer model (``0..n_layers-1``);
     else (a bool, a negative or too large index, a non-integer) a `UserInputError` naming it and the
     valid range: ``layer=31 is out of range for a 12-layer model (0..11)``. The one layer check."""
-    import numbers
-
     if isinstance(layer, bool) or not isinstance(layer, numbers.Integral):
         raise UserInputError(f"{name}={layer!r} is not a layer index (an integer in 0..{n_layers - 1} for a "
                              f"{n_layers}-layer model)")

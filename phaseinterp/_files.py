@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-import json
+import ctypes
 import errno
+import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from phaseinterp._checks import env_flag
 from phaseinterp.errors import UserInputError
@@ -62,10 +65,6 @@ def exchange_paths(a: Union[str, os.PathLike], b: Union[str, os.PathLike]) -> bo
     """Swap two existing paths in one atomic step (Linux ``renameat2(RENAME_EXCHANGE)``): a reader
     sees either the old or the new one, never neither. False where the system cannot (another OS,
     an old kernel or a file system without the flag): the caller falls back to two renames."""
-    import ctypes
-    import errno
-    import sys
-
     if not sys.platform.startswith("linux"):
         return False
     try:
@@ -356,6 +355,4 @@ def progress_bar(enabled: bool, total: int, desc: str, initial: int = 0, leave: 
     """A tqdm bar, or None when ``enabled`` is false or ``PHASEINTERP_NO_PROGRESS`` is set."""
     if not enabled or env_flag("PHASEINTERP_NO_PROGRESS"):
         return None
-    from tqdm.auto import tqdm
-
     return tqdm(total=total, initial=initial, desc=desc, leave=leave)

@@ -32,14 +32,21 @@ the top, so ``--help`` answers at once; torch and plotly load when a command run
 
 from __future__ import annotations
 
+import importlib
 import re
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from phaseinterp.cli import commands
 from phaseinterp.cli.args import build_parser
 from phaseinterp.errors import EngineError, UserInputError  # standard library only, like this package
+
+
+def __getattr__(name: str):
+    """``phaseinterp.cli.commands`` on first use (it loads torch; ``--help`` does not need it)."""
+    if name == "commands":
+        return importlib.import_module("phaseinterp.cli.commands")
+    raise AttributeError(f"module 'phaseinterp.cli' has no attribute {name!r}")
 
 
 def _one_line(err: BaseException) -> str:
@@ -98,6 +105,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         (parser if not argv else parser._subparsers._group_actions[0].choices["zoo"]).print_help()
         return 0
     args = parser.parse_args(argv)
+    from phaseinterp.cli import commands  # after parsing: --help answers without torch
+
     try:
         return commands.run(args)
     except KeyboardInterrupt:

@@ -1,24 +1,57 @@
 """The commands behind ``phaseinterp``: checks before any work (`_preflight`), then one function per
-subcommand (``_cmd_profile``, ``_cmd_cycle`` ...), dispatched by `run` from `COMMANDS`. Imports only
-the standard library at the top; torch and plotly load when a command runs.
+subcommand (``_cmd_profile``, ``_cmd_cycle`` ...), dispatched by `run` from `COMMANDS`. `phaseinterp.cli.main`
+imports this module only after the arguments parse, so ``--help`` loads neither torch nor plotly.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
+import pandas as pd
+import torch
+
+from phaseinterp import parallel, zoo
+from phaseinterp import report as report_module
+from phaseinterp import train as training
+from phaseinterp._checks import check_device, check_n_per_residue, parse_size
+from phaseinterp._files import check_output_dir, check_write_target
 from phaseinterp.cli.args import UsageError, axis_options
+from phaseinterp.cli.engine import engine_profile
+from phaseinterp.config import preset
+from phaseinterp.engines import DEFAULT_MODES, DTYPES, conformance
+from phaseinterp.engines.lm_eval import write_lm_eval_task
+from phaseinterp.experiments import remedy as remedy_module
+from phaseinterp.interventions import ablate, gate_cycling_profile, gate_cycling_unit, gate_profile
+from phaseinterp.interventions._common import check_layers
+from phaseinterp.interventions.gate_cycling import _default_size
+from phaseinterp.interventions.gate_shifts import check_kv_heads, check_nonzero_shift
+from phaseinterp.models import loading
+from phaseinterp.models.allocator import keep_freed_memory
+from phaseinterp.models.hf import export as hf_export
+from phaseinterp.models.hf import memory as hf_memory
+from phaseinterp.models.hf.export import DEFAULT_FP8_SCALES, EXPERT_FORMATS, EXPORT_LAYOUTS, FP8_SCALES
+from phaseinterp.models.loading import check_source, peek
+from phaseinterp.parallel import merge, sharded_ablate, sharded_gate_cycling_profile, sharded_profile
+from phaseinterp.plot import pretrain_curves, save
+from phaseinterp.profile import PhaseProfile, phase_profile
+from phaseinterp.report import check as report_check
+from phaseinterp.report.sections.remedy import check_remedy
+from phaseinterp.tasks import resolve_task
+from phaseinterp.train.pretrain import PretrainConfig, check_nproc, prepare, pretrain
+from phaseinterp.train.tokenizer import TextTokenizer, train_tokenizer
+from phaseinterp.zoo import deepseek_v4 as hf_zoo
 
 
 # ------------------------------------------------------------------- the zoo
 def zoo_rows() -> list[tuple[str, str, str]]:
     """(name, status, description) for every zoo entry; status is "shipped" or "recipe only"."""
-    from phaseinterp import zoo
-
     return [(name, "shipped" if shipped else "recipe only", description)
             for name, shipped, description, _ in zoo.catalog()]
 
@@ -50,8 +83,6 @@ def _out_kind(args) -> Optional[str]:
 def _check_out(args) -> None:
     """--out and --out-dir, before any work: a path a folder can be made at, and (the shared rule)
     nothing there that this command would replace without --overwrite."""
-    from phaseinterp._files import check_output_dir, check_write_target
-
     for attr in ("out", "out_dir"):
         value = getattr(args, attr, None)
         if value is None:
@@ -66,8 +97,6 @@ def _check_out(args) -> None:
 def _check_model_name(name: str) -> None:
     """A zoo name with a shipped checkpoint or a checkpoint folder of either family (`phaseinterp.load`);
     checked before any work."""
-    from phaseinterp.models.loading import check_source
-
     check_source(name)
 
 
@@ -75,14 +104,10 @@ def _preflight(args) -> None:
     """What depends on the model but not on its weights, checked from its config.json before the
     weights load (a load can take many seconds): layer indices, the profile's stride, cycle's
     shifts, and the prompt count against the stored task."""
-    from phaseinterp.models.loading import peek
-
     if args.command == "cycle" and args.baseline is not None:  # model-independent: before anything loads
         if args.score == "unit" or args.shard_dir is not None:
             raise UsageError("--baseline is the unshifted row of the profile score in one process; drop --baseline, "
                              "or --score unit / --shard-dir")
-        from phaseinterp.profile import PhaseProfile
-
         args.baseline_profile = PhaseProfile.load(args.baseline)  # a missing or corrupt folder: one line
     if args.command == "cycle" and args.score == "unit":
         if args.shard_dir is not None:
@@ -94,22 +119,14 @@ def _preflight(args) -> None:
         return
     cfg = described.cfg
     if getattr(args, "layer", None) is not None:
-        from phaseinterp.interventions._common import check_layers
-
         check_layers(described, args.layer)
     if getattr(args, "kv_heads", None) is not None:
-        from phaseinterp.interventions.gate_shifts import check_kv_heads
-
         check_kv_heads(described, args.kv_heads)
     if args.command == "cycle" and args.shifts is not None:
-        from phaseinterp.interventions.gate_shifts import check_nonzero_shift
-
         for d in args.shifts:  # the rule of the experiment and of shift_gates, before the weights load
             check_nonzero_shift(d, cfg.stride)
     task = None
     if isinstance(described.metadata.get("task"), dict):
-        from phaseinterp.tasks import resolve_task
-
         task = resolve_task(described)
     if args.command == "profile":
         stride = args.stride or cfg.stride
@@ -138,15 +155,11 @@ def _default_cycle_size(args, task) -> None:
     """``cycle`` without --n-per-residue: the --baseline profile's size, else the library's default
     (as `gate_cycling_profile` / `gate_cycling_unit`), so ``profile MODEL --out P && cycle MODEL
     --baseline P`` profiles the same prompts."""
-    from phaseinterp.interventions.gate_cycling import _default_size
-
     args.n_per_residue = _default_size(None, getattr(args, "baseline_profile", None), task.residue_modulus)
 
 
 def _check_placement(task, n_per_residue: int) -> None:
     """Refuse sizes the task cannot moment-match (or too large) before generating anything."""
-    from phaseinterp._checks import check_n_per_residue
-
     check_n_per_residue(n_per_residue, task.residue_modulus)
     if hasattr(task, "placement"):
         task.placement(n_per_residue, strict=True)
@@ -166,8 +179,6 @@ def _keep_freed_memory() -> None:
     """Every command that runs models keeps freed memory in the process (`phaseinterp.models.allocator`:
     the forwards' intermediates are not page-faulted in again each layer). Listing the zoo does not
     import torch, so it is left out."""
-    from phaseinterp.models.allocator import keep_freed_memory
-
     keep_freed_memory()
 
 
@@ -177,8 +188,6 @@ def run(args) -> int:
     from `COMMANDS`."""
     _check_out(args)
     if getattr(args, "device", None) is not None:
-        from phaseinterp._checks import check_device
-
         check_device(args.device)
     return COMMANDS[args.command](args)
 
@@ -186,8 +195,6 @@ def run(args) -> int:
 # ------------------------------------------------------------------ reports
 def _cmd_demo(args) -> int:
     """``phaseinterp demo``: the report for a shipped zoo model and its full-attention twin."""
-    from phaseinterp import zoo
-
     _keep_freed_memory()
     if args.model not in zoo.available():
         raise UsageError(f"--model {args.model!r} is not a shipped zoo model (shipped: "
@@ -204,8 +211,6 @@ def _cmd_report(args) -> int:
 
 def _write_report(args) -> int:
     """The report of demo and report: their sections' options checked, then `build_report`."""
-    from phaseinterp import report as report_module
-
     twin = None if (args.twin in (None, "none")) else args.twin
     if twin is not None:
         _check_model_name(twin)
@@ -218,21 +223,15 @@ def _write_report(args) -> int:
     dsv4 = getattr(args, "deepseek_v4", None)
     dsv4 = None if dsv4 in (None, "none") else dsv4
     if dsv4 is not None:
-        from phaseinterp.zoo import deepseek_v4 as hf_zoo
-
         if dsv4 not in hf_zoo.available():
             raise UsageError(f"--deepseek-v4 {dsv4!r} is not a shipped HF DeepSeek-V4 zoo model (shipped: "
                              f"{', '.join(hf_zoo.available()) or 'none'}; 'none' skips the section)")
-        import importlib.util
-
         if importlib.util.find_spec("transformers") is None:
             raise UsageError(f"--deepseek-v4 {dsv4!r} needs Hugging Face transformers (the 'hf' extra: "
                              "pip install -e '.[hf]'); '--deepseek-v4 none' skips the section")
     remedy = getattr(args, "remedy", None)
     remedy = None if remedy in (None, "none") else remedy
     if remedy is not None:
-        from phaseinterp.report.sections.remedy import check_remedy
-
         try:
             check_remedy(remedy)
         except ValueError as err:
@@ -253,19 +252,15 @@ def _write_report(args) -> int:
 def _cmd_check_report(args) -> int:
     """``phaseinterp check-report DIR``: render a written report in headless Chromium and list what
     is wrong (`phaseinterp.report.check`); exit 1 when something is."""
-    from phaseinterp.report.check import check_page, problems
-
-    result = check_page(args.dir)
-    found = problems(result)
+    result = report_check.check_page(args.dir)
+    found = report_check.problems(result)
     print("\n".join(found) or f"ok: {len(result['figures'])} figures drew, nothing overflows, no None/nan/[] texts")
     return 1 if found else 0
 
 
 def _cmd_screenshot(args) -> int:
     """``phaseinterp screenshot DIR PNG``: the first screen of a written report as a PNG."""
-    from phaseinterp.report.check import first_screen_png
-
-    print(f"wrote {first_screen_png(args.dir, args.png, overwrite=args.overwrite)}")
+    print(f"wrote {report_check.first_screen_png(args.dir, args.png, overwrite=args.overwrite)}")
     return 0
 
 
@@ -275,25 +270,17 @@ def _load_for_experiment(args):
     depend on its config checked before the weights load, then the launch (--shard-dir, torchrun)."""
     _check_model_name(args.model)
     _preflight(args)
-    from phaseinterp.tasks import resolve_task
-
     if getattr(args, "shard_dir", None) is not None or "WORLD_SIZE" in os.environ:
-        from phaseinterp import parallel
-
         launch = parallel.launch_info()
         if launch.world_size > 1 and args.shard_dir is None:
             raise UsageError(f"{args.command} runs in {launch.world_size} processes: pass --shard-dir DIR "
                              "(each process writes its prompts' results there; process 0 merges them)")
         if args.shard_dir is not None:
-            from phaseinterp._files import check_write_target
-
             check_write_target(args.shard_dir, "shard folder", overwrite=True, name="--shard-dir",
                                flag="the same run's shard folder")  # a previous run is resumed, nothing else touched
         if launch.world_size > 1 and args.device in (None, "cuda"):
             args.device = str(parallel.rank_device(launch))  # one GPU per process
-    from phaseinterp.models.loading import load
-
-    model = load(args.model, device=args.device)
+    model = loading.load(args.model, device=args.device)
     if getattr(args, "query_chunk", None) is not None:
         if not hasattr(model, "set_query_chunk"):
             raise UsageError(f"--query-chunk: {args.model!r} is not a phaseinterp CompressedTransformer")
@@ -330,14 +317,8 @@ def _cmd_profile(args) -> int:
     """``phaseinterp profile``: accuracy by residue and phase, in process or (--engine) of a served model."""
     _keep_freed_memory()
     if args.engine is not None or args.model is None:
-        from phaseinterp.cli.engine import engine_profile
-
         return engine_profile(args)
     model, task = _load_for_experiment(args)
-    from dataclasses import replace
-
-    from phaseinterp import report as report_module
-    from phaseinterp.profile import phase_profile
 
     if args.padding:
         task = replace(task, padding=args.padding)
@@ -350,8 +331,6 @@ def _cmd_profile(args) -> int:
     _check_placement(task, args.n_per_residue)
     label = args.label or report_module.model_label(model)
     if args.shard_dir is not None:
-        from phaseinterp.parallel import sharded_profile
-
         if args.axis != "target":
             raise UsageError(f"--axis {args.axis} is not sharded yet (--shard-dir runs the target axis); drop one")
         result = sharded_profile(model, task, n_per_residue=args.n_per_residue, out_dir=args.shard_dir, seed=args.seed,
@@ -365,8 +344,6 @@ def _cmd_profile(args) -> int:
 def _cmd_lm_eval_task(args) -> int:
     """``phaseinterp lm-eval-task MODEL --out DIR``: MODEL's task as an lm-evaluation-harness task folder."""
     _check_model_name(args.model)
-    from phaseinterp.engines.lm_eval import write_lm_eval_task
-
     out = write_lm_eval_task(args.model, args.out, n_per_residue=args.n_per_residue, seed=args.seed, name=args.name,
                              overwrite=args.overwrite)
     name = next(out.glob("*.yaml")).stem
@@ -380,12 +357,8 @@ def _cmd_ablate(args) -> int:
     """``phaseinterp ablate MODEL``: per-KV-head (or per-layer) mean replacement."""
     _keep_freed_memory()
     model, task = _load_for_experiment(args)
-    from phaseinterp.interventions import ablate
-
     _check_placement(task, args.n_per_residue)
     if args.shard_dir is not None:
-        from phaseinterp.parallel import sharded_ablate
-
         result = sharded_ablate(model, task, out_dir=args.shard_dir, chunk_size=args.chunk_size, layer=args.layer,
                                 scope=args.scope, n_per_residue=args.n_per_residue,
                                 n_calibration=args.n_calibration, method=args.method)
@@ -403,8 +376,6 @@ def _cmd_cycle(args) -> int:
     """``phaseinterp cycle MODEL``: cyclic gate shifts, the profile score or (--score unit) one unit's."""
     _keep_freed_memory()
     model, task = _load_for_experiment(args)
-    from phaseinterp.interventions import gate_cycling_profile, gate_cycling_unit
-
     if args.n_per_residue is None:
         _default_cycle_size(args, task)
     _check_placement(task, args.n_per_residue)
@@ -416,8 +387,6 @@ def _cmd_cycle(args) -> int:
         print(result.identification().round(3).to_string())
         return _finish(args, result)
     if args.shard_dir is not None:
-        from phaseinterp.parallel import sharded_gate_cycling_profile
-
         result = sharded_gate_cycling_profile(model, task, args.shifts, out_dir=args.shard_dir,
                                               chunk_size=args.chunk_size, layers=args.layer, branch=args.branch,
                                               kv_heads=args.kv_heads, mode=args.mode,
@@ -437,9 +406,6 @@ def _cmd_gates(args) -> int:
     """``phaseinterp gates MODEL``: where each compressor gate puts its weight."""
     _keep_freed_memory()
     model, task = _load_for_experiment(args)
-    from phaseinterp._checks import check_n_per_residue
-    from phaseinterp.interventions import gate_profile
-
     check_n_per_residue(args.n_per_residue, task.residue_modulus)
     result = gate_profile(model, task, n_per_residue=args.n_per_residue)
     print(result.heads.round(3).to_string(index=False))
@@ -449,8 +415,6 @@ def _cmd_gates(args) -> int:
 def _cmd_merge(args) -> int:
     """``phaseinterp merge DIR``: a sharded run's result rebuilt from its shard files."""
     _keep_freed_memory()
-    from phaseinterp.parallel import merge
-
     return _finish(args, merge(args.dir))
 
 
@@ -458,16 +422,11 @@ def _cmd_conformance(args) -> int:
     """``phaseinterp conformance MODEL``: `phaseinterp.engines.conformance`."""
     _keep_freed_memory()
     _check_model_name(args.model)
-    from phaseinterp.models.loading import load, peek
-
     described = peek(args.model)
     if described is not None and args.chunk is not None and args.chunk % described.cfg.stride:
         raise UsageError(f"--chunk {args.chunk} is not a multiple of the cut period {described.cfg.stride} "
                          f"(the stride of {args.model})")
-    from phaseinterp.engines import DEFAULT_MODES, DTYPES, conformance
-    from phaseinterp.tasks import resolve_task
-
-    model = load(args.model, device=args.device)
+    model = loading.load(args.model, device=args.device)
     result = conformance(model, resolve_task(model), tuple(args.modes or DEFAULT_MODES), n_per_residue=args.n_per_residue,
                          dtypes=tuple(args.dtypes or DTYPES), chunk=args.chunk, seed=args.seed)
     columns = ["setting", "kind", "phase", "n", "max_abs_diff", "mean_abs_diff", "agreement", "accuracy_diff",
@@ -485,8 +444,6 @@ def _cmd_zoo(args) -> int:
 
 
 def _zoo_list(args) -> int:
-    from phaseinterp import zoo
-
     if args.markdown:
         print(zoo_markdown())
         return 0
@@ -498,9 +455,6 @@ def _zoo_list(args) -> int:
 
 def _zoo_build(args) -> int:
     """``phaseinterp zoo build NAME``: either family's recipe, trained and installed."""
-    from phaseinterp import zoo
-    from phaseinterp.zoo import deepseek_v4 as hf_zoo
-
     _keep_freed_memory()
     if args.name in hf_zoo.RECIPES:  # the HF-format DeepSeek-V4s train with their own loop
         source = hf_zoo.build(args.name, args.out_dir, install=not args.no_install, threads=args.threads,
@@ -522,23 +476,15 @@ def _zoo_export(args) -> int:
     """``phaseinterp zoo export NAME --layout deepseek [--fp8 [--fp8-scales pow2|exact]] [--experts fp4|fp8|float] --out DIR`
     (every argument checked before loading)."""
     _keep_freed_memory()
-    from phaseinterp._checks import parse_size
-    from phaseinterp.models.hf.export import EXPORT_LAYOUTS
-    from phaseinterp.zoo import deepseek_v4 as hf_zoo
-
     shipped = hf_zoo.available()
     if args.name not in shipped:
         raise UsageError(f"zoo export: {args.name!r} is not a shipped HF DeepSeek-V4 zoo model (valid: {shipped})")
     if args.layout not in EXPORT_LAYOUTS:
         raise UsageError(f"--layout {args.layout!r} is not supported (valid: {', '.join(EXPORT_LAYOUTS)})")
-    from phaseinterp.models.hf.export import DEFAULT_FP8_SCALES, FP8_SCALES
-
     if args.fp8_scales is not None and args.fp8_scales not in FP8_SCALES:
         raise UsageError(f"--fp8-scales {args.fp8_scales!r} is not supported (valid: {', '.join(FP8_SCALES)})")
     if args.fp8_scales is not None and not args.fp8:
         raise UsageError("--fp8-scales needs --fp8 (only FP8 weights have block scales)")
-    from phaseinterp.models.hf.export import EXPERT_FORMATS
-
     if args.experts is not None and args.experts not in EXPERT_FORMATS:
         raise UsageError(f"--experts {args.experts!r} is not supported (valid: {', '.join(EXPERT_FORMATS)})")
     if args.experts == "fp8" and not args.fp8:
@@ -550,15 +496,10 @@ def _zoo_export(args) -> int:
         parse_size(args.max_shard_size, "--max-shard-size")
     except ValueError as err:
         raise UsageError(str(err)) from None
-    from phaseinterp._files import check_write_target
-
     out = check_write_target(args.out, "Hugging Face checkpoint", overwrite=args.overwrite, name="--out")
-    import torch
-
-    from phaseinterp.models.hf.export import export_release
 
     model = hf_zoo.load(args.name)
-    result = export_release(model, out, fp8=args.fp8, fp8_scales=args.fp8_scales or DEFAULT_FP8_SCALES,
+    result = hf_export.export_release(model, out, fp8=args.fp8, fp8_scales=args.fp8_scales or DEFAULT_FP8_SCALES,
                             layout=args.layout, max_shard_bytes=args.max_shard_size, overwrite=args.overwrite, experts=args.experts,
                             dtype=None if args.dtype is None else getattr(torch, dtypes[args.dtype]))
     fp8 = f", FP8 ({args.fp8_scales or DEFAULT_FP8_SCALES} scales)" if args.fp8 else ""
@@ -569,8 +510,6 @@ def _zoo_export(args) -> int:
 def _cmd_train(args) -> int:
     """``phaseinterp train --out DIR``: a model trained from scratch with a zoo recipe, changed by the options."""
     _keep_freed_memory()
-    from phaseinterp import zoo
-
     e = zoo.entry(args.zoo_recipe or "w4s4")
     task = e.task_object()
     changes = {k: v for k, v in dict(window=args.window, stride=args.stride, gate=args.gate,
@@ -591,9 +530,7 @@ def _cmd_train(args) -> int:
                          "to start a new run there")
     if not args.resume and (Path(args.out) / "checkpoints" / "LATEST").is_file():
         raise UsageError(f"--out {args.out!r} already holds a run; pass --resume to continue it or choose a new --out")
-    from phaseinterp.train import train
-
-    result = train(config, task, train_config=e.train_config(), steps=args.steps, batch_size=args.batch_size,
+    result = training.train(config, task, train_config=e.train_config(), steps=args.steps, batch_size=args.batch_size,
                    lr=args.lr, seed=args.seed, device=args.device, out_dir=args.out, resume=args.resume)
     result.model.save_pretrained(final, overwrite=args.resume)  # a resumed run writes its final model again
     print(f"trained {result.model.cfg.label}: final loss {result.log.loss.iloc[-1]:.4f}; model saved to {final}")
@@ -617,10 +554,6 @@ def _parse_override(text: str) -> tuple[str, Any]:
 
 def _pretrain_settings(args):
     """The architecture and recipe a `pretrain` command asks for: --config, then --set and the flags."""
-    from phaseinterp.config import preset
-    from phaseinterp.train.pretrain import PretrainConfig
-    from phaseinterp.train.tokenizer import TextTokenizer
-
     file = {}
     if args.config is not None:
         try:
@@ -654,11 +587,6 @@ def _pretrain_settings(args):
 def _cmd_pretrain(args) -> int:
     """``phaseinterp pretrain``: every check and the tokenized corpus in this process, then the run here
     (one process, or this is a torchrun worker) or under torchrun (``--nproc K``)."""
-    import os
-    import subprocess
-
-    from phaseinterp.train.pretrain import check_nproc, prepare, pretrain
-
     config, tc = _pretrain_settings(args)
     worker = "LOCAL_RANK" in os.environ
     if not worker:
@@ -685,8 +613,6 @@ def _cmd_pretrain(args) -> int:
     # prepare() has checked and recorded the settings (here, or in the process that launched the workers)
     result = pretrain(config, args.data, args.tokenizer, tc, out_dir=args.out, resume=True)
     if result.model is not None and len(result.curves):
-        from phaseinterp.plot import pretrain_curves, save
-
         save(pretrain_curves(result.curves), Path(args.out) / "curves.html", overwrite=True)  # the run's own figure
         last = result.curves.iloc[-1]
         print(f"pretrained {config.label}: step {int(last.step)}, {int(last.tokens):,} tokens, loss {last.loss:.4f}; "
@@ -695,8 +621,6 @@ def _cmd_pretrain(args) -> int:
 
 
 def _cmd_tokenizer(args) -> int:
-    from phaseinterp.train.tokenizer import train_tokenizer
-
     out = train_tokenizer(args.data, args.vocab_size, args.out)
     print(f"wrote {out / 'tokenizer.json'}")
     return 0
@@ -708,8 +632,6 @@ def _check_deepseek_v4_config(config: Optional[str]) -> None:
     model's config would otherwise be read as DeepSeek-V4's defaults plus unused fields."""
     if config is None:
         return
-    import json
-
     path = Path(config)
     path = path / "config.json" if path.is_dir() else path
     if not path.is_file():
@@ -732,19 +654,13 @@ def _cmd_memory_plan(args) -> int:
     bad = [n for n in args.tokens or () if n < 1]
     if bad:
         raise UsageError(f"--tokens {bad[0]} must be >= 1 (a prompt length in tokens)")
-    import importlib.util
-
     if importlib.util.find_spec("transformers") is None:
         raise UsageError("memory-plan needs Hugging Face transformers (the 'hf' extra: pip install -e '.[hf]')")
-    from phaseinterp.models.hf.memory import estimate_memory, format_estimate, memory_plan
-
-    print(format_estimate(estimate_memory(args.config)))
+    print(hf_memory.format_estimate(hf_memory.estimate_memory(args.config)))
     if args.tokens:
-        import pandas as pd
-
         print()
         with pd.option_context("display.width", 200):
-            print(pd.DataFrame(memory_plan(args.config, tuple(args.tokens))).round(3).to_string(index=False))
+            print(pd.DataFrame(hf_memory.memory_plan(args.config, tuple(args.tokens))).round(3).to_string(index=False))
     return 0
 
 
@@ -756,15 +672,11 @@ def _cmd_experiments(args) -> int:
 def _experiments_remedy(args) -> int:
     """``phaseinterp experiments remedy RUNS STOP W/N [SEED ...]``: one worker's share of the remedy's
     twin runs (`phaseinterp.experiments.remedy.train_share`), one thread; runs resume where they stopped."""
-    import torch
-
-    from phaseinterp.experiments.remedy import train_share
-
     torch.set_num_threads(1)
     worker, n_workers = args.share
     architecture = {k: v for k, v in (("n_kv_heads", args.kv_heads), ("payload", args.payload)) if v is not None}
     try:
-        train_share(args.runs, args.stop, worker, n_workers, tuple(args.seeds), offsets=args.offsets,
+        remedy_module.train_share(args.runs, args.stop, worker, n_workers, tuple(args.seeds), offsets=args.offsets,
                     architecture=architecture or None)
     except ValueError as err:
         raise UsageError(str(err)) from None

@@ -1,6 +1,6 @@
 """``phaseinterp profile --engine URL --model-name NAME``: the phase profile of a served model
-(`phaseinterp.phase_profile` over an `OpenAIEngine`). Imports only the standard library
-at the top, like the rest of the command line.
+(`phaseinterp.phase_profile` over an `OpenAIEngine`), imported with `phaseinterp.cli.commands`
+once the arguments parse.
 
 The task comes from MODEL (a zoo name or checkpoint directory: its stored task, vocabulary size,
 stride and label, so the output folder equals the in-process ``phaseinterp profile MODEL``'s) or
@@ -10,9 +10,18 @@ from ``--tokenizer DIR`` (a `NeedleRetrieval` laid out in that Hugging Face toke
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
+from phaseinterp._checks import check_n_per_residue
+from phaseinterp._files import check_output_dir
 from phaseinterp.cli.args import UsageError, axis_options
+from phaseinterp.engines import OpenAIEngine
+from phaseinterp.models import loading
+from phaseinterp.models.loading import check_source, peek
+from phaseinterp.profile import phase_profile
+from phaseinterp.report import model_label
+from phaseinterp.tasks import NeedleRetrieval, resolve_task
 
 
 def _tokenizer(directory: str):
@@ -43,11 +52,7 @@ def engine_profile(args) -> int:
                          "pass exactly one")
     axis = axis_options(args)
     if args.shard_dir is not None:
-        from phaseinterp._files import check_output_dir
-
         check_output_dir(args.shard_dir)
-    from phaseinterp.engines import OpenAIEngine
-
     OpenAIEngine(args.engine, args.model_name, d_vocab=1)  # the URL, checked before anything loads
     tokenizer, label = None, args.label
     if args.tokenizer is not None:
@@ -55,9 +60,6 @@ def engine_profile(args) -> int:
             raise UsageError("--tokenizer needs --stride S: the compression stride of the served model")
         if args.padding is not None:
             raise UsageError("--padding applies to MODEL's stored task; the needle task pads in sequence")
-        from phaseinterp._checks import check_n_per_residue
-        from phaseinterp.tasks import NeedleRetrieval
-
         task = NeedleRetrieval(seq_len=args.seq_len)
         if task.residue_modulus % args.stride:
             raise UsageError(f"--stride {args.stride} does not divide the needle task's R={task.residue_modulus}")
@@ -67,17 +69,11 @@ def engine_profile(args) -> int:
         d_vocab = args.d_vocab or len(tokenizer)
         stride = args.stride
     else:
-        from dataclasses import replace
-
-        from phaseinterp._checks import check_n_per_residue
-        from phaseinterp.models.loading import check_source, load, peek
-        from phaseinterp.report import model_label
-        from phaseinterp.tasks import resolve_task
 
         check_source(args.model)
         described = peek(args.model)
         if described is None:  # not readable from config.json alone: its config is read by loading it
-            described = load(args.model)
+            described = loading.load(args.model)
         task = resolve_task(described)
         if args.padding:
             task = replace(task, padding=args.padding)
@@ -94,8 +90,6 @@ def engine_profile(args) -> int:
     engine = OpenAIEngine(args.engine, args.model_name, d_vocab=d_vocab, top_logprobs=args.top_logprobs,
                           timeout=args.timeout,
                           token_to_id=None if tokenizer is None else tokenizer.convert_tokens_to_ids)
-    from phaseinterp.profile import phase_profile
-
     result = phase_profile(engine, task, n_per_residue=args.n_per_residue, seed=args.seed, stride=stride, label=label,
                            batch_size=args.chunk_size, resume_dir=args.shard_dir, retries=args.retries,
                            tokenizer=tokenizer, **axis)

@@ -19,7 +19,19 @@ import re
 from pathlib import Path
 from typing import Any, Optional, Union
 
+import numpy as np
+import pandas as pd
+
+from phaseinterp import __version__
+from phaseinterp._checks import DEFAULT_N_PER_RESIDUE, check_int, check_n_per_residue
+from phaseinterp._files import atomic_write_text, check_write_target, is_path, write_dir_atomically
 from phaseinterp.errors import MissingPathError, UserInputError
+from phaseinterp.models import loading
+from phaseinterp.models.loading import check_source, peek
+from phaseinterp.phase import check_residue_modulus
+from phaseinterp.profile import profile_from_records
+from phaseinterp.tasks import resolve_task
+from phaseinterp.tasks.hf_tokenizer import vocab_text
 
 FORMAT = 1  # the ``phaseinterp_format`` field of every prompt: marks a sample as this module's
 KIND = "lm-eval task"  # what `phaseinterp._files.saved_kind` calls a written folder
@@ -75,18 +87,12 @@ def default_task_name(label: str) -> str:
 def _model_task(model: Any, task: Any, stride: Optional[int]) -> tuple[Any, int, str]:
     """(task, stride, label) of ``model``: a zoo name or checkpoint folder (read from its config, no
     weights loaded where the config tells), or a loaded model."""
-    from phaseinterp.tasks import resolve_task
-
     described = model
     if isinstance(model, (str, os.PathLike)):
-        from phaseinterp.models.loading import check_source, peek
-
         check_source(model)
         described = peek(model)
         if described is None:  # not readable from config.json alone
-            from phaseinterp.models.loading import load
-
-            described = load(model)
+            described = loading.load(model)
     task = resolve_task(described, task)
     own = getattr(getattr(described, "cfg", None), "stride", None)
     stride = own if stride is None else stride
@@ -102,8 +108,6 @@ def _model_task(model: Any, task: Any, stride: Optional[int]) -> tuple[Any, int,
 def _prompt_rows(batch: Any, vocab: Any, stride: int, name: str) -> list[dict[str, Any]]:
     """One lm-eval document per prompt: the task's metadata row (residue, target_pos, mapping_id, ...)
     plus ``phase``, the prompt's ids up to ``answer_pos`` and their text, the answer's id and word."""
-    from phaseinterp.tasks.hf_tokenizer import vocab_text
-
     meta = json.loads(batch.meta.to_json(orient="records"))  # numpy scalars -> JSON values
     rows = []
     for i, row in enumerate(meta):
@@ -139,11 +143,6 @@ def write_lm_eval_task(model: Any, out: Union[str, os.PathLike], *, n_per_residu
     Written whole and atomically; a folder that holds anything else is refused, a previous lm-eval task
     folder is replaced only with ``overwrite=True`` (`phaseinterp._files.check_write_target`).
     """
-    from phaseinterp import __version__
-    from phaseinterp._checks import DEFAULT_N_PER_RESIDUE, check_int, check_n_per_residue
-    from phaseinterp._files import atomic_write_text, check_write_target, write_dir_atomically
-    from phaseinterp.phase import check_residue_modulus
-
     target = check_write_target(out, KIND, overwrite=overwrite, name="out")
     if name is not None and (not isinstance(name, str) or not TASK_NAME.match(name)):
         raise UserInputError(f"name={name!r} is not an lm-eval task name this writes (a letter, then letters, "
@@ -200,8 +199,6 @@ def find_samples(path: Union[str, os.PathLike], *, task_name: Optional[str] = No
     of a phaseinterp task under ``path`` (or ``path`` itself, a samples file). ``task_name``: the task
     expected (default: the one phaseinterp task found). A missing path, a folder without samples, samples
     of other tasks only, or several files that fit are each a `UserInputError` in one line."""
-    from phaseinterp._files import is_path
-
     if not is_path(path):
         raise UserInputError(f"output_dir={path!r} must be a path: lm-eval's --output_path folder")
     path = Path(path)
@@ -258,9 +255,6 @@ def read_samples(path: Union[str, os.PathLike], *, task_name: Optional[str] = No
     prompt, sorted by ``prompt_index``, with the task's metadata columns, ``phase``, ``answer``, ``correct``
     (lm-eval's ``acc``: the answer was the top-1 next token) and ``answer_logprob``; ``info`` holds the
     file, task name, R, S, the model name lm-eval reported and the prompts expected."""
-    import numpy as np
-    import pandas as pd
-
     samples = find_samples(path, task_name=task_name)
     rows = []
     with open(samples, encoding="utf-8") as f:
@@ -308,8 +302,6 @@ def profile_from_lm_eval(path: Union[str, os.PathLike], *, task_name: Optional[s
     `phase_profile` does (`phaseinterp.profile.profile_from_records`: intervals, period test). ``path``:
     the output folder (samples possibly in its model-named subfolder) or one samples file. ``label``
     defaults to the model lm-eval reported and the task name. The other options are `phase_profile`'s."""
-    from phaseinterp.profile import profile_from_records
-
     records, info = read_samples(path, task_name=task_name)
     if label is None:
         model = Path(info["model_name"]).name if info["model_name"] else info["file"].parent.name

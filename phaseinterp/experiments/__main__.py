@@ -14,6 +14,10 @@ import argparse
 import sys
 import warnings
 
+import torch
+
+from phaseinterp.experiments import remedy
+
 
 def main(argv: list[str]) -> int:
     warnings.warn("`python -m phaseinterp.experiments` is deprecated and will be removed in the next release; "
@@ -35,14 +39,11 @@ def main(argv: list[str]) -> int:
     except ValueError:
         print(f"error: W/N must be two integers (got {args.share!r})", file=sys.stderr)
         return 2
-    import torch
-
-    from phaseinterp.experiments.remedy import train_share
 
     torch.set_num_threads(1)
     architecture = {k: v for k, v in (("n_kv_heads", args.kv_heads), ("payload", args.payload)) if v is not None}
     try:
-        train_share(args.out, args.stop, worker, n_workers, tuple(args.seeds), offsets=args.offsets,
+        remedy.train_share(args.out, args.stop, worker, n_workers, tuple(args.seeds), offsets=args.offsets,
                     architecture=architecture or None)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)

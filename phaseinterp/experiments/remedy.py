@@ -19,21 +19,21 @@ import numpy as np
 import pandas as pd
 import torch
 
+from phaseinterp import stats, zoo
 from phaseinterp._checks import DEFAULT_N_PER_RESIDUE
-from phaseinterp.errors import UserInputError
 from phaseinterp._files import atomic_write
+from phaseinterp.config import CompressedConfig
+from phaseinterp.errors import UserInputError
 from phaseinterp.phase import boundary_phase, n_closed_windows
-from phaseinterp import stats
+from phaseinterp.profile import phase_profile
 from phaseinterp.results import Result, premise_entries
+from phaseinterp.train import latest_checkpoint, train
 
 VARIANTS = ("baseline", "staggered")
 LEARNED = 0.8  # a phase is "learned" at the first evaluation where its probe accuracy reaches this
 
 
 def _zoo_defaults(window: int, stride: int, architecture: Optional[dict[str, Any]] = None):
-    from phaseinterp import zoo
-
-    from phaseinterp.config import CompressedConfig
 
     architecture = dict(architecture or {})
     fixed = {"d_vocab", "compression", "window", "stride", "window_offsets"}  # set by the experiment itself
@@ -67,8 +67,6 @@ def twin_run(
     """Train (or resume, or just load) one twin of the zoo recipe: ``variant`` ``"baseline"``
     (shared grid) or ``"staggered"`` (``window_offsets=offsets``), model and data seed
     ``seed``, the recipe's full schedule truncated at ``stop_at`` steps. Returns `TrainResult`."""
-    from phaseinterp.train import latest_checkpoint, train
-
     if variant not in VARIANTS:
         raise UserInputError(f"variant={variant!r} is not one of {VARIANTS}")
     task, model_config, tc = _zoo_defaults(window, stride, architecture)
@@ -271,8 +269,6 @@ def compare_remedy(
     every run). Runs live in ``out_dir/<variant>_seed<seed>`` and are resumed, so the twins
     can be trained in parallel processes first (``phaseinterp experiments remedy RUNS STOP W/N``).
     """
-    from phaseinterp.profile import phase_profile
-
     if len(seeds) == 0:
         raise UserInputError("seeds=() is empty; pass at least one seed (3 or more for a result)")
     curves, profiles, memory, boundaries = [], [], [], {}

@@ -24,6 +24,7 @@ every chunk.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import json
 import math
@@ -33,13 +34,32 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from phaseinterp._checks import check_int
-from phaseinterp.errors import UserInputError, keyword_options, renamed
+from phaseinterp._checks import DEFAULT_N_PER_RESIDUE, check_device, check_int, check_n_per_residue
 from phaseinterp._files import atomic_write, check_write_target, json_default, progress_bar
+from phaseinterp.errors import UserInputError, keyword_options, renamed
+from phaseinterp.interventions._common import fixed_answer_position
+from phaseinterp.interventions.ablation import ablate, calibration_mean_z
+from phaseinterp.interventions.gate_cycling import gate_cycling_profile
+from phaseinterp.models.protocol import phase_model
 from phaseinterp.parallel.launch import Launch, all_gather, gather_to_main, init_distributed, raise_any, rank_device
 from phaseinterp.parallel.shards import (
-    RUN_FILE, SHARD_DIR, SHARD_FORMAT, assemble, chunk_range, first_difference, mismatch, model_fingerprint,
-    prompts_fingerprint, read_run, read_shard, shard_path, task_description, write_shard)
+    RUN_FILE,
+    SHARD_DIR,
+    SHARD_FORMAT,
+    assemble,
+    chunk_range,
+    first_difference,
+    mismatch,
+    model_fingerprint,
+    prompts_fingerprint,
+    read_run,
+    read_shard,
+    shard_path,
+    task_description,
+    write_shard,
+)
+from phaseinterp.profile import INTERVALS, phase_profile
+from phaseinterp.tasks import resolve_task
 
 
 # -------------------------------------------------------------------- engine
@@ -132,9 +152,6 @@ def _check_chunk_size(chunk_size) -> int:
 
 def _setup(model, task, prompts, n_per_residue, seed, device, chunk_size, model_sha256):
     """Launch, device, prompts and the identity fields shared by every experiment."""
-    from phaseinterp._checks import check_device, check_n_per_residue
-    from phaseinterp.tasks import resolve_task
-
     _check_chunk_size(chunk_size)
     launch = init_distributed()
     device = check_device(device)
@@ -157,8 +174,6 @@ def _setup(model, task, prompts, n_per_residue, seed, device, chunk_size, model_
 
 
 def _label(model) -> str:
-    from phaseinterp.models.protocol import phase_model
-
     return phase_model(model).label
 
 
@@ -218,8 +233,6 @@ def sharded(single: Callable, *, kind: str, chunk_size: int, refuse: dict[str, s
         if setup["n_per_residue"] is None and setup["prompts"] is None:
             # the single function's "None: its default size" (gate_cycling_profile: 72; a baseline, whose
             # size it would take instead, is refused here)
-            from phaseinterp._checks import DEFAULT_N_PER_RESIDUE
-
             setup["n_per_residue"] = DEFAULT_N_PER_RESIDUE
         launch, model, task, prompts, header = _setup(
             model, task, setup["prompts"], setup["n_per_residue"], setup["seed"] or 0, setup["device"],
@@ -253,12 +266,8 @@ class _Experiment:
 
 
 def _profile_resolve(model, task, prompts, settings):
-    from phaseinterp.profile import INTERVALS
-
     if settings["interval"] not in INTERVALS:
         raise UserInputError(f"interval={settings['interval']!r} is not one of {INTERVALS}")
-    from phaseinterp.models.protocol import phase_model
-
     if settings.get("stride") is None:
         settings["stride"] = phase_model(model).stride
     if settings["stride"] is None:
@@ -269,8 +278,6 @@ def _profile_resolve(model, task, prompts, settings):
 
 
 def _profile_plan(model, task, prompts, header, settings, seed):
-    from phaseinterp.profile import phase_profile
-
     per_chunk = {k: v for k, v in settings.items() if k not in ("residue_modulus", "n_bootstrap", "n_permutations",
                                                                 "interval")}
 
@@ -294,9 +301,6 @@ def _ablate_resolve(model, task, prompts, settings):
 
 
 def _ablate_plan(model, task, prompts, header, settings, seed):
-    from phaseinterp.interventions._common import fixed_answer_position
-    from phaseinterp.interventions.ablation import ablate, calibration_mean_z
-
     per_chunk = {k: v for k, v in settings.items() if k not in ("result_scope", "label", "residue_modulus", "stride")}
     state: dict[str, Any] = {}
 
@@ -327,8 +331,6 @@ def _cycle_resolve(model, task, prompts, settings):
 
 
 def _cycle_plan(model, task, prompts, header, settings, seed):
-    from phaseinterp.interventions.gate_cycling import gate_cycling_profile
-
     per_chunk = {k: v for k, v in settings.items() if k not in ("label", "residue_modulus", "stride")}
 
     def evaluate(sub) -> dict[str, np.ndarray]:
@@ -345,8 +347,6 @@ _EXPERIMENTS = {"profile": _Experiment("profile", _profile_resolve, _profile_pla
 
 
 def _single(module: str, name: str) -> Callable:
-    import importlib
-
     return getattr(importlib.import_module(module), name)
 
 

@@ -20,8 +20,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-from phaseinterp.errors import UserInputError
 from phaseinterp._files import atomic_write, json_default
+from phaseinterp.errors import UserInputError
+from phaseinterp.interventions.ablation import AblationResult
+from phaseinterp.interventions.gate_cycling import CyclingResult
+from phaseinterp.profile import profile_from_records
 
 SHARD_FORMAT = 1
 RUN_FILE = "run.json"
@@ -153,16 +156,12 @@ def assemble(header: dict, parts: list[dict[str, np.ndarray]]):
     """The experiment's result from every chunk's arrays, in prompt order."""
     arrays, s = _concat(parts), header["settings"]
     if header["kind"] == "profile":
-        from phaseinterp.profile import profile_from_records
-
         columns = [name[len("records/"):] for name in parts[0] if name.startswith("records/")]
         records = pd.DataFrame({c: arrays[f"records/{c}"] for c in columns})
         return profile_from_records(records, s["residue_modulus"], s["stride"], label=s["label"],
                                     confidence=s["confidence"], interval=s["interval"], n_bootstrap=s["n_bootstrap"],
                                     n_permutations=s["n_permutations"], seed=header["seed"])
     if header["kind"] == "ablate":
-        from phaseinterp.interventions.ablation import AblationResult
-
         units = pd.DataFrame({"layer": arrays["static/unit_layer"], "kv_head": arrays["static/unit_kv_head"],
                               "heads": [tuple(int(h) for h in json.loads(t)) for t in arrays["static/unit_heads"]]})
         return AblationResult(
@@ -170,8 +169,6 @@ def assemble(header: dict, parts: list[dict[str, np.ndarray]]):
             knockout_correct=arrays["knockout_correct"], residue_modulus=s["residue_modulus"], stride=s["stride"],
             scope=s["result_scope"], model_label=s["label"], n_calibration=s["n_calibration"],
             clean_logit_answer=arrays["clean_logit_answer"], knockout_logit_answer=arrays["knockout_logit_answer"])
-    from phaseinterp.interventions.gate_cycling import CyclingResult
-
     return CyclingResult(shifts=tuple(int(d) for d in arrays["static/shifts"]), residue=arrays["residue"],
                          correct=np.ascontiguousarray(arrays["correct"].T), residue_modulus=s["residue_modulus"],
                          stride=s["stride"], model_label=s["label"], n_boot=s["n_boot"], seed=header["seed"])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-
 import os
 import shutil
 import threading
@@ -13,7 +12,9 @@ from pathlib import Path
 from typing import Iterable, Iterator, Mapping, Optional, Union
 
 import plotly.graph_objects as go
+import plotly.io as pio
 
+from phaseinterp._files import check_file_target, move_file_into_place, temporary_file_beside, write_file_atomically
 from phaseinterp.errors import UserInputError
 
 STATIC_FORMATS = ("png", "svg", "pdf")
@@ -55,9 +56,6 @@ def save(fig: go.Figure, path: Union[str, Path], formats: Iterable[str] | None =
     An existing file is replaced only with ``overwrite=True``; every target is checked before the
     first is written, and each is written whole or not at all (`phaseinterp._files.write_file_atomically`).
     """
-    from phaseinterp._files import check_file_target, write_file_atomically
-    from phaseinterp.errors import UserInputError
-
     if not isinstance(fig, go.Figure):
         raise UserInputError(f"fig={type(fig).__name__} is not a plotly Figure (a result's .plot() returns one)")
     check_file_target(path, overwrite=True, name="path")  # a path at all (existing targets: per format below)
@@ -92,10 +90,6 @@ def save_static(figures: Mapping[Union[str, Path], go.Figure], scale: float = 2.
     missing or fails. An existing file is replaced only with ``overwrite=True`` (all are checked
     first); each image goes to a temporary file beside it and is moved into place once all are
     drawn, so a failure leaves no partial image."""
-    import plotly.io as pio
-
-    from phaseinterp._files import check_file_target, move_file_into_place, temporary_file_beside
-
     targets = [check_file_target(p, overwrite=overwrite, name="figures") for p in figures]
     kinds = [t.suffix.lstrip(".").lower() for t in targets]
     bad = sorted({k for k in kinds if k not in STATIC_FORMATS})
@@ -159,7 +153,6 @@ def static_session(enabled: bool = True) -> Iterator[None]:
         yield
         return
     import kaleido
-    import plotly.io as pio
 
     _check_static("the report's figures")
     defaults = pio.defaults

@@ -13,14 +13,15 @@ from typing import Any, Optional, Union
 
 from phaseinterp._files import atomic_write_text, check_write_target, move_into_place, staging_dir
 from phaseinterp.models.protocol import model_label
+from phaseinterp.plot import export
 from phaseinterp.report.models import as_model, check_twin
 from phaseinterp.report.page import num, page_html, tidy_figure
 from phaseinterp.report.section import ReportContext, SectionClock, run_sections
 from phaseinterp.report.sections.conformance import Conformance
-from phaseinterp.report.sections.deepseek_v4 import DeepseekV4
+from phaseinterp.report.sections.deepseek_v4 import DeepseekV4, load_deepseek_v4
 from phaseinterp.report.sections.mechanisms import GateCycling, GateStatistics, MeanReplacement, UnitCycling
 from phaseinterp.report.sections.profile import PhaseProfiles, PromptLength, TrainingControls
-from phaseinterp.report.sections.remedy import Remedy
+from phaseinterp.report.sections.remedy import Remedy, check_remedy
 from phaseinterp.results import dumps
 from phaseinterp.tasks import resolve_task
 
@@ -159,8 +160,6 @@ _replace_dir = move_into_place
 def _build_report(model, final: Path, staging: list, *, twin, settings, task, device, progress, log, deepseek_v4,
                   remedy) -> Report:
     """`build_report`'s work: everything is written to a staging folder (appended to ``staging``)."""
-    from phaseinterp.plot import export
-
     t0 = time.time()
     clock = SectionClock()
     settings = settings or ReportSettings()
@@ -170,12 +169,8 @@ def _build_report(model, final: Path, staging: list, *, twin, settings, task, de
     twin = as_model(twin, device) if twin is not None else None
     dsv4 = None
     if deepseek_v4 is not None:
-        from phaseinterp.report.sections.deepseek_v4 import load_deepseek_v4
-
         dsv4 = load_deepseek_v4(deepseek_v4, device)
     if remedy is not None:
-        from phaseinterp.report.sections.remedy import check_remedy
-
         check_remedy(remedy)
     staging.append(_staging_dir(final))
     out = staging[0]

@@ -23,9 +23,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Optional, Union
 
+from phaseinterp._files import check_file_target, is_path, write_file_atomically
 from phaseinterp.errors import MissingPathError, UserInputError
 
 MARKER = "phaseinterp-check"
@@ -124,8 +126,6 @@ def report_page(page: Union[str, os.PathLike], name: str = "page") -> Path:
     """The HTML file to check for ``page``: an ``.html`` file, or a report folder's ``index.html``
     (relative paths are relative to the working directory). A missing path, a folder without
     ``index.html`` or a file that is not an HTML page is a one-line error naming it."""
-    from phaseinterp._files import is_path
-
     if not is_path(page):
         raise UserInputError(f"{name}={page!r} is not a path to a report folder or an HTML page")
     path = Path(page).resolve()  # a file:// URI needs an absolute path; relative ones are from the working directory
@@ -192,8 +192,6 @@ def first_screen_png(page: Union[str, Path], png: Union[str, Path], width: int =
     """Write the first ``width`` x ``height`` px of ``page`` (a report's index.html or its folder) to
     ``png``. An existing ``png`` is replaced only with ``overwrite=True`` (checked before Chromium
     starts); the file is written whole or not at all (`phaseinterp._files.write_file_atomically`)."""
-    from phaseinterp._files import check_file_target, write_file_atomically
-
     page = report_page(page)
     if isinstance(png, (bytes, bool)) or not isinstance(png, (str, os.PathLike)) or Path(png).suffix.lower() != ".png":
         raise UserInputError(f"png={png!r} must be a path ending in .png")
@@ -211,8 +209,6 @@ def first_screen_png(page: Union[str, Path], png: Union[str, Path], width: int =
 def main(argv: Optional[list[str]] = None) -> int:
     """``python -m phaseinterp.report.check check DIR | screenshot DIR PNG``, deprecated (one more release):
     ``phaseinterp check-report DIR`` / ``phaseinterp screenshot DIR PNG`` run the same functions."""
-    import warnings
-
     argv = sys.argv[1:] if argv is None else argv
     new = {"check": "check-report", "screenshot": "screenshot"}.get(argv[0] if argv else "", "check-report")
     warnings.warn(f"`python -m phaseinterp.report.check` is deprecated and will be removed in the next release; "

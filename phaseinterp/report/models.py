@@ -4,23 +4,25 @@ loaders here are deprecated aliases of it."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Union
 
+from phaseinterp import zoo
+from phaseinterp._checks import check_device
 from phaseinterp.errors import UserInputError
+from phaseinterp.models import loading
+from phaseinterp.models.loading import check_source, peek
+from phaseinterp.models.protocol import model_label as label
 
 
 def _deprecated(old: str, new: str) -> None:
-    import warnings
-
     warnings.warn(f"phaseinterp.report.{old} is deprecated and will be removed after 0.3; use {new}",
                   DeprecationWarning, stacklevel=3)
 
 
 def check_model_source(model_or_name) -> None:
     """Deprecated: `phaseinterp.models.loading.check_source` (a model object passes)."""
-    from phaseinterp.models.loading import check_source
-
     _deprecated("check_model_source", "phaseinterp.models.loading.check_source")
     if isinstance(model_or_name, (str, Path)):
         check_source(model_or_name)
@@ -28,8 +30,6 @@ def check_model_source(model_or_name) -> None:
 
 def peek_model(model_or_name):
     """Deprecated: `phaseinterp.models.loading.peek`."""
-    from phaseinterp.models.loading import peek
-
     _deprecated("peek_model", "phaseinterp.models.loading.peek")
     return peek(model_or_name)
 
@@ -37,13 +37,10 @@ def peek_model(model_or_name):
 def as_model(model_or_name, device=None):
     """A model object as is (eval mode; ``device`` is for loading only), else `phaseinterp.load`
     of the zoo name or checkpoint folder on ``device``: what the report's functions take."""
-    from phaseinterp._checks import check_device
-    from phaseinterp.models.loading import load
-
     device = check_device(device)
     if not isinstance(model_or_name, (str, Path)):
         return model_or_name.eval()
-    return load(model_or_name, device=device)
+    return loading.load(model_or_name, device=device)
 
 
 def load_model(model_or_name, device=None):
@@ -64,8 +61,6 @@ def check_twin(model, twin) -> None:
 
 
 def _model_path(name: Union[str, Path]) -> Path:
-    from phaseinterp import zoo
-
     path = Path(name)
     if not (path / "config.json").is_file() and (zoo.CHECKPOINT_DIR / str(name)).is_dir():
         path = zoo.CHECKPOINT_DIR / str(name)
@@ -74,8 +69,6 @@ def _model_path(name: Union[str, Path]) -> Path:
 
 def model_label(model) -> str:
     """The model's zoo name or checkpoint folder with its architecture (`protocol.model_label`)."""
-    from phaseinterp.models.protocol import model_label as label
-
     return label(model)
 
 

@@ -5,6 +5,13 @@ from __future__ import annotations
 
 import html
 import os
+import re
+
+import plotly.io as pio
+import torch
+from plotly.offline import get_plotlyjs
+
+from phaseinterp.plot.compare import DASHES, SYMBOLS
 
 
 def num(value) -> str:
@@ -130,8 +137,6 @@ MEANINGS: dict[str, str] = {
 
 def meanings_html(section_html: str) -> str:
     """One line per statistic that appears as a table header in ``section_html``."""
-    import re
-
     shown = {html.unescape(t).strip() for t in re.findall(r"<th[^>]*>(.*?)</th>", section_html, flags=re.S)}
     lines = [f"<li><b>{html.escape(term)}</b>: {html.escape(meaning)}</li>"
              for term, meaning in MEANINGS.items() if term in shown]
@@ -165,8 +170,6 @@ READING_GUIDE = (
 def tidy_tables(text: str) -> str:
     """Product tables, whoever built them: no pandas header row that only names the index (its name
     moves into the corner cell), and no cell that reads None, nan or [] where a value belongs."""
-    import re
-
     def header(match: re.Match) -> str:
         thead = match.group(0)
         rows = re.findall(r"<tr[^>]*>.*?</tr>", thead, flags=re.S)
@@ -197,10 +200,6 @@ def tidy_figure(fig) -> None:
     """House style for every report figure: at most `FIGURE_WIDTH` px wide (the page's column, so
     nothing sticks out: `phaseinterp.report.check`), integer ticks on phase and slot axes (phases
     are integers), and overlapping line series told apart by dash and marker, not colour alone."""
-    import re
-
-    from phaseinterp.plot.compare import DASHES, SYMBOLS
-
     layout = fig.layout
     if layout.width is not None and layout.width > FIGURE_WIDTH:
         layout.width = FIGURE_WIDTH
@@ -233,9 +232,6 @@ def tidy_figure(fig) -> None:
 
 
 def page_html(summary: dict, figures: dict, tables: dict, static: dict) -> str:
-    import plotly.io as pio
-    from plotly.offline import get_plotlyjs
-
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>phaseinterp report</title>",
         "<style>body{font-family:Helvetica,Arial,sans-serif;max-width:" + str(PAGE_WIDTH) + "px;margin:24px auto;padding:0 12px;"
@@ -318,8 +314,6 @@ def resolution_html(summary: dict) -> str:
 
 def timing_html(summary: dict) -> str:
     """The report's own run time and its split by section (``summary["section_seconds"]``)."""
-    import torch
-
     if "seconds" not in summary:
         return ""
     sections = summary.get("section_seconds", {})

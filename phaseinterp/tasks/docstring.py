@@ -6,6 +6,7 @@ from typing import Any
 import pandas as pd
 import torch
 
+from phaseinterp._checks import check_device
 from phaseinterp.errors import UserInputError
 from phaseinterp.results import Result, settings_repr, settings_repr_html
 from phaseinterp.tasks.needle import encode_piece
@@ -133,8 +134,6 @@ class DocstringProbe:
         label: str | None = None,
     ) -> "DocstringResult":
         """Score every (family, length) prompt with ``model`` (logits ``[batch, pos, d_vocab]``)."""
-        from phaseinterp._checks import check_device
-
         checked = check_device(device)  # before building any prompt
         frame, prompts, right, wrong = self.build(tokenizer)
         device = checked if checked is not None else next(model.parameters()).device

@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any, Sequence, Union
 
+from phaseinterp._files import atomic_write_text
 from phaseinterp.errors import UserInputError
 from phaseinterp.tasks.vocab import Vocab
 
@@ -57,8 +58,6 @@ def tokenizer_config(vocab: Vocab, model_max_length: int) -> dict[str, Any]:
 def write_vocab_tokenizer(vocab: Vocab, folder: Union[str, Path], model_max_length: int) -> list[Path]:
     """Write `TOKENIZER_FILES` for ``vocab`` into the existing ``folder`` (each file atomically), replacing
     earlier ones; returns their paths. Same vocabulary, same bytes."""
-    from phaseinterp._files import atomic_write_text
-
     folder = Path(folder)
     if not folder.is_dir():
         raise UserInputError(f"folder={str(folder)!r} is not an existing folder to write the tokenizer into")

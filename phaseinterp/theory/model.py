@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from typing import Iterator, Optional, Union
 
 import torch
-
-from phaseinterp._checks import check_int
-from phaseinterp.errors import UserInputError  # bad arguments: one line naming the value
 from jaxtyping import Float, Int
 from torch import Tensor
+
+from phaseinterp._checks import check_device, check_int
+from phaseinterp.errors import UserInputError  # bad arguments: one line naming the value
 
 # Float64 round-off in X X^T for the sizes used here is ~1e-15; the check allows this much.
 GRAM_ATOL = 1e-12
@@ -78,8 +78,6 @@ def equiangular_embeddings(n_tokens: int, kappa: float, eps: float, *, seed: int
     ``kappa 11^T + I`` has eigenvalues 1 and ``1 + N kappa``, and ``||E||_2 <= N eps``, so
     ``N eps < 1`` keeps the Gram matrix positive definite: hence the valid range of eps.
     """
-    from phaseinterp._checks import check_device
-
     device = check_device(device)
     n_tokens = check_int("N", n_tokens, 2)
     kappa = _check_float("kappa", kappa, 0.0)

@@ -11,9 +11,12 @@ repeated to fill the sequence, plain next-token loss) that teach the copy circui
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import math
 import os
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,10 +28,10 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Int
 from torch import Tensor
 
-from phaseinterp._checks import check_int
-from phaseinterp.errors import UserInputError
+from phaseinterp._checks import check_device, check_int
+from phaseinterp._files import atomic_write, check_write_target, normal_mode, progress_bar
 from phaseinterp.config import CompressedConfig
-from phaseinterp._files import atomic_write, normal_mode, progress_bar
+from phaseinterp.errors import UserInputError
 from phaseinterp.models.transformer import CompressedTransformer
 from phaseinterp.phase import check_residue_modulus
 
@@ -70,7 +73,7 @@ class TrainConfig:
     loss_on: str = "answer"  # "answer" | "values"
     periodic_fraction: float = 0.0
     periodic_block: tuple[int, int] = (2, 8)
-    curriculum: tuple[CurriculumStage, ...] = ()
+    curriculum: tuple[Union[CurriculumStage, dict], ...] = ()  # dicts become CurriculumStage (__post_init__)
     eval_every: int = 100
     checkpoint_every: int = 100
     probe_per_residue: int = 8
@@ -244,14 +247,10 @@ def train(
     if R is not None:
         check_residue_modulus(R, config.stride)  # else the trained model could not be profiled by phase
     if device is not None:
-        from phaseinterp._checks import check_device
-
         check_device(device)
     device = torch.device(device) if device is not None else torch.device("cpu")
     out = Path(out_dir) if out_dir is not None else None
     if out is not None:  # a previous run is continued only with resume=True; nothing else is written over
-        from phaseinterp._files import check_write_target
-
         out = check_write_target(out, "training run", overwrite=resume, name="out_dir",
                                  flag="resume=True (CLI: --resume) to continue it")
     ckpt = out / "checkpoints" if out is not None else None
@@ -366,9 +365,6 @@ def _save_checkpoint(root: Path, model, optimizer, step: int, log_rows, curve_ro
     """Write ``root/step_<step>/`` (model, optimizer, state) into a temporary directory, rename
     it into place, then point ``root/LATEST`` at it (atomic write). A crash at any moment
     leaves ``LATEST`` naming a complete checkpoint. The previous checkpoint is kept."""
-    import io
-    import tempfile
-
     root.mkdir(parents=True, exist_ok=True)
     name = f"step_{step:06d}"
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{name}."))
@@ -387,8 +383,6 @@ def _save_checkpoint(root: Path, model, optimizer, step: int, log_rows, curve_ro
 def publish_checkpoint(root: Path, tmp: Path, name: str) -> None:
     """Rename the complete checkpoint folder ``tmp`` to ``root/name``, point ``root/LATEST`` at it
     (atomic write) and delete every older ``step_*`` but the previous one."""
-    import shutil
-
     final = root / name
     if final.exists():
         shutil.rmtree(final)

@@ -22,7 +22,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from phaseinterp._files import atomic_write
+from phaseinterp._files import atomic_write, progress_bar
 from phaseinterp.errors import UserInputError
 
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".text")
@@ -183,8 +183,6 @@ def tokenize_corpus(data: Union[str, Path], tokenizer, folder: Union[str, Path],
     Documents are separated by the tokenizer's end-of-text token when it has one; each goes to the
     held-out split with probability ``heldout_fraction`` (`is_held_out`). Files are written beside
     their final names and renamed into place, the manifest last."""
-    from phaseinterp._files import progress_bar
-
     folder = Path(folder)
     wanted = {"source": str(Path(data).resolve()), "fingerprint": fingerprint(data),
               "tokenizer_sha256": tokenizer.sha256, "heldout_fraction": heldout_fraction,

@@ -21,6 +21,18 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Union
 
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from torch.nn.utils import parametrize
+
+from phaseinterp._files import atomic_write_text
+from phaseinterp.models.hf import from_hf
+from phaseinterp.models.hf.config import CSA
+from phaseinterp.models.hf.export import fp8_parameter_parts, fp8_roundtrip_parts
+from phaseinterp.train.compressed import periodic_rows
+
 
 def _set_index_topk(hf_model, k: int) -> None:
     hf_model.config.index_topk = k
@@ -32,8 +44,6 @@ def _set_index_topk(hf_model, k: int) -> None:
 
 def _indexer_kl(store: dict):
     """KL(attention mass on entries || indexer softmax), mean over queries that see an entry."""
-    import torch
-
     losses = []
     for layer, pattern in store["pattern"].items():
         scores = store["scores"][layer]  # [batch, pos, entry]
@@ -53,10 +63,6 @@ def _indexer_kl(store: dict):
 def _fake_fp8(parts):
     """A parametrization module: straight-through fake quantization of one HF parameter's FP8 parts
     (forward value on the FP8 grid, gradient passed to the float32 master weight unchanged)."""
-    import torch
-
-    from phaseinterp.models.hf.export import fp8_roundtrip_parts
-
     class FakeFP8(torch.nn.Module):
         def forward(self, w):
             return w + (fp8_roundtrip_parts(w, parts) - w).detach()
@@ -66,10 +72,6 @@ def _fake_fp8(parts):
 
 def _fp8_parametrize(hf_model) -> list:
     """Register `_fake_fp8` on every parameter with FP8 parts; returns ``[(module, attr, parts), ...]``."""
-    from torch.nn.utils import parametrize
-
-    from phaseinterp.models.hf.export import fp8_parameter_parts
-
     named = dict(hf_model.named_parameters())
     parts = fp8_parameter_parts({n: p.shape for n, p in named.items()}, hf_model.config)
     done = []
@@ -83,11 +85,6 @@ def _fp8_parametrize(hf_model) -> list:
 
 def _fp8_snap(parametrized: list) -> None:
     """Remove the parametrizations and store the weights on the FP8 grid (``fp8_roundtrip``)."""
-    import torch
-    from torch.nn.utils import parametrize
-
-    from phaseinterp.models.hf.export import fp8_roundtrip_parts
-
     for module, attr, index in parametrized:
         parametrize.remove_parametrizations(module, attr, leave_parametrized=False)
         with torch.no_grad():
@@ -97,16 +94,8 @@ def _fp8_snap(parametrized: list) -> None:
 
 def train_tiny(recipe, out_dir: Union[str, Path], *, progress: bool = True, log_every: int = 25):
     """Train ``recipe`` from scratch; writes ``final/`` (HF format + sidecar), ``log.csv``, ``curves.csv``."""
-    import numpy as np
-    import pandas as pd
-    import torch
-    import torch.nn.functional as F
     from transformers import DeepseekV4ForCausalLM
 
-    from phaseinterp._files import atomic_write_text
-    from phaseinterp.models.hf import from_hf
-    from phaseinterp.models.hf.config import CSA
-    from phaseinterp.train.compressed import periodic_rows
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -33,18 +33,26 @@ from typing import Any, Optional, Union
 import numpy as np
 import pandas as pd
 import torch
+import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from phaseinterp._checks import check_int
 from phaseinterp._files import atomic_write, check_write_target, progress_bar
 from phaseinterp.config import CompressedConfig
 from phaseinterp.errors import UserInputError
-from phaseinterp.models.transformer import CompressedTransformer
-from phaseinterp.parallel.launch import Launch, init_distributed, launch_info, rank_device
+from phaseinterp.models.transformer import CONFIG_FILE, WEIGHTS_FILE, CompressedTransformer
+from phaseinterp.parallel.launch import Launch, all_gather, init_distributed, launch_info, raise_any, rank_device
 from phaseinterp.phase import check_residue_modulus
 from phaseinterp.tasks.text_needle import TextNeedle
 from phaseinterp.train.compressed import publish_checkpoint
-from phaseinterp.train.corpus import packed_rows, tokenize_corpus
+from phaseinterp.train.corpus import fingerprint, packed_rows, source_files, tokenize_corpus
 from phaseinterp.train.tokenizer import TextTokenizer
 
 RUN_FILE = "pretrain.json"
@@ -219,8 +227,6 @@ def prepare(config: CompressedConfig, data: Union[str, Path], tokenizer: Union[s
     check_model_for_text(config, tok, tc.seq_len)
     _probe_task(tok, None, config, tc)  # a vocabulary or length that cannot hold the probe, before any reading
     out = check_write_target(out_dir, KIND, overwrite=resume, name="out", flag="--resume (resume=True) to continue it")
-    from phaseinterp.train.corpus import fingerprint, source_files
-
     source_files(data)  # a path with no text is refused before anything is written
     record = {"model": config.to_dict(), "train": tc.to_dict(),
               "data": {"source": str(Path(data).resolve()), "fingerprint": fingerprint(data)},
@@ -263,8 +269,6 @@ def _wrap(model: CompressedTransformer, tc: PretrainConfig, launch: Launch, devi
         for block in model.blocks:
             block.compile()
     if launch.world_size > 1:
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
         policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
                   if device.type == "cuda" and tc.bf16 else MixedPrecisionPolicy())
         for block in model.blocks:
@@ -307,9 +311,6 @@ def _single_process_quiet(launch: Launch):
 def _save(root: Path, model, optimizer, step: int, rows: list, probe_rows: list, launch: Launch) -> None:
     """A distributed checkpoint written into a temporary folder, renamed to ``step_N`` and named by
     ``LATEST`` (atomic): a crash leaves ``LATEST`` naming a complete checkpoint."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
     name = f"step_{step:06d}"
     tmp = root / f".{name}.tmp"
     if launch.is_main:
@@ -328,9 +329,6 @@ def _save(root: Path, model, optimizer, step: int, rows: list, probe_rows: list,
 
 
 def _load(ckpt: Path, model, optimizer) -> tuple[int, list, list]:
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
     model_state, optim_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optim": optim_state}
     with _single_process_quiet(launch_info()):
@@ -342,8 +340,6 @@ def _load(ckpt: Path, model, optimizer) -> tuple[int, list, list]:
 
 def _full_model(model, config: CompressedConfig, launch: Launch) -> Optional[CompressedTransformer]:
     """The full weights gathered on rank 0, as a CPU `CompressedTransformer` (None on other ranks)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if not launch.is_main:
         return None
@@ -354,8 +350,6 @@ def _full_model(model, config: CompressedConfig, launch: Launch) -> Optional[Com
 
 def _probe(model, batch, stride: int, step: int, tokens_seen: int, launch: Launch, device) -> list[dict]:
     """Top-1 accuracy of the probe's answers per residue; the prompts are split over the processes."""
-    from phaseinterp.parallel.launch import all_gather
-
     was = model.training
     model.eval()
     n = batch.tokens.shape[0]
@@ -442,8 +436,6 @@ def pretrain(config: CompressedConfig, data: Union[str, Path], tokenizer: Union[
             error = str(err)
     else:
         error = None
-    from phaseinterp.parallel.launch import raise_any
-
     raise_any(error, launch)
     tok = TextTokenizer(tokenizer)
     corpus = tokenize_corpus(data, tok, out / "data", heldout_fraction=tc.heldout_fraction, progress=False)
@@ -531,7 +523,5 @@ def _write_model(out: Path, model: CompressedTransformer) -> None:
     """``config.json`` + ``model.safetensors`` into the run folder (weights first: each file is renamed into
     place, and a crash between the two leaves a checksum mismatch that loading reports)."""
     blob, config = model.checkpoint_files()
-    from phaseinterp.models.transformer import CONFIG_FILE, WEIGHTS_FILE
-
     atomic_write(out / WEIGHTS_FILE, blob)
     atomic_write(out / CONFIG_FILE, config)

@@ -8,7 +8,10 @@ import json
 from pathlib import Path
 from typing import Iterable, Optional, Union
 
+from phaseinterp._checks import check_int
+from phaseinterp._files import atomic_write, check_write_target, write_dir_atomically
 from phaseinterp.errors import UserInputError
+from phaseinterp.train.corpus import documents, source_files
 
 TOKENIZER_FILE = "tokenizer.json"
 END_OF_TEXT = "<|endoftext|>"
@@ -72,10 +75,6 @@ def train_tokenizer(data: Union[str, Path], vocab_size: int, out: Union[str, Pat
     (any source `corpus.documents` reads) and write ``tokenizer.json`` + ``tokenizer_config.json``
     into ``out``, a folder transformers' ``AutoTokenizer`` and `TextTokenizer` both load. ``out`` must be
     new or empty; a previous tokenizer there is replaced (whole, atomically) only with ``overwrite``."""
-    from phaseinterp._checks import check_int
-    from phaseinterp._files import atomic_write, check_write_target, write_dir_atomically
-    from phaseinterp.train.corpus import documents, source_files
-
     check_int("vocab_size", vocab_size, 260, 1 << 20, why="byte-level BPE needs the 256 bytes and the special token")
     out = check_write_target(out, "tokenizer", overwrite=overwrite, name="out")
     source_files(data)  # refuses a source with nothing in it before training

@@ -31,7 +31,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
+import pandas as pd
+import torch
+
+from phaseinterp._checks import check_device
+from phaseinterp._files import atomic_write_text, move_into_place
+from phaseinterp.config import CompressedConfig
 from phaseinterp.errors import MissingPathError, UserInputError  # the user's paths and names: one line, exit 2
+from phaseinterp.models import CompressedTransformer
+from phaseinterp.tasks import KeyValueRetrieval, resolve_task
+from phaseinterp.train import TrainConfig, train
+from phaseinterp.zoo import deepseek_v4 as hf_zoo
 from phaseinterp.zoo.task import TASK
 
 CHECKPOINT_DIR = Path(__file__).parent / "checkpoints"
@@ -87,18 +97,12 @@ class ZooEntry:
     init_from: Optional[str] = None  # post-training: the shipped zoo model whose weights the run starts from
 
     def model_config(self, vocab_size: int):
-        from phaseinterp.config import CompressedConfig
-
         return CompressedConfig(d_vocab=vocab_size, **{**BACKBONE, **self.backbone}, **self.compression)
 
     def task_object(self):
-        from phaseinterp.tasks import KeyValueRetrieval
-
         return KeyValueRetrieval(**{**TASK, **self.task})
 
     def train_config(self):
-        from phaseinterp.train import TrainConfig
-
         return TrainConfig(**{**TRAIN, **self.train})
 
     @property
@@ -245,8 +249,6 @@ def equal_training_step(curves_a, curves_b, min_mean: float = LEARNED_MEAN) -> i
 def run_curves(name: str, run_dir: Union[str, Path, None] = None):
     """The held-out probe curves of ``name``'s training run: ``run_dir/curves.csv`` if given, else
     the shipped ``curves.csv`` of the run (or of the entry), else ``runs/zoo/<run>/curves.csv``."""
-    import pandas as pd
-
     e = entry(name)
     run = e.run or name
     candidates = ([Path(run_dir) / "curves.csv"] if run_dir is not None else []) + [
@@ -309,16 +311,12 @@ def cycling_model_for(stride: int) -> Optional[str]:
 def available() -> list[str]:
     """Names of the zoo models whose checkpoints ship with this installation, both families: the
     own `CompressedTransformer` entries, then the HF-format DeepSeek-V4s (`zoo.deepseek_v4`)."""
-    from phaseinterp.zoo import deepseek_v4 as hf_zoo
-
     return [name for name in ENTRIES if (CHECKPOINT_DIR / name / "config.json").is_file()] + hf_zoo.available()
 
 
 def catalog() -> list[tuple[str, bool, str, str]]:
     """``(name, shipped, description, rebuild command)`` for every zoo model of both families
     (what ``phaseinterp zoo list`` prints)."""
-    from phaseinterp.zoo import deepseek_v4 as hf_zoo
-
     shipped = set(available())
     rows = [(name, name in shipped, e.description, e.command) for name, e in ENTRIES.items()]
     return rows + [(name, name in shipped, r.description, r.command) for name, r in hf_zoo.RECIPES.items()]
@@ -326,9 +324,6 @@ def catalog() -> list[tuple[str, bool, str, str]]:
 
 def entry(name: str) -> ZooEntry:
     if name not in ENTRIES:
-        from phaseinterp.errors import UserInputError
-        from phaseinterp.zoo import deepseek_v4 as hf_zoo
-
         raise UserInputError(f"unknown zoo model {name!r}; known: {sorted(ENTRIES) + sorted(hf_zoo.RECIPES)}")
     return ENTRIES[name]
 
@@ -340,10 +335,6 @@ def load(name: str, device=None):
     ``name``: one of `available()` (``phaseinterp zoo list`` marks the rest "recipe only": they
     raise FileNotFoundError naming the build command); ``device``: a torch device this machine
     has (default: cpu)."""
-    from phaseinterp._checks import check_device
-    from phaseinterp.models import CompressedTransformer
-    from phaseinterp.zoo import deepseek_v4 as hf_zoo  # HF-format DeepSeek-V4 checkpoints
-
     check_device(device)  # before reading any weights
     if not isinstance(name, str):
         raise UserInputError(f"name={name!r} is not a zoo name (a string; `phaseinterp zoo list`)")
@@ -363,8 +354,6 @@ def load(name: str, device=None):
 
 def task_for(model):
     """The evaluation task stored with a zoo model."""
-    from phaseinterp.tasks import resolve_task
-
     return resolve_task(model)
 
 
@@ -377,10 +366,6 @@ def build(name: str, out_dir: Union[str, Path, None] = None, *, device=None, pro
     checkpoints were trained on CPU with one thread (``threads=1``): CPU matmuls sum in a
     thread-count-dependent order, so other settings train an equivalent, not bit-identical, model.
     """
-    import torch
-
-    from phaseinterp.train import train
-
     if threads is not None:
         torch.set_num_threads(threads)
 
@@ -410,9 +395,6 @@ def build(name: str, out_dir: Union[str, Path, None] = None, *, device=None, pro
 def install_snapshot(name: str, source: Union[str, Path], curves, metadata: dict) -> Path:
     """Copy a run's snapshot into the package as zoo model ``name`` (atomically: a temporary folder
     renamed into place), with the run's ``metadata``, the shipped ``step`` and its probe ``curves``."""
-    from phaseinterp._files import atomic_write_text, move_into_place
-    from phaseinterp.models import CompressedTransformer
-
     e = entry(name)
     source = Path(source)
     model = CompressedTransformer.from_pretrained(source)

@@ -21,13 +21,23 @@ What differs from the real models, and why:
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import shutil
+import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional, Union
 
+import torch
+
+from phaseinterp._checks import check_device
 from phaseinterp.errors import MissingPathError, UserInputError
+from phaseinterp.models.hf import load_hf
+from phaseinterp.tasks import KeyValueRetrieval, task_from_dict
+from phaseinterp.tasks.hf_tokenizer import write_vocab_tokenizer
+from phaseinterp.train.deepseek_v4 import train_tiny
+from phaseinterp.zoo.task import TASK
 
 CHECKPOINT_DIR = Path(__file__).parent / "checkpoints"
 CSA, HCA = "compressed_sparse_attention", "heavily_compressed_attention"
@@ -100,9 +110,6 @@ class TinyRecipe:
         )
 
     def task_object(self):
-        from phaseinterp.tasks import KeyValueRetrieval
-        from phaseinterp.zoo.task import TASK
-
         return KeyValueRetrieval(**{**TASK, **self.task})
 
     def lr_at(self, step: int) -> float:
@@ -130,8 +137,6 @@ def build(name: str, out_dir: Union[str, Path, None] = None, *, install: bool = 
           threads: Optional[int] = 1, steps: Optional[int] = None) -> Path:
     """Train ``name`` (one of `RECIPES`) and (``install=True``) copy it into the package's checkpoints.
     ``steps``: train that many steps instead of the recipe's (a quick check, not the shipped model)."""
-    import torch
-
     if name not in RECIPES:
         raise UserInputError(f"unknown tiny DeepSeek-V4 recipe {name!r}; known: {sorted(RECIPES)}")
     if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
@@ -139,8 +144,6 @@ def build(name: str, out_dir: Union[str, Path, None] = None, *, install: bool = 
     if threads is not None:
         torch.set_num_threads(threads)
     run_dir = Path(out_dir) if out_dir is not None else Path("runs") / "zoo" / name
-    from phaseinterp.train.deepseek_v4 import train_tiny
-
     recipe = RECIPES[name] if steps is None else replace(RECIPES[name], steps=steps)
     train_tiny(recipe, run_dir, progress=progress)
     if install:
@@ -171,11 +174,6 @@ def write_tokenizer(folder: Union[str, Path]) -> list[Path]:
     `phaseinterp.tasks.hf_tokenizer`, id i = token i of the vocabulary of the task in its
     ``phaseinterp.json``), so ``AutoTokenizer.from_pretrained(folder)`` and tools built on it (lm-eval,
     vLLM) read it as a plain Hugging Face model. The weights and their files are not touched."""
-    import json
-
-    from phaseinterp.tasks import task_from_dict
-    from phaseinterp.tasks.hf_tokenizer import write_vocab_tokenizer
-
     folder = Path(folder)
     try:
         task = json.loads((folder / "phaseinterp.json").read_text())["metadata"]["task"]
@@ -193,9 +191,6 @@ def available() -> list[str]:
 
 def load(name: str, device=None):
     """A shipped tiny DeepSeek-V4 (`HookedDeepseekV4`, eval mode, evaluation task in ``.metadata``)."""
-    from phaseinterp._checks import check_device
-    from phaseinterp.models.hf import load_hf
-
     device = check_device(device)  # before reading any weights
     if not isinstance(name, str) or name not in RECIPES:
         raise UserInputError(f"unknown tiny DeepSeek-V4 {name!r}; known: {sorted(RECIPES)}")
@@ -212,8 +207,6 @@ def load(name: str, device=None):
 def main(argv: Optional[list[str]] = None) -> None:
     """``python -m phaseinterp.zoo.deepseek_v4 NAME [--out DIR] [--steps N] [--no-install]``, deprecated (one
     more release): ``phaseinterp zoo build NAME [--out-dir DIR] [--steps N] [--no-install]`` runs the same `build`."""
-    import warnings
-
     warnings.warn("`python -m phaseinterp.zoo.deepseek_v4` is deprecated and will be removed in the next release; "
                   "use `phaseinterp zoo build`", DeprecationWarning, stacklevel=2)
     parser = argparse.ArgumentParser(prog="python -m phaseinterp.zoo.deepseek_v4",

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Optional
 
 from phaseinterp._files import atomic_write_text
+from phaseinterp.engines import conformance
 from phaseinterp.report.page import frame_html
 from phaseinterp.report.section import ReportContext, Section
 
@@ -23,8 +24,6 @@ class Conformance(Section):
         return None if hasattr(ctx.model, "init_cache") else "not a phaseinterp CompressedTransformer"
 
     def compute(self, ctx: ReportContext):
-        from phaseinterp.engines import conformance
-
         ctx.log(f"[+] conformance: decode, chunked prefill, bfloat16 vs the full forward ({N_PER_RESIDUE} "
                 f"prompts/residue)")
         return conformance(ctx.model, ctx.task, ("decode", "chunked_prefill", "dtype"), dtypes=("bfloat16",),

@@ -21,17 +21,19 @@ import torch
 
 from phaseinterp._files import atomic_write_text
 from phaseinterp.errors import UserInputError
+from phaseinterp.interventions.indexer import indexer_phase
+from phaseinterp.models.protocol import phase_model
+from phaseinterp.plot import profiles_figure
+from phaseinterp.profile import phase_profile
 from phaseinterp.report.models import data_name
 from phaseinterp.report.section import ReportContext, Section, write_profile_csvs
-from phaseinterp.models.protocol import phase_model
+from phaseinterp.tasks import resolve_task
+from phaseinterp.zoo import deepseek_v4 as hf_zoo
 
 
 def deepseek_v4_section(model, task=None, out_dir: Union[str, Path, None] = None, *, n_per_residue: int = 24,
                         seed: int = 0, batch_size: int = 32, log: Callable[[str], Any] = print) -> dict[str, Any]:
     """The DeepSeek-V4 section for ``model`` (a `HookedDeepseekV4`) on ``task`` (default: its stored task)."""
-    from phaseinterp.tasks import resolve_task
-    from phaseinterp.interventions.indexer import indexer_phase
-
     if phase_model(model).family != "deepseek_v4":
         raise UserInputError("deepseek_v4_section needs a wrapped DeepSeek-V4 (phaseinterp.from_hf / load_hf)")
     task = resolve_task(model, task)
@@ -79,8 +81,6 @@ def load_deepseek_v4(model_or_name, device):
             raise UserInputError(f"deepseek_v4={type(model_or_name).__name__} is not a wrapped DeepSeek-V4 "
                              "(phaseinterp.from_hf / load_hf) or a shipped HF zoo name")
         return model_or_name
-    from phaseinterp.zoo import deepseek_v4 as hf_zoo
-
     if model_or_name not in hf_zoo.available():
         raise UserInputError(f"deepseek_v4={model_or_name!r} is not a shipped HF DeepSeek-V4 zoo model "
                          f"(shipped: {', '.join(hf_zoo.available()) or 'none'})")
@@ -103,9 +103,6 @@ class DeepseekV4(Section):
         return None if ctx.deepseek_v4 is not None else ""
 
     def compute(self, ctx: ReportContext) -> dict[str, Any]:
-        from phaseinterp.profile import phase_profile
-        from phaseinterp.tasks import resolve_task
-
         model = ctx.deepseek_v4
         task = resolve_task(model)
         name = getattr(model, "metadata", {}).get("zoo_name", "DeepSeek-V4")
@@ -116,8 +113,6 @@ class DeepseekV4(Section):
         return {"name": name, "profile": profile, "section": section}
 
     def render(self, ctx: ReportContext, result: dict[str, Any]) -> None:
-        from phaseinterp.plot import profiles_figure
-
         name, profile, section = result["name"], result["profile"], result["section"]
         write_profile_csvs(ctx.out, data_name(ctx.deepseek_v4), profile, parts=("residues", "phases"))
         ctx.summary["profiles"].append(profile.to_dict())

@@ -7,10 +7,20 @@ import html
 from pathlib import Path
 from typing import Any, Optional
 
+from phaseinterp import zoo
 from phaseinterp._files import atomic_write_text
+from phaseinterp.interventions import (
+    ablate,
+    cycling_fitness,
+    gate_cycling_profile,
+    gate_cycling_unit,
+    gate_profile,
+    specialized_units,
+)
 from phaseinterp.report.models import as_model, model_label
 from phaseinterp.report.page import fmt, frame_html
 from phaseinterp.report.section import PromptSets, ReportContext, Section
+from phaseinterp.tasks import resolve_task
 
 
 def _not_compressed(ctx: ReportContext) -> Optional[str]:
@@ -24,8 +34,6 @@ class MeanReplacement(Section):
     skip_reason = staticmethod(_not_compressed)
 
     def compute(self, ctx: ReportContext):
-        from phaseinterp.interventions import ablate
-
         s = ctx.settings
         ctx.log(f"[2/4] per-KV-head mean replacement: every layer, {s.ablation_per_residue} prompts per residue")
         return ablate(ctx.model, ctx.task, n_calibration=s.n_calibration, progress=ctx.progress,
@@ -53,10 +61,6 @@ class GateCycling(Section):
     skip_reason = staticmethod(_not_compressed)
 
     def compute(self, ctx: ReportContext) -> dict[str, Any]:
-        from phaseinterp import zoo
-        from phaseinterp.interventions import cycling_fitness, gate_cycling_profile
-        from phaseinterp.tasks import resolve_task
-
         model, task, settings = ctx.model, ctx.task, ctx.settings
         fit, why = cycling_fitness(model)
         cyc_model, cyc_name, cyc_task, cyc_reason, negative = model, model_label(model), task, why, not fit
@@ -128,8 +132,6 @@ class GateStatistics(Section):
     inputs = ("mean replacement",)
 
     def compute(self, ctx: ReportContext):
-        from phaseinterp.interventions import gate_profile
-
         ctx.log("[4/4] gate statistics")
         return gate_profile(ctx.model, ctx.task, n_per_residue=ctx.settings.gate_per_residue)
 
@@ -153,8 +155,6 @@ def _unit_cycling(model, task, ablation, settings, progress, out: Path, prompts:
     report's own ablation, seed 0, when it is of this model; else on its selection split, seed
     1000), then the first specialized unit and the negative control are each cycled alone and
     scored on held-out prompts (seed 1) against C_0((r - d) mod S)."""
-    from phaseinterp.interventions import gate_cycling_unit, specialized_units
-
     selection = (specialized_units(model, task, ablation=ablation, progress=progress) if ablation is not None else
                  specialized_units(model, task, n_per_residue=settings.ablation_per_residue,
                                    n_calibration=settings.n_calibration, progress=progress))

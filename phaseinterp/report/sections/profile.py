@@ -6,7 +6,10 @@ from __future__ import annotations
 import html
 from typing import Any, Optional
 
+from phaseinterp import zoo
 from phaseinterp._files import atomic_write_text
+from phaseinterp.plot import profiles_figure
+from phaseinterp.profile import phase_profile
 from phaseinterp.report.models import as_model, data_name, model_label
 from phaseinterp.report.section import ReportContext, Section, write_profile_csvs
 
@@ -17,8 +20,6 @@ class PhaseProfiles(Section):
     name = "phase profiles"
 
     def compute(self, ctx: ReportContext) -> list:
-        from phaseinterp.profile import phase_profile
-
         model, task, settings = ctx.model, ctx.task, ctx.settings
         ctx.log(f"[1/4] phase profile: {settings.n_per_residue} prompts x {task.residue_modulus} residues")
         prompts = ctx.prompts.get(task, settings.n_per_residue)
@@ -29,8 +30,6 @@ class PhaseProfiles(Section):
         return profiles
 
     def render(self, ctx: ReportContext, profiles: list) -> None:
-        from phaseinterp.plot import profiles_figure
-
         models = [ctx.model] + ([ctx.twin] if ctx.twin is not None else [])
         for p, m in zip(profiles, models):
             write_profile_csvs(ctx.out, data_name(m), p)
@@ -46,8 +45,6 @@ class TrainingControls(Section):
     inputs = ("phase profiles",)
 
     def skip_reason(self, ctx: ReportContext) -> Optional[str]:
-        from phaseinterp import zoo
-
         pairs = zoo.training_controls(getattr(ctx.model, "metadata", {}).get("zoo_name", ""))
         if not pairs or not all(n in zoo.available() for pair in pairs.values() for n in pair):
             return ""  # not a zoo model with controls: nothing to say
@@ -62,8 +59,6 @@ class TrainingControls(Section):
         return {"rows": rows, "profiles": profiles[known:], "names": names[known:], "all": profiles}
 
     def render(self, ctx: ReportContext, result: dict[str, Any]) -> None:
-        from phaseinterp.plot import profiles_figure
-
         for p, name in zip(result["profiles"], result["names"]):
             write_profile_csvs(ctx.out, name, p)
         ctx.summary["profiles"] += [p.to_dict() for p in result["profiles"]]
@@ -76,9 +71,6 @@ def _training_controls(model, twin, task, settings, device, progress, profiles, 
     """Profile the equal-step and final-step pairs of ``model``'s zoo run (`zoo.training_controls`),
     reusing ``profiles`` already measured (``data_names``: their `data_name`s, extended in step with
     ``profiles``); returns one row per pair for the report."""
-    from phaseinterp import zoo
-    from phaseinterp.profile import phase_profile
-
     pairs = zoo.training_controls(getattr(model, "metadata", {}).get("zoo_name", ""))
     if not pairs or not all(n in zoo.available() for pair in pairs.values() for n in pair):
         return []
@@ -134,8 +126,6 @@ class PromptLength(Section):
         return None
 
     def compute(self, ctx: ReportContext) -> Any:
-        from phaseinterp.profile import phase_profile
-
         n = ctx.settings.n_per_residue
         ctx.log(f"prompt-length axis: {n} prompts x {ctx.task.residue_modulus} residues x {ctx.model.cfg.stride} lengths")
         return phase_profile(ctx.model, ctx.task, n_per_residue=n, axis="both", label=model_label(ctx.model),

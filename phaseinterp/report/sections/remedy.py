@@ -15,16 +15,19 @@ from typing import Any, Optional
 
 import pandas as pd
 
-from phaseinterp.errors import UserInputError
+from phaseinterp import zoo
 from phaseinterp._files import atomic_write_text
+from phaseinterp.errors import UserInputError
+from phaseinterp.experiments.remedy import memory_per_token
+from phaseinterp.plot import profiles_figure
+from phaseinterp.profile import phase_profile
 from phaseinterp.report.models import data_name
 from phaseinterp.report.section import ReportContext, Section, write_profile_csvs
+from phaseinterp.tasks import resolve_task
 
 
 def check_remedy(name: str) -> tuple[str, str]:
     """``(staggered, baseline)`` zoo names for a shipped staggered model, or ValueError naming the choices."""
-    from phaseinterp import zoo
-
     shipped = set(zoo.available())
     pairs = {n: e.baseline for n, e in zoo.ENTRIES.items() if e.baseline is not None}
     if name not in pairs:
@@ -66,11 +69,6 @@ class Remedy(Section):
 
 def _measure_pair(name: str, settings, progress, log, reuse, device, prompts) -> dict[str, Any]:
     """Both models' profiles, KV memory and boundary phases (baseline first)."""
-    from phaseinterp import zoo
-    from phaseinterp.experiments.remedy import memory_per_token
-    from phaseinterp.profile import phase_profile
-    from phaseinterp.tasks import resolve_task
-
     staggered_name, baseline_name = check_remedy(name)
     reuse = reuse or {}
     rows, profiles, heads = [], [], []
@@ -103,8 +101,6 @@ def _measure_pair(name: str, settings, progress, log, reuse, device, prompts) ->
 
 
 def _render(ctx: ReportContext, names, rows, profiles, heads, reuse) -> None:
-    from phaseinterp.plot import profiles_figure
-
     out, summary = ctx.out, ctx.summary
     baseline_name, staggered_name = names
     table = pd.DataFrame(rows)
