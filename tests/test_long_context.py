@@ -7,6 +7,8 @@ import pytest
 import torch
 
 from conftest import GATE_BIASES, make_model, small_task
+from phaseinterp.models import attention
+from phaseinterp.models.attention import CompressedAttention
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -50,7 +52,9 @@ def test_chunked_attention_equals_one_shot(name, chunk):
 
 def test_chunks_see_only_the_keys_they_need(monkeypatch):
     """The chunked path never builds a [T, key_slot] score matrix: each call of the attention
-    core gets at most ``chunk`` queries and only the entries visible to its last query."""
+    core gets at most ``chunk`` queries and only the entries visible to its last query (the slot
+    path: the fused one is tested below)."""
+    monkeypatch.setattr(CompressedAttention, "fused_compressed_attention", False)
     model = make("W4S4").set_query_chunk(8)
     attn = model.blocks[0].attn
     seen = []
@@ -69,6 +73,37 @@ def test_chunks_see_only_the_keys_they_need(monkeypatch):
     # query t sees (t - 4) // 4 + 1 entries; the chunk ending at t = 8c + 7 sees 2c + 2 of them
     assert [s[1] for s in seen] == [2 * c + 2 for c in range(11)] + [22]
     assert not any(s[2] for s in seen)  # score/pattern hooks idle: not fired per chunk
+
+
+def test_fused_blocks_see_only_their_bands_and_visible_entries(monkeypatch):
+    """The fused compressed attention never builds a [T, T] mask: each kernel call gets a block of
+    at most FUSED_BLOCK queries and, as keys, the block's band tokens and the entries visible to its
+    last query, so its memory grows linearly in T."""
+    model = make("W4S4")
+    seen = []
+    sdpa = attention.F.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, scale=None):
+        seen.append((q.shape[2], k.shape[2]))
+        return sdpa(q, k, v, attn_mask=attn_mask, scale=scale)
+
+    monkeypatch.setattr(attention, "FUSED_BLOCK", 16)
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", spy)
+    T = 90
+    with torch.no_grad():
+        fused = model(torch.randint(0, 32, (1, T), generator=torch.Generator().manual_seed(0)))
+    monkeypatch.setattr(CompressedAttention, "fused_compressed_attention", False)
+    with torch.no_grad():
+        slot = model(torch.randint(0, 32, (1, T), generator=torch.Generator().manual_seed(0)))
+    torch.testing.assert_close(fused, slot, rtol=0, atol=1e-5)
+    B = model.blocks[0].attn.band_width
+    per_layer = [16] * 5 + [10]
+    assert [s[0] for s in seen] == per_layer * model.cfg.n_layers
+    for i, (n_q, n_k) in enumerate(seen):
+        a = 16 * (i % len(per_layer))
+        last = a + n_q - 1
+        assert n_k == (last + 1 - max(0, a - B + 1)) + attention.n_visible_entries(last, 4, 4, 0)
+        assert n_k <= B + 16 + T // 4
 
 
 @pytest.mark.parametrize("name", ["W8S4", "deepseek_W8S4", "full"])
@@ -126,6 +161,7 @@ def test_last_position_ablation_is_one_prefix_pass_plus_the_last_position(monkey
     the prefix the last layer only fills its cache (nothing reads its outputs there)."""
     from phaseinterp.interventions import ablate
 
+    monkeypatch.setattr(CompressedAttention, "fused_compressed_attention", False)  # count the slot path's chunks
     task = small_task()
     model = make("W4S4", d_vocab=task.vocab.size)
     prompts = task.generate(2, seed=0, strict=False)

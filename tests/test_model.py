@@ -672,6 +672,38 @@ def test_fused_full_attention_equals_the_slot_path(kv_heads, monkeypatch):
         assert not torch.allclose(model(tokens), slots, atol=1e-3)
 
 
+@pytest.mark.parametrize("name", ["W4S4", "W8S4", "tail", "staggered", "staggered_tail"])
+def test_fused_compressed_attention_equals_the_slot_path(name, monkeypatch):
+    """Compressed attention with idle score/pattern hooks runs torch's fused kernel per block of
+    queries (`_attend_fused`); it equals the slot path the hooks see (a pattern hook attached) to
+    1e-5: one pass, blocks smaller than the prompt, a cache grown in pieces and token by token, and
+    `last_logits`. A broken mask (every key visible) is caught."""
+    import phaseinterp.models.attention as attention
+
+    model = make(2, **LAST_CONFIGS[name])
+    tokens = torch.randint(0, 32, (3, 61), generator=torch.Generator().manual_seed(7))
+    calls = []
+    fused = CompressedAttention._attend_fused
+    monkeypatch.setattr(CompressedAttention, "_attend_fused", lambda self, *a: calls.append(1) or fused(self, *a))
+    with torch.no_grad():
+        with model.hooks(fwd_hooks=[(f"blocks.{layer}.attn.hook_pattern", lambda p, hook: p)
+                                    for layer in range(model.cfg.n_layers)]):
+            slots = model(tokens)
+        assert not calls, "a pattern hook must see the slot path"
+        torch.testing.assert_close(model(tokens), slots, rtol=0, atol=1e-5)
+        assert len(calls) == model.cfg.n_layers
+        monkeypatch.setattr(attention, "FUSED_BLOCK", 16)  # several blocks, the last one short
+        torch.testing.assert_close(model(tokens), slots, rtol=0, atol=1e-5)
+        torch.testing.assert_close(model.last_logits(tokens), slots[:, -1], rtol=0, atol=1e-5)
+        cache = model.init_cache()
+        pieces = [model(tokens[:, a:b], cache=cache) for a, b in ((0, 17), (17, 18), (18, 19), (19, 61))]
+        torch.testing.assert_close(torch.cat(pieces, 1), slots, rtol=0, atol=1e-5)
+        monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                            lambda q, k, v, attn_mask=None, scale=None: torch.softmax(
+                                scale * q @ k.transpose(-1, -2), -1) @ v)
+        assert not torch.allclose(model(tokens), slots, atol=1e-3)
+
+
 @pytest.mark.parametrize("name", ["W4S4", "tail", "full", "staggered"])
 def test_extend_cache_equals_the_forward_cache(name):
     model = make(1, **LAST_CONFIGS[name])

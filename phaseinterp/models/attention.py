@@ -59,6 +59,8 @@ SCORE_BLOCK = 1 << 21
 MIN_AUTO_CHUNK = 16
 # Queries per block of `BlockBand` (at least the band width): one dense [block, block + B - 1] score matmul each.
 BAND_BLOCK = 16
+# Queries per block of the fused compressed attention (`CompressedAttention._attend_fused`), at most.
+FUSED_BLOCK = 128
 
 
 class GatheredBand:
@@ -348,7 +350,9 @@ class CompressedAttention(nn.Module):
         q_rot, k, v, k_rot = self._project(x, positions)
         cache = self._extend(cache, x, k, v, k_rot, start)
         ranges = None if self._scores_hooked() else self.query_ranges(x.shape[0], start, x.shape[1])
-        if ranges is None:  # hooks see the full [pos, key_slot]
+        if self.cfg.is_compressed and self.fused_compressed_attention and not self._scores_hooked():
+            z = self._attend_fused(q_rot, cache, positions)
+        elif ranges is None:  # hooks see the full [pos, key_slot]
             z = self._attend_queries(q_rot, cache, positions)
         else:
             z = torch.cat([self._attend_queries(q_rot[:, a:b], cache, positions[a:b], last=start + b - 1)
@@ -383,6 +387,10 @@ class CompressedAttention(nn.Module):
     # Full attention (the twin) through torch's fused kernel while no hook reads its scores or
     # pattern (`_attend_causal`); False: the slot path always (benchmarks/full_attention_speed.py).
     fused_full_attention: bool = True
+    # Compressed attention through torch's fused kernel while no hook reads its scores or pattern
+    # (`_attend_fused`: per block of queries, the band's tokens and the visible entries as keys under
+    # a mask); False: the slot path always.
+    fused_compressed_attention: bool = True
 
     def n_key_slots(self, query_pos: int) -> int:
         """Key slots a query at ``query_pos`` can see: the band plus its visible entries (every
@@ -467,6 +475,51 @@ class CompressedAttention(nn.Module):
             entries = torch.arange(n_open, k_shared.shape[1], device=device)
             allowed = torch.cat([self._band_allowed(positions, band_pos), self._entry_allowed(positions, entries)], -1)
         return self._attend(q_rot, band, k_shared, v_shared, allowed, hooked=last is None, n_open=n_open)
+
+    def _attend_fused(
+        self,
+        q_rot: Float[Tensor, "batch query head d_head"],
+        cache: LayerCache,
+        positions: Int[Tensor, " query"],
+    ) -> Float[Tensor, "batch query head d_head"]:
+        """Compressed attention while nothing reads its scores or pattern: the same joint softmax as
+        the slot path (`_attend`) over each query's band and visible entries, computed by torch's
+        fused ``scaled_dot_product_attention`` per block of queries (an additive -inf mask). A block of queries ``a .. b - 1``
+        takes as keys the tokens ``a - B + 1 .. b - 1`` (its bands) and the entries visible to its last
+        query, with the mask `_band_allowed` & ``key > query - B`` / `_entry_allowed`; blocks keep the
+        mask and the kernel's scores at ``batch * head * block * keys <= 4 * SCORE_BLOCK``, so memory
+        grows linearly in the prompt length. Equal to the slot path to 1e-5 (summed in another
+        order; tested)."""
+        cfg = self.cfg
+        device = q_rot.device
+        W, S, B = cfg.window, cfg.stride, self.band_width
+        group = cfg.n_heads // cfg.n_kv_heads
+        batch, n = q_rot.shape[0], q_rot.shape[1]
+        p0 = int(positions[0])
+        q = q_rot.transpose(1, 2)  # [b, head, query, d]
+        out, a = [], 0
+        while a < n:
+            keys_est = B + n_visible_entries(p0 + min(n - 1, a + FUSED_BLOCK - 1), W, S, min(self.window_offsets)) + FUSED_BLOCK
+            size = max(16, min(FUSED_BLOCK, (4 * SCORE_BLOCK) // max(1, batch * cfg.n_heads * keys_est)))
+            b = min(n, a + size)
+            first, last = p0 + a, p0 + b - 1
+            lo = max(0, first - B + 1)
+            key_pos = torch.arange(lo, last + 1, device=device)
+            n_entries = n_visible_entries(last, W, S, min(self.window_offsets))
+            qp = positions[a:b]
+            band_ok = self._band_allowed(qp, key_pos) & (key_pos[None, None, :] > qp[None, :, None] - B)
+            entry_ok = self._entry_allowed(qp, torch.arange(n_entries, device=device))
+            mask = torch.cat([band_ok, entry_ok], -1)  # [kv, query, key]
+            k = torch.cat([cache.k_rot[:, lo:last + 1], cache.k_comp[:, :n_entries]], 1).transpose(1, 2)
+            v = torch.cat([cache.v[:, lo:last + 1], cache.v_comp[:, :n_entries]], 1).transpose(1, 2)
+            if group > 1:  # query head h reads KV head h // group
+                k, v = (t[:, :, None].expand(-1, -1, group, -1, -1).flatten(1, 2) for t in (k, v))
+                mask = mask[:, None].expand(-1, group, -1, -1).flatten(0, 1)
+            bias = torch.where(mask, 0.0, float("-inf")).to(q.dtype)
+            z = F.scaled_dot_product_attention(q[:, :, a:b], k, v, attn_mask=bias[None], scale=cfg.d_head**-0.5)
+            out.append(z.transpose(1, 2))
+            a = b
+        return torch.cat(out, 1)
 
     def _attend_causal(
         self,
