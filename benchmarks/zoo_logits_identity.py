@@ -1,8 +1,13 @@
 """Record (or compare) zoo-checkpoint logits: full forward, incremental cache, forward_last, last_logits
 (the own family); full forward and last_logits (the DeepSeek-V4 family's zoo folders, through load_hf).
 
-python benchmarks/zoo_logits_identity.py record|compare  (record before a change, compare after;
+python benchmarks/zoo_logits_identity.py record|compare [--slot]  (record before a change, compare after;
 the reference lives in the git-ignored runs/issue11/)
+
+``--slot`` runs the own family's compressed attention on the explicit slot path
+(``CompressedAttention.fused_compressed_attention = False``), as before the fused kernel: compared
+bit for bit, it separates a change of summation order (the fused kernel) from any other change.
+Each row prints max |diff| and, beside it, that difference relative to the largest |logit|.
 """
 import sys
 from pathlib import Path
@@ -62,9 +67,16 @@ def hf_logits(folder: Path) -> dict:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2 or sys.argv[1] not in ("record", "compare"):
-        sys.exit(f"usage: python {sys.argv[0]} record|compare (got {sys.argv[1:]})")
-    mode = sys.argv[1]
+    args = sys.argv[1:]
+    slot = "--slot" in args
+    args = [a for a in args if a != "--slot"]
+    if len(args) != 1 or args[0] not in ("record", "compare"):
+        sys.exit(f"usage: python {sys.argv[0]} record|compare [--slot] (got {sys.argv[1:]})")
+    mode = args[0]
+    if slot:
+        from phaseinterp.models.attention import CompressedAttention
+
+        CompressedAttention.fused_compressed_attention = False
     res = run_all(None if mode == "record" else list(torch.load(OUT)))
     if mode == "record":
         OUT.parent.mkdir(parents=True, exist_ok=True)
@@ -78,6 +90,7 @@ if __name__ == "__main__":
                 new = res[name][k]
                 same = torch.equal(t, new)
                 diff = (t - new).abs().max().item()
-                print(f"{name:20s} {k:5s} bit-identical={same} max|diff|={diff:.3e}")
+                rel = diff / max(t.abs().max().item(), 1e-30)
+                print(f"{name:20s} {k:5s} bit-identical={same} max|diff|={diff:.3e} relative={rel:.1e}")
                 ok &= same if k != "last" else diff < 1e-5
         print("ALL OK" if ok else "MISMATCH")

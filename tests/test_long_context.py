@@ -83,8 +83,11 @@ def test_fused_blocks_see_only_their_bands_and_visible_entries(monkeypatch):
     seen = []
     sdpa = attention.F.scaled_dot_product_attention
 
+    group = model.cfg.n_heads // model.cfg.n_kv_heads  # a KV head's query heads stacked along the query axis
+
     def spy(q, k, v, attn_mask=None, scale=None):
-        seen.append((q.shape[2], k.shape[2]))
+        assert q.shape[1] == k.shape[1] == model.cfg.n_kv_heads  # K and V are not copied per query head
+        seen.append((q.shape[2] // group, k.shape[2]))
         return sdpa(q, k, v, attn_mask=attn_mask, scale=scale)
 
     monkeypatch.setattr(attention, "FUSED_BLOCK", 16)

@@ -512,12 +512,15 @@ class CompressedAttention(nn.Module):
             mask = torch.cat([band_ok, entry_ok], -1)  # [kv, query, key]
             k = torch.cat([cache.k_rot[:, lo:last + 1], cache.k_comp[:, :n_entries]], 1).transpose(1, 2)
             v = torch.cat([cache.v[:, lo:last + 1], cache.v_comp[:, :n_entries]], 1).transpose(1, 2)
-            if group > 1:  # query head h reads KV head h // group
-                k, v = (t[:, :, None].expand(-1, -1, group, -1, -1).flatten(1, 2) for t in (k, v))
-                mask = mask[:, None].expand(-1, group, -1, -1).flatten(0, 1)
+            C = b - a
+            # query head h reads KV head h // group: the group's queries stacked along the query axis
+            # ([b, kv, group * C, d]), so K and V are not copied per query head
+            qg = q[:, :, a:b].reshape(batch, cfg.n_kv_heads, group * C, cfg.d_head)
+            mask = mask.expand(cfg.n_kv_heads, -1, -1)[:, None].expand(-1, group, -1, -1).reshape(
+                cfg.n_kv_heads, group * C, -1)
             bias = torch.where(mask, 0.0, float("-inf")).to(q.dtype)
-            z = F.scaled_dot_product_attention(q[:, :, a:b], k, v, attn_mask=bias[None], scale=cfg.d_head**-0.5)
-            out.append(z.transpose(1, 2))
+            z = F.scaled_dot_product_attention(qg, k, v, attn_mask=bias[None], scale=cfg.d_head**-0.5)
+            out.append(z.view(batch, cfg.n_heads, C, cfg.d_head).transpose(1, 2))
             a = b
         return torch.cat(out, 1)
 

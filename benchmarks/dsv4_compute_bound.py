@@ -1,0 +1,133 @@
+"""DeepSeek-V4's chunked forward against its compute bound: measured seconds / (FLOPs / GEMM rate).
+
+    python benchmarks/dsv4_compute_bound.py [--lengths 8192 32768] [--repeats 2] [--threads 1]
+
+The model is `benchmarks/dsv4_long.py`'s (a random small-width `DeepseekV4ForCausalLM` with the published
+attention settings: window 128, CSA rate 4, HCA rate 128, top-k 512), run through `HookedDeepseekV4`
+with its chunked forward (``query_chunk="auto"``), one prompt, no final logits.
+
+FLOPs are the useful multiply-adds (2 per MAC), counted per layer kind:
+
+    attention  (per query head, per query t)   4 * head_dim * (min(t + 1, window) + entries(t))
+               entries(t) = min(top_k, (t + 1) // 4)             CSA: the indexer's selection
+                          = (t + 1) // 128                       HCA: every closed entry
+    indexer    (CSA, per query t)               2 * index_heads * index_head_dim * (t + 1) // 4
+    the rest   every matmul outside the two above (projections, compressors, mHC, MoE experts, the
+               indexer's own projections) as ``torch.utils.flop_counter.FlopCounterMode`` counts them on
+               the same forward, minus the attention and indexer score matmuls it also saw
+
+and the bound is FLOPs / the machine's float32 GEMM rate, measured in the same process (the median of
+5 square matmuls of side 1,024 on the same threads). Elementwise work (softmax, RoPE, norms, gathers,
+Sinkhorn) is not counted: a ratio above 1 is that work plus the small matmuls' inefficiency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+sys.path.insert(0, str(Path(__file__).parent))
+from dsv4_long import CSA, build  # noqa: E402
+
+
+def useful_attention_flops(cfg, T: int) -> tuple[int, int]:
+    """(attention, indexer) useful FLOPs of one forward over T tokens, summed over layers."""
+    t = torch.arange(1, T + 1, dtype=torch.float64)  # t + 1 tokens visible to query t
+    band = t.clamp(max=cfg.sliding_window)
+    attn = idx = 0.0
+    for kind in cfg.layer_types:
+        rate = cfg.compress_rates.get(kind) if cfg.compress_rates else None
+        if rate is None:
+            entries = torch.zeros_like(t)
+        elif kind == CSA:
+            entries = torch.div(t, rate, rounding_mode="floor").clamp(max=cfg.index_topk)
+            idx += float((2 * cfg.index_n_heads * cfg.index_head_dim * torch.div(t, rate, rounding_mode="floor")).sum())
+        else:
+            entries = torch.div(t, rate, rounding_mode="floor")
+        attn += float((4 * cfg.num_attention_heads * cfg.head_dim * (band + entries)).sum())
+    return int(attn), int(idx)
+
+
+def gemm_rate(n: int = 1024, repeats: int = 5) -> float:
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t0)
+    return 2 * n**3 / statistics.median(times)
+
+
+def counted_rest(model, tokens, cfg) -> tuple[int, int]:
+    """(every matmul FLOP the counter saw, those of the attention and indexer score/value matmuls)."""
+    from phaseinterp.models.hf import attention as hf_attention
+
+    score_flops = [0]
+    einsum = torch.einsum
+
+    def counting(spec, *ops):  # the chunked attention's band / entry einsums
+        out = einsum(spec, *ops)
+        if spec in ("bhcd,bcsd->bhcs", "bhcd,bnd->bhcn", "bhcd,bckd->bhck"):
+            score_flops[0] += 2 * ops[0].numel() // ops[0].shape[-1] * out.shape[-1] * ops[0].shape[-1]
+        elif spec in ("bhcs,bcsd->bchd", "bhcn,bnd->bchd", "bhck,bckd->bchd"):
+            score_flops[0] += 2 * ops[0].numel() * ops[1].shape[-1]
+        return out
+
+    hf_attention.torch.einsum = counting
+    counter = FlopCounterMode(display=False)
+    try:
+        with torch.no_grad(), counter:
+            model(tokens, return_type=None)
+    finally:
+        hf_attention.torch.einsum = einsum
+    return int(counter.get_total_flops()), score_flops[0]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[8192, 32768])
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    for name in ("repeats", "threads"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name}={getattr(args, name)} must be >= 1")
+    if min(args.lengths) < 1:
+        parser.error(f"--lengths must be >= 1 (got {min(args.lengths)})")
+    torch.set_num_threads(args.threads)
+    model = build()
+    cfg = model.hf.config
+    if max(args.lengths) > cfg.max_position_embeddings:
+        parser.error(f"--lengths {max(args.lengths)} exceeds max_position_embeddings={cfg.max_position_embeddings}")
+    print(f"# dsv4_compute_bound: {model!r}; float32; {args.threads} thread(s); median of {args.repeats}")
+    print("| T | seconds | attention GFLOP | indexer GFLOP | rest GFLOP | GEMM GFLOP/s | bound s | measured / bound |")
+    print("|---|---|---|---|---|---|---|---|")
+    for T in args.lengths:
+        tokens = torch.randint(0, model.cfg.d_vocab, (1, T), generator=torch.Generator().manual_seed(T))
+        times = []
+        with torch.no_grad():
+            model(tokens[:, :256], return_type=None)
+            for _ in range(args.repeats):
+                t0 = time.perf_counter()
+                model(tokens, return_type=None)
+                times.append(time.perf_counter() - t0)
+        seconds = statistics.median(times)
+        total, scores = counted_rest(model, tokens, cfg)
+        attn, idx = useful_attention_flops(cfg, T)
+        # the indexer's score matmul is a plain matmul the counter saw: take its useful count out of the rest
+        rest = max(0, total - scores - idx)
+        rate = gemm_rate()
+        bound = (attn + idx + rest) / rate
+        print(f"| {T:,} | {seconds:.1f} | {attn / 1e9:.2f} | {idx / 1e9:.2f} | {rest / 1e9:.2f} | {rate / 1e9:.1f} | "
+              f"{bound:.2f} | {seconds / bound:.1f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
