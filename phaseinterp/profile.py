@@ -525,7 +525,7 @@ def _engine_profile(engine: Any, task: Any, n_per_residue: int, *, seed: int, ba
                     retry_wait: float, axis: str = "target", hold: int = 0,
                     length_modulus: int | None = None) -> Any:
     """`phase_profile` from an engine's answers (`phaseinterp.engines.answers.engine_answers`)."""
-    from phaseinterp.engines.answers import check_engine, check_ids_fit, engine_answers
+    from phaseinterp.engines.answers import check_engine, check_ids_fit, engine_answers  # engines/ sit above profile
 
     name = check_engine(engine)
     if device is not None:

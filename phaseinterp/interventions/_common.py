@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from typing import Optional
 
 import numpy as np
@@ -9,6 +10,7 @@ import torch
 
 from phaseinterp._checks import check_layer
 from phaseinterp.errors import UserInputError
+from phaseinterp.models.protocol import phase_model
 
 
 def model_device(model, device=None) -> torch.device:
@@ -20,8 +22,6 @@ def model_device(model, device=None) -> torch.device:
 def check_layers(model, layer, name: str = "layer") -> list[int]:
     """``None`` (every layer), one layer index, or a non-empty sequence of distinct indices
     in ``0..n_layers-1``; anything else is a ValueError naming the value."""
-    import numbers
-
     n = model.cfg.n_layers
     if layer is None:
         return list(range(n))
@@ -92,8 +92,6 @@ def phase_model_note(model, experiment: str) -> Optional[str]:
     """A premise note (`Result.premise_notes`) when ``model`` has no compression grid (full
     attention): its "phases" are positions mod S by label only, so a phase-resolved result on it
     is a control, not a measurement of phase structure. None for a compressed model."""
-    from phaseinterp.models.protocol import phase_model
-
     if phase_model(model).is_compressed:
         return None
     return (f"{experiment} on a full-attention model: it has no compression windows, so its phases are positions "
@@ -104,7 +102,5 @@ def cycling_note(model) -> Optional[str]:
     """A premise note when gate cycling is not meaningful on ``model`` (`cycling_fitness`:
     offset-specific gates AND payloads shared across slots; docs/science.md, "Gate cycling"): the
     run is a negative control. None for a fit model."""
-    from phaseinterp.models.protocol import phase_model
-
     fit, why = phase_model(model).cycling_fitness()
     return None if fit else f"not fit for gate cycling, so this run is a negative control: {why}"

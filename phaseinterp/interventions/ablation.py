@@ -156,8 +156,6 @@ class AblationResult(Result):
         excludes zero exactly when ``significant`` (``p_adjusted <= alpha``). ``change_pp`` is
         the absolute change, ``relative_change`` the same change relative to the clean accuracy.
         """
-        from phaseinterp import stats
-
         if not 0 < alpha < 1:
             raise UserInputError(f"alpha={alpha} is out of range (0, 1)")
         phases = self.residue % self.stride

@@ -23,11 +23,16 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 import torch
+from scipy import stats as scipy_stats
 
 from phaseinterp._checks import DEFAULT_N_PER_RESIDUE
 from phaseinterp.errors import UserInputError, applies_only, when_given
 from phaseinterp._files import progress_bar
-from phaseinterp.interventions._common import fixed_answer_position, model_device
+from phaseinterp.interventions._common import check_layers, fixed_answer_position, model_device, phase_model_note
+from phaseinterp.interventions.ablation import AblationResult, _units, ablate
+from phaseinterp.interventions.gate_cycling import gate_cycling_profile
+from phaseinterp.interventions.gate_shifts import cycling_fitness
+from phaseinterp.interventions.gate_stats import gate_profile
 from phaseinterp.results import Result, premise_entries
 from phaseinterp.tasks import resolve_task
 from phaseinterp.models.protocol import model_label as label_of, phase_model
@@ -64,8 +69,6 @@ def replacement_ablation(model, task=None, *, method: str = "resample", layer=No
     separates "lost the information" from "shrank the vector". ``method="mean"`` is
     `ablate`. Returns an `AblationResult` (one hooked forward per unit: the plain path).
     """
-    from phaseinterp.interventions.ablation import AblationResult, _units, ablate
-
     if method not in ABLATIONS:
         raise UserInputError(f"method={method!r} is not one of {ABLATIONS}")
     if method == "mean":
@@ -73,7 +76,6 @@ def replacement_ablation(model, task=None, *, method: str = "resample", layer=No
         return ablate(model, task, layer=layer, n_calibration=n_calibration, seed=seed,
                       calibration_seed=calibration_seed, batch_size=batch_size, prompts=prompts, progress=progress,
                       **size)
-    from phaseinterp.interventions._common import check_layers, phase_model_note
 
     if getattr(model, "training", False):
         raise UserInputError("replacement_ablation needs the model in eval mode; call model.eval() first")
@@ -189,8 +191,6 @@ def confirm_nominations(nominations: pd.DataFrame, ablation, correction: str = "
     (unit, phase) cells drawn at random without replacement from all units x phases hit at
     least as often (a cell hits when its knockout significantly hurts); ``p_same_units``: the
     same units with a uniformly random phase each (exact Poisson-binomial)."""
-    from scipy import stats as scipy_stats
-
     tests = ablation.phase_tests(correction, alpha)
     hurt = tests.assign(hurt=tests.significant & (tests.change_pp < 0)).set_index(["layer", "kv_head", "phase"])
     table = nominations.copy()
@@ -312,10 +312,6 @@ def confirm(model, task=None, *, n_per_residue: int = DEFAULT_N_PER_RESIDUE, n_c
     every unit x phase call. ``cycling=False`` skips gate cycling. ``prompts`` /
     ``nomination_prompts`` may pass pre-generated evaluation / nomination batches instead.
     """
-    from phaseinterp.interventions.gate_cycling import gate_cycling_profile
-    from phaseinterp.interventions.gate_shifts import cycling_fitness
-    from phaseinterp.interventions.gate_stats import gate_profile
-
     if correction not in ("holm", "bh"):
         raise UserInputError(f"correction={correction!r} is not one of ('holm', 'bh')")
     methods = tuple(methods)

@@ -8,6 +8,9 @@ shifts (`movement_scores`: the paper's figure), and the shift identification / p
 
 from __future__ import annotations
 
+import itertools
+import math
+import numbers
 from typing import Any
 
 import numpy as np
@@ -71,9 +74,6 @@ def _permutation_p(acc0: np.ndarray, observed: dict[int, np.ndarray], n_permutat
     enumeration (p = share of arrangements scoring >= observed, the observed one included)
     when the arrangements number at most ``n_permutations``; else seeded Monte Carlo with
     ``p = (1 + #{>= observed}) / (1 + n_permutations)``."""
-    import itertools
-    import math
-
     S = len(acc0)
     keep = np.arange(S - 1)
     shifts = list(observed)
@@ -243,9 +243,6 @@ def strictly_identified(ss_hyp: np.ndarray, shifts) -> np.ndarray:
 def _permutations(S: int, limit: int, seed: int) -> tuple[np.ndarray, bool]:
     """Every arrangement of S phases when there are at most ``limit`` (exact), else ``limit``
     seeded random ones (Monte Carlo)."""
-    import itertools
-    import math
-
     if math.factorial(S) <= limit:
         return np.array(list(itertools.permutations(range(S)))), True
     rng = np.random.default_rng(seed)
@@ -354,8 +351,6 @@ def _movement_arrays(displacement: np.ndarray, applied: np.ndarray) -> tuple[np.
 
 
 def _check_movement_inputs(displacement, shifts, stride) -> tuple[np.ndarray, np.ndarray, int]:
-    import numbers
-
     stride = check_int("stride", stride, 2, why=" (a phase needs at least two values)")
     shifts = list(np.asarray(shifts).reshape(-1)) if not isinstance(shifts, (list, tuple)) else list(shifts)
     for d in shifts:

@@ -24,7 +24,7 @@ import torch
 from phaseinterp._checks import DEFAULT_N_PER_RESIDUE
 from phaseinterp._checks import check_int, check_n_per_residue
 from phaseinterp._files import progress_bar
-from phaseinterp.errors import UserInputError, applies_only, when_given
+from phaseinterp.errors import UserInputError, applies_only, warn_renamed, when_given
 from phaseinterp.interventions._common import check_layers, cycling_note, fixed_answer_position, model_device
 from phaseinterp.interventions.cycling_stats import (
     cycling_scores,
@@ -44,7 +44,9 @@ from phaseinterp.interventions.gate_shifts import (
 from phaseinterp import stats
 from phaseinterp.results import Result, premise_entries
 from phaseinterp.tasks import resolve_task
-from phaseinterp.models.protocol import model_label as label_of
+from phaseinterp.interventions.unit_cycling import gate_cycling_unit
+from phaseinterp.models.protocol import model_label as label_of, phase_model
+from phaseinterp.profile import PhaseProfile
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -241,8 +243,6 @@ class CyclingResult(Result):
 
 
 def _answer_logits(model, tokens: torch.Tensor, answer_pos: int) -> torch.Tensor:
-    from phaseinterp.models.protocol import phase_model
-
     return phase_model(model).answer_logits(tokens[:, : answer_pos + 1].to(model_device(model)))
 
 
@@ -259,8 +259,6 @@ def _correct(model, batch, answer_pos: int, batch_size: int) -> np.ndarray:
 def _baseline_correct(model, baseline, batch, answer_pos: int, batch_size: int) -> np.ndarray:
     """The unshifted row from ``baseline`` (a `PhaseProfile`), after checking that it profiled these
     prompts (its records) and this model (the first batch rerun: same predictions, log-probs to 1e-4)."""
-    from phaseinterp.profile import PhaseProfile
-
     if not isinstance(baseline, PhaseProfile):
         raise UserInputError(f"baseline must be a PhaseProfile (phase_profile(model, prompts)), got "
                              f"{type(baseline).__name__}")
@@ -424,8 +422,6 @@ def gate_cycling(model, task=None, shifts: Optional[Sequence[int]] = None, *, sc
                  measure: str = "logprob", **kwargs):
     """Deprecated (0.3; removed in 0.4): ``score="profile"`` is `gate_cycling_profile` (a
     `CyclingResult`), ``score="unit"`` is `gate_cycling_unit` (a `UnitCyclingResult`)."""
-    from phaseinterp.errors import warn_renamed
-
     if score not in ("profile", "unit"):
         raise UserInputError(f"score={score!r} is not one of ('profile', 'unit')")
     if score == "unit":
@@ -438,7 +434,6 @@ def gate_cycling(model, task=None, shifts: Optional[Sequence[int]] = None, *, sc
                                  "score='unit' measures the unit's own contribution, which a profile does not hold")
         kwargs.pop("branch", None)
         kwargs.pop("baseline", None)
-        from phaseinterp.interventions.unit_cycling import gate_cycling_unit
 
         return gate_cycling_unit(model, task, shifts, measure=measure, **kwargs)
     warn_renamed("gate_cycling", "phaseinterp.gate_cycling_profile")

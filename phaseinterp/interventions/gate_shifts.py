@@ -14,6 +14,7 @@ score in `phaseinterp.interventions.unit_cycling`.
 from __future__ import annotations
 
 import copy
+import numbers
 from contextlib import contextmanager
 from typing import Iterator, Optional, Sequence, Union
 
@@ -22,7 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from phaseinterp._checks import check_is_model
+from phaseinterp._checks import check_int, check_is_model
 from phaseinterp.errors import keyword_options, renamed
 from phaseinterp.errors import UserInputError
 from phaseinterp.interventions._common import check_layers, model_device
@@ -77,8 +78,6 @@ def check_nonzero_shift(shift: int, S: int) -> None:
 def check_kv_heads(model, kv_heads) -> Optional[list[int]]:
     """``None`` (every KV head), one index or a non-empty list of distinct indices in
     ``0..n_kv_heads-1``; anything else is a ValueError naming the value."""
-    import numbers
-
     if kv_heads is None:
         return None
     n = model.cfg.n_kv_heads
@@ -192,7 +191,6 @@ def mean_gate_logits(model, tokens: Tensor, *, layers: Union[int, Sequence[int],
     (entries whose logit is -inf, such as the older half of DeepSeek-V4's partial entry 0,
     are left out of the mean)."""
     check_is_model(model)
-    from phaseinterp._checks import check_int
 
     batch_size = check_int("batch_size", batch_size, 1)
     if not isinstance(tokens, Tensor) or tokens.ndim != 2 or tokens.dtype not in (torch.int32, torch.int64):
@@ -262,8 +260,6 @@ def cycling_fitness(model) -> tuple[bool, str]:
     model family's answer (`PhaseModel.cycling_fitness`). It needs offset-specific gate parameters
     AND payloads shared across slots; a run without them is a negative control, to be labelled as
     one (docs/science.md, "Gate cycling")."""
-    from phaseinterp.models.protocol import phase_model
-
     return phase_model(model).cycling_fitness()
 
 

@@ -32,7 +32,8 @@ from phaseinterp._checks import DEFAULT_N_PER_RESIDUE, check_is_model
 from phaseinterp._checks import MAX_PROMPTS, check_int, check_n_per_residue
 from phaseinterp._files import progress_bar
 from phaseinterp import stats
-from phaseinterp.interventions._common import check_layers, cycling_note, fixed_answer_position
+from phaseinterp.interventions._common import check_layers, cycling_note, fixed_answer_position, model_device
+from phaseinterp.interventions.ablation import ablate
 from phaseinterp.interventions.cycling_stats import (
     contribution_displacements,
     movement_point,
@@ -46,7 +47,7 @@ from phaseinterp.interventions.knockout import calibration_mean_z, mean_replacem
 from phaseinterp.errors import UserInputError, applies_only, when_given
 from phaseinterp.results import Result, premise_entries
 from phaseinterp.tasks import resolve_task
-from phaseinterp.models.protocol import model_label as label_of
+from phaseinterp.models.protocol import model_label as label_of, phase_model
 from phaseinterp.interventions.gate_shifts import (
     check_kv_heads,
     check_shifts,
@@ -359,8 +360,6 @@ def _check_choice(name: str, value, options) -> None:
 
 def _layer_units(model, layers: list[int], kv_heads: Optional[list[int]]) -> pd.DataFrame:
     """One knockout row per layer: the query heads that read the unit's KV heads in that layer."""
-    from phaseinterp.models.protocol import phase_model
-
     family = phase_model(model)
     kv = kv_heads[0] if kv_heads is not None and len(kv_heads) == 1 else -1
     rows = []
@@ -379,8 +378,6 @@ def _joint_hooks(model, units: pd.DataFrame, mean_z, answer_pos: int) -> list:
 def _joint_knockout(model, tokens, answer_pos, answer, units: pd.DataFrame, mean_z, batch_size):
     """Knock out every row of ``units`` at once (a unit spanning several layers): two forwards per
     batch. Returns (clean log-prob, clean correct, knocked log-prob, knocked correct) per prompt."""
-    from phaseinterp.interventions._common import model_device
-
     device = model_device(model)
     hooks = _joint_hooks(model, units, mean_z, answer_pos)
     answer = torch.as_tensor(answer)
@@ -596,7 +593,6 @@ def specialized_units(
     Returns a `UnitSelection`; ``.units("specialized")`` gives `gate_cycling` arguments.
     """
     check_is_model(model)
-    from phaseinterp.interventions.ablation import ablate
 
     check_int("max_phases", max_phases, 1)
     if not model.cfg.is_compressed:

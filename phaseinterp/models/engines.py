@@ -24,7 +24,9 @@ from torch import Tensor
 
 from phaseinterp.errors import UserInputError
 from phaseinterp.models.cache import KVCache
+from phaseinterp.models.hf.last_position import _rope, block_forward_last, clean_states, logits_last
 from phaseinterp.models.paths import Z_HOOK, attached_hooks, record_path
+from phaseinterp.models.protocol import phase_model
 
 
 def require_unhooked(model, what: str = "the last-position engine") -> None:
@@ -102,8 +104,6 @@ class DeepseekV4Engine:
     is ``[n, vocab]``, the logits at ``p`` from the clean pass (its last layer at ``p`` only)."""
 
     def __init__(self, model, tokens: Tensor):
-        from phaseinterp.models.hf.last_position import _rope, clean_states
-
         require_unhooked(model)
         self.model, self.tokens = model, tokens
         self.clean, self.states = clean_states(model, tokens)
@@ -112,8 +112,6 @@ class DeepseekV4Engine:
 
     def variants(self, layer: int, n_variants: int, fwd_hooks: Sequence[tuple]) -> Tensor:
         """As `CompressedEngine.variants`."""
-        from phaseinterp.models.hf.last_position import block_forward_last, logits_last
-
         _check_variant_hooks(fwd_hooks, layer)
         model, V = self.model, n_variants
         n = self.tokens.shape[0]
@@ -130,8 +128,6 @@ class DeepseekV4Engine:
 def last_position_engine(model, tokens: Tensor):
     """The family's engine over ``tokens`` (cut after the answer position): `CompressedEngine` or
     `DeepseekV4Engine`; refuses while a hook is attached or where the family has none."""
-    from phaseinterp.models.protocol import phase_model
-
     family = phase_model(model)
     if not family.has_fast_ablation:
         raise UserInputError(f"{type(model).__name__} has no last-position engine here (PhaseModel.has_fast_ablation "

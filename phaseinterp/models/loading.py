@@ -7,11 +7,25 @@ range or a wrong stride before a load that can take many seconds.
 
 from __future__ import annotations
 
+import difflib
+import importlib.util
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Optional, Union
 
-from phaseinterp.errors import UserInputError
+import torch.nn as nn
+
+from phaseinterp._checks import check_device, check_dtype
+from phaseinterp._files import is_path
+from phaseinterp.config import CompressedConfig
+from phaseinterp.errors import MissingPathError, UserInputError
+from phaseinterp.models.hf import load_hf
+from phaseinterp.models.hf.config import DeepseekV4HookedConfig
+from phaseinterp.models.hf.deepseek_v4 import SIDECAR_FILE
+from phaseinterp.models.transformer import CompressedTransformer
+
+# The zoo is imported where it is used: it sits above models/ (it trains and ships them).
 
 ACCEPTED = ("a shipped zoo name (`phaseinterp zoo list`), a phaseinterp checkpoint folder "
             "(CompressedTransformer.save_pretrained: config.json + model.safetensors), or a Hugging Face "
@@ -34,10 +48,6 @@ def load(name_or_path: Union[str, Path, Any], *, device=None, dtype=None, device
     checkpoint's). ``device_map`` / ``max_memory`` / ``offload_folder``: accelerate's placement and
     offloading, Hugging Face checkpoints only (`load_hf`). Anything else is a `UserInputError`
     naming the value and what is accepted."""
-    import torch.nn as nn
-
-    from phaseinterp._checks import check_device, check_dtype
-
     if isinstance(name_or_path, nn.Module):
         given = {k: v for k, v in (("device", device), ("dtype", dtype), ("device_map", device_map),
                                    ("max_memory", max_memory), ("offload_folder", offload_folder)) if v is not None}
@@ -64,14 +74,10 @@ def load(name_or_path: Union[str, Path, Any], *, device=None, dtype=None, device
         if dtype is not None:
             model.to(dtype)
     elif kind == "deepseek_v4":
-        from phaseinterp.models.hf import load_hf
-
         model = load_hf(Path(name_or_path), dtype=dtype, **hf_options)
         if device is not None:
             model.to(device)
     else:
-        from phaseinterp.models.transformer import CompressedTransformer
-
         model = CompressedTransformer.from_pretrained(Path(name_or_path), device=device)
         if dtype is not None:
             model.to(dtype)
@@ -84,8 +90,7 @@ def check_source(name_or_path) -> str:
     ``"deepseek_v4"`` (a Hugging Face DeepSeek-V4 folder, either layout); anything else is a
     `UserInputError` (`MissingPathError` for a known recipe not built) naming it and what is accepted."""
     from phaseinterp import zoo
-    from phaseinterp._files import is_path
-    from phaseinterp.errors import MissingPathError
+    from phaseinterp.zoo import deepseek_v4 as hf_zoo
 
     if not is_path(name_or_path):
         raise UserInputError(f"model {name_or_path!r} ({type(name_or_path).__name__}) is not a name or a path; "
@@ -106,8 +111,6 @@ def check_source(name_or_path) -> str:
         raise UserInputError(f"{path} has a config.json that is neither a phaseinterp checkpoint's (no 'model' "
                              f"entry) nor a DeepSeek-V4 one (model_type={model_type!r}); accepted: {ACCEPTED}")
     name = str(name_or_path)
-    from phaseinterp.zoo import deepseek_v4 as hf_zoo
-
     shipped = zoo.available()  # both families
     if name in shipped:
         if name in hf_zoo.available():
@@ -126,16 +129,12 @@ def check_source(name_or_path) -> str:
 
 
 def _need_transformers(what: str) -> None:
-    import importlib.util
-
     if importlib.util.find_spec("transformers") is None:
         raise UserInputError(f"{what} and needs transformers (the 'hf' extra: pip install -e '.[hf]')")
 
 
 def nearest_name(name: str, names) -> str:
     """``"; did you mean 'w4s4'?"`` for the closest of ``names`` to ``name`` (case-insensitive), or ""."""
-    import difflib
-
     by_lower = {n.lower(): n for n in names}
     close = difflib.get_close_matches(name.lower(), list(by_lower), n=1, cutoff=0.6)
     return f"; did you mean {by_lower[close[0]]!r}?" if close else ""
@@ -146,10 +145,7 @@ def peek(name_or_path):
     (`CompressedConfig`, or `DeepseekV4HookedConfig` for a DeepSeek-V4 folder or zoo name) and
     ``metadata`` (task, zoo name), or None when that cannot be read cheaply (a model object is
     returned as is). Lets callers refuse a layer out of range or a wrong stride before the load."""
-    from types import SimpleNamespace
-
     from phaseinterp import zoo
-    from phaseinterp.config import CompressedConfig
 
     if not isinstance(name_or_path, (str, Path)):
         return name_or_path
@@ -168,12 +164,7 @@ def peek(name_or_path):
 def _peek_hf(path: Path, config: dict):
     """A Hugging Face DeepSeek-V4 checkpoint's `DeepseekV4HookedConfig` and phaseinterp metadata from
     its config.json and sidecar (transformers' config class only: no weights are read)."""
-    from types import SimpleNamespace
-
     from transformers import DeepseekV4Config
-
-    from phaseinterp.models.hf.config import DeepseekV4HookedConfig
-    from phaseinterp.models.hf.deepseek_v4 import SIDECAR_FILE
 
     hf_config = DeepseekV4Config.from_dict({k: v for k, v in config.items() if k != "model_type"})
     sidecar = path / SIDECAR_FILE

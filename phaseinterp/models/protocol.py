@@ -23,6 +23,7 @@ import torch
 
 from phaseinterp._checks import check_is_model, check_layer
 from phaseinterp.errors import UserInputError
+from phaseinterp.models.hf.config import CSA
 from phaseinterp.phase import boundary_phase
 
 
@@ -330,8 +331,6 @@ class DeepseekV4Family(_Family):
 
     @property
     def indexer_layers(self) -> list[int]:
-        from phaseinterp.models.hf.config import CSA
-
         return [layer for layer, kind in enumerate(self.cfg.layer_types) if kind == CSA]
 
     def key_slot_sources(self, layer: int, query_pos: int, n_key_slots: Optional[int] = None, kv_head: int = 0):

@@ -46,12 +46,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint
 from jaxtyping import Float, Int
+from safetensors.torch import load as load_bytes, save as save_bytes
 from torch import Tensor
+from transformer_lens.ActivationCache import ActivationCache
 from transformer_lens.hook_points import HookPoint
 
-from phaseinterp._checks import check_layer
+from phaseinterp._checks import check_device, check_layer
 from phaseinterp.errors import UserInputError
-from phaseinterp._files import atomic_write
+from phaseinterp._files import atomic_write, check_write_target, is_path, write_dir_atomically
 from phaseinterp.config import CompressedConfig
 from phaseinterp.models.attention import CompressedAttention
 from phaseinterp.models.cache import KVCache, LayerCache
@@ -189,8 +191,6 @@ class CompressedTransformer(CheckedHooks):
         if not isinstance(cfg, CompressedConfig):
             raise UserInputError(f"cfg={type(cfg).__name__} must be a CompressedConfig (or its dict)")
         if device is not None:
-            from phaseinterp._checks import check_device
-
             device = check_device(device)  # before allocating any weights
         self.cfg = cfg.replace()
         self.metadata: dict[str, Any] = {}
@@ -368,7 +368,6 @@ class CompressedTransformer(CheckedHooks):
         out, cache_dict = super().run_with_cache(*model_args, **kwargs)
         if not return_cache_object:
             return out, cache_dict
-        from transformer_lens.ActivationCache import ActivationCache
 
         return out, ActivationCache(cache_dict, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
 
@@ -425,8 +424,6 @@ class CompressedTransformer(CheckedHooks):
         checkpoint there is replaced only with ``overwrite=True``, anything else never
         (`phaseinterp._files.check_write_target`).
         """
-        from phaseinterp._files import check_write_target, write_dir_atomically
-
         directory = check_write_target(directory, "phaseinterp checkpoint", overwrite=overwrite)
         blob, config = self.checkpoint_files(metadata)
 
@@ -439,8 +436,6 @@ class CompressedTransformer(CheckedHooks):
     def checkpoint_files(self, metadata: Optional[dict] = None) -> tuple[bytes, bytes]:
         """The bytes of ``model.safetensors`` and of ``config.json`` (which records the weights' size
         and SHA-256), as `save_pretrained` writes them."""
-        from safetensors.torch import save as save_bytes
-
         tensors = {k: v.detach().to("cpu").contiguous() for k, v in self.state_dict().items()}
         blob = save_bytes(tensors)
         meta = dict(self.metadata)
@@ -460,12 +455,7 @@ class CompressedTransformer(CheckedHooks):
         cls, directory: Union[str, Path], device: Optional[Union[str, torch.device]] = None
     ) -> "CompressedTransformer":
         """Load a directory written by `save_pretrained`; verifies size and checksum first."""
-        from safetensors.torch import load as load_bytes
-
-        from phaseinterp._checks import check_device
-
         device = check_device(device)  # before reading any weights
-        from phaseinterp._files import is_path
 
         if not is_path(directory):
             raise UserInputError(f"directory={directory!r} is not a path to a checkpoint folder (config.json + "

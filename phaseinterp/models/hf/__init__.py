@@ -8,12 +8,19 @@ is imported only when a model is wrapped or loaded (``pip install 'phaseinterp[h
 from __future__ import annotations
 
 import json
+import struct
 from pathlib import Path
 from typing import Any, Optional, Union
 
+import torch
+
+from phaseinterp._checks import check_device_map, check_dtype
+from phaseinterp._files import is_path
 from phaseinterp.errors import MissingPathError, UserInputError, keyword_options
-from phaseinterp.models.hf.config import DeepseekV4HookedConfig
+from phaseinterp.models.hf.config import DeepseekV4HookedConfig, config_from_dict
 from phaseinterp.models.hf.deepseek_v4 import SIDECAR_FILE, HookedDeepseekV4
+from phaseinterp.models.hf.offload import check_max_memory
+from phaseinterp.models.hf.release_layout import inspect_checkpoint
 
 SUPPORTED_MODEL_TYPES = ("deepseek_v4",)
 _WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "*.safetensors.index.json")
@@ -67,11 +74,8 @@ def load_hf(path: Union[str, Path], *, device_map: Union[str, dict, None] = None
     checkpoint without its index, an index naming a missing shard, tensor names of neither
     layout, FP8 tensors without scales, a ``max_memory`` too small for any decoder layer.
     """
-    from phaseinterp._checks import check_device_map, check_dtype
-
     device_map = check_device_map(device_map)  # every device named exists here: before any weight is read
     dtype = check_dtype(dtype, allow_auto=True)  # "bfloat16" as transformers takes it
-    from phaseinterp._files import is_path
 
     if not is_path(path):
         raise UserInputError(f"path={path!r} is not a path to a local checkpoint folder")
@@ -96,9 +100,6 @@ def load_hf(path: Union[str, Path], *, device_map: Union[str, dict, None] = None
         raise UserInputError(f"offload_folder={str(offload_folder)!r} needs device_map (e.g. device_map='auto')")
     from transformers import DeepseekV4ForCausalLM
 
-    from phaseinterp.models.hf.memory import config_from_dict
-    from phaseinterp.models.hf.release_layout import inspect_checkpoint
-
     files = None
     for weights in sorted(path.glob("*.safetensors")):
         check_safetensors_file(weights)
@@ -107,8 +108,6 @@ def load_hf(path: Union[str, Path], *, device_map: Union[str, dict, None] = None
     fp8 = files is not None and bool(files.fp8_tensors)
     fp4 = files is not None and bool(files.fp4_tensors)
     if max_memory is not None or device_map is not None:
-        from phaseinterp.models.hf.offload import check_max_memory
-
         layer_bytes, total = _layer_bytes(config_from_dict(raw_config), dtype, raw_config)
         check_max_memory(max_memory, device_map, None if offload_folder is None else str(offload_folder),
                          layer_bytes, total)
@@ -156,8 +155,6 @@ def check_safetensors_file(file: Path) -> None:
     """A UserInputError naming ``file`` when it is not a complete safetensors file: shorter than its
     8-byte header length, a header that is not JSON, or tensor data reaching past the end (a
     truncated download or copy), read from the header alone, before transformers opens it."""
-    import struct
-
     size = file.stat().st_size
     what = f"{file} is not a complete safetensors file"
     with open(file, "rb") as f:
@@ -181,8 +178,6 @@ def check_safetensors_file(file: Path) -> None:
 def fp8_kernels_available() -> bool:
     """Whether transformers' FP8 kernels can run here (a CUDA GPU of compute capability >= 8.9,
     the condition transformers' FP8 quantizer checks); otherwise FP8 weights are dequantized."""
-    import torch
-
     if not torch.cuda.is_available():
         return False
     major, minor = torch.cuda.get_device_capability()
@@ -192,7 +187,6 @@ def fp8_kernels_available() -> bool:
 def _layer_bytes(config: Any, dtype: Any, raw_config: dict) -> tuple[dict[str, int], int]:
     """Bytes per decoder layer and in all at the dtype the weights will have in memory
     (``dtype``, else the checkpoint's ``dtype``), from the architecture on ``meta``."""
-    import torch
     from transformers import DeepseekV4ForCausalLM
 
     if not isinstance(dtype, torch.dtype):

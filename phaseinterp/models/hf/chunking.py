@@ -9,6 +9,8 @@ and the hyper-connections run in blocks of TOKEN_BLOCK tokens above that length.
 
 from __future__ import annotations
 
+from phaseinterp.errors import UserInputError
+
 AUTO_CHUNK_ABOVE = 2048
 SCORE_BLOCK = 1 << 24
 TOKEN_BLOCK = 4096
@@ -16,8 +18,6 @@ TOKEN_BLOCK = 4096
 
 def check_query_chunk(query_chunk) -> None:
     """Refuse a ``query_chunk`` other than "auto", None or an integer >= 1, naming it."""
-    from phaseinterp.errors import UserInputError
-
     if query_chunk is not None and query_chunk != "auto" and (
             isinstance(query_chunk, bool) or not isinstance(query_chunk, int) or query_chunk < 1):
         raise UserInputError(f"query_chunk={query_chunk!r} must be 'auto', None (no chunking) or an integer >= 1")

@@ -133,3 +133,14 @@ class DeepseekV4HookedConfig:
             "sliding_window": self.sliding_window, "index_topk": self.index_topk, "o_groups": self.o_groups,
             "hc_mult": self.hc_mult,
         }
+
+
+def config_from_dict(raw: dict) -> Any:
+    """A ``DeepseekV4Config`` from a ``config.json``'s fields: the architecture only (the
+    ``quantization_config`` is a quantizer's packing, not a shape; legacy release fields such as
+    ``compress_rate_csa`` or ``num_hash_layers`` fold in as transformers does)."""
+    from transformers import DeepseekV4Config
+
+    fields = {k: v for k, v in raw.items() if k not in ("architectures", "model_type", "transformers_version",
+                                                         "quantization_config", "expert_dtype")}
+    return DeepseekV4Config(**fields)

@@ -34,17 +34,21 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
+from transformer_lens.ActivationCache import ActivationCache
 from transformer_lens.hook_points import HookPoint
-from phaseinterp.models.paths import CheckedHooks
 
 from phaseinterp._checks import check_layer
+from phaseinterp._files import atomic_write, check_write_target, json_default, write_dir_atomically
 from phaseinterp.errors import UserInputError
 from phaseinterp.models.compressor import GateParameters
 from phaseinterp.models.hf.attention import BlockHooks, NormHooks
 from phaseinterp.models.hf.chunking import check_query_chunk, is_chunked
 from phaseinterp.models.hf.compressor import CompressorHooks
 from phaseinterp.models.hf.config import DeepseekV4HookedConfig
+from phaseinterp.models.hf.last_position import last_layer_at_p
 from phaseinterp.models.hf.offload import execution_device, materialized
+from phaseinterp.models.paths import CheckedHooks, last_logits_path, record_path
+from phaseinterp.models.transformer import check_tokens
 
 SIDECAR_FILE = "phaseinterp.json"  # phaseinterp metadata (task, recipe) beside an HF checkpoint
 
@@ -131,8 +135,6 @@ class HookedDeepseekV4(CheckedHooks):
 
     # ---------------------------------------------------------------- forward
     def _check_tokens(self, tokens: Tensor) -> None:
-        from phaseinterp.models.transformer import check_tokens
-
         n = self.cfg.n_ctx
         if isinstance(tokens, Tensor) and tokens.ndim == 2 and tokens.shape[1] > n:
             raise UserInputError(f"a prompt of {tokens.shape[1]} tokens exceeds the model's max_position_embeddings="
@@ -195,9 +197,6 @@ class HookedDeepseekV4(CheckedHooks):
         indexer scores over all positions but its attention and MoE at the final position only
         (`models.hf.last_position`; offloaded layers are brought in as the forward brings them); any
         hook (or ``path="full"``): ``"full"``, the full forward, every hook on its full shape."""
-        from phaseinterp.models.hf.last_position import last_layer_at_p
-        from phaseinterp.models.paths import last_logits_path, record_path
-
         chosen = last_logits_path(self, path)
         record_path(self, chosen)
         if chosen == "full":
@@ -211,7 +210,6 @@ class HookedDeepseekV4(CheckedHooks):
         out, cache_dict = super().run_with_cache(*model_args, **kwargs)
         if not return_cache_object:
             return out, cache_dict
-        from transformer_lens.ActivationCache import ActivationCache
 
         return out, ActivationCache(cache_dict, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
 
@@ -302,8 +300,6 @@ class HookedDeepseekV4(CheckedHooks):
         """HF ``save_pretrained`` (safetensors + config.json) plus ``phaseinterp.json`` with ``metadata``,
         into a new folder moved into place in one rename; a previous HF checkpoint there is replaced
         only with ``overwrite=True``, anything else never (`phaseinterp._files.check_write_target`)."""
-        from phaseinterp._files import atomic_write, check_write_target, json_default, write_dir_atomically
-
         directory = check_write_target(directory, "Hugging Face checkpoint", overwrite=overwrite)
         meta = {**self.metadata, **(metadata or {})}
 

@@ -10,6 +10,7 @@ tiny models serve as the fixture for real checkpoints: both go through the same
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -18,7 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
 
+import torch
+from safetensors.torch import save
+
+from phaseinterp._checks import check_dtype, parse_size
+from phaseinterp._files import atomic_write, check_write_target, json_default, move_into_place, normal_mode
 from phaseinterp.errors import UserInputError
+from phaseinterp.models.hf.deepseek_v4 import SIDECAR_FILE
 from phaseinterp.models.hf.release_layout import (
     FP8_BLOCK,
     INDEX_FILE,
@@ -76,8 +83,6 @@ def quantize_fp8_blocks(weight, block: tuple[int, int] = FP8_BLOCK, scales: str 
     be a multiple of it (transformers derives the block from the scale grid); a smaller one
     is one block.
     """
-    import torch
-
     if scales not in FP8_SCALES:
         raise UserInputError(f"FP8 export: scales={scales!r} is not a scale format (valid: {', '.join(FP8_SCALES)})")
     rows, cols = weight.shape[-2:]
@@ -98,8 +103,6 @@ def quantize_fp8_blocks(weight, block: tuple[int, int] = FP8_BLOCK, scales: str 
 def dequantize_fp8_blocks(q, scale):
     """``q * scale`` in float32, one scale per block (the block read from the scale grid): what
     transformers' ``Fp8Dequantize`` computes when it loads an FP8 checkpoint without FP8 kernels."""
-    import torch
-
     rows, cols = q.shape[-2:]
     sr, sc = scale.shape[-2:]
     tiles = q.to(torch.float32).reshape(*q.shape[:-2], sr, rows // sr, sc, cols // sc)
@@ -130,8 +133,6 @@ def quantize_mxfp4(weight):
     scale is the smallest power of two with ``max|w_group| / scale <= 6`` (e2m1's largest value), so
     nothing saturates; codes round to the nearest e2m1 value, ties to the even code.
     """
-    import torch
-
     rows, cols = weight.shape[-2:]
     if weight.ndim != 2 or cols % MXFP4_GROUP:
         raise UserInputError(f"MXFP4 export: a weight [rows, cols] with cols a multiple of {MXFP4_GROUP}, got "
@@ -153,8 +154,6 @@ def quantize_mxfp4(weight):
 
 def dequantize_mxfp4(packed, scale):
     """``e2m1(code) * 2 ** (scale - 127)`` in float32 ``[rows, 2 * packed cols]`` (see `quantize_mxfp4`)."""
-    import torch
-
     u8 = packed.contiguous().view(torch.uint8)
     lut = torch.tensor(E2M1_VALUES, dtype=torch.float32)
     values = torch.stack([lut[(u8 & 0xF).long()], lut[(u8 >> 4).long()]], dim=-1).reshape(u8.shape[0], -1)
@@ -172,8 +171,6 @@ def round_experts_mxfp4(model: Any) -> Any:
     """``model`` (a `HookedDeepseekV4` or ``DeepseekV4ForCausalLM``) with every routed expert replaced
     in place by its `mxfp4_roundtrip`, per released matrix (``w1``/``w3`` halves of ``gate_up_proj``
     and each ``down_proj``): the in-memory twin of an ``experts="fp4"`` export. Returns ``model``."""
-    import torch
-
     hf = getattr(model, "hf", model)
     with torch.no_grad():
         for name, param in hf.named_parameters():
@@ -198,10 +195,6 @@ def fp8_parameter_parts(named_shapes: dict[str, Any], hf_config: Any) -> dict[st
     tensors, so the parts are exactly those `export_release(fp8=True)` quantizes (one fused expert
     stack ``gate_up_proj`` holds ``w1`` and ``w3`` of every expert: one part each). Parameters with no
     FP8 part are left out."""
-    import math
-
-    import torch
-
     quantized = _fp8_release_names(hf_config)
     out: dict[str, list] = {}
     covered: set[str] = set()
@@ -220,8 +213,6 @@ def fp8_parameter_parts(named_shapes: dict[str, Any], hf_config: Any) -> dict[st
 def fp8_roundtrip_parts(weight, parts: list, scales: str = DEFAULT_FP8_SCALES):
     """``weight`` (one HF parameter) with each FP8 part (`fp8_parameter_parts`) replaced by its
     `fp8_roundtrip`; elements outside the parts are kept. No gradient flows through it."""
-    import torch
-
     with torch.no_grad():
         flat = weight.detach().reshape(-1)
         out = flat.clone()
@@ -302,11 +293,6 @@ def export_release(model: Any, out: Union[str, Path], *, fp8: bool = False, fp8_
     experts are then `mxfp4_roundtrip` of the model's, see `round_experts_mxfp4`), ``"fp8"`` (FP8
     blocks like the dense weights; needs ``fp8=True``) or ``"float"`` (unquantized, at ``dtype``).
     """
-    from safetensors.torch import save
-
-    from phaseinterp._checks import parse_size
-    from phaseinterp._files import atomic_write, json_default, normal_mode
-
     if layout not in EXPORT_LAYOUTS:
         raise UserInputError(f"layout={layout!r} is not supported for export (valid: {EXPORT_LAYOUTS})")
     shard_bytes = parse_size(max_shard_bytes, "max_shard_bytes")
@@ -318,10 +304,8 @@ def export_release(model: Any, out: Union[str, Path], *, fp8: bool = False, fp8_
                              "'float')")
     if fp8_scales not in FP8_SCALES:
         raise UserInputError(f"fp8_scales={fp8_scales!r} is not a scale format (valid: {', '.join(FP8_SCALES)})")
-    from phaseinterp._checks import check_dtype
 
     dtype = check_dtype(dtype)  # a torch dtype or its name ("bfloat16"), as transformers takes it
-    from phaseinterp._files import check_write_target, move_into_place
 
     out = check_write_target(out, "Hugging Face checkpoint", overwrite=overwrite, name="out")
     hf = getattr(model, "hf", model)
@@ -377,7 +361,6 @@ def export_release(model: Any, out: Union[str, Path], *, fp8: bool = False, fp8_
         dtype_name = str(dtype).removeprefix("torch.") if dtype is not None else None
         cfg = release_config(config, fp8=fp8, dtype=dtype_name, fp8_scales=fp8_scales, experts=experts)
         atomic_write(tmp / "config.json", json.dumps(cfg, indent=2, default=json_default).encode())
-        from phaseinterp.models.hf.deepseek_v4 import SIDECAR_FILE
 
         meta = {**getattr(model, "metadata", {}), **(metadata or {})}
         meta["export"] = {"layout": layout, "fp8": fp8, "dtype": dtype_name, "fp8_block": list(FP8_BLOCK),

@@ -33,8 +33,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from phaseinterp.models.hf.chunking import TOKEN_BLOCK
 from phaseinterp.models.hf.compressor import CompressorHooks, _hf
 from phaseinterp.models.hf.config import CSA
+from phaseinterp.models.hf.offload import execution_device, materialized
 from phaseinterp.models.paths import has_hooks, query_context
 
 
@@ -131,8 +133,6 @@ def layer_state(block, streams: Tensor, rope, position_ids: Tensor, tail: int) -
     """The `LayerState` of ``block`` for its input ``streams`` ``[N, T, hc, d_model]``, without its
     attention queries or its MoE: the same ops as the block's forward up to those (what
     `clean_states` reads from a full forward's hooks), for a layer whose output only ``p`` needs."""
-    from phaseinterp.models.hf.chunking import TOKEN_BLOCK
-
     hf, attn = block.hf, block.attn
     ahf = attn.hf
     mod = _hf()
@@ -158,8 +158,6 @@ def last_layer_at_p(model, streams: Tensor, tokens: Tensor, position_ids: Tensor
     """The last layer's `LayerState` for its input ``streams`` ``[N, T, hc, d_model]`` and the model's
     logits at ``p = T - 1`` ``[N, vocab]``, the layer run at ``p`` only (on its execution device,
     offloaded weights brought in as the forward brings them)."""
-    from phaseinterp.models.hf.offload import execution_device, materialized
-
     block = model.blocks[-1]
     device = execution_device(block.hf.input_layernorm)
     streams, tokens, position_ids = streams.to(device), tokens.to(device), position_ids.to(device)

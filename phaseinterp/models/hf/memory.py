@@ -9,14 +9,21 @@ prints the table (no argument: transformers' default ``DeepseekV4Config``, the V
 
 from __future__ import annotations
 
-from phaseinterp._checks import check_int
-from phaseinterp.errors import MissingPathError  # a missing path the user gave: one line, exit 2
-
 import json
 import sys
+import warnings
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from phaseinterp._checks import check_int
+from phaseinterp.errors import MissingPathError  # a missing path the user gave: one line, exit 2
+from phaseinterp.models.hf.chunking import SCORE_BLOCK, is_chunked
+from phaseinterp.models.hf.config import config_from_dict
 
 
 # MXFP4 experts as released: half a byte per value plus one E8M0 scale byte per 32 values
@@ -54,20 +61,8 @@ def format_estimate(estimate: MemoryEstimate) -> str:
                      for key, value in estimate.summary().items())
 
 
-def config_from_dict(raw: dict) -> Any:
-    """A ``DeepseekV4Config`` from a ``config.json``'s fields: the architecture only (the
-    ``quantization_config`` is a quantizer's packing, not a shape; legacy release fields such as
-    ``compress_rate_csa`` or ``num_hash_layers`` fold in as transformers does)."""
-    from transformers import DeepseekV4Config
-
-    fields = {k: v for k, v in raw.items() if k not in ("architectures", "model_type", "transformers_version",
-                                                         "quantization_config", "expert_dtype")}
-    return DeepseekV4Config(**fields)
-
-
 def estimate_memory(config: Union[str, Path, Any, None] = None) -> MemoryEstimate:
     """Count the parameters of a ``DeepseekV4Config``, a ``config.json`` path or a checkpoint directory."""
-    import torch
     from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
 
     if config is None:
@@ -137,8 +132,6 @@ def estimate_forward_memory(config: Union[str, Path, Any, None], seq_len: int, b
     chunked at this length (above 2,048 tokens under "auto") the chunked path's terms are counted
     (`_chunked_terms`), else the eager path's. ``logits=False``: the final ``[batch, T, vocab]`` logits
     are not counted (`last_logits`, what `phase_profile` and the knockouts read)."""
-    from phaseinterp.models.hf.chunking import is_chunked
-
     seq_len = check_int("seq_len", seq_len, 1)
     batch = check_int("batch", batch, 1)
     cfg = _as_config(config)
@@ -192,8 +185,6 @@ def _chunked_terms(cfg: Any, T: int, B: int, a: int, query_chunk: Any = "auto") 
     ``[chunk, index_heads, entries]`` in transformers' scorer: matmul, relu, weighting) or the
     attention of one query chunk (the gathered band and entry keys, about six copies of the
     ``[heads, chunk, key_slots]`` scores) with the output ``z`` ``[T, H, d]`` filling beside it."""
-    from phaseinterp.models.hf.chunking import SCORE_BLOCK
-
     H, D, d, hc = cfg.num_attention_heads, cfg.hidden_size, cfg.head_dim, cfg.hc_mult
     Hi, di, k, W = cfg.index_n_heads, cfg.index_head_dim, cfg.index_topk, cfg.sliding_window
     rope_half = int(d * cfg.partial_rotary_factor) // 2
@@ -245,8 +236,6 @@ def measure_forward_peak(model: Any, tokens: Any) -> int:
     tensor storage an op creates is counted from its creation until Python frees it (a
     ``TorchDispatchMode`` with weak-reference finalizers), the same quantity the CUDA counter reports.
     """
-    import torch
-
     weights = sum(p.numel() * p.element_size() for p in model.parameters() if p.device.type != "meta")
     device = next(model.parameters()).device
     if device.type == "cuda":
@@ -266,11 +255,6 @@ def measure_call_peak(fn) -> int:
     """Peak bytes of the tensor storage created during ``fn()`` and alive at once (CPU): every storage an
     op creates is counted from its creation until Python frees it (a ``TorchDispatchMode`` with
     weak-reference finalizers), the quantity ``torch.cuda.max_memory_allocated`` reports on CUDA."""
-    import weakref
-
-    import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     state = {"live": 0, "peak": 0}
     seen: set[int] = set()
 
@@ -358,8 +342,6 @@ def memory_plan(config: Union[str, Path, Any, None] = None, lengths: tuple[int, 
 def main(argv: list[str] | None = None) -> int:
     """``python -m phaseinterp.models.hf.memory [config.json|DIR]``, deprecated (one more release):
     ``phaseinterp memory-plan [config.json|DIR]`` prints the same."""
-    import warnings
-
     warnings.warn("`python -m phaseinterp.models.hf.memory` is deprecated and will be removed in the next release; "
                   "use `phaseinterp memory-plan`", DeprecationWarning, stacklevel=2)
     argv = sys.argv[1:] if argv is None else argv

@@ -15,6 +15,7 @@ from typing import Any, Iterator, Optional
 import torch
 import torch.nn as nn
 
+from phaseinterp._checks import parse_size
 from phaseinterp.errors import UserInputError
 
 
@@ -54,8 +55,6 @@ def materialized(module: nn.Module) -> Iterator[nn.Module]:
 
 
 def _device_budgets(max_memory: dict) -> dict[Any, int]:
-    from phaseinterp._checks import parse_size
-
     if not isinstance(max_memory, dict) or not max_memory:
         raise UserInputError(f"max_memory={max_memory!r} must be a non-empty dict of device -> size "
                             "(e.g. {0: '70GiB', 'cpu': '200GiB'})")

@@ -24,13 +24,17 @@ stored as ``float8_e4m3fn`` with one scale per ``128 x 128`` block under ``<modu
 
 from __future__ import annotations
 
-from phaseinterp.errors import MissingPathError, UserInputError  # a missing path the user gave: one line, exit 2
-
 import json
 import re
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
+
+import torch
+
+from phaseinterp.errors import MissingPathError, UserInputError  # a missing path the user gave: one line, exit 2
+from phaseinterp.models.hf.config import config_from_dict
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -111,7 +115,6 @@ def release_tensors(hf_state: dict[str, Any]) -> dict[str, Any]:
 
 
 def _hf_model_on_meta(config: Any):
-    import torch
     from transformers import DeepseekV4ForCausalLM
 
     with torch.device("meta"):
@@ -189,8 +192,6 @@ class CheckpointFiles:
 
 
 def _read_header(path: Path) -> dict[str, dict]:
-    import struct
-
     try:
         with open(path, "rb") as f:
             raw = f.read(8)
@@ -288,8 +289,6 @@ def _detect_layout(path: Path, names: list[str], config: dict) -> str:
     """``"deepseek"`` when the names are exactly DeepSeek's released ones, ``"hf"`` when
     transformers' load-time renaming maps each onto the HF model (its own names, or what its
     ``save_pretrained`` writes); otherwise a ValueError naming the first tensor that is neither."""
-    from phaseinterp.models.hf.memory import config_from_dict
-
     cfg = config_from_dict(config)
     weights = [n for n in names if not _is_scale(n) and not n.startswith("mtp.")]  # mtp.*: ignored by transformers
     if set(weights) == set(release_tensors_names(cfg)):
@@ -311,8 +310,6 @@ def _is_scale(name: str) -> bool:
 
 def release_tensors_names(config: Any) -> list[str]:
     """Every DeepSeek name the released layout has for ``config`` (weights, not scales)."""
-    import torch
-
     state = _hf_model_on_meta(config).state_dict()
     meta = {k: torch.empty(v.shape, device="meta") for k, v in state.items()}
     return list(release_tensors(meta))
