@@ -106,7 +106,7 @@ class OpenAIEngine:
                 raise UserInputError(
                     f"{self.url} does not take token-id prompts (its request schema wants text), so it cannot "
                     "be sent the phase-controlled sequence; serve the model with a server that accepts "
-                    "'prompt' as lists of token ids and returns top logprobs (vLLM, SGLang; see README, "
+                    "'prompt' as lists of token ids and returns top logprobs (vLLM, SGLang; see docs/engines.md, "
                     "'Phase profiles of a served model'), or run a GGUF in process with phaseinterp.engines.LlamaCppEngine. "
                     f"Server said: {detail}") from None
             if err.code in RETRYABLE_HTTP:
