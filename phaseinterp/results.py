@@ -16,11 +16,12 @@ frozen dataclass that inherits `Result`, so each has:
 - ``==`` that compares contents, so two loaded copies of one result are equal.
 
 This module sits below ``tasks`` and ``interventions`` in the layering: it imports only
-numpy, pandas and the file helpers; plotly is imported inside ``_repr_html_``.
+numpy, pandas, jaxtyping and the file helpers; plotly is imported inside ``_repr_html_``.
 """
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import hashlib
 import html
@@ -28,11 +29,14 @@ import io
 import json
 import math
 import os
+import types
+import typing
 from pathlib import Path
 from typing import Any, Optional, Union
 
 import numpy as np
 import pandas as pd
+from jaxtyping import AbstractArray
 
 from phaseinterp.errors import MissingPathError, UserInputError
 from phaseinterp._files import RESULT_KIND, atomic_write, check_write_target, saved_kind, write_dir_atomically
@@ -229,27 +233,61 @@ class Result:
                 stored = {k: data[k] for k in data.files}
         except Exception as err:  # zipfile.BadZipFile, ValueError, OSError, EOFError ...
             raise UserInputError(f"{directory / ARRAYS_FILE} is truncated or corrupt: {err}") from None
-        kwargs: dict[str, Any] = {name: _decode(v) for name, v in meta["fields"].items()}
+        for key, kind in (("fields", dict), ("arrays", list), ("frames", dict), ("results", dict)):
+            if not isinstance(meta.get(key, {} if key == "results" else None), kind):
+                raise UserInputError(f"{directory / META_FILE}: {key!r} is {type(meta.get(key)).__name__}, not a "
+                                     f"{kind.__name__}; the saved result was edited or is corrupt")
+        kwargs: dict[str, Any] = {}
+        for name, value in meta["fields"].items():
+            try:
+                kwargs[name] = _decode(value)
+            except (TypeError, ValueError, KeyError, AttributeError) as err:
+                raise UserInputError(f"{directory / META_FILE}: field {name!r} holds an unreadable value "
+                                     f"({str(err)[:120]}); the saved result was edited or is corrupt") from None
         try:
             for name in meta["arrays"]:
                 kwargs[name] = stored[name]
             for name, spec in meta["frames"].items():
-                kwargs[name] = _frame_from_arrays(spec, name, stored)
-        except KeyError as err:
+                try:
+                    kwargs[name] = _frame_from_arrays(spec, name, stored)
+                except KeyError:
+                    raise
+                except (TypeError, ValueError, AttributeError, IndexError) as err:
+                    raise UserInputError(f"{directory}: the table {name!r} does not read back ({str(err)[:120]}); "
+                                         "the saved result was edited or is corrupt") from None
+        except (KeyError, TypeError) as err:
             raise UserInputError(f"{directory / ARRAYS_FILE} lacks the array {err}: truncated or corrupt") from None
         for name, spec in meta.get("results", {}).items():
             items = []
-            for i, kind in enumerate(spec["kinds"]):
-                if kind not in _KINDS:
+            kinds = spec.get("kinds") if isinstance(spec, dict) else None
+            if not isinstance(kinds, list):
+                raise UserInputError(f"{directory / META_FILE}: results entry {name!r} has no list of kinds; the "
+                                     "saved result was edited or is corrupt")
+            for i, kind in enumerate(kinds):
+                if not isinstance(kind, str) or kind not in _KINDS:
                     raise UserInputError(f"{directory / name / str(i)} holds a {kind}, not a known result class")
                 items.append(_KINDS[kind].load(directory / name / str(i)))
-            kwargs[name] = tuple(items) if spec["tuple"] else items
+            kwargs[name] = tuple(items) if spec.get("tuple") else items
         known = {f.name for f in dataclasses.fields(cls) if f.init}
         unknown = sorted(set(kwargs) - known)
         if unknown:
             raise UserInputError(f"{directory} was saved by another version of {cls.__name__} (unknown fields {unknown})")
+        required = [f.name for f in dataclasses.fields(cls) if f.init and f.default is dataclasses.MISSING
+                    and f.default_factory is dataclasses.MISSING]
+        missing = [name for name in required if name not in kwargs]
+        if missing:
+            raise UserInputError(f"{directory} lacks the field(s) {missing} of a {cls.__name__}; the saved result was "
+                                 "edited or is corrupt")
+        check_loaded_types(cls, kwargs, f"{directory}")
         check_loaded_ranges(kwargs, f"{directory}")
-        return cls(**kwargs)
+        try:
+            return cls(**kwargs)
+        except (TypeError, ValueError, IndexError) as err:
+            if isinstance(err, UserInputError):
+                raise UserInputError(f"{directory}: {' '.join(str(err).split())}") from None
+            first = (str(err).strip().splitlines() or [""])[0]
+            raise UserInputError(f"{directory} does not make a {cls.__name__} ({type(err).__name__}: "
+                                 f"{first[:160]}); the saved result was edited or is corrupt") from None
 
 
 def _content_hash(meta: dict, arrays_blob: bytes) -> str:
@@ -260,20 +298,104 @@ def _content_hash(meta: dict, arrays_blob: bytes) -> str:
     return h.hexdigest()
 
 
+# Field names by what they hold, shared by every result class (`_range_of`).
+_OPEN_UNIT = ("confidence", "alpha")  # a level strictly between 0 and 1
+_P_VALUES = ("identification_p", "nomination_p", "nomination_p_same_units")
+_FRACTIONS = ("mean", "chance", "threshold")
+_SIZES = ("modulus", "residue_modulus", "stride", "window", "cut_period", "top_k", "max_phases", "eval_every",
+          "seq_len")  # a grid or a setting that is at least 1
+_COUNTS = ("steps",)
+
+
 def _range_of(name: str) -> Optional[tuple[float, float, str]]:
     """The values a field of this name can hold, by the names every result shares."""
-    if name == "confidence":
+    if name in _OPEN_UNIT:
         return (0.0, 1.0, "in (0, 1)")
-    if "p_value" in name or "accuracy" in name or name.endswith(("_lower", "_upper")) or name in ("mean", "chance"):
+    if ("p_value" in name or "accuracy" in name or name.endswith(("_lower", "_upper", "_rate", *_P_VALUES))
+            or "_rate_" in name or name in _FRACTIONS):
         return (0.0, 1.0, "in [0, 1]")
-    if name.endswith(("_n", "_correct")) or name in ("n_prompts", "n_per_residue", "modulus", "stride"):
+    if name in _SIZES:
+        return (1.0, math.inf, "a size >= 1")
+    if name.endswith(("_n", "_correct")) or name.startswith("n_") or name in _COUNTS:
         return (0.0, math.inf, "a count >= 0")
     return None
 
 
+def _fits(value: Any, hint: Any) -> bool:
+    """Whether a loaded ``value`` can be of the annotated type ``hint`` (a readable subset of typing:
+    what no check here understands passes)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any or isinstance(hint, (str, typing.TypeVar)):
+        return True
+    if origin is Union or (hasattr(types, "UnionType") and isinstance(hint, types.UnionType)):
+        return any(_fits(value, a) for a in args)
+    if hint is type(None):
+        return value is None
+    if origin is typing.Literal:
+        return value in args
+    if hint is bool:
+        return isinstance(value, (bool, np.bool_))
+    if hint is int:
+        return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+    if hint is float:
+        return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+    if hint is str:
+        return isinstance(value, str)
+    if origin in (tuple, list, collections.abc.Sequence):
+        if not isinstance(value, (tuple, list)) or any(isinstance(v, Result) for v in value):
+            return isinstance(value, (tuple, list))
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            return len(value) == len(args) and all(_fits(v, a) for v, a in zip(value, args))
+        return not args or all(_fits(v, args[0]) for v in value)
+    if origin is dict:
+        return isinstance(value, dict)
+    if isinstance(hint, type) and issubclass(hint, AbstractArray):  # Float[np.ndarray, "residue"], ...
+        if not isinstance(value, np.ndarray):
+            return False
+        dims = hint.dim_str.split()
+        if not any(d.startswith(("*", "...", "#")) or d == "..." for d in dims) and value.ndim != len(dims):
+            return False
+        return value.dtype.name in hint.dtypes or (hint.dtype.__name__ == "Float" and value.dtype.kind in "iu")
+    if hint in (np.ndarray, pd.DataFrame, tuple, list, dict):
+        return isinstance(value, hint)
+    return True
+
+
+def _type_text(hint: Any) -> str:
+    if isinstance(hint, type) and issubclass(hint, AbstractArray):
+        return f"a {hint.dtype.__name__} array [{hint.dim_str}]"
+    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+
+
+def check_loaded_types(cls: type, fields: dict, where: str) -> None:
+    """Refuse a loaded field whose value is not of its annotated type (a string for a count, a list for a
+    p-value, a 2-D array for a per-residue one, null for a field that cannot be None), naming it."""
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:  # an annotation this Python cannot evaluate: nothing to check against
+        return
+    sizes: dict[str, tuple[str, int]] = {}  # a named axis ("residue") -> the first field that has it, its size
+    for name, value in fields.items():
+        hint = hints.get(name)
+        if hint is not None and not _fits(value, hint):
+            shown = f"an array of {value.dtype} {value.shape}" if isinstance(value, np.ndarray) else repr(value)[:60]
+            raise UserInputError(f"{where}: {name}={shown} is not {_type_text(hint)}; the saved result was edited "
+                                 "or is corrupt")
+        if isinstance(value, np.ndarray) and isinstance(hint, type) and issubclass(hint, AbstractArray):
+            dims = hint.dim_str.split()
+            for axis, dim in enumerate(dims if value.ndim == len(dims) else ()):
+                if not dim.isidentifier() or dim == "_":
+                    continue
+                first, size = sizes.setdefault(dim, (name, value.shape[axis]))
+                if size != value.shape[axis]:
+                    raise UserInputError(f"{where}: {name} has {value.shape[axis]} entries along {dim!r} but {first} "
+                                         f"has {size}; the saved result was edited or is corrupt")
+
+
 def check_loaded_ranges(fields: dict, where: str) -> None:
     """Refuse a loaded field whose value it cannot have (a p-value of 7, a confidence of -3, a negative
-    count, more correct answers than prompts), naming the field and its range. NaN is allowed (not
+    count, a stride of 0, more correct answers than prompts, more hits than nominations), naming the
+    field and its range (`_range_of`, by the field names every result shares). NaN is allowed (not
     measured)."""
     for name, value in fields.items():
         bounds = _range_of(name)
@@ -286,7 +408,7 @@ def check_loaded_ranges(fields: dict, where: str) -> None:
         low, high, text = bounds
         finite = values[~np.isnan(values)]
         bad = (finite < low) | (finite > high)
-        if name == "confidence":
+        if name in _OPEN_UNIT:
             bad |= (finite <= 0) | (finite >= 1)
         if bad.any():
             shown = float(finite[bad].ravel()[0])
@@ -299,6 +421,11 @@ def check_loaded_ranges(fields: dict, where: str) -> None:
             if c.shape == n.shape and (c > n).any():
                 raise UserInputError(f"{where}: {name} exceeds {name.replace('_correct', '_n')} (more correct answers "
                                      "than prompts); the saved result was edited or is corrupt")
+    for part, whole, what in (("n_hits", "n_nominated", "more hits than nominated units"),):
+        if isinstance(fields.get(part), (int, np.integer)) and isinstance(fields.get(whole), (int, np.integer)) \
+                and fields[part] > fields[whole]:
+            raise UserInputError(f"{where}: {part}={int(fields[part])} exceeds {whole}={int(fields[whole])} ({what}); "
+                                 "the saved result was edited or is corrupt")
 
 
 # ------------------------------------------------------- tasks and settings

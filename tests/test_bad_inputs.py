@@ -715,6 +715,22 @@ def test_a_writer_writes_through_a_link_and_never_moves_it(writer, model, tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "real"], "a staging folder or moved link was left"
 
 
+@pytest.mark.parametrize("writer", [pytest.param(w, marks=pytest.mark.slow) if w.endswith("build_report") else w
+                                    for w in sorted(w for w, (_, _, cheap) in WRITERS.items() if not cheap)])
+def test_a_costly_writer_writes_through_a_link_once_and_never_moves_it(writer, model, tmp_path):
+    """The writers whose second write is costly or resumes (a report, a shard folder): one write through
+    a link to an empty folder; the link stays a link to it, nothing is left beside either."""
+    from phaseinterp._files import saved_kind
+
+    write, kind, _ = WRITERS[writer]
+    real, link = tmp_path / "real", tmp_path / "link"
+    real.mkdir()
+    link.symlink_to(real, target_is_directory=True)
+    write(model, link)
+    assert link.is_symlink() and Path(os.readlink(link)) == real and saved_kind(real) == kind
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "real"], "a staging folder or moved link was left"
+
+
 @pytest.mark.parametrize("writer", sorted(WRITERS))
 def test_a_writer_refuses_an_unwritable_place_before_any_work(writer, model, monkeypatch):
     """/proc accepts no new folder (even for root, whom os.access always answers yes): refused at once,
@@ -1130,20 +1146,103 @@ def test_engine_journal_refuses_a_folder_that_is_not_one(tmp_path, model):
     assert _snapshot(tmp_path) == before
 
 
-def test_a_file_writer_replaces_what_a_link_points_to_and_keeps_the_link(tmp_path, monkeypatch):
-    """A figure path that is a link to the user's file: with overwrite the file it points to is replaced, the
-    link stays; without overwrite nothing changes."""
+@pytest.mark.parametrize("writer", sorted(FILE_WRITERS))
+def test_a_file_writer_replaces_what_a_link_points_to_and_keeps_the_link(writer, tmp_path, monkeypatch):
+    """A file path that is a link to the user's file: with overwrite the file it points to is replaced, the
+    link stays; without overwrite nothing changes. A link to a folder is refused as a folder."""
     from phaseinterp.errors import UserInputError
 
-    real, link = tmp_path / "real.html", tmp_path / "link.html"
+    write, file_name = FILE_WRITERS[writer]
+    suffix = Path(file_name).suffix
+    real, link = tmp_path / f"real{suffix}", tmp_path / f"link{suffix}"
     real.write_text("old figure")
     link.symlink_to(real)
+    (tmp_path / "page").mkdir()
+    (tmp_path / "page" / "index.html").write_text("<html><body>a report</body></html>")
     with pytest.raises(UserInputError, match="already exists"):
-        _write_figure_html(link, False, monkeypatch, False)
+        write(link, False, monkeypatch, False)
     assert real.read_text() == "old figure"
-    _write_figure_html(link, True, monkeypatch, False)
-    assert link.is_symlink() and "plotly" in real.read_text().lower()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.html", "real.html"]
+    write(link, True, monkeypatch, False)
+    assert link.is_symlink() and Path(os.readlink(link)) == real and real.read_bytes() != b"old figure"
+    folder, folder_link = tmp_path / "folder", tmp_path / f"folder_link{suffix}"
+    folder.mkdir()
+    folder_link.symlink_to(folder, target_is_directory=True)
+    with pytest.raises(UserInputError, match="is a folder"):
+        write(folder_link, True, monkeypatch, False)
+    assert folder_link.is_symlink() and list(folder.iterdir()) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["folder", folder_link.name, link.name, "page", real.name]), "a temporary file or moved link was left"
+
+
+def _out_verbs():
+    """Every CLI verb with --out (or --out-dir, --shard-dir), as the argv that runs it on a small checkpoint."""
+    from phaseinterp.cli.args import build_parser
+
+    sub = build_parser()._subparsers._group_actions[0].choices
+    verbs = {}
+    for verb, parser in [*sub.items(), *[(f"zoo {z}", p) for z, p in
+                                         sub["zoo"]._subparsers._group_actions[0].choices.items()],
+                         *[(f"tokenizer {z}", p) for z, p in
+                           sub["tokenizer"]._subparsers._group_actions[0].choices.items()]]:
+        flags = [f for a in parser._actions for f in a.option_strings if f in ("--out", "--out-dir", "--shard-dir")]
+        for flag in flags:
+            verbs[f"{verb} {flag}"] = (verb, flag)
+    return verbs
+
+
+def _argv_for(verb, checkpoint, tmp_path):
+    data = tmp_path / "text.jsonl"
+    data.write_text(json.dumps({"text": "a line of text " * 20}) + "\n")
+    return {"demo": ["demo"], "report": ["report", str(checkpoint)], "profile": ["profile", str(checkpoint)],
+            "ablate": ["ablate", str(checkpoint)], "cycle": ["cycle", str(checkpoint)],
+            "gates": ["gates", str(checkpoint)], "conformance": ["conformance", str(checkpoint)],
+            "merge": ["merge", str(tmp_path)], "zoo export": ["zoo", "export", "dsv4-tiny", "--layout", "deepseek"],
+            "lm-eval-task": ["lm-eval-task", str(checkpoint)], "train": ["train", "--steps", "1"],
+            "zoo build": ["zoo", "build", "w4s4"],
+            "pretrain": ["pretrain", "--preset", "tiny", "--data", str(data), "--tokenizer", str(tmp_path)],
+            "tokenizer train": ["tokenizer", "train", "--data", str(data), "--vocab-size", "300"]}[verb]
+
+
+def test_every_out_verb_is_walked():
+    walked = {"demo", "report", "profile", "ablate", "cycle", "gates", "conformance", "merge", "zoo export",
+              "lm-eval-task", "train", "zoo build", "pretrain", "tokenizer train"}
+    assert {verb for verb, _ in _out_verbs().values()} == walked
+
+
+@pytest.mark.parametrize("verb_flag", sorted(_out_verbs()))
+def test_every_out_verb_refuses_an_unwritable_place_before_any_work(verb_flag, checkpoint, tmp_path, capsys,
+                                                                     monkeypatch):
+    """--out (--out-dir, --shard-dir) under /proc: exit 2, one line naming the path, before any model
+    loads (a load is patched to fail loudly)."""
+    from phaseinterp.models import loading
+
+    if not Path("/proc").is_dir():
+        pytest.skip("no /proc on this system")
+    verb, flag = _out_verbs()[verb_flag]
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("a model was loaded before --out was checked")
+
+    monkeypatch.setattr(loading, "load", no_work)
+    target = "/proc/phaseinterp-cannot-write-here"
+    assert main(_argv_for(verb, checkpoint, tmp_path) + [flag, target]) == 2, verb_flag
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and target in err and "not writable" in err, (verb_flag, err)
+
+
+@pytest.mark.parametrize("verb", ["profile", "gates", "lm-eval-task", "ablate"])
+def test_an_out_verb_writes_through_a_link_and_never_moves_it(verb, checkpoint, tmp_path, capsys):
+    """The issue's instance: --out naming a link to a folder. The folder it points to is written, then
+    (--overwrite) replaced; the link stays a link to it, nothing is left beside either."""
+    real, link = tmp_path / "real", tmp_path / "link"
+    real.mkdir()
+    link.symlink_to(real, target_is_directory=True)
+    size = ["--n-per-residue", "23"]
+    for extra in ([], ["--overwrite"]):
+        assert main(_argv_for(verb, checkpoint, tmp_path) + size + ["--out", str(link), *extra]) == 0, verb
+        assert link.is_symlink() and Path(os.readlink(link)) == real and any(real.iterdir())
+    capsys.readouterr()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "real", "text.jsonl"], "a staging folder was left"
 
 
 # ----------------------------------------- edited checkpoints and saved results (issue 45, class 3)

@@ -99,3 +99,100 @@ def test_a_model_name_instead_of_a_model_is_named(name):
 def test_environment_switches_read_false_as_off(monkeypatch, text, on):
     monkeypatch.setenv("PHASEINTERP_NO_PROGRESS", text)
     assert env_flag("PHASEINTERP_NO_PROGRESS") is on
+
+
+# ------------------------------------------------------------------ every environment variable phaseinterp reads
+# name -> how it is read. A "switch" is read only through `_checks.env_flag` (unset, "", 0, false, no,
+# off: off); every other variable is a value of its own kind, read where it says.
+ENV_READS = {
+    "PHASEINTERP_NO_PROGRESS": "switch",
+    "PHASEINTERP_PLOTLYJS": "a mode: 'inline' or 'cdn' (results._plotly_js; anything else refused by name)",
+    "BROWSER_PATH": "a path to a Chromium (plot.export.find_browser, report.check.find_chromium)",
+    "XDG_CACHE_HOME": "a folder (engines.llama_prebuilt's cache)",
+    "RANK": "an integer set by torchrun (parallel.launch._env_int refuses anything else by name)",
+    "WORLD_SIZE": "an integer set by torchrun (_env_int); its presence means a torchrun launch (cli)",
+    "LOCAL_RANK": "an integer set by torchrun (_env_int); its presence marks a worker process (cli)",
+}
+ENV_HELPERS = {"env_flag": "switch", "_env_int": "integer"}  # functions that read a variable they are given
+
+
+def _environment_reads():
+    """(file, function, how, name or None) for every read of the environment in phaseinterp/: os.environ.get,
+    os.getenv, os.environ[...], `... in os.environ`, and the helpers' calls with a literal name."""
+    import ast
+    from pathlib import Path
+
+    root = Path(pi.__file__).parent
+    reads = []
+    for file in sorted(root.rglob("*.py")):
+        tree = ast.parse(file.read_text())
+        enclosing = {}  # node -> the innermost function around it ("<module>" at top level)
+        stack = [(tree, "<module>")]
+        while stack:
+            node, name = stack.pop()
+            for child in ast.iter_child_nodes(node):
+                inner = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else name
+                enclosing[child] = inner
+                stack.append((child, inner))
+        for node in ast.walk(tree):
+            text = ast.unparse(node) if isinstance(node, (ast.Call, ast.Subscript, ast.Compare)) else ""
+            literal = None
+            if isinstance(node, ast.Call) and ast.unparse(node.func) in ("os.environ.get", "os.getenv",
+                                                                         "os.environ.setdefault", *ENV_HELPERS):
+                how = ast.unparse(node.func)
+                arg = node.args[0] if node.args else None
+                literal = arg.value if isinstance(arg, ast.Constant) else None
+            elif isinstance(node, ast.Subscript) and ast.unparse(node.value) == "os.environ":
+                how = "os.environ[]"
+                literal = node.slice.value if isinstance(node.slice, ast.Constant) else None
+            elif isinstance(node, ast.Compare) and any(ast.unparse(c) == "os.environ" for c in node.comparators):
+                how = "in os.environ"
+                literal = node.left.value if isinstance(node.left, ast.Constant) else None
+            else:
+                continue
+            reads.append((str(file.relative_to(root)), enclosing.get(node, "<module>"), how, literal, text))
+    # a function body's reads were also walked from the module; keep each once
+    return sorted(set(reads))
+
+
+def test_every_environment_read_is_listed_and_switches_use_env_flag():
+    reads = _environment_reads()
+    assert reads, "the walk found no environment read"
+    seen = set()
+    for file, function, how, name, text in reads:
+        if name is None:  # a variable name: only the helpers, which read what their callers name
+            assert function in ENV_HELPERS, f"{file}:{function} reads the environment by a computed name: {text}"
+            continue
+        seen.add(name)
+        assert name in ENV_READS, f"{file}:{function} reads {name} (list it in ENV_READS with how it is read)"
+        if ENV_READS[name] == "switch":
+            assert how == "env_flag", f"{file}:{function} reads the switch {name} without env_flag: {text}"
+    assert seen == set(ENV_READS), f"ENV_READS lists variables nothing reads: {set(ENV_READS) - seen}"
+
+
+@pytest.mark.parametrize("name", [n for n, how in ENV_READS.items() if how == "switch"])
+@pytest.mark.parametrize("text, on", [("", False), ("0", False), ("false", False), (" False ", False),
+                                      ("no", False), ("OFF", False), ("1", True), ("true", True), ("yes", True)])
+def test_every_switch_reads_false_as_off(monkeypatch, name, text, on):
+    monkeypatch.setenv(name, text)
+    assert env_flag(name) is on
+
+
+def test_progress_bars_follow_the_switch(monkeypatch):
+    """The switch where it acts: PHASEINTERP_NO_PROGRESS=0 leaves progress bars on, =1 turns them off."""
+    from phaseinterp._files import progress_bar
+
+    monkeypatch.setenv("PHASEINTERP_NO_PROGRESS", "0")
+    bar = progress_bar(True, 3, "x")
+    assert bar is not None
+    bar.close()
+    monkeypatch.setenv("PHASEINTERP_NO_PROGRESS", "1")
+    assert progress_bar(True, 3, "x") is None
+
+
+def test_a_plotlyjs_mode_that_is_not_one_is_named(monkeypatch):
+    from phaseinterp import results
+
+    monkeypatch.setenv("PHASEINTERP_PLOTLYJS", "0")
+    with pytest.raises(UserInputError, match=r"PHASEINTERP_PLOTLYJS='0' is not one of 'inline', 'cdn'"):
+        results._plotly_js()

@@ -191,3 +191,82 @@ def test_a_result_saved_before_the_premise_field_loads_and_is_checked(tmp_path):
     assert old.premise_recorded == () and any("collapses" in n for n in old.premise_notes)
     r.save(tmp_path / "d")
     assert CyclingResult.load(tmp_path / "d").premise_notes == r.premise_notes
+
+
+def test_uniform_gates_have_no_preferred_slot():
+    from phaseinterp.interventions import GateProfile
+
+    slots = pd.DataFrame([dict(layer=0, kv_head=0, branch="k", slot=s, phase=s, mean_alpha=0.25, static_alpha=0.25)
+                          for s in range(4)])
+    heads = pd.DataFrame([dict(layer=0, kv_head=0, branch="k", preferred_slot=0, static_concentration=4.0,
+                               window_concentration=4.0)])
+    assert_fails_without_claim(GateProfile(slots=slots, heads=heads, window=4, stride=4), "every gate is uniform")
+    peaked = heads.assign(window_concentration=1.5)
+    assert GateProfile(slots=slots, heads=peaked, window=4, stride=4).premise_holds
+
+
+def test_a_confirmation_carries_its_parts_failed_premises():
+    """An untrained model: its mean ablation's profile collapses, and confirm says so (with the part named)."""
+    from phaseinterp import CompressedConfig, CompressedTransformer
+    from phaseinterp.tasks import KeyValueRetrieval
+
+    task = KeyValueRetrieval(seq_len=64, n_records=8, n_demos=2, min_distance=20, residue_modulus=8)
+    model = CompressedTransformer(CompressedConfig(d_vocab=task.vocab.size, n_ctx=64, d_model=32, n_layers=2,
+                                                   n_heads=2, n_kv_heads=1, d_head=16, d_mlp=64, window=4, stride=4,
+                                                   local_window=8)).eval()
+    r = pi.interventions.confirm(model, task, n_calibration=8, prompts=task.generate(12, seed=0, strict=False),
+                                 nomination_prompts=task.generate(2, seed=2, strict=False), progress=False)
+    assert_fails_without_claim(r, "mean ablation: ", "below 10% at every phase")
+
+
+# ------------------------------------------------------------------ the walk covers every result class
+# Each result class whose experiment has a premise -> the tests above that run it with the premise failing.
+PREMISE_WALKED = {
+    "CyclingResult": ["test_cycling_w4s4_staggered_collapses_and_claims_nothing", "test_cycling_premise_from_its_own_data"],
+    "UnitCyclingResult": ["test_cycling_w4s4_is_labelled_a_negative_control"],
+    "AblationResult": ["test_every_phase_experiment_on_full_attention_notes_or_refuses",
+                       "test_a_collapsed_profile_cannot_show_specialization"],
+    "GateProfile": ["test_uniform_gates_have_no_preferred_slot"],
+    "ConfirmResult": ["test_a_confirmation_carries_its_parts_failed_premises"],
+    "ForcedSelectionResult": ["test_forced_selection_that_changes_nothing_says_so"],
+    "RemedyResult": ["test_remedy_without_a_baseline_gap_says_so"],
+    "FlowResult": ["test_a_flow_that_did_not_converge_says_so"],
+}
+# Result classes without a premise check, each with the reason.
+NO_PREMISE = {
+    "PhaseProfile": "a measurement: a flat or collapsed profile is its answer (no period, the homogeneity p-value)",
+    "TwoAxisProfile": "two measurements (its PhaseProfiles): a flat axis is its answer",
+    "ConformanceResult": "a comparison of two implementations: any difference is its answer",
+    "DocstringResult": "a measurement of margins: no experiment's logic assumed",
+    "IndexerPhaseResult": "a measurement of the indexer's selections; indexer_phase refuses a model without CSA layers",
+    "UnitSelection": "a rule applied to an ablation (whose premise is the AblationResult's); it names no effect",
+    "FlowSweep": "reports its runs' premises as numbers: fraction_reached and monotone_fraction",
+    "SearchResult": "an exhaustive search: its claim (holds / margin) is computed, not assumed",
+    "SearchGrid": "a list of SearchResults",
+}
+
+
+def test_every_result_class_with_a_premise_is_walked():
+    """A result class that checks a premise (its own ``premise_notes`` or a ``premise_recorded`` field) is
+    walked above with the premise failing; every other result class is listed with the reason it has none."""
+    import dataclasses
+    import importlib
+    import pkgutil
+
+    import phaseinterp
+    from phaseinterp.results import _KINDS, Result
+
+    for info in pkgutil.walk_packages(phaseinterp.__path__, "phaseinterp."):
+        if not info.name.endswith("__main__"):
+            try:
+                importlib.import_module(info.name)
+            except ImportError:
+                continue
+    classes = {cls.__name__: cls for cls in _KINDS.values() if cls.__module__.startswith("phaseinterp.")}
+    checks = {name for name, cls in classes.items()
+              if cls.premise_notes is not Result.premise_notes or "premise_recorded" in {f.name for f in dataclasses.fields(cls)}}
+    assert checks == set(PREMISE_WALKED), (checks ^ set(PREMISE_WALKED))
+    assert set(classes) - checks == set(NO_PREMISE), (set(classes) - checks) ^ set(NO_PREMISE)
+    for tests in PREMISE_WALKED.values():
+        for test in tests:
+            assert callable(globals().get(test)), test

@@ -14,7 +14,8 @@ from typing import Iterable, Iterator, Mapping, Optional, Union
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from phaseinterp._files import check_file_target, move_file_into_place, temporary_file_beside, write_file_atomically
+from phaseinterp._files import (check_file_target, move_file_into_place, temporary_file_beside, through_links,
+                                write_file_atomically)
 from phaseinterp.errors import UserInputError
 
 STATIC_FORMATS = ("png", "svg", "pdf")
@@ -89,9 +90,11 @@ def save_static(figures: Mapping[Union[str, Path], go.Figure], scale: float = 2.
     Returns the paths; `ExportError` (nothing promised written) when kaleido or Chromium is
     missing or fails. An existing file is replaced only with ``overwrite=True`` (all are checked
     first); each image goes to a temporary file beside it and is moved into place once all are
-    drawn, so a failure leaves no partial image."""
-    targets = [check_file_target(p, overwrite=overwrite, name="figures") for p in figures]
-    kinds = [t.suffix.lstrip(".").lower() for t in targets]
+    drawn, so a failure leaves no partial image. A path that is a symbolic link stays one: the file
+    it points to is the one written (`phaseinterp._files.through_links`)."""
+    given = [check_file_target(p, overwrite=overwrite, name="figures") for p in figures]
+    kinds = [t.suffix.lstrip(".").lower() for t in given]
+    targets = [through_links(t) for t in given]  # a link stays: the file it points to is written
     bad = sorted({k for k in kinds if k not in STATIC_FORMATS})
     if bad:
         raise UserInputError(f"format(s) {bad} not supported by save_static; use png, svg or pdf")
