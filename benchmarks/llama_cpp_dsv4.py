@@ -48,8 +48,9 @@ FIXTURE = dict(num_hidden_layers=3, layer_types=[SWA, CSA, HCA], hidden_size=256
 TASK = dict(seq_len=2304, n_records=48, n_demos=4, residue_modulus=4, padding="in_sequence")
 
 
-def build_fixture(out: Path, seed: int = 0):
-    """The fixture model (see module doc), exported to ``out / "release"`` with its tokenizer."""
+def build_fixture(out: Path, seed: int = 0, max_positions: int = FIXTURE["max_position_embeddings"]):
+    """The fixture model (see module doc), exported to ``out / "release"`` with its tokenizer;
+    ``max_positions``: its ``max_position_embeddings`` (longer prompts: `llama_vs_phaseinterp.py`)."""
     import torch
     from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
 
@@ -58,7 +59,7 @@ def build_fixture(out: Path, seed: int = 0):
     from phaseinterp.tasks import KeyValueRetrieval
 
     torch.manual_seed(seed)
-    config = DeepseekV4Config(**FIXTURE)
+    config = DeepseekV4Config(**{**FIXTURE, "max_position_embeddings": max_positions})
     hf = DeepseekV4ForCausalLM(config).float().eval()
     with torch.no_grad():
         hf.model.embed_tokens.weight.normal_(0.0, 1.0)
@@ -66,9 +67,11 @@ def build_fixture(out: Path, seed: int = 0):
     model = pi.from_hf(hf, name="dsv4-llamacpp-fixture")
     task = KeyValueRetrieval(**TASK)
     model.metadata.update({"task": task.to_dict(), "task_type": "KeyValueRetrieval",
-                           "fixture": {"config": FIXTURE, "seed": seed,
+                           "fixture": {"config": {**FIXTURE, "max_position_embeddings": max_positions}, "seed": seed,
                                        "weights": "random (embed std 1, head std 0.15)",
-                                       "command": f"python benchmarks/llama_cpp_dsv4.py fixture {out}"}})
+                                       "command": f"python benchmarks/llama_cpp_dsv4.py fixture {out}"
+                                                  + (f" --max-positions {max_positions}"
+                                                     if max_positions != FIXTURE["max_position_embeddings"] else "")}})
     result = export_release(model, out / "release", max_shard_bytes="200MB")
     write_tokenizer(out / "release", config.vocab_size, config.bos_token_id, config.eos_token_id)
     return result
@@ -350,6 +353,7 @@ def main(argv=None) -> int:
     f = sub.add_parser("fixture")
     f.add_argument("out")
     f.add_argument("--seed", type=int, default=0)
+    f.add_argument("--max-positions", type=int, default=FIXTURE["max_position_embeddings"])
     c = sub.add_parser("convert")
     c.add_argument("release")
     c.add_argument("gguf")
@@ -381,7 +385,7 @@ def main(argv=None) -> int:
         write_tokenizer(Path(args.release), cfg["vocab_size"], cfg.get("bos_token_id"), cfg.get("eos_token_id"))
     elif args.command == "fixture":
         start = time.perf_counter()
-        print(build_fixture(Path(args.out), args.seed), f"({time.perf_counter() - start:.1f} s)")
+        print(build_fixture(Path(args.out), args.seed, args.max_positions), f"({time.perf_counter() - start:.1f} s)")
     elif args.command == "convert":
         seconds = convert(Path(args.release), Path(args.gguf), Path(args.llama_cpp_src), args.outtype)
         print(f"converted in {seconds:.1f} s")

@@ -1,10 +1,11 @@
-"""llama.cpp's DeepSeek-V4 (llama-cpp-python) against transformers (issue 34).
+"""llama.cpp's DeepSeek-V4 (llama-cpp-python, ``backend="llama-cpp-python"``) against transformers (issue 34).
 
 The fixture (`benchmarks/llama_cpp_dsv4.py`): a random-weight DeepSeek-V4 with the published
 attention settings llama.cpp accepts, exported in DeepSeek's layout (MXFP4 experts) and converted
 by llama.cpp's own ``convert_hf_to_gguf.py``. The converter ships in llama.cpp's source, not in
 the wheel: ``PHASEINTERP_LLAMA_CPP_SRC`` names that folder (``.ci/run`` sets it). Under ``CI=true``
-a missing ``llama_cpp`` or converter fails these tests; elsewhere they are skipped.
+a missing ``llama_cpp`` or converter fails these tests; elsewhere they are skipped. The same engine
+on the prebuilt backend: ``tests/test_llama_prebuilt.py``.
 """
 
 import os
@@ -26,7 +27,7 @@ def _missing(why: str, optional: str = ""):
     """Skip; under CI=true fail, unless ``optional`` is named in PHASEINTERP_LLAMA_OPTIONAL (CI compiles nothing,
     so llama-cpp-python, built from source, is optional there)."""
     if CI and optional not in os.environ.get("PHASEINTERP_LLAMA_OPTIONAL", "").split(",") or (CI and not optional):
-        pytest.fail(f"{why}; under CI=true the llama.cpp tests must run (pip install '.[llama]')", pytrace=False)
+        pytest.fail(f"{why}; under CI=true the llama.cpp tests must run (pip install '.[llama-source]')", pytrace=False)
     pytest.skip(why)
 
 
@@ -44,11 +45,15 @@ def test_missing_llama_cpp_names_the_extra(tmp_path, monkeypatch):
     gguf = tmp_path / "model.gguf"
     gguf.write_bytes(b"GGUF")
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import llama_cpp -> ImportError
-    with pytest.raises(ImportError, match=r"pip install 'phaseinterp\[llama\]'"):
-        LlamaCppEngine(gguf)
+    with pytest.raises(ImportError, match=r"pip install 'phaseinterp\[llama-source\]'"):
+        LlamaCppEngine(gguf, backend="llama-cpp-python")
     for kwargs, message in (({"n_ctx": 0}, "n_ctx=0"), ({"n_ctx": 64, "n_batch": 65}, "n_batch=65 is larger"),
                             ({"cache_type": "q8_0"}, "cache_type='q8_0' is not supported"),
-                            ({"reuse": "prefix"}, "reuse='prefix' is not supported")):
+                            ({"reuse": "prefix"}, "reuse='prefix' is not supported"),
+                            ({"backend": "cuda"}, "backend='cuda' is not supported .valid: auto, prebuilt, "
+                                                  "llama-cpp-python"),
+                            ({"backend": "llama-cpp-python", "library_dir": tmp_path},
+                             "library_dir= is the prebuilt wheel's folder")):
         with pytest.raises(UserInputError, match=message):
             LlamaCppEngine(gguf, **kwargs)
 
@@ -152,7 +157,7 @@ def test_warm_reuses_the_donor_cache_of_the_shared_prefix(tmp_path, monkeypatch)
     gguf.write_bytes(b"GGUF")
     module = _fake_llama_cpp()
     monkeypatch.setitem(sys.modules, "llama_cpp", module)
-    engine = LlamaCppEngine(gguf, n_ctx=64, n_batch=32)
+    engine = LlamaCppEngine(gguf, n_ctx=64, n_batch=32, backend="llama-cpp-python")
     fake = _FakeLlama.instances[-1]
     tokens = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 0, 1, 2]])
     donors = torch.tensor([[1, 2, 3, 4, 5, 6, 0, 7, 7, 7]])
@@ -171,6 +176,25 @@ def test_warm_reuses_the_donor_cache_of_the_shared_prefix(tmp_path, monkeypatch)
         engine.warm(donors, tokens, 10)
 
 
+def test_a_backend_without_the_state_api_refuses_checkpoint_by_name(tmp_path, monkeypatch):
+    """A llama.cpp build without ``llama_state_seq_get_data`` cannot take a checkpoint: ``reuse="checkpoint"``
+    is refused when the engine is made (or viewed), ``"seq_rm"`` is not."""
+    import phaseinterp.engines.llama_cpp as llama_cpp_engine
+
+    class NoState:
+        n_vocab, can_checkpoint = 8, False
+
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    monkeypatch.setattr(llama_cpp_engine, "open_backend", lambda backend, path, **kwargs: ("prebuilt", NoState()))
+    with pytest.raises(UserInputError, match=r"reuse='checkpoint' needs llama.cpp's per-sequence state API, which the "
+                                             r"prebuilt library in use lacks .*use reuse='seq_rm'"):
+        llama_cpp_engine.LlamaCppEngine(gguf, backend="prebuilt")
+    engine = llama_cpp_engine.LlamaCppEngine(gguf, backend="prebuilt", reuse="seq_rm")
+    with pytest.raises(UserInputError, match="reuse='checkpoint' needs"):
+        engine.with_schedule(None, "view", reuse="checkpoint")
+
+
 def test_engine_feeds_each_row_fresh_in_the_schedules_pieces(tmp_path, monkeypatch):
     """Without llama.cpp: a stand-in ``llama_cpp`` shows the engine's side of the contract. Each row
     starts with ``reset``; the pieces of the schedule are the ``eval`` calls, in order; the batch is
@@ -182,7 +206,8 @@ def test_engine_feeds_each_row_fresh_in_the_schedules_pieces(tmp_path, monkeypat
     gguf = tmp_path / "model.gguf"
     gguf.write_bytes(b"GGUF")
     monkeypatch.setitem(sys.modules, "llama_cpp", _fake_llama_cpp())
-    engine = LlamaCppEngine(gguf, n_ctx=64, n_batch=32, cache_type="f32", n_threads=1)
+    engine = LlamaCppEngine(gguf, n_ctx=64, n_batch=32, cache_type="f32", n_threads=1)  # auto: llama_cpp is loaded
+    assert engine.backend == "llama-cpp-python" and "backend='llama-cpp-python'" in repr(engine)
     fake = _FakeLlama.instances[-1]
     assert fake.kwargs["n_batch"] == fake.kwargs["n_ubatch"] == 32
     assert fake.kwargs["type_k"] == 0 == fake.kwargs["type_v"]  # GGML_TYPE_F32
@@ -222,7 +247,7 @@ def test_engine_reads_the_gguf_and_resets_between_prompts(gguf):
     from phaseinterp.engines import chunked_pieces
     from phaseinterp.engines.llama_cpp import LlamaCppEngine
 
-    engine = LlamaCppEngine(gguf[1], n_ctx=640, n_batch=640, name="llama.cpp")
+    engine = LlamaCppEngine(gguf[1], n_ctx=640, n_batch=640, name="llama.cpp", backend="llama-cpp-python")
     assert engine.d_vocab == 512 and "n_ctx=640" in repr(engine)
     g = torch.Generator().manual_seed(0)
     a, b = torch.randint(2, 512, (1, 600), generator=g), torch.randint(2, 512, (1, 600), generator=g)
@@ -239,7 +264,7 @@ def test_engine_reads_the_gguf_and_resets_between_prompts(gguf):
     with pytest.raises(UserInputError, match="token id 512 is outside"):
         engine(torch.full((1, 4), 512))
     with pytest.raises(UserInputError, match="exceeds n_batch=64"):
-        LlamaCppEngine(gguf[1], n_ctx=640, n_batch=64)(a)
+        LlamaCppEngine(gguf[1], n_ctx=640, n_batch=64, backend="llama-cpp-python")(a)
 
 
 @pytest.mark.slow
@@ -255,7 +280,8 @@ def test_llama_cpp_agrees_with_transformers_past_the_indexer_top_k(gguf, referen
     task = pi.zoo.task_for(reference)
     period = cut_period(reference)
     assert period == 128 and task.seq_len == 2304
-    base = LlamaCppEngine(gguf[1], n_ctx=2312, n_batch=2312, cache_type="f32", name="llama.cpp")
+    base = LlamaCppEngine(gguf[1], n_ctx=2312, n_batch=2312, cache_type="f32", name="llama.cpp",
+                          backend="llama-cpp-python")
     engines = {"llama.cpp": base}
     for c in (1, 64):
         engines[f"cut{c}"] = base.with_schedule(lambda n, c=c: chunked_pieces(n, c, period, 512), f"cut{c}")
@@ -281,7 +307,8 @@ def test_llama_cpp_warm_checkpoint_answers_as_cold_at_csa_phases_and_hca_boundar
 
     task = KeyValueRetrieval(seq_len=640, n_records=12, n_demos=2, residue_modulus=4, padding="in_sequence")
     assert cut_period(reference) == 128
-    cold = LlamaCppEngine(gguf[1], n_ctx=648, cache_type="f32", n_threads=2, name="llama.cpp")
+    cold = LlamaCppEngine(gguf[1], n_ctx=648, cache_type="f32", n_threads=2, name="llama.cpp",
+                          backend="llama-cpp-python")
     lengths = (255, 256, 257, 258, 384)
     result = conformance(reference, task, modes=(), reference=cold, warm_engines={"llama.cpp:warm": cold},
                          prefix_lengths=lengths, n_per_residue=1, answer_phases=(3,),

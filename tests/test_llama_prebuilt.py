@@ -6,8 +6,12 @@ refused in one line. Backend tests (slow): per-position logits of `PrebuiltLlama
 llama-cpp-python on the same GGUF and against phaseinterp's forward, on the DeepSeek-V4 fixture
 converted by llama.cpp's ``convert_hf_to_gguf.py`` (``PHASEINTERP_LLAMA_CPP_SRC``, as in
 ``test_llama_cpp.py``) and on a tiny random llama. The two llama.cpp builds share library names, so
-each runs in its own process (this file's ``__main__``). Under ``CI=true`` a missing
-``llama_cpp_py_sync``, ``llama_cpp`` or converter fails these tests; elsewhere they are skipped.
+each runs in its own process (this file's ``__main__``). `LlamaCppEngine(backend="prebuilt")` on the
+converted fixture (CI's path: no llama-cpp-python): warm answers equal cold at every CSA phase and the HCA
+boundaries of the shared prefix, a stale prefix cache is caught at the phases it breaks, and its
+`phase_profile` predicts as phaseinterp's forward does. Under ``CI=true`` a missing
+``llama_cpp_py_sync`` or converter fails these tests (a missing ``llama_cpp`` only where
+``PHASEINTERP_LLAMA_OPTIONAL`` does not name it); elsewhere they are skipped.
 """
 
 import os
@@ -172,12 +176,18 @@ def _log_probs(x):
 
 
 @pytest.fixture(scope="module")
-def dsv4_gguf(tmp_path_factory):
-    """(release folder, GGUF) of the DeepSeek-V4 fixture, as in ``test_llama_cpp.py``."""
-    require_llama_cpp_python(_missing)
+def dsv4_converted(tmp_path_factory):
+    """(release folder, GGUF) of the DeepSeek-V4 fixture, as in ``test_llama_cpp.py`` (the converter only)."""
     src = converter_source(_missing)
     root = tmp_path_factory.mktemp("prebuilt_dsv4")
     return converted_dsv4_fixture(root, src)
+
+
+@pytest.fixture(scope="module")
+def dsv4_gguf(dsv4_converted):
+    """`dsv4_converted` where llama-cpp-python is installed too (to compare the two builds)."""
+    require_llama_cpp_python(_missing)
+    return dsv4_converted
 
 
 @pytest.fixture(scope="module")
@@ -272,6 +282,166 @@ def test_prebuilt_refuses_to_share_a_process_with_llama_cpp_python(patched, llam
     assert "another llama.cpp is already loaded in this process" in done.stdout
 
 
+# ------------------------------------------------------------------ LlamaCppEngine on the prebuilt
+WARM_TASK = dict(seq_len=640, n_records=12, n_demos=2, residue_modulus=4, padding="in_sequence")
+# Shared-prefix lengths L: 255..258 visit every CSA phase (L mod 4) around the HCA boundary 256; 128 and 384 are
+# HCA boundaries too (L mod 128 = 0).
+WARM_LENGTHS = (128, 255, 256, 257, 258, 384)
+WARM_TOLERANCE = 1e-4  # max |d log p| of warm against cold on one build (measured: up to 8e-6)
+STALE_LENGTHS = (255, 256, 257, 258)
+
+
+def test_engine_on_a_prebuilt_that_cannot_load_is_one_clear_line(source, tmp_path, monkeypatch):
+    """`LlamaCppEngine(backend="prebuilt")` on a wheel whose libm symbols need a glibc no machine has
+    (GLIBC_2.29 renamed GLIBC_2.99): one line naming the library, the symbols and this machine's glibc;
+    ``backend="auto"`` with llama-cpp-python missing too names both reasons, also in one line."""
+    from phaseinterp.engines.llama_cpp import LlamaCppEngine
+    from phaseinterp.engines.llama_prebuilt import PrebuiltLibraryError, machine_glibc
+
+    glibc = machine_glibc()
+    if glibc is None:
+        pytest.skip("not a glibc machine")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    folder = tmp_path / "wheel"
+    folder.mkdir()
+    for path in source.glob("lib*.so*"):
+        shutil.copy(path, folder / path.name, follow_symlinks=False)
+    base = folder / "libggml-base.so.0"
+    base.write_bytes(base.read_bytes().replace(b"GLIBC_2.29\0", b"GLIBC_2.99\0"))
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    glibc_text = ".".join(map(str, glibc))
+    with pytest.raises(PrebuiltLibraryError) as caught:
+        LlamaCppEngine(gguf, backend="prebuilt", library_dir=folder)
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith("libggml-base.so.0 needs symbols newer than this machine's "
+                                                       f"glibc {glibc_text}")
+    assert re.search(r"\blog2@GLIBC_2\.99\b", message) and "phaseinterp[llama-source]" in message
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # llama-cpp-python missing
+    with pytest.raises(ImportError) as caught:
+        LlamaCppEngine(gguf, library_dir=folder)
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith("LlamaCppEngine found no llama.cpp that runs here")
+    assert "log2@GLIBC_2.99" in message and "phaseinterp[llama-source]" in message
+
+
+@pytest.fixture(scope="module")
+def prebuilt_engine_run(source, dsv4_converted, tmp_path_factory):
+    """This file's ``engine`` worker on the converted fixture (a process of its own, the installed wheel
+    made loadable in a fresh cache folder as a user's first run makes it): its conformance results and
+    phase profiles."""
+    out = tmp_path_factory.mktemp("prebuilt_engine")
+    argv = [sys.executable, __file__, "engine", str(dsv4_converted[1]), str(dsv4_converted[0]), str(out),
+            str(tmp_path_factory.mktemp("xdg_cache"))]
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=1800)
+    assert done.returncode == 0, f"engine worker exited {done.returncode}: {done.stderr[-3000:]}"
+    return out
+
+
+@pytest.mark.slow
+def test_prebuilt_engine_warm_answers_as_cold_at_csa_phases_and_hca_boundaries(prebuilt_engine_run):
+    """`LlamaCppEngine(backend="prebuilt", reuse="checkpoint")` (``llama_state_seq_get_data`` after the
+    donor's first ``L`` tokens, restored after the donor) against itself cold, by conformance's warm mode:
+    4 prompts of 640 tokens per ``L`` of `WARM_LENGTHS`, within `WARM_TOLERANCE` with the same top-1.
+    The in-place reuse (``llama_memory_seq_rm``) is refused by DeepSeek-V4's memory in one line."""
+    from phaseinterp.engines.result import ConformanceResult
+
+    result = ConformanceResult.load(prebuilt_engine_run / "warm")
+    table = result.table
+    cuts = table[table.kind == "cut"]
+    assert sorted(cuts.phase) == [0, 1, 2, 127]  # L mod 128: 0 pools the three HCA boundaries 128, 256, 384
+    assert sorted(set(result.records.prefix_len)) == list(WARM_LENGTHS)
+    assert sorted(set(result.records.prefix_len % 4)) == [0, 1, 2, 3]
+    assert len(result.records) == len(WARM_LENGTHS) * 4
+    assert table.passed.all() and (table.agreement == 1.0).all(), table[["kind", "phase", "max_abs_diff"]]
+    assert float(result.records.max_abs_diff.max()) <= WARM_TOLERANCE
+    refusal = (prebuilt_engine_run / "seq_rm.txt").read_text()
+    assert refusal.startswith("llama.cpp refused to drop positions 256.. of the donor") and "\n" not in refusal
+
+
+@pytest.mark.slow
+def test_a_stale_prefix_cache_on_the_prebuilt_is_caught_where_it_breaks(prebuilt_engine_run):
+    """A prefix cache that resumes only at the end of a CSA window (``ceil(L / 4) * 4``: the donor's
+    tokens fill the rest of the open window, as a block-granular cache that over-matches would) equals
+    cold where ``L`` is a multiple of 4 and fails at the other CSA phases: conformance names exactly
+    the cut phases of 255, 257 and 258."""
+    from phaseinterp.engines.result import ConformanceResult
+
+    result = ConformanceResult.load(prebuilt_engine_run / "stale")
+    assert result.failing_phases("stale", "cut") == (1, 2, 127)
+    records = result.records
+    assert float(records[records.prefix_len == 256].max_abs_diff.max()) <= WARM_TOLERANCE
+    assert float(records[records.prefix_len != 256].max_abs_diff.min()) > 10 * WARM_TOLERANCE
+
+
+@pytest.mark.slow
+def test_prebuilt_engine_profile_predicts_as_phaseinterps_forward(prebuilt_engine_run):
+    """`phase_profile` of the prebuilt engine and of phaseinterp's DeepSeek-V4 forward (`load_hf`) on the same
+    16 prompts: the same prediction for every prompt, the answer's log-prob within `REFERENCE_TOLERANCE`."""
+    import pandas as pd
+
+    ours = pd.read_pickle(prebuilt_engine_run / "profile_engine.pkl")
+    ref = pd.read_pickle(prebuilt_engine_run / "profile_forward.pkl")
+    assert len(ours) == len(ref) == 16
+    assert (ours.phase.to_numpy() == ref.phase.to_numpy()).all()
+    assert (ours.predicted.to_numpy() == ref.predicted.to_numpy()).all()
+    diff = np.abs(ours.answer_logprob.to_numpy() - ref.answer_logprob.to_numpy())
+    assert float(diff.max()) < REFERENCE_TOLERANCE, diff
+
+
+def _engine_main(gguf, release, out, cache_home):
+    """Worker: conformance's warm mode of `LlamaCppEngine(backend="prebuilt")` against itself cold
+    (``warm``), the same with a stale prefix cache (``stale``), the seq_rm refusal (``seq_rm.txt``), and
+    the records of `phase_profile` through the engine and through phaseinterp's forward."""
+    import torch
+
+    import phaseinterp as pi
+    from phaseinterp.engines import conformance
+    from phaseinterp.engines.check import donor_prompts
+    from phaseinterp.engines.llama_cpp import LlamaCppEngine
+    from phaseinterp.errors import UserInputError
+    from phaseinterp.profile import phase_profile
+    from phaseinterp.tasks import KeyValueRetrieval
+
+    os.environ["XDG_CACHE_HOME"] = cache_home  # where compatible_library_dir() puts the patched copy
+    os.environ["PHASEINTERP_NO_PROGRESS"] = "1"
+    torch.set_num_threads(1)  # one thread each: ggml's workers spin, so two on two shared cores thrash
+    out = Path(out)
+    model = pi.load_hf(release, dtype=torch.float32)
+    task = KeyValueRetrieval(**WARM_TASK)
+    cold = LlamaCppEngine(gguf, n_ctx=648, cache_type="f32", n_threads=1, backend="prebuilt", name="prebuilt")
+    assert cold.backend == "prebuilt", cold
+    options = dict(modes=(), reference=cold, n_per_residue=1, answer_phases=(3,), progress=False)
+    conformance(model, task, warm_engines={"prebuilt:warm": cold}, prefix_lengths=WARM_LENGTHS,
+                tolerance={"prebuilt:warm": WARM_TOLERANCE}, **options).save(out / "warm")
+
+    class StaleCache:
+        """Resumes at the end of the open CSA window: the donor's tokens stand in for the prompt's up to there."""
+
+        name = "stale"
+
+        def __call__(self, tokens):
+            return cold(tokens)
+
+        def warm(self, donors, tokens, prefix_len):
+            reused = -(-prefix_len // 4) * 4
+            served = torch.cat([donors[:, :reused], tokens[:, reused:]], 1)
+            return cold.warm(donors, served, reused) if reused > prefix_len else cold.warm(donors, tokens, prefix_len)
+
+    conformance(model, task, warm_engines={"stale": StaleCache()}, prefix_lengths=STALE_LENGTHS,
+                tolerance={"stale": WARM_TOLERANCE}, **options).save(out / "stale")
+    tokens = task.generate(1, seed=0, strict=False).tokens
+    try:
+        cold.with_schedule(None, "rm", reuse="seq_rm").warm(donor_prompts(tokens, 256, task.vocab.filler_ids),
+                                                             tokens, 256)
+    except UserInputError as err:
+        (out / "seq_rm.txt").write_text(str(err))
+    batch = task.generate(4, seed=0, strict=False)
+    phase_profile(cold, batch, stride=4, progress=False).records.to_pickle(out / "profile_engine.pkl")
+    phase_profile(model, batch, progress=False).records.to_pickle(out / "profile_forward.pkl")
+    cold.close()
+
+
 def _main(kind, gguf, ids_file, out, steps, pieces, keep, library_dir):
     """Worker: ``steps`` positions one token each (``steps``), the whole prompt (``whole``), the prompt
     in ``pieces`` (``pieces``), and (prebuilt, ``keep`` > 0) the cache trimmed to ``keep`` after
@@ -347,4 +517,7 @@ def _main(kind, gguf, ids_file, out, steps, pieces, keep, library_dir):
 
 
 if __name__ == "__main__":
-    _main(*sys.argv[1:9])
+    if sys.argv[1] == "engine":
+        _engine_main(*sys.argv[2:6])
+    else:
+        _main(*sys.argv[1:9])

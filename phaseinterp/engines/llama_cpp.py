@@ -1,14 +1,15 @@
-"""`LlamaCppEngine`: next-token log-probs from llama.cpp in process (``llama-cpp-python``).
+"""`LlamaCppEngine`: next-token log-probs from llama.cpp in process.
 
-A GGUF file is loaded once (``llama_cpp.Llama``); each prompt row is fed as token ids (no
-tokenizer: the phase the task laid out is the phase llama.cpp sees) into a fresh sequence, in the
-pieces of ``schedule`` (``None``: the whole prompt in one call), each piece one ``llama_decode``
-(``n_batch`` = ``n_ubatch`` must hold the largest piece, so llama.cpp adds no cut of its own).
-The last position's logits are read and turned into float32 log-probs. `LlamaCppEngine.warm`
-answers a prompt from the KV cache a donor prompt left (``reuse``: a state checkpoint after the
-shared prefix, or llama.cpp's in-place ``llama_memory_seq_rm``). Install with
-``pip install 'phaseinterp[llama]'`` (``llama-cpp-python>=0.3.36``, built from source: it
-includes DeepSeek-V4, ``src/models/deepseek4.cpp``).
+Two backends run the same llama.cpp API: the prebuilt ``llama-cpp-py-sync`` wheel
+(`phaseinterp.engines.llama_prebuilt.PrebuiltLlama`, nothing compiled; ``pip install
+'phaseinterp[llama]'``) and ``llama-cpp-python`` (``llama_cpp.Llama``, built from source on install:
+``pip install 'phaseinterp[llama-source]'``). A GGUF file is loaded once; each prompt row is fed as
+token ids (no tokenizer: the phase the task laid out is the phase llama.cpp sees) into a fresh
+sequence, in the pieces of ``schedule`` (``None``: the whole prompt in one call), each piece one
+``llama_decode`` (``n_batch`` = ``n_ubatch`` must hold the largest piece, so llama.cpp adds no cut
+of its own). The last position's logits are read and turned into float32 log-probs.
+`LlamaCppEngine.warm` answers a prompt from the KV cache a donor prompt left (``reuse``: a state
+checkpoint after the shared prefix, or llama.cpp's in-place ``llama_memory_seq_rm``).
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from __future__ import annotations
 import os
 import platform
 import re
+import sys
 from pathlib import Path
-from typing import Optional, Union
+from typing import Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -28,7 +30,9 @@ from phaseinterp._checks import check_int
 from phaseinterp.engines.adapters import Schedule, _check_pieces, check_warm_rows
 from phaseinterp.errors import UserInputError
 
-EXTRA = "llama"  # pyproject's optional extra
+EXTRA = "llama"  # pyproject's optional extra: the prebuilt llama.cpp
+SOURCE_EXTRA = "llama-source"  # pyproject's optional extra: llama-cpp-python, compiled on install
+BACKENDS = ("auto", "prebuilt", "llama-cpp-python")
 CACHE_TYPES = ("f16", "f32")  # llama.cpp's KV cache types offered here (GGML_TYPE_F16 = 1, GGML_TYPE_F32 = 0)
 REUSE = ("checkpoint", "seq_rm")  # how `LlamaCppEngine.warm` keeps the shared prefix
 
@@ -44,12 +48,13 @@ def import_llama_cpp():
         if needed:
             raise ImportError(f"llama_cpp's prebuilt library needs glibc {needed.group(1)} but this machine has glibc "
                               f"{_libc_version()}: build llama-cpp-python from source instead (pip install --force-reinstall "
-                              f"--no-binary llama-cpp-python llama-cpp-python, as pip install 'phaseinterp[{EXTRA}]' "
+                              f"--no-binary llama-cpp-python llama-cpp-python, as pip install 'phaseinterp[{SOURCE_EXTRA}]' "
                               "does)") from None
         if not isinstance(err, ImportError):
             raise
-        raise ImportError(f"LlamaCppEngine needs llama-cpp-python (>= 0.3.36, DeepSeek-V4 support): pip install "
-                          f"'phaseinterp[{EXTRA}]' (it builds llama.cpp from source; {err})") from None
+        raise ImportError(f"LlamaCppEngine(backend='llama-cpp-python') needs llama-cpp-python (>= 0.3.36, DeepSeek-V4 "
+                          f"support): pip install 'phaseinterp[{SOURCE_EXTRA}]' (it builds llama.cpp from source; "
+                          f"{err})") from None
     return llama_cpp
 
 
@@ -59,6 +64,104 @@ def _libc_version() -> str:
         return os.confstr("CS_GNU_LIBC_VERSION").split()[-1]
     except (AttributeError, ValueError, OSError, IndexError):
         return platform.libc_ver()[1] or "unknown"
+
+
+class SourceLlama:
+    """llama-cpp-python's ``llama_cpp.Llama`` behind `PrebuiltLlama`'s calls (``clear``,
+    ``decode(tokens, start)``, ``keep_prefix``, ``save_state``/``load_state``, ``last_logits``,
+    ``close``), so `LlamaCppEngine` drives either backend the same way. ``decode`` continues the
+    sequence at ``start`` (``Llama.eval`` first drops the positions from ``n_tokens`` on)."""
+
+    can_checkpoint = True
+
+    def __init__(self, path: Path, *, n_ctx: int, n_batch: int, cache_type: str, n_threads: Optional[int],
+                 flash_attn: bool, verbose: bool):
+        if "llama_cpp" not in sys.modules:
+            _refuse_beside_the_prebuilt()
+        llama_cpp = import_llama_cpp()
+        self._llama_cpp = llama_cpp
+        ggml_type = {"f16": llama_cpp.GGML_TYPE_F16, "f32": llama_cpp.GGML_TYPE_F32}[cache_type]
+        self.llama = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch,
+                                     n_threads=n_threads, n_threads_batch=n_threads, logits_all=False,
+                                     type_k=ggml_type, type_v=ggml_type, flash_attn=flash_attn, verbose=verbose)
+        self.path, self.n_vocab = path, int(self.llama.n_vocab())
+
+    def clear(self) -> None:
+        self.llama.reset()  # n_tokens = 0: the next eval removes every cached position of the sequence
+
+    def decode(self, tokens: Sequence[int], start: int) -> None:
+        self.llama.n_tokens = start
+        self.llama.eval(list(tokens))
+
+    def keep_prefix(self, length: int) -> None:
+        memory = self._llama_cpp.llama_get_memory(self.llama.ctx)
+        if not self._llama_cpp.llama_memory_seq_rm(memory, 0, length, -1):
+            raise RuntimeError(f"llama.cpp cannot remove the positions >= {length} of sequence 0 of {self.path.name}")
+        self.llama.n_tokens = length
+
+    def save_state(self):
+        return self.llama.save_state()
+
+    def load_state(self, state) -> None:
+        self.llama.load_state(state)  # n_tokens = the saved length, the memory as it was then
+
+    def last_logits(self) -> np.ndarray:
+        pointer = self._llama_cpp.llama_get_logits_ith(self.llama.ctx, -1)
+        return np.ctypeslib.as_array(pointer, shape=(self.n_vocab,)).astype(np.float32, copy=True)
+
+    def close(self) -> None:
+        self.llama.close()
+
+
+def _refuse_beside_the_prebuilt() -> None:
+    """The prebuilt's libraries carry llama-cpp-python's sonames: importing llama_cpp after them would bind
+    its calls to the other build's symbols. One clear line instead."""
+    import importlib.util
+
+    from phaseinterp.engines.llama_prebuilt import PrebuiltLibraryError, _loaded_elsewhere
+
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or not spec.submodule_search_locations:
+        return
+    other = _loaded_elsewhere(Path(list(spec.submodule_search_locations)[0]) / "lib")
+    if other is not None:
+        raise PrebuiltLibraryError(f"another llama.cpp is already loaded in this process ({other}): llama-cpp-python's "
+                                   "libraries have the same names; use one backend per process")
+
+
+def open_backend(backend: str, path: Path, *, n_ctx: int, n_batch: int, cache_type: str, n_threads: Optional[int],
+                 flash_attn: bool, verbose: bool, library_dir: Union[str, Path, None] = None):
+    """``(name, llama)``: the backend `LlamaCppEngine` runs on. ``"prebuilt"``: `PrebuiltLlama` on
+    `compatible_library_dir` ``(library_dir)`` (the installed wheel by default, patched for an
+    older glibc); ``"llama-cpp-python"``: `SourceLlama`; ``"auto"``: the prebuilt when it is
+    installed and loads here, else llama-cpp-python, else one ImportError naming both reasons.
+    A prebuilt that cannot load here is a `PrebuiltLibraryError` (an ImportError) in one line
+    naming the library, the symbol and this machine's glibc."""
+    from phaseinterp.engines.llama_prebuilt import PrebuiltLibraryError, PrebuiltLlama, compatible_library_dir
+
+    def prebuilt():
+        folder = compatible_library_dir(library_dir)
+        return PrebuiltLlama(path, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch, cache_type=cache_type,
+                             n_threads=n_threads, flash_attn=flash_attn, library_dir=folder, verbose=verbose)
+
+    def source():
+        return SourceLlama(path, n_ctx=n_ctx, n_batch=n_batch, cache_type=cache_type, n_threads=n_threads,
+                           flash_attn=flash_attn, verbose=verbose)
+
+    if backend == "prebuilt":
+        return "prebuilt", prebuilt()
+    if backend == "llama-cpp-python":
+        return "llama-cpp-python", source()
+    if sys.modules.get("llama_cpp") is not None:  # llama-cpp-python is loaded already: the prebuilt cannot join it
+        return "llama-cpp-python", source()
+    try:
+        return "prebuilt", prebuilt()
+    except PrebuiltLibraryError as prebuilt_error:
+        try:
+            return "llama-cpp-python", source()
+        except ImportError as source_error:
+            raise ImportError(f"LlamaCppEngine found no llama.cpp that runs here: the prebuilt (pip install "
+                              f"'phaseinterp[{EXTRA}]'): {prebuilt_error}; llama-cpp-python: {source_error}") from None
 
 
 class LlamaCppEngine:
@@ -75,18 +178,28 @@ class LlamaCppEngine:
         n_threads: CPU threads (default: llama.cpp's choice).
         flash_attn: llama.cpp's flash attention (default off).
         reuse: how `warm` keeps the donor's cache of the shared prefix: ``"checkpoint"`` (default;
-            llama.cpp's state saved after the prefix, ``llama_state_get_data``, and restored after the
-            donor, as llama-server's context checkpoints do) or ``"seq_rm"`` (the donor whole, then
+            llama.cpp's state saved after the prefix and restored after the donor, as llama-server's
+            context checkpoints do: the sequence's state, ``llama_state_seq_get_data``, on the
+            prebuilt; the context's, ``Llama.save_state``, on llama-cpp-python; a library without
+            that API refuses it by name) or ``"seq_rm"`` (the donor whole, then
             its positions from the prefix on removed in place, ``llama_memory_seq_rm``, as
             llama-server's prefix reuse does; a memory that cannot drop a partial sequence, such as
             DeepSeek-V4's compressed cache, refuses it and `warm` raises).
         name: the engine's name in results.
+        backend: ``"auto"`` (default: the prebuilt ``llama-cpp-py-sync`` when it is installed and
+            loads here, else llama-cpp-python), ``"prebuilt"`` or ``"llama-cpp-python"``
+            (`open_backend`). The two cannot share a process (same library names).
+        library_dir: the prebuilt wheel's library folder (default the installed one; made loadable
+            on an older glibc by `compatible_library_dir`); prebuilt only.
+        verbose: llama.cpp's log on stderr.
+
+    Attributes: ``backend`` (the one in use), ``llama`` (its `PrebuiltLlama` or `SourceLlama`).
     """
 
     def __init__(self, gguf_path: Union[str, Path], n_ctx: int = 4096, n_batch: Optional[int] = None, *,
                  schedule: Optional[Schedule] = None, cache_type: str = "f16", n_threads: Optional[int] = None,
                  flash_attn: bool = False, reuse: str = "checkpoint", name: Optional[str] = None,
-                 verbose: bool = False):
+                 backend: str = "auto", library_dir: Union[str, Path, None] = None, verbose: bool = False):
         path = Path(gguf_path)
         if not path.is_file():
             raise UserInputError(f"gguf_path={str(gguf_path)!r} does not exist or is not a file (a GGUF model, "
@@ -102,14 +215,23 @@ class LlamaCppEngine:
             check_int("n_threads", n_threads, 1)
         if reuse not in REUSE:
             raise UserInputError(f"reuse={reuse!r} is not supported (valid: {', '.join(REUSE)})")
-        llama_cpp = import_llama_cpp()
-        ggml_type = {"f16": llama_cpp.GGML_TYPE_F16, "f32": llama_cpp.GGML_TYPE_F32}[cache_type]
-        self.llama = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch,
-                                     n_threads=n_threads, n_threads_batch=n_threads, logits_all=False,
-                                     type_k=ggml_type, type_v=ggml_type, flash_attn=flash_attn, verbose=verbose)
+        if backend not in BACKENDS:
+            raise UserInputError(f"backend={backend!r} is not supported (valid: {', '.join(BACKENDS)})")
+        if library_dir is not None and backend == "llama-cpp-python":
+            raise UserInputError("library_dir= is the prebuilt wheel's folder: it does not apply to "
+                                 "backend='llama-cpp-python'")
+        self.backend, self.llama = open_backend(backend, path, n_ctx=n_ctx, n_batch=n_batch, cache_type=cache_type,
+                                                n_threads=n_threads, flash_attn=flash_attn, verbose=verbose,
+                                                library_dir=library_dir)
         self.path, self.n_ctx, self.n_batch, self.schedule = path, n_ctx, n_batch, schedule
-        self.cache_type, self.reuse, self.d_vocab = cache_type, reuse, int(self.llama.n_vocab())
+        self.cache_type, self.reuse, self.d_vocab = cache_type, reuse, int(self.llama.n_vocab)
+        self._check_reuse(reuse)
         self.name = name or f"llama.cpp:{path.name}"
+
+    def _check_reuse(self, reuse: str) -> None:
+        if reuse == "checkpoint" and not self.llama.can_checkpoint:
+            raise UserInputError(f"reuse='checkpoint' needs llama.cpp's per-sequence state API, which the {self.backend} "
+                                 f"library in use lacks ({self.llama!r}); use reuse='seq_rm'")
 
     def with_schedule(self, schedule: Optional[Schedule], name: str, *, reuse: Optional[str] = None) -> "LlamaCppEngine":
         """The same loaded model fed in another schedule (and ``reuse``, when given; a view sharing
@@ -119,6 +241,7 @@ class LlamaCppEngine:
         view = object.__new__(LlamaCppEngine)
         view.__dict__.update(self.__dict__)
         view.schedule, view.name, view.reuse = schedule, name, reuse or self.reuse
+        view._check_reuse(view.reuse)
         return view
 
     def _pieces(self, length: int) -> list[int]:
@@ -137,51 +260,44 @@ class LlamaCppEngine:
             raise UserInputError(f"token id {bad[0]} is outside the GGUF's vocabulary (0..{self.d_vocab - 1})")
         return ids
 
-    def _eval(self, ids: list[int]) -> None:
-        """``ids`` appended to the sequence in ``n_batch``-token pieces (each one ``llama_decode``)."""
-        for start in range(0, len(ids), self.n_batch):
-            self.llama.eval(ids[start:start + self.n_batch])
+    def _feed(self, ids: list[int], start: int, pieces: Sequence[int]) -> None:
+        """``ids`` decoded from position ``start`` on, one ``llama_decode`` per piece."""
+        for n in pieces:
+            self.llama.decode(ids[:n], start)
+            ids, start = ids[n:], start + n
 
-    def _last_logits(self) -> np.ndarray:
-        import llama_cpp
-
-        out = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.llama.ctx, -1), shape=(self.d_vocab,))
-        return out.astype(np.float32, copy=True)
+    def _batches(self, length: int) -> list[int]:
+        return [min(self.n_batch, length - s) for s in range(0, length, self.n_batch)]
 
     def logits(self, row: Int[Tensor, " pos"]) -> np.ndarray:
         """The float32 logits after ``row``'s last token, the prompt fed in this engine's pieces."""
         ids = self._ids(row)
-        self.llama.reset()  # n_tokens = 0: the next eval removes every cached position of the sequence
-        pos = 0
-        for n in self._pieces(len(ids)):
-            self.llama.eval(ids[pos:pos + n])
-            pos += n
-        return self._last_logits()
+        self.llama.clear()
+        self._feed(ids, 0, self._pieces(len(ids)))
+        return self.llama.last_logits()
 
     def warm_logits(self, donor: Int[Tensor, " pos"], row: Int[Tensor, " pos"], prefix_len: int) -> np.ndarray:
         """The float32 logits after ``row``'s last token, computed from the cache ``donor`` left of
         their shared first ``prefix_len`` tokens (``reuse``, see the class doc): only
         ``row[prefix_len:]`` is evaluated. Pieces are ``n_batch`` tokens (the schedule is not used)."""
         donor_ids, ids = self._ids(donor), self._ids(row)
-        self.llama.reset()
+        self.llama.clear()
         if self.reuse == "checkpoint":
-            self._eval(donor_ids[:prefix_len])
+            self._feed(donor_ids[:prefix_len], 0, self._batches(prefix_len))
             checkpoint = self.llama.save_state()
-            self._eval(donor_ids[prefix_len:])
-            self.llama.load_state(checkpoint)  # n_tokens = prefix_len, the memory as it was after the prefix
+            self._feed(donor_ids[prefix_len:], prefix_len, self._batches(len(donor_ids) - prefix_len))
+            self.llama.load_state(checkpoint)  # the memory as it was after the prefix
         else:
-            import llama_cpp
-
-            self._eval(donor_ids)
-            memory = llama_cpp.llama_get_memory(self.llama.ctx)
-            if not llama_cpp.llama_memory_seq_rm(memory, 0, prefix_len, -1):
+            self._feed(donor_ids, 0, self._batches(len(donor_ids)))
+            try:
+                self.llama.keep_prefix(prefix_len)
+            except RuntimeError:
                 raise UserInputError(f"llama.cpp refused to drop positions {prefix_len}.. of the donor "
                                      f"(llama_memory_seq_rm returned false: {self.path.name}'s memory cannot remove "
                                      "part of a sequence, as DeepSeek-V4's compressed KV cache cannot): use "
-                                     "reuse='checkpoint'")
-            self.llama.n_tokens = prefix_len  # the next eval continues at position prefix_len
-        self._eval(ids[prefix_len:])
-        return self._last_logits()
+                                     "reuse='checkpoint'") from None
+        self._feed(ids[prefix_len:], prefix_len, self._batches(len(ids) - prefix_len))
+        return self.llama.last_logits()
 
     def __call__(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch d_vocab"]:
         if tokens.ndim != 2:
@@ -203,7 +319,7 @@ class LlamaCppEngine:
 
     def __repr__(self) -> str:
         return (f"LlamaCppEngine({str(self.path)!r}, n_ctx={self.n_ctx}, n_batch={self.n_batch}, "
-                f"cache_type={self.cache_type!r}, reuse={self.reuse!r}, d_vocab={self.d_vocab})")
+                f"cache_type={self.cache_type!r}, reuse={self.reuse!r}, backend={self.backend!r}, d_vocab={self.d_vocab})")
 
 
-__all__ = ["CACHE_TYPES", "REUSE", "LlamaCppEngine", "import_llama_cpp"]
+__all__ = ["BACKENDS", "CACHE_TYPES", "REUSE", "LlamaCppEngine", "SourceLlama", "import_llama_cpp", "open_backend"]

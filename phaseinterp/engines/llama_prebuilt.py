@@ -10,8 +10,8 @@ below). Any other symbol that needs a newer glibc than the machine's is refused 
 
 `PrebuiltLlama` is the small backend over that copy, through the wheel's own cffi declarations
 (``llama_cpp_py_sync._cffi_bindings.ffi``, which match its build) opened on the patched
-``libllama.so``: load a GGUF, one context, clear or trim the KV memory, decode token ids at given
-positions, read the last position's logits.
+``libllama.so``: load a GGUF, one context, clear or trim the KV memory, save and restore a
+sequence's state, decode token ids at given positions, read the last position's logits.
 
 The ELF edit, per shared object (ELF64 little-endian; section headers required):
 
@@ -219,7 +219,7 @@ def refusal(name: str, bad: Mapping[str, Sequence[str]], glibc: Sequence[int]) -
     listed = ", ".join(f"{s}@{v}" for v, symbols in sorted(bad.items()) for s in symbols)
     return (f"{name} needs symbols newer than this machine's glibc {_version_text(glibc)} that have no older "
             f"equivalent: {listed} (only {', '.join(C23_PREFIX + a for a in C23_ALIASES)} can be rewritten); "
-            "use a llama.cpp built for this glibc (pip install 'llama-cpp-python>=0.3.36', which compiles it)")
+            "use a llama.cpp built for this glibc (pip install 'phaseinterp[llama-source]', which compiles llama-cpp-python)")
 
 
 def patch_elf(data: bytes, glibc: Sequence[int], name: str = "<elf>") -> tuple[bytes, list[str]]:
@@ -402,6 +402,16 @@ def check_loads(folder: Union[str, Path], timeout: float = 120.0) -> None:
 
 # ------------------------------------------------------------------ the backend
 GGML_TYPES = {"f32": 0, "f16": 1}  # enum ggml_type: the KV cache types offered
+STATE_FUNCTIONS = ("llama_state_seq_get_size", "llama_state_seq_get_data", "llama_state_seq_set_data")
+
+
+def _has_function(lib, name: str) -> bool:
+    """Whether the opened library exports ``name`` (cffi resolves a declared function on first use)."""
+    try:
+        getattr(lib, name)
+    except (AttributeError, NotImplementedError):
+        return False
+    return True
 
 
 def _loaded_elsewhere(folder: Path) -> Optional[str]:
@@ -427,11 +437,16 @@ def _capture_log(ffi, lib, echo: bool) -> None:
     kept alive here: llama.cpp holds the pointer globally."""
     _LOG_STATE["echo"] = echo
     if _LOG_STATE["callback"] is None:
+        string, write = ffi.string, sys.stderr.write  # bound now: a model freed at interpreter exit still logs
+
         def log(level, text, user_data):
-            line = ffi.string(text).decode("utf-8", "replace")
+            try:
+                line = string(text).decode("utf-8", "replace")
+            except Exception:  # cffi half torn down at exit: an exception here is printed, never raised
+                return
             _LOG.append(line)
             if _LOG_STATE["echo"]:
-                sys.stderr.write(line)
+                write(line)
 
         _LOG_STATE["callback"] = ffi.callback("void(enum ggml_log_level, const char *, void *)", log)
         lib.llama_log_set(_LOG_STATE["callback"], ffi.NULL)
@@ -460,7 +475,8 @@ class PrebuiltLlama:
         verbose: keep llama.cpp's log on stderr (default: silenced).
 
     Attributes: ``n_vocab``; ``n_ctx`` (the context llama.cpp made: it may round the request up);
-    ``n_batch``, ``n_ubatch``, ``cache_type``, ``path``, ``library_dir``.
+    ``n_batch``, ``n_ubatch``, ``cache_type``, ``path``, ``library_dir``; ``can_checkpoint``
+    (the library has the per-sequence state API of `save_state`).
 
     One sequence (id 0) is used. Not thread-safe; `close` frees the context and the model.
     """
@@ -518,6 +534,7 @@ class PrebuiltLlama:
         self.n_ctx, self.n_batch, self.n_ubatch = int(lib.llama_n_ctx(self._ctx)), n_batch, n_ubatch
         self.path, self.library_dir, self.cache_type = path, folder, cache_type
         self._batch = lib.llama_batch_init(n_batch, 0, 1)
+        self.can_checkpoint = all(_has_function(lib, name) for name in STATE_FUNCTIONS)
 
     def clear(self) -> None:
         """Forget every cached position of every sequence (``llama_memory_clear``, data too)."""
@@ -547,6 +564,35 @@ class PrebuiltLlama:
         code = self._lib.llama_decode(self._ctx, batch)
         if code != 0:
             raise RuntimeError(f"llama_decode returned {code} for {n} tokens at positions {start}..{start + n - 1}")
+
+    def save_state(self) -> bytes:
+        """Sequence 0's cached state as bytes (``llama_state_seq_get_data``: its KV cells and any
+        per-sequence state, DeepSeek-V4's compressor windows included), for `load_state`; a
+        checkpoint as llama-server takes one after a prompt's prefix. Raises `PrebuiltLibraryError`
+        where the library lacks the state API (`can_checkpoint`)."""
+        self._require_state()
+        size = int(self._lib.llama_state_seq_get_size(self._ctx, 0))
+        buffer = self._ffi.new("uint8_t[]", size)
+        written = int(self._lib.llama_state_seq_get_data(self._ctx, buffer, size, 0))
+        if not 0 < written <= size:
+            raise RuntimeError(f"llama_state_seq_get_data wrote {written} bytes of sequence 0 ({size} expected)")
+        return bytes(self._ffi.buffer(buffer, written))
+
+    def load_state(self, state: bytes) -> None:
+        """Sequence 0 as `save_state` left it: the memory cleared, then ``state`` restored
+        (``llama_state_seq_set_data``); the next `decode` continues at the saved length."""
+        self._require_state()
+        self.clear()
+        source = self._ffi.from_buffer("uint8_t[]", state)
+        read = int(self._lib.llama_state_seq_set_data(self._ctx, source, len(state), 0))
+        if read != len(state):
+            raise RuntimeError(f"llama_state_seq_set_data read {read} of {len(state)} bytes: the state does not fit "
+                               f"this context ({_last_error('state restore')})")
+
+    def _require_state(self) -> None:
+        if not self.can_checkpoint:
+            raise PrebuiltLibraryError(f"{self.library_dir / 'libllama.so'} has no {' / '.join(STATE_FUNCTIONS)}: "
+                                       "this build cannot save a sequence's state")
 
     def last_logits(self) -> np.ndarray:
         """The float32 logits ``[n_vocab]`` of the last decoded token (``llama_get_logits_ith(ctx, -1)``), copied."""
@@ -578,5 +624,5 @@ class PrebuiltLlama:
                 f"cache_type={self.cache_type!r}, n_vocab={self.n_vocab})")
 
 
-__all__ = ["C23_ALIASES", "ElfImage", "GGML_TYPES", "PrebuiltLibraryError", "PrebuiltLlama", "check_loads",
+__all__ = ["C23_ALIASES", "ElfImage", "GGML_TYPES", "PrebuiltLibraryError", "PrebuiltLlama", "STATE_FUNCTIONS", "check_loads",
            "compatible_library_dir", "installed_library_dir", "machine_glibc", "patch_elf", "too_new_symbols"]
