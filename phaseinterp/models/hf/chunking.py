@@ -1,10 +1,11 @@
 """Long prompts on `HookedDeepseekV4`: when a forward runs in query chunks, and how large they are.
 
-Under ``query_chunk="auto"`` (`HookedDeepseekV4.set_query_chunk`) a forward over more than
-AUTO_CHUNK_ABOVE tokens runs its attention in query chunks whose largest block (the chunk's scores
-over its key slots, the gathered band keys, the indexer's per-head scores) holds at most
-SCORE_BLOCK elements; shorter forwards run transformers' eager attention unchanged. The MLP/MoE
-and the hyper-connections run in blocks of TOKEN_BLOCK tokens above that length.
+The attention (`attention.attend`) and the indexer's selection run in query chunks: under
+``query_chunk="auto"`` (`HookedDeepseekV4.set_query_chunk`) as many queries per chunk as keep its
+largest block (the chunk's scores over its key slots, the gathered band keys, the indexer's
+per-head scores) within SCORE_BLOCK elements, so a short prompt on a small model is one chunk;
+an integer: that many queries; ``None``: one chunk. Above AUTO_CHUNK_ABOVE tokens (`is_chunked`)
+the MLP/MoE and the hyper-connections also run in blocks of TOKEN_BLOCK tokens.
 """
 
 from __future__ import annotations

@@ -7,7 +7,6 @@ calls the HF modules' own parameters, with the ``blocks.{l}.attn.compressor.*`` 
 
 from __future__ import annotations
 
-from typing import Optional
 
 import torch
 import torch.nn as nn
@@ -17,7 +16,7 @@ from transformer_lens.hook_points import HookPoint
 from phaseinterp.errors import UserInputError
 from phaseinterp.models.hf.chunking import chunk_ranges
 from phaseinterp.models.paths import query_context
-from phaseinterp.models.hf.config import CSA, HCA
+from phaseinterp.models.hf.config import CSA
 
 
 def _hf():
@@ -138,18 +137,6 @@ class IndexerHooks(_CompressionHooks):
         self.hook_scores = HookPoint()
         self.hook_selected = HookPoint()
 
-    def forward(self, x: Tensor, q_residual: Tensor, position_ids: Tensor) -> Tensor:
-        """Top-``index_topk`` entry indices per query ``[batch, pos, k]`` (-1 where fewer are closed)."""
-        scores, compressed = self.scores(x, q_residual, position_ids)
-        n_entries = compressed.shape[1]
-        top_k = min(self.hf.index_topk, n_entries)
-        if n_entries == 0:
-            return self.hook_selected(scores.topk(top_k, dim=-1).indices)
-        threshold = (position_ids + 1) // self.hf.compress_rate  # entries j < threshold are closed
-        top = scores.topk(top_k, dim=-1).indices
-        top = torch.where(top >= threshold.unsqueeze(-1), torch.full_like(top, -1), top)
-        return self.hook_selected(top)
-
     def select(self, x: Tensor, q_residual: Tensor, position_ids: Tensor, query_chunk="auto") -> Tensor:
         """`forward`'s top-``index_topk`` selection ``[batch, pos, k]`` (-1 where fewer are closed), with the
         scores computed per query chunk (``[batch, chunk, entry]``, never ``[batch, pos, entry]``).
@@ -205,35 +192,13 @@ class IndexerHooks(_CompressionHooks):
 
 
 class CompressorHooks(_CompressionHooks):
-    """A CSA (two halves + indexer) or HCA (one half) compressor; returns entries and their mask."""
+    """A CSA (two halves + indexer) or HCA (one half) compressor: `compress` gives the entries; a CSA
+    layer's `IndexerHooks.select` which of them each query sees."""
 
     def __init__(self, hf_compressor: nn.Module, kind: str):
         super().__init__(hf_compressor, two_halves=kind == CSA, kv_head_axis=True)
         self.kind = kind
         self.indexer = IndexerHooks(hf_compressor.indexer) if kind == CSA else None
-
-    def forward(self, x: Tensor, q_residual: Tensor, position_ids: Tensor) -> tuple[Tensor, Optional[Tensor]]:
-        """Compressed K = V ``[batch, 1, entry, d_head]`` and the additive block bias
-        ``[batch, 1, pos, entry]`` (0 = visible, -inf = not closed or not selected)."""
-        batch, T, _ = x.shape
-        compressed_kv = self.compress(x).unsqueeze(1)
-        n_entries = compressed_kv.shape[2]
-        S = self.compress_rate
-        if self.kind == HCA:
-            if T == 1 or n_entries == 0:
-                return compressed_kv, None
-            entry = torch.arange(n_entries, device=compressed_kv.device)
-            threshold = (position_ids + 1) // S
-            block_bias = compressed_kv.new_zeros((batch, 1, T, n_entries))
-            block_bias = block_bias.masked_fill(entry.view(1, 1, 1, -1) >= threshold.unsqueeze(1).unsqueeze(-1),
-                                                float("-inf"))
-            return compressed_kv, block_bias
-        top = self.indexer(x, q_residual, position_ids)
-        valid = top >= 0
-        safe = torch.where(valid, top, torch.full_like(top, n_entries))
-        block_bias = compressed_kv.new_full((batch, 1, T, n_entries + 1), float("-inf"))
-        block_bias.scatter_(-1, safe.unsqueeze(1), 0.0)
-        return compressed_kv, block_bias[..., :n_entries]
 
 
 class _NoCompressor(nn.Module):

@@ -42,7 +42,7 @@ from phaseinterp._files import atomic_write, check_write_target, json_default, w
 from phaseinterp.errors import UserInputError
 from phaseinterp.models.compressor import GateParameters
 from phaseinterp.models.hf.attention import BlockHooks, NormHooks
-from phaseinterp.models.hf.chunking import check_query_chunk, is_chunked
+from phaseinterp.models.hf.chunking import check_query_chunk
 from phaseinterp.models.hf.compressor import CompressorHooks
 from phaseinterp.models.hf.config import DeepseekV4HookedConfig
 from phaseinterp.models.hf.last_position import last_layer_at_p
@@ -90,17 +90,17 @@ class HookedDeepseekV4(CheckedHooks):
     def set_query_chunk(self, query_chunk: Any) -> "HookedDeepseekV4":
         """How the attention runs its queries: ``"auto"`` (the default), None or an integer >= 1.
 
-        ``"auto"``: a forward over more than `chunking.AUTO_CHUNK_ABOVE` (2,048) tokens runs every
-        layer's attention in query chunks, each chunk against only the keys it can see (the band, the
-        closed HCA entries, the CSA indexer's top-k per query, the indexer's own scores per chunk), with
-        chunks sized so the largest block stays within `chunking.SCORE_BLOCK` elements, and the
-        MLP/MoE and hyper-connections in blocks of `chunking.TOKEN_BLOCK` tokens: peak memory grows
-        linearly in T. Shorter forwards run transformers' eager attention (the ``[T, T + entries]``
-        scores) unchanged. None: always the eager path (quadratic). An integer: chunks of that many
-        queries at any length. Both paths equal transformers' forward (tests/test_dsv4_long.py).
-        Per-token hooks fire once with their full shapes on both paths; the per-query ``[pos, key_slot]``
-        hooks (``hook_attn_scores``, ``hook_pattern``, ``indexer.hook_scores``) fire once per chunk on
-        the chunked path (docs/deepseek_v4.md, "Long prompts on real checkpoints"). Returns the model."""
+        Every layer's attention is one implementation (`attention.attend`), run per query chunk, each
+        chunk against only the keys it can see (the band, the closed HCA entries, the CSA indexer's
+        top-k per query, the indexer's own scores per chunk). ``"auto"``: chunks sized so the largest
+        block stays within `chunking.SCORE_BLOCK` elements (a short prompt on a small model is one
+        chunk), and above `chunking.AUTO_CHUNK_ABOVE` (2,048) tokens the MLP/MoE and hyper-connections
+        in blocks of `chunking.TOKEN_BLOCK` tokens: peak memory grows linearly in T. None: one chunk of
+        every query (memory quadratic in T). An integer: chunks of that many queries. Every setting
+        equals transformers' eager forward (tests/test_dsv4_long.py). Per-token hooks fire once with
+        their full shapes; the per-query ``[pos, key_slot]`` hooks (``hook_attn_scores``,
+        ``hook_pattern``, ``indexer.hook_scores``) fire once per chunk with ``ctx["query_range"]``
+        (docs/deepseek_v4.md, "Long prompts on real checkpoints"). Returns the model."""
         check_query_chunk(query_chunk)
         for block in self.blocks:
             block.attn.query_chunk = query_chunk
@@ -160,34 +160,27 @@ class HookedDeepseekV4(CheckedHooks):
         return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), tokens[:, 1:].flatten().to(logits.device))
 
     def _decoder_inputs(self, tokens: Tensor) -> tuple:
-        """(tokens, streams entering layer 0, position ids, mask, rope) of a forward over ``tokens``."""
-        from transformers.masking_utils import create_sliding_window_causal_mask
-
+        """(tokens, streams entering layer 0, position ids, rope) of a forward over ``tokens``."""
         hf = self.hf.model
         tokens = tokens.to(self.device).long()
         embeds = self.hook_embed(hf.embed_tokens(tokens))
         position_ids = torch.arange(tokens.shape[1], device=embeds.device).unsqueeze(0)
-        mask = None  # the chunked attention masks per chunk; the [T, T] mask is the dense path's only
-        if not is_chunked(self.query_chunk, tokens.shape[1]):
-            mask = create_sliding_window_causal_mask(config=hf.config, inputs_embeds=embeds, attention_mask=None,
-                                                     cache=None, position_ids=position_ids)
         streams = embeds.unsqueeze(2).expand(-1, -1, self.cfg.hc_mult, -1).contiguous()
         rope = {kind: hf.rotary_emb(embeds, position_ids=position_ids, layer_type=kind) for kind in ("main", "compress")}
-        return tokens, streams, position_ids, mask, rope
+        return tokens, streams, position_ids, rope
 
     @staticmethod
-    def _through(blocks, tokens, streams, position_ids, mask, rope) -> tuple:
+    def _through(blocks, tokens, streams, position_ids, rope) -> tuple:
         """``streams`` through ``blocks`` (each on its execution device): (streams, the inputs moved along)."""
         for block in blocks:
             device = execution_device(block.hf.input_layernorm)  # device_map: a decoder layer runs on one device
             if streams.device != device:
                 streams, position_ids = streams.to(device), position_ids.to(device)
                 rope = {k: (c.to(device), s.to(device)) for k, (c, s) in rope.items()}
-                mask = mask.to(device) if isinstance(mask, Tensor) else mask
                 tokens = tokens.to(device)
             with materialized(block.hf):  # offloaded layer: its weights in memory for this layer only
-                streams = block(streams, rope, position_ids, mask, tokens)
-        return streams, (tokens, position_ids, mask, rope)
+                streams = block(streams, rope, position_ids, tokens)
+        return streams, (tokens, position_ids, rope)
 
     def last_logits(self, tokens: Tensor, *, path: str = "auto") -> Tensor:
         """The logits at the LAST position, ``model(tokens)[:, -1]`` (equal to 1e-5, tested), at less
@@ -202,7 +195,7 @@ class HookedDeepseekV4(CheckedHooks):
         if chosen == "full":
             return self(tokens)[:, -1]
         self._check_tokens(tokens)
-        streams, (tokens, position_ids, _, rope) = self._through(self.blocks[:-1], *self._decoder_inputs(tokens))
+        streams, (tokens, position_ids, rope) = self._through(self.blocks[:-1], *self._decoder_inputs(tokens))
         return last_layer_at_p(self, streams, tokens, position_ids, rope)[1]
 
     def run_with_cache(self, *model_args: Any, return_cache_object: bool = True, **kwargs: Any):

@@ -13,7 +13,8 @@ attention input, the per-token K = V, the compressed entries, the indexer's entr
 - CSA: the indexer's score row ``p`` is recomputed and HF's top-k runs on it, a row over every
   entry of the prompt (later ones -inf) as in the full forward, so ties break alike (a row's
   top-k does not depend on the other rows of the call; tests/test_dsv4_long.py); HCA: every
-  entry closed at ``p`` is visible.
+  entry closed at ``p`` is visible;
+- the attention itself is `attention.attend`, the full forward's, for the one query at ``p``.
 
 A `LayerState` keeps only what position ``p`` reads: the streams at ``p``, the attention input
 and K = V of the last ``tail`` positions (the sliding window and the windows of the entry that
@@ -30,9 +31,9 @@ from typing import Optional
 
 import einops
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
+from phaseinterp.models.hf.attention import attend
 from phaseinterp.models.hf.chunking import TOKEN_BLOCK
 from phaseinterp.models.hf.compressor import CompressorHooks, _hf
 from phaseinterp.models.hf.config import CSA
@@ -108,7 +109,7 @@ def clean_states(model, tokens: Tensor) -> tuple[Tensor, list[LayerState]]:
         cache[hook.name] = _trimmed(key, t.detach(), tail_length(model, layer))
 
     with model.hooks(fwd_hooks=[(lambda n: n in wanted, keep)]):
-        streams, (tokens, position_ids, _, rope) = model._through(model.blocks[:-1], *model._decoder_inputs(tokens))
+        streams, (tokens, position_ids, rope) = model._through(model.blocks[:-1], *model._decoder_inputs(tokens))
     last_state, logits = last_layer_at_p(model, streams, tokens, position_ids, rope)
     states = []
     N, T = tokens.shape
@@ -197,20 +198,18 @@ def _recompressed(comp, state_entries: Tensor, state: LayerState, x_last: Tensor
     return torch.cat([state_entries[:, :j], entries[:, -1:]], dim=1)
 
 
-def _visible_entries(attn, state: LayerState, x_last: Tensor, q_residual: Tensor, entries: Tensor) -> Tensor:
-    """Additive bias ``[N, E]`` of the compressed entries at ``p``: 0 visible, -inf not (HF's mask)."""
+def _chosen_entries(attn, state: LayerState, x_last: Tensor, q_residual: Tensor) -> Tensor:
+    """The indexer's top-k at ``p`` ``[N, 1, k]`` (-1: none), as `IndexerHooks.select` chooses them: the
+    score row ``p`` over every entry of the prompt (later ones -inf), HF's top-k on it."""
     comp = attn.compressor
-    N, E = entries.shape[:2]
-    T = state.seq_len
-    closed = T // comp.compress_rate  # entries j < closed have closed windows at p = T - 1
-    if comp.kind != CSA:
-        entry = torch.arange(E, device=entries.device)
-        bias = entries.new_zeros((N, E))
-        return bias.masked_fill(entry.view(1, -1) >= closed, float("-inf"))
     indexer = comp.indexer
     ihf = indexer.hf
     mod = _hf()
+    N = x_last.shape[0]
+    T = state.seq_len
+    closed = T // comp.compress_rate  # entries j < closed have closed windows at p = T - 1
     index_entries = _recompressed(indexer, state.index_compressed, state, x_last)
+    E = index_entries.shape[1]
     position_ids = torch.full((1, 1), T - 1, device=x_last.device, dtype=torch.long)
     cos, sin = ihf.rotary_emb(x_last, position_ids=position_ids, layer_type=ihf.rope_layer_type)
     q = ihf.q_b_proj(q_residual).view(N, 1, -1, ihf.head_dim).transpose(1, 2)
@@ -218,16 +217,13 @@ def _visible_entries(attn, state: LayerState, x_last: Tensor, q_residual: Tensor
     row = ihf.scorer(q, index_entries, x_last)  # [N, 1, E]
     entry = torch.arange(E, device=row.device)
     row = row.masked_fill(entry.view(1, 1, -1) >= closed, float("-inf"))
-    top = row.topk(min(ihf.index_topk, E), dim=-1).indices[:, -1]  # the full forward's row (every entry)
-    top = torch.where(top >= closed, torch.full_like(top, -1), top)
-    safe = torch.where(top >= 0, top, torch.full_like(top, E))
-    bias = entries.new_full((N, E + 1), float("-inf"))
-    bias.scatter_(-1, safe, 0.0)
-    return bias[:, :E]
+    top = row.topk(min(ihf.index_topk, E), dim=-1).indices  # the full forward's row (every entry)
+    return torch.where(top >= closed, torch.full_like(top, -1), top)
 
 
 def _attention_last(attn, state: LayerState, x_last: Tensor, rope) -> Tensor:
-    """HF ``DeepseekV4Attention`` for the query at ``p`` only: ``[N, 1, d_model]``."""
+    """HF ``DeepseekV4Attention`` for the query at ``p`` only, through `attention.attend` (the full
+    forward's attention, one query): ``[N, 1, d_model]``."""
     hf = attn.hf
     mod = _hf()
     N = x_last.shape[0]
@@ -239,21 +235,17 @@ def _attention_last(attn, state: LayerState, x_last: Tensor, rope) -> Tensor:
     q = mod.apply_rotary_pos_emb(q.transpose(1, 2), cos, sin)  # [N, head, 1, d]
     kv = hf.kv_norm(hf.kv_proj(x_last)).view(N, 1, -1, d)
     kv = mod.apply_rotary_pos_emb(kv.transpose(1, 2), cos, sin).transpose(1, 2)[:, :, 0]  # [N, 1, d]
-    first = max(0, T - hf.config.sliding_window)
-    keys = [state.kv[:, first - state.offset:-1], kv]
-    bias = [x_last.new_zeros((N, T - first))]
-    if isinstance(attn.compressor, CompressorHooks):
-        entries = _recompressed(attn.compressor, state.compressed, state, x_last)
-        keys.append(entries)
-        bias.append(_visible_entries(attn, state, x_last, q_residual, entries))
-    keys = mod.repeat_kv(torch.cat(keys, dim=1).unsqueeze(1), hf.num_key_value_groups)  # [N, head, slot, d]
-    scores = torch.matmul(q, keys.transpose(2, 3)) * hf.scaling + torch.cat(bias, -1)[:, None, None]
-    sinks = hf.sinks.reshape(1, -1, 1, 1).expand(N, -1, 1, -1)
-    logits = torch.cat([scores, sinks], dim=-1)
-    logits = logits - logits.max(dim=-1, keepdim=True).values
-    pattern = F.softmax(logits, dim=-1, dtype=logits.dtype)[..., :-1]
-    z = torch.matmul(pattern.to(keys.dtype), keys)  # [N, head, 1, d]
-    z = mod.apply_rotary_pos_emb(z, cos, -sin).transpose(1, 2)  # [N, 1, head, d]
+    keys = torch.cat([state.kv[:, :-1], kv], dim=1)  # positions state.offset .. p, p recomputed
+    entries = stride = chosen = None
+    comp = attn.compressor
+    if isinstance(comp, CompressorHooks):
+        stride = comp.compress_rate
+        entries = _recompressed(comp, state.compressed, state, x_last)
+        if comp.kind == CSA:
+            chosen = _chosen_entries(attn, state, x_last, q_residual)
+    hooked = has_hooks(attn.hook_attn_scores) or has_hooks(attn.hook_pattern)
+    z = attend(hf, q, (T - 1, T), keys, state.offset, entries, stride, chosen, cos, sin, every_entry=hooked,
+               hooks=(attn.hook_attn_scores, attn.hook_pattern))  # [N, 1, head, d]
     if has_hooks(attn.hook_z):  # position p only: [N, 1, head, d_head]
         with query_context([attn.hook_z], T - 1, T):
             z = attn.hook_z(z)

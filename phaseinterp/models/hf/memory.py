@@ -88,14 +88,11 @@ class ForwardMemory:
     """Bytes for one full forward of the wrapper over ``batch`` x ``seq_len`` tokens (no KV cache:
     the experiments' path), the terms named, plus the KV cache a generating engine would keep.
 
-    Peak = weights + persistent (the model-level mask and ``hc_mult`` residual streams) + the
-    largest per-layer transient: in the attention of the layer with the most key slots
-    ``K = T + T/S`` three live copies of the ``[batch, heads, T, K]`` scores (scores, logits with the
-    sink column, softmax), the block mask ``[batch, 1, T, K]``, the per-token tensors alive beside them (layer input,
-    ``q_residual``, q, the streams, K = V and its per-head ``repeat_kv`` copy), and in a CSA layer the indexer's
-    ``[batch, T, index_heads, T/S]`` fp32 scores (two live copies); or the final logits
-    ``[batch, T, vocab]`` if larger. Counted from reading the forward
-    (`phaseinterp.models.hf.attention`), not fitted to measurements.
+    Peak = weights + persistent (the ``hc_mult`` residual streams and the per-token tensors a layer
+    keeps) + the largest transient: the indexer's scores of one query chunk, the attention of one
+    query chunk (`_chunked_terms`: the forward's attention is `attention.attend` per chunk, one chunk
+    of every query where it is not chunked), or the final logits ``[batch, T, vocab]``. Counted from
+    reading the forward (`phaseinterp.models.hf.attention`), not fitted to measurements.
     """
 
     seq_len: int
@@ -106,13 +103,12 @@ class ForwardMemory:
     indexer: int
     logits: int
     kv_cache: int  # sliding window + compressed entries + indexer entries, all layers (generation)
-    chunked: bool = False  # the chunked forward's terms (`_chunked_terms`), else the eager forward's
+    chunked: bool = False  # whether the forward runs chunked at this length (`chunking.is_chunked`)
 
     @property
     def peak(self) -> int:
-        if self.chunked:  # the indexer's chunk loop ends before the attention's begins
-            return self.weights + self.persistent + max(self.attention, self.indexer, self.logits)
-        return self.weights + self.persistent + max(self.attention + self.indexer, self.logits)
+        # the indexer's chunk loop ends before the attention's begins
+        return self.weights + self.persistent + max(self.attention, self.indexer, self.logits)
 
     def summary(self) -> dict[str, Any]:
         gib = lambda n: round(n / 2**30, 3)  # noqa: E731
@@ -128,9 +124,8 @@ def estimate_forward_memory(config: Union[str, Path, Any, None], seq_len: int, b
     """`ForwardMemory` of ``config`` at ``seq_len`` tokens: activations at ``act_bytes`` per value
     (2 = bf16; the indexer scores are fp32 whatever the dtype), weights as in `MemoryEstimate.weight_gib`.
 
-    ``query_chunk``: the wrapper's setting (`HookedDeepseekV4.set_query_chunk`); when the forward runs
-    chunked at this length (above 2,048 tokens under "auto") the chunked path's terms are counted
-    (`_chunked_terms`), else the eager path's. ``logits=False``: the final ``[batch, T, vocab]`` logits
+    ``query_chunk``: the wrapper's setting (`HookedDeepseekV4.set_query_chunk`): the query chunks the
+    attention runs in (`_chunked_terms`; ``None``: one chunk of every query). ``logits=False``: the final ``[batch, T, vocab]`` logits
     are not counted (`last_logits`, what `phase_profile` and the knockouts read)."""
     seq_len = check_int("seq_len", seq_len, 1)
     batch = check_int("batch", batch, 1)
@@ -138,28 +133,10 @@ def estimate_forward_memory(config: Union[str, Path, Any, None], seq_len: int, b
     est = estimate_memory(cfg)
     weights = int(est.weight_gib(weight_bytes, expert_weight_bytes) * 2**30)
     T, B, a = seq_len, batch, act_bytes
-    if is_chunked(query_chunk, T):
-        persistent, attention, indexer = _chunked_terms(cfg, T, B, a, query_chunk)
-        kv = _kv_cache(cfg, T, B, a)
-        return ForwardMemory(seq_len=T, batch=B, weights=weights, persistent=persistent, attention=attention,
-                             indexer=indexer, logits=B * T * cfg.vocab_size * a if logits else 0, kv_cache=kv,
-                             chunked=True)
-    H, D, d = cfg.num_attention_heads, cfg.hidden_size, cfg.head_dim
-    rates = cfg.compress_rates
-    kinds = list(cfg.layer_types)
-    def entries(kind: str) -> int:
-        return 0 if kind == "sliding_attention" else T // rates[kind]
-    K = max(T + entries(k) for k in kinds)
-    attention = 3 * B * H * T * K * a + B * T * K * a
-    # alive beside the scores: the layer input x, q_residual, the rotated q, the hc streams and their
-    # collapsed copy, and K = V: kv [B, 1, K, d] and its repeat_kv copy for every head [B, H, K, d]
-    attention += B * T * (D + cfg.q_lora_rank + H * d + 2 * cfg.hc_mult * D) * a + B * (H + 1) * K * d * a
-    csa = "compressed_sparse_attention" in kinds
-    indexer = 2 * B * T * cfg.index_n_heads * entries("compressed_sparse_attention") * 4 if csa else 0
-    persistent = B * T * T * a + 2 * B * T * cfg.hc_mult * D * a
-    final_logits = B * T * cfg.vocab_size * a if logits else 0
+    persistent, attention, indexer = _chunked_terms(cfg, T, B, a, T if query_chunk is None else query_chunk)
     return ForwardMemory(seq_len=T, batch=B, weights=weights, persistent=persistent, attention=attention,
-                         indexer=indexer, logits=final_logits, kv_cache=_kv_cache(cfg, T, B, a))
+                         indexer=indexer, logits=B * T * cfg.vocab_size * a if logits else 0,
+                         kv_cache=_kv_cache(cfg, T, B, a), chunked=is_chunked(query_chunk, T))
 
 
 def _kv_cache(cfg: Any, T: int, B: int, a: int) -> int:
@@ -173,7 +150,7 @@ def _kv_cache(cfg: Any, T: int, B: int, a: int) -> int:
 
 def _chunked_terms(cfg: Any, T: int, B: int, a: int, query_chunk: Any = "auto") -> tuple[int, int, int]:
     """(persistent, attention phase, indexer phase) bytes of the chunked forward's largest layer, counted
-    from reading `attention.AttentionHooks._attend_chunked`, `compressor.IndexerHooks.select` and
+    from reading `attention.AttentionHooks._attend` and `attention.attend`, `compressor.IndexerHooks.select` and
     `attention.BlockHooks.forward` (not fitted; `benchmarks/dsv4_long.py` compares it with measured peaks).
 
     Alive through a layer, per token: the streams entering it and those it builds (``2 hc D``), the mHC
@@ -183,8 +160,10 @@ def _chunked_terms(cfg: Any, T: int, B: int, a: int, query_chunk: Any = "auto") 
     (``index_heads x index_head_dim``), its selection ``[T, top_k]`` (int64) and both entry sets.
     Then the larger of two phases: the indexer's scores of one query chunk (three float32 copies of
     ``[chunk, index_heads, entries]`` in transformers' scorer: matmul, relu, weighting) or the
-    attention of one query chunk (the gathered band and entry keys, about six copies of the
-    ``[heads, chunk, key_slots]`` scores) with the output ``z`` ``[T, H, d]`` filling beside it."""
+    attention of one query chunk (`attention.attend`: the gathered band and entry keys, ``key_slots x
+    d``, and two ``[heads, chunk, key_slots + 1]`` score blocks, as each step there frees the block
+    before it: scores and logits, logits and probabilities) with the output ``z`` ``[T, H, d]``
+    filling beside it."""
     H, D, d, hc = cfg.num_attention_heads, cfg.hidden_size, cfg.head_dim, cfg.hc_mult
     Hi, di, k, W = cfg.index_n_heads, cfg.index_head_dim, cfg.index_topk, cfg.sliding_window
     rope_half = int(d * cfg.partial_rotary_factor) // 2
@@ -209,7 +188,7 @@ def _chunked_terms(cfg: Any, T: int, B: int, a: int, query_chunk: Any = "auto") 
         indexer = 3 * B * Ci * Hi * E * 4
     slots = W + max([min(k, E)] + hca)
     C = chunk(B * max(H * (slots + 1), slots * d))
-    attention = B * C * (slots * d + W * d + 6 * H * (slots + 1)) * a + B * T * H * d * a
+    attention = B * C * (slots * d + 2 * H * (slots + 1)) * a + B * T * H * d * a
     return persistent, attention, indexer
 
 
