@@ -22,7 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from phaseinterp._checks import check_int
 from phaseinterp.errors import MissingPathError  # a missing path the user gave: one line, exit 2
-from phaseinterp.models.hf.chunking import SCORE_BLOCK, is_chunked
+from phaseinterp.models.hf.chunking import SCORE_BLOCK, TOKEN_BLOCK, is_chunked
 from phaseinterp.models.hf.config import config_from_dict
 
 
@@ -91,7 +91,8 @@ class ForwardMemory:
     Peak = weights + persistent (the ``hc_mult`` residual streams and the per-token tensors a layer
     keeps) + the largest transient: the indexer's scores of one query chunk, the attention of one
     query chunk (`_chunked_terms`: the forward's attention is `attention.attend` per chunk, one chunk
-    of every query where it is not chunked), or the final logits ``[batch, T, vocab]``. Counted from
+    of every query where it is not chunked), the routed experts' intermediates of one token block, or
+    the final logits ``[batch, T, vocab]``. Counted from
     reading the forward (`phaseinterp.models.hf.attention`), not fitted to measurements.
     """
 
@@ -104,11 +105,12 @@ class ForwardMemory:
     logits: int
     kv_cache: int  # sliding window + compressed entries + indexer entries, all layers (generation)
     chunked: bool = False  # whether the forward runs chunked at this length (`chunking.is_chunked`)
+    moe: int = 0  # the routed experts' intermediates of one token block
 
     @property
     def peak(self) -> int:
-        # the indexer's chunk loop ends before the attention's begins
-        return self.weights + self.persistent + max(self.attention, self.indexer, self.logits)
+        # the indexer's chunk loop ends before the attention's begins; the MoE runs after both
+        return self.weights + self.persistent + max(self.attention, self.indexer, self.moe, self.logits)
 
     def summary(self) -> dict[str, Any]:
         gib = lambda n: round(n / 2**30, 3)  # noqa: E731
@@ -134,9 +136,12 @@ def estimate_forward_memory(config: Union[str, Path, Any, None], seq_len: int, b
     weights = int(est.weight_gib(weight_bytes, expert_weight_bytes) * 2**30)
     T, B, a = seq_len, batch, act_bytes
     persistent, attention, indexer = _chunked_terms(cfg, T, B, a, T if query_chunk is None else query_chunk)
+    # transformers' routed experts on one token block (`BlockHooks.forward`): per routed token the
+    # fused gate-up output (2 I), both clamps, the activation and the product (4 I)
+    moe = B * min(T, TOKEN_BLOCK) * cfg.num_experts_per_tok * 6 * cfg.moe_intermediate_size * a
     return ForwardMemory(seq_len=T, batch=B, weights=weights, persistent=persistent, attention=attention,
                          indexer=indexer, logits=B * T * cfg.vocab_size * a if logits else 0,
-                         kv_cache=_kv_cache(cfg, T, B, a), chunked=is_chunked(query_chunk, T))
+                         kv_cache=_kv_cache(cfg, T, B, a), chunked=is_chunked(query_chunk, T), moe=moe)
 
 
 def _kv_cache(cfg: Any, T: int, B: int, a: int) -> int:
@@ -158,8 +163,10 @@ def _chunked_terms(cfg: Any, T: int, B: int, a: int, query_chunk: Any = "auto") 
     (``2 D``), ``q_residual``, the rotated ``q`` (``H d``) and ``K = V``; the rotary tables (main,
     compress, the indexer's queries: cos and sin). A CSA layer adds the indexer's rotated queries
     (``index_heads x index_head_dim``), its selection ``[T, top_k]`` (int64) and both entry sets.
-    Then the larger of two phases: the indexer's scores of one query chunk (three float32 copies of
-    ``[chunk, index_heads, entries]`` in transformers' scorer: matmul, relu, weighting) or the
+    Then the larger of two phases: the indexer's scores of one query chunk (in transformers' scorer the
+    matmul broadcasts the entries to a float32 ``[chunk, index_head_dim, entries]`` copy (batch > 1) beside its
+    ``[chunk, index_heads, entries]`` output; then three float32 score copies: matmul, relu,
+    weighting) or the
     attention of one query chunk (`attention.attend`: the gathered band and entry keys, ``key_slots x
     d``, and two ``[heads, chunk, key_slots + 1]`` score blocks, as each step there frees the block
     before it: scores and logits, logits and probabilities) with the output ``z`` ``[T, H, d]``
@@ -185,7 +192,11 @@ def _chunked_terms(cfg: Any, T: int, B: int, a: int, query_chunk: Any = "auto") 
     indexer = 0
     if csa and E:
         Ci = chunk(B * E * (Hi + 2))
-        indexer = 3 * B * Ci * Hi * E * 4
+        # transformers' scorer: matmul(q [B, C, Hi, di], entries [B, 1, di, E]) broadcasts the entries to
+        # a float32 copy per query ([B, C, di, E]) beside its output where B > 1 (for B = 1 torch folds the
+        # queries into one matrix product); then relu and the weighting (3 score copies)
+        broadcast = B * Ci * E * di * 4 if B > 1 else 0
+        indexer = max(broadcast + B * Ci * Hi * E * 4, 3 * B * Ci * Hi * E * 4)
     slots = W + max([min(k, E)] + hca)
     C = chunk(B * max(H * (slots + 1), slots * d))
     attention = B * C * (slots * d + 2 * H * (slots + 1)) * a + B * T * H * d * a
