@@ -54,7 +54,9 @@ def attend(hf, q: Tensor, query_range: tuple[int, int], kv: Tensor, kv_offset: i
     indexer's top-k per query (-1: none; CSA only, ``None`` on HCA, where every closed entry is visible).
     ``cos``, ``sin``: the queries' rotary tables (the output is rotated back by them, as K = V carries
     RoPE). Key slots per query ``t``: the band, slot ``s`` = token ``t - band + 1 + s`` (-inf before
-    the sequence start), then the entries: the ``k`` chosen (CSA), those closed by ``b - 1`` (HCA), or,
+    the sequence start), then the entries: the ``k`` chosen, gathered (CSA; while ``k`` can hold every
+    entry closed by ``b - 1``, those entries masked to the chosen instead), those closed by ``b - 1``
+    (HCA), or,
     with ``every_entry``, every entry of ``entries`` (-inf where not visible or not chosen: the layout
     `hook_attn_scores` and `hook_pattern` show, docs/hooks.md). ``hooks``: ``(hook_attn_scores,
     hook_pattern)``, each called with ``ctx["query_range"] = (a, b)`` when it has a hook. The learned
@@ -73,8 +75,11 @@ def attend(hf, q: Tensor, query_range: tuple[int, int], kv: Tensor, kv_offset: i
     if entries is not None:
         closed = (t + 1) // stride  # entries j < closed are closed at query t
         E = entries.shape[1]
-        if chosen is None or every_entry:
-            n = E if every_entry else min(E, b // stride)
+        n_closed = min(E, b // stride)  # entries closed by the chunk's last query
+        # every closed entry as a key of every query, masked: for HCA, for a hook, and for CSA while the
+        # top-k can hold every closed entry (gathering k entries per query would copy more than it saves)
+        if chosen is None or every_entry or n_closed <= chosen.shape[-1]:
+            n = E if every_entry else n_closed
             entry_keys = entries[:, :n]
             visible = torch.arange(n, device=q.device)[None, :] < closed[:, None]  # [C, n]
             if chosen is not None:

@@ -167,8 +167,8 @@ def _chunked_terms(cfg: Any, T: int, B: int, a: int, query_chunk: Any = "auto") 
     matmul broadcasts the entries to a float32 ``[chunk, index_head_dim, entries]`` copy (batch > 1) beside its
     ``[chunk, index_heads, entries]`` output; then three float32 score copies: matmul, relu,
     weighting) or the
-    attention of one query chunk (`attention.attend`: the gathered band and entry keys, ``key_slots x
-    d``, and two ``[heads, chunk, key_slots + 1]`` score blocks, as each step there frees the block
+    attention of one query chunk (`attention.attend`: the gathered band, the entries (gathered per
+    query where a CSA chunk's closed entries outnumber the top-k, else one shared copy), and two ``[heads, chunk, key_slots + 1]`` score blocks, as each step there frees the block
     before it: scores and logits, logits and probabilities) with the output ``z`` ``[T, H, d]``
     filling beside it."""
     H, D, d, hc = cfg.num_attention_heads, cfg.hidden_size, cfg.head_dim, cfg.hc_mult
@@ -197,9 +197,23 @@ def _chunked_terms(cfg: Any, T: int, B: int, a: int, query_chunk: Any = "auto") 
         # queries into one matrix product); then relu and the weighting (3 score copies)
         broadcast = B * Ci * E * di * 4 if B > 1 else 0
         indexer = max(broadcast + B * Ci * Hi * E * 4, 3 * B * Ci * Hi * E * 4)
+    # the chunks `AttentionHooks._attend` runs (sized for the layer with the most key slots), then per chunk
+    # `attend`'s keys: a CSA chunk whose closed entries outnumber the top-k gathers k entries per query,
+    # any other chunk keeps one shared copy of its entries; beside them two score blocks
     slots = W + max([min(k, E)] + hca)
     C = chunk(B * max(H * (slots + 1), slots * d))
-    attention = B * C * (slots * d + 2 * H * (slots + 1)) * a + B * T * H * d * a
+    S_csa = cfg.compress_rates["compressed_sparse_attention"] if csa else None
+    biggest = 0
+    for lo in range(0, T, C):
+        hi = min(lo + C, T)
+        n = hi - lo
+        for kind_slots, entries_n, gathered in (
+                [(W + min(k, E), min(E, hi // S_csa), min(E, hi // S_csa) > k)] if csa else []) + [
+                (W + h, h, False) for h in hca]:
+            keys = n * (kind_slots * d if gathered else W * d) + (0 if gathered else entries_n * d)
+            biggest = max(biggest, keys + 2 * n * H * (kind_slots + 1))
+        biggest = max(biggest, n * (W * d + 2 * H * (W + 1)))  # a sliding-window layer
+    attention = B * biggest * a + B * T * H * d * a
     return persistent, attention, indexer
 
 
