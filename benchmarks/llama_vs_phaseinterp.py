@@ -86,20 +86,6 @@ def fixture_flops(release: Path, T: int) -> dict:
     return parts
 
 
-def gemm_rate(n: int = 1024, repeats: int = 5) -> float:
-    """The float32 GEMM rate (FLOP/s) on torch's threads: the median of ``repeats`` square matmuls."""
-    import torch
-
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    a @ b
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        a @ b
-        times.append(time.perf_counter() - start)
-    return 2 * n**3 / statistics.median(times)
-
-
 # ------------------------------------------------------------------ the workers (one process each)
 def _rss() -> tuple[int, int]:
     """(VmRSS, VmHWM) of this process in bytes."""
@@ -204,6 +190,7 @@ def main(argv=None) -> int:
     print(f"# llama_vs_phaseinterp: {release} ({gguf.stat().st_size:,} bytes GGUF); float32, f32 KV cache; "
           f"{args.threads} thread(s); llama.cpp ubatch {args.ubatch}; median of {args.repeats}")
     import torch
+    from dsv4_compute_bound import gemm_rate  # imports torch: the parent only, never the llama worker
 
     torch.set_num_threads(args.threads)
     print("| T | phaseinterp s | llama.cpp s | time ratio (pi / llama) | phaseinterp peak RSS MB (call) | "
@@ -227,7 +214,7 @@ def main(argv=None) -> int:
 
         diff = float(np.abs(log_softmax(np.load(args.out / f"pi_{T}.npy"))
                             - log_softmax(np.load(args.out / f"llama_{T}.npy"))).max())
-        flops, rate = fixture_flops(release, T), gemm_rate()
+        flops, rate = fixture_flops(release, T), gemm_rate()  # dsv4_compute_bound's yardstick
         bound = flops["total"] / rate
         row = {"T": T, "phaseinterp": pi_run, "llama": ll_run, "flops": flops, "gemm_rate": rate, "bound_s": bound,
                "max_abs_diff": diff}

@@ -698,36 +698,21 @@ def test_a_writer_replaces_its_own_kind_only_with_overwrite(writer, model, tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t"], "a staging folder was left behind"
 
 
-@pytest.mark.parametrize("writer", sorted(w for w, (_, _, cheap) in WRITERS.items() if cheap))
-def test_a_writer_writes_through_a_link_and_never_moves_it(writer, model, tmp_path):
-    """--out naming a symbolic link to a folder: the folder it points to is written (or replaced, with
-    overwrite); the link stays a link to it, and nothing is left beside either."""
-    from phaseinterp._files import saved_kind
-
-    write, kind, _ = WRITERS[writer]
-    real, link = tmp_path / "real", tmp_path / "link"
-    real.mkdir()
-    link.symlink_to(real, target_is_directory=True)
-    write(model, link)
-    assert link.is_symlink() and Path(os.readlink(link)) == real and saved_kind(real) == kind
-    write(model, link, overwrite=True)
-    assert link.is_symlink() and Path(os.readlink(link)) == real and saved_kind(real) == kind
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "real"], "a staging folder or moved link was left"
-
-
 @pytest.mark.parametrize("writer", [pytest.param(w, marks=pytest.mark.slow) if w.endswith("build_report") else w
-                                    for w in sorted(w for w, (_, _, cheap) in WRITERS.items() if not cheap)])
-def test_a_costly_writer_writes_through_a_link_once_and_never_moves_it(writer, model, tmp_path):
-    """The writers whose second write is costly or resumes (a report, a shard folder): one write through
-    a link to an empty folder; the link stays a link to it, nothing is left beside either."""
+                                    for w in sorted(WRITERS)])
+def test_a_writer_writes_through_a_link_and_never_moves_it(writer, model, tmp_path):
+    """--out naming a symbolic link to a folder: the folder it points to is written (and, for the writers
+    whose second write is cheap, replaced with overwrite); the link stays a link to it, and nothing is
+    left beside either. A report or a shard folder (costly, or resuming) is written once."""
     from phaseinterp._files import saved_kind
 
-    write, kind, _ = WRITERS[writer]
+    write, kind, cheap = WRITERS[writer]
     real, link = tmp_path / "real", tmp_path / "link"
     real.mkdir()
     link.symlink_to(real, target_is_directory=True)
-    write(model, link)
-    assert link.is_symlink() and Path(os.readlink(link)) == real and saved_kind(real) == kind
+    for options in ({}, {"overwrite": True}) if cheap else ({},):
+        write(model, link, **options)
+        assert link.is_symlink() and Path(os.readlink(link)) == real and saved_kind(real) == kind
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "real"], "a staging folder or moved link was left"
 
 
