@@ -23,6 +23,8 @@ _NAMES = {
     "PhaseProfile": "phaseinterp.profile",
     "TwoAxisProfile": "phaseinterp.profile",
     "phase_profile": "phaseinterp.profile",
+    "ProfileSpec": "phaseinterp.profile",
+    "engine_profile": "phaseinterp.engines",  # phase_profile of a served model (journaled, retried)
     "AblationResult": "phaseinterp.interventions",
     "CyclingResult": "phaseinterp.interventions",
     "GateProfile": "phaseinterp.interventions",
@@ -104,6 +106,8 @@ __all__ = [
     "gate_profile",
     "phase",
     "phase_profile",
+    "ProfileSpec",
+    "engine_profile",
     "shifted_copy",
     "shift_static_gates",
     "mean_gate_logits",

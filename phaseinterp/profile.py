@@ -1,6 +1,7 @@
 """The phase profile: top-1 retrieval accuracy by target residue and phase, with intervals
 (docs/science.md, "Evaluation protocol")."""
 
+import functools
 import importlib
 import os
 from dataclasses import dataclass
@@ -12,12 +13,13 @@ import torch
 from jaxtyping import Float, Int
 from tqdm.auto import tqdm
 
-from phaseinterp.errors import UserInputError, applies_only, keyword_options
+from phaseinterp.errors import UserInputError, applies_only, keyword_options, warn_renamed
 from phaseinterp import stats
 from phaseinterp.models.protocol import phase_model
 from phaseinterp._checks import DEFAULT_N_PER_RESIDUE, check_device, check_int, check_n_per_residue, env_flag
 from phaseinterp.phase import check_residue_modulus
 from phaseinterp.results import Result
+from phaseinterp.spec import Spec, experiment
 from phaseinterp.tasks import resolve_task
 from phaseinterp.tasks.length_axis import check_axis, length_axis_batch
 
@@ -274,6 +276,107 @@ def _is_engine(model: Any) -> bool:
     return not isinstance(model, torch.nn.Module) and callable(model)
 
 
+@dataclass(frozen=True)
+class ProfileSpec(Spec):
+    """`phase_profile`'s options (and `phaseinterp.engine_profile`'s), checked when made; their
+    meanings are `phase_profile`'s parameters. ``stride=None`` means the model's own stride."""
+
+    n_per_residue: int = DEFAULT_N_PER_RESIDUE
+    seed: int = 0
+    batch_size: int = 64
+    device: Any = None
+    stride: int | None = None
+    label: str | None = None
+    confidence: float = 0.95
+    interval: str = "auto"
+    n_bootstrap: int = 2000
+    n_permutations: int = 1999
+    progress: bool = True
+    axis: str = "target"
+    hold: int | None = None
+    length_modulus: int | None = None
+
+    def validate(self) -> None:
+        if self.interval not in INTERVALS:
+            raise UserInputError(f"interval={self.interval!r} is not one of {INTERVALS}")
+        check_axis(self.axis)
+        if self.axis != "length" and (self.hold is not None or self.length_modulus is not None):
+            given = "hold" if self.hold is not None else "length_modulus"
+            raise UserInputError(f"{given}= applies to axis='length' only (axis={self.axis!r}); drop it or pass "
+                                 "axis='length'")
+        if self.hold is not None:
+            check_int("hold", self.hold, 0)
+        if self.length_modulus is not None:
+            check_int("length_modulus", self.length_modulus, 1)
+        check_n_per_residue(self.n_per_residue)
+        check_int("seed", self.seed, 0)
+        check_int("batch_size", self.batch_size, 1)
+        check_int("n_permutations", self.n_permutations, 1, 1_000_000)  # bounded: numpy fails on a huge count
+        check_int("n_bootstrap", self.n_bootstrap, 1, 1_000_000)
+        if not (isinstance(self.confidence, float) and 0 < self.confidence < 1):
+            raise UserInputError(f"confidence={self.confidence!r} must be a float in (0, 1)")
+        if self.stride is not None:
+            check_int("stride", self.stride, 1)
+        if self.label is not None and not isinstance(self.label, str):
+            raise UserInputError(f"label={self.label!r} must be a string")
+        check_device(self.device)
+
+    def stride_of(self, model: Any) -> int:
+        """The stride the residues fold by: this spec's, else the model's own."""
+        stride = self.stride if self.stride is not None else phase_model(model).stride
+        if stride is None:
+            raise UserInputError("the model has no cfg.stride; pass stride= explicitly")
+        return stride
+
+    def check_model(self, model: Any) -> None:
+        self.stride_of(model)
+
+    def check_task(self, task: Any, stride: int | None = None) -> None:
+        """The task's residue modulus against the stride, and (a task that lays prompts out) the
+        prompt count it can moment-match."""
+        if hasattr(task, "generate"):
+            R = task.residue_modulus
+            if stride is not None:
+                check_residue_modulus(R, stride)
+            check_n_per_residue(self.n_per_residue, R)
+            if self.axis != "target":
+                check_int("hold", self.hold or 0, 0, R - 1)
+        elif self.axis != "target":
+            raise UserInputError(f"axis={self.axis!r} lays the task's prompts out at several lengths; a ready "
+                                 "TaskBatch has one layout: pass the task (e.g. KeyValueRetrieval) instead")
+
+    def prompts(self, task: Any, stride: int, tokenizer: Any = None) -> Any:
+        """The prompts of ``task`` under this spec (``task.generate``, or on the length axis
+        `length_axis_batch`), or ``task`` itself when it is a ready TaskBatch."""
+        self.check_task(task, stride)
+        if hasattr(task, "generate"):
+            if self.axis != "target":
+                return length_axis_batch(task, self.n_per_residue, seed=self.seed, stride=stride, axis=self.axis,
+                                         hold=self.hold or 0, tokenizer=tokenizer, length_modulus=self.length_modulus)
+            extra = {} if tokenizer is None else {"tokenizer": tokenizer}
+            batch = task.generate(self.n_per_residue, seed=self.seed, **extra)
+        else:
+            if tokenizer is not None:
+                raise UserInputError("tokenizer= lays out a task's prompts; this TaskBatch is laid out already")
+            batch = task
+        if len(batch) == 0:
+            raise UserInputError("the batch holds 0 prompts; generate at least one per residue")
+        check_residue_modulus(batch.residue_modulus, stride)
+        return batch
+
+    def result(self, records: pd.DataFrame, modulus: int, stride: int, label: str) -> "PhaseProfile | TwoAxisProfile":
+        """The profile of ``records`` on this spec's axis: a `PhaseProfile` (target, length) or a
+        `TwoAxisProfile` (both)."""
+        options = dict(label=label, confidence=self.confidence, interval=self.interval, n_bootstrap=self.n_bootstrap,
+                       n_permutations=self.n_permutations, seed=self.seed)
+        if self.axis != "both":
+            return profile_from_records(records, modulus, stride, axis=self.axis, **options)
+        target = profile_from_records(records, modulus, stride, axis="target", **options)
+        by_length = records.assign(residue=records["length_residue"] % stride)
+        length = profile_from_records(by_length, stride, stride, axis="length", **options)
+        return TwoAxisProfile.from_profiles(target, length)
+
+
 def _batch_given(arguments: dict) -> str | None:
     task = arguments.get("task")
     if task is not None and hasattr(task, "tokens") and not hasattr(task, "generate"):
@@ -281,13 +384,36 @@ def _batch_given(arguments: dict) -> str | None:
     return None
 
 
-def _in_process(arguments: dict) -> str | None:
-    return None if _is_engine(arguments.get("model")) else "it retries an engine's requests; the model runs here"
+ENGINE_OPTIONS = ("resume_dir", "retries", "retry_wait")  # `phaseinterp.engine_profile`'s own options
 
 
+def _engine_options_moved(fn):
+    """``phase_profile(engine, resume_dir=..., retries=..., retry_wait=...)``, 0.3's spelling: these options
+    belong to `phaseinterp.engine_profile`; for one release they still reach it, with a DeprecationWarning."""
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        moved = {name: kwargs.pop(name) for name in ENGINE_OPTIONS if name in kwargs}
+        if not moved:
+            return fn(*args, **kwargs)
+        model = args[0] if args else kwargs.get("model")
+        if not _is_engine(model):
+            name = next(iter(moved))
+            raise UserInputError(f"{name}= applies to an engine's answers (phaseinterp.engine_profile), not to an "
+                                 "in-process model; for a resumable run of a model use "
+                                 "phaseinterp.parallel.sharded_profile(model, task, out_dir=DIR)")
+        warn_renamed(f"phase_profile({', '.join(f'{k}=' for k in moved)})", "phaseinterp.engine_profile")
+        from phaseinterp.engines.profile import engine_profile  # engines/ sit above profile
+
+        return engine_profile(*args, **kwargs, **moved)
+
+    return call
+
+
+@_engine_options_moved
 @keyword_options("n_per_residue")
 @applies_only(("n_per_residue",), unless=_batch_given)
-@applies_only(("retries", "retry_wait"), unless=_in_process)
+@experiment(ProfileSpec)
 def phase_profile(
     model: Any,
     task: Any = None,
@@ -303,33 +429,28 @@ def phase_profile(
     n_bootstrap: int = 2000,
     n_permutations: int = 1999,
     progress: bool = True,
-    tokenizer: Any = None,
-    resume_dir: str | os.PathLike | None = None,
-    retries: int = 3,
-    retry_wait: float = 1.0,
     axis: str = "target",
     hold: int | None = None,
     length_modulus: int | None = None,
+    tokenizer: Any = None,
+    spec: ProfileSpec | None = None,
 ) -> "PhaseProfile | TwoAxisProfile":
-    """Top-1 accuracy of ``model`` (or of an engine) on ``task`` by the target's residue mod R and phase mod S.
+    """Top-1 accuracy of ``model`` on ``task`` by the target's residue mod R and phase mod S.
 
     A prompt is correct when the argmax over the full vocabulary of the logits at
-    ``answer_pos`` is ``answer`` (docs/science.md, "Evaluation protocol").
+    ``answer_pos`` is ``answer`` (docs/science.md, "Evaluation protocol"). Three steps:
+    ``spec`` (the options below, checked in `ProfileSpec`), `profile_records` (the model on the
+    prompts, one row each), ``spec.result(records)`` (the statistics).
 
     Parameters:
         model: any ``nn.Module`` mapping tokens ``[batch, pos]`` to logits ``[batch, pos, d_vocab]``
             (or an object with ``.logits``), with a ``cfg`` holding ``d_vocab``, ``n_ctx`` and
-            ``stride`` (a full-attention twin keeps the reference stride there). Or an engine
-            (`phaseinterp.engines.Engine`: ``OpenAIEngine`` for a vLLM/SGLang server, ``CacheEngine``,
-            ...): each prompt goes to it as token ids up to its answer position, and the profile is
-            built from its answers (`phaseinterp.engines.answers`: the prediction is the argmax of
-            the log-probs it reports, the whole vocabulary or its top-k, ties to the lowest id; an
-            answer outside the reported top-k is wrong and its ``answer_logprob`` is NaN). With an
-            engine ``stride`` is required, ``device`` does not apply and ``label`` defaults to
-            ``engine.name``; ``resume_dir``, ``retries`` and ``retry_wait`` apply to engines only.
+            ``stride`` (a full-attention twin keeps the reference stride there). An engine
+            (`phaseinterp.engines.Engine`) is profiled by `phaseinterp.engine_profile` (its
+            journaling and retry options are there); passed here it goes there with these options.
         task: a task with ``generate(n_per_residue, seed)`` (e.g. ``KeyValueRetrieval``,
             ``phaseinterp.zoo.task_for(model)``) or a ready ``TaskBatch`` (default: the task stored
-            with the model, as for every experiment; an engine has none, pass one).
+            with the model, as for every experiment).
         n_per_residue: prompts per residue group, keyword-only (default 72, `DEFAULT_N_PER_RESIDUE`,
             the default of every experiment too; total ``n_per_residue * R``; the paper's 128K headline
             used 256). Passing it by position (``phase_profile(model, task, 250)``) still works in
@@ -352,12 +473,6 @@ def phase_profile(
             mapping is shared by several prompts).
         n_permutations: permutations of the period test (default 1999).
         progress: show a progress bar (default True; also off when ``PHASEINTERP_NO_PROGRESS`` is set).
-        tokenizer: passed to ``task.generate(..., tokenizer=)`` (e.g. a Hugging Face tokenizer for
-            ``NeedleRetrieval``); with an engine its size must not exceed the engine's ``d_vocab``.
-        resume_dir: (engines) a folder journaling every finished batch of answers, written
-            atomically; a rerun with the same folder asks only for the rest (default: none).
-        retries: (engines) further tries of a batch that fails with a network or server error, waiting
-            ``retry_wait * 2**k`` seconds (at most 60) before try ``k + 1`` (defaults 3 and 1.0).
         axis: ``"target"`` (default: the target's residue varies, the prompt length is the task's
             ``seq_len``), ``"length"`` (the prompt length's residue mod R varies, ``n_per_residue``
             prompts each, the target held at residue ``hold``; the profile's residues are length
@@ -370,24 +485,15 @@ def phase_profile(
         length_modulus: the length axis's modulus M, a multiple of S dividing R (default: R when the
             task's prompts can be laid out R - 1 tokens shorter, else the largest M they can; the
             profile's ``modulus`` reports it).
+        tokenizer: passed to ``task.generate(..., tokenizer=)`` (e.g. a Hugging Face tokenizer for
+            ``NeedleRetrieval``).
+        spec: a ready `ProfileSpec` instead of the options above (not both).
 
     Returns a `PhaseProfile` (accuracies are fractions in [0, 1]). The model runs in eval mode
     under ``torch.inference_mode`` and its training flag is restored afterwards. An engine
     serving the same model gives identical records when it reports the whole vocabulary's
     log-probs computed as here (tests/test_engine_profile.py).
     """
-    if interval not in INTERVALS:
-        raise UserInputError(f"interval={interval!r} is not one of {INTERVALS}")
-    check_axis(axis)
-    if axis != "length" and (hold is not None or length_modulus is not None):
-        given = "hold" if hold is not None else "length_modulus"
-        raise UserInputError(f"{given}= applies to axis='length' only (axis={axis!r}); drop it or pass axis='length'")
-    hold = 0 if hold is None else check_int("hold", hold, 0)
-    check_int("batch_size", batch_size, 1)
-    check_int("n_permutations", n_permutations, 1, 1_000_000)  # bounded: numpy fails on a huge or negative count
-    check_int("n_bootstrap", n_bootstrap, 1, 1_000_000)
-    if not (isinstance(confidence, float) and 0 < confidence < 1):
-        raise UserInputError(f"confidence={confidence!r} must be a float in (0, 1)")
     if task is None and _is_engine(model):
         raise UserInputError("phase_profile(engine) needs task=: an engine stores no evaluation task "
                              "(e.g. task=phaseinterp.zoo.task_for(model) or a KeyValueRetrieval)")
@@ -398,35 +504,38 @@ def phase_profile(
             "see phaseinterp.zoo.task_for(model)"
         )
     if _is_engine(model):
-        return _engine_profile(model, task, n_per_residue, seed=seed, batch_size=batch_size, device=device,
-                               stride=stride, label=label, confidence=confidence, interval=interval,
-                               n_bootstrap=n_bootstrap, n_permutations=n_permutations, progress=progress,
-                               tokenizer=tokenizer, resume_dir=resume_dir, retries=retries, retry_wait=retry_wait,
-                               axis=axis, hold=hold, length_modulus=length_modulus)
-    if resume_dir is not None:
-        raise UserInputError("resume_dir= journals an engine's answers; for an in-process model use "
-                             "phaseinterp.parallel.sharded_profile(model, task, out_dir=DIR)")
-    device = check_device(device)
+        from phaseinterp.engines.profile import engine_profile  # engines/ sit above profile
+
+        return engine_profile(model, task, spec=spec, tokenizer=tokenizer)
     family = phase_model(model)  # any nn.Module with a cfg: GenericModel
+    stride = spec.stride_of(model)
+    batch = spec.prompts(task, stride, tokenizer)
+    records = profile_records(model, batch, spec, stride)
+    label = spec.label if spec.label is not None else family.label
+    own = family.stride
+    if family.is_compressed and own is not None and stride != own:
+        label += f" [re-folded by S={stride}; the model's own stride is {own}]"  # a deliberate choice, shown
+    return spec.result(records, batch.residue_modulus, stride, label)
+
+
+def profile_records(model: Any, batch: Any, spec: ProfileSpec, stride: int) -> pd.DataFrame:
+    """One row per prompt of ``batch``: the task's metadata plus ``phase``, ``answer``, ``predicted``,
+    ``correct``, ``answer_logprob`` (`records_frame`), from ``model`` run in eval mode under
+    ``torch.inference_mode`` (its training flag restored afterwards)."""
+    family = phase_model(model)
     cfg = family.cfg
-    if stride is None:
-        stride = family.stride
-        if stride is None:
-            raise UserInputError("the model has no cfg.stride; pass stride= explicitly")
-    stride = check_int("stride", stride, 1)
-    batch = _prompts(task, n_per_residue, seed, stride, tokenizer, axis, hold, length_modulus)
-    R = batch.residue_modulus
     d_vocab, n_ctx = getattr(cfg, "d_vocab", None), getattr(cfg, "n_ctx", None)  # optional for GenericModel
     if n_ctx is not None and batch.seq_len > n_ctx:
         raise UserInputError(f"prompts have {batch.seq_len} tokens but the model's n_ctx is {n_ctx}")
     top = int(batch.tokens.max())
     if d_vocab is not None and top >= d_vocab:
         raise UserInputError(f"token id {top} is out of range for d_vocab={d_vocab} (0..{d_vocab - 1})")
+    device = check_device(spec.device)
     if device is None:
         first = next(model.parameters(), None)
         device = first.device if first is not None else torch.device("cpu")
 
-    n = len(batch)
+    n, batch_size = len(batch), spec.batch_size
     predicted = torch.empty(n, dtype=torch.long)
     answer_logprob = torch.empty(n, dtype=torch.float32)
     # both families read the answer's logits without running their last layer at every position
@@ -436,7 +545,7 @@ def phase_profile(
     try:
         with torch.inference_mode():
             starts = range(0, n, batch_size)
-            quiet = not progress or len(starts) < 2 or env_flag("PHASEINTERP_NO_PROGRESS")
+            quiet = not spec.progress or len(starts) < 2 or env_flag("PHASEINTERP_NO_PROGRESS")
             for start in tqdm(starts, desc="phase profile", disable=quiet):
                 stop = min(start + batch_size, n)
                 pos = batch.answer_pos[start:stop]
@@ -454,56 +563,10 @@ def phase_profile(
                 answer_logprob[start:stop] = torch.log_softmax(last, dim=-1)[rows, answer].cpu()
     finally:
         model.train(was_training)
-
-    records = _records(batch, stride, predicted.numpy(), answer_logprob.numpy())
-    if label is None:
-        label = family.label
-    own = family.stride
-    if family.is_compressed and own is not None and stride != own:
-        label += f" [re-folded by S={stride}; the model's own stride is {own}]"  # a deliberate choice, shown
-    return _aggregate(records, R, stride, axis, label=label, confidence=confidence, interval=interval,
-                      n_bootstrap=n_bootstrap, n_permutations=n_permutations, seed=seed)
+    return records_frame(batch, stride, predicted.numpy(), answer_logprob.numpy())
 
 
-def _aggregate(records: pd.DataFrame, modulus: int, stride: int, axis: str, **options: Any) -> Any:
-    """The profile of ``axis`` from per-prompt records: a `PhaseProfile` (target, length) or a
-    `TwoAxisProfile` (both)."""
-    if axis != "both":
-        return profile_from_records(records, modulus, stride, axis=axis, **options)
-    target = profile_from_records(records, modulus, stride, axis="target", **options)
-    by_length = records.assign(residue=records["length_residue"] % stride)
-    length = profile_from_records(by_length, stride, stride, axis="length", **options)
-    return TwoAxisProfile.from_profiles(target, length)
-
-
-def _prompts(task: Any, n_per_residue: int, seed: int, stride: int, tokenizer: Any, axis: str = "target",
-             hold: int = 0, length_modulus: int | None = None) -> Any:
-    """The task's prompts (``task.generate``, checked first; on the length axis
-    `length_axis_batch`) or a ready TaskBatch."""
-    if hasattr(task, "generate"):
-        R = task.residue_modulus
-        check_residue_modulus(R, stride)
-        check_n_per_residue(n_per_residue, R)
-        if axis != "target":
-            check_int("hold", hold, 0, R - 1)
-            return length_axis_batch(task, n_per_residue, seed=seed, stride=stride, axis=axis, hold=hold,
-                                     tokenizer=tokenizer, length_modulus=length_modulus)
-        extra = {} if tokenizer is None else {"tokenizer": tokenizer}
-        batch = task.generate(n_per_residue, seed=seed, **extra)
-    else:
-        if axis != "target":
-            raise UserInputError(f"axis={axis!r} lays the task's prompts out at several lengths; a ready TaskBatch "
-                                 "has one layout: pass the task (e.g. KeyValueRetrieval) instead")
-        if tokenizer is not None:
-            raise UserInputError("tokenizer= lays out a task's prompts; this TaskBatch is laid out already")
-        batch = task
-    if len(batch) == 0:
-        raise UserInputError("the batch holds 0 prompts; generate at least one per residue")
-    check_residue_modulus(batch.residue_modulus, stride)
-    return batch
-
-
-def _records(batch: Any, stride: int, predicted: np.ndarray, answer_logprob: np.ndarray) -> pd.DataFrame:
+def records_frame(batch: Any, stride: int, predicted: np.ndarray, answer_logprob: np.ndarray) -> pd.DataFrame:
     """One row per prompt: the task's metadata plus ``phase``, ``answer``, ``predicted``, ``correct``,
     ``answer_logprob``."""
     R = batch.residue_modulus
@@ -517,36 +580,6 @@ def _records(batch: Any, stride: int, predicted: np.ndarray, answer_logprob: np.
     records["correct"] = records["predicted"] == records["answer"]
     records["answer_logprob"] = answer_logprob
     return records
-
-
-def _engine_profile(engine: Any, task: Any, n_per_residue: int, *, seed: int, batch_size: int, device: Any,
-                    stride: int | None, label: str | None, confidence: float, interval: str, n_bootstrap: int,
-                    n_permutations: int, progress: bool, tokenizer: Any, resume_dir: Any, retries: int,
-                    retry_wait: float, axis: str = "target", hold: int = 0,
-                    length_modulus: int | None = None) -> Any:
-    """`phase_profile` from an engine's answers (`phaseinterp.engines.answers.engine_answers`)."""
-    from phaseinterp.engines.answers import check_engine, check_ids_fit, engine_answers  # engines/ sit above profile
-
-    name = check_engine(engine)
-    if device is not None:
-        raise UserInputError(f"device={device!r} does not apply to an engine (it runs where it is served); drop it")
-    if stride is None:
-        raise UserInputError(f"phase_profile(engine, ...) needs stride=: the compression stride S of the model "
-                             f"behind {name!r} (an engine does not report it)")
-    stride = check_int("stride", stride, 1)
-    d_vocab = getattr(engine, "d_vocab", None)
-    size = len(tokenizer) if tokenizer is not None and hasattr(tokenizer, "__len__") else None
-    if d_vocab is not None and size is not None and size > d_vocab:
-        raise UserInputError(f"the tokenizer has {size} tokens but engine {name!r} has d_vocab={d_vocab}: it is not "
-                             "the served model's tokenizer (its ids could fall outside the model's vocabulary)")
-    batch = _prompts(task, n_per_residue, seed, stride, tokenizer, axis, hold, length_modulus)
-    check_ids_fit(batch, d_vocab, f"engine {name!r}")
-    answers = engine_answers(engine, batch, batch_size=batch_size, resume_dir=resume_dir, retries=retries,
-                             retry_wait=retry_wait, progress=progress)
-    records = _records(batch, stride, answers.predicted, answers.answer_logprob)
-    return _aggregate(records, batch.residue_modulus, stride, axis, label=name if label is None else label,
-                      confidence=confidence, interval=interval, n_bootstrap=n_bootstrap,
-                      n_permutations=n_permutations, seed=seed)
 
 
 def profile_from_records(

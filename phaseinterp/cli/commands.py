@@ -5,6 +5,7 @@ imports this module only after the arguments parse, so ``--help`` loads neither 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -23,15 +24,18 @@ from phaseinterp import train as training
 from phaseinterp._checks import check_device, check_n_per_residue, parse_size
 from phaseinterp._files import check_output_dir, check_write_target
 from phaseinterp.cli.args import UsageError, axis_options
-from phaseinterp.cli.engine import engine_profile
+from phaseinterp.cli.engine import served_profile
 from phaseinterp.config import preset
-from phaseinterp.engines import DEFAULT_MODES, DTYPES, conformance
+from phaseinterp.engines import conformance
+from phaseinterp.engines.check import ConformanceSpec
 from phaseinterp.engines.lm_eval import write_lm_eval_task
 from phaseinterp.experiments import remedy as remedy_module
 from phaseinterp.interventions import ablate, gate_cycling_profile, gate_cycling_unit, gate_profile
+from phaseinterp.interventions.ablation import AblationSpec
+from phaseinterp.interventions.gate_cycling import CyclingSpec
+from phaseinterp.interventions.unit_cycling import UnitCyclingSpec
 from phaseinterp.interventions._common import check_layers
 from phaseinterp.interventions.gate_cycling import _default_size
-from phaseinterp.interventions.gate_shifts import check_kv_heads, check_nonzero_shift
 from phaseinterp.models import loading
 from phaseinterp.models.allocator import keep_freed_memory
 from phaseinterp.models.hf import export as hf_export
@@ -40,7 +44,7 @@ from phaseinterp.models.hf.export import DEFAULT_FP8_SCALES, EXPERT_FORMATS, EXP
 from phaseinterp.models.loading import check_source, peek
 from phaseinterp.parallel import merge, sharded_ablate, sharded_gate_cycling_profile, sharded_profile
 from phaseinterp.plot import pretrain_curves, save
-from phaseinterp.profile import PhaseProfile, phase_profile
+from phaseinterp.profile import PhaseProfile, ProfileSpec, phase_profile
 from phaseinterp.report import check as report_check
 from phaseinterp.report.sections.remedy import check_remedy
 from phaseinterp.tasks import resolve_task
@@ -100,10 +104,21 @@ def _check_model_name(name: str) -> None:
     check_source(name)
 
 
+def _spec_type(args):
+    """The experiment spec a command fills from its arguments (None: the command has none)."""
+    if args.command == "cycle":
+        return UnitCyclingSpec if args.score == "unit" else CyclingSpec
+    return SPECS.get(args.command)
+
+
+SPECS = {"profile": ProfileSpec, "ablate": AblationSpec, "conformance": ConformanceSpec}
+
+
 def _preflight(args) -> None:
-    """What depends on the model but not on its weights, checked from its config.json before the
-    weights load (a load can take many seconds): layer indices, the profile's stride, cycle's
-    shifts, and the prompt count against the stored task."""
+    """Before the weights load (a load can take many seconds): the command's experiment spec filled
+    from its arguments (``args.spec``: every option checked as the Python function checks it, by the
+    same code), then the spec's checks that need the model's config (layer indices, strides, shifts,
+    read from config.json) and its stored task (prompt counts it can lay out)."""
     if args.command == "cycle" and args.baseline is not None:  # model-independent: before anything loads
         if args.score == "unit" or args.shard_dir is not None:
             raise UsageError("--baseline is the unshifted row of the profile score in one process; drop --baseline, "
@@ -114,31 +129,43 @@ def _preflight(args) -> None:
             raise UsageError("--shard-dir runs the profile score only; drop --score unit or --shard-dir")
         if args.layer is None:
             raise UsageError("--score unit needs the unit: --layer L (and --kv-heads H)")
+    spec_type = _spec_type(args)
+    fields = {f.name for f in dataclasses.fields(spec_type)} if spec_type is not None else set()
+    overrides = {"device": None} if "device" in fields else {}  # the model loads onto --device itself
+    if args.command == "profile":
+        overrides.update(axis_options(args))
+    args.spec = None if spec_type is None else spec_type.from_args(args, **overrides)
     described = peek(args.model)
     if described is None:  # not readable from config.json alone: checked after loading
         return
     cfg = described.cfg
-    if getattr(args, "layer", None) is not None:
+    if args.spec is not None:
+        args.spec.check_model(described)
+    elif getattr(args, "layer", None) is not None:
         check_layers(described, args.layer)
-    if getattr(args, "kv_heads", None) is not None:
-        check_kv_heads(described, args.kv_heads)
-    if args.command == "cycle" and args.shifts is not None:
-        for d in args.shifts:  # the rule of the experiment and of shift_gates, before the weights load
-            check_nonzero_shift(d, cfg.stride)
     task = None
     if isinstance(described.metadata.get("task"), dict):
         task = resolve_task(described)
     if args.command == "profile":
-        stride = args.stride or cfg.stride
-        if task is not None and task.residue_modulus % stride:
-            divisors = [d for d in range(1, task.residue_modulus + 1) if task.residue_modulus % d == 0]
-            raise UsageError(f"--stride {stride} does not divide the task's R={task.residue_modulus} "
-                             f"(valid: {divisors})")
         _check_own_stride(args.stride, cfg)
-    if task is not None and args.command == "cycle" and args.n_per_residue is None:
+    if task is not None:
+        _check_task(args, task, getattr(args, "stride", None) or cfg.stride)
+
+
+def _check_task(args, task, stride: Optional[int] = None) -> None:
+    """The spec's checks of the (stored) task, once the cycle's size is known (``args.spec`` takes it);
+    --padding changes the task's layout, so its placement is then checked by the run itself."""
+    if args.command == "cycle" and args.n_per_residue is None:
         _default_cycle_size(args, task)
-    if task is not None and args.command in ("profile", "ablate", "cycle") and getattr(args, "padding", None) is None:
-        _check_placement(task, args.n_per_residue)
+    if args.command == "cycle":
+        args.spec = args.spec.replace(n_per_residue=args.n_per_residue)
+    if args.command == "profile":
+        args.spec.check_task(task, stride)
+    elif args.spec is not None:
+        args.spec.check_task(task)
+    if args.command in ("profile", "ablate", "cycle") and getattr(args, "padding", None) is None \
+            and hasattr(task, "placement"):
+        task.placement(args.spec.n_per_residue, strict=True)
 
 
 def _check_own_stride(stride: Optional[int], cfg) -> None:
@@ -156,13 +183,6 @@ def _default_cycle_size(args, task) -> None:
     (as `gate_cycling_profile` / `gate_cycling_unit`), so ``profile MODEL --out P && cycle MODEL
     --baseline P`` profiles the same prompts."""
     args.n_per_residue = _default_size(None, getattr(args, "baseline_profile", None), task.residue_modulus)
-
-
-def _check_placement(task, n_per_residue: int) -> None:
-    """Refuse sizes the task cannot moment-match (or too large) before generating anything."""
-    check_n_per_residue(n_per_residue, task.residue_modulus)
-    if hasattr(task, "placement"):
-        task.placement(n_per_residue, strict=True)
 
 
 # ------------------------------------------------------------------ commands
@@ -317,27 +337,19 @@ def _cmd_profile(args) -> int:
     """``phaseinterp profile``: accuracy by residue and phase, in process or (--engine) of a served model."""
     _keep_freed_memory()
     if args.engine is not None or args.model is None:
-        return engine_profile(args)
+        return served_profile(args)
     model, task = _load_for_experiment(args)
-
     if args.padding:
         task = replace(task, padding=args.padding)
     _check_own_stride(args.stride, model.cfg)
-    stride = args.stride or model.cfg.stride
-    if task.residue_modulus % stride:
-        divisors = [d for d in range(1, task.residue_modulus + 1) if task.residue_modulus % d == 0]
-        raise UsageError(f"--stride {stride} does not divide the task's R={task.residue_modulus} "
-                         f"(valid: {divisors})")
-    _check_placement(task, args.n_per_residue)
-    label = args.label or report_module.model_label(model)
+    _check_task(args, task, args.spec.stride_of(model))
+    spec = args.spec.replace(label=args.label or report_module.model_label(model))
     if args.shard_dir is not None:
         if args.axis != "target":
             raise UsageError(f"--axis {args.axis} is not sharded yet (--shard-dir runs the target axis); drop one")
-        result = sharded_profile(model, task, n_per_residue=args.n_per_residue, out_dir=args.shard_dir, seed=args.seed,
-                                 chunk_size=args.chunk_size, stride=args.stride, label=label)
+        result = sharded_profile(model, task, out_dir=args.shard_dir, chunk_size=args.chunk_size, spec=spec)
     else:
-        result = phase_profile(model, task, n_per_residue=args.n_per_residue, seed=args.seed, stride=args.stride,
-                               label=label, **axis_options(args))
+        result = phase_profile(model, task, spec=spec)
     return _finish(args, result)
 
 
@@ -357,16 +369,13 @@ def _cmd_ablate(args) -> int:
     """``phaseinterp ablate MODEL``: per-KV-head (or per-layer) mean replacement."""
     _keep_freed_memory()
     model, task = _load_for_experiment(args)
-    _check_placement(task, args.n_per_residue)
+    _check_task(args, task)
     if args.shard_dir is not None:
-        result = sharded_ablate(model, task, out_dir=args.shard_dir, chunk_size=args.chunk_size, layer=args.layer,
-                                scope=args.scope, n_per_residue=args.n_per_residue,
-                                n_calibration=args.n_calibration, method=args.method)
+        result = sharded_ablate(model, task, out_dir=args.shard_dir, chunk_size=args.chunk_size, spec=args.spec)
         if result is None:  # not process 0: its prompts are in the shards
             return 0
     else:
-        result = ablate(model, task, layer=args.layer, scope=args.scope, n_per_residue=args.n_per_residue,
-                        n_calibration=args.n_calibration, method=args.method)
+        result = ablate(model, task, spec=args.spec)
     print("relative change of accuracy, % of the clean accuracy, per (layer, kv_head) x phase:")
     print(result.relative_change.round(1).to_string())
     return _finish(args, result)
@@ -376,27 +385,20 @@ def _cmd_cycle(args) -> int:
     """``phaseinterp cycle MODEL``: cyclic gate shifts, the profile score or (--score unit) one unit's."""
     _keep_freed_memory()
     model, task = _load_for_experiment(args)
-    if args.n_per_residue is None:
-        _default_cycle_size(args, task)
-    _check_placement(task, args.n_per_residue)
+    _check_task(args, task)
     if args.score == "unit":
-        result = gate_cycling_unit(model, task, args.shifts, layers=args.layer, kv_heads=args.kv_heads,
-                              mode=args.mode, measure=args.measure, n_per_residue=args.n_per_residue)
+        result = gate_cycling_unit(model, task, spec=args.spec)
         print(f"unit {result.unit}: contribution per shift x phase ({args.measure}):")
         print(result.contribution().round(3).to_string())
         print(result.identification().round(3).to_string())
         return _finish(args, result)
     if args.shard_dir is not None:
-        result = sharded_gate_cycling_profile(model, task, args.shifts, out_dir=args.shard_dir,
-                                              chunk_size=args.chunk_size, layers=args.layer, branch=args.branch,
-                                              kv_heads=args.kv_heads, mode=args.mode,
-                                              n_per_residue=args.n_per_residue)
+        result = sharded_gate_cycling_profile(model, task, out_dir=args.shard_dir, chunk_size=args.chunk_size,
+                                              spec=args.spec)
         if result is None:  # not process 0: its prompts are in the shards
             return 0
     else:
-        result = gate_cycling_profile(model, task, args.shifts, layers=args.layer, branch=args.branch,
-                              kv_heads=args.kv_heads, mode=args.mode, n_per_residue=args.n_per_residue,
-                              baseline=getattr(args, "baseline_profile", None))
+        result = gate_cycling_profile(model, task, spec=args.spec, baseline=getattr(args, "baseline_profile", None))
     print("accuracy per shift x phase:")
     print(result.phase_accuracy().round(3).to_string())
     return _finish(args, result)
@@ -422,16 +424,12 @@ def _cmd_conformance(args) -> int:
     """``phaseinterp conformance MODEL``: `phaseinterp.engines.conformance`."""
     _keep_freed_memory()
     _check_model_name(args.model)
-    described = peek(args.model)
-    if described is not None and args.chunk is not None and args.chunk % described.cfg.stride:
-        raise UsageError(f"--chunk {args.chunk} is not a multiple of the cut period {described.cfg.stride} "
-                         f"(the stride of {args.model})")
+    _preflight(args)
     model = loading.load(args.model, device=args.device)
-    result = conformance(model, resolve_task(model), tuple(args.modes or DEFAULT_MODES), n_per_residue=args.n_per_residue,
-                         dtypes=tuple(args.dtypes or DTYPES), chunk=args.chunk, seed=args.seed)
+    result = conformance(model, resolve_task(model), spec=args.spec)
     columns = ["setting", "kind", "phase", "n", "max_abs_diff", "mean_abs_diff", "agreement", "accuracy_diff",
                "accuracy_diff_lower", "accuracy_diff_upper", "statistic", "tolerance", "passed"]
-    with __import__("pandas").option_context("display.width", 200, "display.max_rows", 500):
+    with pd.option_context("display.width", 200, "display.max_rows", 500):
         print(result.table[columns].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     print()
     return _finish(args, result)

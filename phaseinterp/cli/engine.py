@@ -40,7 +40,7 @@ def _tokenizer(directory: str):
             from None
 
 
-def engine_profile(args) -> int:
+def served_profile(args) -> int:
     """Run ``phaseinterp profile`` against ``--engine`` (every argument checked before a request)."""
     if args.engine is None:
         raise UsageError("profile needs MODEL (a zoo name or checkpoint directory), or --engine URL --model-name NAME")

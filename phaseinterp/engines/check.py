@@ -13,6 +13,7 @@ prompt is answered right after a donor prompt that shares its first ``L`` tokens
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
@@ -35,6 +36,7 @@ from phaseinterp.engines.adapters import WarmEngine
 from phaseinterp.engines.result import ConformanceResult
 from phaseinterp.models.protocol import phase_model
 from phaseinterp.models.paths import refuse_hooks
+from phaseinterp.spec import Spec, experiment
 
 MODES = ("decode", "chunked_prefill", "warm", "dtype")
 DEFAULT_MODES = ("decode", "chunked_prefill", "dtype")  # warm is asked for: it costs one donor per prompt and L
@@ -157,6 +159,85 @@ def _names(name: str, value: Any, options: tuple) -> tuple:
     return tuple(value)
 
 
+@dataclass(frozen=True)
+class ConformanceSpec(Spec):
+    """`conformance`'s options, checked when made; their meanings are its parameters. Modes and dtypes
+    are kept as tuples."""
+
+    modes: Sequence[str] = DEFAULT_MODES
+    n_per_residue: int = 8
+    seed: int = 0
+    answer_phases: Optional[Sequence[int]] = None
+    cut_phases: Optional[Sequence[int]] = None
+    chunk: Optional[int] = None
+    dtypes: Sequence[str] = DTYPES
+    tolerance: Optional[Mapping[str, Any]] = None
+    prefix_lengths: Optional[Sequence[int]] = None
+    batch_size: int = 256
+    confidence: float = 0.95
+    n_bootstrap: int = 2000
+    label: Optional[str] = None
+    progress: bool = True
+
+    def validate(self) -> None:
+        modes = _names("modes", self.modes, MODES)
+        for m in modes:
+            if m not in MODES:
+                raise UserInputError(f"mode {m!r} is not one of {MODES}")
+        if len(set(modes)) != len(modes):
+            raise UserInputError(f"modes={modes} repeats a mode")
+        dtypes = _names("dtypes", self.dtypes, DTYPES)
+        for dt in dtypes:
+            if dt not in DTYPES:
+                raise UserInputError(f"dtype {dt!r} is not one of {DTYPES}")
+        if "dtype" in modes and not dtypes:
+            raise UserInputError(f"mode 'dtype' needs dtypes from {DTYPES}")
+        self._set("modes", modes)
+        self._set("dtypes", dtypes)
+        if self.tolerance is not None and not isinstance(self.tolerance, Mapping):
+            raise UserInputError(f"tolerance={self.tolerance!r} must be a dict {{setting: bound or (statistic, bound)}}")
+        for key, value in dict(self.tolerance or {}).items():
+            _tolerance_entry(key, value, "max")
+        check_n_per_residue(self.n_per_residue)
+        check_int("seed", self.seed, 0)
+        if self.chunk is not None:
+            check_int("chunk", self.chunk, 1)
+        check_int("batch_size", self.batch_size, 1)
+        check_int("n_bootstrap", self.n_bootstrap, 1, 1_000_000)  # bounded: a huge count would run without end
+        if not (isinstance(self.confidence, float) and 0 < self.confidence < 1):
+            raise UserInputError(f"confidence={self.confidence!r} must be a float in (0, 1)")
+        if self.label is not None and not isinstance(self.label, str):
+            raise UserInputError(f"label={self.label!r} must be a string")
+
+    def check_model(self, model) -> None:
+        """Answer phases in ``0..S-1``, cut phases in ``0..P-1`` and ``chunk`` a multiple of the cut
+        period ``P`` (`cut_period`, from ``model.cfg``)."""
+        _check_phases("answer_phases", self.answer_phases, int(model.cfg.stride))
+        period = cut_period(model)
+        _check_phases("cut_phases", self.cut_phases, period)
+        if self.chunk is not None:
+            check_int("chunk", self.chunk, period)
+            if self.chunk % period:
+                raise UserInputError(f"chunk={self.chunk} must be a multiple of the cut period {period}")
+
+    def check_task(self, task) -> None:
+        if not hasattr(task, "generate") or not hasattr(getattr(task, "vocab", None), "filler_ids"):
+            raise UserInputError(f"task={task!r} must be a retrieval task with generate() and vocab.filler_ids "
+                                 "(phaseinterp.zoo.task_for(model))")
+        check_n_per_residue(self.n_per_residue, getattr(task, "residue_modulus", 1))
+
+
+def _tolerance_entry(key: str, value: Any, statistic: str) -> tuple[str, float]:
+    """A tolerance given as ``bound`` (with the setting's default ``statistic``) or ``(statistic, bound)``."""
+    statistic, bound = value if isinstance(value, tuple) and len(value) == 2 else (statistic, value)
+    if statistic not in STATISTICS:
+        raise UserInputError(f"tolerance[{key!r}]: statistic {statistic!r} is not one of {STATISTICS}")
+    if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not bound > 0 or not math.isfinite(bound):
+        raise UserInputError(f"tolerance[{key!r}]={bound!r} must be a finite number > 0")
+    return statistic, float(bound)
+
+
+@experiment(ConformanceSpec)
 def conformance(
     model: Any,
     task: Any,
@@ -178,6 +259,7 @@ def conformance(
     n_bootstrap: int = 2000,
     label: Optional[str] = None,
     progress: bool = True,
+    spec: Optional[ConformanceSpec] = None,
 ) -> ConformanceResult:
     """Compare next-token log-probs at the answer position of every engine with the reference,
     per answer phase (``answer_pos mod S``) and, for chunked prefill, per cut phase; for a warm
@@ -218,22 +300,17 @@ def conformance(
         confidence / n_bootstrap: Wilson intervals of agreement; a paired bootstrap over prompts
             (``n_bootstrap`` replicates, seeded by ``seed``) for the accuracy difference.
 
+        spec: a ready `ConformanceSpec` instead of the options above (not both).
+
     Returns a `ConformanceResult`: ``table`` (one row per setting x phase: max and mean
     |d log p|, top-1 agreement, accuracy difference, intervals, verdict) and ``records``
     (``prefix_len``: the warm rows' ``L``, -1 elsewhere).
     """
     check_is_model(model)
     refuse_hooks(model, "conformance")
-    modes = _names("modes", modes, MODES)
-    for m in modes:
-        if m not in MODES:
-            raise UserInputError(f"mode {m!r} is not one of {MODES}")
-    if len(set(modes)) != len(modes):
-        raise UserInputError(f"modes={modes} repeats a mode")
+    modes, dtypes = spec.modes, spec.dtypes
     if engines is not None and not isinstance(engines, Mapping):
         raise UserInputError(f"engines={type(engines).__name__} must be a dict {{name: engine}}")
-    if tolerance is not None and not isinstance(tolerance, Mapping):
-        raise UserInputError(f"tolerance={tolerance!r} must be a dict {{setting: bound or (statistic, bound)}}")
     if warm_engines is not None and not isinstance(warm_engines, Mapping):
         raise UserInputError(f"warm_engines={type(warm_engines).__name__} must be a dict {{name: engine}}")
     engines, warm_engines = dict(engines or {}), dict(warm_engines or {})
@@ -254,47 +331,31 @@ def conformance(
     if not modes and not engines and not warm_engines:
         raise UserInputError(f"nothing to check: give modes from {MODES}, engines or warm_engines")
     is_warm = "warm" in modes or bool(warm_engines)
+    prefix_lengths = spec.prefix_lengths
     if prefix_lengths is not None and not is_warm:
         raise UserInputError(f"prefix_lengths={prefix_lengths!r} is for the warm mode: add 'warm' to modes or give "
                              "warm_engines")
-    dtypes = _names("dtypes", dtypes, DTYPES)
-    for dt in dtypes:
-        if dt not in DTYPES:
-            raise UserInputError(f"dtype {dt!r} is not one of {DTYPES}")
-    if "dtype" in modes and not dtypes:
-        raise UserInputError(f"mode 'dtype' needs dtypes from {DTYPES}")
     settings = ([m for m in modes if m != "dtype"] + (list(dtypes) if "dtype" in modes else []) + list(engines)
                 + list(warm_engines))
     tol = {s: DEFAULT_TOLERANCE.get(s, ENGINE_TOLERANCE) for s in settings}
-    for key, value in dict(tolerance or {}).items():
+    for key, value in dict(spec.tolerance or {}).items():
         if key not in tol:
             raise UserInputError(f"tolerance for {key!r}: not a setting of this check (settings: {settings})")
-        statistic, bound = value if isinstance(value, tuple) and len(value) == 2 else (tol[key][0], value)
-        if statistic not in STATISTICS:
-            raise UserInputError(f"tolerance[{key!r}]: statistic {statistic!r} is not one of {STATISTICS}")
-        if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not bound > 0 or not math.isfinite(bound):
-            raise UserInputError(f"tolerance[{key!r}]={bound!r} must be a finite number > 0")
-        tol[key] = (statistic, float(bound))
-    check_int("batch_size", batch_size, 1)
-    check_int("n_bootstrap", n_bootstrap, 1, 1_000_000)  # bounded: a huge count would run without end
-    if not (isinstance(confidence, float) and 0 < confidence < 1):
-        raise UserInputError(f"confidence={confidence!r} must be a float in (0, 1)")
-    if not hasattr(task, "generate") or not hasattr(getattr(task, "vocab", None), "filler_ids"):
-        raise UserInputError(f"task={task!r} must be a retrieval task with generate() and vocab.filler_ids "
-                         "(phaseinterp.zoo.task_for(model))")
-    check_n_per_residue(n_per_residue, getattr(task, "residue_modulus", 1))
+        tol[key] = _tolerance_entry(key, value, tol[key][0])
+    spec.check_task(task)
+    spec.check_model(model)
     ref_engine = reference if reference is not None else engine_for(model)  # ValueError for other families
     cfg = model.cfg
     stride, period = int(cfg.stride), cut_period(model)
-    answer_phases = _check_phases("answer_phases", answer_phases, stride)
-    cut_phases = _check_phases("cut_phases", cut_phases, period)
+    answer_phases = _check_phases("answer_phases", spec.answer_phases, stride)
+    cut_phases = _check_phases("cut_phases", spec.cut_phases, period)
+    chunk = spec.chunk
     if chunk is None:
         chunk = period * max(1, math.ceil(2 * int(getattr(cfg, "local_window", period)) / period))
-    check_int("chunk", chunk, period)
-    if chunk % period:
-        raise UserInputError(f"chunk={chunk} must be a multiple of the cut period {period}")
     if getattr(task, "seq_len", 0) > getattr(cfg, "n_ctx", math.inf):
         raise UserInputError(f"the task's prompts have {task.seq_len} tokens but the model's n_ctx is {cfg.n_ctx}")
+    n_per_residue, seed, batch_size, progress = spec.n_per_residue, spec.seed, spec.batch_size, spec.progress
+    confidence, n_bootstrap, label = spec.confidence, spec.n_bootstrap, spec.label
 
     batch = task.generate(n_per_residue, seed=seed, strict=False)
     variants = answer_phase_variants(batch.tokens, task.vocab.filler_ids, stride, answer_phases)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 import pandas as pd
@@ -38,6 +38,7 @@ from phaseinterp.models.protocol import phase_model
 from phaseinterp.tasks import resolve_task
 from phaseinterp import stats
 from phaseinterp.results import Result, premise_entries
+from phaseinterp.spec import Spec, experiment
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -262,24 +263,33 @@ def _longest_circular_run(mask: np.ndarray) -> list[int]:
     return best
 
 
+def _head_groups(heads: Sequence[Sequence[int]], n_heads: int) -> list[tuple[int, ...]]:
+    """Custom knockout units: non-empty groups of query-head ids in ``0..n_heads-1``."""
+    if isinstance(heads, (str, bytes)) or not isinstance(heads, (list, tuple)) or len(heads) == 0:
+        raise UserInputError(f"heads={heads!r} must be a non-empty list of query-head groups, e.g. [[0, 1], [2]] "
+                             f"(ids in 0..{n_heads - 1})")
+    groups = []
+    for group in heads:
+        if not isinstance(group, (list, tuple, range)) or any(
+                isinstance(h, bool) or not isinstance(h, (int, np.integer)) for h in group):
+            raise UserInputError(f"heads={list(heads)!r}: each group must be a list of query head ids in "
+                                 f"0..{n_heads - 1}, got {group!r}")
+        group = tuple(int(h) for h in group)
+        bad = [h for h in group if not (0 <= h < n_heads)]
+        if bad or not group:
+            raise UserInputError(f"heads={list(heads)}: query head ids must be in 0..{n_heads - 1}, got {group}")
+        groups.append(group)
+    return groups
+
+
 def _units(model, layers: list[int], scope: str, heads: Optional[Sequence[Sequence[int]]]) -> pd.DataFrame:
+    """One row (layer, kv_head, query heads) per knockout unit of ``layers``."""
     cfg = model.cfg
     family = phase_model(model)
     rows = []
     for layer in layers:
         if heads is not None:
-            if isinstance(heads, (str, bytes)) or not isinstance(heads, (list, tuple)) or len(heads) == 0:
-                raise UserInputError(f"heads={heads!r} must be a non-empty list of query-head groups, e.g. [[0, 1], [2]] "
-                                     f"(ids in 0..{cfg.n_heads - 1})")
-            for i, group in enumerate(heads):
-                if not isinstance(group, (list, tuple, range)) or any(
-                        isinstance(h, bool) or not isinstance(h, (int, np.integer)) for h in group):
-                    raise UserInputError(f"heads={list(heads)!r}: each group must be a list of query head ids in "
-                                         f"0..{cfg.n_heads - 1}, got {group!r}")
-                group = tuple(int(h) for h in group)
-                bad = [h for h in group if not (0 <= h < cfg.n_heads)]
-                if bad or not group:
-                    raise UserInputError(f"heads={list(heads)}: query head ids must be in 0..{cfg.n_heads - 1}, got {group}")
+            for i, group in enumerate(_head_groups(heads, cfg.n_heads)):
                 rows.append(dict(layer=layer, kv_head=-1 - i, heads=group))
         elif scope == "kv_head":
             for kv in family.kv_heads(layer):
@@ -291,7 +301,51 @@ def _units(model, layers: list[int], scope: str, heads: Optional[Sequence[Sequen
     return pd.DataFrame(rows)
 
 
+@dataclass(frozen=True)
+class AblationSpec(Spec):
+    """`ablate`'s options, checked when made; their meanings are `ablate`'s parameters."""
+
+    layer: Union[int, Sequence[int], None] = None
+    scope: str = "kv_head"
+    heads: Optional[Sequence[Sequence[int]]] = None
+    n_per_residue: int = DEFAULT_N_PER_RESIDUE
+    n_calibration: int = 256
+    seed: int = 0
+    calibration_seed: int = 1
+    batch_size: int = 64
+    method: str = "fast"
+    device: Any = None
+    progress: bool = True
+
+    def validate(self) -> None:
+        if self.method not in ("fast", "naive"):
+            raise UserInputError(f"method={self.method!r} is not one of ('fast', 'naive')")
+        if self.scope not in ("kv_head", "layer"):
+            raise UserInputError(f"scope={self.scope!r} is not one of ('kv_head', 'layer')")
+        check_n_per_residue(self.n_per_residue)
+        check_int("n_calibration", self.n_calibration, 1, MAX_PROMPTS)
+        check_int("seed", self.seed, 0)
+        check_int("calibration_seed", self.calibration_seed, 0)
+        check_int("batch_size", self.batch_size, 1)
+        check_device(self.device)
+
+    def check_model(self, model) -> None:
+        """Layer indices in range; custom head groups of query-head ids in range."""
+        check_layers(model, self.layer)
+        if self.heads is not None:
+            _head_groups(self.heads, model.cfg.n_heads)
+
+    def check_task(self, task) -> None:
+        """The residue modulus against the stride is checked by `ablate`; here the prompt count
+        and a mean over every residue (``n_calibration >= R``)."""
+        modulus = task.residue_modulus
+        check_n_per_residue(self.n_per_residue, modulus)
+        check_int("n_calibration", self.n_calibration, modulus, MAX_PROMPTS,
+                  why=f": the mean needs at least one calibration prompt per residue (R={modulus})")
+
+
 @applies_only(("n_per_residue",), unless=when_given("prompts", "prompts= gives the prompts, so their count is fixed"))
+@experiment(AblationSpec)
 def ablate(
     model,
     task=None,
@@ -309,6 +363,7 @@ def ablate(
     progress: bool = True,
     prompts=None,
     calibration_mean=None,
+    spec: Optional[AblationSpec] = None,
 ) -> AblationResult:
     """Mean replacement per KV head: knock out each unit's ``hook_z`` at the answer position
     and measure the accuracy change per residue and phase. (``mean_ablation``, its second name in
@@ -317,7 +372,9 @@ def ablate(
     For each unit (layer, KV head) the per-head attention outputs ``hook_z`` of every query
     head that reads the KV head are replaced, at the final (answer-predicting) position only,
     by their mean over ``n_calibration`` calibration prompts whose mappings are disjoint from
-    the evaluation prompts (docs/science.md, "Mean replacement").
+    the evaluation prompts (docs/science.md, "Mean replacement"). Three steps: ``spec`` (the
+    options below, checked in `AblationSpec`), `ablation_records` (clean and knocked-out
+    correctness per prompt), the `AblationResult`.
 
     Parameters:
         model: a `CompressedTransformer` in eval mode.
@@ -343,57 +400,60 @@ def ablate(
         calibration_mean: a precomputed `calibration_mean_z` ``[layer, head, d_head]`` of these
             calibration settings, to reuse across calls over slices of the prompts
             (`phaseinterp.parallel`); default: computed here.
+        spec: a ready `AblationSpec` instead of the options above (not both).
 
     Returns an `AblationResult`; its ``relative_change`` is in RELATIVE percent
     (``100 * (knockout - clean) / clean``), not percentage points.
     """
-    if method not in ("fast", "naive"):
-        raise UserInputError(f"method={method!r} is not one of ('fast', 'naive')")
-    if scope not in ("kv_head", "layer"):
-        raise UserInputError(f"scope={scope!r} is not one of ('kv_head', 'layer')")
-    check_int("batch_size", batch_size, 1)
-    device = check_device(device)
     if getattr(model, "training", False):
         raise UserInputError("ablate needs the model in eval mode; call model.eval() first")
     task = resolve_task(model, task)
-    layers = check_layers(model, layer)
-    units = _units(model, layers, scope, heads)
+    units = _units(model, check_layers(model, spec.layer), spec.scope, spec.heads)
     stride = phase_model(model).stride
     modulus = task.residue_modulus
     check_residue_modulus(modulus, stride)
     if prompts is None:
-        check_n_per_residue(n_per_residue, modulus)
+        spec.check_task(task)
     elif not (hasattr(prompts, "tokens") and hasattr(prompts, "answer_pos")):
         raise UserInputError(f"prompts={type(prompts).__name__} is not a prompt batch (task.generate(n_per_residue))")
     elif len(prompts) == 0:
         raise UserInputError("prompts holds 0 prompts")
-    check_int("n_calibration", n_calibration, modulus, MAX_PROMPTS,
-              why=f": the mean needs at least one calibration prompt per residue (R={modulus})")
+    else:
+        check_int("n_calibration", spec.n_calibration, modulus, MAX_PROMPTS,
+                  why=f": the mean needs at least one calibration prompt per residue (R={modulus})")
+    device = check_device(spec.device)
     if device is not None:
         model = model.to(device)
-    batch = prompts if prompts is not None else task.generate(n_per_residue, seed=seed)
-    answer_pos = fixed_answer_position(batch)
-    calib = task.calibration(n_calibration, seed=calibration_seed)
-    if fixed_answer_position(calib) != answer_pos:
-        raise UserInputError("calibration prompts must share the evaluation prompts' answer position")
-    mean_z = calibration_mean if calibration_mean is not None else calibration_mean_z(
-        model, calib.tokens, answer_pos, batch_size)
-    bar = progress_bar(progress, batch.tokens.shape[0] * len(units), f"ablate ({method})")
-    # The fast path is the family's (model protocol: has_fast_ablation); both are tested equal to the hooked path.
-    try:
-        out = knockout_measures(model, batch.tokens, answer_pos, batch.answer, units, mean_z, batch_size, method, bar)
-        clean_ok, ko_ok, clean_logit, ko_logit = out[:4]
-    finally:
-        if bar is not None:
-            bar.close()
+    batch = prompts if prompts is not None else task.generate(spec.n_per_residue, seed=spec.seed)
+    clean_ok, ko_ok, clean_logit, ko_logit = ablation_records(model, task, batch, units, spec, calibration_mean)
     return AblationResult(
         units=units, residue=np.asarray(batch.meta["residue"].to_numpy(), dtype=np.int64),
         clean_correct=clean_ok.numpy(), knockout_correct=ko_ok.numpy(), residue_modulus=modulus, stride=stride,
-        scope="custom" if heads is not None else scope, model_label=label_of(model), n_calibration=n_calibration,
-        clean_logit_answer=clean_logit.numpy(), knockout_logit_answer=ko_logit.numpy(),
+        scope="custom" if spec.heads is not None else spec.scope, model_label=label_of(model),
+        n_calibration=spec.n_calibration, clean_logit_answer=clean_logit.numpy(), knockout_logit_answer=ko_logit.numpy(),
         premise_recorded=tuple(n for n in [phase_model_note(model, "ablate")] if n),
     )
 
+
+def ablation_records(model, task, batch, units: pd.DataFrame, spec: AblationSpec, calibration_mean=None):
+    """(clean correct ``[prompt]``, knockout correct ``[prompt, unit]``, clean answer logit, knockout
+    answer logit) of ``batch``, each unit of ``units`` mean-replaced in turn with the mean ``hook_z``
+    of ``spec.n_calibration`` calibration prompts of ``task`` (or ``calibration_mean``)."""
+    answer_pos = fixed_answer_position(batch)
+    calib = task.calibration(spec.n_calibration, seed=spec.calibration_seed)
+    if fixed_answer_position(calib) != answer_pos:
+        raise UserInputError("calibration prompts must share the evaluation prompts' answer position")
+    mean_z = calibration_mean if calibration_mean is not None else calibration_mean_z(
+        model, calib.tokens, answer_pos, spec.batch_size)
+    bar = progress_bar(spec.progress, batch.tokens.shape[0] * len(units), f"ablate ({spec.method})")
+    # The fast path is the family's (model protocol: has_fast_ablation); both are tested equal to the hooked path.
+    try:
+        out = knockout_measures(model, batch.tokens, answer_pos, batch.answer, units, mean_z, spec.batch_size,
+                                spec.method, bar)
+    finally:
+        if bar is not None:
+            bar.close()
+    return out[:4]
 
 
 mean_ablation = renamed("mean_ablation", "phaseinterp.ablate", ablate)

@@ -22,7 +22,7 @@ import pandas as pd
 import torch
 
 from phaseinterp._checks import DEFAULT_N_PER_RESIDUE
-from phaseinterp._checks import check_int, check_n_per_residue
+from phaseinterp._checks import check_n_per_residue
 from phaseinterp._files import progress_bar
 from phaseinterp.errors import UserInputError, applies_only, warn_renamed, when_given
 from phaseinterp.interventions._common import check_layers, cycling_note, fixed_answer_position, model_device
@@ -43,8 +43,9 @@ from phaseinterp.interventions.gate_shifts import (
 )
 from phaseinterp import stats
 from phaseinterp.results import Result, premise_entries
+from phaseinterp.spec import Spec, experiment
 from phaseinterp.tasks import resolve_task
-from phaseinterp.interventions.unit_cycling import gate_cycling_unit
+from phaseinterp.interventions.unit_cycling import check_cycling_options, gate_cycling_unit
 from phaseinterp.models.protocol import model_label as label_of, phase_model
 from phaseinterp.profile import PhaseProfile
 
@@ -291,7 +292,51 @@ def _baseline_correct(model, baseline, batch, answer_pos: int, batch_size: int) 
     return records["correct"].to_numpy().astype(bool)
 
 
+@dataclass(frozen=True)
+class CyclingSpec(Spec):
+    """`gate_cycling_profile`'s options, checked when made; their meanings are its parameters."""
+
+    shifts: Optional[Sequence[int]] = None
+    layers: Union[int, Sequence[int], None] = None
+    kv_heads: Union[int, Sequence[int], None] = None
+    mode: str = "roll"
+    branch: str = "both"
+    n_per_residue: Optional[int] = None
+    seed: int = 0
+    n_calibration: int = 256
+    calibration_seed: int = 1
+    batch_size: int = 64
+    n_boot: int = 1000
+    progress: bool = True
+
+    ARGS = {"layers": "layer"}  # the command line's --layer
+
+    def validate(self) -> None:
+        check_cycling_options(self)
+        if self.branch not in ("both", "k", "v"):
+            raise UserInputError(f"branch={self.branch!r} is not one of ('both', 'k', 'v')")
+        if self.mode == "static" and self.branch != "both":
+            raise UserInputError(f"branch={self.branch!r}: mode='static' moves the K and V gates together (branch='both')")
+        if self.n_per_residue is not None:
+            check_n_per_residue(self.n_per_residue)
+
+    def check_model(self, model) -> None:
+        """Layers and KV heads in range; each shift non-zero mod the model's stride."""
+        check_layers(model, self.layers)
+        check_kv_heads(model, self.kv_heads)
+        check_shifts(self.shifts, model.cfg.stride)
+
+    def size(self, task, baseline=None) -> int:
+        """Prompts per residue: ``n_per_residue``, else the baseline profile's, else the default."""
+        n = _default_size(self.n_per_residue, baseline, task.residue_modulus)
+        return check_n_per_residue(n, task.residue_modulus)
+
+    def check_task(self, task) -> None:
+        self.size(task)
+
+
 @applies_only(("n_per_residue",), unless=when_given("prompts", "prompts= gives the prompts, so their count is fixed"))
+@experiment(CyclingSpec)
 def gate_cycling_profile(
     model,
     task=None,
@@ -310,6 +355,7 @@ def gate_cycling_profile(
     progress: bool = True,
     prompts=None,
     baseline=None,
+    spec: Optional[CyclingSpec] = None,
 ) -> "CyclingResult":
     """Gate cycling scored on the whole accuracy profile (docs/science.md, "Gate cycling"): accuracy
     per phase of the model with the gates of ``layers`` shifted by each of ``shifts`` (`shift_gates`),
@@ -340,6 +386,7 @@ def gate_cycling_profile(
         n_boot: bootstrap replicates of the result's ``intervals`` (default 1000).
         progress: show a progress bar (default True).
         prompts: a pre-generated ``task.generate(...)`` batch to reuse across calls.
+        spec: a ready `CyclingSpec` instead of the options above (not both).
         baseline: a `PhaseProfile` of this model, unshifted, on the same prompts
             (``phase_profile(model, prompts)``, also one loaded with ``PhaseProfile.load``). Its
             per-prompt correctness becomes the shift-0 row, so that pass is not run again (one pass
@@ -353,36 +400,41 @@ def gate_cycling_profile(
     ``premise_notes`` say so, as they do when a shift collapses the model or the unshifted profile
     has no phase gap; ``identified`` is then not claimed.
     """
-    if mode not in ("roll", "static"):
-        raise UserInputError(f"mode={mode!r} is not one of ('roll', 'static')")
     if getattr(model, "training", False):
         raise UserInputError("gate cycling needs the model in eval mode; call model.eval() first")
     task = resolve_task(model, task)
-    layers_list = check_layers(model, layers)
-    heads = check_kv_heads(model, kv_heads)
-    if mode == "static":
-        if branch != "both":
-            raise UserInputError(f"branch={branch!r}: mode='static' moves the K and V gates together (branch='both')")
+    spec.check_model(model)
+    layers_list = check_layers(model, spec.layers)
+    heads = check_kv_heads(model, spec.kv_heads)
+    if spec.mode == "static":
         static_targets(model, layers_list)
     else:
-        shift_targets(model, layers_list, branch)  # validate before any work
-    check_int("batch_size", batch_size, 1)
-    check_int("n_boot", n_boot, 1)
-    S = model.cfg.stride
-    shifts = check_shifts(shifts, S)
+        shift_targets(model, layers_list, spec.branch)  # validate before any work
+    shifts = check_shifts(spec.shifts, model.cfg.stride)
     if prompts is None:
-        n_per_residue = _default_size(n_per_residue, baseline, task.residue_modulus)
-        check_n_per_residue(n_per_residue, task.residue_modulus)
+        n_per_residue = spec.size(task, baseline)
     elif len(prompts) == 0:
         raise UserInputError("prompts holds 0 prompts")
-    batch = prompts if prompts is not None else task.generate(n_per_residue, seed=seed)
+    batch = prompts if prompts is not None else task.generate(n_per_residue, seed=spec.seed)
+    rows = cycling_records(model, task, batch, shifts, layers_list, heads, spec, baseline)
+    return CyclingResult(shifts=shifts, residue=np.asarray(batch.meta["residue"].to_numpy(), dtype=np.int64),
+                         correct=np.stack(rows), residue_modulus=task.residue_modulus, stride=model.cfg.stride,
+                         model_label=label_of(model), n_boot=spec.n_boot, seed=spec.seed, mode=spec.mode,
+                         premise_recorded=tuple(n for n in [cycling_note(model)] if n))
+
+
+def cycling_records(model, task, batch, shifts: tuple[int, ...], layers: list[int], kv_heads: Optional[list[int]],
+                    spec: CyclingSpec, baseline=None) -> list[np.ndarray]:
+    """Per-prompt correctness of ``batch`` under each of ``shifts`` (0: the unshifted model, or the
+    ``baseline`` profile's records when given), one boolean array per shift."""
     answer_pos = fixed_answer_position(batch)
-    unshifted = None if baseline is None else _baseline_correct(model, baseline, batch, answer_pos, batch_size)
+    unshifted = None if baseline is None else _baseline_correct(model, baseline, batch, answer_pos, spec.batch_size)
     mean_logits = None
-    if mode == "static":
-        calib = task.calibration(n_calibration, seed=calibration_seed)
-        mean_logits = mean_gate_logits(model, calib.tokens[:, : answer_pos + 1], layers=layers_list, batch_size=batch_size)
-    bar = progress_bar(progress, len(shifts), "gate cycling")
+    if spec.mode == "static":
+        calib = task.calibration(spec.n_calibration, seed=spec.calibration_seed)
+        mean_logits = mean_gate_logits(model, calib.tokens[:, : answer_pos + 1], layers=layers,
+                                       batch_size=spec.batch_size)
+    bar = progress_bar(spec.progress, len(shifts), "gate cycling")
     rows = []
     try:
         for d in shifts:
@@ -392,21 +444,17 @@ def gate_cycling_profile(
                     bar.update(1)
                 continue
             context = (contextlib.nullcontext(model) if d == 0  # the unshifted row (shift_gates refuses 0 mod S)
-                       else shift_static_gates(model, d, layers=layers_list, mean_logits=mean_logits, kv_heads=heads) if mode == "static"
-                       else shift_gates(model, d, layers=layers_list, branch=branch, kv_heads=heads))
+                       else shift_static_gates(model, d, layers=layers, mean_logits=mean_logits, kv_heads=kv_heads)
+                       if spec.mode == "static"
+                       else shift_gates(model, d, layers=layers, branch=spec.branch, kv_heads=kv_heads))
             with context:
-                rows.append(_correct(model, batch, answer_pos, batch_size))
+                rows.append(_correct(model, batch, answer_pos, spec.batch_size))
             if bar is not None:
                 bar.update(1)
     finally:
         if bar is not None:
             bar.close()
-    return CyclingResult(shifts=shifts, residue=np.asarray(batch.meta["residue"].to_numpy(), dtype=np.int64),
-                         correct=np.stack(rows), residue_modulus=task.residue_modulus, stride=model.cfg.stride,
-                         model_label=label_of(model), n_boot=n_boot, seed=seed, mode=mode,
-                         premise_recorded=tuple(n for n in [cycling_note(model)] if n))
-
-
+    return rows
 
 
 def _default_size(n_per_residue, baseline, modulus: int):

@@ -46,10 +46,12 @@ from phaseinterp.interventions.cycling_stats import (
 from phaseinterp.interventions.knockout import calibration_mean_z, mean_replacement_hook, shifted_knockouts
 from phaseinterp.errors import UserInputError, applies_only, when_given
 from phaseinterp.results import Result, premise_entries
+from phaseinterp.spec import Spec, experiment
 from phaseinterp.tasks import resolve_task
 from phaseinterp.models.protocol import model_label as label_of, phase_model
 from phaseinterp.interventions.gate_shifts import (
     check_kv_heads,
+    check_shift,
     check_shifts,
     mean_gate_logits,
     shift_gates,
@@ -393,7 +395,68 @@ def _joint_knockout(model, tokens, answer_pos, answer, units: pd.DataFrame, mean
     return clean_lp, clean_ok, ko_lp, ko_ok
 
 
+@dataclass(frozen=True)
+class UnitCyclingSpec(Spec):
+    """`gate_cycling_unit`'s options, checked when made; their meanings are its parameters."""
+
+    shifts: Optional[Sequence[int]] = None
+    layers: Union[int, Sequence[int], None] = None
+    kv_heads: Union[int, Sequence[int], None] = None
+    measure: str = "logprob"
+    mode: str = "roll"
+    n_per_residue: int = DEFAULT_N_PER_RESIDUE
+    seed: int = 0
+    n_calibration: int = 256
+    calibration_seed: int = 1
+    batch_size: int = 64
+    n_boot: int = 1000
+    progress: bool = True
+
+    ARGS = {"layers": "layer"}  # the command line's --layer
+
+    def validate(self) -> None:
+        _check_choice("measure", self.measure, MEASURES)
+        _check_choice("mode", self.mode, MODES)
+        if self.layers is None:
+            raise UserInputError("gate_cycling_unit shifts and knocks out one unit: name it with layers=[...] (and "
+                                 "kv_heads=...); phaseinterp.specialized_units(model, task) picks units by a rule")
+        check_cycling_options(self)
+        check_n_per_residue(self.n_per_residue)
+
+    def check_model(self, model) -> None:
+        """Layers and KV heads in range; each shift non-zero mod the model's stride."""
+        check_layers(model, self.layers)
+        check_kv_heads(model, self.kv_heads)
+        check_shifts(self.shifts, model.cfg.stride)
+
+    def check_task(self, task) -> None:
+        modulus = task.residue_modulus
+        check_n_per_residue(self.n_per_residue, modulus)
+        check_int("n_calibration", self.n_calibration, modulus, MAX_PROMPTS,
+                  why=f": the mean needs at least one calibration prompt per residue (R={modulus})")
+
+
+def check_cycling_options(spec) -> None:
+    """The options gate cycling shares (the profile score's and the unit score's specs)."""
+    if spec.mode not in ("roll", "static"):
+        raise UserInputError(f"mode={spec.mode!r} is not one of ('roll', 'static')")
+    if spec.shifts is not None:
+        shifts = [spec.shifts] if isinstance(spec.shifts, (int, np.integer)) and not isinstance(spec.shifts, bool) \
+            else spec.shifts
+        if isinstance(shifts, (str, bytes)) or not hasattr(shifts, "__iter__") or not list(shifts):
+            raise UserInputError(f"shifts={spec.shifts!r} must be a non-empty list of non-zero integer shifts")
+        for d in shifts:
+            check_shift(d)
+    check_int("seed", spec.seed, 0)
+    check_int("n_calibration", spec.n_calibration, 1)
+    check_int("calibration_seed", spec.calibration_seed, 0)
+    check_int("batch_size", spec.batch_size, 1)
+    check_int("n_boot", spec.n_boot, 1)
+
+
+
 @applies_only(("n_per_residue",), unless=when_given("prompts", "prompts= gives the prompts, so their count is fixed"))
+@experiment(UnitCyclingSpec)
 def gate_cycling_unit(
     model,
     task=None,
@@ -411,6 +474,7 @@ def gate_cycling_unit(
     n_boot: int = 1000,
     progress: bool = True,
     prompts=None,
+    spec: Optional[UnitCyclingSpec] = None,
 ) -> UnitCyclingResult:
     """Gate cycling scored on ONE unit's own contribution (docs/science.md, "Unit-level gate cycling").
 
@@ -425,31 +489,40 @@ def gate_cycling_unit(
     Returns a `UnitCyclingResult`; its ``premise_notes`` say when the model is not fit for gate
     cycling, the unit's contribution has no phase structure, or a shift collapses the model."""
     check_is_model(model)
-    _check_choice("measure", measure, MEASURES)
-    _check_choice("mode", mode, MODES)
-    if layers is None:
-        raise UserInputError("gate_cycling_unit shifts and knocks out one unit: name it with layers=[...] (and kv_heads=...); "
-                         "phaseinterp.specialized_units(model, task) picks units by a rule")
     if getattr(model, "training", False):
         raise UserInputError("gate_cycling needs the model in eval mode; call model.eval() first")
     task = resolve_task(model, task)
-    layers_list = check_layers(model, layers)
-    heads = check_kv_heads(model, kv_heads)
-    (static_targets if mode == "static" else lambda m, ls: shift_targets(m, ls, "both"))(model, layers_list)
-    check_int("batch_size", batch_size, 1)
-    check_int("n_boot", n_boot, 1)
-    modulus = task.residue_modulus
-    check_int("n_calibration", n_calibration, modulus, MAX_PROMPTS,
-              why=f": the mean needs at least one calibration prompt per residue (R={modulus})")
-    S = model.cfg.stride
-    shifts = check_shifts(shifts, S)
+    spec.check_model(model)
+    layers_list = check_layers(model, spec.layers)
+    heads = check_kv_heads(model, spec.kv_heads)
+    (static_targets if spec.mode == "static" else lambda m, ls: shift_targets(m, ls, "both"))(model, layers_list)
+    shifts = check_shifts(spec.shifts, model.cfg.stride)
     if prompts is None:
-        check_n_per_residue(n_per_residue, modulus)
+        spec.check_task(task)
     elif len(prompts) == 0:
         raise UserInputError("prompts holds 0 prompts")
-    batch = prompts if prompts is not None else task.generate(n_per_residue, seed=seed)
+    else:
+        check_int("n_calibration", spec.n_calibration, task.residue_modulus, MAX_PROMPTS,
+                  why=f": the mean needs at least one calibration prompt per residue (R={task.residue_modulus})")
+    batch = prompts if prompts is not None else task.generate(spec.n_per_residue, seed=spec.seed)
+    shifted, knocked, correct = unit_cycling_records(model, task, batch, shifts, layers_list, heads, spec)
+    return UnitCyclingResult(
+        shifts=tuple(shifts), residue=np.asarray(batch.meta["residue"].to_numpy(), dtype=np.int64),
+        measure_shifted=np.stack(shifted), measure_knocked=np.stack(knocked), correct_shifted=np.stack(correct),
+        residue_modulus=task.residue_modulus, stride=model.cfg.stride, layers=tuple(layers_list),
+        kv_heads=None if heads is None else tuple(heads), measure=spec.measure, mode=spec.mode,
+        model_label=label_of(model), n_calibration=spec.n_calibration, n_boot=spec.n_boot, seed=spec.seed,
+        premise_recorded=tuple(n for n in [cycling_note(model)] if n),
+    )
+
+
+def unit_cycling_records(model, task, batch, shifts, layers_list: list[int], heads: Optional[list[int]],
+                         spec: UnitCyclingSpec) -> tuple[list, list, list]:
+    """Per shift: the unit's measure with the gates shifted, the same with the unit mean-replaced
+    (the mean under the same shift), and the shifted model's correctness; one array per shift."""
+    batch_size, mode, measure = spec.batch_size, spec.mode, spec.measure
     answer_pos = fixed_answer_position(batch)
-    calib = task.calibration(n_calibration, seed=calibration_seed)
+    calib = task.calibration(spec.n_calibration, seed=spec.calibration_seed)
     if fixed_answer_position(calib) != answer_pos:
         raise UserInputError("calibration prompts must share the evaluation prompts' answer position")
     calib_tokens = calib.tokens[:, : answer_pos + 1]
@@ -460,7 +533,7 @@ def gate_cycling_unit(
                         else shift_static_gates(model, d, layers=layers_list, mean_logits=mean_logits, kv_heads=heads) if mode == "static"
                         else shift_gates(model, d, layers=layers_list, branch="both", kv_heads=heads))
 
-    bar = progress_bar(progress, len(shifts) * len(batch), f"unit gate cycling ({unit_label(layers_list, heads)})")
+    bar = progress_bar(spec.progress, len(shifts) * len(batch), f"unit gate cycling ({unit_label(layers_list, heads)})")
     shifted, knocked, correct = [], [], []
 
     def keep(lp_s, ok_s, lp_k, ok_k):
@@ -489,14 +562,7 @@ def gate_cycling_unit(
     finally:
         if bar is not None:
             bar.close()
-    return UnitCyclingResult(
-        shifts=tuple(shifts), residue=np.asarray(batch.meta["residue"].to_numpy(), dtype=np.int64),
-        measure_shifted=np.stack(shifted), measure_knocked=np.stack(knocked), correct_shifted=np.stack(correct),
-        residue_modulus=modulus, stride=S, layers=tuple(layers_list),
-        kv_heads=None if heads is None else tuple(heads), measure=measure, mode=mode, model_label=label_of(model),
-        n_calibration=n_calibration, n_boot=n_boot, seed=seed,
-        premise_recorded=tuple(n for n in [cycling_note(model)] if n),
-    )
+    return shifted, knocked, correct
 
 
 # ---------------------------------------------------------------- which units

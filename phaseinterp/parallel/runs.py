@@ -212,10 +212,22 @@ def sharded(single: Callable, *, kind: str, chunk_size: int, refuse: dict[str, s
                for name in ("device", "prompts") if name not in signature.parameters]
     signature = signature.replace(parameters=[*signature.parameters.values(), *missing])
     params = [p for name, p in signature.parameters.items() if name not in refuse]
+    signature = signature.replace(parameters=[p for p in signature.parameters.values() if p.name != "spec"])
     experiment = _EXPERIMENTS[kind]
 
     def run(*args, **kwargs):
         bound_extras = {name: kwargs.pop(name) for name in ("out_dir", "chunk_size", "model_sha256") if name in kwargs}
+        spec = kwargs.pop("spec", None)
+        if spec is not None:  # the single function's spec: its options, as if passed one by one
+            spec_type = getattr(single, "__spec_type__", None)
+            if spec_type is None or not isinstance(spec, spec_type):
+                raise UserInputError(f"spec={type(spec).__name__} is not a "
+                                     f"{getattr(spec_type, '__name__', 'spec')} (sharded_{kind}'s options)")
+            clash = [name for name in spec.options() if name in kwargs]
+            if clash:
+                raise UserInputError(f"sharded_{kind}: {', '.join(f'{k}=' for k in clash)} given beside spec=: set "
+                                     "it in the spec instead")
+            kwargs.update(spec.options(changed_only=True))
         if "out_dir" not in bound_extras:
             raise UserInputError(f"sharded_{kind}: out_dir= is required (the run's folder: run.json and shards/)")
         for name, why in refuse.items():
@@ -350,10 +362,8 @@ def _single(module: str, name: str) -> Callable:
     return getattr(importlib.import_module(module), name)
 
 
-_ENGINE_ONLY = "it journals an engine's answers (resume_dir=, retries=, retry_wait=), not a model's; run one process"
 sharded_profile = sharded(_single("phaseinterp.profile", "phase_profile"), kind="profile", chunk_size=256, refuse={
-    "tokenizer": "the prompts are the task's token ids", "resume_dir": _ENGINE_ONLY, "retries": _ENGINE_ONLY,
-    "retry_wait": _ENGINE_ONLY})
+    "tokenizer": "the prompts are the task's token ids"})
 sharded_ablate = sharded(_single("phaseinterp.interventions.ablation", "ablate"), kind="ablate", chunk_size=64, refuse={
     "calibration_mean": "each rank computes the calibration mean once, from n_calibration and calibration_seed"})
 sharded_gate_cycling_profile = sharded(
