@@ -24,8 +24,12 @@ _NAMES = {
     "TwoAxisProfile": "phaseinterp.profile",
     "phase_profile": "phaseinterp.profile",
     "ProfileSpec": "phaseinterp.profile",
-    "engine_profile": "phaseinterp.engines",  # phase_profile of a served model (journaled, retried)
+    "engine_profile": "phaseinterp.profile",  # phase_profile of a served model (journaled, retried)
     "AblationResult": "phaseinterp.interventions",
+    "AblationSpec": "phaseinterp.interventions",  # each experiment's options, checked once (phaseinterp._checks.Spec)
+    "CyclingSpec": "phaseinterp.interventions",
+    "UnitCyclingSpec": "phaseinterp.interventions",
+    "ConformanceSpec": "phaseinterp.engines",
     "CyclingResult": "phaseinterp.interventions",
     "GateProfile": "phaseinterp.interventions",
     "ablate": "phaseinterp.interventions",
@@ -80,6 +84,10 @@ def __dir__() -> list:
 
 __all__ = [
     "AblationResult",
+    "AblationSpec",
+    "CyclingSpec",
+    "UnitCyclingSpec",
+    "ConformanceSpec",
     "CheckpointError",
     "CompressedConfig",
     "CompressedTransformer",

@@ -1,12 +1,34 @@
 """Input checks shared by the experiments and the CLI: each raises a `UserInputError` (a ValueError)
-naming the value and the valid range, before any expensive work."""
+naming the value and the valid range, before any expensive work.
+
+An experiment's options, checked once: the spec.
+
+Every experiment is three steps, each its own function:
+
+1. **spec**: a frozen dataclass of the experiment's options (`ProfileSpec`, `AblationSpec`, ...).
+   Making one checks every option against its valid range and against the others, before a model
+   or a task is touched; ``spec.check_model(model)`` adds the checks that need the model's config
+   (layer indices, strides, KV heads: it reads only ``cfg``, so the command line runs it on a
+   checkpoint's config.json before the weights load) and ``spec.check_task(task)`` those that need
+   the task (prompt counts the task can lay out, calibration sizes).
+2. **records**: the model run on the spec's prompts, one row (or column) per prompt.
+3. **result**: the statistics of the records (a `phaseinterp.results.Result`).
+
+The experiment functions keep their keyword options (``phase_profile(model, seed=1)``); they build
+the spec from them (`Spec.resolve`), or take a ready one (``phase_profile(model, spec=spec)``), never
+both; `takes_spec` checks that a function's options and its spec's fields agree. The
+command line fills a spec from its arguments (`Spec.from_args`), so a bad option reads the same
+from Python and from the shell, and is checked in one place.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import numbers
 import os
 import re
-from typing import Any, Union
+from typing import Any, Callable, ClassVar, TypeVar, Union
 
 from phaseinterp.errors import UserInputError
 
@@ -202,3 +224,118 @@ def env_flag(name: str) -> bool:
     """An environment switch: on unless unset or one of ``FALSE_WORDS`` (any case), so
     ``PHASEINTERP_NO_PROGRESS=0`` leaves progress bars on."""
     return os.environ.get(name, "").strip().lower() not in FALSE_WORDS
+
+
+# ------------------------------------------------------------------ an experiment's spec
+S = TypeVar("S", bound="Spec")
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """Base of the experiment specs: validation on construction, `check_model`, `check_task`,
+    `from_args`, `replace`, `options`."""
+
+    # option name -> the command-line argument (argparse dest) that fills it, where they differ
+    ARGS: ClassVar[dict[str, str]] = {}
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Check every option on its own and against the others (no model, no task); a
+        `UserInputError` naming the value and its valid range."""
+
+    def check_model(self, model: Any) -> None:
+        """The checks that need the model's config (``model.cfg`` only: a described checkpoint
+        from `phaseinterp.models.loading.peek` will do)."""
+
+    def check_task(self, task: Any) -> None:
+        """The checks that need the task (a task with ``generate``), before any prompt is made."""
+
+    def _set(self, name: str, value: Any) -> None:
+        """Store a normalized value from `validate` (the dataclass is frozen)."""
+        object.__setattr__(self, name, value)
+
+    # ------------------------------------------------------------ building one
+    @classmethod
+    def from_args(cls: type[S], args: Any, **overrides: Any) -> S:
+        """The spec of a parsed command line: each option from the argument of its name (or the one
+        `ARGS` maps it to); an argument left unset (None) keeps the option's default."""
+        values = {}
+        for field in dataclasses.fields(cls):
+            value = getattr(args, cls.ARGS.get(field.name, field.name), None)
+            if value is not None:
+                values[field.name] = value
+        values.update(overrides)
+        return cls(**values)
+
+    def replace(self: S, **changes: Any) -> S:
+        """A copy with ``changes`` applied (and checked again)."""
+        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            raise UserInputError(f"{type(self).__name__} has no option {', '.join(unknown)} "
+                                 f"(options: {', '.join(f.name for f in dataclasses.fields(self))})")
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def resolve(cls: type[S], spec: S | None, arguments: dict[str, Any]) -> S:
+        """The spec of one call of an experiment: made from the call's options (``arguments``: the
+        function's ``locals()`` at its start; the fields are picked out), or ``spec`` as given, when
+        no option differs from its default beside it (else a `UserInputError` naming them)."""
+        fields = dataclasses.fields(cls)
+        if spec is None:
+            return cls(**{f.name: arguments[f.name] for f in fields if f.name in arguments})
+        if not isinstance(spec, cls):
+            raise UserInputError(f"spec={type(spec).__name__} is not a {cls.__name__}")
+        beside = [f.name for f in fields if f.name in arguments and not _same(arguments[f.name], _default(f))]
+        if beside:
+            raise UserInputError(f"{', '.join(f'{k}=' for k in beside)} given beside spec=: set it in the spec "
+                                 f"instead (spec.replace({beside[0]}=...))")
+        return spec
+
+    def options(self, changed_only: bool = False) -> dict[str, Any]:
+        """``{option: value}``; ``changed_only``: only those that differ from their defaults."""
+        out = {}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if changed_only and _default(field) is not dataclasses.MISSING and _same(value, _default(field)):
+                continue
+            out[field.name] = value
+        return out
+
+
+def _default(field: dataclasses.Field) -> Any:
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return dataclasses.MISSING
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - arrays and other values without a plain ==
+        return a is b
+
+
+def takes_spec(spec_type: type[Spec]) -> Callable[[Callable], Callable]:
+    """Mark ``fn`` as an experiment of ``spec_type`` (``fn.__spec_type__``, read by the sharded variants)
+    after checking, when the module loads, that its keyword options are the spec's fields with the
+    same defaults, plus ``spec=``: the signature and the spec cannot drift apart. ``fn`` itself starts
+    with ``spec = spec_type.resolve(spec, locals())`` and reads its options from the spec only. No
+    wrapper: the function a user calls is ``fn``."""
+
+    def mark(fn: Callable) -> Callable:
+        signature = inspect.signature(fn)
+        if "spec" not in signature.parameters:
+            raise TypeError(f"internal: {fn.__name__} must take spec=")
+        for field in dataclasses.fields(spec_type):
+            param = signature.parameters.get(field.name)
+            if param is None or not _same(param.default, _default(field)):
+                raise TypeError(f"internal: {fn.__name__}'s option {field.name} must default to "
+                                f"{spec_type.__name__}.{field.name}'s default {_default(field)!r}")
+        fn.__spec_type__ = spec_type
+        return fn
+
+    return mark

@@ -5,7 +5,7 @@ import functools
 import importlib
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, no_type_check
 
 import numpy as np
 import pandas as pd
@@ -19,7 +19,7 @@ from phaseinterp.models.protocol import phase_model
 from phaseinterp._checks import DEFAULT_N_PER_RESIDUE, check_device, check_int, check_n_per_residue, env_flag
 from phaseinterp.phase import check_residue_modulus
 from phaseinterp.results import Result
-from phaseinterp.spec import Spec, experiment
+from phaseinterp._checks import Spec, takes_spec
 from phaseinterp.tasks import resolve_task
 from phaseinterp.tasks.length_axis import check_axis, length_axis_batch
 
@@ -276,6 +276,7 @@ def _is_engine(model: Any) -> bool:
     return not isinstance(model, torch.nn.Module) and callable(model)
 
 
+@no_type_check  # validate() checks each option and names it; a runtime type checker would preempt it
 @dataclass(frozen=True)
 class ProfileSpec(Spec):
     """`phase_profile`'s options (and `phaseinterp.engine_profile`'s), checked when made; their
@@ -329,7 +330,9 @@ class ProfileSpec(Spec):
         return stride
 
     def check_model(self, model: Any) -> None:
-        self.stride_of(model)
+        """A stride to fold by: this spec's or ``model.cfg.stride``."""
+        if self.stride is None and getattr(model.cfg, "stride", None) is None:
+            raise UserInputError("the model has no cfg.stride; pass stride= explicitly")
 
     def check_task(self, task: Any, stride: int | None = None) -> None:
         """The task's residue modulus against the stride, and (a task that lays prompts out) the
@@ -398,13 +401,12 @@ def _engine_options_moved(fn):
             return fn(*args, **kwargs)
         model = args[0] if args else kwargs.get("model")
         if not _is_engine(model):
-            name = next(iter(moved))
-            raise UserInputError(f"{name}= applies to an engine's answers (phaseinterp.engine_profile), not to an "
-                                 "in-process model; for a resumable run of a model use "
-                                 "phaseinterp.parallel.sharded_profile(model, task, out_dir=DIR)")
+            name, value = next(iter(moved.items()))
+            why = "journals an engine's answers" if name == "resume_dir" else "retries an engine's requests"
+            raise UserInputError(f"{name}={value!r} does not apply here: it {why} (phaseinterp.engine_profile), and "
+                                 f"the model runs here; drop {name}= (a resumable run of a model: "
+                                 "phaseinterp.parallel.sharded_profile(model, task, out_dir=DIR))")
         warn_renamed(f"phase_profile({', '.join(f'{k}=' for k in moved)})", "phaseinterp.engine_profile")
-        from phaseinterp.engines.profile import engine_profile  # engines/ sit above profile
-
         return engine_profile(*args, **kwargs, **moved)
 
     return call
@@ -413,7 +415,7 @@ def _engine_options_moved(fn):
 @_engine_options_moved
 @keyword_options("n_per_residue")
 @applies_only(("n_per_residue",), unless=_batch_given)
-@experiment(ProfileSpec)
+@takes_spec(ProfileSpec)
 def phase_profile(
     model: Any,
     task: Any = None,
@@ -494,6 +496,7 @@ def phase_profile(
     serving the same model gives identical records when it reports the whole vocabulary's
     log-probs computed as here (tests/test_engine_profile.py).
     """
+    spec = ProfileSpec.resolve(spec, locals())
     if task is None and _is_engine(model):
         raise UserInputError("phase_profile(engine) needs task=: an engine stores no evaluation task "
                              "(e.g. task=phaseinterp.zoo.task_for(model) or a KeyValueRetrieval)")
@@ -504,8 +507,6 @@ def phase_profile(
             "see phaseinterp.zoo.task_for(model)"
         )
     if _is_engine(model):
-        from phaseinterp.engines.profile import engine_profile  # engines/ sit above profile
-
         return engine_profile(model, task, spec=spec, tokenizer=tokenizer)
     family = phase_model(model)  # any nn.Module with a cfg: GenericModel
     stride = spec.stride_of(model)
@@ -516,6 +517,74 @@ def phase_profile(
     if family.is_compressed and own is not None and stride != own:
         label += f" [re-folded by S={stride}; the model's own stride is {own}]"  # a deliberate choice, shown
     return spec.result(records, batch.residue_modulus, stride, label)
+
+
+@takes_spec(ProfileSpec)
+def engine_profile(
+    engine: Any,
+    task: Any,
+    *,
+    n_per_residue: int = DEFAULT_N_PER_RESIDUE,
+    seed: int = 0,
+    batch_size: int = 64,
+    device: str | torch.device | None = None,
+    stride: int | None = None,
+    label: str | None = None,
+    confidence: float = 0.95,
+    interval: str = "auto",
+    n_bootstrap: int = 2000,
+    n_permutations: int = 1999,
+    progress: bool = True,
+    axis: str = "target",
+    hold: int | None = None,
+    length_modulus: int | None = None,
+    tokenizer: Any = None,
+    resume_dir: str | os.PathLike | None = None,
+    retries: int = 3,
+    retry_wait: float = 1.0,
+    spec: ProfileSpec | None = None,
+) -> "PhaseProfile | TwoAxisProfile":
+    """`phase_profile` of the model behind ``engine``: each prompt goes to it as token ids up to its
+    answer position, and the profile is built from its answers (`phaseinterp.engines.answers`: the
+    prediction is the argmax of the log-probs it reports, the whole vocabulary or its top-k, ties to
+    the lowest id; an answer outside the reported top-k is wrong and its ``answer_logprob`` is NaN).
+
+    The options are `phase_profile`'s (a `ProfileSpec`), with ``stride`` required (an engine does not
+    report it), ``device`` refused (it runs where it is served) and ``label`` defaulting to
+    ``engine.name``. Its own:
+        resume_dir: a folder journaling every finished batch of answers, written atomically; a rerun
+            with the same folder asks only for the rest (default: none).
+        retries: further tries of a batch that fails with a network or server error, waiting
+            ``retry_wait * 2**k`` seconds (at most 60) before try ``k + 1`` (defaults 3 and 1.0).
+        tokenizer: passed to ``task.generate(..., tokenizer=)``; its size must not exceed the engine's
+            ``d_vocab``.
+
+    An engine serving the same model gives the in-process profile's records exactly when it reports
+    the whole vocabulary's log-probs computed as there (tests/test_engine_profile.py).
+    """
+    spec = ProfileSpec.resolve(spec, locals())
+    from phaseinterp.engines.answers import check_engine, check_ids_fit, engine_answers  # engines/ sit above profile
+
+    name = check_engine(engine)
+    if task is None:
+        raise UserInputError("engine_profile(engine, task) needs task=: an engine stores no evaluation task "
+                             "(e.g. task=phaseinterp.zoo.task_for(model) or a KeyValueRetrieval)")
+    if spec.device is not None:
+        raise UserInputError(f"device={spec.device!r} does not apply to an engine (it runs where it is served); drop it")
+    if spec.stride is None:
+        raise UserInputError(f"engine_profile needs stride=: the compression stride S of the model behind {name!r} "
+                             "(an engine does not report it)")
+    d_vocab = getattr(engine, "d_vocab", None)
+    size = len(tokenizer) if tokenizer is not None and hasattr(tokenizer, "__len__") else None
+    if d_vocab is not None and size is not None and size > d_vocab:
+        raise UserInputError(f"the tokenizer has {size} tokens but engine {name!r} has d_vocab={d_vocab}: it is not "
+                             "the served model's tokenizer (its ids could fall outside the model's vocabulary)")
+    batch = spec.prompts(task, spec.stride, tokenizer)
+    check_ids_fit(batch, d_vocab, f"engine {name!r}")
+    answers = engine_answers(engine, batch, batch_size=spec.batch_size, resume_dir=resume_dir, retries=retries,
+                             retry_wait=retry_wait, progress=spec.progress)
+    records = records_frame(batch, spec.stride, answers.predicted, answers.answer_logprob)
+    return spec.result(records, batch.residue_modulus, spec.stride, name if spec.label is None else spec.label)
 
 
 def profile_records(model: Any, batch: Any, spec: ProfileSpec, stride: int) -> pd.DataFrame:

@@ -29,6 +29,7 @@ SUBJECT = {
     "load_hf": ["path"],
     "from_hf": ["hf_model"],
     "phase_profile": ["model", "task"],
+    "engine_profile": ["engine", "task"],
     "ablate": ["model", "task"],
     "specialized_units": ["model", "task"],
     "gate_profile": ["model", "task"],

@@ -173,7 +173,7 @@ def test_cli_conformance_and_its_bad_input(tmp_path, capsys):
     loaded = ConformanceResult.load(tmp_path / "c")
     assert loaded.settings == ("bfloat16",) and loaded.n_prompts == 24 and loaded.failing_phases("bfloat16") == ()
     assert main(["conformance", "w4s4", "--chunk", "6"]) == 2
-    assert "--chunk 6 is not a multiple of the cut period 4" in capsys.readouterr().err
+    assert "chunk=6 must be a multiple of the cut period 4" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------- warm: a reused prefix cache

@@ -251,7 +251,7 @@ def test_engine_needs_a_stride_and_no_device(w4s4):
         phase_profile(engine, task, n_per_residue=N, progress=False)
     with pytest.raises(UserInputError, match="device='cpu' does not apply to an engine"):
         phase_profile(engine, task, n_per_residue=N, stride=4, device="cpu", progress=False)
-    with pytest.raises(UserInputError, match="resume_dir= journals an engine's answers"):
+    with pytest.raises(UserInputError, match="resume_dir='x' does not apply here: it journals an engine's answers"):
         phase_profile(model, task, n_per_residue=N, resume_dir="x", progress=False)
 
 

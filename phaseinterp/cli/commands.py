@@ -146,10 +146,10 @@ def _preflight(args) -> None:
     task = None
     if isinstance(described.metadata.get("task"), dict):
         task = resolve_task(described)
-    if args.command == "profile":
-        _check_own_stride(args.stride, cfg)
     if task is not None:
         _check_task(args, task, getattr(args, "stride", None) or cfg.stride)
+    if args.command == "profile":
+        _check_own_stride(args.stride, cfg)
 
 
 def _check_task(args, task, stride: Optional[int] = None) -> None:

@@ -18,6 +18,7 @@ from phaseinterp.engines.adapters import (
     full_pieces,
 )
 from phaseinterp.engines.check import (
+    ConformanceSpec,
     DEFAULT_MODES,
     DEFAULT_TOLERANCE,
     DTYPES,
@@ -28,9 +29,8 @@ from phaseinterp.engines.check import (
 )
 from phaseinterp.engines.llama_cpp import LlamaCppEngine  # llama_cpp itself is imported on first use
 from phaseinterp.engines.openai import OpenAIEngine
-from phaseinterp.engines.profile import engine_profile
 from phaseinterp.engines.result import ConformanceResult
 
-__all__ = ["CacheEngine", "ConformanceResult", "DEFAULT_MODES", "DEFAULT_TOLERANCE", "DTYPES", "Engine", "LlamaCppEngine",
-           "MODES", "OpenAIEngine", "TransformersEngine", "WarmEngine", "cast_copy", "chunked_pieces", "conformance", "cut_period", "decode_pieces", "engine_profile",
+__all__ = ["CacheEngine", "ConformanceResult", "ConformanceSpec", "DEFAULT_MODES", "DEFAULT_TOLERANCE", "DTYPES", "Engine", "LlamaCppEngine",
+           "MODES", "OpenAIEngine", "TransformersEngine", "WarmEngine", "cast_copy", "chunked_pieces", "conformance", "cut_period", "decode_pieces",
            "engine_for", "full_pieces", "phase_table"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence, no_type_check
 
 import numpy as np
 import pandas as pd
@@ -36,7 +36,7 @@ from phaseinterp.engines.adapters import WarmEngine
 from phaseinterp.engines.result import ConformanceResult
 from phaseinterp.models.protocol import phase_model
 from phaseinterp.models.paths import refuse_hooks
-from phaseinterp.spec import Spec, experiment
+from phaseinterp._checks import Spec, takes_spec
 
 MODES = ("decode", "chunked_prefill", "warm", "dtype")
 DEFAULT_MODES = ("decode", "chunked_prefill", "dtype")  # warm is asked for: it costs one donor per prompt and L
@@ -52,7 +52,7 @@ STATISTICS = ("max", "mean")
 ENGINE_TOLERANCE = ("max", 1e-3)  # default for an external engine
 
 
-def cut_period(model: torch.nn.Module) -> int:
+def cut_period(model: Any) -> int:
     """The period of the prefill cut phases: the stride for phaseinterp's own models; for
     DeepSeek-V4 the least common multiple of its layers' compress rates (CSA and HCA: 32 for
     rates 4 and 32), so every cut phase of both compressors is visited."""
@@ -159,6 +159,7 @@ def _names(name: str, value: Any, options: tuple) -> tuple:
     return tuple(value)
 
 
+@no_type_check  # validate() checks each option and names it; a runtime type checker would preempt it
 @dataclass(frozen=True)
 class ConformanceSpec(Spec):
     """`conformance`'s options, checked when made; their meanings are its parameters. Modes and dtypes
@@ -237,7 +238,7 @@ def _tolerance_entry(key: str, value: Any, statistic: str) -> tuple[str, float]:
     return statistic, float(bound)
 
 
-@experiment(ConformanceSpec)
+@takes_spec(ConformanceSpec)
 def conformance(
     model: Any,
     task: Any,
@@ -306,6 +307,7 @@ def conformance(
     |d log p|, top-1 agreement, accuracy difference, intervals, verdict) and ``records``
     (``prefix_len``: the warm rows' ``L``, -1 elsewhere).
     """
+    spec = ConformanceSpec.resolve(spec, locals())
     check_is_model(model)
     refuse_hooks(model, "conformance")
     modes, dtypes = spec.modes, spec.dtypes

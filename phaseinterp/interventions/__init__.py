@@ -1,10 +1,10 @@
 """Interventions: per-KV-head mean replacement (and resample / norm-matched ablations), cyclic gate shifts
 (whole-profile and unit-level, roll and static-part), gate statistics, and the confirmatory pipeline (`confirm`)."""
 
-from phaseinterp.interventions.ablation import AblationResult, ablate, calibration_mean_z, mean_ablation
+from phaseinterp.interventions.ablation import AblationResult, AblationSpec, ablate, calibration_mean_z, mean_ablation
 from phaseinterp.interventions.confirm import ConfirmResult, confirm, replacement_ablation
 from phaseinterp.interventions.cycling_stats import cycling_scores, movement_scores
-from phaseinterp.interventions.gate_cycling import CyclingResult, gate_cycling, gate_cycling_profile
+from phaseinterp.interventions.gate_cycling import CyclingResult, CyclingSpec, gate_cycling, gate_cycling_profile
 from phaseinterp.interventions.gate_shifts import (
     cycle_gates,
     cycling_fitness,
@@ -14,10 +14,13 @@ from phaseinterp.interventions.gate_shifts import (
     shifted_copy,
 )
 from phaseinterp.interventions.gate_stats import GateProfile, gate_profile
-from phaseinterp.interventions.unit_cycling import UnitCyclingResult, UnitSelection, gate_cycling_unit, specialized_units
+from phaseinterp.interventions.unit_cycling import UnitCyclingResult, UnitCyclingSpec, UnitSelection, gate_cycling_unit, specialized_units
 
 __all__ = [
     "AblationResult",
+    "AblationSpec",
+    "CyclingSpec",
+    "UnitCyclingSpec",
     "ConfirmResult",
     "CyclingResult",
     "GateProfile",

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union, no_type_check
 
 import numpy as np
 import pandas as pd
@@ -38,7 +38,7 @@ from phaseinterp.models.protocol import phase_model
 from phaseinterp.tasks import resolve_task
 from phaseinterp import stats
 from phaseinterp.results import Result, premise_entries
-from phaseinterp.spec import Spec, experiment
+from phaseinterp._checks import Spec, takes_spec
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -301,6 +301,7 @@ def _units(model, layers: list[int], scope: str, heads: Optional[Sequence[Sequen
     return pd.DataFrame(rows)
 
 
+@no_type_check  # validate() checks each option and names it; a runtime type checker would preempt it
 @dataclass(frozen=True)
 class AblationSpec(Spec):
     """`ablate`'s options, checked when made; their meanings are `ablate`'s parameters."""
@@ -345,7 +346,7 @@ class AblationSpec(Spec):
 
 
 @applies_only(("n_per_residue",), unless=when_given("prompts", "prompts= gives the prompts, so their count is fixed"))
-@experiment(AblationSpec)
+@takes_spec(AblationSpec)
 def ablate(
     model,
     task=None,
@@ -405,6 +406,7 @@ def ablate(
     Returns an `AblationResult`; its ``relative_change`` is in RELATIVE percent
     (``100 * (knockout - clean) / clean``), not percentage points.
     """
+    spec = AblationSpec.resolve(spec, locals())
     if getattr(model, "training", False):
         raise UserInputError("ablate needs the model in eval mode; call model.eval() first")
     task = resolve_task(model, task)

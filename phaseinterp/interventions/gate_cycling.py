@@ -15,7 +15,7 @@ import contextlib
 import functools
 import warnings
 from dataclasses import dataclass
-from typing import Optional, Sequence, Union
+from typing import Optional, Sequence, Union, no_type_check
 
 import numpy as np
 import pandas as pd
@@ -43,7 +43,7 @@ from phaseinterp.interventions.gate_shifts import (
 )
 from phaseinterp import stats
 from phaseinterp.results import Result, premise_entries
-from phaseinterp.spec import Spec, experiment
+from phaseinterp._checks import Spec, takes_spec
 from phaseinterp.tasks import resolve_task
 from phaseinterp.interventions.unit_cycling import check_cycling_options, gate_cycling_unit
 from phaseinterp.models.protocol import model_label as label_of, phase_model
@@ -292,6 +292,7 @@ def _baseline_correct(model, baseline, batch, answer_pos: int, batch_size: int) 
     return records["correct"].to_numpy().astype(bool)
 
 
+@no_type_check  # validate() checks each option and names it; a runtime type checker would preempt it
 @dataclass(frozen=True)
 class CyclingSpec(Spec):
     """`gate_cycling_profile`'s options, checked when made; their meanings are its parameters."""
@@ -336,7 +337,7 @@ class CyclingSpec(Spec):
 
 
 @applies_only(("n_per_residue",), unless=when_given("prompts", "prompts= gives the prompts, so their count is fixed"))
-@experiment(CyclingSpec)
+@takes_spec(CyclingSpec)
 def gate_cycling_profile(
     model,
     task=None,
@@ -400,6 +401,7 @@ def gate_cycling_profile(
     ``premise_notes`` say so, as they do when a shift collapses the model or the unshifted profile
     has no phase gap; ``identified`` is then not claimed.
     """
+    spec = CyclingSpec.resolve(spec, locals())
     if getattr(model, "training", False):
         raise UserInputError("gate cycling needs the model in eval mode; call model.eval() first")
     task = resolve_task(model, task)

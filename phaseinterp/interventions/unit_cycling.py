@@ -22,7 +22,7 @@ import contextlib
 import functools
 import warnings
 from dataclasses import dataclass
-from typing import Optional, Sequence, Union
+from typing import Optional, Sequence, Union, no_type_check
 
 import numpy as np
 import pandas as pd
@@ -46,7 +46,7 @@ from phaseinterp.interventions.cycling_stats import (
 from phaseinterp.interventions.knockout import calibration_mean_z, mean_replacement_hook, shifted_knockouts
 from phaseinterp.errors import UserInputError, applies_only, when_given
 from phaseinterp.results import Result, premise_entries
-from phaseinterp.spec import Spec, experiment
+from phaseinterp._checks import Spec, takes_spec
 from phaseinterp.tasks import resolve_task
 from phaseinterp.models.protocol import model_label as label_of, phase_model
 from phaseinterp.interventions.gate_shifts import (
@@ -395,6 +395,7 @@ def _joint_knockout(model, tokens, answer_pos, answer, units: pd.DataFrame, mean
     return clean_lp, clean_ok, ko_lp, ko_ok
 
 
+@no_type_check  # validate() checks each option and names it; a runtime type checker would preempt it
 @dataclass(frozen=True)
 class UnitCyclingSpec(Spec):
     """`gate_cycling_unit`'s options, checked when made; their meanings are its parameters."""
@@ -456,7 +457,7 @@ def check_cycling_options(spec) -> None:
 
 
 @applies_only(("n_per_residue",), unless=when_given("prompts", "prompts= gives the prompts, so their count is fixed"))
-@experiment(UnitCyclingSpec)
+@takes_spec(UnitCyclingSpec)
 def gate_cycling_unit(
     model,
     task=None,
@@ -488,6 +489,7 @@ def gate_cycling_unit(
     prompts), ``batch_size``, ``n_boot``, ``progress`` and ``prompts`` as in `gate_cycling_profile`.
     Returns a `UnitCyclingResult`; its ``premise_notes`` say when the model is not fit for gate
     cycling, the unit's contribution has no phase structure, or a shift collapses the model."""
+    spec = UnitCyclingSpec.resolve(spec, locals())
     check_is_model(model)
     if getattr(model, "training", False):
         raise UserInputError("gate_cycling needs the model in eval mode; call model.eval() first")
