@@ -421,6 +421,13 @@ NOT_CALLED = {
     "CheckpointError": "an error class", "KVCache": "the model's cache object, built by the model",
     "load": "every kind of source and its refusals: tests/test_load.py; its device in test_bad_inputs' device walk",
     "shift_static_gates": "shares check_shift/check_layers/check_kv_heads with shift_gates (fuzzed)",
+    "ProfileSpec": "an experiment's options: fuzzed through phase_profile, which builds it from the drawn option",
+    "AblationSpec": "an experiment's options: fuzzed through ablate, which builds it from the drawn option",
+    "CyclingSpec": "an experiment's options: fuzzed through gate_cycling_profile, which builds it",
+    "UnitCyclingSpec": "an experiment's options: fuzzed through gate_cycling_unit, which builds it",
+    "ConformanceSpec": "an experiment's options: fuzzed through conformance, which builds it",
+    "engine_profile": "phase_profile's ProfileSpec (fuzzed through phase_profile) plus an engine's answers, fuzzed in "
+                      "test_fuzz_answers; its own options: tests/test_engine_profile.py",
     "phase": "a module", "stats": "a module", "tasks": "a module", "theory": "a module", "zoo": "a module (zoo.load is fuzzed)",
 }
 COVERED = set(API) | {"zoo"}
