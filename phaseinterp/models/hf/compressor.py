@@ -160,10 +160,15 @@ class IndexerHooks(_CompressionHooks):
         entry = torch.arange(n_entries, device=x.device)
         per_query = batch * max(1, n_entries) * (q.shape[2] + 2)
         for a, b in chunk_ranges(T, per_query, query_chunk):
-            scores = hf.scorer(q[:, a:b], compressed, x[:, a:b])  # [batch, C, entry]
             threshold = (position_ids[:, a:b] + 1) // hf.compress_rate
+            # every entry of the prompt is a column (transformers' layout: torch.topk breaks the many ties
+            # of ReLU's zeros by column, so the columns must be the same); only those closed by the chunk's
+            # last query are scored, the rest are -inf in every row of the chunk anyway
+            n = min(n_entries, int(threshold.max()))
+            scores = compressed.new_full((batch, b - a, n_entries), float("-inf"), dtype=torch.float32)
+            scores[..., :n] = index_scores(hf.scorer, q[:, a:b], compressed[:, :n], x[:, a:b])
             if n_entries:
-                scores = scores.masked_fill(entry.view(1, 1, -1) >= threshold.unsqueeze(-1), float("-inf"))
+                scores = scores.masked_fill_(entry.view(1, 1, -1) >= threshold.unsqueeze(-1), float("-inf"))
             with query_context((self.hook_scores,), a, b):
                 scores = self.hook_scores(scores)
             if top_k:
@@ -189,6 +194,19 @@ class IndexerHooks(_CompressionHooks):
         entry = torch.arange(n_entries, device=scores.device)
         scores = scores.masked_fill(entry.view(1, 1, -1) >= threshold.unsqueeze(-1), float("-inf"))
         return self.hook_scores(scores), compressed
+
+
+def index_scores(scorer: nn.Module, q: Tensor, entries: Tensor, x: Tensor) -> Tensor:
+    """transformers' ``DeepseekV4IndexerScorer.forward`` (``sum_h w_{t,h} relu(q_{t,h} . K_s)``), op for op,
+    so bit for bit the same scores; without autograd its elementwise steps run in place (no new
+    ``[batch, C, head, entry]`` block per step). ``q`` ``[batch, C, head, d]``, ``entries`` ``[batch, E, d]``,
+    ``x`` ``[batch, C, d_model]``; returns ``[batch, C, E]``."""
+    if torch.is_grad_enabled():
+        return scorer(q, entries, x)
+    scores = torch.matmul(q.float(), entries.transpose(-1, -2).float().unsqueeze(1))  # [batch, C, head, E]
+    scores.relu_().mul_(scorer.softmax_scale)
+    weights = scorer.weights_proj(x).float() * scorer.weights_scaling  # [batch, C, head]
+    return scores.mul_(weights.unsqueeze(-1)).sum(dim=2)
 
 
 class CompressorHooks(_CompressionHooks):
