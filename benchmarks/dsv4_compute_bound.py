@@ -68,9 +68,15 @@ def gemm_rate(n: int = 1024, repeats: int = 5) -> float:
 def counted_rest(model, tokens, cfg) -> tuple[int, int]:
     """(every matmul FLOP the counter saw, those of the attention's and the indexer's score/value matmuls)."""
     from phaseinterp.models.hf import attention as hf_attention
+    from phaseinterp.models.hf import compressor as hf_compressor
 
     score_flops = [0]
     einsum = torch.einsum
+    index_scores = hf_compressor.index_scores
+
+    def counting_index(scorer, q, entries, x):  # the indexer's score matmul, [batch, C, head, d] x [batch, E, d]
+        score_flops[0] += 2 * q.numel() * entries.shape[1]
+        return index_scores(scorer, q, entries, x)
 
     def counting(spec, *ops):  # the chunked attention's band / entry einsums
         out = einsum(spec, *ops)
@@ -81,14 +87,17 @@ def counted_rest(model, tokens, cfg) -> tuple[int, int]:
         return out
 
     hf_attention.torch.einsum = counting
+    hf_compressor.index_scores = counting_index
     counter = FlopCounterMode(display=False)
     try:
         with torch.no_grad(), counter:
             model(tokens, return_type=None)
     finally:
         hf_attention.torch.einsum = einsum
+        hf_compressor.index_scores = index_scores
     # the indexer's score matmul runs over every entry closed by its chunk's end: its executed count
-    # leaves the rest, and the useful count (useful_attention_flops) takes its place
+    # (`index_scores`, or transformers' scorer module where autograd runs it) leaves the rest, and the
+    # useful count (useful_attention_flops) takes its place
     indexer = sum(int(ops.get(torch.ops.aten.bmm, 0)) for name, ops in counter.get_flop_counts().items()
                   if name.endswith("indexer.scorer"))
     return int(counter.get_total_flops()), score_flops[0] + indexer

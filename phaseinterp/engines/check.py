@@ -361,40 +361,63 @@ def conformance(
 
     batch = task.generate(n_per_residue, seed=seed, strict=False)
     variants = answer_phase_variants(batch.tokens, task.vocab.filler_ids, stride, answer_phases)
-    runs: list[tuple[str, str, int, Any]] = []  # (mode, setting, cut phase or -1, engine)
+    shortest = min(t.shape[1] for t, _ in variants.values())
+    if is_warm:
+        prefix_lengths = (default_prefix_lengths(shortest, period) if prefix_lengths is None
+                          else _check_prefix_lengths(prefix_lengths, shortest))
+    runs, skipped = _runs(model, modes, dtypes, cut_phases, period, chunk, engines, warm_engines, shortest,
+                          batch.tokens[:1])
+    records = conformance_records(ref_engine, runs, batch, variants, task.vocab.filler_ids, prefix_lengths, period,
+                                  batch_size, progress)
+    table = phase_table(records, tol, confidence=confidence, n_bootstrap=n_bootstrap, seed=seed)
+    return ConformanceResult(
+        label=label or phase_model(model).label,
+        stride=stride, cut_period=period, chunk=int(chunk), modes=modes, settings=tuple(settings),
+        tolerance=tol, skipped=skipped, n_prompts=len(batch), seq_len=int(batch.seq_len), seed=seed,
+        confidence=confidence, table=table, records=records,
+    )
+
+
+def _runs(model, modes, dtypes, cut_phases, period: int, chunk: int, engines: dict, warm_engines: dict, shortest: int,
+          probe: Tensor) -> tuple[list[tuple[str, str, int, Any]], dict[str, str]]:
+    """What `conformance` compares with the reference: ``(mode, setting, cut phase or -1, engine)`` per run,
+    and the dtypes the device cannot run (``{dtype: reason}``)."""
+    runs: list[tuple[str, str, int, Any]] = []
     skipped: dict[str, str] = {}
     if "decode" in modes:
         runs.append(("decode", "decode", -1, engine_for(model, decode_pieces, "decode")))
     if "chunked_prefill" in modes:
         for c in cut_phases:
             schedule = lambda n, c=c: chunked_pieces(n, c, period, chunk)  # noqa: E731
-            schedule(min(t.shape[1] for t, _ in variants.values()))  # too-short prompts raise here
+            schedule(shortest)  # too-short prompts raise here
             runs.append(("chunked_prefill", "chunked_prefill", c, engine_for(model, schedule, f"chunked@{c}")))
     if "dtype" in modes:
         for dt in dtypes:
-            engine, reason = _dtype_engine(model, getattr(torch, dt), batch.tokens[:1])
+            engine, reason = _dtype_engine(model, getattr(torch, dt), probe)
             if engine is None:
                 skipped[dt] = reason
                 continue
             runs.append(("dtype", dt, -1, engine))
     runs += [("engine", name, -1, engine) for name, engine in engines.items()]
-    if is_warm:
-        shortest = min(t.shape[1] for t, _ in variants.values())
-        prefix_lengths = (default_prefix_lengths(shortest, period) if prefix_lengths is None
-                          else _check_prefix_lengths(prefix_lengths, shortest))
-        if "warm" in modes:
-            engine = engine_for(model, None, "warm")
-            runs.append(("warm", "warm", -1, engine))
-        runs += [("warm", name, -1, engine) for name, engine in warm_engines.items()]
+    if "warm" in modes:
+        runs.append(("warm", "warm", -1, engine_for(model, None, "warm")))
+    runs += [("warm", name, -1, engine) for name, engine in warm_engines.items()]
+    return runs, skipped
 
+
+def conformance_records(reference, runs, batch, variants: dict, filler_ids, prefix_lengths, period: int,
+                        batch_size: int, progress: bool) -> pd.DataFrame:
+    """One row per prompt, answer phase and run of ``runs`` (`_records`): each engine's next-token
+    log-probs at the answer position against ``reference``'s on the same sequences; a warm run answers
+    each prompt after a donor sharing its first ``L`` tokens, for each ``L`` of ``prefix_lengths``."""
     quiet = not progress or env_flag("PHASEINTERP_NO_PROGRESS")
-    reference_logprobs = {a: _run(ref_engine, tokens, batch_size) for a, (tokens, _) in variants.items()}
+    reference_logprobs = {a: _run(reference, tokens, batch_size) for a, (tokens, _) in variants.items()}
     frames = []
     for mode, setting, cut, engine in tqdm(runs, desc="conformance", disable=quiet):
         if mode == "warm":
             for length in prefix_lengths:
                 for a, (tokens, removed) in variants.items():
-                    donors = donor_prompts(tokens, length, task.vocab.filler_ids)
+                    donors = donor_prompts(tokens, length, filler_ids)
                     logprobs = _run(engine, tokens, batch_size, donors, length)
                     frames.append(_records(batch, removed, tokens.shape[1], a, mode, setting, length % period,
                                            reference_logprobs[a], logprobs, prefix_len=length))
@@ -403,14 +426,7 @@ def conformance(
             logprobs = _run(engine, tokens, batch_size)
             frames.append(_records(batch, removed, tokens.shape[1], a, mode, setting, cut,
                                    reference_logprobs[a], logprobs))
-    records = pd.concat(frames, ignore_index=True) if frames else _records_empty()
-    table = phase_table(records, tol, confidence=confidence, n_bootstrap=n_bootstrap, seed=seed)
-    return ConformanceResult(
-        label=label or phase_model(model).label,
-        stride=stride, cut_period=period, chunk=int(chunk), modes=modes, settings=tuple(settings),
-        tolerance=tol, skipped=skipped, n_prompts=len(batch), seq_len=int(batch.seq_len), seed=seed,
-        confidence=confidence, table=table, records=records,
-    )
+    return pd.concat(frames, ignore_index=True) if frames else _records_empty()
 
 
 def _dtype_engine(model: torch.nn.Module, dtype: torch.dtype, probe: Tensor):
