@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -10,6 +11,7 @@ import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import phaseinterp as pi
 from phaseinterp import CheckpointError, CompressedConfig, CompressedTransformer
 from phaseinterp.models.attention import CompressedAttention
 from conftest import GATE_BIASES, make_model
@@ -670,6 +672,21 @@ def test_fused_full_attention_equals_the_slot_path(kv_heads, monkeypatch):
                             lambda q, k, v, is_causal=False, attn_mask=None, scale=None: torch.softmax(
                                 scale * q @ k.transpose(-1, -2), -1) @ v)
         assert not torch.allclose(model(tokens), slots, atol=1e-3)
+
+
+@pytest.mark.zoo("w4s4", "deep12-w8s8-1kv-shared-equal")
+@pytest.mark.parametrize("name", ["w4s4", "deep12-w8s8-1kv-shared-equal"])
+def test_the_fused_path_differs_from_the_slot_path_by_float32_summation_order_only(name, monkeypatch, zoo_model):
+    """The fused compressed attention is not bit-identical to the slot path in float32 (another summation
+    order; 1e-5 relative on the 12-layer zoo model, benchmarks/RESULTS.md); in float64 the two agree to
+    1e-12 relative on shipped checkpoints, so the float32 difference is rounding, not another computation."""
+    model = copy.deepcopy(zoo_model(name)).double()
+    tokens = pi.zoo.task_for(model).generate(72, seed=0).tokens[:8]
+    with torch.no_grad():
+        fused = model(tokens)
+        monkeypatch.setattr(CompressedAttention, "fused_compressed_attention", False)
+        slots = model(tokens)
+    assert (fused - slots).abs().max() <= 1e-12 * slots.abs().max()
 
 
 @pytest.mark.parametrize("name", ["W4S4", "W8S4", "tail", "staggered", "staggered_tail"])
