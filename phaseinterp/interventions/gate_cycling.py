@@ -43,9 +43,9 @@ from phaseinterp.interventions.gate_shifts import (
 )
 from phaseinterp import stats
 from phaseinterp.results import Result, premise_entries
-from phaseinterp._checks import Spec, takes_spec
+from phaseinterp._checks import takes_spec
 from phaseinterp.tasks import resolve_task
-from phaseinterp.interventions.unit_cycling import check_cycling_options, gate_cycling_unit
+from phaseinterp.interventions.unit_cycling import GateCyclingOptions, gate_cycling_unit
 from phaseinterp.models.protocol import model_label as label_of, phase_model
 from phaseinterp.profile import PhaseProfile
 
@@ -294,38 +294,19 @@ def _baseline_correct(model, baseline, batch, answer_pos: int, batch_size: int) 
 
 @no_type_check  # validate() checks each option and names it; a runtime type checker would preempt it
 @dataclass(frozen=True)
-class CyclingSpec(Spec):
-    """`gate_cycling_profile`'s options, checked when made; their meanings are its parameters."""
+class CyclingSpec(GateCyclingOptions):
+    """`gate_cycling_profile`'s options, checked when made; their meanings are its parameters
+    (``n_per_residue=None``: the baseline profile's size, else the default)."""
 
-    shifts: Optional[Sequence[int]] = None
-    layers: Union[int, Sequence[int], None] = None
-    kv_heads: Union[int, Sequence[int], None] = None
-    mode: str = "roll"
     branch: str = "both"
     n_per_residue: Optional[int] = None
-    seed: int = 0
-    n_calibration: int = 256
-    calibration_seed: int = 1
-    batch_size: int = 64
-    n_boot: int = 1000
-    progress: bool = True
-
-    ARGS = {"layers": "layer"}  # the command line's --layer
 
     def validate(self) -> None:
-        check_cycling_options(self)
+        super().validate()
         if self.branch not in ("both", "k", "v"):
             raise UserInputError(f"branch={self.branch!r} is not one of ('both', 'k', 'v')")
         if self.mode == "static" and self.branch != "both":
             raise UserInputError(f"branch={self.branch!r}: mode='static' moves the K and V gates together (branch='both')")
-        if self.n_per_residue is not None:
-            check_n_per_residue(self.n_per_residue)
-
-    def check_model(self, model) -> None:
-        """Layers and KV heads in range; each shift non-zero mod the model's stride."""
-        check_layers(model, self.layers)
-        check_kv_heads(model, self.kv_heads)
-        check_shifts(self.shifts, model.cfg.stride)
 
     def size(self, task, baseline=None) -> int:
         """Prompts per residue: ``n_per_residue``, else the baseline profile's, else the default."""

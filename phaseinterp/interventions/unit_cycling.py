@@ -397,15 +397,15 @@ def _joint_knockout(model, tokens, answer_pos, answer, units: pd.DataFrame, mean
 
 @no_type_check  # validate() checks each option and names it; a runtime type checker would preempt it
 @dataclass(frozen=True)
-class UnitCyclingSpec(Spec):
-    """`gate_cycling_unit`'s options, checked when made; their meanings are its parameters."""
+class GateCyclingOptions(Spec):
+    """The options both gate-cycling scores share (`CyclingSpec`, `UnitCyclingSpec`), their checks and
+    the checks against the model; their meanings are `gate_cycling_profile`'s parameters."""
 
     shifts: Optional[Sequence[int]] = None
     layers: Union[int, Sequence[int], None] = None
     kv_heads: Union[int, Sequence[int], None] = None
-    measure: str = "logprob"
     mode: str = "roll"
-    n_per_residue: int = DEFAULT_N_PER_RESIDUE
+    n_per_residue: Optional[int] = DEFAULT_N_PER_RESIDUE
     seed: int = 0
     n_calibration: int = 256
     calibration_seed: int = 1
@@ -416,13 +416,21 @@ class UnitCyclingSpec(Spec):
     ARGS = {"layers": "layer"}  # the command line's --layer
 
     def validate(self) -> None:
-        _check_choice("measure", self.measure, MEASURES)
         _check_choice("mode", self.mode, MODES)
-        if self.layers is None:
-            raise UserInputError("gate_cycling_unit shifts and knocks out one unit: name it with layers=[...] (and "
-                                 "kv_heads=...); phaseinterp.specialized_units(model, task) picks units by a rule")
-        check_cycling_options(self)
-        check_n_per_residue(self.n_per_residue)
+        if self.shifts is not None:
+            shifts = [self.shifts] if isinstance(self.shifts, (int, np.integer)) and not isinstance(self.shifts, bool) \
+                else self.shifts
+            if isinstance(shifts, (str, bytes)) or not hasattr(shifts, "__iter__") or not list(shifts):
+                raise UserInputError(f"shifts={self.shifts!r} must be a non-empty list of non-zero integer shifts")
+            for d in shifts:
+                check_shift(d)
+        if self.n_per_residue is not None:
+            check_n_per_residue(self.n_per_residue)
+        check_int("seed", self.seed, 0)
+        check_int("n_calibration", self.n_calibration, 1)
+        check_int("calibration_seed", self.calibration_seed, 0)
+        check_int("batch_size", self.batch_size, 1)
+        check_int("n_boot", self.n_boot, 1)
 
     def check_model(self, model) -> None:
         """Layers and KV heads in range; each shift non-zero mod the model's stride."""
@@ -430,29 +438,27 @@ class UnitCyclingSpec(Spec):
         check_kv_heads(model, self.kv_heads)
         check_shifts(self.shifts, model.cfg.stride)
 
+
+@no_type_check  # validate() checks each option and names it; a runtime type checker would preempt it
+@dataclass(frozen=True)
+class UnitCyclingSpec(GateCyclingOptions):
+    """`gate_cycling_unit`'s options, checked when made; their meanings are its parameters."""
+
+    measure: str = "logprob"
+    n_per_residue: int = DEFAULT_N_PER_RESIDUE
+
+    def validate(self) -> None:
+        _check_choice("measure", self.measure, MEASURES)
+        if self.layers is None:
+            raise UserInputError("gate_cycling_unit shifts and knocks out one unit: name it with layers=[...] (and "
+                                 "kv_heads=...); phaseinterp.specialized_units(model, task) picks units by a rule")
+        super().validate()
+
     def check_task(self, task) -> None:
         modulus = task.residue_modulus
         check_n_per_residue(self.n_per_residue, modulus)
         check_int("n_calibration", self.n_calibration, modulus, MAX_PROMPTS,
                   why=f": the mean needs at least one calibration prompt per residue (R={modulus})")
-
-
-def check_cycling_options(spec) -> None:
-    """The options gate cycling shares (the profile score's and the unit score's specs)."""
-    if spec.mode not in ("roll", "static"):
-        raise UserInputError(f"mode={spec.mode!r} is not one of ('roll', 'static')")
-    if spec.shifts is not None:
-        shifts = [spec.shifts] if isinstance(spec.shifts, (int, np.integer)) and not isinstance(spec.shifts, bool) \
-            else spec.shifts
-        if isinstance(shifts, (str, bytes)) or not hasattr(shifts, "__iter__") or not list(shifts):
-            raise UserInputError(f"shifts={spec.shifts!r} must be a non-empty list of non-zero integer shifts")
-        for d in shifts:
-            check_shift(d)
-    check_int("seed", spec.seed, 0)
-    check_int("n_calibration", spec.n_calibration, 1)
-    check_int("calibration_seed", spec.calibration_seed, 0)
-    check_int("batch_size", spec.batch_size, 1)
-    check_int("n_boot", spec.n_boot, 1)
 
 
 
