@@ -293,6 +293,14 @@ class Spec:
                                  f"instead (spec.replace({beside[0]}=...))")
         return spec
 
+    def refuse_changed(self, names: tuple[str, ...], why: str) -> None:
+        """A `UserInputError` for the first of ``names`` that differs from its default: it cannot apply to
+        this call (``why``), as `phaseinterp.errors.applies_only` says of a keyword passed beside it."""
+        changed = self.options(changed_only=True)
+        for name in names:
+            if name in changed:
+                raise UserInputError(f"{name}={changed[name]!r} does not apply here: {why}; drop {name}=")
+
     def options(self, changed_only: bool = False) -> dict[str, Any]:
         """``{option: value}``; ``changed_only``: only those that differ from their defaults."""
         out = {}

@@ -361,6 +361,8 @@ class ProfileSpec(Spec):
         else:
             if tokenizer is not None:
                 raise UserInputError("tokenizer= lays out a task's prompts; this TaskBatch is laid out already")
+            self.refuse_changed(("n_per_residue",), f"task= is a ready TaskBatch of {len(task)} prompts (pass the "
+                                                    "task itself to choose a size)")
             batch = task
         if len(batch) == 0:
             raise UserInputError("the batch holds 0 prompts; generate at least one per residue")

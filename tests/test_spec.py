@@ -252,3 +252,23 @@ def test_spec_is_the_core_s_and_every_experiment_spec_is_public():
     assert issubclass(pi.ProfileSpec, Spec)
     for name in ("ProfileSpec", "AblationSpec", "CyclingSpec", "UnitCyclingSpec", "ConformanceSpec"):
         assert name in pi.__all__ and issubclass(getattr(pi, name), Spec)
+
+
+def test_a_spec_s_size_beside_ready_prompts_is_refused_as_the_keyword_is(w4s4):
+    """`applies_only` refuses ``n_per_residue=`` beside ready prompts; a spec carrying a size there is refused
+    with the same words, not silently ignored."""
+    batch = pi.zoo.task_for(w4s4).generate(72, seed=0)
+    cases = [
+        (pi.phase_profile, pi.ProfileSpec(n_per_residue=80, progress=False), dict(task=batch), "task= is a ready TaskBatch"),
+        (pi.ablate, pi.AblationSpec(n_per_residue=80, progress=False), dict(prompts=batch), "prompts= gives the prompts"),
+        (pi.gate_cycling_profile, pi.CyclingSpec(shifts=[1], n_per_residue=80, progress=False), dict(prompts=batch),
+         "prompts= gives the prompts"),
+        (pi.gate_cycling_unit, pi.UnitCyclingSpec(shifts=[1], layers=[1], n_per_residue=80, progress=False),
+         dict(prompts=batch), "prompts= gives the prompts"),
+    ]
+    for fn, spec, given, why in cases:
+        with pytest.raises(UserInputError, match=f"n_per_residue=80 does not apply here: {why}"):
+            fn(w4s4, spec=spec, **given)
+        with pytest.raises(UserInputError, match=f"n_per_residue=80 does not apply here: {why}"):
+            fn(w4s4, n_per_residue=80, **given, **{k: v for k, v in spec.options(changed_only=True).items()
+                                                     if k != "n_per_residue"})

@@ -414,6 +414,8 @@ def ablate(
     stride = phase_model(model).stride
     modulus = task.residue_modulus
     check_residue_modulus(modulus, stride)
+    if prompts is not None:
+        spec.refuse_changed(("n_per_residue",), "prompts= gives the prompts, so their count is fixed")
     if prompts is None:
         spec.check_task(task)
     elif not (hasattr(prompts, "tokens") and hasattr(prompts, "answer_pos")):

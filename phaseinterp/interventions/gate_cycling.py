@@ -394,6 +394,8 @@ def gate_cycling_profile(
     else:
         shift_targets(model, layers_list, spec.branch)  # validate before any work
     shifts = check_shifts(spec.shifts, model.cfg.stride)
+    if prompts is not None:
+        spec.refuse_changed(("n_per_residue",), "prompts= gives the prompts, so their count is fixed")
     if prompts is None:
         n_per_residue = spec.size(task, baseline)
     elif len(prompts) == 0:

@@ -505,6 +505,8 @@ def gate_cycling_unit(
     heads = check_kv_heads(model, spec.kv_heads)
     (static_targets if spec.mode == "static" else lambda m, ls: shift_targets(m, ls, "both"))(model, layers_list)
     shifts = check_shifts(spec.shifts, model.cfg.stride)
+    if prompts is not None:
+        spec.refuse_changed(("n_per_residue",), "prompts= gives the prompts, so their count is fixed")
     if prompts is None:
         spec.check_task(task)
     elif len(prompts) == 0:
