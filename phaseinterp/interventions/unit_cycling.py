@@ -492,7 +492,8 @@ def gate_cycling_unit(
     whole-profile prediction (`gate_cycling_profile`) cannot hold: the other units still serve their
     phases. `specialized_units` picks units by a rule. ``mode``, ``n_per_residue``, ``seed``,
     ``n_calibration``/``calibration_seed`` (the mean replacement's and the static mode's calibration
-    prompts), ``batch_size``, ``n_boot``, ``progress`` and ``prompts`` as in `gate_cycling_profile`.
+    prompts), ``batch_size``, ``n_boot``, ``progress`` and ``prompts`` as in `gate_cycling_profile`;
+    ``spec``: a ready `UnitCyclingSpec` instead of the options (not both).
     Returns a `UnitCyclingResult`; its ``premise_notes`` say when the model is not fit for gate
     cycling, the unit's contribution has no phase structure, or a shift collapses the model."""
     spec = UnitCyclingSpec.resolve(spec, locals())
