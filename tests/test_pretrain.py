@@ -110,8 +110,10 @@ def test_tokenized_corpus_is_reused_and_splits_documents(corpus, tmp_path):
     assert (tmp_path / "cache" / "train.bin").stat().st_mtime_ns == mtime and again.manifest == first.manifest
     m = first.manifest
     assert m["train_tokens"] > 100_000 and m["heldout_tokens"] > 1000 and m["heldout_documents"] >= 1
-    text = tok.decode(first.tokens("heldout")[:200].tolist())
-    assert any(w in text for w in (" the ", " a ", " is ")), text  # English, decoded back
+    # the held-out documents depend on the corpus's path (pytest's numbered tmp folder): their first 200
+    # tokens can be a grammar rule with no English word in it, so the whole held-out split is read back
+    text = tok.decode(first.tokens("heldout").tolist())
+    assert any(w in text for w in (" the ", " a ", " is ")), text[:400]  # English, decoded back
 
 
 def test_trained_tokenizer_loads_in_transformers(corpus):
