@@ -1,10 +1,10 @@
 """``phaseinterp profile --engine URL --model-name NAME``: the phase profile of a served model
-(`phaseinterp.phase_profile` over an `OpenAIEngine`), imported with `phaseinterp.cli.commands`
+(`phaseinterp.engine_profile` over an `OpenAIEngine`), imported with `phaseinterp.cli.commands`
 once the arguments parse.
 
-The task comes from MODEL (a zoo name or checkpoint directory: its stored task, vocabulary size,
-stride and label, so the output folder equals the in-process ``phaseinterp profile MODEL``'s) or
-from ``--tokenizer DIR`` (a `NeedleRetrieval` laid out in that Hugging Face tokenizer's ids;
+The options fill a `ProfileSpec`, checked by the same code as in Python. The task comes from MODEL
+(a zoo name or checkpoint directory: its stored task, vocabulary size, stride and label, so the
+output folder equals the in-process ``phaseinterp profile MODEL``'s) or from ``--tokenizer DIR`` (a `NeedleRetrieval` laid out in that Hugging Face tokenizer's ids;
 ``--stride`` is then required).
 """
 
@@ -13,13 +13,12 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from phaseinterp._checks import check_n_per_residue
 from phaseinterp._files import check_output_dir
 from phaseinterp.cli.args import UsageError, axis_options
 from phaseinterp.engines import OpenAIEngine
 from phaseinterp.models import loading
 from phaseinterp.models.loading import check_source, peek
-from phaseinterp.profile import phase_profile
+from phaseinterp.profile import ProfileSpec, engine_profile
 from phaseinterp.report import model_label
 from phaseinterp.tasks import NeedleRetrieval, resolve_task
 
@@ -61,15 +60,13 @@ def served_profile(args) -> int:
         if args.padding is not None:
             raise UsageError("--padding applies to MODEL's stored task; the needle task pads in sequence")
         task = NeedleRetrieval(seq_len=args.seq_len)
-        if task.residue_modulus % args.stride:
-            raise UsageError(f"--stride {args.stride} does not divide the needle task's R={task.residue_modulus}")
-        check_n_per_residue(args.n_per_residue, task.residue_modulus)
-        tokenizer = _tokenizer(args.tokenizer)
-        task.placement(args.n_per_residue, tokenizer, strict=True)
-        d_vocab = args.d_vocab or len(tokenizer)
         stride = args.stride
+        spec = ProfileSpec.from_args(args, batch_size=args.chunk_size, device=None, **axis)
+        spec.check_task(task, stride)
+        tokenizer = _tokenizer(args.tokenizer)
+        task.placement(spec.n_per_residue, tokenizer, strict=True)
+        d_vocab = args.d_vocab or len(tokenizer)
     else:
-
         check_source(args.model)
         described = peek(args.model)
         if described is None:  # not readable from config.json alone: its config is read by loading it
@@ -81,18 +78,16 @@ def served_profile(args) -> int:
         if args.stride is not None and getattr(described.cfg, "is_compressed", False) and args.stride != own:
             raise UsageError(f"--stride {args.stride} is not {args.model}'s own stride S={own}: omit --stride")
         stride = args.stride or own
-        if task.residue_modulus % stride:
-            raise UsageError(f"--stride {stride} does not divide the task's R={task.residue_modulus}")
-        check_n_per_residue(args.n_per_residue, task.residue_modulus)
-        task.placement(args.n_per_residue, strict=True)
+        spec = ProfileSpec.from_args(args, batch_size=args.chunk_size, device=None, **axis)
+        spec.check_task(task, stride)
+        task.placement(spec.n_per_residue, strict=True)
         d_vocab = args.d_vocab or described.cfg.d_vocab
         label = label or model_label(described)
     engine = OpenAIEngine(args.engine, args.model_name, d_vocab=d_vocab, top_logprobs=args.top_logprobs,
                           timeout=args.timeout,
                           token_to_id=None if tokenizer is None else tokenizer.convert_tokens_to_ids)
-    result = phase_profile(engine, task, n_per_residue=args.n_per_residue, seed=args.seed, stride=stride, label=label,
-                           batch_size=args.chunk_size, resume_dir=args.shard_dir, retries=args.retries,
-                           tokenizer=tokenizer, **axis)
+    result = engine_profile(engine, task, spec=spec.replace(stride=stride, label=label), resume_dir=args.shard_dir,
+                            retries=args.retries, tokenizer=tokenizer)
     print(result.summary().to_string(header=False))
     if args.out:
         overwrite = {"overwrite": True} if getattr(args, "overwrite", False) else {}
