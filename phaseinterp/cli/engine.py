@@ -4,8 +4,8 @@ once the arguments parse.
 
 The options fill a `ProfileSpec`, checked by the same code as in Python. The task comes from MODEL
 (a zoo name or checkpoint directory: its stored task, vocabulary size, stride and label, so the
-output folder equals the in-process ``phaseinterp profile MODEL``'s) or from ``--tokenizer DIR`` (a `NeedleRetrieval` laid out in that Hugging Face tokenizer's ids;
-``--stride`` is then required).
+output folder equals the in-process ``phaseinterp profile MODEL``'s) or from ``--tokenizer DIR`` (a
+`NeedleRetrieval` laid out in that Hugging Face tokenizer's ids; ``--stride`` is then required).
 """
 
 from __future__ import annotations
