@@ -16,10 +16,10 @@ from tqdm.auto import tqdm
 from phaseinterp.errors import UserInputError, applies_only, keyword_options, warn_renamed
 from phaseinterp import stats
 from phaseinterp.models.protocol import phase_model
-from phaseinterp._checks import DEFAULT_N_PER_RESIDUE, check_device, check_int, check_n_per_residue, env_flag
+from phaseinterp._checks import (DEFAULT_N_PER_RESIDUE, Spec, check_device, check_int, check_n_per_residue, env_flag,
+                                 takes_spec)
 from phaseinterp.phase import check_residue_modulus
 from phaseinterp.results import Result
-from phaseinterp._checks import Spec, takes_spec
 from phaseinterp.tasks import resolve_task
 from phaseinterp.tasks.length_axis import check_axis, length_axis_batch
 

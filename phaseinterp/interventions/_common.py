@@ -8,7 +8,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from phaseinterp._checks import check_layer
+from phaseinterp._checks import MAX_PROMPTS, check_int, check_layer
 from phaseinterp.errors import UserInputError
 from phaseinterp.models.protocol import phase_model
 
@@ -39,6 +39,12 @@ def check_layers(model, layer, name: str = "layer") -> list[int]:
     if repeated:
         raise UserInputError(f"{name}={list(layer)!r} repeats layer(s) {repeated}; list each layer once")
     return [int(v) for v in layers]
+
+
+def check_calibration_size(n_calibration, modulus: int) -> int:
+    """``n_calibration`` in ``R..MAX_PROMPTS``: a calibration mean over every residue at least once."""
+    return check_int("n_calibration", n_calibration, modulus, MAX_PROMPTS,
+                     why=f": the mean needs at least one calibration prompt per residue (R={modulus})")
 
 
 def fixed_answer_position(batch) -> int:

@@ -28,6 +28,7 @@ from phaseinterp._checks import MAX_PROMPTS, check_device, check_int, check_n_pe
 from phaseinterp._files import progress_bar
 from phaseinterp.phase import check_residue_modulus
 from phaseinterp.interventions._common import (
+    check_calibration_size,
     check_layers,
     fixed_answer_position,
     paired_bootstrap_relative_change,
@@ -341,8 +342,7 @@ class AblationSpec(Spec):
         and a mean over every residue (``n_calibration >= R``)."""
         modulus = task.residue_modulus
         check_n_per_residue(self.n_per_residue, modulus)
-        check_int("n_calibration", self.n_calibration, modulus, MAX_PROMPTS,
-                  why=f": the mean needs at least one calibration prompt per residue (R={modulus})")
+        check_calibration_size(self.n_calibration, modulus)
 
 
 @applies_only(("n_per_residue",), unless=when_given("prompts", "prompts= gives the prompts, so their count is fixed"))
@@ -423,8 +423,7 @@ def ablate(
     elif len(prompts) == 0:
         raise UserInputError("prompts holds 0 prompts")
     else:
-        check_int("n_calibration", spec.n_calibration, modulus, MAX_PROMPTS,
-                  why=f": the mean needs at least one calibration prompt per residue (R={modulus})")
+        check_calibration_size(spec.n_calibration, modulus)
     device = check_device(spec.device)
     if device is not None:
         model = model.to(device)

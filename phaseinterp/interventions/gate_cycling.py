@@ -386,8 +386,7 @@ def gate_cycling_profile(
     if getattr(model, "training", False):
         raise UserInputError("gate cycling needs the model in eval mode; call model.eval() first")
     task = resolve_task(model, task)
-    spec.check_model(model)
-    layers_list = check_layers(model, spec.layers)
+    layers_list = check_layers(model, spec.layers)  # spec.check_model's checks, keeping the normalized values
     heads = check_kv_heads(model, spec.kv_heads)
     if spec.mode == "static":
         static_targets(model, layers_list)

@@ -29,10 +29,11 @@ import pandas as pd
 import torch
 
 from phaseinterp._checks import DEFAULT_N_PER_RESIDUE, check_is_model
-from phaseinterp._checks import MAX_PROMPTS, check_int, check_n_per_residue
+from phaseinterp._checks import check_int, check_n_per_residue
 from phaseinterp._files import progress_bar
 from phaseinterp import stats
-from phaseinterp.interventions._common import check_layers, cycling_note, fixed_answer_position, model_device
+from phaseinterp.interventions._common import (check_calibration_size, check_layers, cycling_note, fixed_answer_position,
+                                              model_device)
 from phaseinterp.interventions.ablation import ablate
 from phaseinterp.interventions.cycling_stats import (
     contribution_displacements,
@@ -457,8 +458,7 @@ class UnitCyclingSpec(GateCyclingOptions):
     def check_task(self, task) -> None:
         modulus = task.residue_modulus
         check_n_per_residue(self.n_per_residue, modulus)
-        check_int("n_calibration", self.n_calibration, modulus, MAX_PROMPTS,
-                  why=f": the mean needs at least one calibration prompt per residue (R={modulus})")
+        check_calibration_size(self.n_calibration, modulus)
 
 
 
@@ -501,8 +501,7 @@ def gate_cycling_unit(
     if getattr(model, "training", False):
         raise UserInputError("gate_cycling needs the model in eval mode; call model.eval() first")
     task = resolve_task(model, task)
-    spec.check_model(model)
-    layers_list = check_layers(model, spec.layers)
+    layers_list = check_layers(model, spec.layers)  # spec.check_model's checks, keeping the normalized values
     heads = check_kv_heads(model, spec.kv_heads)
     (static_targets if spec.mode == "static" else lambda m, ls: shift_targets(m, ls, "both"))(model, layers_list)
     shifts = check_shifts(spec.shifts, model.cfg.stride)
@@ -513,8 +512,7 @@ def gate_cycling_unit(
     elif len(prompts) == 0:
         raise UserInputError("prompts holds 0 prompts")
     else:
-        check_int("n_calibration", spec.n_calibration, task.residue_modulus, MAX_PROMPTS,
-                  why=f": the mean needs at least one calibration prompt per residue (R={task.residue_modulus})")
+        check_calibration_size(spec.n_calibration, task.residue_modulus)
     batch = prompts if prompts is not None else task.generate(spec.n_per_residue, seed=spec.seed)
     shifted, knocked, correct = unit_cycling_records(model, task, batch, shifts, layers_list, heads, spec)
     return UnitCyclingResult(
