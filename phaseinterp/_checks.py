@@ -59,6 +59,15 @@ def check_int(name: str, value: Any, low: int = 1, high: int | None = None, why:
     return value
 
 
+def check_fraction(name: str, value: Any) -> float:
+    """``value`` as a float if it is a real number (not a bool) strictly between 0 and 1 (a confidence
+    level, a significance level); else a `UserInputError` naming it and the valid range. The one such
+    check of the package."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < float(value) < 1:
+        raise UserInputError(f"{name}={value!r} must be a number in (0, 1)")
+    return float(value)
+
+
 def check_layer(layer: Any, n_layers: int, name: str = "layer") -> int:
     """``layer`` as an int if it indexes a layer of an ``n_layers``-layer model (``0..n_layers-1``);
     else (a bool, a negative or too large index, a non-integer) a `UserInputError` naming it and the

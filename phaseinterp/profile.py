@@ -16,8 +16,8 @@ from tqdm.auto import tqdm
 from phaseinterp.errors import UserInputError, applies_only, keyword_options, warn_renamed
 from phaseinterp import stats
 from phaseinterp.models.protocol import phase_model
-from phaseinterp._checks import (DEFAULT_N_PER_RESIDUE, Spec, check_device, check_int, check_n_per_residue, env_flag,
-                                 takes_spec)
+from phaseinterp._checks import (DEFAULT_N_PER_RESIDUE, Spec, check_device, check_fraction, check_int,
+                                 check_n_per_residue, env_flag, takes_spec)
 from phaseinterp.phase import check_residue_modulus
 from phaseinterp.results import Result
 from phaseinterp.tasks import resolve_task
@@ -314,8 +314,7 @@ class ProfileSpec(Spec):
         check_int("batch_size", self.batch_size, 1)
         check_int("n_permutations", self.n_permutations, 1, 1_000_000)  # bounded: numpy fails on a huge count
         check_int("n_bootstrap", self.n_bootstrap, 1, 1_000_000)
-        if not (isinstance(self.confidence, float) and 0 < self.confidence < 1):
-            raise UserInputError(f"confidence={self.confidence!r} must be a float in (0, 1)")
+        check_fraction("confidence", self.confidence)
         if self.stride is not None:
             check_int("stride", self.stride, 1)
         if self.label is not None and not isinstance(self.label, str):

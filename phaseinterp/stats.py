@@ -11,6 +11,7 @@ from einops import reduce
 from jaxtyping import Float
 from scipy import stats as scipy_stats
 
+from phaseinterp._checks import check_fraction
 from phaseinterp.errors import UserInputError
 from phaseinterp.phase import check_residue_modulus
 
@@ -19,8 +20,7 @@ ArrayLike = int | float | np.number | np.ndarray | Sequence[Any] | pd.Series
 
 
 def _z(confidence: float) -> float:
-    if not 0 < confidence < 1:
-        raise UserInputError(f"confidence={confidence} is out of range (0, 1)")
+    confidence = check_fraction("confidence", confidence)
     return float(scipy_stats.norm.ppf(0.5 + confidence / 2))
 
 
@@ -89,9 +89,7 @@ def cluster_bootstrap(
         raise UserInputError(f"group labels must lie in 0..{n_groups - 1} (got {g.min()}..{g.max()})")
     if n_replicates < 1:
         raise UserInputError(f"n_replicates={n_replicates} must be >= 1")
-    z_alpha = (1 - confidence) / 2
-    if not 0 < z_alpha < 0.5:
-        raise UserInputError(f"confidence={confidence} is out of range (0, 1)")
+    z_alpha = (1 - check_fraction("confidence", confidence)) / 2
     n_clusters = int(cluster_idx.max()) + 1
     sums = np.zeros((n_clusters, n_groups))
     counts = np.zeros((n_clusters, n_groups))
@@ -223,8 +221,7 @@ def detect_period(
     for P in periods:
         if P < 2 or P >= R or R % P:
             raise UserInputError(f"candidate period {P} must divide R={R} and lie in 2..{R - 1}")
-    if not 0 < alpha < 1:
-        raise UserInputError(f"alpha={alpha} is out of range (0, 1)")
+    check_fraction("alpha", alpha)
     if not 0 < min_share <= 1:
         raise UserInputError(f"min_share={min_share} is out of range (0, 1]")
     power = np.abs(np.fft.rfft(x)) ** 2 / R

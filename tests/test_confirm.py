@@ -11,7 +11,9 @@ import torch
 from scipy import stats as scipy_stats
 
 from phaseinterp import CompressedTransformer
-from phaseinterp.interventions import AblationResult, ConfirmResult, confirm, ablate, replacement_ablation
+from phaseinterp.errors import UserInputError
+from phaseinterp.interventions import (AblationResult, ConfirmResult, ConfirmSpec, ReplacementSpec, ablate, confirm,
+                                       replacement_ablation)
 from phaseinterp.interventions.confirm import ablation_agreement, confirm_nominations, nominate_heads
 from phaseinterp.interventions.gate_stats import GateProfile
 from conftest import make_model, small_task
@@ -140,6 +142,44 @@ def test_confirm_runs_end_to_end_and_round_trips(payload, prompts, tmp_path):
     assert isinstance(res.summary(), pd.DataFrame) and list(res.summary().index) == list(res.to_dict())
     assert res != replace(res, n_hits=res.n_hits + 1)
     assert res != replace(res, ablation_tests=res.ablation_tests.iloc[1:])
+
+
+def test_confirm_and_replacement_ablation_from_a_spec_equal_the_keywords(prompts):
+    model = make()
+    nomination = TASK.generate(2, seed=2, strict=False)
+    options = dict(n_calibration=8, methods=["mean", "resample"], cycling=False, progress=False)
+    by_keywords = confirm(model, TASK, prompts=prompts, nomination_prompts=nomination, **options)
+    by_spec = confirm(model, TASK, prompts=prompts, nomination_prompts=nomination, spec=ConfirmSpec(**options))
+    assert by_keywords == by_spec
+    a = replacement_ablation(model, TASK, method="norm_matched", n_calibration=8, prompts=prompts)
+    b = replacement_ablation(model, TASK, prompts=prompts, spec=ReplacementSpec(method="norm_matched", n_calibration=8))
+    np.testing.assert_array_equal(a.knockout_correct, b.knockout_correct)
+
+
+def test_confirm_checks_every_split_before_a_forward(prompts):
+    """Each split's size is checked against the task before any prompt is made or any forward runs."""
+    model = make()
+    calls = []
+    handle = model.blocks[0].register_forward_hook(lambda *_: calls.append(1))
+    nomination = TASK.generate(2, seed=2, strict=False)
+    try:
+        cases = [
+            (dict(n_calibration=4), "n_calibration=4 is out of range (valid: 8..500000)"),
+            (dict(n_calibration=8, nominate_per_residue=3, nomination_prompts=nomination),
+             "nominate_per_residue=3 does not apply here: nomination_prompts= gives the nomination prompts"),
+            (dict(n_calibration=8, nominate_per_residue=10**6), "nominate_per_residue=1000000"),
+            (dict(n_calibration=8, alpha=0.0), "alpha=0.0 must be a number in (0, 1)"),
+            (dict(n_calibration=8, max_concentration=float("inf")), "max_concentration=inf must be None (W/2)"),
+        ]
+        for options, match in cases:
+            with pytest.raises(UserInputError) as info:
+                confirm(model, TASK, prompts=prompts, progress=False, **options)
+            assert match in str(info.value), str(info.value)
+        with pytest.raises(UserInputError, match=r"n_calibration=4 is out of range \(valid: 8\.\.500000\)"):
+            replacement_ablation(model, TASK, n_calibration=4, prompts=prompts)
+    finally:
+        handle.remove()
+    assert not calls
 
 
 def test_confirm_refuses_bad_requests(prompts):

@@ -136,7 +136,7 @@ def test_public_checks_that_were_plain_value_errors_are_user_input_errors():
     from phaseinterp.engines import chunked_pieces
     from phaseinterp.tasks import Vocab
 
-    with pytest.raises(UserInputError, match=r"confidence=1\.5 is out of range \(0, 1\)"):
+    with pytest.raises(UserInputError, match=r"confidence=1\.5 must be a number in \(0, 1\)"):
         stats.wilson_interval(3, 10, confidence=1.5)
     with pytest.raises(UserInputError, match=r"method='x' is not one of \('holm', 'bh'\)"):
         stats.adjust_p_values([0.1, 0.2], method="x")

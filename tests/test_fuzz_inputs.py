@@ -426,6 +426,9 @@ NOT_CALLED = {
     "CyclingSpec": "an experiment's options: fuzzed through gate_cycling_profile, which builds it",
     "UnitCyclingSpec": "an experiment's options: fuzzed through gate_cycling_unit, which builds it",
     "ConformanceSpec": "an experiment's options: fuzzed through conformance, which builds it",
+    "GateProfileSpec": "an experiment's options: fuzzed through gate_profile, which builds it",
+    "SelectionSpec": "an experiment's options: fuzzed through specialized_units, which builds it",
+    "IndexerSpec": "an experiment's options: fuzzed through indexer_phase and force_target_selection, which build it",
     "engine_profile": "phase_profile's ProfileSpec (fuzzed through phase_profile) plus an engine's answers, fuzzed in "
                       "test_fuzz_answers; its own options: tests/test_engine_profile.py",
     "phase": "a module", "stats": "a module", "tasks": "a module", "theory": "a module", "zoo": "a module (zoo.load is fuzzed)",

@@ -160,7 +160,7 @@ def test_wrap_around_uses_one_fixed_representative():
     (([1, 2, 2], [1, 2], 4), {}, r"displacement has shape \(3,\), expected \[\.\.\., 2\]"),
     (([1, 2], [1, 2], 1), {}, r"stride=1 must be an integer >= 2"),
     (([1, 2], [1, 2.5], 4), {}, r"shift=2\.5 must be an integer"),
-    (([1, 2], [1, 2], 4), dict(confidence=1.5), r"confidence=1\.5 is out of range"),
+    (([1, 2], [1, 2], 4), dict(confidence=1.5), r"confidence=1\.5 must be a number in \(0, 1\)"),
     (([1, 2], [1, 2], 4), dict(bootstrap=np.array([1, 2])), r"bootstrap has shape \(2,\)"),
 ])
 def test_bad_movement_inputs_name_the_value(args, kwargs, match):

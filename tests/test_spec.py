@@ -23,6 +23,12 @@ EXPERIMENTS = {  # the function, its spec
     "gate_cycling_profile": (pi.gate_cycling_profile, pi.CyclingSpec),
     "gate_cycling_unit": (pi.gate_cycling_unit, pi.UnitCyclingSpec),
     "conformance": (pi.conformance, pi.ConformanceSpec),
+    "gate_profile": (pi.gate_profile, pi.GateProfileSpec),
+    "specialized_units": (pi.specialized_units, pi.SelectionSpec),
+    "confirm": (pi.interventions.confirm, pi.interventions.ConfirmSpec),
+    "replacement_ablation": (pi.interventions.replacement_ablation, pi.interventions.ReplacementSpec),
+    "indexer_phase": (pi.indexer_phase, pi.IndexerSpec),
+    "force_target_selection": (pi.force_target_selection, pi.IndexerSpec),
 }
 
 
@@ -89,6 +95,18 @@ def test_ablate_and_gate_cycling_from_a_spec_equal_the_keywords(w4s4):
     np.testing.assert_array_equal(u.measure_knocked, v.measure_knocked)
 
 
+def test_gate_profile_and_the_unit_selection_from_a_spec_equal_the_keywords(w4s4):
+    a = pi.gate_profile(w4s4, n_per_residue=2, seed=5)
+    b = pi.gate_profile(w4s4, spec=pi.GateProfileSpec(n_per_residue=2, seed=5))
+    pd.testing.assert_frame_equal(a.slots, b.slots)
+    ablation = pi.ablate(w4s4, layer=1, n_calibration=48, progress=False)
+    c = pi.specialized_units(w4s4, ablation=ablation, max_phases=2)
+    d = pi.specialized_units(w4s4, ablation=ablation, spec=pi.SelectionSpec(max_phases=2))
+    pd.testing.assert_frame_equal(c.table, d.table)
+    with pytest.raises(UserInputError, match="n_calibration=300 does not apply here: ablation= is the sweep"):
+        pi.specialized_units(w4s4, ablation=ablation, spec=pi.SelectionSpec(n_calibration=300))
+
+
 def test_conformance_from_a_spec_equals_the_keywords(w4s4):
     task = pi.zoo.task_for(w4s4)
     a = pi.conformance(w4s4, task, ("decode",), n_per_residue=2, progress=False)
@@ -120,7 +138,7 @@ class _Counting:
 
 @pytest.mark.parametrize("options, match", [
     (dict(interval="bootstrap"), "interval='bootstrap' is not one of"),
-    (dict(confidence=1.5), "confidence=1.5 must be a float in (0, 1)"),
+    (dict(confidence=1.5), "confidence=1.5 must be a number in (0, 1)"),
     (dict(n_permutations=0), "n_permutations=0"),
     (dict(hold=3), "hold= applies to axis='length' only"),
     (dict(batch_size=0), "batch_size=0"),
@@ -150,6 +168,19 @@ def test_a_bad_profile_option_is_refused_by_the_spec_before_a_forward(w4s4, opti
     (pi.ConformanceSpec, dict(modes=["prefill"]), "mode 'prefill' is not one of"),
     (pi.ConformanceSpec, dict(modes=["decode", "decode"]), "repeats a mode"),
     (pi.ConformanceSpec, dict(tolerance={"decode": -1.0}), "tolerance['decode']=-1.0 must be a finite number > 0"),
+    (pi.GateProfileSpec, dict(n_per_residue=0), "n_per_residue=0 is out of range (valid: 1..500000)"),
+    (pi.SelectionSpec, dict(max_phases=0), "max_phases=0 must be an integer >= 1"),
+    (pi.interventions.ConfirmSpec, dict(alpha=1.0), "alpha=1.0 must be a number in (0, 1)"),
+    (pi.interventions.ConfirmSpec, dict(alpha="0.05"), "alpha='0.05' must be a number in (0, 1)"),
+    (pi.interventions.ConfirmSpec, dict(methods=["resample"]), "must include 'mean'"),
+    (pi.interventions.ConfirmSpec, dict(methods=["mean", "mean"]), "each once"),
+    (pi.interventions.ConfirmSpec, dict(max_concentration=0.5), "max_concentration=0.5 must be None (W/2) or a number >= 1"),
+    (pi.interventions.ConfirmSpec, dict(nomination_seed=0), "seed=0 and nomination_seed=0 must differ"),
+    (pi.interventions.ConfirmSpec, dict(correction="bonferroni"), "correction='bonferroni' is not one of"),
+    (pi.interventions.ReplacementSpec, dict(method="zero"), "method='zero' is not one of"),
+    (pi.IndexerSpec, dict(layers=[1, 1]), "layers=[1, 1] repeats a layer"),
+    (pi.IndexerSpec, dict(layers=[1.0]), "layer=1.0 is not a layer index"),
+    (pi.IndexerSpec, dict(confidence=True), "confidence=True must be a number in (0, 1)"),
 ])
 def test_each_spec_names_the_bad_option(spec_type, options, match):
     with pytest.raises(UserInputError) as info:
@@ -172,11 +203,22 @@ def test_model_checks_read_only_the_config(w4s4):
         pi.ConformanceSpec(chunk=6).check_model(described)
     with pytest.raises(UserInputError, match=r"heads=\[\[0, 9\]\]: query head ids must be in 0..3"):
         pi.AblationSpec(heads=[[0, 9]]).check_model(described)
+    with pytest.raises(UserInputError, match=r"layer=2 is out of range for a 2-layer model"):
+        pi.SelectionSpec(layers=[2]).check_model(described)
+    with pytest.raises(UserInputError, match="indexer_phase: the model has no indexer"):
+        pi.IndexerSpec().check_model(described)
+    twin = SimpleNamespace(cfg=pi.load("full").cfg)
+    for spec in (pi.GateProfileSpec(), pi.SelectionSpec(), pi.interventions.ConfirmSpec()):
+        with pytest.raises(UserInputError, match="full-attention model"):
+            spec.check_model(twin)
     task = pi.zoo.task_for(w4s4)
     with pytest.raises(UserInputError, match="n_calibration=10 is out of range"):
         pi.AblationSpec(n_calibration=10).check_task(task)
     with pytest.raises(UserInputError, match="cannot fold R=24 residues to stride=5"):
         pi.ProfileSpec().check_task(task, 5)
+    for spec_type in (pi.SelectionSpec, pi.interventions.ConfirmSpec, pi.interventions.ReplacementSpec):
+        with pytest.raises(UserInputError, match="n_calibration=10 is out of range"):
+            spec_type(n_calibration=10).check_task(task)
 
 
 def test_options_beside_a_spec_are_refused_and_the_spec_must_be_the_experiment_s(w4s4):
@@ -219,6 +261,7 @@ def test_a_sharded_run_takes_the_spec_its_single_function_takes(w4s4, tmp_path):
      pi.UnitCyclingSpec(layers=[1], kv_heads=[0], measure="accuracy")),
     (["conformance", "w4s4", "--modes", "decode", "--chunk", "8", "--n-per-residue", "3"],
      pi.ConformanceSpec(modes=("decode",), chunk=8, n_per_residue=3)),
+    (["gates", "w4s4", "--n-per-residue", "3"], pi.GateProfileSpec(n_per_residue=3)),
 ])
 def test_the_command_line_fills_the_experiment_s_spec(argv, spec):
     from phaseinterp.cli.commands import _preflight
@@ -236,6 +279,7 @@ def test_the_command_line_fills_the_experiment_s_spec(argv, spec):
     (["cycle", "w4s4", "--shifts", "4"], lambda m: pi.gate_cycling_profile(m, shifts=[4])),
     (["conformance", "w4s4", "--chunk", "6"], lambda m: pi.conformance(m, pi.zoo.task_for(m), chunk=6)),
     (["profile", "w4s4", "--n-per-residue", "73"], lambda m: pi.phase_profile(m, n_per_residue=73)),
+    (["gates", "full"], lambda m: pi.gate_profile(pi.load("full"))),
 ])
 def test_a_bad_option_reads_the_same_from_the_shell_and_from_python(w4s4, argv, call, capsys):
     from phaseinterp.cli import _one_line, main
@@ -250,7 +294,8 @@ def test_a_bad_option_reads_the_same_from_the_shell_and_from_python(w4s4, argv, 
 
 def test_spec_is_the_core_s_and_every_experiment_spec_is_public():
     assert issubclass(pi.ProfileSpec, Spec)
-    for name in ("ProfileSpec", "AblationSpec", "CyclingSpec", "UnitCyclingSpec", "ConformanceSpec"):
+    for name in ("ProfileSpec", "AblationSpec", "CyclingSpec", "UnitCyclingSpec", "ConformanceSpec", "GateProfileSpec",
+                 "SelectionSpec", "IndexerSpec"):
         assert name in pi.__all__ and issubclass(getattr(pi, name), Spec)
 
 

@@ -21,7 +21,7 @@ import torch
 from phaseinterp import parallel, zoo
 from phaseinterp import report as report_module
 from phaseinterp import train as training
-from phaseinterp._checks import check_device, check_n_per_residue, parse_size
+from phaseinterp._checks import check_device, parse_size
 from phaseinterp._files import check_output_dir, check_write_target
 from phaseinterp.cli.args import UsageError, axis_options
 from phaseinterp.cli.engine import served_profile
@@ -32,6 +32,7 @@ from phaseinterp.engines.lm_eval import write_lm_eval_task
 from phaseinterp.experiments import remedy as remedy_module
 from phaseinterp.interventions import ablate, gate_cycling_profile, gate_cycling_unit, gate_profile
 from phaseinterp.interventions.ablation import AblationSpec
+from phaseinterp.interventions.gate_stats import GateProfileSpec
 from phaseinterp.interventions.gate_cycling import CyclingSpec
 from phaseinterp.interventions.unit_cycling import UnitCyclingSpec
 from phaseinterp.interventions._common import check_layers
@@ -111,7 +112,7 @@ def _spec_type(args):
     return SPECS.get(args.command)
 
 
-SPECS = {"profile": ProfileSpec, "ablate": AblationSpec, "conformance": ConformanceSpec}
+SPECS = {"profile": ProfileSpec, "ablate": AblationSpec, "conformance": ConformanceSpec, "gates": GateProfileSpec}
 
 
 def _preflight(args) -> None:
@@ -408,8 +409,7 @@ def _cmd_gates(args) -> int:
     """``phaseinterp gates MODEL``: where each compressor gate puts its weight."""
     _keep_freed_memory()
     model, task = _load_for_experiment(args)
-    check_n_per_residue(args.n_per_residue, task.residue_modulus)
-    result = gate_profile(model, task, n_per_residue=args.n_per_residue)
+    result = gate_profile(model, task, spec=args.spec)
     print(result.heads.round(3).to_string(index=False))
     return _finish(args, result)
 

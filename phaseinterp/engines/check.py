@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from phaseinterp.errors import UserInputError
 from phaseinterp import stats
-from phaseinterp._checks import check_int, check_n_per_residue, env_flag, check_is_model
+from phaseinterp._checks import check_fraction, check_int, check_n_per_residue, env_flag, check_is_model
 from phaseinterp.engines.adapters import (
     cast_copy,
     chunked_pieces,
@@ -205,8 +205,7 @@ class ConformanceSpec(Spec):
             check_int("chunk", self.chunk, 1)
         check_int("batch_size", self.batch_size, 1)
         check_int("n_bootstrap", self.n_bootstrap, 1, 1_000_000)  # bounded: a huge count would run without end
-        if not (isinstance(self.confidence, float) and 0 < self.confidence < 1):
-            raise UserInputError(f"confidence={self.confidence!r} must be a float in (0, 1)")
+        check_fraction("confidence", self.confidence)
         if self.label is not None and not isinstance(self.label, str):
             raise UserInputError(f"label={self.label!r} must be a string")
 

@@ -2,7 +2,7 @@
 (whole-profile and unit-level, roll and static-part), gate statistics, and the confirmatory pipeline (`confirm`)."""
 
 from phaseinterp.interventions.ablation import AblationResult, AblationSpec, ablate, calibration_mean_z, mean_ablation
-from phaseinterp.interventions.confirm import ConfirmResult, confirm, replacement_ablation
+from phaseinterp.interventions.confirm import ConfirmResult, ConfirmSpec, ReplacementSpec, confirm, replacement_ablation
 from phaseinterp.interventions.cycling_stats import cycling_scores, movement_scores
 from phaseinterp.interventions.gate_cycling import CyclingResult, CyclingSpec, gate_cycling, gate_cycling_profile
 from phaseinterp.interventions.gate_shifts import (
@@ -13,8 +13,9 @@ from phaseinterp.interventions.gate_shifts import (
     shift_static_gates,
     shifted_copy,
 )
-from phaseinterp.interventions.gate_stats import GateProfile, gate_profile
-from phaseinterp.interventions.unit_cycling import UnitCyclingResult, UnitCyclingSpec, UnitSelection, gate_cycling_unit, specialized_units
+from phaseinterp.interventions.gate_stats import GateProfile, GateProfileSpec, gate_profile
+from phaseinterp.interventions.unit_cycling import (SelectionSpec, UnitCyclingResult, UnitCyclingSpec, UnitSelection,
+                                                   gate_cycling_unit, specialized_units)
 
 __all__ = [
     "AblationResult",
@@ -22,8 +23,12 @@ __all__ = [
     "CyclingSpec",
     "UnitCyclingSpec",
     "ConfirmResult",
+    "ConfirmSpec",
+    "ReplacementSpec",
+    "SelectionSpec",
     "CyclingResult",
     "GateProfile",
+    "GateProfileSpec",
     "ablate",
     "calibration_mean_z",
     "confirm",

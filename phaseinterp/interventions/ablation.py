@@ -24,7 +24,7 @@ import pandas as pd
 from phaseinterp._checks import DEFAULT_N_PER_RESIDUE
 from phaseinterp.models.protocol import model_label as label_of
 from phaseinterp.errors import UserInputError, applies_only, renamed, when_given
-from phaseinterp._checks import MAX_PROMPTS, check_device, check_int, check_n_per_residue
+from phaseinterp._checks import MAX_PROMPTS, check_device, check_fraction, check_int, check_n_per_residue
 from phaseinterp._files import progress_bar
 from phaseinterp.phase import check_residue_modulus
 from phaseinterp.interventions._common import (
@@ -158,8 +158,7 @@ class AblationResult(Result):
         excludes zero exactly when ``significant`` (``p_adjusted <= alpha``). ``change_pp`` is
         the absolute change, ``relative_change`` the same change relative to the clean accuracy.
         """
-        if not 0 < alpha < 1:
-            raise UserInputError(f"alpha={alpha} is out of range (0, 1)")
+        check_fraction("alpha", alpha)
         phases = self.residue % self.stride
         U, S = len(self.units), self.stride
         tests = [stats.paired_change(np.broadcast_to(self.clean_correct[phases == g, None],

@@ -17,18 +17,22 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence, Union, no_type_check
 
 import numpy as np
 import pandas as pd
 import torch
 from scipy import stats as scipy_stats
 
-from phaseinterp._checks import DEFAULT_N_PER_RESIDUE
+from phaseinterp._checks import (DEFAULT_N_PER_RESIDUE, MAX_PROMPTS, Spec, check_fraction, check_int,
+                                 check_is_model, check_n_per_residue, takes_spec)
 from phaseinterp.errors import UserInputError, applies_only, when_given
 from phaseinterp._files import progress_bar
-from phaseinterp.interventions._common import check_layers, fixed_answer_position, model_device, phase_model_note
+from phaseinterp.interventions._common import (check_calibration_size, check_layers, fixed_answer_position,
+                                               model_device, phase_model_note)
 from phaseinterp.interventions.ablation import AblationResult, _units, ablate
 from phaseinterp.interventions.gate_cycling import gate_cycling_profile
 from phaseinterp.interventions.gate_shifts import cycling_fitness
@@ -54,11 +58,46 @@ def _answer_z(model, tokens: torch.Tensor, answer_pos: int, batch_size: int) -> 
     return torch.cat(out)
 
 
+@no_type_check  # validate() checks each option and names it; a runtime type checker would preempt it
+@dataclass(frozen=True)
+class ReplacementSpec(Spec):
+    """`replacement_ablation`'s options, checked when made; their meanings are its parameters."""
+
+    method: str = "resample"
+    layer: Union[int, Sequence[int], None] = None
+    n_per_residue: int = DEFAULT_N_PER_RESIDUE
+    n_calibration: int = 256
+    seed: int = 0
+    calibration_seed: int = 1
+    batch_size: int = 64
+    progress: bool = False
+
+    def validate(self) -> None:
+        if self.method not in ABLATIONS:
+            raise UserInputError(f"method={self.method!r} is not one of {ABLATIONS}")
+        check_n_per_residue(self.n_per_residue)
+        check_int("n_calibration", self.n_calibration, 1, MAX_PROMPTS)
+        check_int("seed", self.seed, 0)
+        check_int("calibration_seed", self.calibration_seed, 0)
+        check_int("batch_size", self.batch_size, 1)
+
+    def check_model(self, model) -> None:
+        """Layer indices in range."""
+        check_layers(model, self.layer)
+
+    def check_task(self, task) -> None:
+        """The prompt count and a calibration set over every residue (``n_calibration >= R``)."""
+        check_n_per_residue(self.n_per_residue, task.residue_modulus)
+        check_calibration_size(self.n_calibration, task.residue_modulus)
+
+
 @torch.inference_mode()
 @applies_only(("n_per_residue",), unless=when_given("prompts", "prompts= gives the prompts, so their count is fixed"))
+@takes_spec(ReplacementSpec)
 def replacement_ablation(model, task=None, *, method: str = "resample", layer=None, n_per_residue: int = DEFAULT_N_PER_RESIDUE,
                          n_calibration: int = 256, seed: int = 0, calibration_seed: int = 1,
-                         batch_size: int = 64, prompts=None, progress: bool = False):
+                         batch_size: int = 64, prompts=None, progress: bool = False,
+                         spec: Optional[ReplacementSpec] = None):
     """Per-KV-head ablation of ``hook_z`` at the answer position with another replacement than the mean.
 
     ``method="resample"``: each prompt's z (the unit's query heads) is replaced by the z of a
@@ -67,29 +106,38 @@ def replacement_ablation(model, task=None, *, method: str = "resample", layer=No
     calibration mean rescaled per prompt and head to the norm of the z it replaces,
     ``z' = mean_z * |z| / |mean_z|`` (direction of the mean, size of the original), which
     separates "lost the information" from "shrank the vector". ``method="mean"`` is
-    `ablate`. Returns an `AblationResult` (one hooked forward per unit: the plain path).
+    `ablate`. Options as `ablate`'s (``n_calibration >= R``); ``spec`` a ready `ReplacementSpec`
+    instead of them (not both). Returns an `AblationResult` (one hooked forward per unit: the
+    plain path).
     """
-    if method not in ABLATIONS:
-        raise UserInputError(f"method={method!r} is not one of {ABLATIONS}")
-    if method == "mean":
-        size = {} if prompts is not None else {"n_per_residue": n_per_residue}
-        return ablate(model, task, layer=layer, n_calibration=n_calibration, seed=seed,
-                      calibration_seed=calibration_seed, batch_size=batch_size, prompts=prompts, progress=progress,
-                      **size)
+    spec = ReplacementSpec.resolve(spec, locals())
+    if prompts is not None:
+        spec.refuse_changed(("n_per_residue",), "prompts= gives the prompts, so their count is fixed")
+    if spec.method == "mean":
+        size = {} if prompts is not None else {"n_per_residue": spec.n_per_residue}
+        return ablate(model, task, layer=spec.layer, n_calibration=spec.n_calibration, seed=spec.seed,
+                      calibration_seed=spec.calibration_seed, batch_size=spec.batch_size, prompts=prompts,
+                      progress=spec.progress, **size)
 
     if getattr(model, "training", False):
         raise UserInputError("replacement_ablation needs the model in eval mode; call model.eval() first")
+    spec.check_model(model)
     task = resolve_task(model, task)
-    units = _units(model, check_layers(model, layer), "kv_head", None)
-    batch = prompts if prompts is not None else task.generate(n_per_residue, seed=seed)
+    if prompts is None:
+        spec.check_task(task)
+    else:
+        check_calibration_size(spec.n_calibration, task.residue_modulus)
+    method, batch_size, progress = spec.method, spec.batch_size, spec.progress
+    units = _units(model, check_layers(model, spec.layer), "kv_head", None)
+    batch = prompts if prompts is not None else task.generate(spec.n_per_residue, seed=spec.seed)
     answer_pos = fixed_answer_position(batch)
-    calib = task.calibration(n_calibration, seed=calibration_seed)
+    calib = task.calibration(spec.n_calibration, seed=spec.calibration_seed)
     if fixed_answer_position(calib) != answer_pos:
         raise UserInputError("calibration prompts must share the evaluation prompts' answer position")
     calib_z = _answer_z(model, calib.tokens, answer_pos, batch_size)  # [cal, layer, head, d]
     mean_z = calib_z.mean(0)
     n = batch.tokens.shape[0]
-    donors = torch.as_tensor(np.random.default_rng(seed).integers(0, calib_z.shape[0], n))
+    donors = torch.as_tensor(np.random.default_rng(spec.seed).integers(0, calib_z.shape[0], n))
     device = model_device(model)
     answer = torch.as_tensor(batch.answer)
     clean_ok = np.zeros(n, dtype=bool)
@@ -125,7 +173,7 @@ def replacement_ablation(model, task=None, *, method: str = "resample", layer=No
     return AblationResult(units=units, residue=np.asarray(batch.meta["residue"].to_numpy(), dtype=np.int64),
                           clean_correct=clean_ok, knockout_correct=ko_ok, residue_modulus=task.residue_modulus,
                           stride=model.cfg.stride, scope="kv_head", model_label=label_of(model),
-                          n_calibration=n_calibration,
+                          n_calibration=spec.n_calibration,
                           premise_recorded=tuple(n for n in [phase_model_note(model, "replacement_ablation")] if n))
 
 
@@ -296,55 +344,128 @@ class ConfirmResult(Result):
         return confirm_figure(self, **kwargs)
 
 
+@no_type_check  # validate() checks each option and names it; a runtime type checker would preempt it
+@dataclass(frozen=True)
+class ConfirmSpec(Spec):
+    """`confirm`'s options, checked when made; their meanings are its parameters."""
+
+    n_per_residue: int = DEFAULT_N_PER_RESIDUE
+    n_calibration: int = 256
+    nominate_per_residue: int = 8
+    seed: int = 0
+    calibration_seed: int = 1
+    nomination_seed: int = 2
+    correction: str = "holm"
+    alpha: float = 0.05
+    max_concentration: Optional[float] = None
+    methods: Sequence[str] = ABLATIONS
+    cycling: bool = True
+    batch_size: int = 64
+    progress: bool = True
+
+    def validate(self) -> None:
+        if self.correction not in ("holm", "bh"):
+            raise UserInputError(f"correction={self.correction!r} is not one of ('holm', 'bh')")
+        methods = (self.methods,) if isinstance(self.methods, str) else self.methods
+        try:
+            methods = tuple(methods)
+        except TypeError:
+            raise UserInputError(f"methods={self.methods!r} must be a list drawn from {ABLATIONS}") from None
+        if "mean" not in methods or any(m not in ABLATIONS for m in methods) or len(set(methods)) < len(methods):
+            raise UserInputError(f"methods={self.methods!r} must include 'mean' and be drawn from {ABLATIONS}, "
+                                 "each once")
+        self._set("methods", methods)
+        check_fraction("alpha", self.alpha)
+        if self.max_concentration is not None and (
+                isinstance(self.max_concentration, bool) or not isinstance(self.max_concentration, numbers.Real)
+                or not math.isfinite(self.max_concentration) or self.max_concentration < 1):
+            raise UserInputError(f"max_concentration={self.max_concentration!r} must be None (W/2) or a number >= 1 "
+                                 "(an effective number of slots, 1 = one-hot .. W = uniform)")
+        check_n_per_residue(self.n_per_residue)
+        check_int("n_calibration", self.n_calibration, 1, MAX_PROMPTS)
+        check_int("nominate_per_residue", self.nominate_per_residue, 1, MAX_PROMPTS)
+        for name in ("seed", "calibration_seed", "nomination_seed"):
+            check_int(name, getattr(self, name), 0)
+        if self.seed == self.nomination_seed:
+            raise UserInputError(f"seed={self.seed} and nomination_seed={self.nomination_seed} must differ "
+                                 "(disjoint splits)")
+        check_int("batch_size", self.batch_size, 1)
+
+    def check_model(self, model) -> None:
+        """A compressed model: the full-attention twin has no gates to nominate or shift."""
+        if not model.cfg.is_compressed:
+            raise UserInputError("confirm: the full-attention model (compression=None) has no gates to nominate or "
+                                 "shift")
+
+    def check_task(self, task) -> None:
+        """Each split's size against the task: the evaluation count, a calibration set over every residue
+        (``n_calibration >= R``), the nomination count."""
+        modulus = task.residue_modulus
+        check_n_per_residue(self.n_per_residue, modulus)
+        check_calibration_size(self.n_calibration, modulus)
+        check_n_per_residue(self.nominate_per_residue, modulus, name="nominate_per_residue")
+
+
 @applies_only(("n_per_residue",), unless=when_given("prompts", "prompts= gives the prompts, so their count is fixed"))
+@takes_spec(ConfirmSpec)
 def confirm(model, task=None, *, n_per_residue: int = DEFAULT_N_PER_RESIDUE, n_calibration: int = 256, nominate_per_residue: int = 8,
             seed: int = 0, calibration_seed: int = 1, nomination_seed: int = 2, correction: str = "holm",
             alpha: float = 0.05, max_concentration: Optional[float] = None, methods=ABLATIONS,
             cycling: bool = True, batch_size: int = 64, progress: bool = True, prompts=None,
-            nomination_prompts=None) -> ConfirmResult:
+            nomination_prompts=None, spec: Optional[ConfirmSpec] = None) -> ConfirmResult:
     """Run the confirmatory pipeline on ``model`` (see the module docstring); returns a `ConfirmResult`.
 
     Splits: evaluation prompts ``task.generate(n_per_residue, seed)``, calibration prompts
     ``task.calibration(n_calibration, calibration_seed)`` (mean/donor activations; disjoint
     mappings by construction) and nomination prompts ``task.generate(nominate_per_residue,
     nomination_seed)`` for the gate statistics; the evaluation and nomination splits are
-    checked to share no prompt. ``correction`` (``"holm"`` or ``"bh"``) and ``alpha`` govern
-    every unit x phase call. ``cycling=False`` skips gate cycling. ``prompts`` /
-    ``nomination_prompts`` may pass pre-generated evaluation / nomination batches instead.
+    checked to share no prompt. ``correction`` (``"holm"`` or ``"bh"``) and ``alpha`` (in (0, 1))
+    govern every unit x phase call; ``max_concentration`` (default W/2) is the largest effective
+    number of slots a gate may spread over and still nominate its unit; ``methods`` the ablations
+    (``"mean"`` and any of the others). ``cycling=False`` skips gate cycling. ``prompts`` /
+    ``nomination_prompts`` may pass pre-generated evaluation / nomination batches instead (then
+    ``n_per_residue`` / ``nominate_per_residue`` do not apply). ``spec``: a ready `ConfirmSpec`
+    instead of the options (not both); every option is checked before any forward.
     """
-    if correction not in ("holm", "bh"):
-        raise UserInputError(f"correction={correction!r} is not one of ('holm', 'bh')")
-    methods = tuple(methods)
-    if "mean" not in methods or any(m not in ABLATIONS for m in methods):
-        raise UserInputError(f"methods={methods!r} must include 'mean' and be drawn from {ABLATIONS}")
-    if len({seed, nomination_seed}) < 2:
-        raise UserInputError(f"seed={seed} and nomination_seed={nomination_seed} must differ (disjoint splits)")
-    if not model.cfg.is_compressed:
-        raise UserInputError("confirm: the full-attention model (compression=None) has no gates to nominate or shift")
+    spec = ConfirmSpec.resolve(spec, locals())
+    check_is_model(model)
+    spec.check_model(model)
     task = resolve_task(model, task)
-    batch = prompts if prompts is not None else task.generate(n_per_residue, seed=seed)
+    if prompts is not None:
+        spec.refuse_changed(("n_per_residue",), "prompts= gives the prompts, so their count is fixed")
+    if nomination_prompts is not None:
+        spec.refuse_changed(("nominate_per_residue",), "nomination_prompts= gives the nomination prompts")
+    modulus = task.residue_modulus
+    if prompts is None:
+        check_n_per_residue(spec.n_per_residue, modulus)
+    check_calibration_size(spec.n_calibration, modulus)
+    if nomination_prompts is None:
+        check_n_per_residue(spec.nominate_per_residue, modulus, name="nominate_per_residue")
+    seed, correction, alpha, methods, batch_size, progress = (spec.seed, spec.correction, spec.alpha, spec.methods,
+                                                              spec.batch_size, spec.progress)
+    batch = prompts if prompts is not None else task.generate(spec.n_per_residue, seed=seed)
     nomination_batch = (nomination_prompts if nomination_prompts is not None
-                        else task.generate(nominate_per_residue, seed=nomination_seed, strict=False))
+                        else task.generate(spec.nominate_per_residue, seed=spec.nomination_seed, strict=False))
     if _row_keys(batch.tokens) & _row_keys(nomination_batch.tokens):
-        raise UserInputError(f"evaluation (seed={seed}) and nomination (seed={nomination_seed}) prompts overlap")
+        raise UserInputError(f"evaluation (seed={seed}) and nomination (seed={spec.nomination_seed}) prompts overlap")
     results = {}
     for method in methods:
-        results[method] = replacement_ablation(model, task, method=method, n_calibration=n_calibration,
-                                               seed=seed, calibration_seed=calibration_seed, batch_size=batch_size,
+        results[method] = replacement_ablation(model, task, method=method, n_calibration=spec.n_calibration,
+                                               seed=seed, calibration_seed=spec.calibration_seed, batch_size=batch_size,
                                                prompts=batch, progress=progress)
     tests = pd.concat([results[m].phase_tests(correction, alpha).assign(method=m) for m in methods], ignore_index=True)
-    spec = pd.concat([results[m].specialization(correction=correction, alpha=alpha).assign(method=m)
-                      for m in methods], ignore_index=True)
-    spec["heads"] = spec["heads"].apply(lambda h: [int(x) for x in h])
+    specialization = pd.concat([results[m].specialization(correction=correction, alpha=alpha).assign(method=m)
+                                for m in methods], ignore_index=True)
+    specialization["heads"] = specialization["heads"].apply(lambda h: [int(x) for x in h])
     agreement = ablation_agreement(results, correction, alpha)
     gates = gate_profile(model, task, prompts=nomination_batch, batch_size=batch_size)
-    nominations, nom = confirm_nominations(nominate_heads(gates, max_concentration), results["mean"],
+    nominations, nom = confirm_nominations(nominate_heads(gates, spec.max_concentration), results["mean"],
                                            correction, alpha)
     cyc_table, note = pd.DataFrame(), ""
     cyc_stats: dict = {}
     premise = [f"mean ablation: {n}" for n in results["mean"].premise_notes]
     fit, reason = cycling_fitness(model)
-    if not cycling:
+    if not spec.cycling:
         note = "skipped (cycling=False)"
     elif not fit:
         note = f"not run: {reason}"
@@ -361,14 +482,14 @@ def confirm(model, task=None, *, n_per_residue: int = DEFAULT_N_PER_RESIDUE, n_c
     clean = results["mean"].clean.reindex(range(model.cfg.stride)).to_numpy(dtype=float)
     return ConfirmResult(
         model_label=label_of(model), stride=model.cfg.stride, phase_accuracy=clean, ablation_tests=tests,
-        specialization=spec, agreement=agreement, nominations=nominations, cycling=cyc_table,
+        specialization=specialization, agreement=agreement, nominations=nominations, cycling=cyc_table,
         n_nominated=nom["n_nominated"], n_hits=nom["n_hits"], hit_rate=nom["hit_rate"],
         chance_rate=nom["chance_rate"], nomination_p=nom["p_value"],
         chance_rate_same_units=nom["chance_rate_same_units"], nomination_p_same_units=nom["p_same_units"],
         cycling_note=note, correction=correction, alpha=alpha, n_prompts=int(batch.tokens.shape[0]),
-        seeds=(seed, calibration_seed, nomination_seed), premise_recorded=tuple(premise), **cyc_stats,
+        seeds=(seed, spec.calibration_seed, spec.nomination_seed), premise_recorded=tuple(premise), **cyc_stats,
     )
 
 
-__all__ = ["ABLATIONS", "ConfirmResult", "ablation_agreement", "confirm", "confirm_nominations", "nominate_heads",
-           "replacement_ablation"]
+__all__ = ["ABLATIONS", "ConfirmResult", "ConfirmSpec", "ReplacementSpec", "ablation_agreement", "confirm",
+           "confirm_nominations", "nominate_heads", "replacement_ablation"]

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from phaseinterp._checks import check_int
+from phaseinterp._checks import check_fraction, check_int
 from phaseinterp.errors import UserInputError
 
 
@@ -402,8 +402,7 @@ def movement_scores(displacement, shifts, stride: int, *, bootstrap=None, confid
     delta, applied, S = _check_movement_inputs(displacement, shifts, stride)
     if delta.ndim != 1:
         raise UserInputError(f"displacement has shape {delta.shape}; pass one displacement per shift, [{len(applied)}]")
-    if not 0 < confidence < 1:
-        raise UserInputError(f"confidence={confidence} is out of range (0, 1)")
+    check_fraction("confidence", confidence)
     r2, corr2 = _movement_arrays(delta, applied)
     error = delta - applied
     per = pd.DataFrame(dict(shift=[int(d) for d in shifts], applied=applied, displacement=delta,

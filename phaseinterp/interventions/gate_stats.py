@@ -11,12 +11,14 @@ over windows (input-dependent), not a static preference; the static gate is ``st
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional, no_type_check
+
 import numpy as np
 import pandas as pd
 import torch
 
 from phaseinterp.errors import UserInputError, applies_only, when_given
-from phaseinterp._checks import check_int, check_n_per_residue, check_is_model
+from phaseinterp._checks import MAX_PROMPTS, Spec, check_int, check_is_model, check_n_per_residue, takes_spec
 from phaseinterp.models.protocol import phase_model
 from phaseinterp.interventions._common import model_device
 from phaseinterp.results import Result, premise_entries
@@ -112,29 +114,58 @@ class GateProfile(Result):
         return gate_profile_figure(self, **kwargs)
 
 
+@no_type_check  # validate() checks each option and names it; a runtime type checker would preempt it
+@dataclass(frozen=True)
+class GateProfileSpec(Spec):
+    """`gate_profile`'s options, checked when made; their meanings are its parameters."""
+
+    n_per_residue: int = 8
+    seed: int = 0
+    batch_size: int = 64
+
+    def validate(self) -> None:
+        check_int("n_per_residue", self.n_per_residue, 1, MAX_PROMPTS)
+        check_int("seed", self.seed, 0)
+        check_int("batch_size", self.batch_size, 1)
+
+    def check_model(self, model) -> None:
+        """A compressed model: the full-attention twin has no gates."""
+        if not model.cfg.is_compressed:
+            raise UserInputError("gate_profile: the full-attention model (compression=None) has no gates")
+
+    def check_task(self, task) -> None:
+        """At most 500,000 prompts; no moment matching is needed (the statistics average over windows)."""
+        check_n_per_residue(self.n_per_residue, task.residue_modulus)
+
+
 @torch.inference_mode()
 @applies_only(("n_per_residue",), unless=when_given("prompts", "prompts= gives the prompts, so their count is fixed"))
+@takes_spec(GateProfileSpec)
 def gate_profile(model, task=None, *, n_per_residue: int = 8, seed: int = 0, batch_size: int = 64,
-                 prompts=None) -> GateProfile:
+                 prompts=None, spec: Optional[GateProfileSpec] = None) -> GateProfile:
     """Gate statistics of every layer, KV head and branch over the task's windows.
 
     Parameters: ``model`` a compressed model (the full-attention twin has no gates);
     ``task`` default: the model's stored task; ``n_per_residue`` prompts per residue (default
     8; no moment matching is needed here, so any size >= 1 works, at most 500,000 prompts);
-    ``seed`` (default 0); ``batch_size`` (default 64); ``prompts`` a pre-generated batch.
+    ``seed`` (default 0); ``batch_size`` (default 64); ``prompts`` a pre-generated batch
+    (then ``n_per_residue`` does not apply); ``spec`` a ready `GateProfileSpec`
+    instead of the options (not both).
     Returns a `GateProfile` (E[alpha] per slot, static and per-window concentration).
     """
+    spec = GateProfileSpec.resolve(spec, locals())
     check_is_model(model)
+    spec.check_model(model)
     cfg = model.cfg
     family = phase_model(model)
-    if not family.is_compressed:
-        raise UserInputError("gate_profile: the full-attention model (compression=None) has no gates")
     task = resolve_task(model, task)
-    check_int("batch_size", batch_size, 1)
     if prompts is None:
-        check_n_per_residue(n_per_residue, task.residue_modulus)
+        spec.check_task(task)
+    else:
+        spec.refuse_changed(("n_per_residue",), "prompts= gives the prompts, so their count is fixed")
+    batch_size = spec.batch_size
     # Gate statistics average over windows, not over targets: no moment matching needed.
-    batch = prompts if prompts is not None else task.generate(n_per_residue, seed=seed, strict=False)
+    batch = prompts if prompts is not None else task.generate(spec.n_per_residue, seed=spec.seed, strict=False)
     W, S = cfg.window, family.stride
     layers = family.compressed_layers  # an uncompressed layer (sliding-window-only) has no gates
     # one hook per gate: where K and V share one (DeepSeek kernels, tied gates), both branches read it

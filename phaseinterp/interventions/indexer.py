@@ -20,14 +20,14 @@ from __future__ import annotations
 import numbers
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, Union, no_type_check
 
 import numpy as np
 import pandas as pd
 import torch
 
-from phaseinterp._checks import DEFAULT_N_PER_RESIDUE
-from phaseinterp._checks import check_int, check_layer, check_n_per_residue
+from phaseinterp._checks import (DEFAULT_N_PER_RESIDUE, Spec, check_fraction, check_int, check_is_model, check_layer,
+                                 check_n_per_residue, takes_spec)
 from phaseinterp.errors import UserInputError, applies_only, when_given
 from phaseinterp import stats
 from phaseinterp.results import Result, premise_entries
@@ -126,64 +126,98 @@ def _holding(position: np.ndarray, S: int, n_closed: np.ndarray) -> np.ndarray:
     return np.where(j < n_closed[:, None], j, -1)
 
 
-def _setup(model, task, layers, n_per_residue: int, seed: int, prompts, what: str, batch_size: int = 1,
-           confidence: float = 0.5):
-    """Checked CSA ``layers`` (default: every CSA layer), the task, its prompts, the shared answer
-    position, the CSA rate S and the task's key length. Every argument is checked here, before
-    any prompt is generated or any forward runs."""
-    check_int("batch_size", batch_size, 1)
-    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0 < confidence < 1:
-        raise UserInputError(f"confidence={confidence!r} must be a number in (0, 1)")
-    family = phase_model(model)
-    csa = family.indexer_layers
-    if not csa:
-        raise UserInputError(f"{what}: {family.label} has no indexer (no CSA layer); it needs a DeepSeek-V4 with CSA "
-                         "layers (phaseinterp.from_hf / load_hf)")
-    if layers is None:
-        layers = list(csa)
-    else:
-        if isinstance(layers, numbers.Integral) and not isinstance(layers, bool):
-            layers = [layers]
-        if isinstance(layers, (str, bytes, dict)) or not isinstance(layers, Iterable):
-            raise UserInputError(f"layers={layers!r} must be a CSA layer or a list of them (CSA layers: {csa})")
-        layers = list(layers)
-        if not layers:
-            raise UserInputError(f"layers=[] names no layer; pass CSA layers from {csa}, or None for all of them")
-        for layer in layers:  # True == 1 and 1.0 == 1: only integers name a layer
-            if isinstance(layer, bool) or not isinstance(layer, numbers.Integral):
-                raise UserInputError(f"layer={layer!r} is not a CSA layer (CSA layers: {csa})")
-            check_layer(layer, family.n_layers)
+@no_type_check  # validate() checks each option and names it; a runtime type checker would preempt it
+@dataclass(frozen=True)
+class IndexerSpec(Spec):
+    """`indexer_phase`'s and `force_target_selection`'s options, checked when made; their meanings are
+    `indexer_phase`'s parameters."""
+
+    layers: Union[int, Sequence[int], None] = None
+    n_per_residue: int = DEFAULT_N_PER_RESIDUE
+    seed: int = 0
+    batch_size: int = 32
+    confidence: float = 0.95
+
+    def validate(self) -> None:
+        layers = self.layers
+        if layers is not None:
+            if isinstance(layers, numbers.Integral) and not isinstance(layers, bool):
+                layers = [layers]
+            if isinstance(layers, (str, bytes, dict)) or not isinstance(layers, Iterable):
+                raise UserInputError(f"layers={layers!r} must be a CSA layer or a list of them")
+            layers = tuple(layers)
+            if not layers:
+                raise UserInputError("layers=[] names no layer; pass CSA layers, or None for all of them")
+            for layer in layers:  # True == 1 and 1.0 == 1: only integers name a layer
+                if isinstance(layer, bool) or not isinstance(layer, numbers.Integral):
+                    raise UserInputError(f"layer={layer!r} is not a layer index (an integer)")
+            if len(set(layers)) != len(layers):
+                raise UserInputError(f"layers={list(layers)} repeats a layer")
+            self._set("layers", tuple(int(layer) for layer in layers))
+        check_n_per_residue(self.n_per_residue)
+        check_int("seed", self.seed, 0)
+        check_int("batch_size", self.batch_size, 1)
+        check_fraction("confidence", self.confidence)
+
+    def csa_layers(self, model, what: str = "indexer_phase") -> list[int]:
+        """The checked CSA layers (default: every one), from ``model.cfg`` alone."""
+        cfg = model.cfg
+        csa = [layer for layer, kind in enumerate(getattr(cfg, "layer_types", ())) if kind == CSA]
+        if not csa:
+            raise UserInputError(f"{what}: the model has no indexer (no CSA layer); it needs a DeepSeek-V4 with CSA "
+                                 "layers (phaseinterp.from_hf / load_hf)")
+        if self.layers is None:
+            return csa
+        for layer in self.layers:
+            check_layer(layer, cfg.n_layers)
             if layer not in csa:
                 raise UserInputError(f"layer={layer!r} is not a CSA layer (CSA layers: {csa})")
-        if len(set(layers)) != len(layers):
-            raise UserInputError(f"layers={layers} repeats a layer (CSA layers: {csa})")
-        layers = [int(layer) for layer in layers]
+        return list(self.layers)
+
+    def check_model(self, model) -> None:
+        """A DeepSeek-V4 with CSA layers; ``layers`` among them."""
+        self.csa_layers(model)
+
+    def check_task(self, task) -> None:
+        check_n_per_residue(self.n_per_residue, getattr(task, "residue_modulus", None))
+
+
+def _setup(model, task, spec: IndexerSpec, prompts, what: str):
+    """Checked CSA layers (default: every CSA layer), the task, its prompts, the shared answer
+    position, the CSA rate S and the task's key length. Every option is checked here, before
+    any prompt is generated or any forward runs."""
+    check_is_model(model)
+    layers = spec.csa_layers(model, what)
     task = resolve_task(model, task)
     if prompts is None:
-        check_n_per_residue(n_per_residue, getattr(task, "residue_modulus", None))
-        batch = task.generate(n_per_residue, seed=seed)
+        spec.check_task(task)
+        batch = task.generate(spec.n_per_residue, seed=spec.seed)
     elif not all(hasattr(prompts, a) for a in ("tokens", "answer_pos", "answer", "meta")):
         raise UserInputError(f"prompts={type(prompts).__name__} is not a prompt batch (task.generate(n_per_residue))")
     elif len(prompts) == 0:
         raise UserInputError("prompts holds 0 prompts")
     else:
+        spec.refuse_changed(("n_per_residue",), "prompts= gives the prompts, so their count is fixed")
         batch = prompts
-    return (layers, task, batch, fixed_answer_position(batch), family.layer_stride(csa[0]),
+    return (layers, task, batch, fixed_answer_position(batch), phase_model(model).layer_stride(layers[0]),
             int(getattr(task, "key_tokens", 1)))
 
 
 @torch.inference_mode()  # prompts generated here and every forward: no autograd (the prompts are inference tensors)
 @applies_only(("n_per_residue",), unless=when_given("prompts", "prompts= gives the prompts, so their count is fixed"))
+@takes_spec(IndexerSpec)
 def indexer_phase(model, task=None, *, layers: Optional[Sequence[int]] = None, n_per_residue: int = DEFAULT_N_PER_RESIDUE,
-                  seed: int = 0, batch_size: int = 32, prompts=None, confidence: float = 0.95) -> IndexerPhaseResult:
+                  seed: int = 0, batch_size: int = 32, prompts=None, confidence: float = 0.95,
+                  spec: Optional[IndexerSpec] = None) -> IndexerPhaseResult:
     """How often each CSA layer's indexer keeps the entry holding the target, by target phase.
 
     ``model``: a wrapped DeepSeek-V4 (`phaseinterp.from_hf`) with CSA layers; ``task`` defaults to
     the model's stored task; ``layers`` defaults to every CSA layer. Prompts must share one answer
     position. See the module docstring for the outcome columns.
     """
-    layers, task, batch, answer_pos, S, key_tokens = _setup(model, task, layers, n_per_residue, seed, prompts,
-                                                            "indexer_phase", batch_size, confidence)
+    spec = IndexerSpec.resolve(spec, locals())
+    batch_size, confidence = spec.batch_size, spec.confidence
+    layers, task, batch, answer_pos, S, key_tokens = _setup(model, task, spec, prompts, "indexer_phase")
     family = phase_model(model)
     names = [family.indexer_hook(layer, h) for layer in layers for h in ("hook_scores", "hook_selected")]
     device = model_device(model)
@@ -306,13 +340,15 @@ class ForcedSelectionResult(Result):
 
 @torch.inference_mode()
 @applies_only(("n_per_residue",), unless=when_given("prompts", "prompts= gives the prompts, so their count is fixed"))
+@takes_spec(IndexerSpec)
 def force_target_selection(model, task=None, *, layers: Optional[Sequence[int]] = None, n_per_residue: int = DEFAULT_N_PER_RESIDUE,
                            seed: int = 0, batch_size: int = 32, prompts=None,
-                           confidence: float = 0.95) -> ForcedSelectionResult:
+                           confidence: float = 0.95, spec: Optional[IndexerSpec] = None) -> ForcedSelectionResult:
     """Causal test of selection misses: accuracy by phase when each of ``layers``' indexers (default:
     every CSA layer) must keep the closed entries holding the target's value at the answer position."""
-    layers, task, batch, answer_pos, S, key_tokens = _setup(model, task, layers, n_per_residue, seed, prompts,
-                                                            "force_target_selection", batch_size, confidence)
+    spec = IndexerSpec.resolve(spec, locals())
+    batch_size, confidence = spec.batch_size, spec.confidence
+    layers, task, batch, answer_pos, S, key_tokens = _setup(model, task, spec, prompts, "force_target_selection")
     meta = batch.meta.reset_index(drop=True)
     target = meta["target_pos"].to_numpy().astype(np.int64)
     n_closed = np.full(len(meta), (answer_pos + 1) // S)
@@ -352,4 +388,4 @@ def force_target_selection(model, task=None, *, layers: Optional[Sequence[int]] 
                                  model_label=label_of(model), confidence=confidence)
 
 
-__all__ = ["ForcedSelectionResult", "IndexerPhaseResult", "force_target_selection", "indexer_phase"]
+__all__ = ["ForcedSelectionResult", "IndexerPhaseResult", "IndexerSpec", "force_target_selection", "indexer_phase"]

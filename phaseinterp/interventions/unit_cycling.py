@@ -28,8 +28,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from phaseinterp._checks import DEFAULT_N_PER_RESIDUE, check_is_model
-from phaseinterp._checks import check_int, check_n_per_residue
+from phaseinterp._checks import (DEFAULT_N_PER_RESIDUE, MAX_PROMPTS, Spec, check_fraction, check_int, check_is_model,
+                                 check_n_per_residue, takes_spec)
 from phaseinterp._files import progress_bar
 from phaseinterp import stats
 from phaseinterp.interventions._common import (check_calibration_size, check_layers, cycling_note, fixed_answer_position,
@@ -47,7 +47,6 @@ from phaseinterp.interventions.cycling_stats import (
 from phaseinterp.interventions.knockout import calibration_mean_z, mean_replacement_hook, shifted_knockouts
 from phaseinterp.errors import UserInputError, applies_only, when_given
 from phaseinterp.results import Result, premise_entries
-from phaseinterp._checks import Spec, takes_spec
 from phaseinterp.tasks import resolve_task
 from phaseinterp.models.protocol import model_label as label_of, phase_model
 from phaseinterp.interventions.gate_shifts import (
@@ -275,8 +274,7 @@ class UnitCyclingResult(Result):
         """Percentile bootstrap intervals (``n_boot`` resamples of the prompts within residue groups,
         paired across shifts) of every score: per shift ``r2``, ``r2_no_boundary``, ``corr2``,
         ``mae``; pooled ``r2_pooled`` and ``n_identified``."""
-        if not 0 < confidence < 1:
-            raise UserInputError(f"confidence={confidence} is out of range (0, 1)")
+        check_fraction("confidence", confidence)
         arr, a = self._boot, (1 - confidence) / 2
         rows = {}
         for k, d in enumerate(self.scored_shifts):
@@ -635,8 +633,44 @@ class UnitSelection(Result):
         return fig
 
 
-@applies_only(("layers", "n_per_residue", "seed", "n_calibration", "calibration_seed", "batch_size"),
-              unless=when_given("ablation", "ablation= is the sweep already run on its own prompts"))
+@no_type_check  # validate() checks each option and names it; a runtime type checker would preempt it
+@dataclass(frozen=True)
+class SelectionSpec(Spec):
+    """`specialized_units`' options, checked when made; their meanings are its parameters."""
+
+    layers: Union[int, Sequence[int], None] = None
+    max_phases: int = 3
+    n_per_residue: int = DEFAULT_N_PER_RESIDUE
+    seed: int = SELECTION_SEED
+    n_calibration: int = 256
+    calibration_seed: int = 1
+    batch_size: int = 64
+    progress: bool = True
+
+    SWEEP = ("layers", "n_per_residue", "seed", "n_calibration", "calibration_seed", "batch_size")  # `ablate`'s
+
+    def validate(self) -> None:
+        check_int("max_phases", self.max_phases, 1)
+        check_n_per_residue(self.n_per_residue)
+        check_int("seed", self.seed, 0)
+        check_int("n_calibration", self.n_calibration, 1, MAX_PROMPTS)
+        check_int("calibration_seed", self.calibration_seed, 0)
+        check_int("batch_size", self.batch_size, 1)
+
+    def check_model(self, model) -> None:
+        """A compressed model (the full-attention twin has no gates to cycle); layers in range."""
+        if not model.cfg.is_compressed:
+            raise UserInputError("specialized_units: the full-attention model has no gates to cycle")
+        check_layers(model, self.layers)
+
+    def check_task(self, task) -> None:
+        """The selection sweep's prompt count and calibration set (``n_calibration >= R``)."""
+        check_n_per_residue(self.n_per_residue, task.residue_modulus)
+        check_calibration_size(self.n_calibration, task.residue_modulus)
+
+
+@applies_only(SelectionSpec.SWEEP, unless=when_given("ablation", "ablation= is the sweep already run on its own prompts"))
+@takes_spec(SelectionSpec)
 def specialized_units(
     model,
     task=None,
@@ -650,6 +684,7 @@ def specialized_units(
     batch_size: int = 64,
     progress: bool = True,
     ablation=None,
+    spec: Optional[SelectionSpec] = None,
 ) -> UnitSelection:
     """Pick the units to cycle by a rule fixed in code, on a selection split of prompts.
 
@@ -664,18 +699,22 @@ def specialized_units(
     - **control** (negative control): among cyclable units hurt on no phase, the one whose
       largest absolute change over phases (pp) is smallest (ties: the lowest layer).
 
-    ``ablation``: a precomputed `AblationResult` on the selection split (skips the sweep).
+    ``ablation``: a precomputed `AblationResult` on the selection split (skips the sweep; the sweep's
+    options then do not apply). ``spec``: a ready `SelectionSpec` instead of the options (not both).
     Returns a `UnitSelection`; ``.units("specialized")`` gives `gate_cycling` arguments.
     """
+    spec = SelectionSpec.resolve(spec, locals())
     check_is_model(model)
-
-    check_int("max_phases", max_phases, 1)
-    if not model.cfg.is_compressed:
-        raise UserInputError("specialized_units: the full-attention model has no gates to cycle")
+    spec.check_model(model)
     if ablation is None:
-        ablation = ablate(model, task, layer=layers, n_per_residue=n_per_residue, n_calibration=n_calibration,
-                          seed=seed, calibration_seed=calibration_seed, batch_size=batch_size, progress=progress)
-    spec = ablation.specialization()
+        spec.check_task(resolve_task(model, task))
+        ablation = ablate(model, task, layer=spec.layers, n_per_residue=spec.n_per_residue,
+                          n_calibration=spec.n_calibration, seed=spec.seed, calibration_seed=spec.calibration_seed,
+                          batch_size=spec.batch_size, progress=spec.progress)
+    else:
+        spec.refuse_changed(SelectionSpec.SWEEP, "ablation= is the sweep already run on its own prompts")
+    max_phases, seed = spec.max_phases, spec.seed
+    specialization = ablation.specialization()
     absolute = ablation.absolute_change
 
     def cyclable(layer: int) -> bool:
@@ -686,7 +725,7 @@ def specialized_units(
             return False
 
     rows = []
-    for r in spec.itertuples():
+    for r in specialization.itertuples():
         rows.append(dict(layer=int(r.layer), kv_head=int(r.kv_head), heads=tuple(r.heads), phases=tuple(r.phases),
                          hurt_phases=tuple(r.hurt_phases), n_hurt=len(r.hurt_phases), contiguous=bool(r.contiguous),
                          largest_change_pp=float(np.nanmax(np.abs(absolute.loc[(r.layer, r.kv_head)].to_numpy()))),
