@@ -80,10 +80,13 @@ def counted_rest(model, tokens, cfg) -> tuple[int, int]:
 
     def counting(spec, *ops):  # the chunked attention's band / entry einsums
         out = einsum(spec, *ops)
-        if spec in ("bhcd,bcsd->bhcs", "bhcd,bnd->bhcn", "bhcd,bckd->bhck"):
+        # (the band's keys: a [batch, C, d, band] view now, gathered [batch, C, band, d] before 2026-12-06)
+        if spec in ("bhcd,bcds->bhcs", "bhcd,bcsd->bhcs", "bhcd,bnd->bhcn", "bhcd,bckd->bhck"):
             score_flops[0] += 2 * ops[0].numel() // ops[0].shape[-1] * out.shape[-1] * ops[0].shape[-1]
         elif spec in ("bhcs,bcsd->bchd", "bhcn,bnd->bchd", "bhck,bckd->bchd"):
             score_flops[0] += 2 * ops[0].numel() * ops[1].shape[-1]
+        elif spec == "bhcs,bcds->bchd":
+            score_flops[0] += 2 * ops[0].numel() * ops[1].shape[-2]
         return out
 
     hf_attention.torch.einsum = counting

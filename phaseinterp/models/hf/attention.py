@@ -66,10 +66,15 @@ def attend(hf, q: Tensor, query_range: tuple[int, int], kv: Tensor, kv_offset: i
     band = hf.config.sliding_window
     t = torch.arange(a, b, device=q.device)
     source = t[:, None] - band + 1 + torch.arange(band, device=q.device)  # [C, band] absolute positions
-    band_keys = kv[:, (source - kv_offset).clamp(min=0)]  # [batch, C, band, d]
+    # query c's band keys are rows c .. c + band - 1 of one window of kv: a strided view, no copy
+    lo, hi = a - band + 1 - kv_offset, b - kv_offset
+    window = kv[:, max(lo, 0):hi]
+    if lo < 0:  # positions before kv's first: zero rows, their scores masked (-inf) below
+        window = F.pad(window, (0, 0, -lo, 0))
+    band_keys = window.unfold(1, band, 1)  # [batch, C, d, band]
     # Each score block is freed as soon as the next one is made, so one query chunk holds at most about
     # three [batch, head, C, key_slots] blocks at once (memory.py's `_chunked_terms` counts them).
-    parts = [(torch.einsum("bhcd,bcsd->bhcs", q, band_keys) * hf.scaling).masked_fill_((source < 0)[None, None],
+    parts = [(torch.einsum("bhcd,bcds->bhcs", q, band_keys) * hf.scaling).masked_fill_((source < 0)[None, None],
                                                                                         float("-inf"))]
     entry_keys = None
     if entries is not None:
@@ -91,8 +96,8 @@ def attend(hf, q: Tensor, query_range: tuple[int, int], kv: Tensor, kv_offset: i
             entry_scores = torch.einsum("bhcd,bnd->bhcn", q, entry_keys) * hf.scaling
         else:
             visible = chosen >= 0
-            entry_keys = torch.gather(entries[:, None].expand(-1, C, -1, -1), 2,
-                                      chosen.clamp(min=0)[..., None].expand(-1, -1, -1, d))  # [batch, C, k, d]
+            rows = chosen.clamp(min=0) + E * torch.arange(batch, device=q.device).view(-1, 1, 1)
+            entry_keys = entries.reshape(batch * E, d).index_select(0, rows.view(-1)).view(*chosen.shape, d)  # [batch, C, k, d]
             entry_scores = torch.einsum("bhcd,bckd->bhck", q, entry_keys) * hf.scaling
         parts.append(entry_scores.masked_fill_(~visible[:, None], float("-inf")))
         del entry_scores, visible
@@ -110,7 +115,7 @@ def attend(hf, q: Tensor, query_range: tuple[int, int], kv: Tensor, kv_offset: i
         if pattern_hook is not None and has_hooks(pattern_hook):
             pattern = pattern_hook(pattern)
     pattern = F.dropout(pattern, p=hf.attention_dropout if training else 0.0, training=training).to(kv.dtype)
-    z = torch.einsum("bhcs,bcsd->bchd", pattern[..., :band], band_keys)
+    z = torch.einsum("bhcs,bcds->bchd", pattern[..., :band], band_keys)
     if entry_keys is not None:
         spec = "bhcn,bnd->bchd" if entry_keys.ndim == 3 else "bhck,bckd->bchd"
         z = z + torch.einsum(spec, pattern[..., band:], entry_keys)

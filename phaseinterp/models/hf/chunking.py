@@ -14,6 +14,7 @@ from phaseinterp.errors import UserInputError
 
 AUTO_CHUNK_ABOVE = 2048
 SCORE_BLOCK = 1 << 24
+LONG_SCORE_BLOCK = 1 << 21
 TOKEN_BLOCK = 4096
 
 
@@ -31,11 +32,20 @@ def is_chunked(query_chunk, T: int) -> bool:
     return T > AUTO_CHUNK_ABOVE if query_chunk == "auto" else True
 
 
+def chunk_size(T: int, per_query: int, query_chunk) -> int:
+    """Queries per chunk: ``query_chunk`` (an int), or under "auto" as many as keep ``per_query *
+    queries`` within SCORE_BLOCK elements (LONG_SCORE_BLOCK above AUTO_CHUNK_ABOVE tokens), at least one."""
+    if isinstance(query_chunk, int):
+        return query_chunk
+    block = LONG_SCORE_BLOCK if is_chunked(query_chunk, T) else SCORE_BLOCK
+    return max(1, block // max(1, per_query))
+
+
 def chunk_ranges(T: int, per_query: int, query_chunk) -> list[tuple[int, int]]:
-    """Query ranges ``[(a, b), ...]`` covering ``0..T-1``: ``query_chunk`` queries each (an int), or
-    under "auto" as many as keep ``per_query * queries <= SCORE_BLOCK`` (at least one)."""
-    size = query_chunk if isinstance(query_chunk, int) else max(1, SCORE_BLOCK // max(1, per_query))
+    """Query ranges ``[(a, b), ...]`` covering ``0..T-1``, `chunk_size` queries each."""
+    size = chunk_size(T, per_query, query_chunk)
     return [(a, min(a + size, T)) for a in range(0, T, size)]
 
 
-__all__ = ["AUTO_CHUNK_ABOVE", "SCORE_BLOCK", "TOKEN_BLOCK", "check_query_chunk", "chunk_ranges", "is_chunked"]
+__all__ = ["AUTO_CHUNK_ABOVE", "LONG_SCORE_BLOCK", "SCORE_BLOCK", "TOKEN_BLOCK", "check_query_chunk", "chunk_ranges",
+           "chunk_size", "is_chunked"]

@@ -156,7 +156,7 @@ class IndexerHooks(_CompressionHooks):
         q = hf.q_b_proj(q_residual).view(batch, T, -1, hf.head_dim).transpose(1, 2)
         q = self.hook_q(mod.apply_rotary_pos_emb(q, cos_q, sin_q).transpose(1, 2))  # [batch, pos, head, d]
         top_k = min(self.hf.index_topk, n_entries)
-        selected = torch.full((batch, T, top_k), -1, dtype=torch.long, device=x.device)
+        selected = torch.empty((batch, T, top_k), dtype=torch.long, device=x.device)  # every row set below
         entry = torch.arange(n_entries, device=x.device)
         per_query = batch * max(1, n_entries) * (q.shape[2] + 2)
         for a, b in chunk_ranges(T, per_query, query_chunk):
@@ -165,10 +165,10 @@ class IndexerHooks(_CompressionHooks):
             # of ReLU's zeros by column, so the columns must be the same); only those closed by the chunk's
             # last query are scored, the rest are -inf in every row of the chunk anyway
             n = min(n_entries, int(threshold.max()))
-            scores = compressed.new_full((batch, b - a, n_entries), float("-inf"), dtype=torch.float32)
+            scores = compressed.new_empty((batch, b - a, n_entries), dtype=torch.float32)
+            scores[..., n:] = float("-inf")
             scores[..., :n] = index_scores(hf.scorer, q[:, a:b], compressed[:, :n], x[:, a:b])
-            if n_entries:
-                scores = scores.masked_fill_(entry.view(1, 1, -1) >= threshold.unsqueeze(-1), float("-inf"))
+            scores[..., :n].masked_fill_(entry[:n].view(1, 1, -1) >= threshold.unsqueeze(-1), float("-inf"))
             with query_context((self.hook_scores,), a, b):
                 scores = self.hook_scores(scores)
             if top_k:

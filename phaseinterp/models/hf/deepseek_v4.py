@@ -94,7 +94,8 @@ class HookedDeepseekV4(CheckedHooks):
         chunk against only the keys it can see (the band, the closed HCA entries, the CSA indexer's
         top-k per query, the indexer's own scores per chunk). ``"auto"``: chunks sized so the largest
         block stays within `chunking.SCORE_BLOCK` elements (a short prompt on a small model is one
-        chunk), and above `chunking.AUTO_CHUNK_ABOVE` (2,048) tokens the MLP/MoE and hyper-connections
+        chunk; `chunking.LONG_SCORE_BLOCK` above `chunking.AUTO_CHUNK_ABOVE` tokens), and above
+        `chunking.AUTO_CHUNK_ABOVE` (2,048) tokens the MLP/MoE and hyper-connections
         in blocks of `chunking.TOKEN_BLOCK` tokens: peak memory grows linearly in T. None: one chunk of
         every query (memory quadratic in T). An integer: chunks of that many queries. Every setting
         equals transformers' eager forward (tests/test_dsv4_long.py). Per-token hooks fire once with

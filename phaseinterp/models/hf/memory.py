@@ -22,7 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from phaseinterp._checks import check_int
 from phaseinterp.errors import MissingPathError  # a missing path the user gave: one line, exit 2
-from phaseinterp.models.hf.chunking import SCORE_BLOCK, TOKEN_BLOCK, is_chunked
+from phaseinterp.models.hf.chunking import TOKEN_BLOCK, chunk_size, is_chunked
 from phaseinterp.models.hf.config import config_from_dict
 
 
@@ -186,8 +186,7 @@ def _chunked_terms(cfg: Any, T: int, B: int, a: int, query_chunk: Any = "auto") 
         persistent += B * max(hca) * d * a
 
     def chunk(per_query: int) -> int:
-        size = query_chunk if isinstance(query_chunk, int) else max(1, SCORE_BLOCK // max(1, per_query))
-        return min(T, size)
+        return min(T, chunk_size(T, per_query, query_chunk))
 
     indexer = 0
     if csa and E:
