@@ -8,7 +8,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from phaseinterp._checks import MAX_PROMPTS, check_int, check_layer
+from phaseinterp._checks import MAX_PROMPTS, check_int, check_layer, check_n_per_residue
 from phaseinterp.errors import UserInputError
 from phaseinterp.models.protocol import phase_model
 
@@ -45,6 +45,17 @@ def check_calibration_size(n_calibration, modulus: int) -> int:
     """``n_calibration`` in ``R..MAX_PROMPTS``: a calibration mean over every residue at least once."""
     return check_int("n_calibration", n_calibration, modulus, MAX_PROMPTS,
                      why=f": the mean needs at least one calibration prompt per residue (R={modulus})")
+
+
+def check_calibrated_sweep(spec) -> None:
+    """The options every mean- or donor-replacement spec shares, each on its own: ``n_per_residue``,
+    ``n_calibration`` (at most MAX_PROMPTS; its floor R needs the task: `check_calibration_size`),
+    ``seed`` and ``calibration_seed`` (>= 0) and ``batch_size`` (>= 1)."""
+    check_n_per_residue(spec.n_per_residue)
+    check_int("n_calibration", spec.n_calibration, 1, MAX_PROMPTS)
+    check_int("seed", spec.seed, 0)
+    check_int("calibration_seed", spec.calibration_seed, 0)
+    check_int("batch_size", spec.batch_size, 1)
 
 
 def fixed_answer_position(batch) -> int:

@@ -24,10 +24,11 @@ import pandas as pd
 from phaseinterp._checks import DEFAULT_N_PER_RESIDUE
 from phaseinterp.models.protocol import model_label as label_of
 from phaseinterp.errors import UserInputError, applies_only, renamed, when_given
-from phaseinterp._checks import MAX_PROMPTS, check_device, check_fraction, check_int, check_n_per_residue
+from phaseinterp._checks import check_device, check_fraction, check_n_per_residue
 from phaseinterp._files import progress_bar
 from phaseinterp.phase import check_residue_modulus
 from phaseinterp.interventions._common import (
+    check_calibrated_sweep,
     check_calibration_size,
     check_layers,
     fixed_answer_position,
@@ -323,11 +324,7 @@ class AblationSpec(Spec):
             raise UserInputError(f"method={self.method!r} is not one of ('fast', 'naive')")
         if self.scope not in ("kv_head", "layer"):
             raise UserInputError(f"scope={self.scope!r} is not one of ('kv_head', 'layer')")
-        check_n_per_residue(self.n_per_residue)
-        check_int("n_calibration", self.n_calibration, 1, MAX_PROMPTS)
-        check_int("seed", self.seed, 0)
-        check_int("calibration_seed", self.calibration_seed, 0)
-        check_int("batch_size", self.batch_size, 1)
+        check_calibrated_sweep(self)
         check_device(self.device)
 
     def check_model(self, model) -> None:

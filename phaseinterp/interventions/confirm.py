@@ -31,8 +31,8 @@ from phaseinterp._checks import (DEFAULT_N_PER_RESIDUE, MAX_PROMPTS, Spec, check
                                  check_is_model, check_n_per_residue, takes_spec)
 from phaseinterp.errors import UserInputError, applies_only, when_given
 from phaseinterp._files import progress_bar
-from phaseinterp.interventions._common import (check_calibration_size, check_layers, fixed_answer_position,
-                                               model_device, phase_model_note)
+from phaseinterp.interventions._common import (check_calibrated_sweep, check_calibration_size, check_layers,
+                                               fixed_answer_position, model_device, phase_model_note)
 from phaseinterp.interventions.ablation import AblationResult, _units, ablate
 from phaseinterp.interventions.gate_cycling import gate_cycling_profile
 from phaseinterp.interventions.gate_shifts import cycling_fitness
@@ -75,11 +75,7 @@ class ReplacementSpec(Spec):
     def validate(self) -> None:
         if self.method not in ABLATIONS:
             raise UserInputError(f"method={self.method!r} is not one of {ABLATIONS}")
-        check_n_per_residue(self.n_per_residue)
-        check_int("n_calibration", self.n_calibration, 1, MAX_PROMPTS)
-        check_int("seed", self.seed, 0)
-        check_int("calibration_seed", self.calibration_seed, 0)
-        check_int("batch_size", self.batch_size, 1)
+        check_calibrated_sweep(self)
 
     def check_model(self, model) -> None:
         """Layer indices in range."""
@@ -381,15 +377,12 @@ class ConfirmSpec(Spec):
                 or not math.isfinite(self.max_concentration) or self.max_concentration < 1):
             raise UserInputError(f"max_concentration={self.max_concentration!r} must be None (W/2) or a number >= 1 "
                                  "(an effective number of slots, 1 = one-hot .. W = uniform)")
-        check_n_per_residue(self.n_per_residue)
-        check_int("n_calibration", self.n_calibration, 1, MAX_PROMPTS)
+        check_calibrated_sweep(self)
         check_int("nominate_per_residue", self.nominate_per_residue, 1, MAX_PROMPTS)
-        for name in ("seed", "calibration_seed", "nomination_seed"):
-            check_int(name, getattr(self, name), 0)
+        check_int("nomination_seed", self.nomination_seed, 0)
         if self.seed == self.nomination_seed:
             raise UserInputError(f"seed={self.seed} and nomination_seed={self.nomination_seed} must differ "
                                  "(disjoint splits)")
-        check_int("batch_size", self.batch_size, 1)
 
     def check_model(self, model) -> None:
         """A compressed model: the full-attention twin has no gates to nominate or shift."""

@@ -28,12 +28,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from phaseinterp._checks import (DEFAULT_N_PER_RESIDUE, MAX_PROMPTS, Spec, check_fraction, check_int, check_is_model,
+from phaseinterp._checks import (DEFAULT_N_PER_RESIDUE, Spec, check_fraction, check_int, check_is_model,
                                  check_n_per_residue, takes_spec)
 from phaseinterp._files import progress_bar
 from phaseinterp import stats
-from phaseinterp.interventions._common import (check_calibration_size, check_layers, cycling_note, fixed_answer_position,
-                                              model_device)
+from phaseinterp.interventions._common import (check_calibrated_sweep, check_calibration_size, check_layers,
+                                               cycling_note, fixed_answer_position, model_device)
 from phaseinterp.interventions.ablation import ablate
 from phaseinterp.interventions.cycling_stats import (
     contribution_displacements,
@@ -651,11 +651,7 @@ class SelectionSpec(Spec):
 
     def validate(self) -> None:
         check_int("max_phases", self.max_phases, 1)
-        check_n_per_residue(self.n_per_residue)
-        check_int("seed", self.seed, 0)
-        check_int("n_calibration", self.n_calibration, 1, MAX_PROMPTS)
-        check_int("calibration_seed", self.calibration_seed, 0)
-        check_int("batch_size", self.batch_size, 1)
+        check_calibrated_sweep(self)
 
     def check_model(self, model) -> None:
         """A compressed model (the full-attention twin has no gates to cycle); layers in range."""
