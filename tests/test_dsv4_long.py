@@ -13,7 +13,8 @@ from transformers import DeepseekV4Config  # noqa: E402
 
 from phaseinterp.errors import UserInputError  # noqa: E402
 from phaseinterp.models.hf import from_hf  # noqa: E402
-from phaseinterp.models.hf.chunking import AUTO_CHUNK_ABOVE, is_chunked  # noqa: E402
+from phaseinterp.models.hf.chunking import (AUTO_CHUNK_ABOVE, LONG_SCORE_BLOCK, SCORE_BLOCK,  # noqa: E402
+                                            chunk_ranges, chunk_size, is_chunked)
 
 CSA, HCA, SLIDING = "compressed_sparse_attention", "heavily_compressed_attention", "sliding_attention"
 
@@ -118,6 +119,19 @@ def test_auto_chunks_only_above_the_threshold(small):
     assert model.query_chunk == "auto"
     assert not is_chunked("auto", AUTO_CHUNK_ABOVE) and is_chunked("auto", AUTO_CHUNK_ABOVE + 1)
     assert not is_chunked(None, 10**6) and is_chunked(3, 2)
+
+
+def test_long_prompts_take_the_smaller_score_block_and_every_query_once():
+    """Up to AUTO_CHUNK_ABOVE tokens a chunk's block is SCORE_BLOCK elements (a short batch stays one
+    chunk); above, LONG_SCORE_BLOCK; an integer is the chunk; the ranges cover every query once."""
+    per_query = 1000
+    assert chunk_size(AUTO_CHUNK_ABOVE, per_query, "auto") == SCORE_BLOCK // per_query
+    assert chunk_size(AUTO_CHUNK_ABOVE + 1, per_query, "auto") == LONG_SCORE_BLOCK // per_query
+    assert chunk_size(5000, 10**9, "auto") == 1 and chunk_size(5000, per_query, 7) == 7
+    for T in (1, AUTO_CHUNK_ABOVE, 5000):
+        ranges = chunk_ranges(T, per_query, "auto")
+        assert ranges[0][0] == 0 and ranges[-1][1] == T
+        assert all(b == c for (_, b), (c, _) in zip(ranges, ranges[1:]))
 
 
 # ------------------------------------------------------------------------ hooks
