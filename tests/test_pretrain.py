@@ -110,10 +110,38 @@ def test_tokenized_corpus_is_reused_and_splits_documents(corpus, tmp_path):
     assert (tmp_path / "cache" / "train.bin").stat().st_mtime_ns == mtime and again.manifest == first.manifest
     m = first.manifest
     assert m["train_tokens"] > 100_000 and m["heldout_tokens"] > 1000 and m["heldout_documents"] >= 1
-    # the held-out documents depend on the corpus's path (pytest's numbered tmp folder): their first 200
-    # tokens can be a grammar rule with no English word in it, so the whole held-out split is read back
+    # the held-out documents' first 200 tokens can be a grammar rule with no English word in it, so the
+    # whole held-out split is read back
     text = tok.decode(first.tokens("heldout").tolist())
     assert any(w in text for w in (" the ", " a ", " is ")), text[:400]  # English, decoded back
+
+
+def test_the_held_out_split_does_not_depend_on_where_the_corpus_lies(corpus, tmp_path, monkeypatch):
+    """A copy of the corpus in another folder, or the same one named by a relative path, splits into the
+    same held-out documents: the split is keyed on the file within the source, not on its path."""
+    import shutil
+
+    from phaseinterp.train.corpus import documents, is_held_out, tokenize_corpus
+    from phaseinterp.train.tokenizer import TextTokenizer
+
+    folder = tmp_path / "a" / "docs"
+    (folder / "sub").mkdir(parents=True)
+    shutil.copy(corpus["data"], folder / "sub" / "topics.jsonl")
+    (folder / "notes.txt").write_text("first note\n\nsecond note\n")
+    copy = tmp_path / "elsewhere" / "renamed"
+    shutil.copytree(folder, copy)
+    monkeypatch.chdir(tmp_path / "a")
+    keys = [key for key, _ in documents(folder)]
+    assert keys == [key for key, _ in documents(copy)] == [key for key, _ in documents("docs")]
+    assert keys[0] == "notes.txt:0" and keys[-1].startswith("sub/topics.jsonl:")
+    assert [key for key, _ in documents(corpus["data"])][0] == "topics.jsonl:0"
+    held = [is_held_out(key, 0.1) for key in keys]
+    assert 0 < sum(held) < len(held)  # both splits hold documents, so equal splits mean something
+    tok = TextTokenizer(corpus["tokenizer"])
+    here = tokenize_corpus(folder, tok, tmp_path / "cache_a", heldout_fraction=0.1, progress=False)
+    there = tokenize_corpus(copy, tok, tmp_path / "cache_b", heldout_fraction=0.1, progress=False)
+    assert here.manifest["heldout_documents"] == there.manifest["heldout_documents"] == sum(held)
+    assert np.array_equal(here.tokens("heldout"), there.tokens("heldout"))
 
 
 def test_trained_tokenizer_loads_in_transformers(corpus):

@@ -123,8 +123,13 @@ def _dataset_documents(path: Path) -> Iterator[str]:
 
 
 def documents(data: Union[str, Path]) -> Iterator[tuple[str, str]]:
-    """``(document key, text)`` for every document of ``data``, streamed in a fixed order."""
+    """``(document key, text)`` for every document of ``data``, streamed in a fixed order. The key is
+    ``"<file within the source>:<index in the file>"`` (a single-file source: its name), so it does not
+    depend on where the source lies or how its path is spelled: the held-out split (`is_held_out`) is
+    the same for a copy of the corpus anywhere."""
+    root = Path(data)
     for path in source_files(data):
+        within = path.name if path == root else path.relative_to(root).as_posix()
         name = path.name.lower()
         if _is_hf_dataset(path):
             reader = _dataset_documents
@@ -136,7 +141,7 @@ def documents(data: Union[str, Path]) -> Iterator[tuple[str, str]]:
             reader = _text_documents
         for i, text in enumerate(reader(path)):
             if text.strip():
-                yield f"{path}:{i}", text
+                yield f"{within}:{i}", text
 
 
 def fingerprint(data: Union[str, Path]) -> str:
@@ -148,6 +153,11 @@ def fingerprint(data: Union[str, Path]) -> str:
             st = p.stat()
             h.update(f"{p}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
     return h.hexdigest()
+
+
+# How `documents` keys the held-out split (in the cache manifest: a cache keyed otherwise is rebuilt).
+# Before 2026-12-06 the key held the file's path as given, so moving the corpus changed the split.
+SPLIT_KEYS = "path within the source"
 
 
 def is_held_out(key: str, fraction: float) -> bool:
@@ -186,7 +196,7 @@ def tokenize_corpus(data: Union[str, Path], tokenizer, folder: Union[str, Path],
     folder = Path(folder)
     wanted = {"source": str(Path(data).resolve()), "fingerprint": fingerprint(data),
               "tokenizer_sha256": tokenizer.sha256, "heldout_fraction": heldout_fraction,
-              "vocab_size": tokenizer.vocab_size}
+              "vocab_size": tokenizer.vocab_size, "split_keys": SPLIT_KEYS}
     manifest_path = folder / MANIFEST
     if manifest_path.is_file():
         have = json.loads(manifest_path.read_text())
