@@ -117,14 +117,14 @@ def replacement_ablation(model, task=None, *, method: str = "resample", layer=No
 
     if getattr(model, "training", False):
         raise UserInputError("replacement_ablation needs the model in eval mode; call model.eval() first")
-    spec.check_model(model)
+    layers = check_layers(model, spec.layer)  # spec.check_model's check, keeping the normalized layers
     task = resolve_task(model, task)
     if prompts is None:
         spec.check_task(task)
     else:
         check_calibration_size(spec.n_calibration, task.residue_modulus)
     method, batch_size, progress = spec.method, spec.batch_size, spec.progress
-    units = _units(model, check_layers(model, spec.layer), "kv_head", None)
+    units = _units(model, layers, "kv_head", None)
     batch = prompts if prompts is not None else task.generate(spec.n_per_residue, seed=spec.seed)
     answer_pos = fixed_answer_position(batch)
     calib = task.calibration(spec.n_calibration, seed=spec.calibration_seed)
