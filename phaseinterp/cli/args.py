@@ -387,6 +387,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="share of each batch's rows that are natural-text needle prompts, 0..1 (default: 0)")
     p.add_argument("--max-minutes", type=_positive_float, default=None,
                    help="stop (checkpointed) after this much wall time (default: run every step)")
+    p.add_argument("--keep-every", type=_positive, default=None,
+                   help="also keep every checkpoint whose step is a multiple of this (default: only the newest two)")
     p.add_argument("--activation-checkpointing", action="store_true", help="recompute each block in the backward")
     p.add_argument("--compile", action="store_true", help="torch.compile each block")
     p.add_argument("--nproc", type=_positive, default=1,

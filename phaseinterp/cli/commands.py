@@ -568,7 +568,8 @@ def _pretrain_settings(args):
     tokenizer = TextTokenizer(args.tokenizer)
     model.setdefault("d_vocab", tokenizer.vocab_size)
     flags = dict(seq_len=args.seq_len, global_batch=args.global_batch, micro_batch=args.micro_batch, steps=args.steps,
-                 seed=args.seed, lr=args.lr, needle_fraction=args.needle_fraction, max_minutes=args.max_minutes)
+                 seed=args.seed, lr=args.lr, needle_fraction=args.needle_fraction, max_minutes=args.max_minutes,
+                 keep_every=args.keep_every)
     train = {**file.get("train", {}), **{k: v for k, v in flags.items() if v is not None}}
     if args.activation_checkpointing:
         train["activation_checkpointing"] = True

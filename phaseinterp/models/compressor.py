@@ -76,6 +76,10 @@ class RMSNorm(nn.Module):
 class Compressor(nn.Module):
     """Turns per-token inputs of closed windows into compressed K and V entries."""
 
+    # The parameters that set the gate logits s = Z h + b (own kernel) or gate_proj h + position_bias
+    # (DeepSeek kernel): what makes a gate phase-specific. Pretraining exempts them from weight decay.
+    GATE_PARAMETERS = ("Z_k", "Z_v", "b_k", "b_v", "gate_proj", "position_bias")
+
     def __init__(self, cfg: CompressedConfig):
         super().__init__()
         self.cfg = cfg

@@ -380,9 +380,10 @@ def _save_checkpoint(root: Path, model, optimizer, step: int, log_rows, curve_ro
     publish_checkpoint(root, tmp, name)
 
 
-def publish_checkpoint(root: Path, tmp: Path, name: str) -> None:
+def publish_checkpoint(root: Path, tmp: Path, name: str, *, keep_every: Optional[int] = None) -> None:
     """Rename the complete checkpoint folder ``tmp`` to ``root/name``, point ``root/LATEST`` at it
-    (atomic write) and delete every older ``step_*`` but the previous one."""
+    (atomic write) and delete every older ``step_*`` but the previous one and, with ``keep_every``, those
+    whose step is a multiple of it."""
     final = root / name
     if final.exists():
         shutil.rmtree(final)
@@ -390,7 +391,8 @@ def publish_checkpoint(root: Path, tmp: Path, name: str) -> None:
     previous = (root / "LATEST").read_text().strip() if (root / "LATEST").is_file() else None
     atomic_write(root / "LATEST", name.encode())
     for old in root.glob("step_*"):
-        if old.name not in (name, previous):
+        kept = keep_every is not None and old.name[5:].isdigit() and int(old.name[5:]) % keep_every == 0
+        if old.name not in (name, previous) and not kept:
             shutil.rmtree(old, ignore_errors=True)
 
 

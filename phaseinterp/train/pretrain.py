@@ -47,6 +47,7 @@ from phaseinterp._checks import check_int
 from phaseinterp._files import atomic_write, check_write_target, progress_bar
 from phaseinterp.config import CompressedConfig
 from phaseinterp.errors import UserInputError
+from phaseinterp.models.compressor import Compressor
 from phaseinterp.models.transformer import CONFIG_FILE, WEIGHTS_FILE, CompressedTransformer
 from phaseinterp.parallel.launch import Launch, all_gather, init_distributed, launch_info, raise_any, rank_device
 from phaseinterp.phase import check_residue_modulus
@@ -62,7 +63,8 @@ STATE_FILE = "train_state.json"
 KIND = "pretraining run"
 # Execution settings: they change speed or memory, not the numbers a step computes (beyond float
 # summation order), so a resume may change them.
-EXECUTION_FIELDS = ("micro_batch", "activation_checkpointing", "compile", "max_minutes", "progress_every")
+EXECUTION_FIELDS = ("micro_batch", "activation_checkpointing", "compile", "max_minutes", "progress_every",
+                    "keep_every")
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,11 @@ class PretrainConfig:
     ``min_lr_ratio * lr`` at ``steps``, gradient clipping at ``grad_clip``. ``needle_fraction`` of each
     batch's rows are natural-text needle prompts (`TextNeedle.training_rows`; 0 = pure text).
     ``bf16``: autocast to bfloat16 on CUDA (ignored on CPU). ``max_minutes`` ends the run early after
-    that much wall time (checkpointed, resumable)."""
+    that much wall time (checkpointed, resumable). ``weight_decay`` applies to the matrices but the
+    embedding and the compressor's gate parameters (`Compressor.GATE_PARAMETERS`: decay would pull every
+    gate toward uniform, the very parameters that make a gate phase-specific). Checkpoints are written
+    every ``checkpoint_every`` steps; the newest two are kept, and with ``keep_every`` also every
+    checkpoint whose step is a multiple of it (snapshots for matched-step comparisons)."""
 
     seq_len: int = 512
     global_batch: int = 16
@@ -99,6 +105,7 @@ class PretrainConfig:
     bf16: bool = True
     max_minutes: Optional[float] = None
     progress_every: int = 10
+    keep_every: Optional[int] = None
 
     def __post_init__(self) -> None:
         for name in ("seq_len", "global_batch", "steps", "probe_every", "probe_per_residue", "checkpoint_every",
@@ -106,8 +113,9 @@ class PretrainConfig:
             check_int(name, getattr(self, name), 1)
         check_int("seed", self.seed, 0)
         check_int("warmup_steps", self.warmup_steps, 0)
-        if self.micro_batch is not None:
-            check_int("micro_batch", self.micro_batch, 1)
+        for name in ("micro_batch", "keep_every"):
+            if getattr(self, name) is not None:
+                check_int(name, getattr(self, name), 1)
         object.__setattr__(self, "betas", tuple(self.betas))
         for name, lo, hi in (("needle_fraction", 0.0, 1.0), ("min_lr_ratio", 0.0, 1.0),
                              ("heldout_fraction", 1e-6, 0.5)):
@@ -277,9 +285,18 @@ def _wrap(model: CompressedTransformer, tc: PretrainConfig, launch: Launch, devi
     return model
 
 
+def decayed_parameter_names(model) -> list[str]:
+    """The parameters AdamW decays: matrices, but the embedding and the compressor's gate parameters."""
+    gates = {f"{prefix}.{name}" if prefix else name
+             for prefix, module in model.named_modules() if isinstance(module, Compressor)
+             for name in Compressor.GATE_PARAMETERS}
+    return [n for n, p in model.named_parameters() if p.ndim >= 2 and "W_E" not in n and n not in gates]
+
+
 def _optimizer(model, tc: PretrainConfig) -> torch.optim.Optimizer:
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "W_E" not in n]
-    rest = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "W_E" not in n)]
+    names = set(decayed_parameter_names(model))
+    decay = [p for n, p in model.named_parameters() if n in names]
+    rest = [p for n, p in model.named_parameters() if n not in names]
     return torch.optim.AdamW([{"params": decay, "weight_decay": tc.weight_decay},
                               {"params": rest, "weight_decay": 0.0}], lr=tc.lr, betas=tc.betas)
 
@@ -308,9 +325,11 @@ def _single_process_quiet(launch: Launch):
         yield
 
 
-def _save(root: Path, model, optimizer, step: int, rows: list, probe_rows: list, launch: Launch) -> None:
+def _save(root: Path, model, optimizer, step: int, rows: list, probe_rows: list, launch: Launch,
+          keep_every: Optional[int] = None) -> None:
     """A distributed checkpoint written into a temporary folder, renamed to ``step_N`` and named by
-    ``LATEST`` (atomic): a crash leaves ``LATEST`` naming a complete checkpoint."""
+    ``LATEST`` (atomic): a crash leaves ``LATEST`` naming a complete checkpoint. Older checkpoints go
+    but the previous one and, with ``keep_every``, those at multiples of it."""
     name = f"step_{step:06d}"
     tmp = root / f".{name}.tmp"
     if launch.is_main:
@@ -324,7 +343,7 @@ def _save(root: Path, model, optimizer, step: int, rows: list, probe_rows: list,
     if launch.is_main:
         atomic_write(tmp / STATE_FILE, json.dumps({"step": step, "curves": rows, "probe": probe_rows,
                                                    "world_size": launch.world_size}).encode())
-        publish_checkpoint(root, tmp, name)
+        publish_checkpoint(root, tmp, name, keep_every=keep_every)
     _barrier(launch)
 
 
@@ -495,7 +514,7 @@ def pretrain(config: CompressedConfig, data: Union[str, Path], tokenizer: Union[
                 torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
                 out_of_time = bool(flag.item())
             if done % tc.checkpoint_every == 0 or done == end or out_of_time:
-                _save(ckpt_root, model, optimizer, done, rows, probe_rows, launch)
+                _save(ckpt_root, model, optimizer, done, rows, probe_rows, launch, tc.keep_every)
                 if launch.is_main:
                     _write_tables(out, rows, probe_rows)
             if out_of_time:
