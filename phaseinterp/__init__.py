@@ -15,7 +15,8 @@ import importlib as _importlib
 __version__ = "0.3.0"
 
 _SUBMODULES = {"phase", "stats", "tasks", "zoo", "plot", "report", "results", "profile", "errors",
-               "interventions", "models", "config", "train", "theory", "cli", "engines", "parallel", "experiments"}
+               "interventions", "models", "config", "train", "theory", "cli", "engines", "parallel", "experiments",
+               "paper"}  # paper: the paper's published numbers (phaseinterp.paper)
 _NAMES = {
     "CompressedConfig": "phaseinterp.config",
     "DEFAULT_N_PER_RESIDUE": "phaseinterp._checks",  # every accuracy-by-phase function's default size
@@ -131,5 +132,6 @@ __all__ = [
     "stats",
     "tasks",
     "theory",
+    "paper",
     "zoo",
 ]

@@ -45,6 +45,11 @@ class PhaseProfile(Result):
     ``axis`` says what the residues are residues of: ``"target"`` (the target's position, the prompt
     length fixed) or ``"length"`` (the prompt's length, the target's residue held fixed:
     `phaseinterp.tasks.length_axis`).
+
+    ``source`` is empty for a profile measured here; a published profile (`phaseinterp.paper.profile`)
+    names where its numbers come from, holds no per-prompt ``records`` (an empty table), and has
+    zero counts where the publication gives none (its intervals are then the published ones, and
+    ``homogeneity_p_value`` is NaN: the chi-square test needs counts).
     """
 
     label: str
@@ -68,6 +73,7 @@ class PhaseProfile(Result):
     homogeneity_p_value: float
     records: pd.DataFrame
     axis: str = "target"
+    source: str = ""
 
     def __post_init__(self) -> None:
         if len(self.residue_n) != self.modulus or len(self.phase_n) != self.stride:
@@ -76,6 +82,11 @@ class PhaseProfile(Result):
             )
 
     # ------------------------------------------------------------ headline
+    @property
+    def published(self) -> bool:
+        """True for published numbers (`phaseinterp.paper`): no per-prompt records behind them."""
+        return bool(self.source)
+
     @property
     def mean(self) -> float:
         """Mean over residues (each residue weighted equally; equals pooled accuracy when balanced)."""
@@ -178,7 +189,7 @@ class PhaseProfile(Result):
             "homogeneity_p_value": self.homogeneity_p_value,
             "interval_method": self.interval_method,
             "confidence": self.confidence,
-        }
+        } | ({"source": self.source} if self.source else {})
 
     def plot(self) -> Any:
         """Plotly figure: accuracy vs residue with intervals, phases marked, and the folded phase profile."""

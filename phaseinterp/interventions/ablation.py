@@ -55,6 +55,12 @@ class AblationResult(Result):
     ``units`` lists the knockouts (layer, kv_head -- or -1 for a whole layer or a
     custom head set -- and the query heads replaced). ``clean_correct`` is ``[prompt]``,
     ``knockout_correct`` ``[prompt, unit]``; ``residue`` is each prompt's target residue.
+
+    A published map (`phaseinterp.paper.knockout`) has no prompts: ``source`` names where it comes
+    from, ``published_change`` ``[unit, residue]`` holds its relative changes (%) and
+    ``published_clean`` ``[residue]`` the clean accuracy (fraction; NaN where not published). Its phase
+    map is the mean of the residues' relative changes (the paper's fold); the per-prompt tests
+    (`phase_tests`) need prompts and refuse it, and `specialization` then applies the threshold alone.
     """
 
     units: pd.DataFrame
@@ -69,6 +75,14 @@ class AblationResult(Result):
     clean_logit_answer: Optional[np.ndarray] = None
     knockout_logit_answer: Optional[np.ndarray] = None
     premise_recorded: tuple[str, ...] = ()  # from the model when it ran (a full-attention model)
+    published_change: Optional[np.ndarray] = None  # [unit, residue] relative change (%): published maps only
+    published_clean: Optional[np.ndarray] = None  # [residue] clean accuracy (fraction): published maps only
+    source: str = ""  # where a published map comes from; empty when measured here
+
+    @property
+    def published(self) -> bool:
+        """True for a published map (`phaseinterp.paper.knockout`): no per-prompt records behind it."""
+        return self.published_change is not None
 
     @property
     def premise_notes(self) -> tuple[str, ...]:
@@ -77,6 +91,8 @@ class AblationResult(Result):
         lower (a collapsed profile, below 10% at every phase, the threshold `specialization` uses, has none)."""
         notes = list(super().premise_notes)
         clean = self.clean.reindex(range(self.stride)).to_numpy(dtype=float)
+        if np.isnan(clean).all():  # a published map without its clean profile: nothing to check
+            return tuple(notes)
         low = stats.collapsed_profile_note(clean, "the clean profile")
         return tuple(notes + ([low] if low else []))
 
@@ -84,10 +100,26 @@ class AblationResult(Result):
     @property
     def clean(self) -> pd.Series:
         """Clean accuracy per phase."""
+        if self.published:
+            clean = np.full(self.residue_modulus, np.nan) if self.published_clean is None else self.published_clean
+            return pd.Series(stats.fold_residues(clean, self.stride), index=pd.Index(range(self.stride), name="phase"),
+                             name="correct")
         frame = pd.DataFrame({"phase": self.residue % self.stride, "correct": self.clean_correct})
         return frame.groupby("phase").correct.mean()
 
+    def _published_values(self, fold: bool, absolute: bool = False) -> np.ndarray:
+        """A published map per unit x residue (or phase: the mean of its residues, the paper's fold):
+        the relative change (%), or (``absolute``) the change in percentage points, ``relative x clean``."""
+        values = np.asarray(self.published_change, dtype=float)
+        if absolute:
+            clean = np.full(self.residue_modulus, np.nan) if self.published_clean is None else self.published_clean
+            values = values * np.asarray(clean, dtype=float)[None, :]
+        return stats.fold_residues(values, self.stride) if fold else values
+
     def _relative(self, fold: bool, n_boot: int = 2000, seed: int = 0):
+        if self.published:
+            est = self._published_values(fold)
+            return est, np.full_like(est, np.nan), np.full_like(est, np.nan)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             return paired_bootstrap_relative_change(
@@ -119,6 +151,8 @@ class AblationResult(Result):
             raise UserInputError(f"level={level!r} is not one of ('phase', 'residue')")
         fold = level == "phase"
         est, low, high = self._relative(fold=fold, n_boot=n_boot, seed=seed)
+        if self.published:
+            return self._published_frame(level, est)
         groups = self.residue % self.stride if fold else self.residue
         n_groups = self.stride if fold else self.residue_modulus
         rows = []
@@ -135,9 +169,26 @@ class AblationResult(Result):
                 ))
         return pd.DataFrame(rows)
 
+    def _published_frame(self, level: str, est: np.ndarray) -> pd.DataFrame:
+        """`to_frame` of a published map: no prompts (``n`` 0), no intervals (NaN)."""
+        fold = level == "phase"
+        pp = self._published_values(fold, absolute=True)
+        clean = self.clean.to_numpy(dtype=float) if fold else (
+            np.full(self.residue_modulus, np.nan) if self.published_clean is None else self.published_clean)
+        rows = []
+        for u, unit in self.units.reset_index(drop=True).iterrows():
+            for g in range(est.shape[1]):
+                rows.append(dict(layer=int(unit.layer), kv_head=int(unit.kv_head), heads=unit.heads, **{level: g}, n=0,
+                                 clean_accuracy=float(clean[g]), knockout_accuracy=float(clean[g] + pp[u, g] / 100),
+                                 change_pp=float(pp[u, g]), relative_change=float(est[u, g]), ci_low=np.nan,
+                                 ci_high=np.nan))
+        return pd.DataFrame(rows)
+
     @property
     def absolute_change(self) -> pd.DataFrame:
         """``100 (knockout - clean)`` accuracy in percentage points per (layer, kv_head) x phase."""
+        if self.published:
+            return self._grid(self._published_values(True, absolute=True), "phase")
         phases = self.residue % self.stride
         values = np.full((len(self.units), self.stride), np.nan)
         for g in range(self.stride):
@@ -160,6 +211,10 @@ class AblationResult(Result):
         the absolute change, ``relative_change`` the same change relative to the clean accuracy.
         """
         check_fraction("alpha", alpha)
+        if self.published:
+            raise UserInputError(f"phase_tests needs per-prompt records; {self.model_label!r} is a published map "
+                                 f"({self.source}) of relative changes only: read .relative_change, or run ablate() "
+                                 "on a model for the tests")
         phases = self.residue % self.stride
         U, S = len(self.units), self.stride
         tests = [stats.paired_change(np.broadcast_to(self.clean_correct[phases == g, None],
@@ -201,13 +256,22 @@ class AblationResult(Result):
         (every hurt phase lies in the run), ``concentration`` (share of the unit's total
         relative loss on the run), ``worst_change`` (relative, %), ``worst_change_pp`` (absolute,
         percentage points), ``hurt_phases`` (all of them). A unit with ``n_phases`` 0 is not
-        specialized; one hurt on several phases serves several."""
-        tests = self.phase_tests(correction, alpha)
+        specialized; one hurt on several phases serves several.
+
+        A published map has no prompts to test: there a phase is hurt on the threshold (and
+        ``min_clean``, where its clean profile is published) alone."""
         U, S = len(self.units), self.stride
-        rel = tests.relative_change.to_numpy().reshape(S, U).T
-        pp = tests.change_pp.to_numpy().reshape(S, U).T
-        significant = tests.significant.to_numpy().reshape(S, U).T
-        clean_ok = self.clean.reindex(range(S)).to_numpy() >= min_clean
+        if self.published:
+            rel = self.relative_change.to_numpy(dtype=float)
+            pp = self.absolute_change.to_numpy(dtype=float)
+            significant = np.ones((U, S), dtype=bool)
+        else:
+            tests = self.phase_tests(correction, alpha)
+            rel = tests.relative_change.to_numpy().reshape(S, U).T
+            pp = tests.change_pp.to_numpy().reshape(S, U).T
+            significant = tests.significant.to_numpy().reshape(S, U).T
+        clean = self.clean.reindex(range(S)).to_numpy(dtype=float)
+        clean_ok = np.where(np.isnan(clean), True, clean >= min_clean)
         rows = []
         for u, unit in self.units.reset_index(drop=True).iterrows():
             hurt = significant[u] & (np.nan_to_num(rel[u], nan=0.0) <= threshold) & clean_ok
@@ -231,6 +295,17 @@ class AblationResult(Result):
         spec = self.specialization()
         strong = spec[(spec.n_phases >= 1) & (spec.n_phases <= 3) & spec.contiguous]
         label = lambda r: f"L{r.layer}H{r.kv_head}" if r.kv_head >= 0 else f"L{r.layer}{list(r.heads)}"  # noqa: E731
+        if self.published:
+            return {
+                "model": self.model_label, "scope": self.scope, "source": self.source, "n_prompts": 0,
+                "clean_accuracy": float(np.nanmean(self.clean.to_numpy(dtype=float))) if not self.clean.isna().all()
+                else float("nan"),
+                "specialized_heads": [f"{label(r)}: phases {r.phases}" for r in strong.itertuples()],
+                "multi_phase_units": [f"{label(r)}: phases {r.hurt_phases}" for r in spec.itertuples()
+                                      if len(r.hurt_phases) >= 2],
+                "test": "none (published map, no prompts): knockout change <= -50% relative on the phase",
+                **premise_entries(self.premise_notes),
+            }
         return {
             "model": self.model_label, "scope": self.scope, "n_prompts": int(self.residue.size),
             "clean_accuracy": float(self.clean_correct.mean()),

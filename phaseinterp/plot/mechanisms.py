@@ -58,15 +58,20 @@ def specialization_heatmap(result, level: str = "phase", zmax: float | None = No
     if level not in ("phase", "residue"):
         raise UserInputError(f"level={level!r} is not one of ('phase', 'residue')")
     rel = result.relative_change if level == "phase" else result.relative_change_residue
+    published = getattr(result, "published", False)  # a published map: no prompts, so no tests to mark
     if level == "phase":
         pp = result.absolute_change
+    elif published:
+        pp = pd.DataFrame(result._published_values(False, absolute=True), index=rel.index, columns=rel.columns)
     else:
         groups = result.residue
         pp_values = np.stack([100 * (result.knockout_correct[groups == g].mean(0) - result.clean_correct[groups == g].mean())
                               if (groups == g).any() else np.full(len(result.units), np.nan)
                               for g in range(result.residue_modulus)], 1)
         pp = pd.DataFrame(pp_values, index=rel.index, columns=rel.columns)
-    low_baseline = bool((result.clean.reindex(range(result.stride)).to_numpy() < min_clean).any())
+    low_baseline = bool((result.clean.reindex(range(result.stride)).to_numpy(dtype=float) < min_clean).any())
+    if published and not np.isfinite(pp.to_numpy(dtype=float)).any():
+        low_baseline = False  # no clean profile published: only the relative map exists
     shown = ("pp" if low_baseline else "relative") if value == "auto" else value
     units = result.units.reset_index(drop=True)
     labels = []
@@ -74,7 +79,7 @@ def specialization_heatmap(result, level: str = "phase", zmax: float | None = No
         head = "layer" if u.kv_head == -1 and len(u.heads) > 1 else (f"KV{u.kv_head}" if u.kv_head >= 0 else "set")
         labels.append(f"L{u.layer} {head} (q{','.join(map(str, u.heads))})")
     marks = np.full(rel.shape, "", dtype=object)
-    if level == "phase":
+    if level == "phase" and not published:
         tests = result.phase_tests()
         sig = tests.significant.to_numpy().reshape(result.stride, len(units)).T
         marks[sig] = "*"
@@ -110,7 +115,9 @@ def specialization_heatmap(result, level: str = "phase", zmax: float | None = No
         fig.add_annotation(x=boundary, y=1.02, yref="paper", text="boundary", showarrow=False, font=dict(size=11))
     fig.update_xaxes(title=level, dtick=1)
     fig.update_yaxes(autorange="reversed")
-    note = " (* significant, Holm over units x phases)" if level == "phase" else ""
+    note = " (* significant, Holm over units x phases)" if level == "phase" and not published else ""
+    if published:
+        note = " (published map)"
     style(fig, title or f"Mean replacement of z at the answer: {result.model_label}{note}",
           height=max(380, 40 * len(labels) + 220))
     fig.update_layout(margin=dict(b=120))  # room for the pp / relative buttons under the axis
