@@ -544,3 +544,40 @@ def _write_model(out: Path, model: CompressedTransformer) -> None:
     blob, config = model.checkpoint_files()
     atomic_write(out / WEIGHTS_FILE, blob)
     atomic_write(out / CONFIG_FILE, config)
+
+
+def snapshot_steps(run_dir: Union[str, Path]) -> list[int]:
+    """The steps of the complete checkpoints kept in a pretraining run folder (``checkpoints/step_N``), ascending."""
+    root = Path(run_dir) / "checkpoints"
+    steps = [int(p.name[5:]) for p in root.glob("step_*") if p.name[5:].isdigit() and (p / STATE_FILE).is_file()]
+    return sorted(steps)
+
+
+def load_snapshot(run_dir: Union[str, Path], step: Optional[int] = None) -> CompressedTransformer:
+    """The model of the pretraining run folder ``run_dir`` at its kept checkpoint ``checkpoints/step_N``
+    (default: the newest, the one ``LATEST`` names), built from ``pretrain.json``'s model config, on the
+    CPU in fp32 and eval mode. ``model.metadata`` records ``step``, ``tokens`` (seen by then), the
+    ``pretrain`` recipe and the ``tokenizer`` folder. Reads only: the run may be training meanwhile."""
+    out = Path(run_dir)
+    if not (out / RUN_FILE).is_file():
+        raise UserInputError(f"run_dir={str(run_dir)!r} is not a pretraining run folder (it has no {RUN_FILE})")
+    record = json.loads((out / RUN_FILE).read_text())
+    kept = snapshot_steps(out)
+    if step is None:
+        ckpt = _latest(out / "checkpoints")
+        if ckpt is None:
+            raise UserInputError(f"run_dir={str(run_dir)!r} has no checkpoint yet")
+    else:
+        if step not in kept:
+            raise UserInputError(f"step={step} is not a kept checkpoint of {str(run_dir)!r} (kept: {kept or 'none'})")
+        ckpt = out / "checkpoints" / f"step_{step:06d}"
+    model = CompressedTransformer(CompressedConfig.from_dict(record["model"]))
+    state = {"model": get_model_state_dict(model)}
+    with _single_process_quiet(launch_info()):
+        dcp.load(state, checkpoint_id=str(ckpt))
+    model.load_state_dict(state["model"])
+    done = json.loads((ckpt / STATE_FILE).read_text())["step"]
+    train = record.get("train", {})
+    model.metadata.update({"step": done, "tokens": done * train.get("global_batch", 0) * train.get("seq_len", 0),
+                           "pretrain": train, "tokenizer": record.get("tokenizer", {}).get("folder")})
+    return model.eval()
