@@ -23,11 +23,14 @@ from Python and from the shell, and is checked in one place.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
+import functools
 import inspect
 import numbers
 import os
 import re
+import sys
 from typing import Any, Callable, ClassVar, TypeVar, Union
 
 from phaseinterp.errors import UserInputError
@@ -78,6 +81,17 @@ def check_layer(layer: Any, n_layers: int, name: str = "layer") -> int:
     if not 0 <= layer < n_layers:
         raise UserInputError(f"{name}={int(layer)} is out of range for a {n_layers}-layer model (0..{n_layers - 1})")
     return int(layer)
+
+
+def check_query_chunk(query_chunk: Any) -> Any:
+    """``query_chunk`` as the models take it: ``"auto"``, None (no chunking) or an int >= 1 (a numpy
+    integer too, as every integer check); else a `UserInputError` naming it. The one check of both
+    model families' `set_query_chunk`."""
+    if query_chunk is None or (isinstance(query_chunk, str) and query_chunk == "auto"):
+        return query_chunk
+    if isinstance(query_chunk, bool) or not isinstance(query_chunk, numbers.Integral) or query_chunk < 1:
+        raise UserInputError(f"query_chunk={query_chunk!r} must be 'auto', None (no chunking) or an integer >= 1")
+    return int(query_chunk)
 
 
 def check_n_per_residue(value: Any, modulus: int | None = None, name: str = "n_per_residue") -> int:
@@ -290,16 +304,24 @@ class Spec:
     def resolve(cls: type[S], spec: S | None, arguments: dict[str, Any]) -> S:
         """The spec of one call of an experiment: made from the call's options (``arguments``: the
         function's ``locals()`` at its start; the fields are picked out), or ``spec`` as given, when
-        no option differs from its default beside it (else a `UserInputError` naming them)."""
+        no option is passed beside it (else a `UserInputError` naming them). "Passed" is what the
+        caller wrote (`takes_spec` records it), so an option beside ``spec=`` equal to its default is
+        refused too, never silently overridden by the spec's value."""
         fields = dataclasses.fields(cls)
         if spec is None:
             return cls(**{f.name: arguments[f.name] for f in fields if f.name in arguments})
         if not isinstance(spec, cls):
             raise UserInputError(f"spec={type(spec).__name__} is not a {cls.__name__}")
-        beside = [f.name for f in fields if f.name in arguments and not _same(arguments[f.name], _default(f))]
+        passed = _passed_here(sys._getframe(1))
+        if passed is None:  # called without `takes_spec`'s record: what differs from its default
+            beside = [f.name for f in fields if f.name in arguments and not _same(arguments[f.name], _default(f))]
+        else:
+            beside = [f.name for f in fields if f.name in passed]
         if beside:
+            shown = ", ".join(f"{k}={arguments.get(k)!r}" for k in beside)
             raise UserInputError(f"{', '.join(f'{k}=' for k in beside)} given beside spec=: set it in the spec "
-                                 f"instead (spec.replace({beside[0]}=...))")
+                                 f"instead (spec.replace({beside[0]}=...)); passed {shown}, the spec has "
+                                 f"{beside[0]}={getattr(spec, beside[0])!r}")
         return spec
 
     def refuse_changed(self, names: tuple[str, ...], why: str) -> None:
@@ -336,12 +358,33 @@ def _same(a: Any, b: Any) -> bool:
         return a is b
 
 
+# The keyword names the caller of a `takes_spec` function wrote, for `Spec.resolve`: (the function's
+# code, the names). A value equal to its default cannot tell "passed" from "left out"; this can.
+_PASSED: contextvars.ContextVar = contextvars.ContextVar("phaseinterp_passed_options", default=None)
+
+
+def _passed_here(frame: Any) -> frozenset | None:
+    """The names passed to the `takes_spec` function now running, found among the few frames above
+    ``frame`` (a runtime type checker may wrap `Spec.resolve` itself); None when called some other way."""
+    record = _PASSED.get()
+    if record is None:
+        return None
+    for _ in range(8):
+        if frame is None:
+            return None
+        if frame.f_code is record[0]:
+            return record[1]
+        frame = frame.f_back
+    return None
+
+
 def takes_spec(spec_type: type[Spec]) -> Callable[[Callable], Callable]:
     """Mark ``fn`` as an experiment of ``spec_type`` (``fn.__spec_type__``, read by the sharded variants)
     after checking, when the module loads, that its keyword options are the spec's fields with the
     same defaults, plus ``spec=``: the signature and the spec cannot drift apart. ``fn`` itself starts
-    with ``spec = spec_type.resolve(spec, locals())`` and reads its options from the spec only. No
-    wrapper: the function a user calls is ``fn``."""
+    with ``spec = spec_type.resolve(spec, locals())`` and reads its options from the spec only. The
+    thin wrapper returned records which options the caller wrote (`Spec.resolve` refuses any of them
+    beside ``spec=``, also one equal to its default); its signature is ``fn``'s."""
 
     def mark(fn: Callable) -> Callable:
         signature = inspect.signature(fn)
@@ -352,7 +395,19 @@ def takes_spec(spec_type: type[Spec]) -> Callable[[Callable], Callable]:
             if param is None or not _same(param.default, _default(field)):
                 raise TypeError(f"internal: {fn.__name__}'s option {field.name} must default to "
                                 f"{spec_type.__name__}.{field.name}'s default {_default(field)!r}")
-        fn.__spec_type__ = spec_type
-        return fn
+        positional = [p.name for p in signature.parameters.values()
+                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        code = inspect.unwrap(fn).__code__
+
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            token = _PASSED.set((code, frozenset(kwargs) | frozenset(positional[: len(args)])))
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _PASSED.reset(token)
+
+        call.__spec_type__ = spec_type
+        return call
 
     return mark

@@ -88,13 +88,31 @@ def is_path(value: Any) -> bool:
     return isinstance(text, str) and bool(text) and "\x00" not in text
 
 
+def expand_user(value: Any) -> Any:
+    """``value`` with a leading ``~`` expanded to the home folder (a str stays a str, a path becomes a
+    Path); anything else, a zoo name included, unchanged. Every path the user gives passes here (the
+    loaders, `check_output_dir` and the writers through it, `Result.load`, the command line's path
+    arguments), so ``--out=~/x`` (which the shell leaves alone after ``=``) and ``save("~/p")`` write
+    in the home folder, never in a folder named ``~``."""
+    if isinstance(value, (bytes, bool)) or not isinstance(value, (str, os.PathLike)):
+        return value
+    text = os.fspath(value)
+    if not isinstance(text, str) or not text.startswith("~"):
+        return value
+    expanded = os.path.expanduser(text)
+    return expanded if isinstance(value, str) else Path(expanded)
+
+
 def check_output_dir(path: Union[str, os.PathLike], name: str = "output directory") -> Path:
     """``path`` as a Path if a folder can be written there (it exists as a folder, or its nearest
     existing ancestor is a writable folder); otherwise a ValueError naming it. Creates nothing,
     so callers can check before any expensive work and leave no partial output."""
     if not is_path(path):
         raise UserInputError(f"{name}={path!r} must be a non-empty path (a str or pathlib.Path, no NUL)")
-    path = Path(path)
+    path = Path(expand_user(path))
+    if path.is_symlink() and not path.exists():
+        raise UserInputError(f"{name}={str(path)!r} is a dangling link (to {os.readlink(path)!r}, which does not "
+                             "exist); remove the link or pass another path")
     if path.exists() and not path.is_dir():
         raise UserInputError(f"{name}={str(path)!r} is an existing file, not a directory")
     probe = path
@@ -112,6 +130,34 @@ def check_output_dir(path: Union[str, os.PathLike], name: str = "output director
         raise UserInputError(f"{name}={str(path)!r} is not writable: a folder cannot be made in {str(probe)!r} "
                              f"({err.strerror})") from None
     return path
+
+
+def check_path_roles(outputs: dict[str, Any], inputs: Optional[dict[str, Any]] = None) -> None:
+    """Refuse paths whose roles collide, before any work: two outputs that are the same folder or one
+    inside the other (``--shard-dir X --out X``: the result's atomic move would replace the shards),
+    and an output that is an input or holds one (the run would write over what it reads). ``outputs``
+    and ``inputs`` map the argument's name (``--out``, ``out_dir``) to its path; None entries and
+    values that are not paths are skipped, links are followed, ``~`` expanded. A `UserInputError`
+    names both arguments and the path."""
+    def real(value: Any) -> Optional[Path]:
+        return Path(os.path.realpath(expand_user(value))) if is_path(value) else None
+
+    outs = [(name, real(value)) for name, value in outputs.items() if real(value) is not None]
+    ins = [(name, real(value)) for name, value in (inputs or {}).items()
+           if real(value) is not None and os.path.lexists(expand_user(value))]
+    for i, (a, path_a) in enumerate(outs):
+        for b, path_b in outs[i + 1:]:
+            if path_a == path_b:
+                raise UserInputError(f"{a} and {b} are the same folder ({str(path_a)!r}); give each its own path")
+            if path_b in path_a.parents or path_a in path_b.parents:
+                inner, outer = (a, b) if path_b in path_a.parents else (b, a)
+                raise UserInputError(f"{inner} {str(dict(outs)[inner])!r} is inside {outer} "
+                                     f"{str(dict(outs)[outer])!r}: writing one would replace or mix with the other; "
+                                     "give them separate folders")
+        for b, path_b in ins:
+            if path_a == path_b or path_a in path_b.parents:
+                raise UserInputError(f"{a} {str(path_a)!r} {'is' if path_a == path_b else 'holds'} the input {b} "
+                                     f"{str(path_b)!r}: the run would write over what it reads; pass another {a}")
 
 
 def through_links(path: Union[str, os.PathLike]) -> Path:
@@ -226,7 +272,7 @@ def check_file_target(path: Union[str, os.PathLike], *, overwrite: bool = False,
     `phaseinterp.report.check.first_screen_png`, each through `write_file_atomically`."""
     if not is_path(path):
         raise UserInputError(f"{name}={path!r} must be a non-empty path (a str or pathlib.Path, no NUL)")
-    path = Path(path)
+    path = Path(expand_user(path))
     if path.is_dir():
         raise UserInputError(f"{name}={str(path)!r} is a folder; pass a file path")
     check_output_dir(path.parent, name=f"{name}={str(path)!r}: its folder")
@@ -329,7 +375,7 @@ def write_dir_atomically(final: Union[str, os.PathLike], write: Callable[[Path],
     (`move_into_place`): a reader sees the previous folder or the complete new one, and a failure
     or interrupt leaves ``final`` as it was. Check ``final`` first with `check_write_target`. A symbolic
     link at ``final`` stays a link: the folder it points to is the one replaced (`through_links`)."""
-    final = through_links(final)
+    final = through_links(expand_user(final))
     staging = staging_dir(final)
     try:
         write(staging)
@@ -349,6 +395,26 @@ def json_default(value: Any) -> Any:
     if isinstance(value, os.PathLike):
         return os.fspath(value)
     raise TypeError(f"cannot serialize {type(value).__name__}")
+
+
+def check_metadata(metadata: Any, name: str = "metadata") -> dict:
+    """``metadata`` as the plain JSON dict a checkpoint stores (numpy scalars and arrays and paths
+    become numbers, lists and strings); None is ``{}``. A non-dict, a non-string key or a value JSON
+    cannot hold (a tensor, an object) is a `UserInputError` naming the key and the value's type,
+    before anything is written."""
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, dict):
+        raise UserInputError(f"{name}={metadata!r} must be a dict of JSON values (str keys)")
+    for key, value in metadata.items():
+        if not isinstance(key, str):
+            raise UserInputError(f"{name} key {key!r} must be a string (JSON object keys are strings)")
+        try:
+            json.dumps(value, default=json_default, allow_nan=True)
+        except (TypeError, ValueError) as err:
+            raise UserInputError(f"{name}[{key!r}]={value!r} ({type(value).__name__}) cannot be stored as JSON "
+                                 f"({err}); pass numbers, strings, lists or dicts (e.g. tensor.tolist())") from None
+    return json.loads(json.dumps(metadata, default=json_default))
 
 
 def progress_bar(enabled: bool, total: int, desc: str, initial: int = 0, leave: bool = False):

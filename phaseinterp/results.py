@@ -199,11 +199,11 @@ class Result:
     def load(cls, directory: Union[str, os.PathLike]):
         """Read a folder written by ``save``; raises FileNotFoundError when a file is missing and
         ValueError when it is truncated, corrupt or holds another kind of result."""
-        from phaseinterp._files import is_path
+        from phaseinterp._files import expand_user, is_path
 
         if not is_path(directory):
             raise UserInputError(f"directory={directory!r} is not a path to a saved {cls.__name__} folder")
-        directory = Path(directory)
+        directory = Path(expand_user(directory))
         if not directory.exists():
             raise MissingPathError(f"directory={str(directory)!r} does not exist (expected a saved {cls.__name__} "
                                     f"folder: {META_FILE} + {ARRAYS_FILE})")

@@ -87,13 +87,23 @@ def _interrupted(args) -> str:
         if latest.is_file():
             return f"interrupted; the last checkpoint in {run / 'checkpoints'} ({latest.read_text().strip()}) is intact: {again}"
         return f"interrupted before the first checkpoint; nothing in {run} to resume"
+    if args.command == "pretrain":  # the run folder holds its settings and data before its first checkpoint
+        run = Path(args.out).expanduser()
+        latest = run / "checkpoints" / "LATEST"
+        if latest.is_file():
+            return (f"interrupted; the last checkpoint in {run / 'checkpoints'} ({latest.read_text().strip()}) is "
+                    "intact: rerun with --resume to continue")
+        if (run / "pretrain.json").is_file():
+            return (f"interrupted before the first checkpoint; {run} keeps the run's settings (pretrain.json) and "
+                    "tokenized data: rerun with --resume to start from them")
+        return f"interrupted before the run's settings were written; nothing in {run} to resume"
     if args.command == "experiments":
         return f"interrupted; the runs in {args.runs} keep their last checkpoints: rerun the same command to resume"
     if getattr(args, "shard_dir", None):
         return f"interrupted; the finished shards in {args.shard_dir} are kept: rerun the same command to resume"
     if args.command in ("demo", "report"):
         return f"interrupted; {args.out} was not changed (a report is moved into place only when complete)"
-    if getattr(args, "out", None):
+    if getattr(args, "out", None):  # results, tokenizers, exports, lm-eval tasks: moved into place when complete
         return f"interrupted; nothing was written to {args.out}"
     return "interrupted"
 

@@ -401,7 +401,7 @@ def build_parser() -> argparse.ArgumentParser:
     t = tsub.add_parser("train", help="train a BPE tokenizer (phaseinterp.train.tokenizer.train_tokenizer)")
     t.add_argument("--data", required=True, help="a text, JSONL or parquet file, or a folder of them")
     t.add_argument("--vocab-size", type=_positive, required=True, help="tokens in the vocabulary, >= 260")
-    _out_arg(t, required=True, what="tokenizer.json and tokenizer_config.json", overwrite=False)
+    _out_arg(t, required=True, what="tokenizer.json and tokenizer_config.json")
 
     p = sub.add_parser("zoo", help="list or rebuild the zoo models", description="The zoo: shipped checkpoints "
                        "and recipes without a shipped checkpoint.")

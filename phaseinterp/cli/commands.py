@@ -22,7 +22,7 @@ from phaseinterp import parallel, zoo
 from phaseinterp import report as report_module
 from phaseinterp import train as training
 from phaseinterp._checks import check_device, parse_size
-from phaseinterp._files import check_output_dir, check_write_target
+from phaseinterp._files import check_output_dir, check_path_roles, check_write_target, expand_user
 from phaseinterp.cli.args import UsageError, axis_options
 from phaseinterp.cli.engine import served_profile
 from phaseinterp.config import preset
@@ -203,10 +203,28 @@ def _keep_freed_memory() -> None:
     keep_freed_memory()
 
 
+# The arguments that name paths: those a command writes, those it reads (a zoo name passes unchanged).
+OUTPUT_PATHS = ("out", "out_dir", "shard_dir", "png")
+INPUT_PATHS = ("model", "twin", "dir", "baseline", "data", "tokenizer", "config", "runs")
+
+
+def _check_paths(args) -> None:
+    """Every path argument read once: ``~`` expanded (``--out=~/x``: the shell leaves it after ``=``),
+    then outputs that collide with each other or with an input refused (`check_path_roles`)."""
+    for attr in OUTPUT_PATHS + INPUT_PATHS:
+        if isinstance(getattr(args, attr, None), str):
+            setattr(args, attr, expand_user(getattr(args, attr)))
+    flag = lambda attr: "DIR" if attr in ("dir", "runs") else ("MODEL" if attr == "model" else  # noqa: E731
+                                                                  f"--{attr.replace('_', '-')}")
+    check_path_roles({flag(a): getattr(args, a, None) for a in OUTPUT_PATHS},
+                     {flag(a): getattr(args, a, None) for a in INPUT_PATHS if a != "runs"})
+
+
 def run(args) -> int:
     """Run the parsed command ``args``; returns the exit code (bad input raises, `main` reports it).
-    The checks every command shares come first (--out, --device), then the command's own function
-    from `COMMANDS`."""
+    The checks every command shares come first (paths, --out, --device), then the command's own
+    function from `COMMANDS`."""
+    _check_paths(args)
     _check_out(args)
     if getattr(args, "device", None) is not None:
         check_device(args.device)
@@ -620,7 +638,7 @@ def _cmd_pretrain(args) -> int:
 
 
 def _cmd_tokenizer(args) -> int:
-    out = train_tokenizer(args.data, args.vocab_size, args.out)
+    out = train_tokenizer(args.data, args.vocab_size, args.out, overwrite=args.overwrite)
     print(f"wrote {out / 'tokenizer.json'}")
     return 0
 

@@ -24,7 +24,7 @@ import pandas as pd
 
 from phaseinterp import __version__
 from phaseinterp._checks import DEFAULT_N_PER_RESIDUE, check_int, check_n_per_residue
-from phaseinterp._files import atomic_write_text, check_write_target, is_path, write_dir_atomically
+from phaseinterp._files import atomic_write_text, check_write_target, expand_user, is_path, write_dir_atomically
 from phaseinterp.errors import MissingPathError, UserInputError
 from phaseinterp.models import loading
 from phaseinterp.models.loading import check_source, peek
@@ -201,7 +201,7 @@ def find_samples(path: Union[str, os.PathLike], *, task_name: Optional[str] = No
     of other tasks only, or several files that fit are each a `UserInputError` in one line."""
     if not is_path(path):
         raise UserInputError(f"output_dir={path!r} must be a path: lm-eval's --output_path folder")
-    path = Path(path)
+    path = Path(expand_user(path))
     if not path.exists():
         raise MissingPathError(f"output_dir={str(path)!r} does not exist; pass lm-eval's --output_path folder")
     if path.is_file():

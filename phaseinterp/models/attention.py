@@ -43,7 +43,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from transformer_lens.hook_points import HookPoint
 
-from phaseinterp.errors import UserInputError
+from phaseinterp._checks import check_int
 from phaseinterp.config import CompressedConfig
 from phaseinterp.models.cache import LayerCache
 from phaseinterp.models.compressor import Compressor, RMSNorm, rms_norm
@@ -187,14 +187,17 @@ class CompressedAttention(nn.Module):
         attention). Entries list the W positions of their window.
         """
         cfg = self.cfg
-        if query_pos < 0 or query_pos >= cfg.n_ctx:
-            raise UserInputError(f"query_pos={query_pos} is out of range 0..{cfg.n_ctx - 1}")
-        if not (0 <= kv_head < cfg.n_kv_heads):
-            raise UserInputError(f"kv_head={kv_head} is out of range 0..{cfg.n_kv_heads - 1}")
+        query_pos = check_int("query_pos", query_pos, 0, cfg.n_ctx - 1)
+        kv_head = check_int("kv_head", kv_head, 0, cfg.n_kv_heads - 1)
         if not cfg.is_compressed:
-            n = n_key_slots if n_key_slots is not None else query_pos + 1
+            n = query_pos + 1 if n_key_slots is None else check_int(
+                "n_key_slots", n_key_slots, query_pos + 1, why=f" (the keys of a query at position {query_pos})")
             return [("token", [p]) if p <= query_pos else ("masked", []) for p in range(n)]
         W, S, o, B = cfg.window, cfg.stride, self.window_offsets[kv_head], self.band_width
+        if n_key_slots is not None:  # the band of B slots, then at least the entries this query sees
+            n_key_slots = check_int("n_key_slots", n_key_slots, B + n_visible_entries(query_pos, W, S, o),
+                                    why=f" (a band of {B} slots, then the {n_visible_entries(query_pos, W, S, o)} "
+                                        f"entries a query at position {query_pos} sees)")
         lower = query_pos - B + 1 if cfg.memory == "local" else tail_start(query_pos, W, S, o)
         out: list[tuple[str, list[int]]] = []
         for s in range(B):

@@ -17,7 +17,7 @@ from typing import Any, Optional, Union
 import torch.nn as nn
 
 from phaseinterp._checks import check_device, check_dtype
-from phaseinterp._files import is_path
+from phaseinterp._files import expand_user, is_path
 from phaseinterp.config import CompressedConfig
 from phaseinterp.errors import MissingPathError, UserInputError
 from phaseinterp.models.hf import load_hf
@@ -60,6 +60,7 @@ def load(name_or_path: Union[str, Path, Any], *, device=None, dtype=None, device
     if device is not None and device_map is not None:
         raise UserInputError(f"device={str(device)!r} and device_map={device_map!r}: pass one (device_map places "
                              "each layer; device puts the whole model on one device)")
+    name_or_path = expand_user(name_or_path)
     kind = check_source(name_or_path)
     hf_options = {"device_map": device_map, "max_memory": max_memory, "offload_folder": offload_folder}
     if kind != "deepseek_v4":
@@ -95,6 +96,7 @@ def check_source(name_or_path) -> str:
     if not is_path(name_or_path):
         raise UserInputError(f"model {name_or_path!r} ({type(name_or_path).__name__}) is not a name or a path; "
                              f"accepted: {ACCEPTED}")
+    name_or_path = expand_user(name_or_path)
     path = Path(name_or_path)
     config = path / "config.json"
     if config.is_file():
@@ -149,6 +151,7 @@ def peek(name_or_path):
 
     if not isinstance(name_or_path, (str, Path)):
         return name_or_path
+    name_or_path = expand_user(name_or_path)
     path = Path(name_or_path)
     if not (path / "config.json").is_file():
         path = zoo.CHECKPOINT_DIR / str(name_or_path)

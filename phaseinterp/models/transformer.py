@@ -51,9 +51,10 @@ from torch import Tensor
 from transformer_lens.ActivationCache import ActivationCache
 from transformer_lens.hook_points import HookPoint
 
-from phaseinterp._checks import check_device, check_layer
+from phaseinterp._checks import check_device, check_layer, check_query_chunk
 from phaseinterp.errors import UserInputError
-from phaseinterp._files import atomic_write, check_write_target, is_path, write_dir_atomically
+from phaseinterp._files import (atomic_write, check_metadata, check_write_target, expand_user, is_path,
+                               write_dir_atomically)
 from phaseinterp.config import CompressedConfig
 from phaseinterp.models.attention import CompressedAttention
 from phaseinterp.models.cache import KVCache, LayerCache
@@ -263,9 +264,7 @@ class CompressedTransformer(CheckedHooks):
         ``hook_pattern`` (``run_with_cache`` without a ``names_filter`` attaches them) that
         layer runs unchunked, as those activations are ``[pos, key_slot]`` by nature. Not part
         of the config or checkpoint (an execution setting, like the device). Returns the model."""
-        if query_chunk is not None and query_chunk != "auto" and (
-                isinstance(query_chunk, bool) or not isinstance(query_chunk, int) or query_chunk < 1):
-            raise UserInputError(f"query_chunk={query_chunk!r} must be 'auto', None (no chunking) or an integer >= 1")
+        query_chunk = check_query_chunk(query_chunk)
         for block in self.blocks:
             block.attn.query_chunk = query_chunk
         return self
@@ -424,6 +423,7 @@ class CompressedTransformer(CheckedHooks):
         checkpoint there is replaced only with ``overwrite=True``, anything else never
         (`phaseinterp._files.check_write_target`).
         """
+        metadata = check_metadata(metadata)
         directory = check_write_target(directory, "phaseinterp checkpoint", overwrite=overwrite)
         blob, config = self.checkpoint_files(metadata)
 
@@ -439,7 +439,7 @@ class CompressedTransformer(CheckedHooks):
         tensors = {k: v.detach().to("cpu").contiguous() for k, v in self.state_dict().items()}
         blob = save_bytes(tensors)
         meta = dict(self.metadata)
-        meta.update(metadata or {})
+        meta.update(check_metadata(metadata))
         config = {
             "format": CHECKPOINT_FORMAT,
             "model": self.cfg.to_dict(),
@@ -460,7 +460,7 @@ class CompressedTransformer(CheckedHooks):
         if not is_path(directory):
             raise UserInputError(f"directory={directory!r} is not a path to a checkpoint folder (config.json + "
                                  f"{WEIGHTS_FILE})")
-        directory = Path(directory)
+        directory = Path(expand_user(directory))
         if directory.is_file():
             raise CheckpointError(f"{directory} is a file; a phaseinterp checkpoint is a folder ({CONFIG_FILE} + "
                                   f"{WEIGHTS_FILE}, written by save_pretrained)")

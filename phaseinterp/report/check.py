@@ -27,7 +27,7 @@ import warnings
 from pathlib import Path
 from typing import Optional, Union
 
-from phaseinterp._files import check_file_target, is_path, write_file_atomically
+from phaseinterp._files import check_file_target, expand_user, is_path, write_file_atomically
 from phaseinterp.errors import MissingPathError, UserInputError
 
 MARKER = "phaseinterp-check"
@@ -128,7 +128,7 @@ def report_page(page: Union[str, os.PathLike], name: str = "page") -> Path:
     ``index.html`` or a file that is not an HTML page is a one-line error naming it."""
     if not is_path(page):
         raise UserInputError(f"{name}={page!r} is not a path to a report folder or an HTML page")
-    path = Path(page).resolve()  # a file:// URI needs an absolute path; relative ones are from the working directory
+    path = Path(expand_user(page)).resolve()  # a file:// URI needs an absolute path; relative ones are from the working directory
     if not path.exists():
         raise MissingPathError(f"{name}={str(page)!r} does not exist (expected a report folder or its index.html)")
     if path.is_dir():

@@ -8,6 +8,7 @@ is imported only when a model is wrapped or loaded (``pip install 'phaseinterp[h
 from __future__ import annotations
 
 import json
+import os
 import struct
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -15,7 +16,7 @@ from typing import Any, Optional, Union
 import torch
 
 from phaseinterp._checks import check_device_map, check_dtype
-from phaseinterp._files import is_path
+from phaseinterp._files import expand_user, is_path
 from phaseinterp.errors import MissingPathError, UserInputError, keyword_options
 from phaseinterp.models.hf.config import DeepseekV4HookedConfig, config_from_dict
 from phaseinterp.models.hf.deepseek_v4 import SIDECAR_FILE, HookedDeepseekV4
@@ -32,7 +33,15 @@ def from_hf(hf_model: Any, *, name: Optional[str] = None) -> HookedDeepseekV4:
 
     The HF model must use eager attention (V4's only implementation in transformers 5.24).
     """
-    model_type = getattr(getattr(hf_model, "config", None), "model_type", None)
+    if isinstance(hf_model, (str, bytes, os.PathLike)):
+        raise UserInputError(f"from_hf: hf_model={hf_model!r} is a {type(hf_model).__name__}, not a loaded Hugging Face "
+                             "model; pass a DeepseekV4ForCausalLM object, or load a checkpoint folder with "
+                             f"phaseinterp.load_hf({str(hf_model)!r})")
+    config = getattr(hf_model, "config", None)
+    if config is None:
+        raise UserInputError(f"from_hf: hf_model={hf_model!r:.80} ({type(hf_model).__name__}) is not a Hugging Face "
+                             "model (it has no .config); pass a DeepseekV4ForCausalLM")
+    model_type = getattr(config, "model_type", None)
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise UserInputError(f"from_hf: model_type={model_type!r} ({type(hf_model).__name__}) is not supported; "
                          f"supported: {SUPPORTED_MODEL_TYPES}")
@@ -79,7 +88,7 @@ def load_hf(path: Union[str, Path], *, device_map: Union[str, dict, None] = None
 
     if not is_path(path):
         raise UserInputError(f"path={path!r} is not a path to a local checkpoint folder")
-    path = Path(path)
+    path = Path(expand_user(path))
     if not path.exists():
         raise MissingPathError(f"{path} does not exist (load_hf reads a local checkpoint directory)")
     if not path.is_dir():

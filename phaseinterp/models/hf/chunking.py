@@ -10,7 +10,7 @@ the MLP/MoE and the hyper-connections also run in blocks of TOKEN_BLOCK tokens.
 
 from __future__ import annotations
 
-from phaseinterp.errors import UserInputError
+from phaseinterp._checks import check_query_chunk as _check_query_chunk
 
 AUTO_CHUNK_ABOVE = 2048
 SCORE_BLOCK = 1 << 24
@@ -18,11 +18,10 @@ LONG_SCORE_BLOCK = 1 << 21
 TOKEN_BLOCK = 4096
 
 
-def check_query_chunk(query_chunk) -> None:
-    """Refuse a ``query_chunk`` other than "auto", None or an integer >= 1, naming it."""
-    if query_chunk is not None and query_chunk != "auto" and (
-            isinstance(query_chunk, bool) or not isinstance(query_chunk, int) or query_chunk < 1):
-        raise UserInputError(f"query_chunk={query_chunk!r} must be 'auto', None (no chunking) or an integer >= 1")
+def check_query_chunk(query_chunk):
+    """Refuse a ``query_chunk`` other than "auto", None or an integer >= 1, naming it; the value as the
+    model keeps it (`phaseinterp._checks.check_query_chunk`, shared with `CompressedTransformer`)."""
+    return _check_query_chunk(query_chunk)
 
 
 def is_chunked(query_chunk, T: int) -> bool:

@@ -37,8 +37,8 @@ from torch import Tensor
 from transformer_lens.ActivationCache import ActivationCache
 from transformer_lens.hook_points import HookPoint
 
-from phaseinterp._checks import check_layer
-from phaseinterp._files import atomic_write, check_write_target, json_default, write_dir_atomically
+from phaseinterp._checks import check_int, check_layer
+from phaseinterp._files import atomic_write, check_metadata, check_write_target, json_default, write_dir_atomically
 from phaseinterp.errors import UserInputError
 from phaseinterp.models.compressor import GateParameters
 from phaseinterp.models.hf.attention import BlockHooks, NormHooks
@@ -102,7 +102,7 @@ class HookedDeepseekV4(CheckedHooks):
         their full shapes; the per-query ``[pos, key_slot]`` hooks (``hook_attn_scores``,
         ``hook_pattern``, ``indexer.hook_scores``) fire once per chunk with ``ctx["query_range"]``
         (docs/deepseek_v4.md, "Long prompts on real checkpoints"). Returns the model."""
-        check_query_chunk(query_chunk)
+        query_chunk = check_query_chunk(query_chunk)
         for block in self.blocks:
             block.attn.query_chunk = query_chunk
             block.query_chunk = query_chunk
@@ -270,11 +270,14 @@ class HookedDeepseekV4(CheckedHooks):
         self._check_layer(layer)
         stride = self.cfg.layer_stride(layer)
         B = self.cfg.sliding_window
-        if n_key_slots is not None and (n_key_slots < B or (stride is None and n_key_slots != B)):
+        if seq_len is not None:
+            seq_len = check_int("seq_len", seq_len, 1)
+        query_pos = check_int("query_pos", query_pos, 0, None if seq_len is None else seq_len - 1)
+        if n_key_slots is not None:
+            n_key_slots = check_int("n_key_slots", n_key_slots, B)
+        if n_key_slots is not None and (stride is None and n_key_slots != B):
             raise UserInputError(f"n_key_slots={n_key_slots} does not fit layer {layer}'s key layout (the band of "
                                  f"{B} slots{'' if stride is None else ', then the entries'})")
-        if query_pos < 0 or (seq_len is not None and query_pos >= seq_len):
-            raise UserInputError(f"query_pos={query_pos} is out of range 0..{(seq_len or query_pos + 1) - 1}")
         out = [("local", [p]) if p >= 0 else ("masked", []) for p in range(query_pos - B + 1, query_pos + 1)]
         if stride is None:
             return out
@@ -294,8 +297,8 @@ class HookedDeepseekV4(CheckedHooks):
         """HF ``save_pretrained`` (safetensors + config.json) plus ``phaseinterp.json`` with ``metadata``,
         into a new folder moved into place in one rename; a previous HF checkpoint there is replaced
         only with ``overwrite=True``, anything else never (`phaseinterp._files.check_write_target`)."""
+        meta = {**self.metadata, **check_metadata(metadata)}
         directory = check_write_target(directory, "Hugging Face checkpoint", overwrite=overwrite)
-        meta = {**self.metadata, **(metadata or {})}
 
         def write(folder: Path) -> None:
             self.hf.save_pretrained(folder)

@@ -1,0 +1,170 @@
+"""Issue 58: bad input closed by construction. One test per reported instance (each refused or fixed,
+with the message naming the argument and its value), then the classes: every output path judged by
+one function, options that declare what they need, names resolved at one door, and a period test that
+says when its design cannot reach significance."""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+import torch
+from jaxtyping import config as jaxtyping_config
+
+import phaseinterp as pi
+from phaseinterp.cli import main
+from phaseinterp.errors import UserInputError
+
+
+@pytest.fixture(scope="module")
+def w4s4():
+    return pi.load("w4s4")
+
+
+@contextmanager
+def as_user():
+    """Calls as a user makes them: without the test suite's runtime type hook (jaxtyping + beartype,
+    conftest), whose own TypeCheckError would stand in front of the function's checks."""
+    jaxtyping_config.update("jaxtyping_disable", True)
+    try:
+        yield
+    finally:
+        jaxtyping_config.update("jaxtyping_disable", False)
+
+
+def _cli(capsys, argv):
+    """(exit code, stderr) of ``phaseinterp ARGV``."""
+    code = main([str(a) for a in argv])
+    return code, capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ an option beside spec=
+def test_an_option_beside_spec_equal_to_its_default_is_refused(w4s4):
+    """The reported instance: n_per_residue=72 (the default) beside a spec of 80 ran 80 silently."""
+    spec = pi.ProfileSpec(n_per_residue=80, progress=False)
+    with pytest.raises(UserInputError, match=r"n_per_residue= given beside spec=.*passed n_per_residue=72, "
+                                             r"the spec has n_per_residue=80"):
+        pi.phase_profile(w4s4, spec=spec, n_per_residue=72)
+    with pytest.raises(UserInputError, match="seed= given beside spec="):
+        pi.ablate(w4s4, spec=pi.AblationSpec(), seed=0)
+    with pytest.raises(UserInputError, match="batch_size= given beside spec="):
+        pi.gate_profile(w4s4, spec=pi.GateProfileSpec(), batch_size=64)
+
+
+# ------------------------------------------------------------------ raw errors of small helpers
+@pytest.fixture(autouse=True)
+def _as_user():
+    with as_user():
+        yield
+
+
+def test_key_slot_sources_checks_its_integers(w4s4):
+    with pytest.raises(UserInputError, match=r"query_pos=5\.5 must be an integer"):
+        w4s4.key_slot_sources(0, 5.5)
+    with pytest.raises(UserInputError, match=r"n_key_slots=0 must be an integer >= 17"):
+        w4s4.key_slot_sources(0, 5, n_key_slots=0)
+    with pytest.raises(UserInputError, match=r"kv_head=7 is out of range \(valid: 0\.\.1\)"):
+        w4s4.key_slot_sources(0, 5, kv_head=7)
+    assert w4s4.key_slot_sources(0, np.int64(5)) == w4s4.key_slot_sources(0, 5)
+
+
+def test_set_query_chunk_takes_numpy_integers(w4s4):
+    try:
+        w4s4.set_query_chunk(np.int64(4))
+        assert w4s4.query_chunk == 4 and type(w4s4.query_chunk) is int
+        for bad in (0, -1, True, 2.5, "16", np.float64(4.0)):
+            with pytest.raises(UserInputError, match="query_chunk="):
+                w4s4.set_query_chunk(bad)
+            assert w4s4.query_chunk == 4
+    finally:
+        w4s4.set_query_chunk("auto")
+
+
+def test_save_pretrained_refuses_metadata_json_cannot_hold(w4s4, tmp_path):
+    with pytest.raises(UserInputError, match=r"metadata\['t'\]=tensor\(1\) \(Tensor\) cannot be stored as JSON"):
+        w4s4.save_pretrained(tmp_path / "ck", metadata={"t": torch.tensor(1)})
+    assert not (tmp_path / "ck").exists() and not list(tmp_path.iterdir())
+    with pytest.raises(UserInputError, match=r"metadata=\[1\] must be a dict"):
+        w4s4.save_pretrained(tmp_path / "ck", metadata=[1])
+    out = w4s4.save_pretrained(tmp_path / "ok", metadata={"n": np.int64(3), "x": np.arange(2)})
+    stored = json.loads((out / "config.json").read_text())["metadata"]
+    assert stored["n"] == 3 and stored["x"] == [0, 1]
+
+
+def test_from_hf_names_the_argument():
+    pytest.importorskip("transformers")
+    with pytest.raises(UserInputError, match=r"hf_model='not a model' is a str, not a loaded Hugging Face model.*"
+                                             r"load_hf\('not a model'\)"):
+        pi.from_hf("not a model")
+    with pytest.raises(UserInputError, match=r"hf_model=3 \(int\) is not a Hugging Face model"):
+        pi.from_hf(3)
+
+
+def test_tokenizer_train_has_the_overwrite_flag_its_message_names(tmp_path, capsys):
+    pytest.importorskip("tokenizers")
+    data = tmp_path / "text.txt"
+    data.write_text("def f(x):\n    return x + 1\n" * 200)
+    out = tmp_path / "tok"
+    assert main(["tokenizer", "train", "--data", str(data), "--vocab-size", "300", "--out", str(out)]) == 0
+    code, err = _cli(capsys, ["tokenizer", "train", "--data", data, "--vocab-size", "300", "--out", out])
+    assert code == 2 and "--overwrite" in err
+    assert main(["tokenizer", "train", "--data", str(data), "--vocab-size", "300", "--out", str(out),
+                 "--overwrite"]) == 0
+
+
+# ------------------------------------------------------------------ Ctrl-C of pretrain
+@pytest.mark.parametrize("held, says", [
+    ({"pretrain.json": "{}", "checkpoints/LATEST": "step_000094"}, ["step_000094", "is intact", "--resume"]),
+    ({"pretrain.json": "{}"}, ["before the first checkpoint", "pretrain.json", "--resume"]),
+    ({}, ["nothing in"]),
+])
+def test_an_interrupted_pretrain_says_what_its_folder_holds(held, says, tmp_path, capsys, monkeypatch):
+    from phaseinterp import cli
+
+    run = tmp_path / "pt9"
+    for name, text in held.items():
+        (run / name).parent.mkdir(parents=True, exist_ok=True)
+        (run / name).write_text(text)
+    monkeypatch.setattr(cli.commands, "run", lambda args: (_ for _ in ()).throw(KeyboardInterrupt))
+    assert main(["pretrain", "--preset", "tiny", "--data", str(tmp_path), "--tokenizer", str(tmp_path),
+                 "--out", str(run)]) == 130
+    err = capsys.readouterr().err
+    assert all(s in err for s in says) and "nothing was written" not in err, err
+
+
+# ------------------------------------------------------------------ `~` and colliding paths
+def test_a_tilde_is_the_home_folder_everywhere(w4s4, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    assert w4s4.save_pretrained("~/ck") == tmp_path / "ck"
+    assert pi.load("~/ck").cfg == w4s4.cfg
+    gates = pi.gate_profile(w4s4, n_per_residue=1)
+    assert gates.save("~/g") == tmp_path / "g"
+    assert type(gates).load("~/g").heads.equals(gates.heads)
+    code, _ = _cli(capsys, ["gates", "~/ck", "--n-per-residue", "1", "--out=~/my_gates"])
+    assert code == 0 and (tmp_path / "my_gates" / "meta.json").is_file()
+    assert not (tmp_path / "cwd" / "~").exists()
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["profile", "w4s4", "--shard-dir", "{t}/x", "--out", "{t}/x"], "--out and --shard-dir are the same folder"),
+    (["profile", "w4s4", "--shard-dir", "{t}/x/s", "--out", "{t}/x"], "--shard-dir '{t}/x/s' is inside --out"),
+    (["cycle", "w4s4", "--baseline", "{t}/base", "--out", "{t}/base"], "--out '{t}/base' is the input --baseline"),
+])
+def test_colliding_paths_are_refused_before_any_work(argv, says, tmp_path, capsys, monkeypatch):
+    from phaseinterp.cli import commands
+
+    (tmp_path / "base").mkdir()
+    monkeypatch.setattr(commands.loading, "load", lambda *a, **k: pytest.fail("the model loaded"))
+    code, err = _cli(capsys, [a.replace("{t}", str(tmp_path)) for a in argv])
+    assert code == 2 and says.replace("{t}", str(tmp_path)) in err, err
+
+
+def test_a_dangling_link_as_output_is_named(w4s4, tmp_path):
+    (tmp_path / "link").symlink_to(tmp_path / "gone")
+    with pytest.raises(UserInputError, match="is a dangling link"):
+        w4s4.save_pretrained(tmp_path / "link")
