@@ -32,7 +32,7 @@ LAYERS = [
     ("models", ["phaseinterp.models"]),
     ("tasks", ["phaseinterp.tasks"]),
     ("measures", ["phaseinterp.profile", "phaseinterp.stats"]),
-    ("experiments", ["phaseinterp.interventions", "phaseinterp.engines", "phaseinterp.theory"]),
+    ("experiments", ["phaseinterp.interventions", "phaseinterp.engines", "phaseinterp.theory", "phaseinterp.paper"]),
     ("studies", ["phaseinterp.train", "phaseinterp.experiments", "phaseinterp.parallel", "phaseinterp.zoo"]),
     ("front", ["phaseinterp.plot", "phaseinterp.report", "phaseinterp.cli", "phaseinterp.__main__"]),
 ]

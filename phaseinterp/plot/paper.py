@@ -1,0 +1,221 @@
+"""Figures of the paper's published numbers (`phaseinterp.paper`), drawn with the toolkit's house style,
+and of any result beside them (`phaseinterp.paper.compare`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from phaseinterp.plot.compare import DASHES, SYMBOLS, profiles_figure
+from phaseinterp.plot.mechanisms import PALETTE, style
+
+
+def _band(fig, x, lower, upper, color, row=None, col=None):
+    """A shaded interval band (skipped where the interval is not published)."""
+    lower, upper = np.asarray(lower, float), np.asarray(upper, float)
+    if not np.isfinite(lower).any():
+        return
+    kw = dict(row=row, col=col) if row else {}
+    fig.add_trace(go.Scatter(x=np.r_[x, x[::-1]], y=np.r_[upper, lower[::-1]], fill="toself", line=dict(width=0),
+                             fillcolor=color, opacity=0.18, hoverinfo="skip", showlegend=False), **kw)
+
+
+# ------------------------------------------------------------------ one result each
+def needles_figure(profiles, title: str | None = None) -> go.Figure:
+    """DeepSeek needle accuracy by residue mod 8 (128K tokens), one panel per model, Wilson intervals
+    from the counts; the residues of the boundary phase S - 1 marked."""
+    cols = len(profiles)
+    fig = make_subplots(rows=1, cols=cols, shared_yaxes=True, horizontal_spacing=0.02,
+                        subplot_titles=[p.label.split(" (paper")[0].replace("DeepSeek-", "") + f"<br>gap {100 * p.gap:.1f} pp"
+                                        for p in profiles])
+    for i, p in enumerate(profiles):
+        r = np.arange(p.modulus)
+        boundary = r % p.stride == p.stride - 1
+        colors = ["#d62728" if b else "#1f77b4" for b in boundary]
+        fig.add_trace(go.Bar(x=r, y=100 * p.residue_accuracy, marker_color=colors, showlegend=False,
+                             error_y=dict(type="data", symmetric=False, array=100 * (p.residue_upper - p.residue_accuracy),
+                                          arrayminus=100 * (p.residue_accuracy - p.residue_lower), thickness=1)),
+                      row=1, col=i + 1)
+        fig.update_xaxes(title_text="residue mod 8" if i == cols // 2 else None, dtick=1, row=1, col=i + 1)
+    fig.update_yaxes(title_text="needle accuracy (%)", range=[0, 102], row=1, col=1)
+    fig.add_annotation(text="red: residues of the boundary phase S - 1", xref="paper", yref="paper", x=0, y=-0.28,
+                       showarrow=False, font=dict(size=11), xanchor="left")
+    style(fig, title or "DeepSeek-V4 needles at 128K tokens by target residue (published; Wilson 95%)",
+          width=1100, height=420)
+    fig.update_layout(margin=dict(b=100))
+    return fig
+
+
+def runs_figure(groups: dict, baselines, padding: str, title: str | None = None) -> go.Figure:
+    """The controlled runs' 24-residue profiles, one panel per group, each beside the full-attention
+    baselines (grey); 95% bootstrap bands as published."""
+    names = list(groups)
+    cols = 3
+    rows = -(-len(names) // cols)
+    fig = make_subplots(rows=rows, cols=cols, shared_yaxes=True, subplot_titles=names, vertical_spacing=0.12,
+                        horizontal_spacing=0.04)
+    r = np.arange(24)
+    shown = set()
+    for g, name in enumerate(names):
+        row, col = g // cols + 1, g % cols + 1
+        for j, b in enumerate(baselines):
+            label = b.label.split(" (paper")[0]
+            fig.add_trace(go.Scatter(x=r, y=100 * b.residue_accuracy, mode="lines", name=label, legendgroup=label,
+                                     showlegend=label not in shown, line=dict(color="#999", width=1, dash=DASHES[j])),
+                          row=row, col=col)
+            shown.add(label)
+        for i, p in enumerate(groups[name]):
+            color = PALETTE[i % len(PALETTE)]
+            label = p.label.split(" (paper")[0]
+            _band(fig, r, 100 * p.residue_lower, 100 * p.residue_upper, color, row, col)
+            fig.add_trace(go.Scatter(x=r, y=100 * p.residue_accuracy, mode="lines+markers", name=label,
+                                     line=dict(color=color, width=1.6), marker=dict(size=4, symbol=SYMBOLS[i]),
+                                     legendgroup=label, showlegend=True), row=row, col=col)
+        fig.update_xaxes(dtick=4, row=row, col=col, title_text="source-key position mod 24" if row == rows else None)
+    for row in range(1, rows + 1):
+        fig.update_yaxes(range=[0, 100], row=row, col=1, title_text="accuracy (%)")
+    style(fig, title or f"The 23 controlled runs by residue beside full attention (published, {padding} padding)",
+          width=1250, height=330 * rows + 60)
+    fig.update_layout(legend=dict(orientation="v", x=1.01, y=1, font=dict(size=10)), margin=dict(r=260))
+    return fig
+
+
+def gates_figure(gates, layers=None, title: str | None = None) -> go.Figure:
+    """Per (layer, KV head): the key gate (and value gate, rolled to the key's phase) beside the
+    knockout folded to phases. Default layers: the paper's highlighted ones, else the heads whose
+    knockout costs at least half of some phase's accuracy (at most 6)."""
+    a = gates.alignment()
+    if layers is None:
+        layers = list(gates.highlight) or list(a[a.worst_knockout <= -50].layer.unique()[:6]) or [0]
+    pairs = [(layer, h) for layer in layers for h in range(gates.kv_heads)][:8]
+    fig = make_subplots(rows=2, cols=len(pairs), shared_yaxes="rows", vertical_spacing=0.14,
+                        subplot_titles=[f"L{layer} KV{h}" for layer, h in pairs])
+    kg, vg, ko = gates._array("key_gate"), gates._array("value_gate"), gates._array("knockout")
+    s = np.arange(gates.stride)
+    for i, (layer, h) in enumerate(pairs):
+        first = i == 0
+        fig.add_trace(go.Bar(x=s, y=kg[layer, h], name="key gate", marker_color=PALETTE[0], legendgroup="k",
+                             showlegend=first), row=1, col=i + 1)
+        fig.add_trace(go.Scatter(x=s, y=vg[layer, h], mode="lines+markers", name="value gate (phase + 1)",
+                                 line=dict(color=PALETTE[1]), legendgroup="v", showlegend=first), row=1, col=i + 1)
+        fig.add_hline(y=1, line=dict(dash="dot", color="grey"), row=1, col=i + 1)
+        fig.add_trace(go.Bar(x=s, y=ko[layer, h], name="knockout (% of clean)", marker_color=PALETTE[2],
+                             legendgroup="ko", showlegend=first), row=2, col=i + 1)
+        fig.update_xaxes(dtick=1 if gates.stride <= 8 else 2, title_text="phase", row=2, col=i + 1)
+    fig.update_yaxes(title_text="gate / uniform share", row=1, col=1)
+    fig.update_yaxes(title_text="relative change (%)", range=[-105, 30], row=2, col=1)
+    style(fig, title or f"Gates beside knockouts: {gates.model_label}", width=max(640, 190 * len(pairs) + 180),
+          height=560)
+    fig.update_layout(legend=dict(orientation="h", y=-0.16, x=0), margin=dict(b=110))
+    return fig
+
+
+def cycling_figure(cycling, title: str | None = None) -> go.Figure:
+    """Left: observed (solid, 95% band) and predicted (dashed) accuracy per phase for each shift.
+    Right: observed against predicted change per phase (boundary phases marked x); the panel title
+    gives the paper's R² range over shifts (squared correlation without the last phase), computed here."""
+    frame = cycling.to_frame()
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.55, 0.45], subplot_titles=(
+        "accuracy per phase: observed (solid) and predicted A₀((r−d) mod S) (dashed)",
+        f"observed vs predicted change: paper R² {frame.corr2.min():.2f}..{frame.corr2.max():.2f} "
+        f"(published {frame.paper_r2.min():.2f}..{frame.paper_r2.max():.2f})"))
+    prof = cycling.profiles
+    s = np.arange(cycling.stride)
+    for i, d in enumerate(cycling.shifts):
+        sub = prof[prof["shift"] == d].sort_values("phase")
+        color = "#000" if d == 0 else PALETTE[i % len(PALETTE)]
+        name = "unshifted" if d == 0 else f"shift {d:+d}"
+        _band(fig, s, 100 * sub.lower, 100 * sub.upper, color, 1, 1)
+        fig.add_trace(go.Scatter(x=s, y=100 * sub.observed, mode="lines+markers", name=name, legendgroup=name,
+                                 line=dict(color=color, width=3 if d == 0 else 1.5)), row=1, col=1)
+        if d:
+            fig.add_trace(go.Scatter(x=s, y=100 * sub.predicted, mode="lines", name=f"{name} predicted",
+                                     legendgroup=name, showlegend=False, line=dict(color=color, dash="dash", width=1)),
+                          row=1, col=1)
+            last = sub.phase == cycling.stride - 1
+            for is_last, symbol in ((False, "circle"), (True, "x")):
+                part = sub[last == is_last]
+                fig.add_trace(go.Scatter(x=part.predicted_change, y=part.observed_change, mode="markers",
+                                         marker=dict(color=color, symbol=symbol, size=8 if is_last else 6),
+                                         legendgroup=name, showlegend=False,
+                                         text=[f"shift {d:+d}, phase {r}" for r in part.phase]), row=1, col=2)
+    changes = prof[prof["shift"] != 0]
+    lim = float(np.nanmax(np.abs(np.r_[changes.predicted_change, changes.observed_change, 1]))) * 1.08
+    fig.add_trace(go.Scatter(x=[-lim, lim], y=[-lim, lim], mode="lines", line=dict(dash="dot", color="grey"),
+                             showlegend=False), row=1, col=2)
+    fig.update_xaxes(title_text="phase", dtick=1, row=1, col=1)
+    fig.update_yaxes(title_text="accuracy (%)", range=[0, 100], row=1, col=1)
+    fig.update_xaxes(title_text="predicted change (pp)", row=1, col=2)
+    fig.update_yaxes(title_text="observed change (pp); x = last phase S−1", row=1, col=2)
+    return style(fig, title or f"Gate cycling: {cycling.model_label}", width=1200, height=480)
+
+
+def concentration_figure(points: pd.DataFrame, trajectory: pd.DataFrame | None = None,
+                         title: str | None = None) -> go.Figure:
+    """The concentration plane: each head's key gate, static effective number of offsets exp(H(E[alpha]))
+    against the per-window E[exp(H(alpha))] (1 = one offset, W = uniform), one colour per group of runs;
+    the baseline's three heads' training paths as lines."""
+    fig = go.Figure()
+    for i, (group, sub) in enumerate(points.groupby("group", sort=False)):
+        fig.add_trace(go.Scatter(x=sub.static, y=sub.per_window, mode="markers", name=group,
+                                 marker=dict(size=5, color=PALETTE[i % len(PALETTE)], symbol=SYMBOLS[i % len(SYMBOLS)],
+                                             opacity=0.7),
+                                 text=[f"{r.name} L{r.layer} KV{r.kv_head}" for r in sub.itertuples()]))
+    if trajectory is not None and len(trajectory):
+        for j, (layer, path) in enumerate(trajectory.groupby("layer")):
+            path = path.sort_values("point")
+            fig.add_trace(go.Scatter(x=path.static, y=path.per_window, mode="lines", name=f"baseline L{layer} in training",
+                                     line=dict(color="#333", width=1.2, dash=DASHES[j % len(DASHES)])))
+            fig.add_trace(go.Scatter(x=path.static.iloc[-1:], y=path.per_window.iloc[-1:], mode="markers",
+                                     marker=dict(color="#333", size=9, symbol="star"), showlegend=False))
+    top = float(max(points.static.max(), points.per_window.max())) + 0.3
+    fig.add_trace(go.Scatter(x=[1, top], y=[1, top], mode="lines", line=dict(dash="dot", color="grey"),
+                             name="per-window = static"))
+    fig.update_xaxes(title_text="static exp(H(E[α])) of the key gate", range=[0.9, top])
+    fig.update_yaxes(title_text="per-window E[exp(H(α))]", range=[0.9, top])
+    style(fig, title or "The concentration plane (published; digitized from the paper's figure)", width=900,
+          height=640)
+    fig.update_layout(legend=dict(x=1.02, y=1, font=dict(size=11)), margin=dict(r=230))
+    return fig
+
+
+# ------------------------------------------------------------------ comparisons
+def comparison_figure(comparison, title: str | None = None) -> go.Figure:
+    """A `PaperComparison`: the two profiles by residue and by common phase (profiles), the two knockout
+    maps folded to the common phases side by side (knockout), or the paper's R² per shift for both
+    (cycling)."""
+    if comparison.kind == "profile":
+        return profiles_figure(list(comparison.profiles), title=title or (
+            f"{comparison.model_label} beside the paper's {comparison.run} ({comparison.padding}): "
+            f"{comparison.modulus} residues, {comparison.fold} phases"))
+    if comparison.kind == "knockout":
+        detail = comparison.detail
+        models = list(dict.fromkeys(detail.model))
+        fig = make_subplots(rows=1, cols=2, subplot_titles=models, horizontal_spacing=0.18)
+        for i, m in enumerate(models):
+            sub = detail[detail.model == m]
+            grid = sub.pivot_table(index=["layer", "kv_head"], columns="phase", values="relative_change", sort=True)
+            fig.add_trace(go.Heatmap(z=grid.to_numpy(), x=list(grid.columns),
+                                     y=[f"L{a} KV{b}" if b >= 0 else f"L{a}" for a, b in grid.index],
+                                     zmin=-100, zmax=100, zmid=0, colorscale="RdBu", showscale=i == 1,
+                                     colorbar=dict(title="Δ acc (% of clean)")), row=1, col=i + 1)
+            fig.update_yaxes(autorange="reversed", row=1, col=i + 1)
+            fig.update_xaxes(title_text="phase", dtick=1, row=1, col=i + 1)
+        n = max(detail.groupby("model").apply(lambda s: len(s[["layer", "kv_head"]].drop_duplicates())))
+        return style(fig, title or f"Knockout maps on {comparison.fold} phases: {comparison.model_label} beside "
+                     f"the paper's {comparison.run}", width=1100, height=max(420, 16 * n + 200))
+    detail = comparison.detail
+    fig = go.Figure()
+    for i, (m, sub) in enumerate(detail.groupby("model", sort=False)):
+        fig.add_trace(go.Scatter(x=sub["shift"], y=sub.paper_r2, mode="markers+lines", name=f"{m}: paper's R²",
+                                 marker=dict(size=9, color=PALETTE[i]), line=dict(color=PALETTE[i])))
+        fig.add_trace(go.Scatter(x=sub["shift"], y=sub.r2, mode="markers", name=f"{m}: strict R² (no fit)",
+                                 marker=dict(size=9, color=PALETTE[i], symbol="x")))
+    fig.update_xaxes(title_text="gate shift d", dtick=1)
+    fig.update_yaxes(title_text="R² per shift", range=[min(-0.05, float(np.nanmin(detail.r2)) - 0.05), 1.05])
+    style(fig, title or f"Gate cycling per shift: {comparison.model_label} beside the paper's {comparison.run}",
+          width=900, height=480)
+    fig.update_layout(legend=dict(orientation="h", y=-0.2), margin=dict(b=120))
+    return fig
