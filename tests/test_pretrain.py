@@ -387,3 +387,74 @@ def test_bad_inputs_are_one_line_before_any_process_starts(corpus, tmp_path):
     assert lr.returncode == 2 and "another train (lr: 0.003 -> 0.1)" in lr.stderr
     again = _cli(*_pretrain_args(corpus, tmp_path / "run2", "--steps", "2"))
     assert again.returncode == 2 and "already holds a pretraining run" in again.stderr
+
+
+# ------------------------------------------------------------------ the GPU recipe's numerics on CPU (issue 57)
+@pytest.mark.slow
+def test_two_processes_in_bf16_train_probe_checkpoint_and_resume(corpus, tmp_path):
+    """The GPU recipe emulated here: 2 processes on gloo with FSDP2's bf16 policy (bf16 parameters, fp32
+    reductions) under CPU autocast, from the command line, with the probe and a checkpoint every 10 steps;
+    then the run is resumed from its step-10 checkpoint (as after a crash) and retakes steps 11-20 as
+    before. Before the probe ran under the training's autocast, its first forward raised in attention
+    (fp32 queries and keys, bf16 values)."""
+    import safetensors.torch
+
+    run = tmp_path / "bf16"
+    first = _cli(*_pretrain_args(corpus, run, "--nproc", "2", "--bf16"))
+    assert first.returncode == 0, first.stderr[-3000:]
+    recorded = json.loads((run / "pretrain.json").read_text())["train"]
+    assert recorded["bf16"] is True and recorded["cpu_bf16"] is True  # the precision is part of the recipe
+    whole = pd.read_csv(run / "curves.csv")
+    assert whole.step.tolist() == list(range(1, 21)) and np.isfinite(whole.loss).all()
+    assert whole.loss.iloc[-5:].mean() < whole.loss.iloc[:5].mean()  # it learns in bf16
+    assert whole.dropna(subset=["probe_mean"]).step.tolist() == [10, 20]
+    probe = pd.read_csv(run / "probe.csv")
+    assert set(probe.step) == {10, 20} and set(probe.phase) == set(range(4))
+    assert sorted(p.name for p in (run / "checkpoints").glob("step_*")) == ["step_000010", "step_000020"]
+    weights = safetensors.torch.load_file(run / "model.safetensors")
+    assert {v.dtype for v in weights.values()} == {torch.float32}  # the sharded master weights stay fp32
+    (run / "checkpoints" / "LATEST").write_text("step_000010")  # as if the run had stopped after step 10
+    resumed = _cli(*_pretrain_args(corpus, run, "--nproc", "2", "--bf16", "--resume"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    again = pd.read_csv(run / "curves.csv")
+    assert again.step.tolist() == list(range(1, 21))
+    np.testing.assert_allclose(again.loss, whole.loss, rtol=1e-4)  # steps 11-20 retaken from the checkpoint
+    np.testing.assert_allclose(again.probe_mean, whole.probe_mean, atol=1e-9)
+
+
+def test_bf16_on_cpu_is_asked_for_and_old_runs_resume_in_fp32(tmp_path):
+    """``bf16=True`` alone means CUDA only (every run recorded before ``cpu_bf16`` trained fp32 on CPU and
+    resumes so); ``cpu_bf16`` adds CPU; a record without the newer fields resumes with their defaults."""
+    from phaseinterp.train.pretrain import RUN_FILE, PretrainConfig, autocast_for, check_resume
+
+    tc = PretrainConfig()
+    assert tc.compute_dtype("cuda") == torch.bfloat16 and tc.compute_dtype("cpu") is None
+    assert PretrainConfig(cpu_bf16=True).compute_dtype("cpu") == torch.bfloat16
+    assert PretrainConfig(bf16=False).compute_dtype("cuda") is None
+    assert not autocast_for(torch.device("cpu"), True)._enabled
+    cpu = autocast_for(torch.device("cpu"), True, True)
+    assert cpu._enabled and cpu.fast_dtype == torch.bfloat16
+    with pytest.raises(UserInputError, match="cpu_bf16=True asks for bfloat16 on CPU too, but bf16=False"):
+        PretrainConfig(bf16=False, cpu_bf16=True)
+    old = {k: v for k, v in tc.to_dict().items() if k not in ("cpu_bf16", "force_fsdp")}  # recorded before them
+    record = {"model": {}, "train": old, "data": {}, "tokenizer": {}}
+    (tmp_path / RUN_FILE).write_text(json.dumps(record))
+    check_resume(tmp_path, {**record, "train": tc.to_dict()})
+    check_resume(tmp_path, {**record, "train": PretrainConfig(force_fsdp=True).to_dict()})  # an execution field
+    with pytest.raises(UserInputError, match=r"another train \(cpu_bf16: False -> True\)"):
+        check_resume(tmp_path, {**record, "train": PretrainConfig(cpu_bf16=True).to_dict()})
+
+
+def test_bf16_parameters_without_autocast_keep_q_k_v_in_one_dtype():
+    """FSDP2's bf16 parameters without autocast: RoPE's tables follow the activations' dtype, so q, k and v
+    meet attention in bf16 (they were fp32, fp32, bf16: scaled_dot_product_attention raised)."""
+    from phaseinterp.models import CompressedTransformer
+
+    for config in (preset("tiny", compression=None), preset("tiny")):
+        model = CompressedTransformer(config).eval()
+        for parameter in model.parameters():  # what FSDP2's param_dtype casts: the parameters, not the buffers
+            parameter.data = parameter.data.to(torch.bfloat16)
+        assert model.blocks[0].attn.rope_cos.dtype == torch.float32
+        with torch.no_grad():
+            logits = model(torch.randint(0, 512, (2, 16)))
+        assert logits.dtype == torch.bfloat16 and torch.isfinite(logits.float()).all(), config.label

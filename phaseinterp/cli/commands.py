@@ -593,6 +593,10 @@ def _pretrain_settings(args):
         train["activation_checkpointing"] = True
     if args.compile:
         train["compile"] = True
+    if args.bf16:
+        train.update(bf16=True, cpu_bf16=True)
+    if args.fp32:
+        train.update(bf16=False, cpu_bf16=False)
     tc = PretrainConfig.from_dict(train)
     config = preset(args.preset, **model)
     if config.n_ctx < tc.seq_len and "n_ctx" not in model:

@@ -23,9 +23,12 @@ def apply_rope(
     sin: Float[Tensor, "pos *head half"],
     dims: int,
 ) -> Float[Tensor, "batch pos head d_head"]:
-    """Rotate-half RoPE; ``cos``/``sin`` per position, or per (position, head) for per-head grids."""
+    """Rotate-half RoPE; ``cos``/``sin`` per position, or per (position, head) for per-head grids. The
+    tables (fp32) are cast to ``x``'s dtype, so bf16 queries and keys stay bf16 like the values they meet
+    (FSDP2's bf16 parameters outside autocast); an fp32 ``x`` is unchanged."""
     if dims == 0:
         return x
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     half = dims // 2
     x1, x2, rest = x[..., :half], x[..., half:dims], x[..., dims:]
     c, s = (cos[None], sin[None]) if cos.ndim == 3 else (cos[None, :, None, :], sin[None, :, None, :])

@@ -64,7 +64,7 @@ KIND = "pretraining run"
 # Execution settings: they change speed or memory, not the numbers a step computes (beyond float
 # summation order), so a resume may change them.
 EXECUTION_FIELDS = ("micro_batch", "activation_checkpointing", "compile", "max_minutes", "progress_every",
-                    "keep_every")
+                    "keep_every", "force_fsdp")
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,14 @@ class PretrainConfig:
     rest by gradient accumulation. AdamW, linear warm-up over ``warmup_steps`` then cosine decay to
     ``min_lr_ratio * lr`` at ``steps``, gradient clipping at ``grad_clip``. ``needle_fraction`` of each
     batch's rows are natural-text needle prompts (`TextNeedle.training_rows`; 0 = pure text).
-    ``bf16``: autocast to bfloat16 on CUDA (ignored on CPU). ``max_minutes`` ends the run early after
+    ``bf16``: bfloat16 mixed precision on CUDA (autocast to bfloat16 and, on several processes, FSDP2's
+    ``MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)``; the sharded parameters, the
+    gradients' reduction and AdamW stay fp32); on CPU only with ``cpu_bf16`` too (the CLI's ``--bf16``
+    sets both): the GPU recipe's numerics, run on CPU (autocast on CPU, the same FSDP2 policy over gloo).
+    ``cpu_bf16`` is off by default so that every run recorded before it (``bf16=True`` was ignored on CPU)
+    resumes with the fp32 steps it took; `compute_dtype` resolves the pair on a device. ``force_fsdp``
+    wraps the model in FSDP2 on one process too (a world-size-1 group): the sharded path (its
+    mixed-precision policy, DTensor checkpoints) on one device. ``max_minutes`` ends the run early after
     that much wall time (checkpointed, resumable). ``weight_decay`` applies to the matrices but the
     embedding and the compressor's gate parameters (`Compressor.GATE_PARAMETERS`: decay would pull every
     gate toward uniform, the very parameters that make a gate phase-specific). Checkpoints are written
@@ -106,6 +113,8 @@ class PretrainConfig:
     max_minutes: Optional[float] = None
     progress_every: int = 10
     keep_every: Optional[int] = None
+    cpu_bf16: bool = False
+    force_fsdp: bool = False
 
     def __post_init__(self) -> None:
         for name in ("seq_len", "global_batch", "steps", "probe_every", "probe_per_residue", "checkpoint_every",
@@ -130,6 +139,19 @@ class PretrainConfig:
             raise UserInputError(f"weight_decay={self.weight_decay!r} must be >= 0")
         if self.max_minutes is not None and not (isinstance(self.max_minutes, (int, float)) and self.max_minutes > 0):
             raise UserInputError(f"max_minutes={self.max_minutes!r} must be > 0 (or None: run every step)")
+        for name in ("bf16", "cpu_bf16", "activation_checkpointing", "compile", "force_fsdp"):
+            if not isinstance(getattr(self, name), bool):
+                raise UserInputError(f"{name}={getattr(self, name)!r} must be True or False")
+        if self.cpu_bf16 and not self.bf16:
+            raise UserInputError("cpu_bf16=True asks for bfloat16 on CPU too, but bf16=False turns mixed precision "
+                                 "off (set bf16=True, or cpu_bf16=False for fp32)")
+
+    def compute_dtype(self, device_type: str) -> Optional[torch.dtype]:
+        """``torch.bfloat16`` when a step on a ``device_type`` device ("cuda", "cpu") runs in bf16 mixed
+        precision, else None (fp32): bf16 on CUDA, and on other devices only with ``cpu_bf16``."""
+        if self.bf16 and (device_type == "cuda" or self.cpu_bf16):
+            return torch.bfloat16
+        return None
 
     def lr_at(self, step: int) -> float:
         if step < self.warmup_steps:
@@ -192,6 +214,9 @@ def _differences(old: dict, new: dict, ignore=()) -> list[str]:
 def check_resume(out: Path, record: dict) -> None:
     """A resume continues the same run: architecture, recipe (execution settings aside), data and tokenizer."""
     was = json.loads((out / RUN_FILE).read_text())
+    # a recipe field added after the run was recorded took its default there (what the run computed)
+    defaults = PretrainConfig().to_dict()
+    was["train"] = {**{k: v for k, v in defaults.items() if k not in was.get("train", {})}, **was.get("train", {})}
     for part, ignore in (("model", ("seed",)), ("train", EXECUTION_FIELDS), ("data", ()), ("tokenizer", ())):
         keys = _differences(was.get(part, {}), record[part], ignore)
         if keys:
@@ -276,9 +301,10 @@ def _wrap(model: CompressedTransformer, tc: PretrainConfig, launch: Launch, devi
     if tc.compile:
         for block in model.blocks:
             block.compile()
-    if launch.world_size > 1:
-        policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-                  if device.type == "cuda" and tc.bf16 else MixedPrecisionPolicy())
+    if launch.world_size > 1 or tc.force_fsdp:
+        dtype = tc.compute_dtype(device.type)
+        policy = (MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype is not None
+                  else MixedPrecisionPolicy())
         for block in model.blocks:
             fully_shard(block, mp_policy=policy)
         fully_shard(model, mp_policy=policy)
@@ -299,6 +325,23 @@ def _optimizer(model, tc: PretrainConfig) -> torch.optim.Optimizer:
     rest = [p for n, p in model.named_parameters() if n not in names]
     return torch.optim.AdamW([{"params": decay, "weight_decay": tc.weight_decay},
                               {"params": rest, "weight_decay": 0.0}], lr=tc.lr, betas=tc.betas)
+
+
+@contextlib.contextmanager
+def _process_group_for(tc: PretrainConfig, launch: Launch):
+    """With ``force_fsdp`` on one process: a world-size-1 process group (NCCL on CUDA, gloo otherwise) for
+    the run, so FSDP2 and DCP take their sharded path; destroyed at the end. Otherwise nothing."""
+    if not (tc.force_fsdp and launch.world_size == 1 and not torch.distributed.is_initialized()):
+        yield
+        return
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(rank_device(launch))
+    torch.distributed.init_process_group(backend, store=torch.distributed.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        torch.distributed.destroy_process_group()
 
 
 def _latest(root: Path) -> Optional[Path]:
@@ -367,15 +410,18 @@ def _full_model(model, config: CompressedConfig, launch: Launch) -> Optional[Com
     return full.eval()
 
 
-def _probe(model, batch, stride: int, step: int, tokens_seen: int, launch: Launch, device) -> list[dict]:
-    """Top-1 accuracy of the probe's answers per residue; the prompts are split over the processes."""
+def _probe(model, batch, stride: int, step: int, tokens_seen: int, launch: Launch, device,
+           autocast=None) -> list[dict]:
+    """Top-1 accuracy of the probe's answers per residue; the prompts are split over the processes. The
+    forwards run under the training's ``autocast``: with FSDP2's bf16 parameters and no autocast, q, k and
+    v would meet attention in different dtypes."""
     was = model.training
     model.eval()
     n = batch.tokens.shape[0]
     per = -(-n // launch.world_size)
     mine = range(launch.rank * per, min(n, (launch.rank + 1) * per))
     correct = []
-    with torch.no_grad():
+    with torch.no_grad(), autocast if autocast is not None else contextlib.nullcontext():
         for i in range(mine.start, mine.stop, 8):
             j = min(i + 8, mine.stop)
             logits = model(batch.tokens[i:j].to(device))[:, -1]  # the full forward: FSDP's hooks run on the root
@@ -396,10 +442,12 @@ def _probe_summary(rows: list[dict]) -> dict:
             "probe_best": float(by_phase.max()), "probe_gap": float(by_phase.max() - by_phase.min())}
 
 
-def autocast_for(device: torch.device, bf16: bool = True):
-    """bfloat16 autocast on CUDA (when ``bf16``), none elsewhere."""
-    if device.type == "cuda" and bf16:
-        return torch.autocast("cuda", dtype=torch.bfloat16)
+def autocast_for(device: torch.device, bf16: bool = True, cpu_bf16: bool = False):
+    """bfloat16 autocast on CUDA (when ``bf16``), on CPU only with ``cpu_bf16`` too, none otherwise
+    (`PretrainConfig.compute_dtype`)."""
+    dtype = PretrainConfig(bf16=bf16, cpu_bf16=cpu_bf16).compute_dtype(device.type)
+    if dtype is not None:
+        return torch.autocast(device.type, dtype=dtype)
     return torch.autocast(device.type, enabled=False)
 
 
@@ -462,75 +510,77 @@ def pretrain(config: CompressedConfig, data: Union[str, Path], tokenizer: Union[
     needle = _probe_task(tok, corpus.tokens("heldout"), config, tc)
     probe_batch = needle.generate(tc.probe_per_residue, seed=tc.probe_seed, strict=False)
 
-    device = rank_device(launch)
-    model = CompressedTransformer(config).to(device)
-    model.train()
-    model = _wrap(model, tc, launch, device)
-    optimizer = _optimizer(model, tc)
-    ckpt_root = out / "checkpoints"
-    start, rows, probe_rows = 0, [], []
-    latest = _latest(ckpt_root) if resume else None
-    if latest is not None:
-        start, rows, probe_rows = _load(latest, model, optimizer)
-    if start > tc.steps:
-        raise UserInputError(f"--resume: the run is at step {start}, beyond steps={tc.steps}")
-    end = tc.steps if stop_after is None else min(tc.steps, start + stop_after)
-    autocast = autocast_for(device, tc.bf16)
-    my_rows = _rows_of(launch, tc.global_batch)
-    tokens_per_step = tc.global_batch * tc.seq_len
-    bar = progress_bar(progress and launch.is_main, tc.steps, "pretrain", initial=start, leave=True)
-    t_start = time.time()
-    step = start
-    try:
-        for step in range(start, end):
-            t0 = time.time()
-            for group in optimizer.param_groups:
-                group["lr"] = tc.lr_at(step)
-            batch = _batch(my_rows, step, tc, train_tokens, needle)
-            loss_sum = train_step(model, optimizer, batch, micro=micro, grad_clip=tc.grad_clip, autocast=autocast)
-            if launch.world_size > 1:
-                torch.distributed.all_reduce(loss_sum)
-            mean_loss = loss_sum.item() / tokens_per_step
-            if not math.isfinite(mean_loss):
-                raise RuntimeError(f"loss became {mean_loss} at step {step}; the last good checkpoint is in {ckpt_root}")
-            done = step + 1
-            seconds = time.time() - t0
-            row = dict(step=done, tokens=done * tokens_per_step, loss=mean_loss, lr=tc.lr_at(step),
-                       tokens_per_s=tokens_per_step / seconds, seconds=time.time() - t_start)
-            if done % tc.probe_every == 0 or done == tc.steps:
-                new = _probe(model, probe_batch, config.stride, done, done * tokens_per_step, launch, device)
-                probe_rows.extend(new)
-                row.update(_probe_summary(new))
-            rows.append(row)
+    with _process_group_for(tc, launch):
+        device = rank_device(launch)
+        model = CompressedTransformer(config).to(device)
+        model.train()
+        model = _wrap(model, tc, launch, device)
+        optimizer = _optimizer(model, tc)
+        ckpt_root = out / "checkpoints"
+        start, rows, probe_rows = 0, [], []
+        latest = _latest(ckpt_root) if resume else None
+        if latest is not None:
+            start, rows, probe_rows = _load(latest, model, optimizer)
+        if start > tc.steps:
+            raise UserInputError(f"--resume: the run is at step {start}, beyond steps={tc.steps}")
+        end = tc.steps if stop_after is None else min(tc.steps, start + stop_after)
+        autocast = autocast_for(device, tc.bf16, tc.cpu_bf16)
+        my_rows = _rows_of(launch, tc.global_batch)
+        tokens_per_step = tc.global_batch * tc.seq_len
+        bar = progress_bar(progress and launch.is_main, tc.steps, "pretrain", initial=start, leave=True)
+        t_start = time.time()
+        step = start
+        try:
+            for step in range(start, end):
+                t0 = time.time()
+                for group in optimizer.param_groups:
+                    group["lr"] = tc.lr_at(step)
+                batch = _batch(my_rows, step, tc, train_tokens, needle)
+                loss_sum = train_step(model, optimizer, batch, micro=micro, grad_clip=tc.grad_clip, autocast=autocast)
+                if launch.world_size > 1:
+                    torch.distributed.all_reduce(loss_sum)
+                mean_loss = loss_sum.item() / tokens_per_step
+                if not math.isfinite(mean_loss):
+                    raise RuntimeError(f"loss became {mean_loss} at step {step}; the last good checkpoint is in {ckpt_root}")
+                done = step + 1
+                seconds = time.time() - t0
+                row = dict(step=done, tokens=done * tokens_per_step, loss=mean_loss, lr=tc.lr_at(step),
+                           tokens_per_s=tokens_per_step / seconds, seconds=time.time() - t_start)
+                if done % tc.probe_every == 0 or done == tc.steps:
+                    new = _probe(model, probe_batch, config.stride, done, done * tokens_per_step, launch, device,
+                                 autocast)
+                    probe_rows.extend(new)
+                    row.update(_probe_summary(new))
+                rows.append(row)
+                if bar is not None:
+                    bar.update(1)
+                    if done % tc.progress_every == 0:
+                        recent = rows[-tc.progress_every:]
+                        bar.set_postfix(loss=f"{np.mean([r['loss'] for r in recent]):.3f}",
+                                        tok_s=f"{np.mean([r['tokens_per_s'] for r in recent]):.0f}")
+                out_of_time = tc.max_minutes is not None and (time.time() - t_start) / 60 >= tc.max_minutes
+                if launch.world_size > 1:  # every rank stops at the same step
+                    flag = torch.tensor(float(out_of_time), device=device)
+                    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+                    out_of_time = bool(flag.item())
+                if done % tc.checkpoint_every == 0 or done == end or out_of_time:
+                    _save(ckpt_root, model, optimizer, done, rows, probe_rows, launch, tc.keep_every)
+                    if launch.is_main:
+                        _write_tables(out, rows, probe_rows)
+                if out_of_time:
+                    break
+        finally:
             if bar is not None:
-                bar.update(1)
-                if done % tc.progress_every == 0:
-                    recent = rows[-tc.progress_every:]
-                    bar.set_postfix(loss=f"{np.mean([r['loss'] for r in recent]):.3f}",
-                                    tok_s=f"{np.mean([r['tokens_per_s'] for r in recent]):.0f}")
-            out_of_time = tc.max_minutes is not None and (time.time() - t_start) / 60 >= tc.max_minutes
-            if launch.world_size > 1:  # every rank stops at the same step
-                flag = torch.tensor(float(out_of_time), device=device)
-                torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-                out_of_time = bool(flag.item())
-            if done % tc.checkpoint_every == 0 or done == end or out_of_time:
-                _save(ckpt_root, model, optimizer, done, rows, probe_rows, launch, tc.keep_every)
-                if launch.is_main:
-                    _write_tables(out, rows, probe_rows)
-            if out_of_time:
-                break
-    finally:
-        if bar is not None:
-            bar.close()
-    full = _full_model(model, config, launch)
-    if launch.is_main:
-        _write_tables(out, rows, probe_rows)
-        full.metadata.update({"task": needle.to_dict(), "task_type": "TextNeedle", "pretrain": tc.to_dict(),
-                              "step": rows[-1]["step"] if rows else start, "tokens": rows[-1]["tokens"] if rows else 0,
-                              "tokenizer": str(Path(tokenizer).resolve())})
-        _write_model(out, full)
-    _barrier(launch)
-    return PretrainResult(full, out, pd.DataFrame(rows), pd.DataFrame(probe_rows))
+                bar.close()
+        full = _full_model(model, config, launch)
+        if launch.is_main:
+            _write_tables(out, rows, probe_rows)
+            full.metadata.update({"task": needle.to_dict(), "task_type": "TextNeedle", "pretrain": tc.to_dict(),
+                                  "step": rows[-1]["step"] if rows else start, "tokens": rows[-1]["tokens"] if rows else 0,
+                                  "tokenizer": str(Path(tokenizer).resolve())})
+            _write_model(out, full)
+        _barrier(launch)
+        return PretrainResult(full, out, pd.DataFrame(rows), pd.DataFrame(probe_rows))
 
 
 def _write_tables(out: Path, rows: list, probe_rows: list) -> None:
