@@ -7,6 +7,7 @@ Python source", states the pre-registered outcomes).
         --out ~/phaseinterp-runs/tokenizer-py-4k
     python benchmarks/pretrain_python_code.py train --root ~/phaseinterp-runs/python-code   # resumable
     python benchmarks/pretrain_python_code.py status --root ~/phaseinterp-runs/python-code
+    python benchmarks/pretrain_python_code.py probe --root ~/phaseinterp-runs/python-code --out probes.csv  # newest
 
 ``train`` runs the arms round-robin, ``--chunk-steps`` optimizer steps at a time on one CPU thread,
 in the order of ``--arms`` in pairs (the compressed model and its twin advance together, so their
@@ -16,6 +17,15 @@ it at any time and rerun the same command. Each arm is a `phaseinterp.train.pret
 tree. 256-token sequences, 8 per step, 24,000 steps (49.2M tokens, twice the predicted induction-head
 formation point for this batch and context), no needle rows (pure text), the held-out needle probe
 every 500 steps.
+
+``probe`` scores kept snapshots (the newest by default; ``--step N`` or ``--all-steps``) without
+fine-tuning on five probes built from the held-out split: ``copy`` (`SpanCopy`: a random 8-token span
+copied, by its source token's phase), ``identifier`` (`IdentifierRecall`: an identifier's next token at
+its use, by the phase of its definition) and ``identifier-nodef`` (the same prompts, the definition
+replaced: what the code gives away without it), ``needle-prefix`` and ``needle-in_sequence``
+(`TextNeedle` in both paddings). It appends one row per residue to ``--out`` (arm, step, tokens, probe,
+residue, phase, n, accuracy, ci_low, ci_high) and one per probe to ``OUT-summary.csv``, skips what is
+there already, and prints mean, worst and best phase, gap and the period test per (arm, step, probe).
 """
 
 from __future__ import annotations
@@ -108,6 +118,134 @@ def status(args) -> int:
     return 0
 
 
+PROBES = ("copy", "identifier", "identifier-nodef", "needle-prefix", "needle-in_sequence")
+
+
+def probe_tasks(folder: Path, tokenizer, probes: list[str], sizes: dict) -> dict:
+    """The probes' prompts (``TaskBatch`` per probe) on the arm's held-out split, built once per split."""
+    import dataclasses
+    import json
+
+    from phaseinterp.tasks import IdentifierRecall, SpanCopy, TextNeedle
+    from phaseinterp.train.corpus import TokenizedCorpus
+
+    corpus = TokenizedCorpus(folder / "data", json.loads((folder / "data" / "manifest.json").read_text()))
+    heldout = corpus.tokens("heldout")
+    batches = {}
+    if "copy" in probes:
+        batches["copy"] = SpanCopy.from_tokenizer(tokenizer, heldout).generate(sizes["copy"], seed=0)
+    if "identifier" in probes or "identifier-nodef" in probes:
+        task = IdentifierRecall.from_tokenizer(tokenizer, heldout)
+        n = sizes["identifier"] or task.capacity()
+        for name, control in (("identifier", False), ("identifier-nodef", True)):
+            if name in probes and n == 0:
+                print(f"{name}: the held-out code gives no moment-matched identifier cases; skipped")
+            elif name in probes:
+                batches[name] = dataclasses.replace(task, control=control).generate(n, seed=0)
+    for padding in ("prefix", "in_sequence"):
+        if f"needle-{padding}" in probes:
+            # the training probe's geometry (`probe_settings` at 256 tokens), in both paddings
+            settings = dict(seq_len=256, residue_modulus=24, n_records=8, target_window=85, padding=padding)
+            task = TextNeedle.from_tokenizer(tokenizer, heldout, **settings)
+            batches[f"needle-{padding}"] = task.generate(sizes["needle"], seed=0)
+    return batches
+
+
+def probe(args) -> int:
+    import pandas as pd
+
+    from phaseinterp import phase_profile
+    from phaseinterp.train.pretrain import load_snapshot, snapshot_steps
+    from phaseinterp.train.tokenizer import TextTokenizer
+
+    torch.set_num_threads(args.threads)
+    root = Path(os.path.expanduser(args.root))
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    probes = [p.strip() for p in args.probes.split(",") if p.strip()]
+    unknown = [a for a in arms if a not in ARMS] + [p for p in probes if p not in PROBES]
+    if unknown:
+        print(f"unknown arms or probes {unknown}; arms: {sorted(ARMS)}, probes: {list(PROBES)}", file=sys.stderr)
+        return 2
+    if args.all_steps and args.step is not None:
+        print("--step and --all-steps: pick one", file=sys.stderr)
+        return 2
+    out = Path(os.path.expanduser(args.out))
+    summary_path = out.with_name(out.stem + "-summary.csv")
+    if out.resolve().is_relative_to(root.resolve()):
+        print(f"--out {out} lies under --root {root}: the runs are read only", file=sys.stderr)
+        return 2
+    done = pd.read_csv(summary_path) if summary_path.is_file() else pd.DataFrame(columns=["arm", "step", "probe"])
+    seen = set(zip(done["arm"], done["step"].astype(int), done["probe"]))
+    tokenizer = TextTokenizer(os.path.expanduser(args.tokenizer))
+    sizes = {"copy": args.copy_per_residue, "identifier": args.identifier_per_residue, "needle": args.needle_per_residue}
+    batches_by_split: dict = {}
+    for arm in arms:
+        folder = root / arm
+        kept = snapshot_steps(folder) if (folder / "checkpoints").is_dir() else []
+        if not kept:
+            print(f"{arm}: no kept snapshot yet")
+            continue
+        steps = kept if args.all_steps else [args.step] if args.step is not None else [None]
+        split_key = (folder / "data" / "manifest.json").read_text()
+        if split_key not in batches_by_split:
+            t0 = time.time()
+            batches_by_split[split_key] = probe_tasks(folder, tokenizer, probes, sizes)
+            print(f"prompts built in {time.time() - t0:.0f} s: " + ", ".join(
+                f"{name} {len(b)} ({len(b) // b.residue_modulus} per residue)"
+                for name, b in batches_by_split[split_key].items()), flush=True)
+        batches = batches_by_split[split_key]
+        for step in steps:
+            t_snapshot = time.time()
+            model = load_snapshot(folder, step)
+            step, tokens = int(model.metadata["step"]), int(model.metadata["tokens"])
+            rows, summaries = [], []
+            for name in probes:
+                if (arm, step, name) in seen or name not in batches:
+                    continue
+                t0 = time.time()
+                profile = phase_profile(model, batches[name], batch_size=args.batch_size, progress=False,
+                                        label=f"{arm} step {step} {name}")
+                seconds = time.time() - t0
+                frame = profile.residue_frame()
+                rows.append(pd.DataFrame({"arm": arm, "step": step, "tokens": tokens, "probe": name,
+                                          "residue": frame["residue"], "phase": frame["phase"], "n": frame["n"],
+                                          "accuracy": frame["accuracy"], "ci_low": frame["lower"],
+                                          "ci_high": frame["upper"]}))
+                d = profile.to_dict()
+                summaries.append({"arm": arm, "step": step, "tokens": tokens, "probe": name, "stride": profile.stride,
+                                  "n_prompts": d["n_prompts"], "mean": d["mean"],
+                                  "worst_phase": d["worst_phases"][0], "worst_phase_accuracy": d["worst_phase_accuracy"],
+                                  "best_phase": d["best_phase"], "best_phase_accuracy": d["best_phase_accuracy"],
+                                  "phase_gap": d["phase_gap"], "period": d["period"], "best_period": d["best_period"],
+                                  "period_p_value": d["period_p_value"],
+                                  "homogeneity_p_value": d["homogeneity_p_value"],
+                                  "interval": d["interval_method"], "seconds": seconds})
+                print(f"{arm} step {step} ({tokens / 1e6:.1f}M tokens) {name:<18} mean {d['mean']:.3f}  worst phase "
+                      f"{d['worst_phases'][0]} {d['worst_phase_accuracy']:.3f}  best phase {d['best_phase']} "
+                      f"{d['best_phase_accuracy']:.3f}  gap {100 * d['phase_gap']:.1f} pp  period {d['period']} "
+                      f"(best {d['best_period']}, p = {d['period_p_value']:.3g})  [{d['n_prompts']} prompts, "
+                      f"{seconds:.0f} s]", flush=True)
+            if rows:
+                _append_csv(out, pd.concat(rows, ignore_index=True))
+                _append_csv(summary_path, pd.DataFrame(summaries))
+                seen.update((arm, step, s["probe"]) for s in summaries)
+            print(f"{arm} step {step}: {time.time() - t_snapshot:.0f} s", flush=True)
+    return 0
+
+
+def _append_csv(path: Path, frame) -> None:
+    """``frame`` appended to the CSV at ``path`` (written whole, atomically: an interrupted run loses
+    at most the snapshot it was scoring)."""
+    import pandas as pd
+
+    from phaseinterp._files import atomic_write
+
+    if path.is_file():
+        frame = pd.concat([pd.read_csv(path), frame], ignore_index=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, frame.to_csv(index=False).encode())
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="verb", required=True)
@@ -122,10 +260,27 @@ def main(argv=None) -> int:
     t.add_argument("--threads", type=int, default=1)
     s = sub.add_parser("status")
     s.add_argument("--root", required=True)
+    p = sub.add_parser("probe", help="score kept snapshots on the copying, identifier and needle probes")
+    p.add_argument("--root", required=True, help="the runs' folder (read only)")
+    p.add_argument("--out", required=True, help="the per-residue CSV (appended; OUT-summary.csv beside it)")
+    p.add_argument("--arms", default=DEFAULT_ORDER, help=f"comma-separated (default {DEFAULT_ORDER})")
+    p.add_argument("--step", type=int, default=None, help="this kept snapshot (default: the newest)")
+    p.add_argument("--all-steps", action="store_true", help="every kept snapshot")
+    p.add_argument("--probes", default=",".join(PROBES), help=f"comma-separated (default {','.join(PROBES)})")
+    p.add_argument("--copy-per-residue", type=int, default=400, help="span-copy prompts per residue mod 24 (400: "
+                   "2,400 per phase at S = 4, +-2 pp)")
+    p.add_argument("--identifier-per-residue", type=int, default=0,
+                   help="identifier prompts per residue (0: as many as the held-out code gives with matched moments)")
+    p.add_argument("--needle-per-residue", type=int, default=100, help="TextNeedle prompts per residue, each padding")
+    p.add_argument("--tokenizer", default="~/phaseinterp-runs/tokenizer-py-4k")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     if args.verb == "train":
         torch.set_num_threads(args.threads)
         return train(args)
+    if args.verb == "probe":
+        return probe(args)
     return status(args)
 
 

@@ -1,6 +1,8 @@
-"""Phase-controlled tasks: key-value retrieval, needle retrieval, the docstring probe, the synthetic vocabulary.
+"""Phase-controlled tasks: key-value retrieval, needle retrieval, copying and recall in natural text, the docstring
+probe, the synthetic vocabulary.
 
-Modules: `retrieval` (KeyValueRetrieval), `needle` (NeedleRetrieval), `text_needle` (TextNeedle: natural-text haystacks), `docstring`
+Modules: `retrieval` (KeyValueRetrieval), `needle` (NeedleRetrieval), `text_needle` (TextNeedle: natural-text haystacks),
+`copying` (SpanCopy: a random span copied in text), `identifier` (IdentifierRecall: identifiers in real code), `docstring`
 (DocstringProbe), `placement` (the moment-matching solver), `layout` (records, fillers,
 padding), `splits` (seed streams and the evaluation/calibration parity), `batches`
 (TaskBatch, TrainBatch), `vocab` (Vocab, Tokenizer).
@@ -11,6 +13,8 @@ from typing import Any
 from phaseinterp._checks import check_is_model
 from phaseinterp.errors import UserInputError
 from phaseinterp.tasks.batches import TaskBatch, TrainBatch
+from phaseinterp.tasks.copying import SpanCopy
+from phaseinterp.tasks.identifier import IdentifierRecall
 from phaseinterp.tasks.docstring import DocstringProbe, DocstringResult
 from phaseinterp.tasks.needle import NeedleRetrieval, TokenPools
 from phaseinterp.tasks.placement import TargetPlacement, exact_matching_possible, match_target_moments
@@ -19,10 +23,10 @@ from phaseinterp.tasks.text_needle import TextNeedle
 from phaseinterp.tasks.splits import mapping_split
 from phaseinterp.tasks.vocab import Tokenizer, Vocab
 
-_TASKS = {cls.__name__: cls for cls in (KeyValueRetrieval, NeedleRetrieval, TextNeedle)}
+_TASKS = {cls.__name__: cls for cls in (KeyValueRetrieval, NeedleRetrieval, TextNeedle, SpanCopy, IdentifierRecall)}
 
 
-def task_from_dict(d: dict[str, Any]) -> KeyValueRetrieval | NeedleRetrieval:
+def task_from_dict(d: dict[str, Any]) -> KeyValueRetrieval | NeedleRetrieval | SpanCopy | IdentifierRecall:
     """Rebuild a task stored with ``task.to_dict()`` (dispatches on its ``kind``)."""
     kind = d.get("kind")
     if kind not in _TASKS:
@@ -52,8 +56,10 @@ def resolve_task(model, task=None):
 __all__ = [
     "DocstringProbe",
     "DocstringResult",
+    "IdentifierRecall",
     "KeyValueRetrieval",
     "NeedleRetrieval",
+    "SpanCopy",
     "TargetPlacement",
     "TextNeedle",
     "TaskBatch",
