@@ -254,15 +254,74 @@ S = TypeVar("S", bound="Spec")
 
 
 @dataclasses.dataclass(frozen=True)
+class Contains:
+    """In `Spec.NEEDS`: the other option must contain this value (``dtypes`` needs ``"dtype" in modes``)."""
+
+    value: Any
+
+    def holds(self, other: Any) -> bool:
+        try:
+            return self.value in other
+        except TypeError:
+            return False
+
+    def __repr__(self) -> str:
+        return f"a value containing {self.value!r}"
+
+
+def needs_words(other: str, want: Any, flag: bool = False) -> tuple[str, str]:
+    """(the condition, the fix) of a need in words: ``("axis='length'", "pass axis='length'")``, or
+    with ``flag`` as command-line flags: ``("--axis length", "pass --axis length")``."""
+    if flag:
+        shown = f"--{other.replace('_', '-')}"
+        if isinstance(want, Contains):
+            return f"{shown} including {want.value}", f"add {want.value} to {shown}"
+        return f"{shown} {want}", f"pass {shown} {want}"
+    if isinstance(want, Contains):
+        return f"{other} including {want.value!r}", f"add {want.value!r} to {other}"
+    return f"{other}={want!r}", f"pass {other}={want!r}"
+
+
+def needs_holds(want: Any, have: Any) -> bool:
+    """Whether the value ``have`` of the needed option satisfies ``want`` (`Spec.NEEDS`)."""
+    return want.holds(have) if isinstance(want, Contains) else _same(have, want)
+
+
+@dataclasses.dataclass(frozen=True)
 class Spec:
     """Base of the experiment specs: validation on construction, `check_model`, `check_task`,
     `from_args`, `replace`, `options`."""
 
     # option name -> the command-line argument (argparse dest) that fills it, where they differ
     ARGS: ClassVar[dict[str, str]] = {}
+    # What an option needs to act, declared once: option -> (the option it needs, the value that one
+    # must have, or `Contains`). An option set (not its default) without it would do nothing, so making
+    # the spec refuses it, naming both; the command line reads the same table (`phaseinterp.cli.args`).
+    NEEDS: ClassVar[dict[str, tuple[str, Any]]] = {}
+    # Options that replace each other: option -> the option it replaces; both set is refused.
+    EXCLUDES: ClassVar[dict[str, str]] = {}
 
     def __post_init__(self) -> None:
+        self.check_needs()
         self.validate()
+
+    def check_needs(self) -> None:
+        """Refuse an option set (other than its default) whose `NEEDS` do not hold, naming both options."""
+        defaults = {f.name: _default(f) for f in dataclasses.fields(self)}
+        for name, (other, want) in self.NEEDS.items():
+            value = getattr(self, name)
+            if value is None or _same(value, defaults[name]):
+                continue
+            have = getattr(self, other)
+            if not needs_holds(want, have):
+                cond, fix = needs_words(other, want)
+                raise UserInputError(f"{name}= applies to {cond} only ({other}={have!r} here, where {name}={value!r} "
+                                     f"would do nothing); drop {name}= or {fix}")
+        for name, other in self.EXCLUDES.items():
+            value, replaced = getattr(self, name), getattr(self, other)
+            if value is not None and not _same(value, defaults[name]) and not _same(replaced, defaults[other]):
+                raise UserInputError(f"{name}={value!r} replaces {other}= ({other}={replaced!r} would be ignored); "
+                                     f"pass one of them")
 
     def validate(self) -> None:
         """Check every option on its own and against the others (no model, no task); a

@@ -5,7 +5,7 @@ import functools
 import importlib
 import os
 from dataclasses import dataclass
-from typing import Any, no_type_check
+from typing import Any, ClassVar, no_type_check
 
 import numpy as np
 import pandas as pd
@@ -293,6 +293,8 @@ class ProfileSpec(Spec):
     """`phase_profile`'s options (and `phaseinterp.engine_profile`'s), checked when made; their
     meanings are `phase_profile`'s parameters. ``stride=None`` means the model's own stride."""
 
+    NEEDS: ClassVar[dict[str, tuple[str, Any]]] = {"hold": ("axis", "length"), "length_modulus": ("axis", "length")}
+
     n_per_residue: int = DEFAULT_N_PER_RESIDUE
     seed: int = 0
     batch_size: int = 64
@@ -311,11 +313,7 @@ class ProfileSpec(Spec):
     def validate(self) -> None:
         if self.interval not in INTERVALS:
             raise UserInputError(f"interval={self.interval!r} is not one of {INTERVALS}")
-        check_axis(self.axis)
-        if self.axis != "length" and (self.hold is not None or self.length_modulus is not None):
-            given = "hold" if self.hold is not None else "length_modulus"
-            raise UserInputError(f"{given}= applies to axis='length' only (axis={self.axis!r}); drop it or pass "
-                                 "axis='length'")
+        check_axis(self.axis)  # hold and length_modulus need axis='length': ProfileSpec.NEEDS
         if self.hold is not None:
             check_int("hold", self.hold, 0)
         if self.length_modulus is not None:

@@ -168,3 +168,58 @@ def test_a_dangling_link_as_output_is_named(w4s4, tmp_path):
     (tmp_path / "link").symlink_to(tmp_path / "gone")
     with pytest.raises(UserInputError, match="is a dangling link"):
         w4s4.save_pretrained(tmp_path / "link")
+
+
+# ------------------------------------------------------------------ flags that act or are refused
+# Each flag that needs another, given without it: refused before any work, naming both (the fixture of
+# the flag walk: `test_every_flag_of_the_experiment_commands_is_declared`).
+INERT = [
+    (["profile", "w4s4", "--model-name", "m"], "--model-name applies to --engine only"),
+    (["profile", "w4s4", "--top-logprobs", "5"], "--top-logprobs applies to --engine only"),
+    (["profile", "w4s4", "--d-vocab", "10"], "--d-vocab applies to --engine only"),
+    (["profile", "w4s4", "--retries", "1"], "--retries applies to --engine only"),
+    (["profile", "w4s4", "--timeout", "5"], "--timeout applies to --engine only"),
+    (["profile", "w4s4", "--seq-len", "64"], "--seq-len applies to --tokenizer only"),
+    (["profile", "w4s4", "--tokenizer", "{t}"], "--tokenizer applies to --engine only"),
+    (["profile", "w4s4", "--chunk-size", "8"], "--chunk-size applies to --shard-dir or --engine only"),
+    (["profile", "w4s4", "--overwrite"], "--overwrite applies to --out only"),
+    (["profile", "w4s4", "--hold", "3"], "--hold applies to --axis length only"),
+    (["profile", "w4s4", "--hold", "0"], "--hold applies to --axis length only"),  # its default, given
+    (["profile", "w4s4", "--engine", "http://localhost:9", "--model-name", "m", "--query-chunk", "4"],
+     "--query-chunk does nothing with --engine"),
+    (["profile", "w4s4", "--engine", "http://localhost:9", "--model-name", "m", "--device", "cpu"],
+     "--device does nothing with --engine"),
+    (["ablate", "w4s4", "--chunk-size", "8"], "--chunk-size applies to --shard-dir only"),
+    (["cycle", "w4s4", "--measure", "accuracy"], "--measure applies to --score unit only"),
+    (["cycle", "w4s4", "--score", "unit", "--layer", "0", "--branch", "k"], "--branch applies to --score profile only"),
+    (["gates", "w4s4", "--overwrite"], "--overwrite applies to --out only"),
+    (["conformance", "w4s4", "--modes", "decode", "--dtypes", "float16"], "--dtypes applies to --modes including dtype"),
+]
+
+
+@pytest.mark.parametrize("argv, says", INERT, ids=[" ".join(a[2:4]) for a, _ in INERT])
+def test_a_flag_that_would_do_nothing_is_refused(argv, says, tmp_path, capsys, monkeypatch):
+    from phaseinterp.cli import commands
+
+    monkeypatch.setattr(commands.loading, "load", lambda *a, **k: pytest.fail("the model loaded"))
+    code, err = _cli(capsys, [a.replace("{t}", str(tmp_path)) for a in argv])
+    assert code == 2 and says in err, err
+
+
+def test_spec_needs_are_declared_once(w4s4):
+    with pytest.raises(UserInputError, match=r"hold= applies to axis='length' only"):
+        pi.ProfileSpec(hold=0)
+    with pytest.raises(UserInputError, match=r"dtypes= applies to modes including 'dtype' only"):
+        pi.ConformanceSpec(modes=("decode",), dtypes=("float16",))
+    assert pi.ConformanceSpec(modes=("dtype",), dtypes=("float16",)).dtypes == ("float16",)
+
+
+def test_ablate_custom_heads_are_checked(w4s4):
+    with pytest.raises(UserInputError, match=r"heads=\[\[1\]\] replaces scope= \(scope='layer' would be ignored\)"):
+        pi.ablate(w4s4, scope="layer", heads=[[1]])
+    with pytest.raises(UserInputError, match=r"the group \[0\] is given twice"):
+        pi.ablate(w4s4, heads=[[0], [0]])
+    with pytest.raises(UserInputError, match=r"the group \[0, 0\] names a query head twice"):
+        pi.ablate(w4s4, heads=[[0, 0], [0, 0]])
+    with pytest.raises(UserInputError, match=r"the group \[1, 0\] is given twice"):
+        pi.ablate(w4s4, heads=[[0, 1], [1, 0]])

@@ -18,9 +18,11 @@
     phaseinterp merge DIR [--out DIR]                             -> phaseinterp.parallel.merge
     phaseinterp conformance MODEL [--modes ...]                   -> phaseinterp.conformance
     phaseinterp check-report DIR | screenshot DIR PNG             -> phaseinterp.report.check
+    phaseinterp paper --out DIR [--no-static] | --list            -> phaseinterp.paper (the paper's figures)
     phaseinterp memory-plan [CONFIG] [--tokens N ...]             -> phaseinterp.models.hf.memory
     phaseinterp experiments remedy RUNS STOP W/N [SEED ...]       -> phaseinterp.experiments.remedy.train_share
 
+profile, ablate and cycle take --paper RUN: the result beside a published run (phaseinterp.paper.compare).
 profile, ablate and cycle also run data-parallel under ``torchrun --nproc-per-node N -m
 phaseinterp ... --shard-dir DIR`` (phaseinterp.parallel).
 
@@ -38,7 +40,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from phaseinterp.cli.args import build_parser
+from phaseinterp.cli.args import build_parser, given_flags
 from phaseinterp.errors import EngineError, UserInputError  # standard library only, like this package
 
 
@@ -115,6 +117,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         (parser if not argv else parser._subparsers._group_actions[0].choices["zoo"]).print_help()
         return 0
     args = parser.parse_args(argv)
+    subparsers = parser._subparsers._group_actions[0].choices
+    args.given = given_flags(subparsers[args.command], argv[1:]) if args.command in subparsers else set()
     from phaseinterp.cli import commands  # after parsing: --help answers without torch
 
     try:

@@ -21,6 +21,92 @@ N_PER_RESIDUE_HELP = ("prompts per residue group (x R = 24 residues for the zoo 
                       "77, 80 or any size from 86 for the zoo task; at most 500,000 prompts in all")
 
 
+# What each flag needs to act, declared once per command (issue 58): flag dest -> the alternatives, each
+# (the dest it needs, the value that one must have; GIVEN: any value). A flag given on the command line
+# without any of them would do nothing: `check_flag_needs` refuses it before any work, naming both. The
+# spec's own needs (`phaseinterp._checks.Spec.NEEDS`: profile's hold/length_modulus need axis length,
+# conformance's dtypes need the dtype mode) are read from the spec by the same check.
+GIVEN = object()
+_ENGINE = (("engine", GIVEN),)
+_WRITES = {"overwrite": (("out", GIVEN),)}
+FLAG_NEEDS: dict[str, dict[str, tuple[tuple[str, object], ...]]] = {
+    "profile": {"model_name": _ENGINE, "top_logprobs": _ENGINE, "d_vocab": _ENGINE, "retries": _ENGINE,
+                "timeout": _ENGINE, "tokenizer": _ENGINE, "seq_len": (("tokenizer", GIVEN),),
+                "chunk_size": (("shard_dir", GIVEN), ("engine", GIVEN)), **_WRITES},
+    "ablate": {"chunk_size": (("shard_dir", GIVEN),), **_WRITES},
+    "cycle": {"measure": (("score", "unit"),), "branch": (("score", "profile"),), "chunk_size": (("shard_dir", GIVEN),),
+              **_WRITES},
+    "gates": dict(_WRITES), "conformance": dict(_WRITES), "merge": dict(_WRITES),
+}
+# Flags that do nothing beside another: flag dest -> (the other dest, why).
+FLAG_EXCLUDES: dict[str, dict[str, tuple[str, str]]] = {
+    "profile": {"query_chunk": ("engine", "the served model runs its own attention"),
+                "device": ("engine", "the served model runs where it is served")},
+}
+
+
+def given_flags(parser: argparse.ArgumentParser, argv) -> set[str]:
+    """The dests of the options written in ``argv`` (``--flag v``, ``--flag=v`` or an unambiguous
+    prefix, as argparse reads them) for the subcommand parser ``parser``: "given", as opposed to
+    left at their defaults, which a parsed namespace cannot tell apart."""
+    strings = {s: a.dest for a in parser._actions for s in a.option_strings if s.startswith("--")}
+    given = set()
+    for token in argv:
+        if token == "--":
+            break
+        if not token.startswith("--"):
+            continue
+        key = token.split("=", 1)[0]
+        if key in strings:
+            given.add(strings[key])
+            continue
+        matches = {dest for s, dest in strings.items() if s.startswith(key)}
+        if len(matches) == 1:
+            given |= matches
+    return given
+
+
+def _flag(dest: str) -> str:
+    return "MODEL" if dest == "model" else f"--{dest.replace('_', '-')}"
+
+
+def check_flag_needs(command: str, args, given: set[str], spec_needs: Optional[dict] = None) -> None:
+    """Refuse a flag given where it does nothing (`FLAG_NEEDS`, `FLAG_EXCLUDES`, and the spec's
+    ``NEEDS`` mapped to flags), naming both flags, before any work."""
+    needs = dict(FLAG_NEEDS.get(command, {}))
+    for dest, (other, want) in (spec_needs or {}).items():
+        needs.setdefault(dest, ((other, want),))
+    for dest in sorted(given):
+        alternatives = needs.get(dest)
+        if alternatives and not any(_holds(getattr(args, other, None), want) for other, want in alternatives):
+            wanted = " or ".join(_flag(other) if want is GIVEN else _want_words(other, want)
+                                 for other, want in alternatives)
+            here = "; ".join(f"{_flag(other)} {_shown(getattr(args, other, None))}" for other, _ in alternatives)
+            raise UsageError(f"{_flag(dest)} applies to {wanted} only (here {here}), where it would do nothing; "
+                             f"drop {_flag(dest)} or add {wanted}")
+        other_why = FLAG_EXCLUDES.get(command, {}).get(dest)
+        if other_why and getattr(args, other_why[0], None) is not None:
+            raise UsageError(f"{_flag(dest)} does nothing with {_flag(other_why[0])} ({other_why[1]}); drop {_flag(dest)}")
+
+
+def _holds(value, want) -> bool:
+    if want is GIVEN:
+        return value is not None and value is not False
+    holds = getattr(want, "holds", None)
+    return holds(value) if holds is not None else value == want
+
+
+def _want_words(other: str, want) -> str:
+    value = getattr(want, "value", want)
+    return f"{_flag(other)} {'including ' if hasattr(want, 'holds') else ''}{value}"
+
+
+def _shown(value) -> str:
+    if value is None or value is False:
+        return "not given"
+    return " ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+
+
 def axis_options(args) -> dict:
     """phase_profile's axis options from --axis/--hold/--length-modulus (--hold and --length-modulus
     apply to --axis length only)."""

@@ -23,7 +23,7 @@ from phaseinterp import report as report_module
 from phaseinterp import train as training
 from phaseinterp._checks import check_device, parse_size
 from phaseinterp._files import check_output_dir, check_path_roles, check_write_target, expand_user
-from phaseinterp.cli.args import UsageError, axis_options
+from phaseinterp.cli.args import UsageError, axis_options, check_flag_needs
 from phaseinterp.cli.engine import served_profile
 from phaseinterp.config import preset
 from phaseinterp.engines import conformance
@@ -220,11 +220,22 @@ def _check_paths(args) -> None:
                      {flag(a): getattr(args, a, None) for a in INPUT_PATHS if a != "runs"})
 
 
+def _check_flags(args) -> None:
+    """A flag given where it does nothing is refused (`check_flag_needs`): the command's declarations and
+    its spec's ``NEEDS`` (mapped to their flags), before any work."""
+    spec_type = _spec_type(args) if args.command in SPECS or args.command == "cycle" else None
+    spec_needs = {}
+    for name, need in getattr(spec_type, "NEEDS", {}).items():
+        spec_needs[spec_type.ARGS.get(name, name)] = (spec_type.ARGS.get(need[0], need[0]), need[1])
+    check_flag_needs(args.command, args, getattr(args, "given", set()), spec_needs)
+
+
 def run(args) -> int:
     """Run the parsed command ``args``; returns the exit code (bad input raises, `main` reports it).
     The checks every command shares come first (paths, --out, --device), then the command's own
     function from `COMMANDS`."""
     _check_paths(args)
+    _check_flags(args)
     _check_out(args)
     if getattr(args, "device", None) is not None:
         check_device(args.device)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence, no_type_check
+from typing import Any, ClassVar, Mapping, Optional, Sequence, no_type_check
 
 import numpy as np
 import pandas as pd
@@ -36,7 +36,7 @@ from phaseinterp.engines.adapters import WarmEngine
 from phaseinterp.engines.result import ConformanceResult
 from phaseinterp.models.protocol import phase_model
 from phaseinterp.models.paths import refuse_hooks
-from phaseinterp._checks import Spec, takes_spec
+from phaseinterp._checks import Contains, Spec, takes_spec
 
 MODES = ("decode", "chunked_prefill", "warm", "dtype")
 DEFAULT_MODES = ("decode", "chunked_prefill", "dtype")  # warm is asked for: it costs one donor per prompt and L
@@ -164,6 +164,8 @@ def _names(name: str, value: Any, options: tuple) -> tuple:
 class ConformanceSpec(Spec):
     """`conformance`'s options, checked when made; their meanings are its parameters. Modes and dtypes
     are kept as tuples."""
+
+    NEEDS: ClassVar[dict[str, tuple[str, Any]]] = {"dtypes": ("modes", Contains("dtype"))}
 
     modes: Sequence[str] = DEFAULT_MODES
     n_per_residue: int = 8

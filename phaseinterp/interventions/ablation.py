@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence, Union, no_type_check
+from typing import Any, ClassVar, Optional, Sequence, Union, no_type_check
 
 import numpy as np
 import pandas as pd
@@ -354,6 +354,12 @@ def _head_groups(heads: Sequence[Sequence[int]], n_heads: int) -> list[tuple[int
         bad = [h for h in group if not (0 <= h < n_heads)]
         if bad or not group:
             raise UserInputError(f"heads={list(heads)}: query head ids must be in 0..{n_heads - 1}, got {group}")
+        if len(set(group)) != len(group):
+            raise UserInputError(f"heads={[list(g) for g in heads]}: the group {list(group)} names a query head twice "
+                                 "(a head is knocked out once per unit)")
+        if any(set(group) == set(g) for g in groups):
+            raise UserInputError(f"heads={[list(g) for g in heads]}: the group {list(group)} is given twice (identical "
+                                 "units would be measured twice and counted twice in the Holm correction)")
         groups.append(group)
     return groups
 
@@ -381,6 +387,8 @@ def _units(model, layers: list[int], scope: str, heads: Optional[Sequence[Sequen
 @dataclass(frozen=True)
 class AblationSpec(Spec):
     """`ablate`'s options, checked when made; their meanings are `ablate`'s parameters."""
+
+    EXCLUDES: ClassVar[dict[str, str]] = {"heads": "scope"}  # custom units replace the scope's
 
     layer: Union[int, Sequence[int], None] = None
     scope: str = "kv_head"
