@@ -219,6 +219,18 @@ def _scale_args(p):
                         "to a bounded score block, shorter ones run all at once)")
 
 
+def _paper_args(p, what: str):
+    p.add_argument("--paper", metavar="RUN", default=None,
+                   help=f"also print {what} beside the published run RUN in the same statistic "
+                        "(phaseinterp.paper.compare), e.g. kvc_w8s8_1kv_baseline or DeepSeek-V4-Flash-Base "
+                        "(`phaseinterp paper --list` names them) (default: none)")
+    p.add_argument("--paper-padding", choices=["prefix", "in-sequence"], default=None,
+                   help="with --paper: the published evaluation to compare with (default: prefix)")
+    p.add_argument("--paper-figure", metavar="PATH", default=None,
+                   help="with --paper: also write the comparison's figure here (.html, or .png with kaleido and "
+                        "Chromium) (default: none)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="phaseinterp", description="Phase sensitivity of chunk-compressed attention: "
                      "accuracy by position phase, mean replacement, gate cycling, gate statistics.")
@@ -273,6 +285,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing PNG (without it, an existing file is refused before Chromium starts)")
 
+    p = sub.add_parser("paper", help="every figure of the paper's published numbers (phaseinterp.paper)",
+                       description="Write each figure the paper's published numbers support (DeepSeek needles by "
+                       "residue; the 23 controlled runs beside the full-attention baselines; knockout maps; gates "
+                       "beside knockouts; gate cycling observed against predicted; the concentration plane) as HTML "
+                       "and offline PNG, all on DIR/index.html (check it with `phaseinterp check-report DIR`). "
+                       "--list prints the published runs instead.")
+    p.add_argument("--list", action="store_true", help="print the published runs (phaseinterp.paper.runs()) and exit")
+    p.add_argument("--no-static", action="store_true", help="HTML only: skip the PNGs (they need kaleido and Chromium)")
+    _out_arg(p, what="the figures (index.html, one .html and .png per figure, summary.json)")
+
     p = sub.add_parser("profile", help="accuracy by residue and phase (phaseinterp.phase_profile)",
                        description="Top-1 retrieval accuracy by target residue (mod R) and phase (mod S), of a "
                        "model in this process or (--engine) of a model behind an OpenAI-compatible server.")
@@ -321,6 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=_non_negative, default=0, help="prompt seed, >= 0 (default: 0)")
     _out_arg(p, what="the profile (meta.json + arrays.npz)")
     _scale_args(p)
+    _paper_args(p, "the profile (mean, worst phase, gap, period)")
 
     p = sub.add_parser("lm-eval-task", help="write MODEL's task as an lm-evaluation-harness task folder "
                        "(phaseinterp.engines.lm_eval.write_lm_eval_task)",
@@ -353,6 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fast (answer position only, equals naive to 1e-5) or naive (default: fast)")
     _out_arg(p, what="the result (meta.json + arrays.npz)")
     _scale_args(p)
+    _paper_args(p, "the knockout map (specialized units, the phases they cover)")
 
     p = sub.add_parser("cycle", help="cyclic gate shifts (phaseinterp.gate_cycling)",
                        description="Shift the gates' slot preferences by each shift and measure accuracy per "
@@ -385,6 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "gate_cycling_profile / gate_cycling_unit)")
     _out_arg(p, what="the result (meta.json + arrays.npz)")
     _scale_args(p)
+    _paper_args(p, "the profile score's R² per shift (the paper's statistic and the stricter one)")
 
     p = sub.add_parser("merge", help="combine the shard files of a --shard-dir run (phaseinterp.parallel.merge)",
                        description="Rebuild a sharded profile / ablate / cycle result from DIR's run.json and "

@@ -47,6 +47,9 @@ from phaseinterp.parallel import merge, sharded_ablate, sharded_gate_cycling_pro
 from phaseinterp.plot import pretrain_curves, save
 from phaseinterp.profile import PhaseProfile, ProfileSpec, phase_profile
 from phaseinterp.report import check as report_check
+from phaseinterp.report.paper import write_paper_figures
+from phaseinterp import paper as paper_module
+from phaseinterp._files import check_file_target
 from phaseinterp.report.sections.remedy import check_remedy
 from phaseinterp.tasks import resolve_task
 from phaseinterp.train.pretrain import PretrainConfig, check_nproc, prepare, pretrain
@@ -74,7 +77,8 @@ def zoo_markdown() -> str:
 # merge's result kind is known only from its run header, so its save checks it.
 OUT_KINDS = {"demo": "report", "report": "report", "profile": "PhaseProfile result", "ablate": "AblationResult result",
              "gates": "GateProfile result", "conformance": "ConformanceResult result", "train": "training run",
-             "pretrain": "pretraining run", "tokenizer": "tokenizer", "lm-eval-task": "lm-eval task"}
+             "pretrain": "pretraining run", "tokenizer": "tokenizer", "lm-eval-task": "lm-eval task",
+             "paper": "report"}
 
 
 def _out_kind(args) -> Optional[str]:
@@ -239,7 +243,64 @@ def run(args) -> int:
     _check_out(args)
     if getattr(args, "device", None) is not None:
         check_device(args.device)
+    if args.command in ("profile", "ablate", "cycle"):
+        _check_paper(args)
     return COMMANDS[args.command](args)
+
+
+# ------------------------------------------------------------------ the paper
+def _check_paper(args) -> None:
+    """--paper RUN (and --paper-padding, --paper-figure), before any work: a published run (one line naming
+    the valid ones), a padding it was evaluated with, a figure path that may be written."""
+    if args.paper is None:
+        for flag in ("paper_padding", "paper_figure"):
+            if getattr(args, flag) is not None:
+                raise UsageError(f"--{flag.replace('_', '-')} applies with --paper RUN only; drop it or add --paper RUN")
+        return
+    if getattr(args, "engine", None) is not None:
+        raise UsageError("--paper compares a profile run here; with --engine save it (--out DIR) and compare in Python: "
+                         "phaseinterp.paper.compare(PhaseProfile.load(DIR), RUN)")
+    if args.command == "cycle" and args.score == "unit":
+        raise UsageError("--paper compares the profile score (the paper's statistic is per shift on the whole profile); "
+                         "drop --score unit or --paper")
+    run = paper_module.resolve(args.paper)  # a bad name: one line naming the valid ones
+    if args.command == "ablate":
+        paper_module.knockout(run, args.paper_padding)
+    elif args.command == "cycle":
+        paper_module.cycling(run)
+    else:
+        paper_module.profile(run, args.paper_padding, n_permutations=1)
+    if args.paper_figure is not None:
+        check_file_target(args.paper_figure, overwrite=args.overwrite, name="--paper-figure")
+
+
+def _print_paper(args, result) -> None:
+    """The result beside the published run ``--paper`` (`phaseinterp.paper.compare`): the table, its notes,
+    and (--paper-figure) the figure."""
+    comparison = paper_module.compare(result, args.paper, args.paper_padding)
+    table = comparison.to_frame().set_index("model").T
+    print(f"\nbeside the paper's {comparison.run} ({comparison.padding}; {comparison.kind}"
+          + (f", {comparison.modulus} residues, {comparison.fold} phases" if comparison.kind == "profile" else "") + "):")
+    print(table.to_string(float_format=lambda v: f"{v:.2f}"))
+    for note in comparison.notes:
+        print(f"  note: {note}")
+    if args.paper_figure is not None:
+        for path in save(comparison.plot(), args.paper_figure, overwrite=args.overwrite):
+            print(f"wrote {path}")
+
+
+def _cmd_paper(args) -> int:
+    """``phaseinterp paper --out DIR``: every figure of the paper's published numbers (or --list: the runs)."""
+    if args.list:
+        runs = paper_module.runs()
+        print(runs[["id", "name", "kind", "W", "S", "kv_heads", "mean_pct", "gap_pp"]].to_string(index=False))
+        return 0
+    if args.out is None:
+        raise UsageError("paper needs --out DIR (a new or empty folder for the figures), or --list")
+    written = write_paper_figures(args.out, static=not args.no_static, overwrite=args.overwrite)
+    print(f"wrote {written['figures']} figures ({'HTML and PNG' if not args.no_static else 'HTML'}) and index.html "
+          f"to {written['out']}; check the page with: phaseinterp check-report {written['out']}")
+    return 0
 
 
 # ------------------------------------------------------------------ reports
@@ -346,6 +407,8 @@ def _finish(args, result) -> int:
     _print_table(result)
     _print_premise(result)
     _save(args.out, result, args.overwrite)
+    if getattr(args, "paper", None) is not None:
+        _print_paper(args, result)
     return 0
 
 
@@ -724,5 +787,5 @@ COMMANDS = {
     "profile": _cmd_profile, "ablate": _cmd_ablate, "cycle": _cmd_cycle, "gates": _cmd_gates, "merge": _cmd_merge,
     "conformance": _cmd_conformance, "train": _cmd_train, "zoo": _cmd_zoo, "memory-plan": _cmd_memory_plan,
     "experiments": _cmd_experiments, "pretrain": _cmd_pretrain, "tokenizer": _cmd_tokenizer,
-    "lm-eval-task": _cmd_lm_eval_task,
+    "lm-eval-task": _cmd_lm_eval_task, "paper": _cmd_paper,
 }

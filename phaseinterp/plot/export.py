@@ -121,8 +121,12 @@ def save_static(figures: Mapping[Union[str, Path], go.Figure], scale: float = 2.
             try:
                 with warnings.catch_warnings():  # a running session already holds plotly's kaleido options
                     warnings.filterwarnings("ignore", message="The kopts argument is ignored if using a server")
+                    # each figure's own layout size: plotly 7's write_images draws a list at kaleido's
+                    # default 700 x 500 unless the sizes are passed (fig.write_image reads the layout itself)
                     pio.write_images([figs[i] for i in todo], [temporary[i] for i in todo],
-                                     format=[kinds[i] for i in todo], scale=scale)
+                                     format=[kinds[i] for i in todo], scale=scale,
+                                     width=[figs[i].layout.width for i in todo],
+                                     height=[figs[i].layout.height for i in todo])
             except Exception as err:  # kaleido wraps browser failures in several exception types
                 raise ExportError(f"kaleido could not write {', '.join(t.name for t in targets)}: {err}") from err
             todo = [i for i in todo if not (temporary[i].is_file() and temporary[i].stat().st_size > 0)]
