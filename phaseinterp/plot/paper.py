@@ -63,7 +63,8 @@ def runs_figure(groups: dict, baselines, padding: str, title: str | None = None)
         row, col = g // cols + 1, g % cols + 1
         for j, b in enumerate(baselines):
             label = b.label.split(" (paper")[0]
-            fig.add_trace(go.Scatter(x=r, y=100 * b.residue_accuracy, mode="lines", name=label, legendgroup=label,
+            fig.add_trace(go.Scatter(x=r, y=100 * b.residue_accuracy, mode="lines", name=label,
+                                     legendgroup="baselines", legendgrouptitle_text="Full attention" if j == 0 else None,
                                      showlegend=label not in shown, line=dict(color="#999", width=1, dash=DASHES[j])),
                           row=row, col=col)
             shown.add(label)
@@ -73,13 +74,16 @@ def runs_figure(groups: dict, baselines, padding: str, title: str | None = None)
             _band(fig, r, 100 * p.residue_lower, 100 * p.residue_upper, color, row, col)
             fig.add_trace(go.Scatter(x=r, y=100 * p.residue_accuracy, mode="lines+markers", name=label,
                                      line=dict(color=color, width=1.6), marker=dict(size=4, symbol=SYMBOLS[i]),
-                                     legendgroup=label, showlegend=True), row=row, col=col)
+                                     legendgroup=name, legendgrouptitle_text=name if i == 0 else None,
+                                     showlegend=True), row=row, col=col)
         fig.update_xaxes(dtick=4, row=row, col=col, title_text="source-key position mod 24" if row == rows else None)
     for row in range(1, rows + 1):
         fig.update_yaxes(range=[0, 100], row=row, col=1, title_text="accuracy (%)")
     style(fig, title or f"The 23 controlled runs by residue beside full attention (published, {padding} padding)",
-          width=1250, height=330 * rows + 60)
-    fig.update_layout(legend=dict(orientation="v", x=1.01, y=1, font=dict(size=10)), margin=dict(r=260))
+          width=1250, height=400 * rows + 60)
+    # one legend group per panel, titled as the panel (colours repeat from panel to panel)
+    fig.update_layout(legend=dict(orientation="v", x=1.01, y=1, font=dict(size=10), tracegroupgap=4,
+                                  grouptitlefont=dict(size=11)), margin=dict(r=260))
     return fig
 
 
