@@ -94,6 +94,47 @@ def check_query_chunk(query_chunk: Any) -> Any:
     return int(query_chunk)
 
 
+def _spans(values: list[int]) -> str:
+    """``[0, 1, 2, 5, 7, 8]`` as ``0..2, 5, 7..8``."""
+    parts, start = [], None
+    for i, v in enumerate(values):
+        if start is None:
+            start = v
+        if i + 1 == len(values) or values[i + 1] != v + 1:
+            parts.append(str(start) if start == v else f"{start}..{v}")
+            start = None
+    return ", ".join(parts)
+
+
+def check_every_residue(residues: Any, modulus: int, name: str = "prompts") -> None:
+    """A `UserInputError` when ``residues`` (one per prompt or record) miss any residue ``0..modulus-1``:
+    accuracy by phase pools every residue of a phase, so a set without some of them would give NaN (or,
+    pooled anyway, a phase measured on some of its residues only). Names the missing residues and how to
+    keep every one. The one such check: prompt batches given to the experiments and records made into a
+    profile (`phaseinterp.profile.profile_from_records`) pass here."""
+    import numpy as np
+
+    present = set(np.unique(np.asarray(residues, dtype=np.int64) % modulus).tolist())
+    missing = [r for r in range(modulus) if r not in present]
+    if missing:
+        raise UserInputError(
+            f"{name} hold prompts of {len(present)} of the {modulus} residues (missing residues {_spans(missing)}): "
+            f"accuracy by phase needs every residue mod R={modulus}; to use fewer prompts keep some of each residue, "
+            "e.g. batch.subset((batch.meta.groupby('residue').cumcount() < k).to_numpy()), or pass a smaller "
+            "n_per_residue")
+
+
+def check_prompt_batch(batch: Any, name: str = "prompts") -> Any:
+    """``batch`` if it is a prompt batch (``task.generate(...)``) with at least one prompt of every residue
+    (`check_every_residue`); else a `UserInputError` naming ``name``."""
+    if not (hasattr(batch, "tokens") and hasattr(batch, "answer_pos") and hasattr(batch, "meta")):
+        raise UserInputError(f"{name}={type(batch).__name__} is not a prompt batch (task.generate(n_per_residue))")
+    if len(batch) == 0:
+        raise UserInputError(f"{name} holds 0 prompts; generate at least one per residue")
+    check_every_residue(batch.meta["residue"].to_numpy(), int(batch.residue_modulus), name)
+    return batch
+
+
 def check_n_per_residue(value: Any, modulus: int | None = None, name: str = "n_per_residue") -> int:
     """An integer >= 1 whose prompt count ``value * modulus`` stays within `MAX_PROMPTS`."""
     value = check_int(name, value, 1)

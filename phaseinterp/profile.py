@@ -16,8 +16,8 @@ from tqdm.auto import tqdm
 from phaseinterp.errors import UserInputError, applies_only, keyword_options, warn_renamed
 from phaseinterp import stats
 from phaseinterp.models.protocol import phase_model
-from phaseinterp._checks import (DEFAULT_N_PER_RESIDUE, Spec, check_device, check_fraction, check_int,
-                                 check_n_per_residue, env_flag, takes_spec)
+from phaseinterp._checks import (DEFAULT_N_PER_RESIDUE, Spec, check_device, check_every_residue, check_fraction, check_int,
+                                 check_n_per_residue, check_prompt_batch, env_flag, takes_spec)
 from phaseinterp.phase import check_residue_modulus
 from phaseinterp.results import Result
 from phaseinterp.tasks import resolve_task
@@ -375,6 +375,8 @@ class ProfileSpec(Spec):
         if len(batch) == 0:
             raise UserInputError("the batch holds 0 prompts; generate at least one per residue")
         check_residue_modulus(batch.residue_modulus, stride)
+        if batch is task:  # a generated batch holds every residue; a ready one may not
+            check_prompt_batch(batch, "task")
         return batch
 
     def result(self, records: pd.DataFrame, modulus: int, stride: int, label: str) -> "PhaseProfile | TwoAxisProfile":
@@ -682,6 +684,7 @@ def profile_from_records(
         raise UserInputError(f"interval={interval!r} is not one of {INTERVALS}")
     check_residue_modulus(modulus, stride)
     residues = records["residue"].to_numpy().astype(np.int64)
+    check_every_residue(residues, modulus, "the records")
     correct = records["correct"].to_numpy().astype(bool)
     phases = residues % stride
     residue_n = np.bincount(residues, minlength=modulus)

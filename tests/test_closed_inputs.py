@@ -223,3 +223,29 @@ def test_ablate_custom_heads_are_checked(w4s4):
         pi.ablate(w4s4, heads=[[0, 0], [0, 0]])
     with pytest.raises(UserInputError, match=r"the group \[1, 0\] is given twice"):
         pi.ablate(w4s4, heads=[[0, 1], [1, 0]])
+
+
+# ------------------------------------------------------------------ prompt sets that lack residues
+def test_a_prompt_set_that_lacks_residues_is_refused_naming_them(w4s4):
+    """The reported instance: task.generate(72).subset(slice(0, 100)) gave all-NaN phase accuracies."""
+    batch = pi.zoo.task_for(w4s4).generate(72)
+    part = batch.subset(slice(0, 100))
+    missing = sorted(set(range(24)) - set(part.meta["residue"]))
+    assert missing
+    for call in (lambda: pi.phase_profile(w4s4, part), lambda: pi.ablate(w4s4, prompts=part),
+                 lambda: pi.gate_cycling_profile(w4s4, prompts=part, shifts=[1])):
+        with pytest.raises(UserInputError, match=r"hold prompts of \d+ of the 24 residues \(missing residues "):
+            call()
+    few = batch.subset((batch.meta.groupby("residue").cumcount() < 3).to_numpy())  # the way the message says
+    profile = pi.phase_profile(w4s4, few, n_permutations=99)
+    assert np.isfinite(profile.phase_accuracy).all() and len(few) == 72
+
+
+def test_records_that_lack_residues_never_make_a_profile(tmp_path):
+    import pandas as pd
+
+    from phaseinterp.profile import profile_from_records
+
+    records = pd.DataFrame({"residue": np.arange(10) % 5, "correct": np.ones(10, bool)})
+    with pytest.raises(UserInputError, match=r"the records hold prompts of 5 of the 8 residues \(missing residues 5\.\.7\)"):
+        profile_from_records(records, 8, 4)

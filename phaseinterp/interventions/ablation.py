@@ -24,7 +24,7 @@ import pandas as pd
 from phaseinterp._checks import DEFAULT_N_PER_RESIDUE
 from phaseinterp.models.protocol import model_label as label_of
 from phaseinterp.errors import UserInputError, applies_only, renamed, when_given
-from phaseinterp._checks import check_device, check_fraction, check_n_per_residue
+from phaseinterp._checks import check_device, check_fraction, check_n_per_residue, check_prompt_batch
 from phaseinterp._files import progress_bar
 from phaseinterp.phase import check_residue_modulus
 from phaseinterp.interventions._common import (
@@ -497,11 +497,8 @@ def ablate(
         spec.refuse_changed(("n_per_residue",), "prompts= gives the prompts, so their count is fixed")
     if prompts is None:
         spec.check_task(task)
-    elif not (hasattr(prompts, "tokens") and hasattr(prompts, "answer_pos")):
-        raise UserInputError(f"prompts={type(prompts).__name__} is not a prompt batch (task.generate(n_per_residue))")
-    elif len(prompts) == 0:
-        raise UserInputError("prompts holds 0 prompts")
     else:
+        check_prompt_batch(prompts)
         check_calibration_size(spec.n_calibration, modulus)
     device = check_device(spec.device)
     if device is not None:

@@ -28,7 +28,7 @@ import torch
 from scipy import stats as scipy_stats
 
 from phaseinterp._checks import (DEFAULT_N_PER_RESIDUE, MAX_PROMPTS, Spec, check_fraction, check_int,
-                                 check_is_model, check_n_per_residue, takes_spec)
+                                 check_is_model, check_n_per_residue, check_prompt_batch, takes_spec)
 from phaseinterp.errors import UserInputError, applies_only, when_given
 from phaseinterp._files import progress_bar
 from phaseinterp.interventions._common import (check_calibrated_sweep, check_calibration_size, check_layers,
@@ -122,6 +122,7 @@ def replacement_ablation(model, task=None, *, method: str = "resample", layer=No
     if prompts is None:
         spec.check_task(task)
     else:
+        check_prompt_batch(prompts)
         check_calibration_size(spec.n_calibration, task.residue_modulus)
     method, batch_size, progress = spec.method, spec.batch_size, spec.progress
     units = _units(model, layers, "kv_head", None)
@@ -431,6 +432,8 @@ def confirm(model, task=None, *, n_per_residue: int = DEFAULT_N_PER_RESIDUE, n_c
     modulus = task.residue_modulus
     if prompts is None:
         check_n_per_residue(spec.n_per_residue, modulus)
+    else:
+        check_prompt_batch(prompts)
     check_calibration_size(spec.n_calibration, modulus)
     if nomination_prompts is None:
         check_n_per_residue(spec.nominate_per_residue, modulus, name="nominate_per_residue")

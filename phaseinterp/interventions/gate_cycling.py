@@ -22,7 +22,7 @@ import pandas as pd
 import torch
 
 from phaseinterp._checks import DEFAULT_N_PER_RESIDUE
-from phaseinterp._checks import check_n_per_residue
+from phaseinterp._checks import check_n_per_residue, check_prompt_batch
 from phaseinterp._files import progress_bar
 from phaseinterp.errors import UserInputError, applies_only, warn_renamed, when_given
 from phaseinterp.interventions._common import check_layers, cycling_note, fixed_answer_position, model_device
@@ -397,8 +397,8 @@ def gate_cycling_profile(
         spec.refuse_changed(("n_per_residue",), "prompts= gives the prompts, so their count is fixed")
     if prompts is None:
         n_per_residue = spec.size(task, baseline)
-    elif len(prompts) == 0:
-        raise UserInputError("prompts holds 0 prompts")
+    else:
+        check_prompt_batch(prompts)
     batch = prompts if prompts is not None else task.generate(n_per_residue, seed=spec.seed)
     rows = cycling_records(model, task, batch, shifts, layers_list, heads, spec, baseline)
     return CyclingResult(shifts=shifts, residue=np.asarray(batch.meta["residue"].to_numpy(), dtype=np.int64),

@@ -27,7 +27,7 @@ import pandas as pd
 import torch
 
 from phaseinterp._checks import (DEFAULT_N_PER_RESIDUE, Spec, check_fraction, check_int, check_is_model, check_layer,
-                                 check_n_per_residue, takes_spec)
+                                 check_n_per_residue, check_prompt_batch, takes_spec)
 from phaseinterp.errors import UserInputError, applies_only, when_given
 from phaseinterp import stats
 from phaseinterp.results import Result, premise_entries
@@ -194,9 +194,8 @@ def _setup(model, task, spec: IndexerSpec, prompts, what: str):
         batch = task.generate(spec.n_per_residue, seed=spec.seed)
     elif not all(hasattr(prompts, a) for a in ("tokens", "answer_pos", "answer", "meta")):
         raise UserInputError(f"prompts={type(prompts).__name__} is not a prompt batch (task.generate(n_per_residue))")
-    elif len(prompts) == 0:
-        raise UserInputError("prompts holds 0 prompts")
     else:
+        check_prompt_batch(prompts)
         spec.refuse_changed(("n_per_residue",), "prompts= gives the prompts, so their count is fixed")
         batch = prompts
     return (layers, task, batch, fixed_answer_position(batch), phase_model(model).layer_stride(layers[0]),

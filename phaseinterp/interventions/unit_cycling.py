@@ -29,7 +29,7 @@ import pandas as pd
 import torch
 
 from phaseinterp._checks import (DEFAULT_N_PER_RESIDUE, Spec, check_fraction, check_int, check_is_model,
-                                 check_n_per_residue, takes_spec)
+                                 check_n_per_residue, check_prompt_batch, takes_spec)
 from phaseinterp._files import progress_bar
 from phaseinterp import stats
 from phaseinterp.interventions._common import (check_calibrated_sweep, check_calibration_size, check_layers,
@@ -507,9 +507,8 @@ def gate_cycling_unit(
         spec.refuse_changed(("n_per_residue",), "prompts= gives the prompts, so their count is fixed")
     if prompts is None:
         spec.check_task(task)
-    elif len(prompts) == 0:
-        raise UserInputError("prompts holds 0 prompts")
     else:
+        check_prompt_batch(prompts)
         check_calibration_size(spec.n_calibration, task.residue_modulus)
     batch = prompts if prompts is not None else task.generate(spec.n_per_residue, seed=spec.seed)
     shifted, knocked, correct = unit_cycling_records(model, task, batch, shifts, layers_list, heads, spec)
