@@ -458,3 +458,139 @@ def test_bf16_parameters_without_autocast_keep_q_k_v_in_one_dtype():
         with torch.no_grad():
             logits = model(torch.randint(0, 512, (2, 16)))
         assert logits.dtype == torch.bfloat16 and torch.isfinite(logits.float()).all(), config.label
+
+
+# ------------------------------------------------------------------ planning a run's memory (issue 57)
+def _saved_bytes_per_row(config, seq_len, bf16):
+    """What a real forward of the whole model and its loss saves for the backward per row (2 rows minus 1):
+    every saved tensor's storage once, the parameters left out."""
+    from phaseinterp.models import CompressedTransformer
+
+    def saved(rows):
+        torch.manual_seed(0)
+        model = CompressedTransformer(config).train()
+        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        seen = {}
+
+        def pack(t):
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in params:
+                seen.setdefault(storage.data_ptr(), storage.nbytes())
+            return t
+
+        tokens = torch.randint(0, config.d_vocab, (rows, seq_len + 1))
+        autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
+            logits = model(tokens[:, :-1])
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten(), reduction="sum")
+        return sum(seen.values())
+
+    return saved(2) - saved(1)
+
+
+@pytest.mark.parametrize("compression", ["compressed", "full"])
+def test_the_activation_estimate_matches_what_a_real_forward_saves(compression):
+    """The plan measures one block at <= 512 tokens and extrapolates in length and depth; a real forward of
+    the whole 4-layer model at 1,024 tokens saves the same bytes per row to 10%, in fp32 and in bf16."""
+    from phaseinterp.train.plan import activation_bytes_per_row
+
+    config = preset("cpu-small", n_ctx=1024, **({"compression": None} if compression == "full" else {}))
+    for bf16 in (False, True):
+        estimate = activation_bytes_per_row(config, 1024, torch.bfloat16 if bf16 else None)
+        # the loss keeps the fp32 log-probabilities (4 bytes of the plan's 10 or 12 per logit: the rest is
+        # their gradient and the logits, alive at the backward's start, not saved)
+        predicted = estimate["layers"] + estimate["head"] + 1024 * config.d_vocab * 4
+        measured = _saved_bytes_per_row(config, 1024, bf16)
+        assert predicted == pytest.approx(measured, rel=0.10), (bf16, predicted / 2**20, measured / 2**20)
+    checkpointed = activation_bytes_per_row(config, 1024, None, activation_checkpointing=True)
+    assert checkpointed["layers"] < estimate["layers"] and checkpointed["logits"] > estimate["logits"]  # fp32 logits
+
+
+def test_a_plan_names_the_memory_per_device_and_what_would_fit():
+    from phaseinterp.train.plan import GIB, plan_memory
+    from phaseinterp.train.pretrain import PretrainConfig
+
+    config = preset("cpu-small", n_ctx=512)
+    tc = PretrainConfig(seq_len=512, global_batch=8)
+    roomy = plan_memory(config, tc, nproc=2, device_gib=8)
+    assert roomy.fits and roomy.sharded and roomy.rows_per_device == 4 and roomy.micro_batch == 4
+    assert set(roomy.per_device) == {"parameters", "gradients", "optimizer", "working copies", "activations", "logits"}
+    n = roomy.parameters
+    assert roomy.per_device["optimizer"] == 8 * n // 2 and roomy.per_device["parameters"] == 4 * n // 2
+    assert roomy.per_device["activations"] == 4 * (roomy.per_row["layers"] + roomy.per_row["head"])
+    one_row = roomy.per_row["layers"] + roomy.per_row["head"] + roomy.per_row["logits"]
+    # a device that holds 2 rows per forward but not 4: the plan refuses and names --micro-batch 2
+    tight = plan_memory(config, tc, nproc=2, device_gib=(roomy.total - 1.5 * one_row) / 0.9 / GIB)
+    assert not tight.fits and "--micro-batch 2" in tight.advice and "global batch of 8" in tight.advice
+    assert "does NOT fit" in tight.table() and "per row" in tight.table()
+    hopeless = plan_memory(config, tc, nproc=2, device_gib=1e-4)
+    assert not hopeless.fits and "does not fit: more processes" in hopeless.advice
+    with pytest.raises(UserInputError, match="global_batch=8 is not divisible by nproc=3"):
+        plan_memory(config, tc, nproc=3)
+
+
+@pytest.mark.slow
+def test_pretrain_plan_from_the_command_line_needs_no_data():
+    """``pretrain --plan`` prints the per-device memory and the preset's recipe with no data, tokenizer or
+    --out; a run that cannot fit exits 2 naming what would fit."""
+    fits = _cli("pretrain", "--plan", "--preset", "cpu-small", "--seq-len", "256", "--global-batch", "8",
+                "--nproc", "2", "--device-memory", "4", timeout=300)
+    assert fits.returncode == 0, fits.stderr[-2000:]
+    assert "per device:" in fits.stdout and ": fits" in fits.stdout and "activations" in fits.stdout
+    big = _cli("pretrain", "--plan", "--preset", "qwen3-100m", "--seq-len", "512", "--global-batch", "16",
+               "--nproc", "2", "--device-memory", "6", timeout=300)
+    assert big.returncode == 2, big.stderr[-2000:]
+    assert "lr 0.0006, warm-up 380 steps" in big.stdout  # the preset's recipe
+    assert "does NOT fit" in big.stdout and "would fit with" in big.stderr and "--micro-batch" in big.stderr
+    missing = _cli("pretrain", "--preset", "tiny", "--seq-len", "64", timeout=120)
+    assert missing.returncode == 2 and "pretrain needs --data" in missing.stderr
+
+
+def test_presets_carry_their_own_recipe():
+    from phaseinterp.train.pretrain import PretrainConfig, preset_recipe
+
+    big = PretrainConfig(**preset_recipe("qwen3-0.6b"))
+    assert (big.lr, big.warmup_steps, big.global_batch, big.seq_len) == (3e-4, 380, 64, 2048)
+    assert big.steps * big.global_batch * big.seq_len == pytest.approx(5e8, rel=0.001)  # the reproduction's budget
+    assert PretrainConfig(**preset_recipe("qwen3-100m")).lr == 6e-4
+    assert preset_recipe("cpu-small") == {} and preset_recipe("tiny") == {}  # the CPU defaults
+
+
+# ------------------------------------------------------------------ gates and snapshots (issue 57)
+def test_gate_parameters_and_the_embedding_are_not_weight_decayed():
+    """AdamW decays the matrices but the embedding and every gate parameter (own kernel: Z_k, Z_v, b_k, b_v;
+    DeepSeek's: gate_proj, position_bias): decay would pull each gate toward uniform."""
+    from phaseinterp.models import CompressedTransformer
+    from phaseinterp.train.pretrain import PretrainConfig, _optimizer, decayed_parameter_names
+
+    for config, gates in ((preset("tiny"), {"Z_k", "Z_v", "b_k", "b_v"}),
+                          (preset("tiny", compression="deepseek", gate="vector"), {"gate_proj", "position_bias"})):
+        model = CompressedTransformer(config)
+        names = dict(model.named_parameters())
+        decayed = set(decayed_parameter_names(model))
+        assert {n for n in names if n.split(".")[-1] in gates} & decayed == set()
+        assert {f"blocks.{i}.attn.compressor.{g}" for i in range(2) for g in gates} <= set(names)
+        assert "W_E" not in decayed and {"blocks.0.attn.W_Q", "blocks.1.mlp.W_out"} <= decayed
+        assert all(names[n].ndim >= 2 for n in decayed)
+        if config.compression == "deepseek":
+            assert "blocks.0.attn.compressor.kv_proj" in decayed  # the payload map is a matrix like the others
+        groups = _optimizer(model, PretrainConfig(weight_decay=0.1)).param_groups
+        assert [g["weight_decay"] for g in groups] == [0.1, 0.0]
+        assert {id(p) for p in groups[0]["params"]} == {id(names[n]) for n in decayed}
+
+
+def test_keep_every_keeps_the_snapshots_at_its_multiples(tmp_path):
+    """Checkpoints every 100 steps with keep_every=300: the newest two and every multiple of 300 survive."""
+    from phaseinterp.train.compressed import publish_checkpoint
+
+    for keep_every, expected in ((300, [300, 600, 900, 1000]), (None, [900, 1000])):
+        root = tmp_path / f"checkpoints-{keep_every}"
+        root.mkdir()
+        for step in range(100, 1001, 100):
+            tmp = root / f".step_{step:06d}.tmp"
+            tmp.mkdir()
+            (tmp / "state").write_text(str(step))
+            publish_checkpoint(root, tmp, f"step_{step:06d}", keep_every=keep_every)
+        assert sorted(int(p.name[5:]) for p in root.glob("step_*")) == expected
+        assert (root / "LATEST").read_text().strip() == "step_001000"

@@ -482,9 +482,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "positional, memory, local_window, window_offsets; compression=none for the twin); repeatable")
     p.add_argument("--config", default=None, help='a JSON file {"model": {field: value}, "train": {field: value}} '
                    "for anything else (flags given on the command line win)")
-    p.add_argument("--data", required=True, help="a text, JSONL or parquet file, a folder of them, or a datasets "
-                   "folder written by save_to_disk")
-    p.add_argument("--tokenizer", required=True, help="a folder with tokenizer.json (`phaseinterp tokenizer train`)")
+    p.add_argument("--data", default=None, help="a text, JSONL or parquet file, a folder of them, or a datasets "
+                   "folder written by save_to_disk (required but with --plan)")
+    p.add_argument("--tokenizer", default=None, help="a folder with tokenizer.json (`phaseinterp tokenizer train`; "
+                   "required but with --plan, where it only sets d_vocab)")
     p.add_argument("--seq-len", type=_positive, default=None, help="tokens per training sequence, a multiple of "
                    "the stride (default: 512)")
     p.add_argument("--global-batch", type=_positive, default=None,
@@ -511,7 +512,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nproc", type=_positive, default=1,
                    help="processes (torchrun): at most the CUDA devices, or the CPU cores without CUDA (default: 1)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out; refuses changed settings")
-    _out_arg(p, required=True, what="the run (checkpoints, curves, the final model)", overwrite=False)
+    p.add_argument("--plan", action="store_true",
+                   help="print the per-device memory (parameters, gradients, optimizer state, activations and logits "
+                        "per row and per device) and whether it fits --device-memory, naming the micro-batch or "
+                        "activation checkpointing that would; no data, tokenizer or --out needed; exits 2 when it "
+                        "does not fit (phaseinterp.train.plan)")
+    p.add_argument("--device-memory", type=_positive_float, default=None, metavar="GIB",
+                   help="with --plan: GiB per device (default: this machine's CUDA device, else 80 for a GPU)")
+    _out_arg(p, what="the run (checkpoints, curves, the final model); required but with --plan", overwrite=False)
 
     p = sub.add_parser("tokenizer", help="train a byte-level BPE tokenizer on local text")
     tsub = p.add_subparsers(dest="tokenizer_command", required=True, parser_class=_Parser, metavar="TOKENIZER_COMMAND")

@@ -52,7 +52,9 @@ from phaseinterp import paper as paper_module
 from phaseinterp._files import check_file_target
 from phaseinterp.report.sections.remedy import check_remedy
 from phaseinterp.tasks import resolve_task
-from phaseinterp.train.pretrain import PretrainConfig, check_nproc, prepare, pretrain
+from phaseinterp.train.plan import plan_memory
+from phaseinterp.train.pretrain import (EXECUTION_FIELDS, RUN_FILE, PretrainConfig, check_nproc, prepare, preset_recipe,
+                                        pretrain)
 from phaseinterp.train.tokenizer import TextTokenizer, train_tokenizer
 from phaseinterp.zoo import deepseek_v4 as hf_zoo
 
@@ -657,12 +659,21 @@ def _pretrain_settings(args):
                              f"(found: {sorted(file) if isinstance(file, dict) else type(file).__name__})")
     model = dict(file.get("model", {}))
     model.update(dict(_parse_override(t) for t in args.overrides))
-    tokenizer = TextTokenizer(args.tokenizer)
-    model.setdefault("d_vocab", tokenizer.vocab_size)
+    if args.tokenizer is not None:
+        model.setdefault("d_vocab", TextTokenizer(args.tokenizer).vocab_size)
+    # the recipe's base: the run's own record on --resume (its execution settings aside), else the preset's
+    base = preset_recipe(args.preset)
+    record = Path(args.out) / RUN_FILE if args.out is not None else None
+    if args.resume and record is not None and record.is_file():
+        try:
+            recorded = json.loads(record.read_text()).get("train", {})
+        except (OSError, ValueError):
+            recorded = {}
+        base = {k: v for k, v in recorded.items() if k not in EXECUTION_FIELDS}
     flags = dict(seq_len=args.seq_len, global_batch=args.global_batch, micro_batch=args.micro_batch, steps=args.steps,
                  seed=args.seed, lr=args.lr, needle_fraction=args.needle_fraction, max_minutes=args.max_minutes,
                  keep_every=args.keep_every)
-    train = {**file.get("train", {}), **{k: v for k, v in flags.items() if v is not None}}
+    train = {**base, **file.get("train", {}), **{k: v for k, v in flags.items() if v is not None}}
     if args.activation_checkpointing:
         train["activation_checkpointing"] = True
     if args.compile:
@@ -683,6 +694,13 @@ def _cmd_pretrain(args) -> int:
     """``phaseinterp pretrain``: every check and the tokenized corpus in this process, then the run here
     (one process, or this is a torchrun worker) or under torchrun (``--nproc K``)."""
     config, tc = _pretrain_settings(args)
+    if args.plan:
+        return _pretrain_plan(args, config, tc)
+    for flag, value in (("--data", args.data), ("--tokenizer", args.tokenizer), ("--out", args.out)):
+        if value is None:
+            raise UsageError(f"pretrain needs {flag} (only --plan runs without --data, --tokenizer and --out)")
+    if args.device_memory is not None:
+        raise UsageError("--device-memory applies to --plan only, where it sets the memory to plan against")
     worker = "LOCAL_RANK" in os.environ
     if not worker:
         check_nproc(args.nproc)
@@ -712,6 +730,21 @@ def _cmd_pretrain(args) -> int:
         last = result.curves.iloc[-1]
         print(f"pretrained {config.label}: step {int(last.step)}, {int(last.tokens):,} tokens, loss {last.loss:.4f}; "
               f"the folder {args.out} loads with phaseinterp.load and profiles with `phaseinterp profile {args.out}`")
+    return 0
+
+
+def _pretrain_plan(args, config, tc) -> int:
+    """``phaseinterp pretrain --plan``: the per-device memory of the run asked for (`plan_memory`), for
+    --nproc devices (not this machine's: a GPU run is planned from a CPU machine); exits 2 when it does not fit."""
+    plan = plan_memory(config, tc, nproc=args.nproc, device_gib=args.device_memory)
+    print(f"plan: {config.label}, {args.preset} (d_vocab {config.d_vocab:,}); lr {tc.lr:g}, warm-up "
+          f"{tc.warmup_steps} steps, {tc.steps:,} steps of {tc.global_batch} x {tc.seq_len} tokens "
+          f"({tc.steps * tc.global_batch * tc.seq_len / 1e6:,.0f}M tokens)")
+    print(plan.table())
+    if not plan.fits:
+        print(f"pretrain --plan: the run needs {plan.total / 2**30:.1f} GiB per device, more than "
+              f"{plan.usable / 2**30:.1f} GiB usable of {plan.device_bytes / 2**30:.1f}; {plan.advice}", file=sys.stderr)
+        return 2
     return 0
 
 
