@@ -2,6 +2,7 @@
 with the published run in the same statistic (phaseinterp.paper.compare). Prints a markdown table.
 
     python benchmarks/zoo_beside_paper.py [--n-per-residue 72]
+    python benchmarks/zoo_beside_paper.py --cycling     # gate cycling: the paper's R² (corr2) per shift
 """
 
 import argparse
@@ -19,10 +20,35 @@ PAIRS = [  # (zoo model, published run): the closest geometry the paper publishe
 ]
 
 
+CYCLING = [  # (zoo model, shifts, published gate-cycling run to set beside it)
+    ("w4s4-1kv-shared", [-1, 1, 2], "kvc_w12s12_4kv"),  # no S = 4 run was cycled in the paper
+    ("w12s12-4kv", [-3, -2, -1, 1, 2, 3], "kvc_w12s12_4kv"),
+]
+
+
+def cycling(n_per_residue: int) -> None:
+    print("| zoo model | shifts | paper's R² (corr2) per shift | strict R² per shift | premise | published run: paper's R² "
+          "| seconds |")
+    print("|---|---|---|---|---|---|---|")
+    for name, shifts, run in CYCLING:
+        start = time.time()
+        result = pi.gate_cycling_profile(pi.load(name), shifts=shifts, n_per_residue=n_per_residue, progress=False)
+        t = pi.paper.compare(result, run)
+        mine = t.detail[t.detail.model == result.model_label]
+        theirs = t.detail[t.detail.model != result.model_label]
+        premise = "holds" if result.premise_holds else "FAILS: " + "; ".join(result.premise_notes)[:160]
+        print(f"| {name} | {', '.join(f'{d:+d}' for d in mine['shift'])} | "
+              f"{', '.join(f'{v:.2f}' for v in mine.paper_r2)} | {', '.join(f'{v:.2f}' for v in mine.r2)} | {premise} | "
+              f"{run}: {', '.join(f'{v:.2f}' for v in theirs.paper_r2)} | {time.time() - start:.0f} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n-per-residue", type=int, default=72)
+    parser.add_argument("--cycling", action="store_true")
     args = parser.parse_args()
+    if args.cycling:
+        return cycling(args.n_per_residue)
     print("| zoo model | published run | S | mean % (zoo / paper) | worst phase % | gap pp (24 residues) | "
           "phase gap pp | period | seconds |")
     print("|---|---|---|---|---|---|---|---|---|")
