@@ -74,6 +74,7 @@ class PhaseProfile(Result):
     records: pd.DataFrame
     axis: str = "target"
     source: str = ""
+    period_attainable_p: float = float("nan")
 
     def __post_init__(self) -> None:
         if len(self.residue_n) != self.modulus or len(self.phase_n) != self.stride:
@@ -122,6 +123,20 @@ class PhaseProfile(Result):
     def best_phase(self) -> int:
         """The phase with the highest accuracy (the first of ties)."""
         return int(np.nanargmax(self.phase_accuracy))
+
+    @property
+    def period_undetermined(self) -> bool:
+        """True when the period test could not reach significance at this design whatever the accuracies'
+        arrangement (``period_attainable_p > 0.05``, e.g. 8 residues on the length axis): ``period`` None
+        then says nothing about a period."""
+        return self.period is None and bool(self.period_attainable_p > 0.05)
+
+    @property
+    def period_verdict(self) -> str:
+        """The period test in words: ``"4 (p=0.0005)"``, ``"none (best 6, p=0.426)"`` or ``"undetermined at
+        this design ..."`` with the best attainable p and what design would decide it."""
+        return stats.PeriodTest(self.period, self.best_period, self.period_p_value, 0.0, {}, np.zeros(0), 0.05,
+                                min_attainable_p=self.period_attainable_p).verdict(self.modulus)
 
     # -------------------------------------------------------------- frames
     def to_frame(self) -> pd.DataFrame:
@@ -184,8 +199,10 @@ class PhaseProfile(Result):
             "best_phase_interval": [float(self.phase_lower[self.best_phase]), float(self.phase_upper[self.best_phase])],
             "phase_gap": self.phase_gap,
             "period": self.period,
+            "period_verdict": self.period_verdict,
             "best_period": self.best_period,
             "period_p_value": self.period_p_value,
+            "period_attainable_p": self.period_attainable_p,
             "homogeneity_p_value": self.homogeneity_p_value,
             "interval_method": self.interval_method,
             "confidence": self.confidence,
@@ -715,9 +732,9 @@ def profile_from_records(
 
     if (residue_n > 0).all():
         test = stats.detect_period(residue_acc, n_permutations=n_permutations, seed=seed)
-        period, best_period, p_period = test.period, test.best_period, test.p_value
+        period, best_period, p_period, p_floor = test.period, test.best_period, test.p_value, test.min_attainable_p
     else:  # a residue without prompts: no profile to test
-        period, best_period, p_period = None, None, float("nan")
+        period, best_period, p_period, p_floor = None, None, float("nan"), float("nan")
     return PhaseProfile(
         label=label,
         modulus=modulus,
@@ -737,6 +754,7 @@ def profile_from_records(
         period=period,
         best_period=best_period,
         period_p_value=p_period,
+        period_attainable_p=p_floor,
         homogeneity_p_value=stats.homogeneity_test(phase_k, phase_n).p_value,
         records=records.reset_index(drop=True),
         axis=axis,

@@ -148,6 +148,27 @@ class PeriodTest:
     p_values: dict[int, float] = field(default_factory=dict)
     harmonic_share: dict[int, float] = field(default_factory=dict)
     min_share: float = 0.9
+    min_attainable_p: float = float("nan")
+
+    @property
+    def undetermined(self) -> bool:
+        """True when no arrangement of these R values could reach ``alpha``: the test cannot say yes at
+        this design (``min_attainable_p > alpha``), so its ``period=None`` is no evidence of "no period"."""
+        return self.period is None and bool(self.min_attainable_p > self.alpha)
+
+    def verdict(self, n_residues: int | None = None) -> str:
+        """The result in words: ``"4 (p=0.0005)"``, ``"none (best 6, p=0.426)"``, or ``"undetermined at this
+        design (...)"`` with the attainable minimum p and what design would decide it."""
+        if self.period is not None:
+            return f"{self.period} (p={self.p_value:.3g})"
+        if self.undetermined:
+            R = f"R={n_residues} residues" if n_residues else "these residues"
+            more = f" (e.g. R={3 * self.best_period})" if self.best_period else ""
+            return (f"undetermined at this design: the best attainable p with {R} of these values is "
+                    f"{self.min_attainable_p:.3g} > alpha={self.alpha:g} (observed p={self.p_value:.3g}); more "
+                    f"repeats of the candidate period{more} would decide it")
+        best = f"best {self.best_period}, " if self.best_period else ""
+        return f"none ({best}p={self.p_value:.3g})"
 
 
 def _harmonic_sums(profiles: np.ndarray, periods: list[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -235,7 +256,12 @@ def detect_period(
     rng = np.random.default_rng(seed)
     null_f = _period_f_statistics(rng.permuted(np.tile(x, (n_permutations, 1)), axis=1), periods)
     statistic = float(observed[best])
-    p_value = float((1 + np.sum(null_f.max(axis=1) >= statistic)) / (1 + n_permutations))
+    null_max = null_f.max(axis=1)
+    p_value = float((1 + np.sum(null_max >= statistic)) / (1 + n_permutations))
+    # The smallest p any arrangement of these values can get: the share of permutations tied with the most
+    # extreme one (8 residues holding one failing residue per 4: 4 of the 28 arrangements, p >= 0.14).
+    top = max(statistic, float(null_max.max()))
+    min_attainable_p = float((1 + np.sum(null_max >= top * (1 - 1e-9))) / (1 + n_permutations))
     p_each = (1 + (null_f >= observed[None, :]).sum(axis=0)) / (1 + n_permutations)
     fundamental = periods[best]
     for i, P in enumerate(periods):
@@ -253,6 +279,7 @@ def detect_period(
         p_values={P: float(p) for P, p in zip(periods, p_each)},
         harmonic_share={P: float(s) for P, s in zip(periods, share)},
         min_share=min_share,
+        min_attainable_p=min_attainable_p,
     )
 
 

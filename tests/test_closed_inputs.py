@@ -249,3 +249,29 @@ def test_records_that_lack_residues_never_make_a_profile(tmp_path):
     records = pd.DataFrame({"residue": np.arange(10) % 5, "correct": np.ones(10, bool)})
     with pytest.raises(UserInputError, match=r"the records hold prompts of 5 of the 8 residues \(missing residues 5\.\.7\)"):
         profile_from_records(records, 8, 4)
+
+
+# ------------------------------------------------------------------ a test that cannot say yes says so
+def test_a_period_test_that_cannot_reach_significance_says_undetermined():
+    """The reported instance: 8 residues, a perfect period-4 pattern (accuracy [1 1 1 0 1 1 1 0]) read
+    `period None` at p 0.14, the best this design can give; 12 residues of the same engine read 4."""
+    import pandas as pd
+
+    from phaseinterp import stats
+    from phaseinterp.profile import profile_from_records
+
+    test = stats.detect_period([1, 1, 1, 0, 1, 1, 1, 0], seed=0)
+    assert test.period is None and test.undetermined
+    assert 0.1 < test.min_attainable_p < 0.2 and test.min_attainable_p > test.alpha
+    assert "undetermined at this design" in test.verdict(8) and "R=12" in test.verdict(8)
+    assert stats.detect_period([1, 1, 1, 0] * 3, seed=0).period == 4
+    noise = stats.detect_period(np.random.default_rng(0).random(24), seed=0)
+    assert noise.period is None and not noise.undetermined and noise.verdict().startswith("none")
+
+    residues = np.repeat(np.arange(8), 50)
+    records = pd.DataFrame({"residue": residues, "correct": residues % 4 != 3})
+    profile = profile_from_records(records, 8, 4, axis="length")
+    assert profile.period is None and profile.period_undetermined
+    assert profile.to_dict()["period_verdict"].startswith("undetermined at this design")
+    assert "undetermined" in profile.summary().loc["period_verdict", "value"]
+    assert "undetermined at this design" in profile.plot().layout.title.text

@@ -24,7 +24,8 @@ def profiles_figure(profiles: Sequence, title: str | None = None) -> go.Figure:
         color = PALETTE[i % len(PALETTE)]
         line = dict(color=color, dash=DASHES[i % len(DASHES)])
         marker = dict(symbol=SYMBOLS[i % len(SYMBOLS)], size=7)
-        period = f"period {p.period}" if p.period is not None else "no significant period"
+        period = (f"period {p.period}" if p.period is not None else "period undetermined at this design"
+                  if getattr(p, "period_undetermined", False) else "no significant period")
         name = f"{p.label} (mean {p.mean:.2f}, {period})"
         r = np.arange(p.modulus)
         fig.add_trace(go.Scatter(

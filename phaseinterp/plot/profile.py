@@ -70,7 +70,8 @@ def plot_profile(profile: Any) -> go.Figure:
         row=1,
         col=2,
     )
-    period = "none" if profile.period is None else str(profile.period)
+    period = ("undetermined at this design" if getattr(profile, "period_undetermined", False)
+              else "none" if profile.period is None else str(profile.period))
     fig.update_layout(
         title=(
             f"{profile.label}: mean {profile.mean:.1%}, worst phase(s) {list(profile.worst_phases)} "
@@ -97,8 +98,8 @@ def plot_two_axis(result: Any) -> go.Figure:
     ))
     t, ell = result.target, result.length
     fig.update_layout(
-        title=(f"{result.label}: target-phase gap {t.phase_gap:.1%} (period {t.period or 'none'}), "
-               f"length-phase gap {ell.phase_gap:.1%} (period {ell.period or 'none'})"),
+        title=(f"{result.label}: target-phase gap {t.phase_gap:.1%} (period {_period_words(t)}), "
+               f"length-phase gap {ell.phase_gap:.1%} (period {_period_words(ell)})"),
         xaxis={"title": "prompt-length phase"}, yaxis={"title": "target phase", "autorange": "reversed"},
         template="plotly_white",
     )
@@ -119,3 +120,11 @@ def plot_docstring(result: Any) -> go.Figure:
         template="plotly_white",
     )
     return fig
+
+
+def _period_words(profile) -> str:
+    """A profile's period for a title: the period, "none", or "undetermined at this design" (the test
+    could not reach significance with these residues: `PhaseProfile.period_undetermined`)."""
+    if getattr(profile, "period_undetermined", False):
+        return "undetermined at this design"
+    return "none" if profile.period is None else str(profile.period)

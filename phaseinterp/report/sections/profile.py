@@ -137,7 +137,7 @@ class PromptLength(Section):
         ctx.figures["prompt_length"] = result.plot()
         rows = "".join(
             f"<tr><td style='text-align:left'>{axis}</td><td>{100 * p.phase_gap:.1f} pp</td>"
-            f"<td>{p.period if p.period is not None else 'none'}</td><td>{p.homogeneity_p_value:.3g}</td></tr>"
+            f"<td>{p.period_verdict}</td><td>{p.homogeneity_p_value:.3g}</td></tr>"
             for axis, p in (("target phase", result.target), ("prompt-length phase", result.length)))
         ctx.tables["prompt_length"] = ("<table><tr><th>axis</th><th>phase gap</th><th>period</th>"
                                        f"<th>homogeneity p</th></tr>{rows}</table>")
