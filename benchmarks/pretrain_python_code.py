@@ -18,7 +18,7 @@ tree. 256-token sequences, 8 per step, 24,000 steps (49.2M tokens, twice the pre
 formation point for this batch and context), no needle rows (pure text), the held-out needle probe
 every 500 steps.
 
-``probe`` scores kept snapshots (the newest by default; ``--step N`` or ``--all-steps``) without
+``probe`` scores kept snapshots (the newest by default; ``--step N[,M...]`` or ``--all-steps``) without
 fine-tuning on five probes built from the held-out split: ``copy`` (`SpanCopy`: a random 8-token span
 copied, by its source token's phase), ``identifier`` (`IdentifierRecall`: an identifier's next token at
 its use, by the phase of its definition) and ``identifier-nodef`` (the same prompts, the definition
@@ -185,7 +185,11 @@ def probe(args) -> int:
         if not kept:
             print(f"{arm}: no kept snapshot yet")
             continue
-        steps = kept if args.all_steps else [args.step] if args.step is not None else [None]
+        steps = kept if args.all_steps else args.step or [None]
+        missing = [step for step in steps if step is not None and step not in kept]
+        if missing:
+            print(f"{arm}: steps {missing} are not kept snapshots (kept: {kept})", file=sys.stderr)
+            return 2
         split_key = (folder / "data" / "manifest.json").read_text()
         if split_key not in batches_by_split:
             t0 = time.time()
@@ -233,6 +237,16 @@ def probe(args) -> int:
     return 0
 
 
+def _steps(text: str) -> list[int]:
+    try:
+        steps = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of steps") from None
+    if not steps or min(steps) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: steps are positive integers")
+    return steps
+
+
 def _append_csv(path: Path, frame) -> None:
     """``frame`` appended to the CSV at ``path`` (written whole, atomically: an interrupted run loses
     at most the snapshot it was scoring)."""
@@ -264,7 +278,8 @@ def main(argv=None) -> int:
     p.add_argument("--root", required=True, help="the runs' folder (read only)")
     p.add_argument("--out", required=True, help="the per-residue CSV (appended; OUT-summary.csv beside it)")
     p.add_argument("--arms", default=DEFAULT_ORDER, help=f"comma-separated (default {DEFAULT_ORDER})")
-    p.add_argument("--step", type=int, default=None, help="this kept snapshot (default: the newest)")
+    p.add_argument("--step", type=_steps, default=None, help="these kept snapshots, e.g. 4000 or 2000,4000 "
+                   "(default: the newest)")
     p.add_argument("--all-steps", action="store_true", help="every kept snapshot")
     p.add_argument("--probes", default=",".join(PROBES), help=f"comma-separated (default {','.join(PROBES)})")
     p.add_argument("--copy-per-residue", type=int, default=400, help="span-copy prompts per residue mod 24 (400: "
