@@ -70,6 +70,22 @@ def done_steps(folder: Path) -> int:
     return int(latest.name[5:]) if latest is not None else 0
 
 
+def share_tokens(root: Path, arm: str) -> None:
+    """Hard-link a sibling arm's tokenized corpus into ``ROOT/ARM/data`` before the arm's first chunk:
+    every arm reads the same corpus with the same tokenizer, and `tokenize_corpus` reuses a cache keyed
+    on that content (re-tokenizing 160 MiB costs each arm about 10 minutes)."""
+    target = root / arm / "data"
+    if (target / "manifest.json").is_file():
+        return
+    for sibling in sorted(root.glob("*/data/manifest.json")):
+        source = sibling.parent
+        target.mkdir(parents=True, exist_ok=True)
+        for name in ("train.bin", "heldout.bin", "manifest.json"):  # the manifest last: it names a complete cache
+            if not (target / name).exists():
+                os.link(source / name, target / name)
+        return
+
+
 def train(args) -> int:
     from phaseinterp.train.pretrain import pretrain
     from phaseinterp.train.tokenizer import TextTokenizer
@@ -88,6 +104,7 @@ def train(args) -> int:
             if not pending:
                 break
             for arm in pending:
+                share_tokens(root, arm)
                 t0 = time.time()
                 result = pretrain(architecture(arm, d_vocab), os.path.expanduser(args.data),
                                   os.path.expanduser(args.tokenizer), recipe(args.steps, ARMS[arm][1], args.keep_every),
