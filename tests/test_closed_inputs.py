@@ -275,3 +275,37 @@ def test_a_period_test_that_cannot_reach_significance_says_undetermined():
     assert profile.to_dict()["period_verdict"].startswith("undetermined at this design")
     assert "undetermined" in profile.summary().loc["period_verdict", "value"]
     assert "undetermined at this design" in profile.plot().layout.title.text
+
+
+# ------------------------------------------------------------------ a browser that dies at start
+@pytest.fixture
+def dying_browser(tmp_path, monkeypatch):
+    """A "Chromium" that exits at once (root without --no-sandbox, a snap stub on PATH)."""
+    pytest.importorskip("kaleido")
+    browser = tmp_path / "chromium"
+    browser.write_text("#!/bin/sh\necho 'dying browser' >&2\nexit 1\n")
+    browser.chmod(0o755)
+    monkeypatch.setenv("BROWSER_PATH", str(browser))
+    return browser
+
+
+def test_a_dying_browser_fails_the_export_fast_and_leaves_nothing(dying_browser, tmp_path):
+    """The reported hang: `report` with such a browser printed every section, then waited forever on
+    kaleido's task queue (its server thread had died); nothing written, `.R.*.tmp` left beside it."""
+    import time
+
+    import plotly.graph_objects as go
+
+    from phaseinterp.plot import export
+
+    fig = go.Figure(go.Scatter(y=[1, 2]))
+    out = tmp_path / "out"
+    started = time.monotonic()
+    with pytest.raises(export.ExportError, match="stopped while drawing|could not write"):
+        with export.static_session(True):
+            export.save_static({out / "a.png": fig, out / "b.png": fig})
+    assert time.monotonic() - started < 60
+    assert not [p for p in out.iterdir()] if out.exists() else True
+    with pytest.raises(export.ExportError):  # without a session: the one-shot path raises too
+        export.save(fig, tmp_path / "x.png")
+    assert not list(tmp_path.glob(".*.tmp*")) and not (tmp_path / "x.png").exists()

@@ -9,7 +9,7 @@ import threading
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Iterator, Mapping, Optional, Union
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Union
 
 import plotly.graph_objects as go
 import plotly.io as pio
@@ -105,6 +105,7 @@ def save_static(figures: Mapping[Union[str, Path], go.Figure], scale: float = 2.
         t.parent.mkdir(parents=True, exist_ok=True)
     if _warming is not None:
         _warming.join()  # a `static_session` is starting the browser: wait for it rather than start another
+    _drop_dead_server()  # a browser that died at start: draw without the session (that path raises at once)
     temporary: list[Path] = []
     figs = list(figures.values())
     try:
@@ -123,10 +124,10 @@ def save_static(figures: Mapping[Union[str, Path], go.Figure], scale: float = 2.
                     warnings.filterwarnings("ignore", message="The kopts argument is ignored if using a server")
                     # each figure's own layout size: plotly 7's write_images draws a list at kaleido's
                     # default 700 x 500 unless the sizes are passed (fig.write_image reads the layout itself)
-                    pio.write_images([figs[i] for i in todo], [temporary[i] for i in todo],
-                                     format=[kinds[i] for i in todo], scale=scale,
-                                     width=[figs[i].layout.width for i in todo],
-                                     height=[figs[i].layout.height for i in todo])
+                    _while_server_lives(functools.partial(
+                        pio.write_images, [figs[i] for i in todo], [temporary[i] for i in todo],
+                        format=[kinds[i] for i in todo], scale=scale, width=[figs[i].layout.width for i in todo],
+                        height=[figs[i].layout.height for i in todo]))
             except Exception as err:  # kaleido wraps browser failures in several exception types
                 raise ExportError(f"kaleido could not write {', '.join(t.name for t in targets)}: {err}") from err
             todo = [i for i in todo if not (temporary[i].is_file() and temporary[i].stat().st_size > 0)]
@@ -144,6 +145,53 @@ def save_static(figures: Mapping[Union[str, Path], go.Figure], scale: float = 2.
 
 
 _warming: Optional[threading.Thread] = None
+
+
+def _server():
+    """kaleido's sync server (the browser a `static_session` started), when one is running; else None."""
+    try:
+        from kaleido._sync_server import GlobalKaleidoServer
+    except ImportError:  # another kaleido: no session of ours to watch
+        return None
+    server = GlobalKaleidoServer()
+    return server if server.is_running() and hasattr(server, "_thread") else None
+
+
+def _drop_dead_server() -> None:
+    """Forget a kaleido server whose browser died (its thread ended: Chromium closed right after
+    starting, e.g. root without --no-sandbox or a snap stub): a call to it would wait forever."""
+    server = _server()
+    if server is not None and not server._thread.is_alive():
+        server.close(silence_warnings=True)  # the thread is gone: close only resets kaleido's singleton
+
+
+def _while_server_lives(write: Callable[[], Any], poll: float = 0.2) -> Any:
+    """``write()``, watched: when a kaleido server is running, the write runs in a helper thread and an
+    `ExportError` is raised as soon as the server's thread dies (its browser crashed), instead of
+    waiting forever on kaleido's task queue, which nobody then serves."""
+    server = _server()
+    if server is None:
+        return write()
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = write()
+        except BaseException as err:  # noqa: BLE001 -- re-raised in the caller's thread
+            outcome["error"] = err
+
+    worker = threading.Thread(target=run, name="phaseinterp-kaleido-write", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(poll)
+        if worker.is_alive() and not server._thread.is_alive():
+            server.close(silence_warnings=True)
+            raise ExportError("kaleido's browser (Chromium) stopped while drawing: its server thread ended and no "
+                              "image came back; nothing was written (check that Chromium starts here, e.g. as "
+                              "root it needs --no-sandbox)")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("value")
 
 
 @contextmanager
