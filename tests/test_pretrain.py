@@ -594,3 +594,54 @@ def test_keep_every_keeps_the_snapshots_at_its_multiples(tmp_path):
             publish_checkpoint(root, tmp, f"step_{step:06d}", keep_every=keep_every)
         assert sorted(int(p.name[5:]) for p in root.glob("step_*")) == expected
         assert (root / "LATEST").read_text().strip() == "step_001000"
+
+
+# ------------------------------------------------------------------ a portable token cache (issue 57)
+def test_the_token_cache_is_keyed_on_content_so_a_copied_corpus_is_reused(corpus, tmp_path):
+    """The cache and its corpus copied to another path (new mtimes) are reused, not re-tokenized; a cache
+    written before the content key is adopted while its files are untouched; a run's record resumes on
+    the copy; an edit rebuilds the cache."""
+    import shutil
+
+    from phaseinterp.train.corpus import MANIFEST, content_fingerprint, tokenize_corpus
+    from phaseinterp.train.pretrain import RUN_FILE, PretrainConfig, check_resume
+    from phaseinterp.train.tokenizer import TextTokenizer
+
+    tok = TextTokenizer(corpus["tokenizer"])
+    here = tmp_path / "here"
+    here.mkdir()
+    shutil.copy(corpus["data"], here / "topics.jsonl")
+    first = tokenize_corpus(here / "topics.jsonl", tok, here / "cache", progress=False)
+    assert first.manifest["content_sha256"] == content_fingerprint(corpus["data"])  # the same bytes and name
+    there = tmp_path / "elsewhere" / "machine"
+    shutil.copytree(here, there)  # new paths and mtimes
+    stamp = (there / "cache" / "train.bin").stat().st_mtime_ns
+    again = tokenize_corpus(there / "topics.jsonl", tok, there / "cache", progress=False)
+    assert (there / "cache" / "train.bin").stat().st_mtime_ns == stamp  # reused
+    assert again.manifest["source"] == str((there / "topics.jsonl").resolve())
+    assert np.array_equal(again.tokens("train"), first.tokens("train"))
+    # a cache from before the content key: adopted (hashed once) while the files are the ones it names
+    manifest = json.loads((here / "cache" / MANIFEST).read_text())
+    del manifest["content_sha256"]
+    (here / "cache" / MANIFEST).write_text(json.dumps(manifest))
+    stamp = (here / "cache" / "train.bin").stat().st_mtime_ns
+    adopted = tokenize_corpus(here / "topics.jsonl", tok, here / "cache", progress=False)
+    assert adopted.manifest["content_sha256"] == first.manifest["content_sha256"]
+    assert (here / "cache" / "train.bin").stat().st_mtime_ns == stamp
+    # the run's record: a resume on the copy is the same data; other content is not
+    record = {"model": {}, "train": PretrainConfig().to_dict(), "data": {"source": str(here / "topics.jsonl"), "fingerprint": "a",
+                                                 "content_sha256": first.manifest["content_sha256"]},
+              "tokenizer": {"folder": "/somewhere/else", "sha256": tok.sha256}}
+    (tmp_path / RUN_FILE).write_text(json.dumps(record))
+    moved = {**record, "data": {"source": str(there / "topics.jsonl"), "fingerprint": "b",
+                                "content_sha256": again.manifest["content_sha256"]},
+             "tokenizer": {"folder": str(corpus["tokenizer"]), "sha256": tok.sha256}}
+    check_resume(tmp_path, moved)
+    with pytest.raises(UserInputError, match="another data"):
+        check_resume(tmp_path, {**moved, "data": {**moved["data"], "content_sha256": "0" * 64}})
+    # one word changed: another content key, and the cache is rebuilt
+    path = there / "topics.jsonl"
+    path.write_text(path.read_text().replace(" the ", " teh ", 1))
+    edited = tokenize_corpus(path, tok, there / "cache", progress=False)
+    assert (there / "cache" / "train.bin").stat().st_mtime_ns != stamp
+    assert edited.manifest["content_sha256"] != first.manifest["content_sha256"]

@@ -155,6 +155,30 @@ def fingerprint(data: Union[str, Path]) -> str:
     return h.hexdigest()
 
 
+_CONTENT: dict[str, str] = {}  # fingerprint (paths, sizes, mtimes) -> content_fingerprint, in this process
+
+
+def content_fingerprint(data: Union[str, Path]) -> str:
+    """What the tokens depend on in the source, wherever it lies: sha256 over every file's path within the
+    source (the documents' keys, so the held-out split), size and bytes. A copy of the corpus on another
+    machine or path has the same one; an edit changes it. Memoized per `fingerprint` in this process."""
+    quick = fingerprint(data)
+    if quick in _CONTENT:
+        return _CONTENT[quick]
+    root = Path(data)
+    h = hashlib.sha256()
+    for path in source_files(data):
+        items = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+        for p in items:
+            within = p.name if p == root else p.relative_to(root).as_posix()
+            h.update(f"{within}\0{p.stat().st_size}\n".encode())
+            with open(p, "rb") as f:
+                for block in iter(lambda: f.read(1 << 22), b""):
+                    h.update(block)
+    _CONTENT[quick] = h.hexdigest()
+    return _CONTENT[quick]
+
+
 # How `documents` keys the held-out split (in the cache manifest: a cache keyed otherwise is rebuilt).
 # Before 2026-12-06 the key held the file's path as given, so moving the corpus changed the split.
 SPLIT_KEYS = "path within the source"
@@ -188,20 +212,32 @@ class TokenizedCorpus:
 
 def tokenize_corpus(data: Union[str, Path], tokenizer, folder: Union[str, Path], *, heldout_fraction: float = 0.02,
                     progress: bool = True) -> TokenizedCorpus:
-    """Tokenize ``data`` once into ``folder`` (reused while the source and tokenizer are unchanged).
+    """Tokenize ``data`` once into ``folder``, reused while the source's content and the tokenizer are
+    the same: the cache is keyed on `content_fingerprint` and the tokenizer's sha256, so a corpus and its
+    cache copied to another machine or path are reused, not re-tokenized. (The source's paths, sizes and
+    mtimes, `fingerprint`, only skip re-reading the content when nothing moved; a cache written before
+    the content key, keyed on those alone, is adopted when they still match.)
 
     Documents are separated by the tokenizer's end-of-text token when it has one; each goes to the
     held-out split with probability ``heldout_fraction`` (`is_held_out`). Files are written beside
     their final names and renamed into place, the manifest last."""
     folder = Path(folder)
-    wanted = {"source": str(Path(data).resolve()), "fingerprint": fingerprint(data),
-              "tokenizer_sha256": tokenizer.sha256, "heldout_fraction": heldout_fraction,
-              "vocab_size": tokenizer.vocab_size, "split_keys": SPLIT_KEYS}
+    quick = {"source": str(Path(data).resolve()), "fingerprint": fingerprint(data)}
+    same = {"tokenizer_sha256": tokenizer.sha256, "heldout_fraction": heldout_fraction,
+            "vocab_size": tokenizer.vocab_size, "split_keys": SPLIT_KEYS}
     manifest_path = folder / MANIFEST
     if manifest_path.is_file():
         have = json.loads(manifest_path.read_text())
-        if all(have.get(k) == v for k, v in wanted.items()):
-            return TokenizedCorpus(folder, have)
+        if all(have.get(k) == v for k, v in same.items()):
+            untouched = all(have.get(k) == v for k, v in quick.items())
+            if untouched and "content_sha256" in have:
+                return TokenizedCorpus(folder, have)
+            content = content_fingerprint(data)
+            if have.get("content_sha256", content if untouched else None) == content:
+                have = {**have, **quick, "content_sha256": content}  # moved, copied, or an older cache
+                atomic_write(manifest_path, json.dumps(have, indent=2, sort_keys=True).encode())
+                return TokenizedCorpus(folder, have)
+    wanted = {**quick, **same, "content_sha256": content_fingerprint(data)}
     folder.mkdir(parents=True, exist_ok=True)
     tmp = {s: folder / f".{s}.bin.tmp" for s in ("train", "heldout")}
     counts = {"train": 0, "heldout": 0}

@@ -53,7 +53,7 @@ from phaseinterp.parallel.launch import Launch, all_gather, init_distributed, la
 from phaseinterp.phase import check_residue_modulus
 from phaseinterp.tasks.text_needle import TextNeedle
 from phaseinterp.train.compressed import publish_checkpoint
-from phaseinterp.train.corpus import fingerprint, packed_rows, source_files, tokenize_corpus
+from phaseinterp.train.corpus import content_fingerprint, fingerprint, packed_rows, source_files, tokenize_corpus
 from phaseinterp.train.tokenizer import TextTokenizer
 
 RUN_FILE = "pretrain.json"
@@ -243,7 +243,11 @@ def check_resume(out: Path, record: dict) -> None:
     # a recipe field added after the run was recorded took its default there (what the run computed)
     defaults = PretrainConfig().to_dict()
     was["train"] = {**{k: v for k, v in defaults.items() if k not in was.get("train", {})}, **was.get("train", {})}
-    for part, ignore in (("model", ("seed",)), ("train", EXECUTION_FIELDS), ("data", ()), ("tokenizer", ())):
+    # the data: its content when the record has it (the corpus may have moved or been copied); a run recorded
+    # before the content key compares the source's path and fingerprint (paths, sizes, mtimes) as it did
+    data_ignore = ("source", "fingerprint") if "content_sha256" in was.get("data", {}) else ("content_sha256",)
+    for part, ignore in (("model", ("seed",)), ("train", EXECUTION_FIELDS), ("data", data_ignore),
+                         ("tokenizer", ("folder",))):
         keys = _differences(was.get(part, {}), record[part], ignore)
         if keys:
             shown = ", ".join(f"{k}: {was.get(part, {}).get(k)!r} -> {record[part].get(k)!r}" for k in keys)
@@ -288,7 +292,8 @@ def prepare(config: CompressedConfig, data: Union[str, Path], tokenizer: Union[s
     out = check_write_target(out_dir, KIND, overwrite=resume, name="out", flag="--resume (resume=True) to continue it")
     source_files(data)  # a path with no text is refused before anything is written
     record = {"model": config.to_dict(), "train": tc.to_dict(),
-              "data": {"source": str(Path(data).resolve()), "fingerprint": fingerprint(data)},
+              "data": {"source": str(Path(data).resolve()), "fingerprint": fingerprint(data),
+                       "content_sha256": content_fingerprint(data)},
               "tokenizer": {"folder": str(Path(tokenizer).resolve()), "sha256": tok.sha256}}
     resuming = resume and (out / RUN_FILE).is_file()
     if resuming:
