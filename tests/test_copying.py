@@ -145,3 +145,16 @@ def test_bad_requests_are_refused():
         task.generate(16, stride=3)  # 8 residues do not fold by 3
     with pytest.raises(UserInputError, match="n_per_residue=3 cannot match"):
         task.generate(3)
+
+
+def test_experiments_run_on_the_task():
+    """The task plugs into every experiment as the other tasks do (here a random tiny model)."""
+    import phaseinterp as pi
+    from phaseinterp.config import preset
+    from phaseinterp.models import CompressedTransformer
+
+    model = CompressedTransformer(preset("tiny", d_vocab=512, n_ctx=128)).eval()
+    task = small()
+    assert pi.phase_profile(model, task, n_per_residue=16, progress=False).residue_n.tolist() == [16] * 8
+    assert pi.ablate(model, task, n_per_residue=16, layer=0).to_frame() is not None
+    assert pi.gate_cycling_profile(model, task, shifts=[1], n_per_residue=16) is not None

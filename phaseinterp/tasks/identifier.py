@@ -136,9 +136,6 @@ class IdentifierRecall(TaskSettings):
                                  f"{hi - lo + 1} source positions; matching moments across {self.residue_modulus} "
                                  f"residues needs >= {2 * self.residue_modulus}")
 
-    def __hash__(self) -> int:  # the case cache is keyed on the task; hashing a million ids once is cheap
-        return hash(tuple(getattr(self, f.name) for f in fields(self)))
-
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         return {"kind": type(self).__name__, **{k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}}
@@ -209,7 +206,8 @@ class IdentifierRecall(TaskSettings):
                 f"n_per_residue={n}: the identifier cases cannot match the source position's moments across the "
                 f"{R} residues (mean spread {np.ptp(moments['mean']):.2f} tokens, std spread "
                 f"{np.ptp(moments['std']) / moments['target_std'].iloc[0]:.1%}); ask for <= {self.capacity()} "
-                "(IdentifierRecall.capacity()) or pass strict=False")
+                "(IdentifierRecall.capacity()) but not a handful (a few dozen or more hold the std), or pass "
+                "strict=False")
         chosen = []
         for r in range(R):
             rng = split_rng(seed, "eval", r)
@@ -404,32 +402,46 @@ def select_matched(positions: list[np.ndarray], n: int, modulus: int, *, mean_to
 
     def fit(values: np.ndarray, available: np.ndarray, mu: float, sd: float) -> np.ndarray:
         sd = max(sd, 1.0)  # a one-position group has std 0: scale the std error by a token instead
-        counts = proportional(values, available)
-        s1, s2 = float(values @ counts), float(values**2 @ counts)
 
-        def error(a: float, b: float) -> float:
+        def error(a: Any, b: Any) -> Any:  # arrays of candidate sums, or one sum
             mean = a / n
-            std = math.sqrt(max(b / n - mean * mean, 0.0))
+            std = np.sqrt(np.maximum(b / n - mean * mean, 0.0))
             return ((mean - mu) / mean_tolerance) ** 2 + ((std - sd) / (std_tolerance * sd)) ** 2
 
-        best = error(s1, s2)
+        counts = proportional(values, available)
+        s1, s2 = float(values @ counts), float(values**2 @ counts)
+        best = float(error(np.array(s1), np.array(s2)))
         for _ in range(50 * n):
-            take = np.flatnonzero(counts > 0)
-            give = np.flatnonzero(counts < available)
-            if len(take) == 0 or len(give) == 0:
+            # every move of one count from a taken position to one with cases left, and every pair of them
+            # (a pair fixes the sum of squares in small steps while keeping the sum: single moves stall there)
+            take, give = np.flatnonzero(counts > 0), np.flatnonzero(counts < available)
+            i, j = (g.ravel() for g in np.meshgrid(take, give, indexing="ij"))
+            keep = i != j
+            i, j = i[keep], j[keep]
+            if len(i) == 0:
                 break
-            a = s1 - values[take][:, None] + values[give][None, :]
-            b = s2 - values[take][:, None] ** 2 + values[give][None, :] ** 2
-            mean = a / n
-            err = ((mean - mu) / mean_tolerance) ** 2 + \
-                ((np.sqrt(np.maximum(b / n - mean**2, 0.0)) - sd) / (std_tolerance * sd)) ** 2
-            k = int(np.argmin(err))
-            if err.flat[k] >= best - 1e-12:
+            d1, d2 = values[j] - values[i], values[j] ** 2 - values[i] ** 2
+            single = error(s1 + d1, s2 + d2)
+            a, b = np.meshgrid(np.arange(len(i)), np.arange(len(i)), indexing="ij")
+            a, b = a.ravel(), b.ravel()
+            # a pair must leave counts in 0..available: the same source twice needs 2 counts, the same target 2 cases
+            ok = (a < b) & ((i[a] != i[b]) | (counts[i[a]] >= 2)) & ((j[a] != j[b]) | (available[j[a]] - counts[j[a]] >= 2))
+            ok &= (i[a] != j[b]) & (j[a] != i[b])
+            a, b = a[ok], b[ok]
+            double = error(s1 + d1[a] + d1[b], s2 + d2[a] + d2[b])
+            k1 = int(np.argmin(single))
+            k2 = int(np.argmin(double)) if len(double) else -1
+            if k2 >= 0 and double[k2] < single[k1] - 1e-12:
+                moves, value = [a[k2], b[k2]], float(double[k2])
+            else:
+                moves, value = [k1], float(single[k1])
+            if value >= best - 1e-12:
                 break
-            i, j = take[k // len(give)], give[k % len(give)]
-            counts[i] -= 1
-            counts[j] += 1
-            s1, s2, best = float(a.flat[k]), float(b.flat[k]), float(err.flat[k])
+            for m in moves:
+                counts[i[m]] -= 1
+                counts[j[m]] += 1
+                s1, s2 = s1 + d1[m], s2 + d2[m]
+            best = value
         return counts
 
     natural = [moments(v, proportional(v, a)) for v, a in grids]
