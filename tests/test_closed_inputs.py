@@ -309,3 +309,20 @@ def test_a_dying_browser_fails_the_export_fast_and_leaves_nothing(dying_browser,
     with pytest.raises(export.ExportError):  # without a session: the one-shot path raises too
         export.save(fig, tmp_path / "x.png")
     assert not list(tmp_path.glob(".*.tmp*")) and not (tmp_path / "x.png").exists()
+
+
+# ------------------------------------------------------------------ names at one door
+def test_a_names_filter_that_matches_nothing_is_an_error_not_an_empty_cache(w4s4):
+    tokens = torch.zeros(1, 8, dtype=torch.long)
+    with pytest.raises(UserInputError, match=r"hook name 'blocks.0.hook_resid_pots' is not a hook point.*closest: "
+                                             r"blocks.0.hook_resid_post"):
+        w4s4.run_with_cache(tokens, names_filter="blocks.0.hook_resid_pots")
+    with pytest.raises(UserInputError, match=r"hook name 'blocks.9.attn.hook_z' is not a hook point"):
+        w4s4.run_with_cache(tokens, names_filter=["blocks.0.attn.hook_z", "blocks.9.attn.hook_z"])
+    with pytest.raises(UserInputError, match="matches no hook point"):
+        w4s4.run_with_cache(tokens, names_filter=lambda name: name.endswith("hook_nothing"))
+    with pytest.raises(UserInputError, match=r"names_filter=\[\] names no hook point"):
+        w4s4.run_with_cache(tokens, names_filter=[])
+    _, cache = w4s4.run_with_cache(tokens, names_filter=["blocks.0.attn.hook_z"])
+    assert list(cache.keys()) == ["blocks.0.attn.hook_z"]
+    assert not any(h.fwd_hooks for h in w4s4.hook_dict.values())

@@ -25,7 +25,7 @@ import difflib
 import functools
 import re
 from contextlib import contextmanager
-from typing import Callable, Iterable, Union
+from typing import Any, Callable, Iterable, Union
 
 import torch
 from transformer_lens.HookedRootModule import HookedRootModule
@@ -116,6 +116,32 @@ class CheckedHooks(HookedRootModule):
             raise UserInputError(f"the hook filter {name!r} matches no hook point of this model (model.hook_dict "
                                  "lists them)")
         return names
+
+    def check_names_filter(self, names_filter: Any) -> None:
+        """A ``names_filter`` (of ``run_with_cache``, ``get_caching_hooks``) that names a point this model
+        lacks, or matches none, is one error naming it and the closest names, never an empty or partial
+        cache: a name, a list of names (each checked) or a filter (it must match a point); None is all."""
+        if names_filter is None:
+            return
+        if isinstance(names_filter, str):
+            self._hook_names(names_filter)
+        elif isinstance(names_filter, (list, tuple, set, frozenset)):
+            if not names_filter:
+                raise UserInputError("names_filter=[] names no hook point: pass names (model.hook_dict lists them), "
+                                     "a filter on names, or None for every point")
+            for name in names_filter:
+                if not isinstance(name, str):
+                    raise UserInputError(f"names_filter entry {name!r} is not a hook point's name")
+                self._hook_names(name)
+        elif callable(names_filter):
+            self._hook_names(names_filter)
+        else:
+            raise UserInputError(f"names_filter={names_filter!r} is not a hook point's name, a list of names, a "
+                                 "filter on names or None")
+
+    def get_caching_hooks(self, names_filter=None, *args, **kwargs):  # run_with_cache
+        self.check_names_filter(names_filter)
+        return super().get_caching_hooks(names_filter, *args, **kwargs)
 
     def _enable_hook(self, name, hook, dir="fwd"):  # hooks(), run_with_hooks
         for point in self._hook_names(name):
