@@ -154,6 +154,9 @@ def probe_tasks(folder: Path, tokenizer, probes: list[str], sizes: dict) -> dict
     if "identifier" in probes or "identifier-nodef" in probes:
         task = IdentifierRecall.from_tokenizer(tokenizer, heldout)
         n = sizes["identifier"] or task.capacity()
+        cases = task.availability()["cases"]
+        print(f"identifier cases per residue {cases.min()}..{cases.max()} ({len(task.cases())} in all, calibration "
+              f"pairs included); {n} per residue taken with matched moments", flush=True)
         for name, control in (("identifier", False), ("identifier-nodef", True)):
             if name in probes and n == 0:
                 print(f"{name}: the held-out code gives no moment-matched identifier cases; skipped")
