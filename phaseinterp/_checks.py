@@ -23,6 +23,7 @@ from Python and from the shell, and is checked in one place.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import dataclasses
 import functools
@@ -106,6 +107,23 @@ def _spans(values: list[int]) -> str:
     return ", ".join(parts)
 
 
+# Set while a sharded run evaluates one chunk of its prompts (`prompt_slices`): a chunk need not hold
+# every residue, as the merged records are checked when the result is built from all of them.
+_SLICES: contextvars.ContextVar = contextvars.ContextVar("phaseinterp_prompt_slices", default=False)
+
+
+@contextlib.contextmanager
+def prompt_slices():
+    """Within this block prompt sets may lack residues (`check_every_residue` passes): for code that runs
+    an experiment on slices of a whole prompt set and checks the merged records itself
+    (`phaseinterp.parallel`'s chunks)."""
+    token = _SLICES.set(True)
+    try:
+        yield
+    finally:
+        _SLICES.reset(token)
+
+
 def check_every_residue(residues: Any, modulus: int, name: str = "prompts") -> None:
     """A `UserInputError` when ``residues`` (one per prompt or record) miss any residue ``0..modulus-1``:
     accuracy by phase pools every residue of a phase, so a set without some of them would give NaN (or,
@@ -114,6 +132,8 @@ def check_every_residue(residues: Any, modulus: int, name: str = "prompts") -> N
     profile (`phaseinterp.profile.profile_from_records`) pass here."""
     import numpy as np
 
+    if _SLICES.get():
+        return
     present = set(np.unique(np.asarray(residues, dtype=np.int64) % modulus).tolist())
     missing = [r for r in range(modulus) if r not in present]
     if missing:

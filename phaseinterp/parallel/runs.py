@@ -34,7 +34,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from phaseinterp._checks import DEFAULT_N_PER_RESIDUE, check_device, check_int, check_n_per_residue
+from phaseinterp._checks import DEFAULT_N_PER_RESIDUE, check_device, check_int, check_n_per_residue, prompt_slices
 from phaseinterp._files import atomic_write, check_write_target, json_default, progress_bar
 from phaseinterp.errors import UserInputError, keyword_options, renamed
 from phaseinterp.interventions._common import fixed_answer_position
@@ -123,7 +123,8 @@ def _run(plan: _Plan, batch, out_dir, launch: Launch, progress: bool):
             plan.prepare()
         for c in todo:
             rows = chunk_range(c, chunk_size, n)
-            arrays = plan.evaluate(batch.subset(slice(rows.start, rows.stop)))
+            with prompt_slices():  # a chunk may lack residues; the merged records are checked when assembled
+                arrays = plan.evaluate(batch.subset(slice(rows.start, rows.stop)))
             write_shard(shard_path(directory, c), header, c, np.arange(rows.start, rows.stop), arrays)
             done[c] = arrays
             if bar is not None:
