@@ -257,3 +257,18 @@ def test_compare_of_published_results_with_each_other():
     assert c.plot().data
     with pytest.raises(UserInputError, match="valid: a PhaseProfile"):
         pi.paper.compare(pi.paper.gates("kvc_w8s4"), "kvc_w8s4")
+
+
+# ------------------------------------------------------------------ command line
+def test_the_command_line_names_a_bad_published_run_before_any_work(capsys):
+    from phaseinterp.cli import main
+
+    assert main(["paper", "--list"]) == 0
+    assert "kvc_w8s8_1kv_baseline" in capsys.readouterr().out
+    assert main(["profile", "w4s4", "--paper", "w8s8-paper"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "run='w8s8-paper' is not a published run" in err and "valid: " in err
+    assert main(["profile", "w4s4", "--paper", "flash_base", "--paper-padding", "prefix"]) == 2
+    assert "valid: needle" in capsys.readouterr().err  # the DeepSeek needles have one evaluation
+    assert main(["ablate", "w4s4", "--paper-figure", "x.html"]) == 2
+    assert "--paper-figure applies with --paper RUN only" in capsys.readouterr().err

@@ -113,6 +113,7 @@ def refold(profile: PhaseProfile, modulus: int, stride: int) -> PhaseProfile:
         interval_method=profile.interval_method if not counted else "wilson", confidence=profile.confidence,
         period=test.period if test else None, best_period=test.best_period if test else None,
         period_p_value=test.p_value if test else float("nan"),
+        period_attainable_p=test.min_attainable_p if test else float("nan"),
         homogeneity_p_value=stats.homogeneity_test(phase_k, phase_n).p_value if counted else float("nan"),
         records=rec.iloc[0:0].copy(), axis=profile.axis, source=profile.source,
     )

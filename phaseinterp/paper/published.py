@@ -210,7 +210,7 @@ def profile(run: str, padding: Optional[str] = None, *, stride: Optional[int] = 
         phase_accuracy=stats.fold_residues(accuracy, fold), phase_lower=np.asarray(phase_lower, np.float64),
         phase_upper=np.asarray(phase_upper, np.float64), interval_method=method, confidence=0.95,
         period=test.period, best_period=test.best_period, period_p_value=test.p_value,
-        homogeneity_p_value=float(homogeneity), records=pd.DataFrame({"residue": pd.Series(dtype=np.int64),
+        period_attainable_p=test.min_attainable_p, homogeneity_p_value=float(homogeneity), records=pd.DataFrame({"residue": pd.Series(dtype=np.int64),
                                                                        "phase": pd.Series(dtype=np.int64),
                                                                        "correct": pd.Series(dtype=bool)}),
         axis="target", source=_cite(run_id, padding),
