@@ -11,7 +11,7 @@ only variable. The answer is a random token, so chance is ``1 / len(token_ids)``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -94,7 +94,8 @@ class SpanCopy(TaskSettings):
         self.band()
 
     def to_dict(self) -> dict[str, Any]:
-        d = {name: list(v) if isinstance(v, tuple) else v for name, v in self.__dict__.items()}
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d = {name: list(v) if isinstance(v, tuple) else v for name, v in d.items()}
         return {"kind": type(self).__name__, **d}
 
     @classmethod
