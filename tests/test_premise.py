@@ -235,6 +235,9 @@ PREMISE_WALKED = {
 # Result classes without a premise check, each with the reason.
 NO_PREMISE = {
     "PhaseProfile": "a measurement: a flat or collapsed profile is its answer (no period, the homogeneity p-value)",
+    "PaperGates": "published numbers (phaseinterp.paper): no experiment was run here",
+    "PaperCycling": "published numbers; the paper's premises are the paper's (its R² and the toolkit's beside it)",
+    "PaperComparison": "a comparison with published numbers: each side keeps its own premise (the result compared)",
     "TwoAxisProfile": "two measurements (its PhaseProfiles): a flat axis is its answer",
     "ConformanceResult": "a comparison of two implementations: any difference is its answer",
     "DocstringResult": "a measurement of margins: no experiment's logic assumed",
