@@ -28,14 +28,15 @@ N_PER_RESIDUE_HELP = ("prompts per residue group (x R = 24 residues for the zoo 
 # conformance's dtypes need the dtype mode) are read from the spec by the same check.
 GIVEN = object()
 _ENGINE = (("engine", GIVEN),)
-_WRITES = {"overwrite": (("out", GIVEN),)}
+_WRITES = {"overwrite": (("out", GIVEN), ("paper_figure", GIVEN))}
+_PAPER = {"paper_padding": (("paper", GIVEN),), "paper_figure": (("paper", GIVEN),)}
 FLAG_NEEDS: dict[str, dict[str, tuple[tuple[str, object], ...]]] = {
     "profile": {"model_name": _ENGINE, "top_logprobs": _ENGINE, "d_vocab": _ENGINE, "retries": _ENGINE,
                 "timeout": _ENGINE, "tokenizer": _ENGINE, "seq_len": (("tokenizer", GIVEN),),
-                "chunk_size": (("shard_dir", GIVEN), ("engine", GIVEN)), **_WRITES},
-    "ablate": {"chunk_size": (("shard_dir", GIVEN),), **_WRITES},
+                "chunk_size": (("shard_dir", GIVEN), ("engine", GIVEN)), **_WRITES, **_PAPER},
+    "ablate": {"chunk_size": (("shard_dir", GIVEN),), **_WRITES, **_PAPER},
     "cycle": {"measure": (("score", "unit"),), "branch": (("score", "profile"),), "chunk_size": (("shard_dir", GIVEN),),
-              **_WRITES},
+              **_WRITES, **_PAPER},
     "gates": dict(_WRITES), "conformance": dict(_WRITES), "merge": dict(_WRITES),
 }
 # Flags that do nothing beside another: flag dest -> (the other dest, why).

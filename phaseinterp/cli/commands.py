@@ -210,7 +210,7 @@ def _keep_freed_memory() -> None:
 
 
 # The arguments that name paths: those a command writes, those it reads (a zoo name passes unchanged).
-OUTPUT_PATHS = ("out", "out_dir", "shard_dir", "png")
+OUTPUT_PATHS = ("out", "out_dir", "shard_dir", "png", "paper_figure")
 INPUT_PATHS = ("model", "twin", "dir", "baseline", "data", "tokenizer", "config", "runs")
 
 

@@ -186,13 +186,13 @@ class ConformanceSpec(Spec):
         modes = _names("modes", self.modes, MODES)
         for m in modes:
             if m not in MODES:
-                raise UserInputError(f"mode {m!r} is not one of {MODES}")
+                raise UserInputError(f"modes={self.modes!r}: mode {m!r} is not one of {MODES}")
         if len(set(modes)) != len(modes):
             raise UserInputError(f"modes={modes} repeats a mode")
         dtypes = _names("dtypes", self.dtypes, DTYPES)
         for dt in dtypes:
             if dt not in DTYPES:
-                raise UserInputError(f"dtype {dt!r} is not one of {DTYPES}")
+                raise UserInputError(f"dtypes={self.dtypes!r}: dtype {dt!r} is not one of {DTYPES}")
         if "dtype" in modes and not dtypes:
             raise UserInputError(f"mode 'dtype' needs dtypes from {DTYPES}")
         self._set("modes", modes)

@@ -283,7 +283,7 @@ def check_shifts(shifts, S: int) -> tuple[int, ...]:
         shifts = canonical_shifts(range(1, S), S)
     if isinstance(shifts, (int, np.integer)) and not isinstance(shifts, bool):
         shifts = [shifts]
-    if isinstance(shifts, (str, bytes)) or not hasattr(shifts, "__iter__"):
+    if isinstance(shifts, (str, bytes, dict, set, frozenset)) or not hasattr(shifts, "__iter__"):
         raise UserInputError(f"shifts={shifts!r} must be a list of non-zero integer shifts")
     shifts = list(shifts)
     requested = [check_shift(d) for d in shifts]

@@ -1,0 +1,427 @@
+"""A fuzzer drawn from the declarations (issue 58): every option of every experiment spec (its dataclass
+fields), every flag the command line declares (`phaseinterp.cli.args.FLAG_NEEDS` / `FLAG_EXCLUDES` and
+each spec's `NEEDS` / `EXCLUDES`), every kind of name (hook points, layer indices, zoo names, presets,
+shifts) and every path case of the one path door (`phaseinterp._files.check_write_target` /
+`check_path_roles`). Each draw must give a `UserInputError` (exit 2 on the command line) that names the
+field or value, before any model work (a time budget per case shows it), or a correct result.
+
+Hypothesis draws the values; the fast tier runs a fixed-seed sample (``PHASEINTERP_FUZZ58_EXAMPLES``,
+default 25 per test), the slow tier (``-m slow``) every declared case and 300 draws per test. The counts
+(``COUNTS``) are printed by `test_report_counts` (RESULTS, "Bad inputs", quotes them):
+
+    python -m pytest tests/test_bad_inputs_fuzz.py -n 0 -s -p no:randomly
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import os
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from jaxtyping import config as jaxtyping_config
+
+import phaseinterp as pi
+from phaseinterp.cli import main
+from phaseinterp.cli.args import FLAG_EXCLUDES, FLAG_NEEDS, GIVEN, build_parser
+from phaseinterp.engines.check import ConformanceSpec
+from phaseinterp.errors import UserInputError
+from phaseinterp.interventions.ablation import AblationSpec
+from phaseinterp.interventions.confirm import ConfirmSpec, ReplacementSpec
+from phaseinterp.interventions.gate_cycling import CyclingSpec
+from phaseinterp.interventions.gate_stats import GateProfileSpec
+from phaseinterp.interventions.indexer import IndexerSpec
+from phaseinterp.interventions.unit_cycling import SelectionSpec, UnitCyclingSpec
+from phaseinterp.models.loading import peek
+from phaseinterp.profile import ProfileSpec
+
+EXAMPLES = int(os.environ.get("PHASEINTERP_FUZZ58_EXAMPLES", "25"))
+FAST = settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None,
+                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+SLOW = settings(FAST, max_examples=300)
+BUDGET_S = 2.0  # a refusal comes before any model work: each case within this (a forward would not)
+COUNTS: collections.Counter = collections.Counter()
+
+SPECS = [ProfileSpec, AblationSpec, CyclingSpec, UnitCyclingSpec, GateProfileSpec, ConformanceSpec, SelectionSpec,
+         IndexerSpec, ReplacementSpec, ConfirmSpec]
+FIELDS = [(spec, f.name) for spec in SPECS for f in dataclasses.fields(spec)]
+# what a spec needs beside the drawn option (gate_cycling_unit names its unit)
+BASE = {UnitCyclingSpec: {"layers": [0]}}
+
+
+class Opaque:
+    """A value of no type any option takes."""
+
+    def __repr__(self) -> str:
+        return "Opaque()"
+
+
+# The declared cases of an option's value: wrong types, out of range, None, strings, numpy scalars.
+CASES = {"None": None, "string": "x", "numeric string": "3", "negative": -1, "zero": 0, "huge": 10**12,
+         "fraction": 2.5, "NaN": math.nan, "inf": math.inf, "bool": True, "list": [1, 2], "empty list": [],
+         "object": Opaque(), "numpy int": np.int64(3), "numpy float": np.float64(0.5), "dict": {"a": 1}}
+values = st.one_of(st.sampled_from(list(CASES.values())), st.integers(-10**13, 10**13), st.floats(allow_nan=True),
+                   st.text(max_size=5), st.lists(st.integers(-3, 30), max_size=3),
+                   st.integers(-3, 30).map(np.int64), st.floats(-2, 2).map(np.float64))
+
+
+@contextmanager
+def as_user():
+    """Calls as a user makes them: without the test suite's runtime type hook (conftest)."""
+    jaxtyping_config.update("jaxtyping_disable", True)
+    try:
+        yield
+    finally:
+        jaxtyping_config.update("jaxtyping_disable", False)
+
+
+@pytest.fixture(scope="module")
+def described():
+    return peek("w4s4")  # the config only: what the command line checks before the weights load
+
+
+def _names_it(message: str, name: str, value) -> bool:
+    """The message names the field (or one of its items: ``layer=`` for ``layers``) or shows the value."""
+    stems = {name, name.rstrip("s"), name.removesuffix("es"), name.split("_")[0]}
+    return any(stem and stem in message for stem in stems) or repr(value) in message or str(value) in message
+
+
+def _option_case(spec_type, name, value, model) -> str:
+    """One option drawn: "refused" (named), "accepted" (a spec that also passes the model's checks or is
+    refused there by name); anything else fails the test."""
+    started = time.monotonic()
+    try:
+        with as_user():
+            spec = spec_type(**{**BASE.get(spec_type, {}), name: value})
+            spec.check_model(model)
+        outcome = "accepted"
+    except UserInputError as err:
+        message = str(err)
+        assert "\n" not in message.strip(), message
+        if spec_type is IndexerSpec and "no indexer" in message:
+            outcome = "refused (model)"  # w4s4 has no CSA layer: the model is what is named
+        else:
+            assert _names_it(message, name, value), f"{spec_type.__name__}({name}={value!r}): {message}"
+            outcome = "refused"
+    assert time.monotonic() - started < BUDGET_S
+    return outcome
+
+
+@pytest.mark.parametrize("spec_type, name", FIELDS, ids=[f"{s.__name__}.{n}" for s, n in FIELDS])
+def test_every_option_takes_every_declared_case(spec_type, name, described):
+    for value in CASES.values():
+        outcome = _option_case(spec_type, name, value, described)
+        COUNTS[f"options x cases: {outcome}"] += 1
+
+
+@pytest.mark.parametrize("spec_type, name", FIELDS, ids=[f"{s.__name__}.{n}" for s, n in FIELDS])
+@FAST
+@given(value=values)
+def test_every_option_takes_drawn_values(spec_type, name, value, described):
+    COUNTS[f"options x drawn: {_option_case(spec_type, name, value, described)}"] += 1
+
+
+@pytest.mark.slow
+@SLOW
+@given(field=st.sampled_from(FIELDS), value=values)
+def test_every_option_takes_many_drawn_values(field, value, described):
+    COUNTS[f"options x drawn (slow): {_option_case(*field, value, described)}"] += 1
+
+
+def test_every_declared_need_is_refused_naming_both():
+    for spec_type in SPECS:
+        for name, (other, _want) in spec_type.NEEDS.items():
+            setting = {"hold": 3, "length_modulus": 4, "dtypes": ("float16",)}[name]
+            wrong = {"axis": "target", "modes": ("decode",)}[other]
+            with pytest.raises(UserInputError) as err:
+                spec_type(**{name: setting, other: wrong})
+            assert f"{name}=" in str(err.value) and other in str(err.value)
+            COUNTS["combinations: refused"] += 1
+        for name, other in spec_type.EXCLUDES.items():
+            with pytest.raises(UserInputError, match=f"{name}=.*replaces {other}="):
+                spec_type(**{name: [[0]], other: "layer"})
+            COUNTS["combinations: refused"] += 1
+
+
+# ------------------------------------------------------------------ the command line's flags
+def _subparser(command):
+    return build_parser()._subparsers._group_actions[0].choices[command]
+
+
+# Every flag of the experiment commands and what it does (the flag walk's fixture): "spec" (fills the
+# command's spec: its records change), "needs" (declared in FLAG_NEEDS: refused without what it needs),
+# or where else it acts. A new flag fails `test_every_flag_is_declared` until it is listed here.
+FLAGS = {
+    "profile": {"model": "the model run", "device": "where it runs (refused with --engine)",
+                "engine": "the served model asked instead", "label": "spec", "n_per_residue": "spec",
+                "stride": "spec", "padding": "the task's layout", "axis": "spec", "hold": "spec (needs --axis length)",
+                "length_modulus": "spec (needs --axis length)", "seed": "spec", "out": "where the result is saved",
+                "shard_dir": "the shard folder (resume, torchrun)", "query_chunk": "the model's attention chunks "
+                "(refused with --engine)", "paper": "the published run compared with"},
+    "ablate": {"model": "the model run", "device": "where it runs", "layer": "spec", "scope": "spec",
+               "n_per_residue": "spec", "n_calibration": "spec", "method": "spec", "out": "where it is saved",
+               "shard_dir": "the shard folder", "query_chunk": "the model's attention chunks",
+               "paper": "the published run compared with"},
+    "cycle": {"model": "the model run", "device": "where it runs", "shifts": "spec", "layer": "spec", "branch": "spec",
+              "score": "which spec (profile or unit)", "kv_heads": "spec", "mode": "spec", "measure": "spec (unit)",
+              "baseline": "the unshifted row read from a profile", "n_per_residue": "spec",
+              "out": "where it is saved", "shard_dir": "the shard folder", "query_chunk": "the model's attention chunks",
+              "paper": "the published run compared with"},
+    "gates": {"model": "the model run", "device": "where it runs", "n_per_residue": "spec", "out": "where it is saved"},
+    "conformance": {"model": "the model run", "device": "where it runs", "modes": "spec", "dtypes": "spec",
+                    "n_per_residue": "spec", "chunk": "spec", "seed": "spec", "out": "where it is saved"},
+    "merge": {"dir": "the shard folder read", "out": "where it is saved"},
+}
+
+
+@pytest.mark.parametrize("command", sorted(FLAGS))
+def test_every_flag_is_declared(command):
+    """Each flag acts (the fixture says where) or is declared with what it needs: none is left inert."""
+    dests = {a.dest for a in _subparser(command)._actions if a.dest != "help"}
+    undeclared = sorted(dests - set(FLAGS[command]) - set(FLAG_NEEDS.get(command, {})))
+    assert not undeclared, f"{command}: flags neither listed in FLAGS nor declared in FLAG_NEEDS: {undeclared}"
+    COUNTS["flags declared"] += len(dests)
+
+
+SPEC_FLAGS = [(command, dest, value) for command, dest, value in [
+    ("profile", "n_per_residue", "80"), ("profile", "seed", "3"), ("profile", "stride", "2"), ("profile", "label", "x"),
+    ("profile", "axis", "length"), ("ablate", "layer", "1"), ("ablate", "scope", "layer"),
+    ("ablate", "n_calibration", "48"), ("ablate", "method", "naive"), ("cycle", "shifts", "1"),
+    ("cycle", "layer", "0"), ("cycle", "branch", "k"), ("cycle", "mode", "static"), ("gates", "n_per_residue", "3"),
+    ("conformance", "modes", "decode"), ("conformance", "seed", "2"), ("conformance", "chunk", "8")]]
+
+
+@pytest.mark.parametrize("command, dest, value", SPEC_FLAGS)
+def test_a_spec_flag_alone_changes_the_spec(command, dest, value):
+    """Setting a "spec" flag alone changes the spec the command runs (so its records), never nothing."""
+    from phaseinterp.cli import commands
+
+    flag = f"--{dest.replace('_', '-')}"
+    plain = build_parser().parse_args([command, "w4s4"])
+    given = build_parser().parse_args([command, "w4s4", flag, value])
+    spec_type = commands._spec_type(given)
+    with as_user():
+        assert spec_type.from_args(given) != spec_type.from_args(plain), f"{command} {flag} {value} changed nothing"
+    COUNTS["flags x alone: changes the spec"] += 1
+
+
+def _needs_cases():
+    for command, needs in FLAG_NEEDS.items():
+        for dest, alternatives in needs.items():
+            action = next(a for a in _subparser(command)._actions if a.dest == dest)
+            flag = action.option_strings[0]
+            argv = [command] + (["w4s4"] if command != "merge" else ["{t}"]) + \
+                   ([flag] if action.nargs == 0 else [flag, {"tokenizer": "{t}", "measure": "accuracy",
+                                                             "branch": "k", "dtypes": "float16", "paper_padding":
+                                                             "prefix", "paper_figure": "{t}/f.html"}.get(dest, "5")])
+            if command == "cycle" and dest == "branch":
+                argv += ["--score", "unit", "--layer", "0"]
+            if command == "conformance" and dest == "dtypes":
+                argv += ["--modes", "decode"]
+            yield pytest.param(argv, flag, alternatives, id=f"{command} {flag}")
+    for command, excludes in FLAG_EXCLUDES.items():
+        for dest, (other, _) in excludes.items():
+            flag, with_flag = f"--{dest.replace('_', '-')}", f"--{other.replace('_', '-')}"
+            argv = [command, "w4s4", with_flag, "http://localhost:9", "--model-name", "m", flag,
+                    "cpu" if dest == "device" else "4"]
+            yield pytest.param(argv, flag, ((other, GIVEN),), id=f"{command} {flag} with {with_flag}")
+
+
+@pytest.mark.parametrize("argv, flag, alternatives", list(_needs_cases()))
+def test_a_flag_that_cannot_act_exits_2_before_any_work(argv, flag, alternatives, tmp_path, capsys, monkeypatch):
+    from phaseinterp.cli import commands
+
+    monkeypatch.setattr(commands.loading, "load", lambda *a, **k: pytest.fail("the model loaded"))
+    started = time.monotonic()
+    code = main([a.replace("{t}", str(tmp_path)) for a in argv])
+    err = capsys.readouterr().err
+    assert code == 2 and flag in err, err
+    assert any(f"--{other.replace('_', '-')}" in err for other, _ in alternatives), err
+    assert time.monotonic() - started < BUDGET_S
+    COUNTS["flags x needs: exit 2"] += 1
+
+
+# ------------------------------------------------------------------ names at their doors
+def _mutations(name: str):
+    """Near misses of a real name: a letter dropped, doubled or swapped, a case change, a digit bumped."""
+    out = {name[:-1], name + name[-1], name.upper(), name.replace("_", "-"), name.replace(".", "_")}
+    if len(name) > 3:
+        out.add(name[:2] + name[3] + name[2] + name[4:])
+    digits = [i for i, c in enumerate(name) if c.isdigit()]
+    if digits:
+        i = digits[0]
+        out.add(name[:i] + "9" + name[i + 1:])
+    return sorted(n for n in out if n and n != name)
+
+
+@pytest.fixture(scope="module")
+def w4s4():
+    return pi.load("w4s4")
+
+
+def _refused_naming(call, shown: str, kind: str) -> None:
+    started = time.monotonic()
+    with as_user(), pytest.raises(UserInputError) as err:
+        call()
+    assert shown in str(err.value), str(err.value)
+    assert time.monotonic() - started < BUDGET_S
+    COUNTS[f"names x cases: {kind}"] += 1
+
+
+@FAST
+@given(data=st.data())
+def test_a_near_miss_hook_name_is_refused_naming_it(data, w4s4):
+    import torch
+
+    real = data.draw(st.sampled_from(sorted(w4s4.hook_dict)))
+    name = data.draw(st.sampled_from(_mutations(real)))
+    if name in w4s4.hook_dict:
+        return
+    tokens = torch.zeros(1, 4, dtype=torch.long)
+    where = data.draw(st.sampled_from(["fwd_hooks", "names_filter", "hooks"]))
+    if where == "fwd_hooks":
+        call = lambda: w4s4.run_with_hooks(tokens, fwd_hooks=[(name, lambda x, hook: None)])  # noqa: E731
+    elif where == "names_filter":
+        call = lambda: w4s4.run_with_cache(tokens, names_filter=[name])  # noqa: E731
+    else:
+        def call():
+            with w4s4.hooks(fwd_hooks=[(name, lambda x, hook: None)]):
+                pass
+    _refused_naming(call, repr(name), f"hook names ({where})")
+    assert not any(h.fwd_hooks for h in w4s4.hook_dict.values())  # nothing left attached
+
+
+@FAST
+@given(layer=st.one_of(st.integers(-5, -1), st.integers(2, 40), st.sampled_from([1.0, "0", True, None, 2**63])))
+def test_a_layer_index_out_of_range_is_refused_naming_the_range(layer, w4s4):
+    _refused_naming(lambda: pi.ablate(w4s4, layer=[layer] if layer is not None else []), "layer=", "layer indices")
+
+
+@FAST
+@given(data=st.data())
+def test_a_near_miss_zoo_name_or_preset_is_refused_listing_choices(data):
+    from phaseinterp.config import PRESETS, preset
+
+    zoo_name = data.draw(st.sampled_from(sorted(pi.zoo.available())))
+    miss = data.draw(st.sampled_from(_mutations(zoo_name)))
+    if miss not in pi.zoo.available() and not Path(miss).exists():
+        _refused_naming(lambda: pi.load(miss), repr(miss), "zoo names")
+    name = data.draw(st.sampled_from(sorted(PRESETS)))
+    miss = data.draw(st.sampled_from(_mutations(name)))
+    if miss not in PRESETS:
+        _refused_naming(lambda: preset(miss), repr(miss), "presets")
+
+
+@FAST
+@given(shift=st.one_of(st.integers(-12, 12).filter(lambda d: d % 4 == 0), st.sampled_from([1.5, "1", None, True])))
+def test_a_shift_that_moves_nothing_is_refused(shift, w4s4):
+    _refused_naming(lambda: pi.gate_cycling_profile(w4s4, shifts=[shift]), "shift", "shifts")
+
+
+# ------------------------------------------------------------------ paths at one door
+PATH_CASES = ["missing", "tilde", "file", "empty folder", "non-empty folder", "same kind", "same kind, overwrite",
+              "link to folder", "dangling link", "below a file", "inside another output", "same as an input"]
+
+
+def _profile():
+    import pandas as pd
+
+    from phaseinterp.profile import profile_from_records
+
+    residues = np.repeat(np.arange(8), 4)
+    return profile_from_records(pd.DataFrame({"residue": residues, "correct": residues % 4 != 3}), 8, 4,
+                                n_permutations=9)
+
+
+def _path_case(case: str, tmp: Path, monkeypatch) -> tuple[Path, dict, str | None]:
+    """(the path to write, save's options, the words of the refusal or None when it must succeed)."""
+    target = tmp / "out"
+    if case == "tilde":
+        monkeypatch.setenv("HOME", str(tmp))
+        return Path("~/out"), {}, None
+    if case == "file":
+        target.write_text("x")
+        return target, {}, "is an existing file"
+    if case == "empty folder":
+        target.mkdir()
+    if case == "non-empty folder":
+        target.mkdir()
+        (target / "notes.txt").write_text("mine")
+        return target, {}, "is not empty"
+    if case.startswith("same kind"):
+        _profile().save(target)
+        return (target, {"overwrite": True}, None) if "overwrite" in case else (target, {}, "already holds")
+    if case == "link to folder":
+        (tmp / "real").mkdir()
+        target.symlink_to(tmp / "real")
+    if case == "dangling link":
+        target.symlink_to(tmp / "gone")
+        return target, {}, "dangling link"
+    if case == "below a file":
+        (tmp / "f").write_text("x")
+        return tmp / "f" / "out", {}, "is a file"
+    return target, {}, None
+
+
+@pytest.mark.parametrize("case", [c for c in PATH_CASES if not c.startswith(("inside", "same as"))])
+def test_every_path_case_of_a_save(case, tmp_path, monkeypatch):
+    target, options, refusal = _path_case(case, tmp_path, monkeypatch)
+    profile = _profile()
+    started = time.monotonic()
+    if refusal is None:
+        written = profile.save(target, **options)
+        assert type(profile).load(written).period_verdict == profile.period_verdict
+        assert "~" not in str(written) and not (Path.cwd() / "~").exists()
+        COUNTS["paths x cases: written"] += 1
+    else:
+        with pytest.raises(UserInputError, match=refusal):
+            profile.save(target, **options)
+        COUNTS["paths x cases: refused"] += 1
+    assert time.monotonic() - started < BUDGET_S
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+@pytest.mark.parametrize("case", PATH_CASES)
+def test_every_path_case_of_a_command(case, tmp_path, capsys, monkeypatch):
+    """The same cases through the command line (`gates --out`), stopped where the checks end."""
+    from phaseinterp.cli import commands
+
+    target, options, refusal = _path_case(case, tmp_path, monkeypatch) if case not in (
+        "inside another output", "same as an input") else (tmp_path / "out", {}, None)
+    argv = ["gates", "w4s4", "--out", str(target)]
+    if case == "same kind" or case == "same kind, overwrite":
+        argv[0] = "profile"
+    if options.get("overwrite"):
+        argv.append("--overwrite")
+    if case == "inside another output":
+        argv = ["profile", "w4s4", "--out", str(tmp_path / "out"), "--shard-dir", str(tmp_path / "out" / "s")]
+        refusal = "is inside --out"
+    if case == "same as an input":
+        (tmp_path / "base").mkdir()
+        argv = ["cycle", "w4s4", "--baseline", str(tmp_path / "base"), "--out", str(tmp_path / "base")]
+        refusal = "is the input --baseline"
+    monkeypatch.setitem(commands.COMMANDS, argv[0], lambda args: 0)  # the checks only: no model work
+    started = time.monotonic()
+    code = main(argv)
+    err = capsys.readouterr().err
+    if refusal is None:
+        assert code == 0, err
+        COUNTS["paths x cases (CLI): accepted"] += 1
+    else:
+        assert code == 2 and refusal.split(" (")[0] in err, err
+        COUNTS["paths x cases (CLI): exit 2"] += 1
+    assert time.monotonic() - started < BUDGET_S
+
+
+def test_report_counts():
+    """The counts RESULTS quotes (``-s`` prints them)."""
+    print("\nissue-58 fuzzer counts:")
+    for key in sorted(COUNTS):
+        print(f"  {key}: {COUNTS[key]}")
