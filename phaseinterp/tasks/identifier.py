@@ -38,6 +38,7 @@ from phaseinterp.errors import UserInputError
 from phaseinterp.phase import check_residue_modulus
 from phaseinterp.tasks._serialize import TaskSettings, task_from_fields
 from phaseinterp.tasks.batches import TaskBatch, observed_moments
+from phaseinterp.tasks.copying import special_ids
 from phaseinterp.tasks.placement import MEAN_TOLERANCE, STD_TOLERANCE
 from phaseinterp.tasks.splits import split_rng
 
@@ -104,8 +105,6 @@ class IdentifierRecall(TaskSettings):
     def from_tokenizer(cls, tokenizer: Any, heldout: Any, *, max_tokens: int | None = None,
                        **settings: Any) -> "IdentifierRecall":
         """The task on the first ``max_tokens`` (default all) of ``heldout``, a corpus's held-out ids."""
-        from phaseinterp.tasks.copying import special_ids
-
         text = np.asarray(heldout if max_tokens is None else heldout[: check_int("max_tokens", max_tokens, 1)],
                           dtype=np.int64)
         special = set(special_ids(tokenizer))
