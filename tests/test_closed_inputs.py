@@ -326,3 +326,16 @@ def test_a_names_filter_that_matches_nothing_is_an_error_not_an_empty_cache(w4s4
     _, cache = w4s4.run_with_cache(tokens, names_filter=["blocks.0.attn.hook_z"])
     assert list(cache.keys()) == ["blocks.0.attn.hook_z"]
     assert not any(h.fwd_hooks for h in w4s4.hook_dict.values())
+
+
+def test_a_tilde_is_the_home_folder_for_text_and_tokenizers(tmp_path, monkeypatch):
+    pytest.importorskip("tokenizers")
+    from phaseinterp.train.corpus import documents, source_files
+    from phaseinterp.train.tokenizer import TextTokenizer, train_tokenizer
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "text.txt").write_text("def f(x):\n    return x + 1\n" * 200)
+    assert source_files("~/text.txt") == [tmp_path / "text.txt"]
+    assert next(documents("~/text.txt"))[0] == "text.txt:0"
+    assert train_tokenizer("~/text.txt", 300, "~/tok", progress=False) == tmp_path / "tok"
+    assert TextTokenizer("~/tok").vocab_size == 300

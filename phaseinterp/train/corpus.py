@@ -22,7 +22,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from phaseinterp._files import atomic_write, progress_bar
+from phaseinterp._files import atomic_write, expand_user, progress_bar
 from phaseinterp.errors import UserInputError
 
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".text")
@@ -39,7 +39,7 @@ def _is_hf_dataset(path: Path) -> bool:
 
 def source_files(data: Union[str, Path]) -> list[Path]:
     """The files (or saved datasets) a source stands for, sorted; refused when there are none."""
-    path = Path(data)
+    path = Path(expand_user(data))
     if not path.exists():
         raise UserInputError(f"data={str(data)!r} does not exist (pass a text, JSONL or parquet file, a folder of "
                              "them, or a datasets folder written by save_to_disk)")
@@ -127,6 +127,7 @@ def documents(data: Union[str, Path]) -> Iterator[tuple[str, str]]:
     ``"<file within the source>:<index in the file>"`` (a single-file source: its name), so it does not
     depend on where the source lies or how its path is spelled: the held-out split (`is_held_out`) is
     the same for a copy of the corpus anywhere."""
+    data = expand_user(data)
     root = Path(data)
     for path in source_files(data):
         within = path.name if path == root else path.relative_to(root).as_posix()
@@ -162,6 +163,7 @@ def content_fingerprint(data: Union[str, Path]) -> str:
     """What the tokens depend on in the source, wherever it lies: sha256 over every file's path within the
     source (the documents' keys, so the held-out split), size and bytes. A copy of the corpus on another
     machine or path has the same one; an edit changes it. Memoized per `fingerprint` in this process."""
+    data = expand_user(data)
     quick = fingerprint(data)
     if quick in _CONTENT:
         return _CONTENT[quick]
@@ -221,7 +223,7 @@ def tokenize_corpus(data: Union[str, Path], tokenizer, folder: Union[str, Path],
     Documents are separated by the tokenizer's end-of-text token when it has one; each goes to the
     held-out split with probability ``heldout_fraction`` (`is_held_out`). Files are written beside
     their final names and renamed into place, the manifest last."""
-    folder = Path(folder)
+    folder, data = Path(expand_user(folder)), expand_user(data)
     quick = {"source": str(Path(data).resolve()), "fingerprint": fingerprint(data)}
     same = {"tokenizer_sha256": tokenizer.sha256, "heldout_fraction": heldout_fraction,
             "vocab_size": tokenizer.vocab_size, "split_keys": SPLIT_KEYS}

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Iterable, Optional, Union
 
 from phaseinterp._checks import check_int
-from phaseinterp._files import atomic_write, check_write_target, write_dir_atomically
+from phaseinterp._files import atomic_write, check_write_target, expand_user, write_dir_atomically
 from phaseinterp.errors import UserInputError
 from phaseinterp.train.corpus import documents, source_files
 
@@ -34,7 +34,7 @@ class TextTokenizer:
 
     def __init__(self, folder: Union[str, Path]):
         tokenizers = _need_tokenizers()
-        folder = Path(folder)
+        folder = Path(expand_user(folder))
         path = folder / TOKENIZER_FILE
         if not folder.is_dir():
             raise UserInputError(f"tokenizer={str(folder)!r} is not a folder (a tokenizer folder holds {TOKENIZER_FILE})")
