@@ -338,4 +338,4 @@ def test_a_tilde_is_the_home_folder_for_text_and_tokenizers(tmp_path, monkeypatc
     assert source_files("~/text.txt") == [tmp_path / "text.txt"]
     assert next(documents("~/text.txt"))[0] == "text.txt:0"
     assert train_tokenizer("~/text.txt", 300, "~/tok", progress=False) == tmp_path / "tok"
-    assert TextTokenizer("~/tok").vocab_size == 300
+    assert 257 < TextTokenizer("~/tok").vocab_size <= 300  # as many merges as the text holds
