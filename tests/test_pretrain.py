@@ -497,13 +497,13 @@ def test_the_activation_estimate_matches_what_a_real_forward_saves(compression):
 
     config = preset("cpu-small", n_ctx=1024, **({"compression": None} if compression == "full" else {}))
     for bf16 in (False, True):
-        estimate = activation_bytes_per_row(config, 1024, torch.bfloat16 if bf16 else None)
+        estimate = activation_bytes_per_row(config, 1024, dtype=torch.bfloat16 if bf16 else None)
         # the loss keeps the fp32 log-probabilities (4 bytes of the plan's 10 or 12 per logit: the rest is
         # their gradient and the logits, alive at the backward's start, not saved)
         predicted = estimate["layers"] + estimate["head"] + 1024 * config.d_vocab * 4
         measured = _saved_bytes_per_row(config, 1024, bf16)
         assert predicted == pytest.approx(measured, rel=0.10), (bf16, predicted / 2**20, measured / 2**20)
-    checkpointed = activation_bytes_per_row(config, 1024, None, activation_checkpointing=True)
+    checkpointed = activation_bytes_per_row(config, 1024, activation_checkpointing=True)
     assert checkpointed["layers"] < estimate["layers"] and checkpointed["logits"] > estimate["logits"]  # fp32 logits
 
 

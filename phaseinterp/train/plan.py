@@ -49,7 +49,7 @@ def _dtype_bytes(dtype: Optional[torch.dtype]) -> int:
     return 2 if dtype == torch.bfloat16 else 4
 
 
-def block_activation_bytes(config: CompressedConfig, seq_len: int, dtype: Optional[torch.dtype] = None,
+def block_activation_bytes(config: CompressedConfig, seq_len: int, *, dtype: Optional[torch.dtype] = None,
                            rows: int = 1) -> int:
     """Bytes one block saves for the backward over ``rows`` rows of ``seq_len`` tokens: a real forward of a
     1-layer model with the architecture's widths on this CPU (``dtype`` bfloat16: under CPU autocast, as
@@ -95,7 +95,7 @@ def _unit(config: CompressedConfig) -> int:
     return math.lcm(config.stride if config.is_compressed else 1, 8)
 
 
-def block_bytes_per_row(config: CompressedConfig, seq_len: int, dtype: Optional[torch.dtype] = None) -> float:
+def block_bytes_per_row(config: CompressedConfig, seq_len: int, *, dtype: Optional[torch.dtype] = None) -> float:
     """One block's saved activations per row of ``seq_len`` tokens: measured (`block_activation_bytes`)
     with 2 rows minus 1 row (what grows with the rows), at two lengths up to `MEASURE_LEN`, then
     ``a T + c T^2`` through both (c >= 0: the compressed attention's per-block masks grow with the
@@ -105,7 +105,8 @@ def block_bytes_per_row(config: CompressedConfig, seq_len: int, dtype: Optional[
     t0 = max(unit, t1 // 2 // unit * unit)
 
     def per_row(t: int) -> int:
-        return block_activation_bytes(config, t, dtype, rows=2) - block_activation_bytes(config, t, dtype, rows=1)
+        return (block_activation_bytes(config, t, dtype=dtype, rows=2)
+                - block_activation_bytes(config, t, dtype=dtype, rows=1))
 
     b1, b0 = per_row(t1), per_row(t0)
     c = max(0.0, (b1 / t1 - b0 / t0) / (t1 - t0)) if t1 > t0 else 0.0
@@ -113,7 +114,7 @@ def block_bytes_per_row(config: CompressedConfig, seq_len: int, dtype: Optional[
     return a * seq_len + c * seq_len**2
 
 
-def activation_bytes_per_row(config: CompressedConfig, seq_len: int, dtype: Optional[torch.dtype] = None,
+def activation_bytes_per_row(config: CompressedConfig, seq_len: int, *, dtype: Optional[torch.dtype] = None,
                              activation_checkpointing: bool = False,
                              per_block: Optional[float] = None) -> dict[str, int]:
     """Saved activations of one row of ``seq_len`` tokens through the whole model: ``layers`` (all blocks,
@@ -121,7 +122,7 @@ def activation_bytes_per_row(config: CompressedConfig, seq_len: int, dtype: Opti
     norm's and unembedding's inputs) and ``logits`` (module docstring). ``per_block``: a
     `block_bytes_per_row` already measured."""
     if per_block is None:
-        per_block = block_bytes_per_row(config, seq_len, dtype)
+        per_block = block_bytes_per_row(config, seq_len, dtype=dtype)
     if activation_checkpointing:
         layers = config.n_layers * seq_len * config.d_model * 4 + per_block
     else:
@@ -198,7 +199,7 @@ def _parts(config: CompressedConfig, n_params: int, nproc: int, sharded: bool, d
     return parts
 
 
-def plan_memory(config: CompressedConfig, tc, nproc: int = 1, device_gib: Optional[float] = None,
+def plan_memory(config: CompressedConfig, tc, *, nproc: int = 1, device_gib: Optional[float] = None,
                 device_type: str = "cuda") -> MemoryPlan:
     """The per-device memory of pretraining ``config`` with recipe ``tc`` (`PretrainConfig`) on ``nproc``
     processes, against ``device_gib`` GiB per device (default: this machine's CUDA device, else
@@ -223,8 +224,9 @@ def plan_memory(config: CompressedConfig, tc, nproc: int = 1, device_gib: Option
     sharded = nproc > 1 or tc.force_fsdp
     n_params = parameter_count(config)
     device_bytes = int(device_gib * GIB)
-    per_block = block_bytes_per_row(config, tc.seq_len, dtype)
-    rows = {ac: activation_bytes_per_row(config, tc.seq_len, dtype, ac, per_block) for ac in (False, True)}
+    per_block = block_bytes_per_row(config, tc.seq_len, dtype=dtype)
+    rows = {ac: activation_bytes_per_row(config, tc.seq_len, dtype=dtype, activation_checkpointing=ac,
+                                         per_block=per_block) for ac in (False, True)}
     parts = _parts(config, n_params, nproc, sharded, dtype, micro, rows[tc.activation_checkpointing])
     plan = MemoryPlan(n_params, nproc, sharded, share, micro, tc.seq_len, "bf16" if dtype else "fp32",
                       tc.activation_checkpointing, device_bytes, parts, rows[tc.activation_checkpointing])
