@@ -339,3 +339,19 @@ def test_a_tilde_is_the_home_folder_for_text_and_tokenizers(tmp_path, monkeypatc
     assert next(documents("~/text.txt"))[0] == "text.txt:0"
     assert train_tokenizer("~/text.txt", 300, "~/tok", progress=False) == tmp_path / "tok"
     assert 257 < TextTokenizer("~/tok").vocab_size <= 300  # as many merges as the text holds
+
+
+def test_cycling_identification_says_when_one_shift_cannot_be_significant():
+    """Per shift, identification rests on S-1 = 3 points at S = 4: 6 arrangements, p >= 1/6 whatever the
+    data; the result says so beside the joint test's floor (1/216 for three shifts)."""
+    from phaseinterp.interventions.cycling_stats import attainable_note, cycling_scores
+
+    acc0 = np.array([0.9, 0.8, 0.7, 0.1])
+    observed = {d: np.roll(acc0, d) for d in (1, 2, 3)}
+    scores = cycling_scores(acc0, observed, n_permutations=999)
+    assert scores["identification_min_p_by_shift"] == pytest.approx(1 / 6)
+    assert scores["identification_min_p"] == pytest.approx(1 / 216)
+    assert (scores["per_shift"]["identification_p"] >= 1 / 6 - 1e-12).all()
+    note = attainable_note("identification per shift", 1 / 6, design="3 points per shift")
+    assert note.startswith("identification per shift undetermined at this design: its p cannot go below 0.167")
+    assert attainable_note("joint", 1 / 216) is None

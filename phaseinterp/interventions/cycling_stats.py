@@ -181,12 +181,25 @@ def cycling_scores(acc0: np.ndarray, observed: dict[int, np.ndarray], *, n_permu
     out["movement_r2"], out["movement_corr2"] = movement_point(
         per_shift["displacement"] if rows else [], [int(d) for d in observed], S)
     out["identification_p"] = float("nan")
+    # the smallest p each test can reach at this design (exact enumeration): a single shift's S-1 values
+    # have (S-1)! arrangements (1/6 at S = 4: never below 0.05), the joint test ((S-1)!)^shifts
+    out["identification_min_p"] = float((1 / math.factorial(S - 1)) ** max(len(rows), 1))
+    out["identification_min_p_by_shift"] = float(1 / math.factorial(S - 1))
     if n_permutations > 0 and rows:
         per_p, joint_p = _permutation_p(acc0, {d: np.asarray(a, float) for d, a in observed.items()},
                                         n_permutations, seed)
         per_shift["identification_p"] = [per_p[d] for d in per_shift["shift"]]
         out["identification_p"] = joint_p
     return out
+
+
+def attainable_note(name: str, min_p: float, alpha: float = 0.05, design: str = "") -> str | None:
+    """Words for a test that cannot say yes at this design: None when ``min_p <= alpha``, else
+    ``"<name> undetermined at this design: p >= min_p > alpha (design); ..."``."""
+    if not min_p > alpha:
+        return None
+    return (f"{name} undetermined at this design: its p cannot go below {min_p:.3g} > {alpha:g}"
+            + (f" ({design})" if design else "") + "; read the pooled (joint) test instead")
 
 
 # ---------------------------------------------------------------- unit level

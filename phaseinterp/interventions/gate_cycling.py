@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 
 import functools
+import math
 import warnings
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union, no_type_check
@@ -27,6 +28,7 @@ from phaseinterp._files import progress_bar
 from phaseinterp.errors import UserInputError, applies_only, warn_renamed, when_given
 from phaseinterp.interventions._common import check_layers, cycling_note, fixed_answer_position, model_device
 from phaseinterp.interventions.cycling_stats import (
+    attainable_note,
     cycling_scores,
     movement_scores,
     phase_means_bootstrap,
@@ -234,6 +236,11 @@ class CyclingResult(Result):
             "displacement_ci_by_shift": ({int(r.shift): [int(r.low), int(r.high)]
                                           for r in movement["per_shift"].itertuples()} if movement else {}),
             "identification_p_by_shift": by("identification_p") if "identification_p" in ps else {},
+            "identification_p_min_attainable": s.get("identification_min_p", float("nan")),
+            **({"identification_by_shift": note} if (note := attainable_note(
+                "identification per shift", s.get("identification_min_p_by_shift", float("nan")),
+                design=f"{self.stride - 1} points per shift: {math.factorial(self.stride - 1)} arrangements"))
+               else {}),
             "boundary_rank_by_shift": by("boundary_rank", int),
         }
 
