@@ -327,8 +327,8 @@ def _unchecked(fn):
     """``fn`` without the test suite's runtime type checker (conftest's jaxtyping hook), which
     would reject a wrongly typed argument before the function's own check: users, who have no
     hook, get the function's ValueError, and that is what these rows test."""
-    while hasattr(fn, "__keyword_options__") or hasattr(fn, "__applies_only__"):  # errors' shims: the checked
-        fn = fn.__wrapped__  # function is below them
+    while hasattr(fn, "__keyword_options__") or hasattr(fn, "__applies_only__") or hasattr(fn, "__spec_type__"):
+        fn = fn.__wrapped__  # errors' shims and takes_spec's record of the passed options: the checked function is below
     return getattr(fn, "__wrapped__", fn)
 
 
