@@ -212,25 +212,33 @@ def test_a_spec_flag_alone_changes_the_spec(command, dest, value):
     COUNTS["flags x alone: changes the spec"] += 1
 
 
+VALUES = {"tokenizer": "{t}", "measure": "accuracy", "branch": "k", "dtypes": "float16", "paper_padding": "prefix",
+          "paper_figure": "{t}/f.html", "engine": "http://localhost:9", "device": "cpu", "out": "{t}/o"}
+POSITIONAL = {"merge": ["{t}"], "paper": []}  # what each command takes before its flags (default: a model)
+
+
+def _written(command, dest):
+    """``[flag]`` or ``[flag, value]`` as a user writes ``dest`` on ``command``'s line."""
+    action = next(a for a in _subparser(command)._actions if a.dest == dest)
+    return [action.option_strings[0]] + ([] if action.nargs == 0 else [VALUES.get(dest, "5")])
+
+
 def _needs_cases():
     for command, needs in FLAG_NEEDS.items():
         for dest, alternatives in needs.items():
-            action = next(a for a in _subparser(command)._actions if a.dest == dest)
-            flag = action.option_strings[0]
-            argv = [command] + (["w4s4"] if command != "merge" else ["{t}"]) + \
-                   ([flag] if action.nargs == 0 else [flag, {"tokenizer": "{t}", "measure": "accuracy",
-                                                             "branch": "k", "dtypes": "float16", "paper_padding":
-                                                             "prefix", "paper_figure": "{t}/f.html"}.get(dest, "5")])
+            argv = [command, *POSITIONAL.get(command, ["w4s4"]), *_written(command, dest)]
             if command == "cycle" and dest == "branch":
                 argv += ["--score", "unit", "--layer", "0"]
             if command == "conformance" and dest == "dtypes":
                 argv += ["--modes", "decode"]
+            flag = _written(command, dest)[0]
             yield pytest.param(argv, flag, alternatives, id=f"{command} {flag}")
     for command, excludes in FLAG_EXCLUDES.items():
         for dest, (other, _) in excludes.items():
-            flag, with_flag = f"--{dest.replace('_', '-')}", f"--{other.replace('_', '-')}"
-            argv = [command, "w4s4", with_flag, "http://localhost:9", "--model-name", "m", flag,
-                    "cpu" if dest == "device" else "4"]
+            argv = [command, *POSITIONAL.get(command, ["w4s4"]), *_written(command, other), *_written(command, dest)]
+            if other == "engine":
+                argv += ["--model-name", "m"]
+            flag, with_flag = _written(command, dest)[0], _written(command, other)[0]
             yield pytest.param(argv, flag, ((other, GIVEN),), id=f"{command} {flag} with {with_flag}")
 
 

@@ -182,7 +182,7 @@ INERT = [
     (["profile", "w4s4", "--seq-len", "64"], "--seq-len applies to --tokenizer only"),
     (["profile", "w4s4", "--tokenizer", "{t}"], "--tokenizer applies to --engine only"),
     (["profile", "w4s4", "--chunk-size", "8"], "--chunk-size applies to --shard-dir or --engine only"),
-    (["profile", "w4s4", "--overwrite"], "--overwrite applies to --out only"),
+    (["profile", "w4s4", "--overwrite"], "--overwrite applies to --out or --paper-figure only"),
     (["profile", "w4s4", "--hold", "3"], "--hold applies to --axis length only"),
     (["profile", "w4s4", "--hold", "0"], "--hold applies to --axis length only"),  # its default, given
     (["profile", "w4s4", "--engine", "http://localhost:9", "--model-name", "m", "--query-chunk", "4"],
@@ -355,3 +355,9 @@ def test_cycling_identification_says_when_one_shift_cannot_be_significant():
     note = attainable_note("identification per shift", 1 / 6, design="3 points per shift")
     assert note.startswith("identification per shift undetermined at this design: its p cannot go below 0.167")
     assert attainable_note("joint", 1 / 216) is None
+
+
+def test_paper_list_writes_nothing_and_says_so(tmp_path, capsys):
+    code, err = _cli(capsys, ["paper", "--list", "--out", tmp_path / "p"])
+    assert code == 2 and "--out does nothing with --list" in err, err
+    assert not (tmp_path / "p").exists()

@@ -37,12 +37,14 @@ FLAG_NEEDS: dict[str, dict[str, tuple[tuple[str, object], ...]]] = {
     "ablate": {"chunk_size": (("shard_dir", GIVEN),), **_WRITES, **_PAPER},
     "cycle": {"measure": (("score", "unit"),), "branch": (("score", "profile"),), "chunk_size": (("shard_dir", GIVEN),),
               **_WRITES, **_PAPER},
-    "gates": dict(_WRITES), "conformance": dict(_WRITES), "merge": dict(_WRITES),
+    "gates": dict(_WRITES), "conformance": dict(_WRITES), "merge": dict(_WRITES), "paper": dict(_WRITES),
 }
 # Flags that do nothing beside another: flag dest -> (the other dest, why).
 FLAG_EXCLUDES: dict[str, dict[str, tuple[str, str]]] = {
     "profile": {"query_chunk": ("engine", "the served model runs its own attention"),
                 "device": ("engine", "the served model runs where it is served")},
+    "paper": {"out": ("list", "--list prints the published runs and writes nothing"),
+              "no_static": ("list", "--list prints the published runs and draws nothing")},
 }
 
 
@@ -78,7 +80,7 @@ def check_flag_needs(command: str, args, given: set[str], spec_needs: Optional[d
     for dest, (other, want) in (spec_needs or {}).items():
         needs.setdefault(dest, ((other, want),))
     for dest in sorted(given):
-        alternatives = needs.get(dest)
+        alternatives = tuple(alt for alt in needs.get(dest, ()) if hasattr(args, alt[0]))  # this command's flags
         if alternatives and not any(_holds(getattr(args, other, None), want) for other, want in alternatives):
             wanted = " or ".join(_flag(other) if want is GIVEN else _want_words(other, want)
                                  for other, want in alternatives)
@@ -86,7 +88,7 @@ def check_flag_needs(command: str, args, given: set[str], spec_needs: Optional[d
             raise UsageError(f"{_flag(dest)} applies to {wanted} only (here {here}), where it would do nothing; "
                              f"drop {_flag(dest)} or add {wanted}")
         other_why = FLAG_EXCLUDES.get(command, {}).get(dest)
-        if other_why and getattr(args, other_why[0], None) is not None:
+        if other_why and _holds(getattr(args, other_why[0], None), GIVEN):
             raise UsageError(f"{_flag(dest)} does nothing with {_flag(other_why[0])} ({other_why[1]}); drop {_flag(dest)}")
 
 
