@@ -70,7 +70,8 @@ class Report:
         """The short summary table printed by ``phaseinterp demo``."""
         lines = ["| model | mean | worst phase (acc) | phase gap | residue gap | period |", "|---|---|---|---|---|---|"]
         for p in self.summary["profiles"]:
-            period = p["period"] if p["period"] is not None else "none"
+            period = p["period"] if p["period"] is not None else (
+                "undetermined" if str(p.get("period_verdict", "")).startswith("undetermined") else "none")
             lines.append(f"| {p['label']} | {p['mean']:.3f} | {','.join(map(str, p['worst_phases']))} "
                          f"({p['worst_phase_accuracy']:.3f}) | {100 * p['phase_gap']:.1f} pp | "
                          f"{100 * p['gap']:.1f} pp | {period} (p={p['period_p_value']:.3f}) |")

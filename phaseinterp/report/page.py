@@ -254,7 +254,8 @@ def page_html(summary: dict, figures: dict, tables: dict, static: dict) -> str:
                      "<th>residue gap</th><th>period (p)</th></tr>"]
     for p in summary["profiles"]:
         worst = p["worst_phase_accuracy"]
-        period = p["period"] if p["period"] is not None else "none"
+        period = p["period"] if p["period"] is not None else (
+            "undetermined at this design" if str(p.get("period_verdict", "")).startswith("undetermined") else "none")
         p_value = p["period_p_value"]
         summary_table.append(
             f"<tr><td style='text-align:left'>{html.escape(p['label'])}</td><td>{p['mean']:.3f}</td>"
