@@ -361,3 +361,16 @@ def test_paper_list_writes_nothing_and_says_so(tmp_path, capsys):
     code, err = _cli(capsys, ["paper", "--list", "--out", tmp_path / "p"])
     assert code == 2 and "--out does nothing with --list" in err, err
     assert not (tmp_path / "p").exists()
+
+
+def test_a_twin_is_the_full_attention_model_of_the_same_backbone(tmp_path, capsys):
+    from phaseinterp.report import check_twin
+
+    check_twin("w4s4", "full")  # the zoo's pair
+    with pytest.raises(UserInputError, match=r"twin='w4s4-staggered' is a compressed model"):
+        check_twin("w4s4", "w4s4-staggered")
+    with pytest.raises(UserInputError, match=r"twin='deep12-full' is not the model's full-attention twin: its "
+                                             r"backbone differs \(n_layers 2 vs 12"):
+        check_twin("w4s4", "deep12-full")
+    code, err = _cli(capsys, ["report", "w4s4", "--twin", "w4s4-staggered", "--out", tmp_path / "r"])
+    assert code == 2 and "is a compressed model" in err and "is the model itself" not in err, err

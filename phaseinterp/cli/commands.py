@@ -329,7 +329,9 @@ def _write_report(args) -> int:
         _check_model_name(twin)
         try:
             report_module.check_twin(args.model, twin)
-        except ValueError:
+        except ValueError as err:
+            if "model itself" not in str(err):  # a compressed twin or another backbone: the check's own words
+                raise UsageError(f"--twin {twin}: {err}") from None
             raise UsageError(f"--twin {twin} is the model itself ({args.model}): a model is never its own twin; "
                              "pass a different model as --twin (a full-attention twin), or --twin none") from None
     report_module.check_report_dir(args.out, args.overwrite)

@@ -58,6 +58,36 @@ def check_twin(model, twin) -> None:
         raise UserInputError(f"twin={str(twin) if isinstance(twin, (str, Path)) else type(twin).__name__!r} is the "
                          "model itself: a model is never its own twin; pass its full-attention twin (the zoo's "
                          "compressed models: 'full') or twin=None")
+    _check_twin_backbone(model, twin)
+
+
+# What a full-attention twin shares with its model: everything but the compression (TWIN_SAME).
+TWIN_SAME = ("d_vocab", "n_layers", "d_model", "n_heads", "d_head", "n_kv_heads", "d_mlp")
+
+
+def _check_twin_backbone(model, twin) -> None:
+    """A twin is the full-attention model of the same backbone: uncompressed, with the model's
+    `TWIN_SAME` fields; read from the configs (no weights), skipped where a config cannot be read or is
+    not a phaseinterp `CompressedConfig` (a DeepSeek-V4 folder)."""
+    def cfg_of(value):
+        described = peek(value) if isinstance(value, (str, Path)) else value
+        cfg = getattr(described, "cfg", None)
+        return cfg if hasattr(cfg, "is_compressed") and all(hasattr(cfg, k) for k in TWIN_SAME) else None
+
+    shown = str(twin) if isinstance(twin, (str, Path)) else type(twin).__name__
+    twin_cfg, model_cfg = cfg_of(twin), cfg_of(model)
+    if twin_cfg is None:
+        return
+    if twin_cfg.is_compressed:
+        raise UserInputError(f"twin={shown!r} is a compressed model ({twin_cfg.label}): a twin is the full-attention "
+                             "model of the same backbone (compression=None), e.g. the zoo's 'full'")
+    if model_cfg is None:
+        return
+    differ = [f"{k} {getattr(model_cfg, k)} vs {getattr(twin_cfg, k)}" for k in TWIN_SAME
+              if getattr(model_cfg, k) != getattr(twin_cfg, k)]
+    if differ:
+        raise UserInputError(f"twin={shown!r} is not the model's full-attention twin: its backbone differs "
+                             f"({'; '.join(differ)}); pass the uncompressed model of the same backbone")
 
 
 def _model_path(name: Union[str, Path]) -> Path:
