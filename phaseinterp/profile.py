@@ -3,6 +3,7 @@
 
 import functools
 import importlib
+import inspect
 import os
 from dataclasses import dataclass
 from typing import Any, ClassVar, no_type_check
@@ -16,8 +17,8 @@ from tqdm.auto import tqdm
 from phaseinterp.errors import UserInputError, applies_only, keyword_options, warn_renamed
 from phaseinterp import stats
 from phaseinterp.models.protocol import phase_model
-from phaseinterp._checks import (DEFAULT_N_PER_RESIDUE, Spec, check_device, check_every_residue, check_fraction, check_int,
-                                 check_n_per_residue, check_prompt_batch, env_flag, takes_spec)
+from phaseinterp._checks import (DEFAULT_N_PER_RESIDUE, OneOf, Spec, check_device, check_every_residue, check_fraction,
+                                 check_int, check_n_per_residue, check_prompt_batch, env_flag, takes_spec)
 from phaseinterp.phase import check_residue_modulus
 from phaseinterp.results import Result
 from phaseinterp.tasks import resolve_task
@@ -310,7 +311,8 @@ class ProfileSpec(Spec):
     """`phase_profile`'s options (and `phaseinterp.engine_profile`'s), checked when made; their
     meanings are `phase_profile`'s parameters. ``stride=None`` means the model's own stride."""
 
-    NEEDS: ClassVar[dict[str, tuple[str, Any]]] = {"hold": ("axis", "length"), "length_modulus": ("axis", "length")}
+    NEEDS: ClassVar[dict[str, tuple[str, Any]]] = {"hold": ("axis", "length"), "length_modulus": ("axis", "length"),
+                                                   "n_bootstrap": ("interval", OneOf(("auto", "cluster_bootstrap")))}
 
     n_per_residue: int = DEFAULT_N_PER_RESIDUE
     seed: int = 0
@@ -382,6 +384,9 @@ class ProfileSpec(Spec):
                 return length_axis_batch(task, self.n_per_residue, seed=self.seed, stride=stride, axis=self.axis,
                                          hold=self.hold or 0, tokenizer=tokenizer, length_modulus=self.length_modulus)
             extra = {} if tokenizer is None else {"tokenizer": tokenizer}
+            if tokenizer is not None and "tokenizer" not in inspect.signature(task.generate).parameters:
+                raise UserInputError(f"tokenizer= does not apply to {type(task).__name__}: its prompts are laid out in "
+                                     "its own vocabulary (a tokenizer lays out NeedleRetrieval's); drop tokenizer=")
             batch = task.generate(self.n_per_residue, seed=self.seed, **extra)
         else:
             if tokenizer is not None:
