@@ -330,6 +330,20 @@ class Contains:
         return f"a value containing {self.value!r}"
 
 
+@dataclasses.dataclass(frozen=True)
+class OneOf:
+    """In `Spec.NEEDS`: the other option must be one of these values (``n_bootstrap`` needs ``interval`` in
+    ``("auto", "cluster_bootstrap")``)."""
+
+    values: tuple
+
+    def holds(self, other: Any) -> bool:
+        return any(_same(other, v) for v in self.values)
+
+    def __repr__(self) -> str:
+        return " or ".join(repr(v) for v in self.values)
+
+
 def needs_words(other: str, want: Any, flag: bool = False) -> tuple[str, str]:
     """(the condition, the fix) of a need in words: ``("axis='length'", "pass axis='length'")``, or
     with ``flag`` as command-line flags: ``("--axis length", "pass --axis length")``."""
@@ -340,12 +354,14 @@ def needs_words(other: str, want: Any, flag: bool = False) -> tuple[str, str]:
         return f"{shown} {want}", f"pass {shown} {want}"
     if isinstance(want, Contains):
         return f"{other} including {want.value!r}", f"add {want.value!r} to {other}"
+    if isinstance(want, OneOf):
+        return f"{other} {want!r}", f"pass {other}={want.values[0]!r}"
     return f"{other}={want!r}", f"pass {other}={want!r}"
 
 
 def needs_holds(want: Any, have: Any) -> bool:
     """Whether the value ``have`` of the needed option satisfies ``want`` (`Spec.NEEDS`)."""
-    return want.holds(have) if isinstance(want, Contains) else _same(have, want)
+    return want.holds(have) if isinstance(want, (Contains, OneOf)) else _same(have, want)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -138,8 +138,8 @@ def test_every_option_takes_many_drawn_values(field, value, described):
 def test_every_declared_need_is_refused_naming_both():
     for spec_type in SPECS:
         for name, (other, _want) in spec_type.NEEDS.items():
-            setting = {"hold": 3, "length_modulus": 4, "dtypes": ("float16",)}[name]
-            wrong = {"axis": "target", "modes": ("decode",)}[other]
+            setting = {"hold": 3, "length_modulus": 4, "dtypes": ("float16",), "n_bootstrap": 50}[name]
+            wrong = {"axis": "target", "modes": ("decode",), "interval": "wilson"}[other]
             with pytest.raises(UserInputError) as err:
                 spec_type(**{name: setting, other: wrong})
             assert f"{name}=" in str(err.value) and other in str(err.value)

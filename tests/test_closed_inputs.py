@@ -374,3 +374,11 @@ def test_a_twin_is_the_full_attention_model_of_the_same_backbone(tmp_path, capsy
         check_twin("w4s4", "deep12-full")
     code, err = _cli(capsys, ["report", "w4s4", "--twin", "w4s4-staggered", "--out", tmp_path / "r"])
     assert code == 2 and "is a compressed model" in err and "is the model itself" not in err, err
+
+
+def test_profile_options_that_cannot_act_are_refused(w4s4):
+    with pytest.raises(UserInputError, match=r"n_bootstrap= applies to interval 'auto' or 'cluster_bootstrap' only "
+                                             r"\(interval='wilson' here"):
+        pi.phase_profile(w4s4, interval="wilson", n_bootstrap=50)
+    with pytest.raises(UserInputError, match=r"tokenizer= does not apply to KeyValueRetrieval"):
+        pi.phase_profile(w4s4, tokenizer=object(), n_permutations=9)
