@@ -2,7 +2,6 @@
 (docs/science.md, "Evaluation protocol")."""
 
 import functools
-import importlib
 import inspect
 import os
 from dataclasses import dataclass
@@ -214,15 +213,6 @@ class PhaseProfile(Result):
         from phaseinterp.plot.profile import plot_profile  # plotting stays out of the core import path
 
         return plot_profile(self)
-
-    @classmethod
-    def from_lm_eval(cls, output_dir: str | os.PathLike, **options: Any) -> "PhaseProfile":
-        """The profile of lm-eval's logged samples of a `phaseinterp.engines.lm_eval` task: `profile_from_lm_eval`
-        (``task_name=``, ``label=`` and `phase_profile`'s interval options as keywords)."""
-        profile_from_lm_eval = importlib.import_module("phaseinterp.engines.lm_eval").profile_from_lm_eval  # the layer above
-
-        return profile_from_lm_eval(output_dir, **options)
-
 
 
 @dataclass(frozen=True, eq=False, repr=False)

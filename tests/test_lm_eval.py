@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from phaseinterp import CompressedConfig, CompressedTransformer
+from phaseinterp.engines.lm_eval import profile_from_lm_eval
 from phaseinterp.errors import UserInputError
 from phaseinterp.tasks import KeyValueRetrieval
 
@@ -137,13 +138,13 @@ def _samples(task_dir: Path, out: Path, correct, *, task: str = NAME, model: str
 def test_from_lm_eval_round_trips_hand_made_samples(task_dir, tmp_path):
     """Samples logged by lm-eval become the profile profile_from_records gives on the same correctness:
     residues, phases, counts, intervals; the records keep the task's metadata, sorted by prompt."""
-    from phaseinterp.profile import PhaseProfile, profile_from_records
+    from phaseinterp.profile import profile_from_records
 
     docs = _docs(task_dir)
     rng = np.random.default_rng(0)
     correct = [bool(rng.random() < (0.9 if d["phase"] != 3 else 0.2)) for d in docs]
     _samples(task_dir, tmp_path / "out", correct)
-    profile = PhaseProfile.from_lm_eval(tmp_path / "out", n_permutations=99)
+    profile = profile_from_lm_eval(tmp_path / "out", n_permutations=99)
     assert profile.label == f"model-dir (lm-eval {NAME})"
     assert (profile.modulus, profile.stride, len(profile.records)) == (8, 4, len(docs))
     assert profile.records["prompt_index"].tolist() == list(range(len(docs)))
@@ -161,7 +162,7 @@ def test_from_lm_eval_round_trips_hand_made_samples(task_dir, tmp_path):
     np.testing.assert_allclose(profile.residue_lower, expected.residue_lower)
     assert profile.interval_method == expected.interval_method
     # the samples file itself, and a task name, work too
-    same = PhaseProfile.from_lm_eval(next((tmp_path / "out").rglob("samples_*.jsonl")), task_name=NAME,
+    same = profile_from_lm_eval(next((tmp_path / "out").rglob("samples_*.jsonl")), task_name=NAME,
                                      n_permutations=99)
     np.testing.assert_array_equal(same.residue_correct, profile.residue_correct)
 
@@ -173,10 +174,9 @@ def _one_line(err: pytest.ExceptionInfo) -> str:
 
 
 def test_from_lm_eval_bad_inputs_each_give_one_line(task_dir, tmp_path):
-    from phaseinterp.profile import PhaseProfile
 
     with pytest.raises(UserInputError) as err:
-        PhaseProfile.from_lm_eval(tmp_path / "missing")
+        profile_from_lm_eval(tmp_path / "missing")
     assert "does not exist" in _one_line(err) and "missing" in str(err.value)
     assert isinstance(err.value, FileNotFoundError)
 
@@ -184,37 +184,37 @@ def test_from_lm_eval_bad_inputs_each_give_one_line(task_dir, tmp_path):
     empty.mkdir(parents=True)
     (empty / "results_2026-01-02T03-04-05.678901.json").write_text("{}")
     with pytest.raises(UserInputError) as err:
-        PhaseProfile.from_lm_eval(tmp_path / "no_samples")
+        profile_from_lm_eval(tmp_path / "no_samples")
     assert "--log_samples" in _one_line(err) and "no_samples" in str(err.value)
 
     other = tmp_path / "other"
     hellaswag = [{"query": "a", "choices": ["b"], "gold": 0}] * 3
     _samples(task_dir, other, [True] * 3, task="hellaswag", docs=hellaswag)
     with pytest.raises(UserInputError) as err:  # expected task named
-        PhaseProfile.from_lm_eval(other, task_name=NAME)
+        profile_from_lm_eval(other, task_name=NAME)
     text = _one_line(err)
     assert "'hellaswag'" in text and repr(NAME) in text
     with pytest.raises(UserInputError) as err:  # no name: not a phaseinterp task
-        PhaseProfile.from_lm_eval(other)
+        profile_from_lm_eval(other)
     assert "'hellaswag'" in _one_line(err) and "phaseinterp lm-eval-task" in str(err.value)
 
     ours = tmp_path / "ours"
     _samples(task_dir, ours, [True] * len(_docs(task_dir)))
     with pytest.raises(UserInputError) as err:  # ours is there, the name asked for is not
-        PhaseProfile.from_lm_eval(ours, task_name="phaseinterp_other")
+        profile_from_lm_eval(ours, task_name="phaseinterp_other")
     assert repr(NAME) in _one_line(err) and "'phaseinterp_other'" in str(err.value)
 
     partial = tmp_path / "partial"
     _samples(task_dir, partial, [True] * 10, docs=_docs(task_dir)[:10])
     with pytest.raises(UserInputError) as err:  # lm_eval --limit 10
-        PhaseProfile.from_lm_eval(partial)
+        profile_from_lm_eval(partial)
     assert "10 of the task's 184 prompts" in _one_line(err)
 
     twice = tmp_path / "twice"
     _samples(task_dir, twice, [True] * 184)
     _samples(task_dir, twice, [True] * 184, date="2026-01-03T03-04-05.678901")
     with pytest.raises(UserInputError) as err:  # two runs: which one is not guessed
-        PhaseProfile.from_lm_eval(twice)
+        profile_from_lm_eval(twice)
     assert "2 samples files" in _one_line(err)
 
 
@@ -254,13 +254,12 @@ def test_the_zoo_hf_folders_ship_their_vocabulary_tokenizer(tmp_path):
 @pytest.mark.zoo("dsv4-tiny")
 def test_lm_eval_hf_backend_agrees_with_phase_profile_prompt_by_prompt(tmp_path):
     """`lm_eval --model hf` (offline) on the written task of the shipped dsv4-tiny folder, read back with
-    PhaseProfile.from_lm_eval, has phase_profile's correctness on every prompt (same prompts, same top-1
+    profile_from_lm_eval, has phase_profile's correctness on every prompt (same prompts, same top-1
     rule) and its answer log-probs to float32 rounding."""
     pytest.importorskip("lm_eval")
     pytest.importorskip("transformers")
     import phaseinterp
     from phaseinterp.engines.lm_eval import write_lm_eval_task
-    from phaseinterp.profile import PhaseProfile
     from phaseinterp.zoo import deepseek_v4 as hf_zoo
 
     n = 72  # the smallest size the zoo task moment-matches (1,728 prompts)
@@ -273,7 +272,7 @@ def test_lm_eval_hf_backend_agrees_with_phase_profile_prompt_by_prompt(tmp_path)
                "--log_samples", "--output_path", str(tmp_path / "out")]
     run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200)
     assert run.returncode == 0, run.stderr[-3000:]
-    from_lm_eval = PhaseProfile.from_lm_eval(tmp_path / "out")
+    from_lm_eval = profile_from_lm_eval(tmp_path / "out")
     here = phaseinterp.phase_profile(phaseinterp.load("dsv4-tiny"), n_per_residue=n, progress=False)
     assert len(from_lm_eval.records) == len(here.records) == n * 24
     for column in ("residue", "target_pos", "mapping_id", "answer"):

@@ -353,7 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Write the prompts of MODEL's task (task.generate(N, seed)) as a task that "
                        "`lm_eval --include_path DIR --tasks NAME` runs on any backend (hf, vllm, local-completions): "
                        "a loglikelihood request of the one-token answer, acc = the answer is the top-1 next token. "
-                       "Read lm-eval's --log_samples output back with phaseinterp.PhaseProfile.from_lm_eval(OUT).")
+                       "Read lm-eval's --log_samples output back with phaseinterp.profile_from_lm_eval(OUT).")
     p.add_argument("model", help="zoo name (see `phaseinterp zoo list`) or a checkpoint directory: its stored "
                                  "task, stride and name")
     p.add_argument("--n-per-residue", type=_positive, default=DEFAULT_N_PER_RESIDUE,

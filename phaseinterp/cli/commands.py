@@ -458,7 +458,7 @@ def _cmd_lm_eval_task(args) -> int:
     name = next(out.glob("*.yaml")).stem
     print(f"wrote lm-eval task {name!r} to {out}; run it with\n"
           f"  lm_eval --model hf --model_args pretrained=MODEL_DIR --include_path {out} --tasks {name} "
-          f"--log_samples --output_path OUT\nand read it with phaseinterp.PhaseProfile.from_lm_eval(OUT)")
+          f"--log_samples --output_path OUT\nand read it with phaseinterp.profile_from_lm_eval(OUT)")
     return 0
 
 

@@ -2,7 +2,7 @@
 
 `write_lm_eval_task` writes the prompts of ``task.generate(n_per_residue, seed)`` as a task that
 ``lm_eval --include_path DIR --tasks NAME`` runs on any backend (hf, vllm, local-completions);
-`profile_from_lm_eval` (``PhaseProfile.from_lm_eval``) reads the samples that ``lm_eval ... --log_samples``
+`profile_from_lm_eval` (``phaseinterp.profile_from_lm_eval``) reads the samples that ``lm_eval ... --log_samples``
 logged back into a `PhaseProfile`. The scoring is phaseinterp's: lm-eval's ``loglikelihood`` request of
 the one-token answer after the prompt, whose ``acc`` is ``is_greedy`` (the answer is the argmax of the
 model's logits over its whole vocabulary at ``answer_pos``). lm-eval sends text, never token ids: each
@@ -63,7 +63,7 @@ _YAML = """# lm-evaluation-harness task written by `phaseinterp lm-eval-task` (p
 # A prompt is correct when its one-token answer is the model's top-1 next token (acc = is_greedy).
 # Run: lm_eval --model hf --model_args pretrained=MODEL_DIR --include_path {folder} --tasks {name} \\
 #        --log_samples --output_path OUT
-# Read: phaseinterp.PhaseProfile.from_lm_eval("OUT")
+# Read: phaseinterp.profile_from_lm_eval("OUT")
 task: {name}
 custom_dataset: !function prompts.load
 test_split: test

@@ -24,7 +24,6 @@ every chunk.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import json
 import math
@@ -359,16 +358,12 @@ _EXPERIMENTS = {"profile": _Experiment("profile", _profile_resolve, _profile_pla
                 "gate_cycling_profile": _Experiment("cycle", _cycle_resolve, _cycle_plan)}
 
 
-def _single(module: str, name: str) -> Callable:
-    return getattr(importlib.import_module(module), name)
-
-
-sharded_profile = sharded(_single("phaseinterp.profile", "phase_profile"), kind="profile", chunk_size=256, refuse={
+sharded_profile = sharded(phase_profile, kind="profile", chunk_size=256, refuse={
     "tokenizer": "the prompts are the task's token ids"})
-sharded_ablate = sharded(_single("phaseinterp.interventions.ablation", "ablate"), kind="ablate", chunk_size=64, refuse={
+sharded_ablate = sharded(ablate, kind="ablate", chunk_size=64, refuse={
     "calibration_mean": "each rank computes the calibration mean once, from n_calibration and calibration_seed"})
 sharded_gate_cycling_profile = sharded(
-    _single("phaseinterp.interventions.gate_cycling", "gate_cycling_profile"), kind="gate_cycling_profile",
+    gate_cycling_profile, kind="gate_cycling_profile",
     chunk_size=128, refuse={"baseline": "the unshifted row is computed per chunk (shift 0)"})
 sharded_gate_cycling = renamed("sharded_gate_cycling", "phaseinterp.parallel.sharded_gate_cycling_profile",
                                sharded_gate_cycling_profile)
