@@ -382,3 +382,9 @@ def test_profile_options_that_cannot_act_are_refused(w4s4):
         pi.phase_profile(w4s4, interval="wilson", n_bootstrap=50)
     with pytest.raises(UserInputError, match=r"tokenizer= does not apply to KeyValueRetrieval"):
         pi.phase_profile(w4s4, tokenizer=object(), n_permutations=9)
+
+
+def test_engine_d_vocab_below_the_model_s_vocabulary_is_refused(tmp_path, capsys):
+    code, err = _cli(capsys, ["profile", "w4s4", "--engine", "http://localhost:9", "--model-name", "m",
+                              "--d-vocab", "10"])
+    assert code == 2 and "--d-vocab 10 is smaller than w4s4's vocabulary" in err, err

@@ -81,6 +81,10 @@ def served_profile(args) -> int:
         spec = ProfileSpec.from_args(args, batch_size=args.chunk_size, device=None, **axis)
         spec.check_task(task, stride)
         task.placement(spec.n_per_residue, strict=True)
+        if args.d_vocab is not None and args.d_vocab < described.cfg.d_vocab:
+            raise UsageError(f"--d-vocab {args.d_vocab} is smaller than {args.model}'s vocabulary ({described.cfg.d_vocab} "
+                             "tokens): its task's answers would lie outside the served vocabulary; omit --d-vocab or pass "
+                             f"at least {described.cfg.d_vocab}")
         d_vocab = args.d_vocab or described.cfg.d_vocab
         label = label or model_label(described)
     engine = OpenAIEngine(args.engine, args.model_name, d_vocab=d_vocab, top_logprobs=args.top_logprobs,
