@@ -478,8 +478,12 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Pretrain a preset architecture (or its full twin: --set compression=none) on local "
                        "text with a tokenizer folder; --nproc K launches torchrun (FSDP2). --resume continues the run "
                        "in --out with the same settings.")
-    p.add_argument("--preset", required=True, help="architecture: tiny, cpu-small, qwen3-100m or qwen3-0.6b "
-                   "(phaseinterp.config.PRESETS)")
+    p.add_argument("--preset", default=None, help="architecture: tiny, cpu-small, qwen3-100m or qwen3-0.6b "
+                   "(phaseinterp.config.PRESETS); this or --paper-run")
+    p.add_argument("--paper-run", default=None, metavar="RUN",
+                   help="a published controlled run's architecture (phaseinterp.paper.config: the Qwen3-0.6B "
+                        "backbone with the run's W, S, KV heads, variant and seed; e.g. kvc_w8s8_1kv_baseline, "
+                        "full_attn_1kv); recorded in pretrain.json; instead of --preset, --set and --config's model")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                    help="change one architecture field (a sweep axis: window, stride, n_kv_heads, gate, payload, "
                         "positional, memory, local_window, window_offsets; compression=none for the twin); repeatable")

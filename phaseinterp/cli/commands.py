@@ -24,6 +24,8 @@ from phaseinterp import train as training
 from phaseinterp._checks import check_device, parse_size
 from phaseinterp._files import check_output_dir, check_path_roles, check_write_target, expand_user
 from phaseinterp.cli.args import UsageError, axis_options, check_flag_needs
+from phaseinterp.cli.paper_run import BACKBONE as PAPER_BACKBONE
+from phaseinterp.cli.paper_run import paper_run_settings
 from phaseinterp.cli.engine import served_profile
 from phaseinterp.config import preset
 from phaseinterp.engines import conformance
@@ -659,12 +661,13 @@ def _pretrain_settings(args):
         if not isinstance(file, dict) or set(file) - {"model", "train"}:
             raise UsageError(f'--config {args.config!r} must be a JSON object with "model" and/or "train" entries '
                              f"(found: {sorted(file) if isinstance(file, dict) else type(file).__name__})")
-    model = dict(file.get("model", {}))
+    paper_run, paper_model, paper_train = paper_run_settings(args, file)  # --paper-run (or None, None, {})
+    model = dict(file.get("model", {})) if paper_run is None else paper_model
     model.update(dict(_parse_override(t) for t in args.overrides))
     if args.tokenizer is not None:
         model.setdefault("d_vocab", TextTokenizer(args.tokenizer).vocab_size)
     # the recipe's base: the run's own record on --resume (its execution settings aside), else the preset's
-    base = preset_recipe(args.preset)
+    base = {**preset_recipe(args.preset or PAPER_BACKBONE), **paper_train}
     record = Path(args.out) / RUN_FILE if args.out is not None else None
     if args.resume and record is not None and record.is_file():
         try:
@@ -685,7 +688,7 @@ def _pretrain_settings(args):
     if args.fp32:
         train.update(bf16=False, cpu_bf16=False)
     tc = PretrainConfig.from_dict(train)
-    config = preset(args.preset, **model)
+    config = preset(args.preset or PAPER_BACKBONE, **model)
     if config.n_ctx < tc.seq_len and "n_ctx" not in model:
         config = config.replace(n_ctx=tc.seq_len)
     config = config.replace(seed=tc.seed)
@@ -708,7 +711,8 @@ def _cmd_pretrain(args) -> int:
         check_nproc(args.nproc)
         if tc.global_batch % args.nproc:
             raise UsageError(f"--global-batch {tc.global_batch} is not divisible by --nproc {args.nproc}")
-        prepare(config, args.data, args.tokenizer, tc, args.out, resume=args.resume)
+        prepare(config, args.data, args.tokenizer, tc, args.out, resume=args.resume, paper_run=args.paper_run and
+                paper_module.resolve(args.paper_run))
     if args.nproc > 1 and not worker:
         argv, skip = [], False
         for a in sys.argv[1:]:  # the workers know their count from torchrun (and torchrun would read --nproc)
@@ -739,7 +743,8 @@ def _pretrain_plan(args, config, tc) -> int:
     """``phaseinterp pretrain --plan``: the per-device memory of the run asked for (`plan_memory`), for
     --nproc devices (not this machine's: a GPU run is planned from a CPU machine); exits 2 when it does not fit."""
     plan = plan_memory(config, tc, nproc=args.nproc, device_gib=args.device_memory)
-    print(f"plan: {config.label}, {args.preset} (d_vocab {config.d_vocab:,}); lr {tc.lr:g}, warm-up "
+    what = args.preset if args.paper_run is None else f"paper run {paper_module.resolve(args.paper_run)}"
+    print(f"plan: {config.label}, {what} (d_vocab {config.d_vocab:,}); lr {tc.lr:g}, warm-up "
           f"{tc.warmup_steps} steps, {tc.steps:,} steps of {tc.global_batch} x {tc.seq_len} tokens "
           f"({tc.steps * tc.global_batch * tc.seq_len / 1e6:,.0f}M tokens)")
     print(plan.table())

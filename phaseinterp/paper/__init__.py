@@ -8,6 +8,8 @@
     pi.paper.gates("kvc_w8s8_1kv_baseline")           # gate profiles beside the folded knockouts
     pi.paper.cycling("kvc_w12s12_4kv")                # clean and shifted profiles, the toolkit's scores on them
     pi.paper.compare(pi.phase_profile(model), "kvc_w8s8_1kv_baseline")   # any profile beside a published run
+    pi.paper.config("kvc_w8s8_1kv_nope")              # the run as a CompressedConfig (Qwen3-0.6B backbone)
+    pi.paper.sweep()                                  # every controlled run -> its preset overrides, or why not
 
 The numbers are the figure data of the paper's interactive post by its first author, shipped as
 tidy CSV tables in ``phaseinterp/paper/data`` (written by ``python -m phaseinterp.paper.build`` from
@@ -37,7 +39,8 @@ from phaseinterp.paper.published import (
     trajectory,
 )
 from phaseinterp.paper.results import PaperComparison, PaperCycling, PaperGates
+from phaseinterp.paper.sweep import VARIANTS, config, overrides, sweep
 
-__all__ = ["TABLES", "PaperComparison", "PaperCycling", "PaperGates", "compare", "concentration", "cycling",
-           "cycling_runs", "evaluations", "gates", "knockout", "profile", "resolve", "runs", "source", "table",
-           "trajectory"]
+__all__ = ["TABLES", "VARIANTS", "PaperComparison", "PaperCycling", "PaperGates", "compare", "concentration",
+           "config", "cycling", "cycling_runs", "evaluations", "gates", "knockout", "overrides", "profile", "resolve",
+           "runs", "source", "sweep", "table", "trajectory"]

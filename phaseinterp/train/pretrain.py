@@ -282,10 +282,13 @@ def _probe_task(tokenizer: TextTokenizer, heldout: Optional[np.ndarray], config:
 
 
 def prepare(config: CompressedConfig, data: Union[str, Path], tokenizer: Union[str, Path], tc: PretrainConfig,
-            out_dir: Union[str, Path], *, resume: bool = False, progress: bool = True) -> dict:
+            out_dir: Union[str, Path], *, resume: bool = False, progress: bool = True,
+            paper_run: Optional[str] = None) -> dict:
     """Everything checked and prepared before a process group starts: the tokenizer, the model against
     it, the output folder (writable; a previous run only with ``resume``, and then the same settings),
-    the tokenized corpus (``out_dir/data``) and the needle probe. Returns the run record."""
+    the tokenized corpus (``out_dir/data``) and the needle probe. Returns the run record. ``paper_run``:
+    the published run this one reproduces (`phaseinterp.paper.config`), recorded as ``paper_run`` so the
+    evaluation knows which published profile to compare with (`phaseinterp.paper.compare`)."""
     tok = TextTokenizer(tokenizer)
     check_model_for_text(config, tok, tc.seq_len)
     _probe_task(tok, None, config, tc)  # a vocabulary or length that cannot hold the probe, before any reading
@@ -295,6 +298,8 @@ def prepare(config: CompressedConfig, data: Union[str, Path], tokenizer: Union[s
               "data": {"source": str(Path(data).resolve()), "fingerprint": fingerprint(data),
                        "content_sha256": content_fingerprint(data)},
               "tokenizer": {"folder": str(Path(tokenizer).resolve()), "sha256": tok.sha256}}
+    if paper_run is not None:
+        record["paper_run"] = paper_run
     resuming = resume and (out / RUN_FILE).is_file()
     if resuming:
         check_resume(out, record)
