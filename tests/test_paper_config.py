@@ -189,3 +189,25 @@ def test_prepare_records_the_paper_run(tmp_path):
     assert json.loads((tmp_path / "run" / RUN_FILE).read_text())["paper_run"] == "kvc_w4s4_1kv"
     plain = prepare(config, corpus, tok, tc, tmp_path / "plain", progress=False)
     assert "paper_run" not in plain
+
+
+def test_profile_of_a_paper_run_defaults_to_its_published_run(tmp_path, capsys):
+    """``profile RUN_DIR`` of a run pretrained with --paper-run compares with that published run unless
+    --paper says otherwise; other folders are left alone."""
+    from argparse import Namespace
+
+    from phaseinterp.cli import paper_run
+    from phaseinterp.paper.sweep import BACKBONE
+    from phaseinterp.train.pretrain import RUN_FILE
+
+    assert paper_run.RUN_FILE == RUN_FILE and paper_run.BACKBONE == BACKBONE
+    (tmp_path / RUN_FILE).write_text(json.dumps({"model": {}, "paper_run": "kvc_w8s8_1kv_nope"}))
+    args = Namespace(model=str(tmp_path), paper=None, engine=None)
+    assert paper_run.default_paper_run(args) == "kvc_w8s8_1kv_nope" and args.paper == "kvc_w8s8_1kv_nope"
+    assert "--paper kvc_w8s8_1kv_nope" in capsys.readouterr().err
+    chosen = Namespace(model=str(tmp_path), paper="kvc_w8s4", engine=None)
+    assert paper_run.default_paper_run(chosen) is None and chosen.paper == "kvc_w8s4"
+    (tmp_path / RUN_FILE).write_text(json.dumps({"model": {}}))
+    plain = Namespace(model=str(tmp_path), paper=None, engine=None)
+    assert paper_run.default_paper_run(plain) is None and plain.paper is None
+    assert paper_run.default_paper_run(Namespace(model=str(tmp_path / "none"), paper=None, engine=None)) is None

@@ -25,7 +25,7 @@ from phaseinterp._checks import check_device, parse_size
 from phaseinterp._files import check_output_dir, check_path_roles, check_write_target, expand_user
 from phaseinterp.cli.args import UsageError, axis_options, check_flag_needs
 from phaseinterp.cli.paper_run import BACKBONE as PAPER_BACKBONE
-from phaseinterp.cli.paper_run import paper_run_settings
+from phaseinterp.cli.paper_run import default_paper_run, paper_run_settings
 from phaseinterp.cli.engine import served_profile
 from phaseinterp.config import preset
 from phaseinterp.engines import conformance
@@ -247,6 +247,8 @@ def run(args) -> int:
     _check_out(args)
     if getattr(args, "device", None) is not None:
         check_device(args.device)
+    if args.command == "profile":
+        default_paper_run(args)  # a run pretrained with --paper-run: --paper defaults to that published run
     if args.command in ("profile", "ablate", "cycle"):
         _check_paper(args)
     return COMMANDS[args.command](args)

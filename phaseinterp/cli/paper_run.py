@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
 from typing import Any, Optional
 
 from phaseinterp.cli.args import UsageError
+
+RUN_FILE = "pretrain.json"  # phaseinterp.train.pretrain.RUN_FILE (not imported here: torch loads lazily)
 
 BACKBONE = "qwen3-0.6b"  # phaseinterp.paper.sweep.BACKBONE (not imported here: the paper tables load lazily)
 
@@ -29,3 +34,24 @@ def paper_run_settings(args, file: dict) -> tuple[Optional[str], Optional[dict[s
     overrides = paper.overrides(run)  # UserInputError naming the run: unknown, DeepSeek model, inexpressible variant
     seed = overrides.pop("seed")
     return paper.resolve(run), overrides, {"seed": seed}
+
+
+def default_paper_run(args) -> Optional[str]:
+    """``profile RUN_DIR`` of a run pretrained with ``--paper-run``: ``--paper`` defaults to the published run
+    its ``pretrain.json`` records (``paper_run``), so the profile is printed beside the published one
+    (`phaseinterp.paper.compare`). Sets ``args.paper`` and returns the run, or None (nothing recorded,
+    ``--paper`` given, a served model)."""
+    model = getattr(args, "model", None)
+    if getattr(args, "paper", None) is not None or getattr(args, "engine", None) is not None or model is None:
+        return None
+    record = Path(str(model)) / RUN_FILE
+    try:
+        run = json.loads(record.read_text()).get("paper_run") if record.is_file() else None
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(run, str):
+        return None
+    args.paper = run
+    print(f"phaseinterp: --paper {run}: {model} was pretrained as the published run {run} ({RUN_FILE}); its "
+          "profile is printed beside the published one", file=sys.stderr)
+    return run
