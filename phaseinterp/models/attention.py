@@ -53,7 +53,8 @@ from phaseinterp.phase import n_closed_windows, n_visible_entries, tail_start, w
 
 # Query chunking under ``query_chunk = "auto"`` (`CompressedAttention.query_ranges`): a forward
 # over more than AUTO_CHUNK_ABOVE new tokens runs its queries in chunks whose score block holds
-# at most SCORE_BLOCK elements (batch x query heads x queries x key slots; 8 MiB in float32).
+# at most SCORE_BLOCK elements per prompt row (query heads x queries x key slots; 8 MiB in float32):
+# chunks depend on the length and the model, never on the batch size.
 AUTO_CHUNK_ABOVE = 2048
 SCORE_BLOCK = 1 << 21
 MIN_AUTO_CHUNK = 16
@@ -352,7 +353,7 @@ class CompressedAttention(nn.Module):
         positions = torch.arange(start, start + x.shape[1], device=x.device)
         q_rot, k, v, k_rot = self._project(x, positions)
         cache = self._extend(cache, x, k, v, k_rot, start)
-        ranges = None if self._scores_hooked() else self.query_ranges(x.shape[0], start, x.shape[1])
+        ranges = None if self._scores_hooked() else self.query_ranges(start, x.shape[1])
         if self.cfg.is_compressed and self.fused_compressed_attention and not self._scores_hooked():
             z = self._attend_fused(q_rot, cache, positions)
         elif ranges is None:  # hooks see the full [pos, key_slot]
@@ -403,23 +404,23 @@ class CompressedAttention(nn.Module):
             return query_pos + 1
         return self.band_width + n_visible_entries(query_pos, cfg.window, cfg.stride, min(self.window_offsets))
 
-    def query_ranges(self, batch: int, start: int, n: int) -> Optional[list[tuple[int, int]]]:
+    def query_ranges(self, start: int, n: int) -> Optional[list[tuple[int, int]]]:
         """Query chunks ``[(a, b), ...]`` (indices into the ``n`` new tokens) for `forward`, or
         None for one pass over all queries.
 
         ``query_chunk = None``: None. An integer c: chunks of c queries (None when c >= n).
         ``"auto"``: None up to `AUTO_CHUNK_ABOVE` new tokens; above, each chunk takes as many
-        queries as keep its score block ``batch * n_heads * queries * key_slots`` within
+        queries as keep one prompt row's score block ``n_heads * queries * key_slots`` within
         `SCORE_BLOCK` elements (at least `MIN_AUTO_CHUNK` queries). A bounded block keeps the
         softmax and masking passes in cache, so time grows like the compute ``T * (L + T/S)``
-        and peak memory linearly in T.
+        and peak memory linearly in T. The chunks never depend on the batch size.
         """
         chunk = self.query_chunk
         if chunk is None or (chunk == "auto" and n <= AUTO_CHUNK_ABOVE) or (chunk != "auto" and chunk >= n):
             return None
         if chunk != "auto":
             return [(a, min(a + chunk, n)) for a in range(0, n, chunk)]
-        ranges, a, per_query_slot, size = [], 0, batch * self.cfg.n_heads, n
+        ranges, a, per_query_slot, size = [], 0, self.cfg.n_heads, n
         fits = lambda a, size: per_query_slot * size * self.n_key_slots(start + a + size - 1) <= SCORE_BLOCK  # noqa: E731
         while a < n:
             # the largest size that fits (bisection; sizes only shrink as the visible keys grow)
@@ -490,7 +491,8 @@ class CompressedAttention(nn.Module):
         fused ``scaled_dot_product_attention`` per block of queries (an additive -inf mask). A block of queries ``a .. b - 1``
         takes as keys the tokens ``a - B + 1 .. b - 1`` (its bands) and the entries visible to its last
         query, with the mask `_band_allowed` & ``key > query - B`` / `_entry_allowed`; blocks keep the
-        mask and the kernel's scores at ``batch * head * block * keys <= 4 * SCORE_BLOCK``, so memory
+        mask and the kernel's scores at ``head * block * keys <= 4 * SCORE_BLOCK`` per prompt row (blocks
+        never depend on the batch size), so memory
         grows linearly in the prompt length. Equal to the slot path to 1e-5 (summed in another
         order; tested)."""
         cfg = self.cfg
@@ -503,7 +505,7 @@ class CompressedAttention(nn.Module):
         out, a = [], 0
         while a < n:
             keys_est = B + n_visible_entries(p0 + min(n - 1, a + FUSED_BLOCK - 1), W, S, min(self.window_offsets)) + FUSED_BLOCK
-            size = max(16, min(FUSED_BLOCK, (4 * SCORE_BLOCK) // max(1, batch * cfg.n_heads * keys_est)))
+            size = max(16, min(FUSED_BLOCK, (4 * SCORE_BLOCK) // max(1, cfg.n_heads * keys_est)))
             b = min(n, a + size)
             first, last = p0 + a, p0 + b - 1
             lo = max(0, first - B + 1)

@@ -187,7 +187,7 @@ class AttentionHooks(nn.Module):
         E = 0 if entries is None else entries.shape[1]
         hooked = has_hooks(self.hook_attn_scores) or has_hooks(self.hook_pattern)
         slots = band + (0 if entries is None else E if hooked or selected is None else selected.shape[-1])
-        per_query = batch * max(H * (slots + 1), slots * d)
+        per_query = max(H * (slots + 1), slots * d)  # one prompt row: the chunks never depend on the batch
         ranges = [(0, T)] if self.query_chunk is None else chunk_ranges(T, per_query, self.query_chunk)
         z = q.new_empty((batch, T, H, d))
         for a, b in ranges:

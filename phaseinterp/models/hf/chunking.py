@@ -2,10 +2,14 @@
 
 The attention (`attention.attend`) and the indexer's selection run in query chunks: under
 ``query_chunk="auto"`` (`HookedDeepseekV4.set_query_chunk`) as many queries per chunk as keep its
-largest block (the chunk's scores over its key slots, the gathered band keys, the indexer's
-per-head scores) within SCORE_BLOCK elements, so a short prompt on a small model is one chunk;
-an integer: that many queries; ``None``: one chunk. Above AUTO_CHUNK_ABOVE tokens (`is_chunked`)
-the MLP/MoE and the hyper-connections also run in blocks of TOKEN_BLOCK tokens.
+largest block *per prompt row* (the chunk's scores over its key slots, the gathered band keys, the
+indexer's per-head scores) within SCORE_BLOCK elements (LONG_SCORE_BLOCK above AUTO_CHUNK_ABOVE
+tokens), so a short prompt on a small model is one chunk; an integer: that many queries; ``None``:
+one chunk. The chunks are a function of the prompt length, the model's geometry and the setting,
+**never of the batch size**: a per-query hook (``hook_attn_scores``, ``hook_pattern``, the indexer's
+``hook_scores``) sees the same query ranges (``hook.ctx["query_range"]``) for one prompt alone or
+in a batch of 512, and a block's memory grows with the batch. Above AUTO_CHUNK_ABOVE tokens
+(`is_chunked`) the MLP/MoE and the hyper-connections also run in blocks of TOKEN_BLOCK tokens.
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ def is_chunked(query_chunk, T: int) -> bool:
 
 def chunk_size(T: int, per_query: int, query_chunk) -> int:
     """Queries per chunk: ``query_chunk`` (an int), or under "auto" as many as keep ``per_query *
-    queries`` within SCORE_BLOCK elements (LONG_SCORE_BLOCK above AUTO_CHUNK_ABOVE tokens), at least one."""
+    queries`` within SCORE_BLOCK elements (LONG_SCORE_BLOCK above AUTO_CHUNK_ABOVE tokens), at least one.
+    ``per_query`` is one prompt row's elements per query: callers never multiply it by the batch."""
     if isinstance(query_chunk, int):
         return query_chunk
     block = LONG_SCORE_BLOCK if is_chunked(query_chunk, T) else SCORE_BLOCK
@@ -41,7 +46,8 @@ def chunk_size(T: int, per_query: int, query_chunk) -> int:
 
 
 def chunk_ranges(T: int, per_query: int, query_chunk) -> list[tuple[int, int]]:
-    """Query ranges ``[(a, b), ...]`` covering ``0..T-1``, `chunk_size` queries each."""
+    """Query ranges ``[(a, b), ...]`` covering ``0..T-1``, `chunk_size` queries each (``per_query``:
+    elements per query of one prompt row, so the ranges do not depend on the batch)."""
     size = chunk_size(T, per_query, query_chunk)
     return [(a, min(a + size, T)) for a in range(0, T, size)]
 

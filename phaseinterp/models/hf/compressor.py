@@ -158,7 +158,7 @@ class IndexerHooks(_CompressionHooks):
         top_k = min(self.hf.index_topk, n_entries)
         selected = torch.empty((batch, T, top_k), dtype=torch.long, device=x.device)  # every row set below
         entry = torch.arange(n_entries, device=x.device)
-        per_query = batch * max(1, n_entries) * (q.shape[2] + 2)
+        per_query = max(1, n_entries) * (q.shape[2] + 2)  # one prompt row: the chunks never depend on the batch
         for a, b in chunk_ranges(T, per_query, query_chunk):
             threshold = (position_ids[:, a:b] + 1) // hf.compress_rate
             # every entry of the prompt is a column (transformers' layout: torch.topk breaks the many ties

@@ -48,6 +48,7 @@ from phaseinterp.models.hf.config import DeepseekV4HookedConfig
 from phaseinterp.models.hf.last_position import last_layer_at_p
 from phaseinterp.models.hf.offload import execution_device, materialized
 from phaseinterp.models.paths import CheckedHooks, last_logits_path, record_path
+from phaseinterp.models.protocol import DeepseekV4Family, register_family
 from phaseinterp.models.transformer import check_tokens
 
 SIDECAR_FILE = "phaseinterp.json"  # phaseinterp metadata (task, recipe) beside an HF checkpoint
@@ -93,8 +94,9 @@ class HookedDeepseekV4(CheckedHooks):
         Every layer's attention is one implementation (`attention.attend`), run per query chunk, each
         chunk against only the keys it can see (the band, the closed HCA entries, the CSA indexer's
         top-k per query, the indexer's own scores per chunk). ``"auto"``: chunks sized so the largest
-        block stays within `chunking.SCORE_BLOCK` elements (a short prompt on a small model is one
-        chunk; `chunking.LONG_SCORE_BLOCK` above `chunking.AUTO_CHUNK_ABOVE` tokens), and above
+        block of one prompt row stays within `chunking.SCORE_BLOCK` elements (a short prompt on a small
+        model is one chunk; `chunking.LONG_SCORE_BLOCK` above `chunking.AUTO_CHUNK_ABOVE` tokens); the
+        chunks depend on the length and the model, never on the batch size, and above
         `chunking.AUTO_CHUNK_ABOVE` (2,048) tokens the MLP/MoE and hyper-connections
         in blocks of `chunking.TOKEN_BLOCK` tokens: peak memory grows linearly in T. None: one chunk of
         every query (memory quadratic in T). An integer: chunks of that many queries. Every setting
@@ -305,3 +307,6 @@ class HookedDeepseekV4(CheckedHooks):
             atomic_write(folder / SIDECAR_FILE, json.dumps({"metadata": meta}, indent=2, default=json_default).encode())
 
         return write_dir_atomically(directory, write)
+
+
+register_family(HookedDeepseekV4, DeepseekV4Family)

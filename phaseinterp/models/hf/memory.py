@@ -190,7 +190,7 @@ def _chunked_terms(cfg: Any, T: int, B: int, a: int, query_chunk: Any = "auto") 
 
     indexer = 0
     if csa and E:
-        Ci = chunk(B * E * (Hi + 2))
+        Ci = chunk(E * (Hi + 2))
         # transformers' scorer: matmul(q [B, C, Hi, di], entries [B, 1, di, E]) broadcasts the entries to
         # a float32 copy per query ([B, C, di, E]) beside its output where B > 1 (for B = 1 torch folds the
         # queries into one matrix product); then relu and the weighting (3 score copies)
@@ -200,7 +200,7 @@ def _chunked_terms(cfg: Any, T: int, B: int, a: int, query_chunk: Any = "auto") 
     # `attend`'s keys: a CSA chunk whose closed entries outnumber the top-k gathers k entries per query,
     # any other chunk keeps one shared copy of its entries; beside them two score blocks
     slots = W + max([min(k, E)] + hca)
-    C = chunk(B * max(H * (slots + 1), slots * d))
+    C = chunk(max(H * (slots + 1), slots * d))
     S_csa = cfg.compress_rates["compressed_sparse_attention"] if csa else None
     biggest = 0
     for lo in range(0, T, C):
