@@ -51,6 +51,7 @@ PLOTTING = ("plotly", "phaseinterp.plot")
 # not at the top.
 LAZY_ON_PURPOSE = {
     ("phaseinterp/_checks.py", "torch"): "cli/args imports _checks: `phaseinterp --help` answers without torch",
+    ("phaseinterp/_checks.py", "numpy"): "cli/args imports _checks: `phaseinterp --help` answers without numpy",
     ("phaseinterp/cli/__init__.py", "phaseinterp.cli.commands"): "`phaseinterp --help` answers without torch",
     ("phaseinterp/cli/__init__.py", "phaseinterp.zoo"): "`phaseinterp --help` answers without torch",
     ("phaseinterp/models/loading.py", "phaseinterp.zoo"): "the zoo sits above models/ (it trains and ships them)",

@@ -15,7 +15,6 @@ KV head's mean replacement happens (`KnockoutPoint`), which parameters a gate sh
 
 from __future__ import annotations
 
-import sys
 from typing import Any, NamedTuple, Optional, Protocol, runtime_checkable
 from pathlib import Path
 
@@ -23,8 +22,10 @@ import torch
 
 from phaseinterp._checks import check_is_model, check_layer
 from phaseinterp.errors import UserInputError
-from phaseinterp.models.hf.config import CSA
 from phaseinterp.phase import boundary_phase
+
+CSA = "compressed_sparse_attention"  # DeepSeek-V4's layer type with an indexer (= models.hf.config.CSA; importing
+# that package here would load the family, which itself registers with this module)
 
 
 class KnockoutPoint(NamedTuple):
@@ -424,22 +425,29 @@ def model_label(model) -> str:
     return f"{name} ({arch})"
 
 
+# (model class, adapter) of each family, registered by the family's own module when it loads
+# (`register_family`): this module stays below the models and never looks them up.
+_FAMILIES: list[tuple[type, type]] = []
+
+
+def register_family(model_class: type, adapter: type) -> None:
+    """Make `phase_model` wrap instances of ``model_class`` in ``adapter`` (each family's module calls
+    this once, at import)."""
+    if not any(cls is model_class for cls, _ in _FAMILIES):
+        _FAMILIES.append((model_class, adapter))
+
+
 def phase_model(model) -> PhaseModel:
     """The `PhaseModel` adapter of ``model`` (an adapter passes through); a name or path instead of a
     model is refused naming the loader."""
     if isinstance(model, _Family):
         return model
     check_is_model(model)
-    # Each family's module is loaded iff such a model exists; looking it up (not importing it) keeps
-    # this module below the models.
-    own = sys.modules.get("phaseinterp.models.transformer")
-    if own is not None and isinstance(model, own.CompressedTransformer):
-        return CompressedFamily(model)
-    hf = sys.modules.get("phaseinterp.models.hf.deepseek_v4")
-    if hf is not None and isinstance(model, hf.HookedDeepseekV4):
-        return DeepseekV4Family(model)
+    for model_class, adapter in _FAMILIES:
+        if isinstance(model, model_class):
+            return adapter(model)
     return GenericModel(model)
 
 
 __all__ = ["CompressedFamily", "DeepseekV4Family", "GateTarget", "GenericModel", "KnockoutPoint", "PhaseModel",
-           "phase_model"]
+           "phase_model", "register_family"]

@@ -60,6 +60,7 @@ from phaseinterp.models.attention import CompressedAttention
 from phaseinterp.models.cache import KVCache, LayerCache
 from phaseinterp.models.compressor import GateParameters, RMSNorm
 from phaseinterp.models.paths import CheckedHooks, has_hooks, last_logits_path, record_path
+from phaseinterp.models.protocol import CompressedFamily, register_family
 from phaseinterp.phase import boundary_phase
 
 CHECKPOINT_FORMAT = 1
@@ -526,3 +527,6 @@ def parameter_count(config: CompressedConfig) -> int:
     with torch.device("meta"):
         model = CompressedTransformer(config)
     return sum(p.numel() for p in model.parameters())
+
+
+register_family(CompressedTransformer, CompressedFamily)

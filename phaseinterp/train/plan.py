@@ -38,6 +38,7 @@ import torch
 
 from phaseinterp.config import CompressedConfig
 from phaseinterp.errors import UserInputError
+from phaseinterp.models.transformer import CompressedTransformer, parameter_count
 
 GIB = 2**30
 USABLE = 0.9
@@ -60,8 +61,6 @@ def block_activation_bytes(config: CompressedConfig, seq_len: int, *, dtype: Opt
         offsets = offsets[:1]
     small = config.replace(n_layers=1, d_vocab=min(config.d_vocab, 512), n_ctx=max(config.n_ctx, seq_len),
                            window_offsets=offsets)
-    from phaseinterp.models.transformer import CompressedTransformer
-
     with torch.random.fork_rng():
         torch.manual_seed(0)
         model = CompressedTransformer(small).train()
@@ -205,8 +204,6 @@ def plan_memory(config: CompressedConfig, tc, *, nproc: int = 1, device_gib: Opt
     processes, against ``device_gib`` GiB per device (default: this machine's CUDA device, else
     `DEFAULT_GPU_GIB`), in the precision ``tc`` gives ``device_type``; with `MemoryPlan.advice` naming the
     micro-batch and/or activation checkpointing that fits when the run as asked does not."""
-    from phaseinterp.models.transformer import parameter_count
-
     if not isinstance(nproc, int) or nproc < 1:
         raise UserInputError(f"nproc={nproc!r} must be an integer >= 1")
     if tc.global_batch % nproc:
