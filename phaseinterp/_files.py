@@ -238,8 +238,9 @@ def check_write_target(path: Union[str, os.PathLike], kind: str, *, overwrite: b
     (``kind="shard folder"``: a folder of the same run is resumed, which its run header checks) and
     `phaseinterp.train.train` ``out_dir`` (``kind="training run"``: resumed with ``resume=True``),
     `phaseinterp.train.pretrain.prepare` (``pretrain``'s ``out_dir``, ``kind="pretraining run"``, resumed the
-    same way), `phaseinterp.train.tokenizer.train_tokenizer` (``kind="tokenizer"``) and
-    `phaseinterp.engines.lm_eval.write_lm_eval_task` (``kind="lm-eval task"``).
+    same way), `phaseinterp.train.tokenizer.train_tokenizer` (``kind="tokenizer"``),
+    `phaseinterp.engines.lm_eval.write_lm_eval_task` (``kind="lm-eval task"``) and
+    `phaseinterp.report.paper.write_paper_figures` (``phaseinterp paper --out``, ``kind="report"``).
     """
     target = check_output_dir(path, name)
     held = saved_kind(target)

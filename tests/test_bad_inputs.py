@@ -538,6 +538,12 @@ def _write_lm_eval_task(model, target, overwrite=False):
     return write_lm_eval_task(model, target, n_per_residue=23, overwrite=overwrite)
 
 
+def _write_paper(model, target, overwrite=False):
+    from phaseinterp.report.paper import write_paper_figures
+
+    return write_paper_figures(target, static=False, overwrite=overwrite)
+
+
 _DSV4 = []
 
 
@@ -563,6 +569,7 @@ WRITERS = {
     "phaseinterp.train.pretrain:prepare": (_write_pretraining_run, "pretraining run", True),
     "phaseinterp.train.tokenizer:train_tokenizer": (_write_tokenizer, "tokenizer", True),
     "phaseinterp.engines.lm_eval:write_lm_eval_task": (_write_lm_eval_task, "lm-eval task", True),
+    "phaseinterp.report.paper:write_paper_figures": (_write_paper, "report", True),
 }
 # Writers outside the rule, each with the reason. Internal helpers write only into a folder a
 # listed writer has just made (a report's staging folder, a result's new folder).
@@ -593,6 +600,9 @@ WRITERS_EXEMPT = {
     "phaseinterp.train.pretrain:_write_tables": "curves.csv / probe.csv inside the run folder prepare checked",
     "phaseinterp.train.pretrain:_write_model": "config.json + model.safetensors inside the run folder prepare checked",
     "phaseinterp._files:through_links": "a path helper (follows a link at the end of a path)",
+    "phaseinterp.paper.build:build": "the maintainer's package-data builder (python -m phaseinterp.paper.build): its "
+                                     "own rule, check_build_target (a new, empty or previous build's folder), then "
+                                     "write_dir_atomically",
 }
 _PATH_ARGS = {"directory", "out", "out_dir", "output_dir", "path", "png", "dest", "target"}
 _WRITES = ("atomic_write", "save_pretrained(", ".mkdir(", "write_text(", "write_bytes(", "to_csv(", "os.replace",
@@ -747,7 +757,7 @@ def test_every_out_verb_refuses_without_overwrite(model, checkpoint, tmp_path, c
             "ablate": ["ablate", str(checkpoint)], "cycle": ["cycle", str(checkpoint)], "gates": ["gates", str(checkpoint)],
             "conformance": ["conformance", str(checkpoint)], "merge": ["merge", str(tmp_path / "mine")],
             "zoo export": ["zoo", "export", "dsv4-tiny", "--layout", "deepseek"],
-            "lm-eval-task": ["lm-eval-task", str(checkpoint)]}
+            "lm-eval-task": ["lm-eval-task", str(checkpoint)], "paper": ["paper", "--no-static"]}
     before = _snapshot(tmp_path)
     for verb in verbs:
         if verb == "merge":
@@ -940,7 +950,8 @@ def _fake_kaleido(monkeypatch, fail: bool):
 
     from phaseinterp.plot import export
 
-    def write_images(figures, paths, format, scale):  # noqa: A002 - plotly's name
+    def write_images(figures, paths, format=None, scale=None, width=None, height=None,  # noqa: A002 - plotly's names
+                     validate=True):  # plotly.io.write_images' signature (save_static passes width= and height=)
         for path in paths:
             Path(path).write_bytes(b"\x89PNG half" if fail else b"\x89PNG whole image")
             if fail:
@@ -949,7 +960,7 @@ def _fake_kaleido(monkeypatch, fail: bool):
     monkeypatch.setattr(export, "_check_static", lambda name: None)
     monkeypatch.setattr(pio, "write_images", write_images)
     monkeypatch.setattr(export, "_write_static",
-                        lambda fig, target, kind, scale: write_images([fig], [target], kind, scale))
+                        lambda fig, target, kind, scale: write_images([fig], [target], format=kind, scale=scale))
 
 
 def _write_figure_html(target, overwrite, monkeypatch, fail):
@@ -1191,12 +1202,13 @@ def _argv_for(verb, checkpoint, tmp_path):
             "lm-eval-task": ["lm-eval-task", str(checkpoint)], "train": ["train", "--steps", "1"],
             "zoo build": ["zoo", "build", "w4s4"],
             "pretrain": ["pretrain", "--preset", "tiny", "--data", str(data), "--tokenizer", str(tmp_path)],
-            "tokenizer train": ["tokenizer", "train", "--data", str(data), "--vocab-size", "300"]}[verb]
+            "tokenizer train": ["tokenizer", "train", "--data", str(data), "--vocab-size", "300"],
+            "paper": ["paper", "--no-static"]}[verb]
 
 
 def test_every_out_verb_is_walked():
     walked = {"demo", "report", "profile", "ablate", "cycle", "gates", "conformance", "merge", "zoo export",
-              "lm-eval-task", "train", "zoo build", "pretrain", "tokenizer train"}
+              "lm-eval-task", "train", "zoo build", "pretrain", "tokenizer train", "paper"}
     assert {verb for verb, _ in _out_verbs().values()} == walked
 
 

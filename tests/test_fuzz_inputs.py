@@ -432,6 +432,8 @@ NOT_CALLED = {
     "engine_profile": "phase_profile's ProfileSpec (fuzzed through phase_profile) plus an engine's answers, fuzzed in "
                       "test_fuzz_answers; its own options: tests/test_engine_profile.py",
     "phase": "a module", "stats": "a module", "tasks": "a module", "theory": "a module", "zoo": "a module (zoo.load is fuzzed)",
+    "paper": "a module (the paper's published numbers: its lookups are tested in tests/test_paper.py, its writer "
+             "`phaseinterp paper --out` is fuzzed in test_fuzz_cli and walked in tests/test_bad_inputs.py)",
 }
 COVERED = set(API) | {"zoo"}
 # The function whose own body each API row calls (for the reach counter: `_reach_counter`).
@@ -574,6 +576,7 @@ def _stop_work(monkeypatch):
     from phaseinterp.models import loading
     from phaseinterp.experiments import remedy
     from phaseinterp.models.hf import export, memory
+    from phaseinterp.report import paper as report_paper
     from phaseinterp.zoo import deepseek_v4 as hf_zoo
 
     def stop(*args, **kwargs):
@@ -581,7 +584,8 @@ def _stop_work(monkeypatch):
 
     for owner, name in ((loading, "load"), (report, "build_report"), (train, "train"), (zoo, "build"),
                         (hf_zoo, "build"), (hf_zoo, "load"), (export, "export_release"),
-                        (memory, "estimate_memory"), (remedy, "train_share")):
+                        (memory, "estimate_memory"), (remedy, "train_share"),
+                        (report_paper, "paper_figures")):  # `paper --out`: its drawing, after the write rule
         monkeypatch.setattr(owner, name, stop)
     try:  # the one loading entry point, where the package has it
         import phaseinterp.models.loading as loading

@@ -38,6 +38,9 @@ import json
 import math
 from pathlib import Path
 
+from phaseinterp._files import check_output_dir, write_dir_atomically
+from phaseinterp.errors import UserInputError
+
 SOURCE = {
     "repository": "UltimateJupiter/ultimatejupiter.github.io",
     "commit": "8b6a7a541e2ada09139f96374632e40311ea6507",
@@ -185,26 +188,58 @@ def _csv(rows: list[dict]) -> bytes:
     return buf.getvalue().encode()
 
 
+BUILT_BY = "python -m phaseinterp.paper.build"
+
+
+def _is_previous_build(folder: Path) -> bool:
+    """Whether ``folder`` holds this builder's own output (its source.json names the builder)."""
+    try:
+        source = json.loads((folder / "source.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(source, dict) and source.get("built_by") == BUILT_BY
+
+
+def check_build_target(out) -> Path:
+    """The write rule for the builder's ``out`` (before any work, creating nothing): a folder can be made
+    there (`check_output_dir`) and it is new, empty, or a previous build's (its source.json names this
+    builder: the builder's purpose is to regenerate it, replaced whole). Anything else (a file, the
+    user's files, another saved object) is never replaced: a `UserInputError` naming it."""
+    target = check_output_dir(out, "--out")
+    if target.is_dir() and any(target.iterdir()) and not _is_previous_build(target):
+        entries = sorted(p.name for p in target.iterdir())
+        listed = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+        raise UserInputError(f"--out={str(out)!r} is not empty and holds no previous build of the paper's tables (it "
+                             f"has {listed}); pass a new or empty folder")
+    return target
+
+
 def build(figdata: Path, out: Path) -> dict:
-    """Write every table and source.json to ``out``; returns source.json's content."""
-    raw = figdata.read_bytes()
+    """Write every table and source.json to ``out``, whole and atomically (a temporary folder beside it,
+    then one rename: `write_dir_atomically`); returns source.json's content. ``out`` must be new, empty
+    or a previous build's folder (`check_build_target`): nothing else is replaced."""
+    target = check_build_target(out)
+    raw = Path(figdata).read_bytes()
     d = json.loads(raw.decode("utf-8"))
     built, derived = tables(d)
-    out.mkdir(parents=True, exist_ok=True)
-    digests = {}
-    for name, rows in built.items():
-        blob = _csv(rows)
-        (out / f"{name}.csv").write_bytes(blob)
-        digests[f"{name}.csv"] = dict(rows=len(rows), sha256=hashlib.sha256(blob).hexdigest())
+    blobs = {f"{name}.csv": _csv(rows) for name, rows in built.items()}
+    digests = {name: dict(rows=len(built[name.removesuffix(".csv")]), sha256=hashlib.sha256(blob).hexdigest())
+               for name, blob in blobs.items()}
     source = dict(SOURCE, figdata_sha256=hashlib.sha256(raw).hexdigest(), figdata_bytes=len(raw),
-                  built_by="python -m phaseinterp.paper.build", tables=digests,
+                  built_by=BUILT_BY, tables=digests,
                   units=dict(accuracy="percent, as published", change="percentage points",
                              knockout="relative accuracy change in percent, 100 (knockout - clean) / clean",
                              gates="gate mass at the phase over its uniform share (1 = uniform); value gate "
                                    "rolled by -1 as published (value_gate[r] belongs to phase r + 1)",
                              concentration="effective number of offsets (1..W)"),
                   derived=derived)
-    (out / "source.json").write_text(json.dumps(source, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    blobs["source.json"] = (json.dumps(source, indent=1, ensure_ascii=False) + "\n").encode("utf-8")
+
+    def write(folder: Path) -> None:
+        for name, blob in blobs.items():
+            (folder / name).write_bytes(blob)
+
+    write_dir_atomically(target, write)
     return source
 
 
