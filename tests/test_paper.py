@@ -271,4 +271,4 @@ def test_the_command_line_names_a_bad_published_run_before_any_work(capsys):
     assert main(["profile", "w4s4", "--paper", "flash_base", "--paper-padding", "prefix"]) == 2
     assert "valid: needle" in capsys.readouterr().err  # the DeepSeek needles have one evaluation
     assert main(["ablate", "w4s4", "--paper-figure", "x.html"]) == 2
-    assert "--paper-figure applies with --paper RUN only" in capsys.readouterr().err
+    assert "--paper-figure applies to --paper only" in capsys.readouterr().err  # the flags' one declaration
