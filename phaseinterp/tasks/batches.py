@@ -4,6 +4,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 from jaxtyping import Bool, Int
@@ -83,6 +84,25 @@ class TrainBatch:
 
     def __repr__(self) -> str:  # sizes, never the token tensor
         return f"TrainBatch({self.tokens.shape[0]} rows x {self.tokens.shape[1]} tokens)"
+
+
+def final_position_batch(task: Any, tokens: Any, answers: Any, meta: pd.DataFrame,
+                         moments: pd.DataFrame) -> TaskBatch:
+    """A `TaskBatch` of prompts answered at their last position: ``tokens`` ``[batch, pos]``, ``answers``
+    ``[batch, answer_token]`` (the first is the scored one; ``meta["answer"]`` is set to it), for a task
+    with ``seq_len``, ``residue_modulus`` and ``to_dict()``."""
+    answer_tokens = torch.as_tensor(np.ascontiguousarray(answers), dtype=torch.long)
+    meta["answer"] = np.asarray(answers)[:, 0]
+    return TaskBatch(
+        tokens=torch.as_tensor(tokens, dtype=torch.long),
+        answer=answer_tokens[:, 0].clone(),
+        answer_pos=torch.full((len(tokens),), task.seq_len - 1, dtype=torch.long),
+        meta=meta,
+        moments=moments,
+        residue_modulus=task.residue_modulus,
+        answer_tokens=answer_tokens,
+        task=task.to_dict(),
+    )
 
 
 def observed_moments(meta: pd.DataFrame) -> pd.DataFrame:

@@ -16,14 +16,13 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import torch
 from jaxtyping import Int
 
 from phaseinterp._checks import check_int
 from phaseinterp.errors import UserInputError
 from phaseinterp.phase import check_residue_modulus
 from phaseinterp.tasks._serialize import TaskSettings, task_from_fields
-from phaseinterp.tasks.batches import TaskBatch, observed_moments
+from phaseinterp.tasks.batches import TaskBatch, final_position_batch, observed_moments
 from phaseinterp.tasks.layout import residue_cycle_positions
 from phaseinterp.tasks.placement import TargetPlacement, check_target_band, match_target_moments
 from phaseinterp.tasks.splits import split_rng
@@ -193,18 +192,7 @@ class SpanCopy(TaskSettings):
 
     def _batch(self, tokens: Int[np.ndarray, "batch pos"], answers: Int[np.ndarray, "batch rest"],
                meta: pd.DataFrame, moments: pd.DataFrame) -> TaskBatch:
-        answer_tokens = torch.as_tensor(np.ascontiguousarray(answers), dtype=torch.long)
-        meta["answer"] = answers[:, 0]
-        return TaskBatch(
-            tokens=torch.as_tensor(tokens, dtype=torch.long),
-            answer=answer_tokens[:, 0].clone(),
-            answer_pos=torch.full((len(tokens),), self.seq_len - 1, dtype=torch.long),
-            meta=meta,
-            moments=moments,
-            residue_modulus=self.residue_modulus,
-            answer_tokens=answer_tokens,
-            task=self.to_dict(),
-        )
+        return final_position_batch(self, tokens, answers, meta, moments)
 
 
 def special_ids(tokenizer: Any) -> list[int]:

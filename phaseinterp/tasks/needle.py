@@ -5,12 +5,11 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import torch
 
 from phaseinterp.errors import UserInputError
 from phaseinterp.phase import check_residue_modulus
 from phaseinterp.tasks._serialize import TaskSettings
-from phaseinterp.tasks.batches import TaskBatch, observed_moments
+from phaseinterp.tasks.batches import TaskBatch, final_position_batch, observed_moments
 from phaseinterp._checks import check_int
 from phaseinterp.tasks.layout import check_padding, feasible_index_range, filler_gaps, lay_out
 from phaseinterp.tasks.layout import residue_cycle_positions
@@ -311,15 +310,4 @@ class NeedleRetrieval(TaskSettings):
         return self._batch(tokens, values, meta, observed_moments(meta))
 
     def _batch(self, tokens: np.ndarray, values: np.ndarray, meta: pd.DataFrame, moments: pd.DataFrame) -> TaskBatch:
-        values_t = torch.as_tensor(np.ascontiguousarray(values), dtype=torch.long)
-        meta["answer"] = values[:, 0]
-        return TaskBatch(
-            tokens=torch.as_tensor(tokens, dtype=torch.long),
-            answer=values_t[:, 0].clone(),
-            answer_pos=torch.full((len(tokens),), self.seq_len - 1, dtype=torch.long),
-            meta=meta,
-            moments=moments,
-            residue_modulus=self.residue_modulus,
-            answer_tokens=values_t,
-            task=self.to_dict(),
-        )
+        return final_position_batch(self, tokens, values, meta, moments)
