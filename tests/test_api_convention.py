@@ -30,6 +30,7 @@ SUBJECT = {
     "from_hf": ["hf_model"],
     "phase_profile": ["model", "task"],
     "engine_profile": ["engine", "task"],
+    "profile_from_lm_eval": ["path"],
     "ablate": ["model", "task"],
     "specialized_units": ["model", "task"],
     "gate_profile": ["model", "task"],
