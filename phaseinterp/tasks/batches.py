@@ -86,6 +86,18 @@ class TrainBatch:
         return f"TrainBatch({self.tokens.shape[0]} rows x {self.tokens.shape[1]} tokens)"
 
 
+def joined_residue_groups(parts: list, n_per_residue: int, stride: Any) -> tuple[Any, Any, pd.DataFrame]:
+    """(tokens, answers, meta) of per-residue ``(tokens, answers, meta)`` parts, concatenated: mapping ids
+    made unique across residues, and a ``phase`` column (``target_pos mod stride``) when ``stride`` is given."""
+    tokens = np.concatenate([p[0] for p in parts])
+    answers = np.concatenate([p[1] for p in parts])
+    meta = pd.concat([p[2] for p in parts], ignore_index=True)
+    meta["mapping_id"] = meta["residue"] * n_per_residue + meta["mapping_id"]
+    if stride is not None:
+        meta.insert(meta.columns.get_loc("residue") + 1, "phase", meta["target_pos"] % stride)
+    return tokens, answers, meta
+
+
 def final_position_batch(task: Any, tokens: Any, answers: Any, meta: pd.DataFrame,
                          moments: pd.DataFrame) -> TaskBatch:
     """A `TaskBatch` of prompts answered at their last position: ``tokens`` ``[batch, pos]``, ``answers``

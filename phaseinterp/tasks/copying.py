@@ -22,7 +22,7 @@ from phaseinterp._checks import check_int
 from phaseinterp.errors import UserInputError
 from phaseinterp.phase import check_residue_modulus
 from phaseinterp.tasks._serialize import TaskSettings, task_from_fields
-from phaseinterp.tasks.batches import TaskBatch, final_position_batch, observed_moments
+from phaseinterp.tasks.batches import TaskBatch, final_position_batch, joined_residue_groups, observed_moments
 from phaseinterp.tasks.layout import residue_cycle_positions
 from phaseinterp.tasks.placement import TargetPlacement, check_target_band, match_target_moments
 from phaseinterp.tasks.splits import split_rng
@@ -171,12 +171,7 @@ class SpanCopy(TaskSettings):
         for r in groups:
             rng = split_rng(seed, "eval", r)
             parts.append(self._build(rng.permutation(placement.positions[r]), "eval", seed, rng))
-        tokens = np.concatenate([p[0] for p in parts])
-        answers = np.concatenate([p[1] for p in parts])
-        meta = pd.concat([p[2] for p in parts], ignore_index=True)
-        meta["mapping_id"] = meta["residue"] * n_per_residue + meta["mapping_id"]
-        if stride is not None:
-            meta.insert(meta.columns.get_loc("residue") + 1, "phase", meta["target_pos"] % stride)
+        tokens, answers, meta = joined_residue_groups(parts, n_per_residue, stride)
         moments = placement.moments()
         return self._batch(tokens, answers, meta, moments[moments["residue"].isin(groups)].reset_index(drop=True))
 
