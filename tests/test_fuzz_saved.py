@@ -112,6 +112,9 @@ def saved(tmp_path_factory, zoo_model):
         search,
         theory.SearchGrid(results=[search]),
         *_dsv4_results(zoo_model),
+        pi.paper.gates("kvc_w8s8_1kv_baseline"),
+        pi.paper.cycling("kvc_w12s12_4kv"),
+        pi.paper.compare(pi.paper.profile("kvc_w8s8_1kv_baseline"), "kvc_w8s8_1kv_baseline"),
     ]
     root = tmp_path_factory.mktemp("fuzz_saved")
     return {type(r).__name__: (type(r), r.save(root / type(r).__name__)) for r in results}
@@ -120,7 +123,8 @@ def saved(tmp_path_factory, zoo_model):
 # Every result class (`test_every_result_class_is_walked` keeps the list complete).
 KINDS = ["PhaseProfile", "TwoAxisProfile", "AblationResult", "CyclingResult", "GateProfile", "UnitCyclingResult",
          "ConformanceResult", "DocstringResult", "ConfirmResult", "UnitSelection", "RemedyResult", "FlowResult",
-         "FlowSweep", "SearchResult", "SearchGrid", "IndexerPhaseResult", "ForcedSelectionResult"]
+         "FlowSweep", "SearchResult", "SearchGrid", "IndexerPhaseResult", "ForcedSelectionResult", "PaperGates",
+         "PaperCycling", "PaperComparison"]
 
 
 def test_every_result_class_is_walked():

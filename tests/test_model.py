@@ -503,7 +503,7 @@ def test_per_head_boundaries_and_key_slot_sources():
     head1 = [p for kind, p in model.key_slot_sources(0, 9, kv_head=1) if kind == "entry"]
     assert head0 == [[0, 1, 2, 3], [4, 5, 6, 7]] and head1 == [[2, 3, 4, 5], [6, 7, 8, 9]]
     assert [p for kind, p in model.key_slot_sources(0, 8, kv_head=1) if kind == "entry"] == [[2, 3, 4, 5]]
-    with pytest.raises(ValueError, match=r"kv_head=2 is out of range 0..1"):
+    with pytest.raises(ValueError, match=r"kv_head=2 is out of range \(valid: 0..1\)"):
         model.key_slot_sources(0, 9, kv_head=2)
     with pytest.raises(ValueError, match="no compression windows"):
         make(0, compression=None).boundary_phases(0)

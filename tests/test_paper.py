@@ -54,7 +54,7 @@ def test_runs_has_one_row_per_published_run_baseline_and_deepseek_model():
     assert (row.W, row.S, row.kv_heads, row.layers, row.loss) == (8, 8, 1, 28, 2.478)
     assert (row.mean_pct, row.mean_pct_lower, row.mean_pct_upper) == (50.56, 48.65, 52.5)
     assert (row.gap_pp, row.gap_pp_lower, row.gap_pp_upper) == (75.3, 72.6, 77.9)
-    # SCIENCE.md's published gaps: W8/S8 1 KV over 4 seeds; full attention 1, 4, 8 KV heads
+    # docs/science.md's published gaps: W8/S8 1 KV over 4 seeds; full attention 1, 4, 8 KV heads
     seeds = runs[runs.id.str.startswith("kvc_w8s8_1kv_baseline")].gap_pp.tolist()
     assert seeds == [75.3, 59.2, 70.3, 36.6]
     assert runs[runs.kind == "full attention"].gap_pp.tolist() == [3.1, 6.1, 4.3]
@@ -173,7 +173,7 @@ def test_the_toolkits_squared_correlations_are_the_papers_r2_on_all_30_condition
 
 
 def test_the_papers_headline_range_is_the_excluding_the_last_phase_one():
-    """SCIENCE.md: "R^2 = 0.98 for the headline model, 0.66..1.00 across five models and shifts up to 3"."""
+    """docs/science.md: "R^2 = 0.98 for the headline model, 0.66..1.00 across five models and shifts up to 3"."""
     frames = [pi.paper.cycling(r).to_frame() for r in pi.paper.cycling_runs().id]
     corr2 = pd.concat(frames).corr2
     assert round(corr2.min(), 2) == 0.66 and round(corr2.max(), 2) == 1.00

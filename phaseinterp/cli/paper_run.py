@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
+from phaseinterp import paper
 from phaseinterp.cli.args import UsageError
 
 RUN_FILE = "pretrain.json"  # phaseinterp.train.pretrain.RUN_FILE (not imported here: torch loads lazily)
@@ -29,8 +30,6 @@ def paper_run_settings(args, file: dict) -> tuple[Optional[str], Optional[dict[s
             raise UsageError(f"--paper-run and {flag} both name the architecture; --paper-run {run} is the "
                              f"published run's own (phaseinterp.paper.config), so drop {flag.split()[0]} (a --config "
                              "with only a \"train\" entry is fine)")
-    from phaseinterp import paper
-
     overrides = paper.overrides(run)  # UserInputError naming the run: unknown, DeepSeek model, inexpressible variant
     seed = overrides.pop("seed")
     return paper.resolve(run), overrides, {"seed": seed}

@@ -75,6 +75,7 @@ def _baseline_n(profile: dict) -> int:
         if ok:
             fits.append(n)
     if len(fits) != 1:
+        # internal: the published export pins exactly one count per profile; anything else means the export changed
         raise ValueError(f"{profile['id']}: {len(fits)} prompt counts reproduce its Wilson intervals ({fits[:5]}); "
                          "expected exactly one")
     return fits[0]

@@ -107,6 +107,10 @@ MEANINGS: dict[str, str] = {
     "identified": "how many applied shifts are the best of the S hypotheses",
     "identification_p": "permutation p-value of identifying that many shifts by chance",
     "identification_p_by_shift": "the same p-value per shift",
+    "identification_p_min_attainable": "the smallest p-value the pooled identification test can reach with these "
+                                       "shifts (1/(S-1)! per shift); above 0.05 it cannot say yes",
+    "identification_by_shift": "why the per-shift identification is not read at this design (its smallest "
+                               "attainable p is above 0.05); read the pooled test instead",
     "boundary_rank_by_shift": "rank of the boundary phase's accuracy under the shift (0 = the weakest phase)",
     "points_per_shift": "phases each per-shift score rests on",
     "hypothesised shift": "columns 0..S-1: R² of the hypothesis that the unit's phase moved by that many slots "

@@ -7,12 +7,51 @@ import json
 from pathlib import Path
 from typing import Union
 
+import plotly.graph_objects as go
 import plotly.io as pio
 
 from phaseinterp import paper
 from phaseinterp._files import check_write_target, write_dir_atomically
 from phaseinterp.plot import export
-from phaseinterp.plot.paper import paper_figures
+from phaseinterp.plot.mechanisms import specialization_heatmap
+from phaseinterp.plot.paper import concentration_figure, needles_figure, runs_figure
+
+
+# ------------------------------------------------------------------ every figure the data supports
+def paper_figures() -> dict[str, tuple[str, go.Figure]]:
+    """Every figure the published numbers support, ``{file stem: (heading, figure)}``: the DeepSeek
+    needles by residue; the 23 controlled runs beside the baselines (prefix and in-sequence padding);
+    the knockout maps (the knockout figure's full-attention and DeepSeek maps, and every controlled
+    run's prefix map, drawn by `specialization_heatmap` as `ablate`'s); gates beside knockouts (9 runs);
+    gate cycling observed against predicted (5 runs); the concentration plane."""
+    runs = paper.runs()
+    figures: dict[str, tuple[str, go.Figure]] = {}
+    needles = [paper.profile(r) for r in runs[runs.kind == "DeepSeek"].id]
+    figures["needles"] = ("DeepSeek-V4 and V4.1 needles by residue (128K tokens)", needles_figure(needles))
+    baselines = [paper.profile(r) for r in runs[runs.kind == "full attention"].id]
+    controlled = runs[runs.kind == "controlled"]
+    for padding in ("prefix", "in-sequence"):
+        groups: dict[str, list] = {}
+        for r in controlled.itertuples():
+            groups.setdefault(r.group, []).append(paper.profile(r.id, padding, n_permutations=199))
+        figures[f"runs_{padding.replace('-', '_')}"] = (
+            f"The 23 controlled runs beside full attention ({padding} padding)", runs_figure(groups, baselines, padding))
+    for run in ["full_attn_1kv", "flash_base"] + list(controlled.id):
+        result = paper.knockout(run)
+        fig = specialization_heatmap(result, level="phase" if run != "flash_base" else "residue")
+        units = len(result.units)
+        if units > 40:  # 8 KV heads x 28 layers: rows of 12 px keep the map on a page
+            fig.update_layout(height=12 * units + 260)
+        figures[f"knockout_{run}"] = (f"Knockout map: {result.model_label}", fig)
+    for run in dict.fromkeys(paper.table("gates").run):
+        g = paper.gates(run)
+        figures[f"gates_{run}"] = (f"Gates beside knockouts: {g.model_label}", g.plot())
+    for run in paper.cycling_runs().id:
+        c = paper.cycling(run)
+        figures[f"cycling_{run}"] = (f"Gate cycling, observed against predicted: {c.model_label}", c.plot())
+    figures["concentration"] = ("The concentration plane", concentration_figure(paper.concentration(),
+                                                                                 paper.trajectory()))
+    return figures
 
 
 def write_paper_figures(out: Union[str, Path], *, static: bool = True, overwrite: bool = False) -> dict:
