@@ -8,6 +8,7 @@
     pi.paper.gates("kvc_w8s8_1kv_baseline")           # gate profiles beside the folded knockouts
     pi.paper.cycling("kvc_w12s12_4kv")                # clean and shifted profiles, the toolkit's scores on them
     pi.paper.compare(pi.phase_profile(model), "kvc_w8s8_1kv_baseline")   # any profile beside a published run
+    pi.paper.counterparts(model.cfg)                  # the published runs of a model's geometry, nearest first
     pi.paper.config("kvc_w8s8_1kv_nope")              # the run as a CompressedConfig (Qwen3-0.6B backbone)
     pi.paper.sweep()                                  # every controlled run -> its preset overrides, or why not
 
@@ -22,7 +23,7 @@ and ``"in-sequence"`` (controlled runs), ``"prefix"`` (baselines), ``"needle"`` 
 evaluation; ``None`` picks a run's first).
 """
 
-from phaseinterp.paper.compare import compare
+from phaseinterp.paper.compare import compare, counterparts
 from phaseinterp.paper.published import (
     TABLES,
     concentration,
@@ -42,5 +43,5 @@ from phaseinterp.paper.results import PaperComparison, PaperCycling, PaperGates
 from phaseinterp.paper.sweep import VARIANTS, config, overrides, sweep
 
 __all__ = ["TABLES", "VARIANTS", "PaperComparison", "PaperCycling", "PaperGates", "compare", "concentration",
-           "config", "cycling", "cycling_runs", "evaluations", "gates", "knockout", "overrides", "profile", "resolve",
+           "config", "counterparts", "cycling", "cycling_runs", "evaluations", "gates", "knockout", "overrides", "profile", "resolve",
            "runs", "source", "sweep", "table", "trajectory"]

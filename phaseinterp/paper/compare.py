@@ -1,4 +1,5 @@
-"""Any result beside a published run, in the same statistic (`compare`)."""
+"""Any result beside a published run, in the same statistic (`compare`), and the published runs to set
+beside a model (`counterparts`)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from phaseinterp.interventions.ablation import AblationResult
 from phaseinterp.interventions.gate_cycling import CyclingResult
 from phaseinterp.paper import published
 from phaseinterp.paper.results import PaperComparison, PaperCycling
+from phaseinterp.paper.sweep import VARIANTS
 from phaseinterp.profile import PhaseProfile, profile_from_records
 
 SPECIALIZED = -50.0  # relative change (%) at which a knockout "hurts" a phase, the threshold both sides use
@@ -45,6 +47,67 @@ def compare(result, run: str, padding: Optional[str] = None) -> PaperComparison:
         return _cycling(result, run)
     raise UserInputError(f"result={type(result).__name__} cannot be compared with the paper; valid: a PhaseProfile "
                          "(phase_profile), an AblationResult (ablate) or a CyclingResult (gate_cycling_profile)")
+
+
+# ------------------------------------------------------------------ which runs
+def _geometry_key(kind: str, mine: tuple, theirs: tuple) -> tuple:
+    """How far a published run's (W, S, KV heads) is from a model's: stride first (it sets the phases),
+    then window, then KV heads (ratio), then the sizes of the differences; all zero = same geometry."""
+    (w, s, kv), (w2, s2, kv2) = mine, theirs
+    heads = abs(math.log2(kv / kv2))
+    if kind == "full attention":
+        return (0, 0, heads, 0, 0)
+    return (int(s != s2), int(w != w2), heads, abs(s - s2), abs(w - w2))
+
+
+def _geometry_words(kind: str, w, s, kv: int) -> str:
+    heads = f"{kv} KV head{'s' if kv != 1 else ''}"
+    return f"full attention, {heads}" if kind == "full attention" else f"W{w}/S{s}, {heads}"
+
+
+def counterparts(config, residues: int = 24, stride: Optional[int] = None) -> pd.DataFrame:
+    """The published runs to set beside a model of ``config`` (anything with ``window``, ``stride``,
+    ``n_kv_heads`` and ``is_compressed``, e.g. a `CompressedConfig`), nearest geometry first.
+
+    Candidates: for a compressed model the 23 controlled runs, for a full-attention model the 3
+    full-attention baselines (the DeepSeek models publish no window or KV heads: never candidates).
+    Distance: stride first (it sets the phases), then window, then KV heads (by ratio). ``residues``
+    and ``stride`` (default ``config.stride``) are those of the profile to compare: ``common_fold`` is
+    the fold `compare` would use with each run (``<NA>``: none, `compare` refuses that pair).
+
+    One row per candidate: ``id``, ``name``, ``kind``, ``W``, ``S``, ``kv_heads``, ``geometry`` (in
+    words), ``variant`` (`VARIANTS`' label), ``plain`` (True: no variant beyond its geometry and seed),
+    ``same_geometry`` (W, S and KV heads all equal; for full attention, KV heads), ``rank`` (0 = the
+    nearest geometry; equal ranks are equally near) and ``common_fold``."""
+    for attr in ("stride", "n_kv_heads", "is_compressed"):
+        if not hasattr(config, attr):
+            raise UserInputError(f"config={type(config).__name__} has no {attr!r}; valid: a model config with window, "
+                                 "stride, n_kv_heads and is_compressed (e.g. model.cfg)")
+    kind = "controlled" if config.is_compressed else "full attention"
+    stride = int(config.stride) if stride is None else int(stride)
+    window = getattr(config, "window", None) if config.is_compressed else None
+    mine = (window, int(config.stride), int(config.n_kv_heads))
+    rows = []
+    for r in published.table("runs").itertuples():
+        if r.kind != kind:
+            continue
+        run_w = None if kind == "full attention" else int(r.W)
+        run_s = None if kind == "full attention" else int(r.S)
+        key = _geometry_key(kind, mine, (run_w, run_s, int(r.kv_heads)))
+        label, extra = VARIANTS[r.id]
+        beyond = set(extra) - {"seed", "compression"} if isinstance(extra, dict) else {"inexpressible"}
+        fold = common_fold((int(residues), stride), _geometry(pd.Series(r._asdict())))
+        rows.append(dict(id=r.id, name=r.name, kind=r.kind, W=run_w, S=run_s, kv_heads=int(r.kv_heads),
+                         geometry=_geometry_words(kind, run_w, run_s, int(r.kv_heads)), variant=label,
+                         plain=not beyond, same_geometry=not any(key), key=key,
+                         common_fold=fold[1] if fold else None))
+    out = pd.DataFrame(rows)
+    order = sorted(set(out.key))
+    out["rank"] = out.key.map(order.index)
+    out = out.sort_values("rank", kind="stable").drop(columns="key").reset_index(drop=True)
+    for column in ("W", "S", "common_fold"):
+        out[column] = out[column].astype("Int64")
+    return out
 
 
 # ------------------------------------------------------------------ folds

@@ -20,14 +20,15 @@ from phaseinterp.report.section import ReportContext, SectionClock, run_sections
 from phaseinterp.report.sections.conformance import Conformance
 from phaseinterp.report.sections.deepseek_v4 import DeepseekV4, load_deepseek_v4
 from phaseinterp.report.sections.mechanisms import GateCycling, GateStatistics, MeanReplacement, UnitCycling
+from phaseinterp.report.sections.paper import BesideThePaper
 from phaseinterp.report.sections.profile import PhaseProfiles, PromptLength, TrainingControls
 from phaseinterp.report.sections.remedy import Remedy, check_remedy
 from phaseinterp.results import dumps
 from phaseinterp.tasks import resolve_task
 
 # The report's sections, in page order; each declares the earlier sections it reads.
-SECTIONS = (PhaseProfiles(), TrainingControls(), PromptLength(), MeanReplacement(), GateCycling(), UnitCycling(), GateStatistics(),
-            Conformance(), DeepseekV4(), Remedy())
+SECTIONS = (PhaseProfiles(), TrainingControls(), PromptLength(), BesideThePaper(), MeanReplacement(), GateCycling(),
+            UnitCycling(), GateStatistics(), Conformance(), DeepseekV4(), Remedy())
 
 
 @dataclass

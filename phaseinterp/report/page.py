@@ -134,6 +134,12 @@ MEANINGS: dict[str, str] = {
     "verdict": "'separated': the two intervals do not overlap, so the phase gap is resolved at this size; "
                "'overlapping': no phase gap this many prompts can resolve (a flat profile reads so; --full "
                "resolves gaps about 1.9 times smaller)",
+    "source": "measured: this model on this report's prompts; published: the paper's own numbers "
+              "(phaseinterp.paper, prefix padding)",
+    "geometry": "compression window W, stride S and KV heads per layer (full attention: KV heads only)",
+    "variant": "what the published run changes beyond its geometry ('baseline', 'geometry', 'KV heads': nothing)",
+    "compared on": "the common residues and phases both profiles are folded to: the least common multiple of the two "
+                   "strides, on the residues both have ('own': each on its own, not one statistic)",
     "chance": "the probability of identifying the applied shift by luck, exact over every arrangement of the S "
               "phase values (about 1/S)",
 }
@@ -159,7 +165,9 @@ READING_GUIDE = (
     "<p><b>Look first</b> at the summary table and the first figure: a compressed model with a phase effect has a "
     "large <i>phase gap</i> and a <i>worst phase</i> far below its mean, repeating with the stride as period; its "
     "full-attention twin (same backbone and training, no compression) should be flat. A good mean can hide a "
-    "near-zero worst phase, so read both. Then: <b>head x phase specialization</b> replaces one KV head at a time by "
+    "near-zero worst phase, so read both. <b>Beside the paper</b> sets that profile beside the paper's "
+    "published runs of the same window, stride and KV heads (or the nearest ones, and says so). Then: "
+    "<b>head x phase specialization</b> replaces one KV head at a time by "
     "its average output and shows at which phases accuracy drops (a head that matters at only one or two adjacent "
     "phases is phase-specialized); <b>gate cycling</b> rotates the compressor's gate parameters by d slots and "
     "tests the prediction that the weak spots move by d, first with every layer's gates rotated (the whole "
@@ -272,6 +280,7 @@ def page_html(summary: dict, figures: dict, tables: dict, static: dict) -> str:
     parts.append(settings_html(summary))
     parts.append(timing_html(summary))
     titles = {"phase_profile": "Accuracy by phase",
+              "paper": "Beside the paper: the published runs of this model's geometry",
               "prompt_length": "Target phase x prompt-length phase (the model's weak spot follows the target; an "
                                "engine's length bug would follow the prompt's length)",
               "ablation_heatmap": "Head x phase specialization",
