@@ -272,3 +272,72 @@ def test_the_command_line_names_a_bad_published_run_before_any_work(capsys):
     assert "valid: needle" in capsys.readouterr().err  # the DeepSeek needles have one evaluation
     assert main(["ablate", "w4s4", "--paper-figure", "x.html"]) == 2
     assert "--paper-figure applies to --paper only" in capsys.readouterr().err  # the flags' one declaration
+
+
+@pytest.mark.zoo("w4s4-1kv-shared")
+def test_paper_on_profile_ablate_and_cycle_prints_and_draws_what_compare_gives(tmp_path, capsys):
+    """``--paper RUN`` end to end on the smallest shipped model (2 layers, 1 KV head: the geometry of the
+    paper's W4/S4 run), one unit and one shift: the printed table is `compare` on the saved result, the
+    figure file is written, and the numbers are the result's own."""
+    from phaseinterp.cli import main
+
+    def printed(comparison) -> str:  # the CLI's table: one column per model, numbers to 2 decimals
+        return comparison.to_frame().set_index("model").T.to_string(float_format=lambda v: f"{v:.2f}")
+
+    def drawn(path, comparison) -> None:
+        page = path.read_text(encoding="utf-8")
+        assert path.stat().st_size > 10_000 and "plotly" in page.lower()
+        assert json.dumps(comparison.plot().layout.title.text)[1:-1] in page or comparison.run in page
+
+    model, out = "w4s4-1kv-shared", capsys
+    assert main(["profile", model, "--out", str(tmp_path / "p"), "--paper", "kvc_w4s4_1kv",
+                 "--paper-figure", str(tmp_path / "p.html")]) == 0
+    profile = pi.PhaseProfile.load(tmp_path / "p")
+    expected = pi.paper.compare(profile, "kvc_w4s4_1kv")
+    text = out.readouterr().out
+    assert "beside the paper's kvc_w4s4_1kv (prefix; profile, 24 residues, 4 phases):" in text
+    assert printed(expected) in text
+    mine = expected.to_frame().iloc[0]
+    assert mine.mean_pct == pytest.approx(100 * profile.mean) and mine.gap_pp == pytest.approx(100 * profile.gap)
+    drawn(tmp_path / "p.html", expected)
+
+    assert main(["ablate", model, "--layer", "1", "--n-calibration", "24", "--out", str(tmp_path / "a"),
+                 "--paper", "kvc_w4s4_1kv", "--paper-padding", "in-sequence",
+                 "--paper-figure", str(tmp_path / "a.html")]) == 0
+    ablation = pi.AblationResult.load(tmp_path / "a")
+    expected = pi.paper.compare(ablation, "kvc_w4s4_1kv", "in-sequence")
+    text = out.readouterr().out
+    assert "beside the paper's kvc_w4s4_1kv (in-sequence; knockout):" in text and printed(expected) in text
+    mine, theirs = expected.to_frame().iloc[0], expected.to_frame().iloc[1]
+    # the paper's fold: each phase the mean of its residues' relative changes
+    folded = pi.stats.fold_residues(ablation.relative_change_residue.to_numpy(float), 4)
+    assert mine.units == 1 and theirs.units == 28 and mine.worst_change_pct == pytest.approx(float(np.nanmin(folded)))
+    assert theirs.worst_change_pct == pytest.approx(
+        float(np.nanmin(pi.paper.knockout("kvc_w4s4_1kv", "in-sequence").relative_change.to_numpy(float))))
+    drawn(tmp_path / "a.html", expected)
+
+    # the paper's headline gate-cycling run has no other published data: --paper takes it all the same
+    assert main(["cycle", model, "--shifts", "1", "--baseline", str(tmp_path / "p"), "--out", str(tmp_path / "c"),
+                 "--paper", "kvc_w12s12_4kv", "--paper-figure", str(tmp_path / "c.html")]) == 0
+    cycling = pi.CyclingResult.load(tmp_path / "c")
+    expected = pi.paper.compare(cycling, "kvc_w12s12_4kv")
+    text = out.readouterr().out
+    assert "beside the paper's kvc_w12s12_4kv (prefix; cycling):" in text and printed(expected) in text
+    scores = cycling.scores["per_shift"].set_index("shift").loc[1]
+    assert expected.to_frame().iloc[0].paper_r2_min == pytest.approx(scores.corr2)
+    assert expected.to_frame().iloc[1].paper_r2_max == pytest.approx(
+        pi.paper.cycling("kvc_w12s12_4kv").to_frame().corr2.max())
+    drawn(tmp_path / "c.html", expected)
+
+
+def test_cycle_paper_takes_the_gate_cycling_runs_only(capsys):
+    """Checked before any work: a run without published gate cycling names the five that have it, and the
+    published gate cycling has prefix padding only."""
+    from phaseinterp.cli import main
+
+    assert main(["cycle", "w4s4-1kv-shared", "--shifts", "1", "--paper", "kvc_w4s4_1kv"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "has no published gate cycling; valid: " in err and "kvc_w12s12_4kv" in err
+    assert main(["cycle", "w4s4-1kv-shared", "--shifts", "1", "--paper", "kvc_w12s12_4kv", "--paper-padding",
+                 "in-sequence"]) == 2
+    assert "the published gate cycling is under prefix padding" in capsys.readouterr().err

@@ -222,11 +222,11 @@ def _scale_args(p):
                         "to a bounded score block, shorter ones run all at once)")
 
 
-def _paper_args(p, what: str):
+def _paper_args(p, what: str, runs: str = "e.g. kvc_w8s8_1kv_baseline or DeepSeek-V4-Flash-Base (`phaseinterp "
+                                           "paper --list` names them)"):
     p.add_argument("--paper", metavar="RUN", default=None,
                    help=f"also print {what} beside the published run RUN in the same statistic "
-                        "(phaseinterp.paper.compare), e.g. kvc_w8s8_1kv_baseline or DeepSeek-V4-Flash-Base "
-                        "(`phaseinterp paper --list` names them) (default: none)")
+                        f"(phaseinterp.paper.compare), {runs} (default: none)")
     p.add_argument("--paper-padding", choices=["prefix", "in-sequence"], default=None,
                    help="with --paper: the published evaluation to compare with (default: prefix)")
     p.add_argument("--paper-figure", metavar="PATH", default=None,
@@ -412,7 +412,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "gate_cycling_profile / gate_cycling_unit)")
     _out_arg(p, what="the result (meta.json + arrays.npz)")
     _scale_args(p)
-    _paper_args(p, "the profile score's R² per shift (the paper's statistic and the stricter one)")
+    _paper_args(p, "the profile score's R² per shift (the paper's statistic and the stricter one)",
+                "one of the 5 published gate-cycling runs, e.g. kvc_w12s12_4kv (phaseinterp.paper.cycling_runs() "
+                "names them)")
 
     p = sub.add_parser("merge", help="combine the shard files of a --shard-dir run (phaseinterp.parallel.merge)",
                        description="Rebuild a sharded profile / ablate / cycle result from DIR's run.json and "

@@ -269,13 +269,17 @@ def _check_paper(args) -> None:
     if args.command == "cycle" and args.score == "unit":
         raise UsageError("--paper compares the profile score (the paper's statistic is per shift on the whole profile); "
                          "drop --score unit or --paper")
-    run = paper_module.resolve(args.paper)  # a bad name: one line naming the valid ones
-    if args.command == "ablate":
-        paper_module.knockout(run, args.paper_padding)
-    elif args.command == "cycle":
-        paper_module.cycling(run)
+    if args.command == "cycle":  # the gate-cycling runs (kvc_w12s12_4kv has no other published data)
+        if args.paper_padding not in (None, "prefix"):
+            raise UsageError(f"--paper-padding {args.paper_padding}: the published gate cycling is under prefix "
+                             "padding; drop --paper-padding or give prefix")
+        paper_module.cycling(args.paper)  # a bad name: one line naming the published gate-cycling runs
     else:
-        paper_module.profile(run, args.paper_padding, n_permutations=1)
+        run = paper_module.resolve(args.paper)  # a bad name: one line naming the valid ones
+        if args.command == "ablate":
+            paper_module.knockout(run, args.paper_padding)
+        else:
+            paper_module.profile(run, args.paper_padding, n_permutations=1)
     if args.paper_figure is not None:
         check_file_target(args.paper_figure, overwrite=args.overwrite, name="--paper-figure")
 
