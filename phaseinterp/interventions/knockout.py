@@ -1,16 +1,19 @@
 """`ablate`'s knockouts: the calibration mean of ``hook_z``, the mean-replacement hook, and the two
 ways to run every unit's replacement at the answer position.
 
-Engine path (`_fast_knockouts`): the family's last-position engine (`phaseinterp.models.engines`)
-runs the prompts' prefix once and each layer's units as variants of the answer position. Naive path
-(`_naive_knockouts`): a hooked full forward per unit, the reference the engines equal to 1e-5. On
-both the replacement is one ``hook_z`` hook, `mean_replacement_hook`, which edits the answer
-position only. The engine runs only while no hook is attached; with a user's hook the naive path
-runs, so every attached hook is honoured.
+Cached path (`_cached_knockouts`, the own family): the model's one forward with a KV cache. A
+prefill of the prompts' prefix, one step of the answer position on a fork of the cache (the clean
+answer; the residual entering each layer kept), then for each layer its V units as V variants of that
+step from the layer on (``model(resid, cache=cache.fork(V), start_at_layer=L)``). Every hook the user
+attached fires on each call, on the positions it computes (docs/hooks.md, "The rule"). DeepSeek-V4
+takes its last-position engine (`phaseinterp.models.hf.last_position`) while no hook is attached.
+Naive path (`_naive_knockouts`): a hooked full forward per unit, the reference both equal to 1e-5. On
+every path the replacement is one ``hook_z`` hook, `mean_replacement_hook`, which edits the answer
+position only.
 
 Unit-level gate cycling repeats one layer's knockout under several gate shifts of that layer:
 `shifted_knockouts` runs the layers below it once per prompt batch for every shift (own family,
-`CompressedPrefix`; bit-identical to the per-shift loop, tested).
+``stop_at_layer`` / ``start_at_layer``; bit-identical to the per-shift loop, tested).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import torch
 
 from phaseinterp.errors import UserInputError
 from phaseinterp.interventions._common import model_device
-from phaseinterp.models.engines import CompressedPrefix, last_position_engine
+from phaseinterp.models.hf.last_position import last_position_engine
 from phaseinterp.models.paths import attached_hooks, record_path
 from phaseinterp.models.protocol import phase_model
 
@@ -47,10 +50,15 @@ def knockout_measures(model, tokens, answer_pos: int, answer, units, mean_z, bat
     where the model protocol has one (`PhaseModel.has_fast_ablation`), else the hooked full forward
     per unit; ``"naive"`` always takes the hooked path. Both agree to 1e-5 (tests). While a user's
     hook is attached (`phaseinterp.models.paths.attached_hooks`) the hooked path runs whatever
-    ``method`` says: the engine computes the unhooked model only."""
+    ``method`` says on DeepSeek-V4, whose engine computes the unhooked model only; the own family's
+    cached path runs every attached hook."""
     family = phase_model(model)
-    fast = method == "fast" and family.has_fast_ablation and not attached_hooks(model)
-    run = _fast_knockouts if fast else _naive_knockouts
+    if method == "fast" and family.family == "compressed":
+        run = _cached_knockouts
+    elif method == "fast" and family.has_fast_ablation and not attached_hooks(model):
+        run = _engine_knockouts_by_batch
+    else:
+        run = _naive_knockouts
     return run(model, tokens, answer_pos, torch.as_tensor(answer), units, mean_z, batch_size, bar)
 
 
@@ -102,8 +110,8 @@ def _collect(parts) -> KnockoutOutputs:
 
 
 @torch.inference_mode()
-def _fast_knockouts(model, tokens, answer_pos, answer, units, mean_z, batch_size, bar):
-    """Every unit's knockout from the family's last-position engine, per prompt batch."""
+def _engine_knockouts_by_batch(model, tokens, answer_pos, answer, units, mean_z, batch_size, bar):
+    """Every unit's knockout from DeepSeek-V4's last-position engine, per prompt batch."""
     device = model_device(model)
     by_layer = {layer: [int(i) for i in grp.index] for layer, grp in units.groupby("layer")}
     parts = []
@@ -117,18 +125,75 @@ def _fast_knockouts(model, tokens, answer_pos, answer, units, mean_z, batch_size
 
 def shares_lower_layers(model) -> bool:
     """Whether `shifted_knockouts` runs the layers below the edited one once for every variant
-    (the own family); elsewhere it reruns every layer per variant."""
-    family = phase_model(model)
-    return family.family == "compressed" and family.has_fast_ablation and not attached_hooks(model)
+    (the own family's cached forward); elsewhere it reruns every layer per variant."""
+    return phase_model(model).family == "compressed"
 
 
-def _engine_hooks_only(model) -> None:
-    """The engine runs the unhooked model plus its own ``hook_z`` edit: a hook attached inside a
-    variant (rather than a parameter edit) is refused by name."""
-    names = attached_hooks(model)
-    if names:
-        raise UserInputError(f"a variant of shifted_knockouts attached hooks ({', '.join(names)}); its variants may "
-                             "only change parameters (the shared-prefix engine cannot run a hook at every position)")
+class _Step(NamedTuple):
+    """A prompt batch's prefill (``cache``, positions ``0 .. p - 1``) and the answer position's
+    residual entering each layer (``resid_pre[layer]`` ``[n, 1, d_model]``), with the clean logits."""
+
+    cache: object
+    resid_pre: dict
+    clean: torch.Tensor
+
+
+def _prefill_and_step(model, chunk: torch.Tensor, layers, cache=None, start_at_layer: int = 0, resid=None,
+                      resid_p=None) -> _Step:
+    """`_Step` of ``chunk`` ``[n, p + 1]``: the prefix into ``cache`` (a new one by default; from
+    ``start_at_layer`` on with the prefix's residual ``resid`` entering it), then the answer position
+    on a fork (from ``start_at_layer`` with ``resid_p``), keeping the residual entering ``layers``."""
+    p = chunk.shape[1] - 1
+    cache = model.init_cache() if cache is None else cache
+    if p > 0:
+        if start_at_layer:
+            model(resid, cache=cache, start_at_layer=start_at_layer, return_type=None)
+        else:
+            model(chunk[:, :p], cache=cache, return_type=None)
+    kept: dict = {}
+    keep = [(f"blocks.{layer}.hook_resid_pre", lambda t, hook: kept.__setitem__(hook.name, t)) for layer in layers]
+    with model.hooks(fwd_hooks=keep):
+        if start_at_layer:
+            logits = model(resid_p, cache=cache.fork(), start_at_layer=start_at_layer)
+        else:
+            logits = model(chunk[:, p:], cache=cache.fork())
+    resid_pre = {layer: kept[f"blocks.{layer}.hook_resid_pre"] for layer in layers}
+    return _Step(cache, resid_pre, logits[:, -1])
+
+
+def _variant_knockouts(model, step: _Step, ans, by_layer, units, mean_z, answer_pos: int, bar):
+    """(clean ok, logit, log-prob; knocked ok, logit, log-prob ``[n, unit]``): each layer's units as
+    variants of the answer position's step from that layer on, over a fork of the prefill."""
+    clean = _answer_stats(step.clean, ans)
+    n = ans.shape[0]
+    out_ok = torch.zeros(n, len(units), dtype=torch.bool)
+    out_logit = torch.zeros(n, len(units))
+    out_lp = torch.zeros(n, len(units))
+    for layer, unit_idx in by_layer.items():
+        V = len(unit_idx)
+        hook = mean_replacement_hook(model, layer, [units.heads.iloc[u] for u in unit_idx], mean_z, answer_pos)
+        with model.hooks(fwd_hooks=[hook]):
+            logits = model(step.resid_pre[layer].repeat_interleave(V, 0), cache=step.cache.fork(V),
+                           start_at_layer=layer)
+        ok, logit, lp = _answer_stats(logits[:, -1].reshape(n, V, -1), ans)
+        out_ok[:, unit_idx], out_logit[:, unit_idx], out_lp[:, unit_idx] = ok, logit, lp
+        if bar is not None:
+            bar.update(n * V)
+    return clean, (out_ok, out_logit, out_lp)
+
+
+@torch.inference_mode()
+def _cached_knockouts(model, tokens, answer_pos, answer, units, mean_z, batch_size, bar):
+    """Every unit's knockout through the cached forward, per prompt batch (module docstring)."""
+    device = model_device(model)
+    by_layer = {layer: [int(i) for i in grp.index] for layer, grp in units.groupby("layer")}
+    parts = []
+    for i in range(0, tokens.shape[0], batch_size):
+        chunk = tokens[i : i + batch_size, : answer_pos + 1].to(device)
+        step = _prefill_and_step(model, chunk, list(by_layer))
+        parts.append(_variant_knockouts(model, step, answer[i : i + batch_size].to(device), by_layer, units, mean_z,
+                                        answer_pos, bar))
+    return _collect(parts)
 
 
 @torch.inference_mode()
@@ -140,10 +205,11 @@ def shifted_knockouts(model, tokens, answer_pos: int, answer, units, variants, c
     same variant). Returns one `KnockoutOutputs` per variant.
 
     Nothing below ``L`` changes between variants, so on the own family (`shares_lower_layers`)
-    layers ``0 .. L-1`` run once per prompt batch and every variant reruns only ``L ..``: the same
-    operations on the same batches as calling both functions inside each variant (bit-identical,
-    tested), at about ``(L + V (n_layers - L)) / (V n_layers)`` of the cost for V variants.
-    Elsewhere it is that per-variant loop. ``bar`` (optional) advances by one per prompt and variant."""
+    layers ``0 .. L-1`` run once per prompt batch (``stop_at_layer=L``) and every variant reruns
+    only ``L ..`` (``start_at_layer=L``) on a copy of that cache: the same operations on the same
+    batches as calling both functions inside each variant (bit-identical, tested), at about
+    ``(L + V (n_layers - L)) / (V n_layers)`` of the cost for V variants. Elsewhere it is that
+    per-variant loop. ``bar`` (optional) advances by one per prompt and variant."""
     layers = sorted({int(layer) for layer in units.layer})
     if len(layers) != 1:
         raise UserInputError(f"shifted_knockouts takes the units of one layer, got layers {layers}")
@@ -165,12 +231,17 @@ def shifted_knockouts(model, tokens, answer_pos: int, answer, units, variants, c
     for i in range(0, tokens.shape[0], batch_size):
         chunk = tokens[i : i + batch_size, : answer_pos + 1].to(device)
         ans = answer[i : i + batch_size].to(device)
-        shared = CompressedPrefix(model, chunk, L)
+        p = chunk.shape[1] - 1
+        lower = model.init_cache()
+        resid = resid_p = None
+        if L > 0:  # layers 0 .. L-1 once: the prefix, then the answer position on a fork
+            resid = model(chunk[:, :p], cache=lower, stop_at_layer=L) if p > 0 else None
+            resid_p = model(chunk[:, p:], cache=lower.fork(), stop_at_layer=L)
         for k, variant in enumerate(variants):
             with variant():
-                _engine_hooks_only(model)
-                parts[k].append(_engine_knockouts(model, shared.engine(), ans, by_layer, units, mean_zs[k],
-                                                  answer_pos, None))
+                step = _prefill_and_step(model, chunk, [L], cache=lower.copy(), start_at_layer=L, resid=resid,
+                                         resid_p=resid_p)
+                parts[k].append(_variant_knockouts(model, step, ans, by_layer, units, mean_zs[k], answer_pos, None))
             if bar is not None:
                 bar.update(chunk.shape[0])
     return [_collect(p) for p in parts]
@@ -186,14 +257,14 @@ def _shifted_mean_z(model, tokens, answer_pos: int, layer: int, variants, batch_
 
     for i in range(0, tokens.shape[0], batch_size):
         chunk = tokens[i : i + batch_size, : answer_pos + 1].to(device).long()
-        resid = model.hook_embed(model.W_E[chunk])
-        for lower in range(layer):
-            resid, _ = model.blocks[lower](resid, None, 0)
+        resid = model(chunk, stop_at_layer=layer) if layer > 0 else None
         for k, variant in enumerate(variants):
             with variant():
-                _engine_hooks_only(model)
                 with model.hooks(fwd_hooks=[(name, lambda z, hook: got.append(z[:, answer_pos]))]):
-                    model.blocks[layer](resid, None, 0)
+                    if layer > 0:
+                        model(resid, start_at_layer=layer, stop_at_layer=layer + 1)
+                    else:
+                        model(chunk, stop_at_layer=1)
             z = torch.stack([got.pop()], 0).sum(1)[0]  # [head, d_head], summed as calibration_mean_z sums
             totals[k] = z if totals[k] is None else totals[k] + z
     out = []

@@ -26,9 +26,9 @@ S-block; equals ``j`` when W = S = 1). QK-norm, when on, normalises queries, ban
 and compressed keys alike. Values are never rotated.
 
 The specification this file is tested against, one query at a time and readable beside
-docs/science.md: `phaseinterp.models.reference`. Which of the paths below runs when (full
-sequence, query chunks, the cache, `forward_final`, `forward_last`, the fused twin kernel):
-docs/models.md, "Which path runs when".
+docs/science.md: `phaseinterp.models.reference`. One forward (`CompressedAttention.forward`): the
+new tokens' K/V appended to the cache, then one softmax per query, evaluated by torch's fused
+kernel unless a hook reads the scores or the pattern (docs/models.md, "One forward").
 """
 
 from __future__ import annotations
@@ -60,13 +60,14 @@ SCORE_BLOCK = 1 << 21
 MIN_AUTO_CHUNK = 16
 # Queries per block of `BlockBand` (at least the band width): one dense [block, block + B - 1] score matmul each.
 BAND_BLOCK = 16
-# Queries per block of the fused compressed attention (`CompressedAttention._attend_fused`), at most.
+# Queries per block of compressed attention under torch's fused kernel (`CompressedAttention._attend_sdpa`), at most.
 FUSED_BLOCK = 128
 
 
 class GatheredBand:
     """Band keys gathered per query (``k``, ``v``: ``[batch, query, slot, kv_head, d_head]``): the
-    layout of `CompressedAttention.forward_last`, whose few queries each bring their own keys."""
+    layout of a step over a fork (`CompressedAttention._attend_variants`), whose variants each bring
+    their own keys."""
 
     def __init__(self, k: Tensor, v: Tensor):
         self.k, self.v, self.width = k, v, k.shape[2]
@@ -283,22 +284,15 @@ class CompressedAttention(nn.Module):
         return n_closed_windows(before, W, S, max(o)), n_closed_windows(after, W, S, min(o))
 
     # ----------------------------------------------------------------- attend
-    def _project(self, x: Tensor, positions: Tensor, hooked: bool = True) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    def _project(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """q (rotated), k, v, k (normalised, rotated) of new tokens at ``positions``."""
-        hook = self._hook if hooked else (lambda name, t: t)
-        q = hook("hook_q", einops.einsum(x, self.W_Q, "b t m, h m d -> b t h d"))
-        k = hook("hook_k", einops.einsum(x, self.W_K, "b t m, k m d -> b t k d"))
-        v = hook("hook_v", einops.einsum(x, self.W_V, "b t m, k m d -> b t k d"))
+        q = self.hook_q(einops.einsum(x, self.W_Q, "b t m, h m d -> b t h d"))
+        k = self.hook_k(einops.einsum(x, self.W_K, "b t m, k m d -> b t k d"))
+        v = self.hook_v(einops.einsum(x, self.W_V, "b t m, k m d -> b t k d"))
         k_normed = k
         if self.cfg.qk_norm:
-            q_norm, k_norm = (self.q_norm, self.k_norm) if hooked else (self.q_norm.unhooked, self.k_norm.unhooked)
-            q, k_normed = q_norm(q), k_norm(k)
-        q_rot = hook("hook_rot_q", self._rope(q, positions))
-        k_rot = hook("hook_rot_k", self._rope(k_normed, positions))
-        return q_rot, k, v, k_rot
-
-    def _hook(self, name: str, t: Tensor) -> Tensor:
-        return getattr(self, name)(t)
+            q, k_normed = self.q_norm(q), self.k_norm(k)
+        return self.hook_rot_q(self._rope(q, positions)), k, v, self.hook_rot_k(self._rope(k_normed, positions))
 
     def _attend(
         self,
@@ -306,28 +300,22 @@ class CompressedAttention(nn.Module):
         band: Union["GatheredBand", "BlockBand"],
         k_shared: Float[Tensor, "batch shared kv_head d_head"],
         v_shared: Float[Tensor, "batch shared kv_head d_head"],
-        allowed: Bool[Tensor, "kv_head _query masked_slot"],
-        hooked: bool = True,
-        n_open: int = 0,
+        allowed: Bool[Tensor, "kv_head _query slot"],
     ) -> Float[Tensor, "batch query head d_head"]:
         """``z = pattern V``, ``pattern`` = the scores ``q.k / sqrt(d_head)`` of the allowed key
-        slots normalised over all slots ``[band | shared]`` at once. ``band`` keys belong to
-        one query (its band: `GatheredBand` or `BlockBand`, the same slots either way), ``shared``
-        keys to every query (entries, or all tokens for full attention). The first ``n_open``
-        shared keys are visible to every query (a chunk's older entries) and need no mask:
-        ``allowed`` covers ``[band | shared[n_open:]]``."""
+        slots normalised over all slots ``[band | shared]`` at once: the explicit softmax, which
+        ``hook_attn_scores`` and ``hook_pattern`` see. ``band`` keys belong to one query (its band:
+        `GatheredBand` or `BlockBand`, the same slots either way), ``shared`` keys to every query
+        (entries, or all tokens for full attention)."""
         cfg = self.cfg
         qg = einops.rearrange(q, "b t (k g) d -> b t k g d", k=cfg.n_kv_heads)
         scores = torch.cat([band.scores(qg), einops.einsum(qg, k_shared, "b t k g d, b j k d -> b k g t j")], dim=-1)
         scores.mul_(cfg.d_head**-0.5)
-        n_own, blocked = band.width, ~allowed[:, None]  # [kv_head, 1 (group), query, masked_slot]
-        scores[..., :n_own].masked_fill_(blocked[..., :n_own], float("-inf"))
-        scores[..., n_own + n_open:].masked_fill_(blocked[..., n_own:], float("-inf"))
-        scores = einops.rearrange(scores, "b k g t s -> b (k g) t s")
-        hook = self._hook if hooked else (lambda name, t: t)
-        scores = hook("hook_attn_scores", scores)
-        pattern = hook("hook_pattern", scores.softmax(dim=-1))
+        scores.masked_fill_(~allowed[:, None], float("-inf"))  # [kv_head, 1 (group), query, slot]
+        scores = self.hook_attn_scores(einops.rearrange(scores, "b k g t s -> b (k g) t s"))
+        pattern = self.hook_pattern(scores.softmax(dim=-1))
         pattern = einops.rearrange(pattern, "b (k g) t s -> b k g t s", k=cfg.n_kv_heads)
+        n_own = band.width
         z = band.mix(pattern[..., :n_own])
         z = z + einops.einsum(pattern[..., n_own:], v_shared, "b k g t j, b j k d -> b t k g d")
         return einops.rearrange(z, "b t k g d -> b t (k g) d")
@@ -343,58 +331,43 @@ class CompressedAttention(nn.Module):
         x: Float[Tensor, "batch pos d_model"],
         cache: Optional[LayerCache] = None,
         start: int = 0,
-    ) -> tuple[Float[Tensor, "batch pos d_model"], LayerCache]:
-        """Attention for the ``pos`` new tokens at positions ``start ..``, given the cached prefix.
+        variants: Optional[int] = None,
+    ) -> tuple[Float[Tensor, "batch pos d_model"], Optional[LayerCache]]:
+        """Attention for the ``pos`` new tokens at positions ``start ..``, given the cached prefix;
+        returns the output and the layer cache extended by the new tokens (the windows they close
+        compressed).
 
-        Long inputs run their queries in chunks (`query_ranges`), each over only the keys it
-        can see: the same numbers (tested to 1e-5) without the whole ``[pos, key_slot]`` score
-        matrix, so memory grows linearly in ``pos``.
+        One computation, two ways to evaluate the softmax: torch's ``scaled_dot_product_attention``
+        while no hook reads ``hook_attn_scores`` or ``hook_pattern`` (`_attend_sdpa`), else the
+        explicit softmax over the key-slot layout those hooks see (`_attend_slots`). Every other hook
+        point fires in both, on the ``pos`` new positions.
+
+        ``variants`` (a fork of the cache, `KVCache.fork`): ``x`` holds ``variants`` rows per cached
+        row (row ``r`` continues cached row ``r // variants``). A one-token step attends every variant
+        to the shared prefix without copying it (`_attend_variants`) and returns no cache (a fork takes
+        one step); otherwise the prefix's rows are repeated first.
         """
-        positions = torch.arange(start, start + x.shape[1], device=x.device)
+        n = x.shape[1]
+        positions = torch.arange(start, start + n, device=x.device)
         q_rot, k, v, k_rot = self._project(x, positions)
+        hooked = self._scores_hooked()
+        if variants is not None and cache is not None:
+            if n == 1 and not hooked:
+                z = self._attend_variants(x, q_rot, k, v, k_rot, cache, start, variants)
+                return self._output(self._hook_z(z, start, n)), None
+            if variants > 1:
+                cache = cache.map(lambda t: t.repeat_interleave(variants, 0))
         cache = self._extend(cache, x, k, v, k_rot, start)
-        ranges = None if self._scores_hooked() else self.query_ranges(start, x.shape[1])
-        if self.cfg.is_compressed and self.fused_compressed_attention and not self._scores_hooked():
-            z = self._attend_fused(q_rot, cache, positions)
-        elif ranges is None:  # hooks see the full [pos, key_slot]
-            z = self._attend_queries(q_rot, cache, positions)
-        else:
-            z = torch.cat([self._attend_queries(q_rot[:, a:b], cache, positions[a:b], last=start + b - 1)
-                           for a, b in ranges], 1)
-        with query_context([self.hook_z], start, start + x.shape[1]):
-            z = self.hook_z(z)
-        return self._output(z), cache
+        z = self._attend_slots(q_rot, cache, positions) if hooked else self._attend_sdpa(q_rot, cache, positions)
+        return self._output(self._hook_z(z, start, n)), cache
 
-    def extend_cache(self, x: Float[Tensor, "batch pos d_model"], cache: Optional[LayerCache] = None,
-                     start: int = 0) -> LayerCache:
-        """``forward(x, cache, start)[1]`` without the attention itself: the new tokens' K/V and the
-        windows they close (the K/V and compressor hook points fire)."""
-        positions = torch.arange(start, start + x.shape[1], device=x.device)
-        _, k, v, k_rot = self._project(x, positions)
-        return self._extend(cache, x, k, v, k_rot, start)
+    def _hook_z(self, z: Tensor, start: int, n: int) -> Tensor:
+        with query_context([self.hook_z], start, start + n):
+            return self.hook_z(z)
 
-    def forward_final(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch 1 d_model"]:
-        """The attention output at the LAST of the ``pos`` positions only (a sequence from position
-        0, no cache): every position's K/V and compressed entries, one query. Equals
-        ``forward(x)[0][:, -1:]`` (tested to 1e-5). Only the compressor's hook points fire:
-        `CompressedTransformer.last_logits` calls it only while no hook is attached."""
-        positions = torch.arange(x.shape[1], device=x.device)
-        q_rot, k, v, k_rot = self._project(x, positions, hooked=False)
-        cache = self._extend(None, x, k, v, k_rot, 0)
-        last = x.shape[1] - 1
-        return self._output(self._attend_queries(q_rot[:, last:], cache, positions[last:], last=last))
-
-    # Queries per chunk in `forward`: "auto" (the default), None (all at once) or a fixed
-    # count. An execution setting, not part of the architecture: set it with
-    # `CompressedTransformer.set_query_chunk`.
+    # Queries per attention block: "auto" (the default), None (all at once) or a fixed count. An
+    # execution setting, not part of the architecture: `CompressedTransformer.set_query_chunk`.
     query_chunk: Union[int, str, None] = "auto"
-    # Full attention (the twin) through torch's fused kernel while no hook reads its scores or
-    # pattern (`_attend_causal`); False: the slot path always (benchmarks/full_attention_speed.py).
-    fused_full_attention: bool = True
-    # Compressed attention through torch's fused kernel while no hook reads its scores or pattern
-    # (`_attend_fused`: per block of queries, the band's tokens and the visible entries as keys under
-    # a mask); False: the slot path always.
-    fused_compressed_attention: bool = True
 
     def n_key_slots(self, query_pos: int) -> int:
         """Key slots a query at ``query_pos`` can see: the band plus its visible entries (every
@@ -405,21 +378,26 @@ class CompressedAttention(nn.Module):
         return self.band_width + n_visible_entries(query_pos, cfg.window, cfg.stride, min(self.window_offsets))
 
     def query_ranges(self, start: int, n: int) -> Optional[list[tuple[int, int]]]:
-        """Query chunks ``[(a, b), ...]`` (indices into the ``n`` new tokens) for `forward`, or
-        None for one pass over all queries.
+        """Query blocks ``[(a, b), ...]`` (indices into the ``n`` new tokens) of `_attend_sdpa`, or
+        None for one block of all queries.
 
-        ``query_chunk = None``: None. An integer c: chunks of c queries (None when c >= n).
-        ``"auto"``: None up to `AUTO_CHUNK_ABOVE` new tokens; above, each chunk takes as many
-        queries as keep one prompt row's score block ``n_heads * queries * key_slots`` within
-        `SCORE_BLOCK` elements (at least `MIN_AUTO_CHUNK` queries). A bounded block keeps the
-        softmax and masking passes in cache, so time grows like the compute ``T * (L + T/S)``
-        and peak memory linearly in T. The chunks never depend on the batch size.
+        ``query_chunk = None``: None. An integer c: blocks of c queries (None when c >= n).
+        ``"auto"``: full attention, None up to `AUTO_CHUNK_ABOVE` new tokens, above that as many
+        queries per block as keep one prompt row's score block ``n_heads * queries * key_slots``
+        within `SCORE_BLOCK` elements (at least `MIN_AUTO_CHUNK`); compressed attention, blocks of
+        at most `FUSED_BLOCK` queries with ``n_heads * queries * keys <= 4 * SCORE_BLOCK``. Time
+        grows like the compute ``T * (L + T/S)`` and peak memory linearly in T. Blocks depend on
+        the length, the model and the setting, never on the batch size.
         """
         chunk = self.query_chunk
-        if chunk is None or (chunk == "auto" and n <= AUTO_CHUNK_ABOVE) or (chunk != "auto" and chunk >= n):
+        if chunk is None or (chunk != "auto" and chunk >= n):
             return None
         if chunk != "auto":
             return [(a, min(a + chunk, n)) for a in range(0, n, chunk)]
+        if self.cfg.is_compressed:
+            return self._fused_blocks(start, n)
+        if n <= AUTO_CHUNK_ABOVE:
+            return None
         ranges, a, per_query_slot, size = [], 0, self.cfg.n_heads, n
         fits = lambda a, size: per_query_slot * size * self.n_key_slots(start + a + size - 1) <= SCORE_BLOCK  # noqa: E731
         while a < n:
@@ -435,130 +413,106 @@ class CompressedAttention(nn.Module):
             a += size
         return ranges
 
-    def _scores_hooked(self) -> bool:
-        """A hook reads or edits ``hook_attn_scores``/``hook_pattern``: they must have the full shape."""
-        return has_hooks(self.hook_attn_scores) or has_hooks(self.hook_pattern)
-
-    def _attend_queries(
-        self,
-        q_rot: Float[Tensor, "batch query head d_head"],
-        cache: LayerCache,
-        positions: Int[Tensor, " query"],
-        last: Optional[int] = None,
-    ) -> Float[Tensor, "batch query head d_head"]:
-        """z of the queries at ``positions`` over ``cache``: (a) the band, gathered per query;
-        (b) the entries, shared (every earlier token for full attention).
-
-        ``last`` (the largest position, for a chunk of queries) drops the key slots no query
-        up to ``last`` can see, and skips the score/pattern hooks (`forward` calls it so only
-        when those hooks are idle); otherwise every slot is kept and the hooks fire.
-        """
+    def _fused_blocks(self, start: int, n: int) -> list[tuple[int, int]]:
+        """Compressed attention's blocks under ``"auto"``: at most `FUSED_BLOCK` queries, the mask and
+        the kernel's scores within ``head * block * keys <= 4 * SCORE_BLOCK`` per prompt row."""
         cfg = self.cfg
-        device = q_rot.device
-        if not cfg.is_compressed and self.fused_full_attention and (last is not None or not self._scores_hooked()):
-            return self._attend_causal(q_rot, cache, cache.h.shape[1] if last is None else last + 1)
-        # a chunk (``last`` given): keys visible to its first query are visible to all, need no mask
-        first = None if last is None else last - q_rot.shape[1] + 1
-        if not cfg.is_compressed:
-            n_keys, n_open = (None, 0) if last is None else (last + 1, first + 1)
-            empty = q_rot.new_zeros(q_rot.shape[0], q_rot.shape[1], 0, cfg.n_kv_heads, cfg.d_head)
-            band = GatheredBand(empty, empty)
-            k_shared, v_shared = cache.k_rot[:, :n_keys], cache.v[:, :n_keys]
-            allowed = self._band_allowed(positions, torch.arange(n_open, k_shared.shape[1], device=device))
-        else:
-            n_entries, n_open = None, 0
-            if last is not None:
-                W, S, o = cfg.window, cfg.stride, self.window_offsets
-                n_entries = n_visible_entries(last, W, S, min(o))
-                n_open = min(n_visible_entries(first, W, S, max(o)), n_entries)
-            B = self.band_width
-            band_pos = positions[:, None] - B + 1 + torch.arange(B, device=device)
-            p0 = cache.h.shape[1] - q_rot.shape[1] if last is None else first  # the first query's position
-            band = BlockBand(cache.k_rot, cache.v, p0, q_rot.shape[1], B)
-            k_shared, v_shared = cache.k_comp[:, :n_entries], cache.v_comp[:, :n_entries]
-            entries = torch.arange(n_open, k_shared.shape[1], device=device)
-            allowed = torch.cat([self._band_allowed(positions, band_pos), self._entry_allowed(positions, entries)], -1)
-        return self._attend(q_rot, band, k_shared, v_shared, allowed, hooked=last is None, n_open=n_open)
-
-    def _attend_fused(
-        self,
-        q_rot: Float[Tensor, "batch query head d_head"],
-        cache: LayerCache,
-        positions: Int[Tensor, " query"],
-    ) -> Float[Tensor, "batch query head d_head"]:
-        """Compressed attention while nothing reads its scores or pattern: the same joint softmax as
-        the slot path (`_attend`) over each query's band and visible entries, computed by torch's
-        fused ``scaled_dot_product_attention`` per block of queries (an additive -inf mask). A block of queries ``a .. b - 1``
-        takes as keys the tokens ``a - B + 1 .. b - 1`` (its bands) and the entries visible to its last
-        query, with the mask `_band_allowed` & ``key > query - B`` / `_entry_allowed`; blocks keep the
-        mask and the kernel's scores at ``head * block * keys <= 4 * SCORE_BLOCK`` per prompt row (blocks
-        never depend on the batch size), so memory
-        grows linearly in the prompt length. Equal to the slot path to 1e-5 (summed in another
-        order; tested)."""
-        cfg = self.cfg
-        device = q_rot.device
         W, S, B = cfg.window, cfg.stride, self.band_width
-        group = cfg.n_heads // cfg.n_kv_heads
-        batch, n = q_rot.shape[0], q_rot.shape[1]
-        p0 = int(positions[0])
-        q = q_rot.transpose(1, 2)  # [b, head, query, d]
         out, a = [], 0
         while a < n:
-            keys_est = B + n_visible_entries(p0 + min(n - 1, a + FUSED_BLOCK - 1), W, S, min(self.window_offsets)) + FUSED_BLOCK
+            keys_est = B + n_visible_entries(start + min(n - 1, a + FUSED_BLOCK - 1), W, S, min(self.window_offsets)) \
+                + FUSED_BLOCK
             size = max(16, min(FUSED_BLOCK, (4 * SCORE_BLOCK) // max(1, cfg.n_heads * keys_est)))
-            b = min(n, a + size)
-            first, last = p0 + a, p0 + b - 1
-            lo = max(0, first - B + 1)
-            key_pos = torch.arange(lo, last + 1, device=device)
-            n_entries = n_visible_entries(last, W, S, min(self.window_offsets))
-            qp = positions[a:b]
-            band_ok = self._band_allowed(qp, key_pos) & (key_pos[None, None, :] > qp[None, :, None] - B)
-            entry_ok = self._entry_allowed(qp, torch.arange(n_entries, device=device))
-            mask = torch.cat([band_ok, entry_ok], -1)  # [kv, query, key]
-            k = torch.cat([cache.k_rot[:, lo:last + 1], cache.k_comp[:, :n_entries]], 1).transpose(1, 2)
-            v = torch.cat([cache.v[:, lo:last + 1], cache.v_comp[:, :n_entries]], 1).transpose(1, 2)
-            C = b - a
-            # query head h reads KV head h // group: the group's queries stacked along the query axis
-            # ([b, kv, group * C, d]), so K and V are not copied per query head
-            qg = q[:, :, a:b].reshape(batch, cfg.n_kv_heads, group * C, cfg.d_head)
-            mask = mask.expand(cfg.n_kv_heads, -1, -1)[:, None].expand(-1, group, -1, -1).reshape(
-                cfg.n_kv_heads, group * C, -1)
-            bias = torch.where(mask, 0.0, float("-inf")).to(q.dtype)
-            z = F.scaled_dot_product_attention(qg, k, v, attn_mask=bias[None], scale=cfg.d_head**-0.5)
-            out.append(z.view(batch, cfg.n_heads, C, cfg.d_head).transpose(1, 2))
-            a = b
-        return torch.cat(out, 1)
+            out.append((a, min(n, a + size)))
+            a = out[-1][1]
+        return out
 
-    def _attend_causal(
+    def _scores_hooked(self) -> bool:
+        """A hook reads or edits ``hook_attn_scores``/``hook_pattern``: the explicit softmax runs."""
+        return has_hooks(self.hook_attn_scores) or has_hooks(self.hook_pattern)
+
+    def _attend_slots(
         self,
         q_rot: Float[Tensor, "batch query head d_head"],
         cache: LayerCache,
-        n_keys: int,
+        positions: Int[Tensor, " query"],
     ) -> Float[Tensor, "batch query head d_head"]:
-        """Full attention (the twin) while nothing reads its scores or pattern: torch's fused
-        ``scaled_dot_product_attention`` of the queries at positions ``n_keys - query .. n_keys - 1``
-        over the cached keys ``0 .. n_keys - 1``, each query seeing the keys up to its own
-        position. The same softmax as the slot path (`_attend`, which the hooks see), summed in
-        another order: equal to it to 1e-5 (tested)."""
+        """z of the queries at ``positions`` over ``cache`` by the explicit softmax over the key-slot
+        layout (module docstring): (a) the band, gathered per query; (b) the entries, shared (every
+        earlier token for full attention). ``hook_attn_scores`` and ``hook_pattern`` see
+        ``[batch, head, query, key_slot]`` with every key slot of the layer."""
         cfg = self.cfg
-        n = q_rot.shape[1]
-        k, v = cache.k_rot[:, :n_keys].transpose(1, 2), cache.v[:, :n_keys].transpose(1, 2)  # [b, kv, key, d]
-        group = cfg.n_heads // cfg.n_kv_heads
-        if group > 1:  # query head h reads KV head h // group
-            k, v = (t[:, :, None].expand(-1, -1, group, -1, -1).flatten(1, 2) for t in (k, v))
-        q = q_rot.transpose(1, 2)
-        if n == n_keys:  # queries at 0 .. n-1: the causal triangle
-            z = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=cfg.d_head**-0.5)
-        else:
-            mask = torch.arange(n_keys, device=q.device) <= torch.arange(n_keys - n, n_keys, device=q.device)[:, None]
-            z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=cfg.d_head**-0.5)
-        return z.transpose(1, 2)
+        device = q_rot.device
+        if not cfg.is_compressed:
+            empty = q_rot.new_zeros(q_rot.shape[0], q_rot.shape[1], 0, cfg.n_kv_heads, cfg.d_head)
+            keys = torch.arange(cache.k_rot.shape[1], device=device)
+            return self._attend(q_rot, GatheredBand(empty, empty), cache.k_rot, cache.v,
+                                self._band_allowed(positions, keys))
+        B = self.band_width
+        band_pos = positions[:, None] - B + 1 + torch.arange(B, device=device)
+        band = BlockBand(cache.k_rot, cache.v, int(positions[0]), q_rot.shape[1], B)
+        entries = torch.arange(cache.k_comp.shape[1], device=device)
+        allowed = torch.cat([self._band_allowed(positions, band_pos), self._entry_allowed(positions, entries)], -1)
+        return self._attend(q_rot, band, cache.k_comp, cache.v_comp, allowed)
+
+    def _attend_sdpa(
+        self,
+        q_rot: Float[Tensor, "batch query head d_head"],
+        cache: LayerCache,
+        positions: Int[Tensor, " query"],
+    ) -> Float[Tensor, "batch query head d_head"]:
+        """The same joint softmax as `_attend_slots` by torch's fused ``scaled_dot_product_attention``,
+        per block of queries (`query_ranges`). A block of queries at ``first .. last`` takes as keys the
+        tokens it can see (compressed: ``first - B + 1 .. last``, its bands, and the entries visible to
+        ``last``; full attention: ``0 .. last``) under a mask (`_band_allowed` & ``key > query - B`` /
+        `_entry_allowed`). Equal to the explicit softmax to 1e-5 (summed in another order; tested)."""
+        cfg = self.cfg
+        device = q_rot.device
+        n, p0 = q_rot.shape[1], int(positions[0])
+        B = self.band_width
+        out = []
+        for a, b in self.query_ranges(p0, n) or [(0, n)]:
+            first, last = p0 + a, p0 + b - 1
+            qp = positions[a:b]
+            if cfg.is_compressed:
+                lo = max(0, first - B + 1)
+                key_pos = torch.arange(lo, last + 1, device=device)
+                n_entries = n_visible_entries(last, cfg.window, cfg.stride, min(self.window_offsets))
+                band_ok = self._band_allowed(qp, key_pos) & (key_pos[None, None, :] > qp[None, :, None] - B)
+                mask = torch.cat([band_ok, self._entry_allowed(qp, torch.arange(n_entries, device=device))], -1)
+                k = torch.cat([cache.k_rot[:, lo:last + 1], cache.k_comp[:, :n_entries]], 1)
+                v = torch.cat([cache.v[:, lo:last + 1], cache.v_comp[:, :n_entries]], 1)
+            else:
+                k, v = cache.k_rot[:, :last + 1], cache.v[:, :last + 1]
+                mask = None if first == 0 and b - a == last + 1 else (  # queries 0 .. n-1: the causal triangle
+                    torch.arange(last + 1, device=device) <= qp[:, None])[None]
+            out.append(self._sdpa(q_rot[:, a:b], k, v, mask))
+        return torch.cat(out, 1) if len(out) > 1 else out[0]
+
+    def _sdpa(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor]) -> Tensor:
+        """``scaled_dot_product_attention`` of ``q`` ``[b, C, head, d]`` over ``k``, ``v`` ``[b, key,
+        kv_head, d]`` under ``mask`` ``[kv_head or 1, C, key]`` (None: causal over keys 0 .. C - 1).
+        Query head h reads KV head h // group: the group's queries stacked along the query axis
+        (``[b, kv, group * C, d]``), so K and V are not copied per query head."""
+        cfg = self.cfg
+        batch, C = q.shape[0], q.shape[1]
+        group, KV = cfg.n_heads // cfg.n_kv_heads, cfg.n_kv_heads
+        k, v = k.transpose(1, 2), v.transpose(1, 2)
+        if mask is None:  # the causal triangle: one kernel call with is_causal
+            if group > 1:
+                k, v = (t[:, :, None].expand(-1, -1, group, -1, -1).flatten(1, 2) for t in (k, v))
+            z = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, is_causal=True, scale=cfg.d_head**-0.5)
+            return z.transpose(1, 2)
+        qg = q.transpose(1, 2).reshape(batch, KV, group * C, cfg.d_head)
+        mask = mask.expand(KV, -1, -1)[:, None].expand(-1, group, -1, -1).reshape(KV, group * C, -1)
+        bias = torch.where(mask, 0.0, float("-inf")).to(q.dtype)
+        z = F.scaled_dot_product_attention(qg, k, v, attn_mask=bias[None], scale=cfg.d_head**-0.5)
+        return z.view(batch, cfg.n_heads, C, cfg.d_head).transpose(1, 2)
 
     def _extend(self, cache: Optional[LayerCache], x, k, v, k_rot, start: int) -> LayerCache:
         """The layer cache with the new tokens appended and newly closed windows compressed."""
         if cache is None:
             no_entries = x.new_zeros(x.shape[0], 0, self.cfg.n_kv_heads, self.cfg.d_head)
-            cache = LayerCache(x[:, :0], k[:, :0], v[:, :0], k_rot[:, :0], no_entries, no_entries)
             grown = LayerCache(x, k, v, k_rot, no_entries, no_entries.clone())
         else:
             cat = lambda old, new: torch.cat([old, new], 1)  # noqa: E731
@@ -572,29 +526,17 @@ class CompressedAttention(nn.Module):
                 grown.v_comp = torch.cat([grown.v_comp[:, :first], v_new], 1)
         return grown
 
-    def forward_last(
-        self,
-        x: Float[Tensor, "batch variant d_model"],
-        cache: LayerCache,
-    ) -> Float[Tensor, "batch variant d_model"]:
-        """Attention of ONE new token (position ``p``, the ``cache`` length) in several variants at once.
-
-        The last-position path (`CompressedTransformer.last_logits` with only ``hook_z`` hooks, and the
-        knockout engine): every variant of the last token attends to the same shared prefix ``cache``
-        (batch ``batch``, never copied); only the variants' own K/V and the entries whose window the
-        token closes differ. The variants are the queries of `_attend`. ``hook_z`` fires with
-        ``[batch * variant, 1, head, d_head]`` (row ``r``: prompt ``r // variant``, variant
-        ``r % variant``; position ``p`` only, ``hook.ctx["query_range"] == (p, p + 1)``), so an edit of
-        ``hook_z`` there lands as it does in `forward`. Other hook points do not fire here but the
-        compressor's. Equals `forward` on the extended sequence (tested to 1e-5).
-        """
+    def _attend_variants(self, x, q_rot, k, v, k_rot, cache: LayerCache, pos: int, n_var: int) -> Tensor:
+        """z ``[batch * variant, 1, head, d_head]`` of ONE new token (position ``pos``) in ``n_var``
+        variants per cached row, over the shared prefix ``cache`` (never copied): the variants are
+        the queries of `_attend`; each sees its own token's K/V and the entries whose window that
+        token closes (computed per variant), then the shared band and entries of the prefix."""
         cfg = self.cfg
-        batch, n_var, _ = x.shape
-        pos = cache.h.shape[1]
+        batch = cache.h.shape[0]
         query = torch.tensor([pos], device=x.device)
-        q_rot, k, v, k_rot = self._project(x, query.expand(n_var), hooked=False)
-        per_variant = lambda t: einops.rearrange(t, "b v ... -> b v 1 ...")  # noqa: E731
-        k_own, v_own = per_variant(k_rot), per_variant(v)  # the token itself
+        per_variant = lambda t: t.reshape(batch, n_var, *t.shape[1:])  # noqa: E731  [b, v, 1, ...]
+        q_rot = per_variant(q_rot)[:, :, 0]
+        k_own, v_own = per_variant(k_rot), per_variant(v)
         allowed = [self._band_allowed(query, query[None])]
         lo = max(pos - self.band_width + 1, 0) if cfg.is_compressed else 0
         k_shared, v_shared = cache.k_rot[:, lo:pos], cache.v[:, lo:pos]  # the prefix's band
@@ -603,24 +545,17 @@ class CompressedAttention(nn.Module):
             first, last = self._entry_range(pos, pos + 1)
             if last > first:  # entries that read the new token: one set per variant
                 j = torch.arange(first, last, device=x.device)
-                expand = lambda t: t[:, None].expand(-1, n_var, *t.shape[1:])  # noqa: E731
                 lo_win = first * cfg.stride
-                tokens = [torch.cat([expand(old[:, lo_win:]), new[:, :, None]], 2)
+                tokens = [torch.cat([old[:, lo_win:].repeat_interleave(n_var, 0), new], 1)
                           for old, new in ((cache.h, x), (cache.k, k), (cache.v, v))]
-                flat = lambda t: einops.rearrange(t, "b v ... -> (b v) ...")  # noqa: E731
-                k_new, v_new = self._compress(*(flat(t) for t in tokens), lo_win, j)
-                unflat = lambda t: einops.rearrange(t, "(b v) ... -> b v ...", b=batch)  # noqa: E731
-                k_own, v_own = torch.cat([k_own, unflat(k_new)], 2), torch.cat([v_own, unflat(v_new)], 2)
+                k_new, v_new = self._compress(*tokens, lo_win, j)
+                k_own, v_own = torch.cat([k_own, per_variant(k_new)], 2), torch.cat([v_own, per_variant(v_new)], 2)
                 allowed.insert(1, self._entry_allowed(query, j))
             k_shared = torch.cat([k_shared, cache.k_comp[:, :first]], 1)
             v_shared = torch.cat([v_shared, cache.v_comp[:, :first]], 1)
             allowed.append(self._entry_allowed(query, torch.arange(first, device=x.device)))
-        z = self._attend(q_rot, GatheredBand(k_own, v_own), k_shared, v_shared, torch.cat(allowed, -1), hooked=False)
-        if has_hooks(self.hook_z):  # the variants as batch rows at the one position p
-            with query_context([self.hook_z], pos, pos + 1):
-                z_p = self.hook_z(einops.rearrange(z, "b v h d -> (b v) 1 h d"))
-            z = einops.rearrange(z_p, "(b v) 1 h d -> b v h d", b=batch)
-        return einops.einsum(z, self.W_O, "b v h d, h d m -> b v m")
+        z = self._attend(q_rot, GatheredBand(k_own, v_own), k_shared, v_shared, torch.cat(allowed, -1))
+        return z.reshape(batch * n_var, 1, cfg.n_heads, cfg.d_head)
 
     def reset_parameters(self, generator: torch.Generator, std: float) -> None:
         with torch.no_grad():

@@ -7,6 +7,8 @@ from typing import Optional
 
 from torch import Tensor
 
+from phaseinterp._checks import check_int
+
 
 @dataclass
 class LayerCache:
@@ -33,13 +35,21 @@ class KVCache:
 
     Feeding a sequence in pieces through ``model(tokens, cache=cache)`` gives the same
     outputs as one full forward. ``length`` is the number of tokens consumed so far.
+    ``variants`` is set on a fork (`fork`): one call of ``variants`` rows per cached row, after
+    which the fork is ``spent``.
     """
 
     layers: list[Optional[LayerCache]] = field(default_factory=list)
     length: int = 0
+    variants: Optional[int] = None
+    spent: bool = False
 
     def clone(self) -> "KVCache":
         return KVCache([lc.map(lambda t: t.clone()) if lc else None for lc in self.layers], self.length)
+
+    def copy(self) -> "KVCache":
+        """A new cache over the same layer caches (nothing copied): extending one leaves the other as it was."""
+        return KVCache(list(self.layers), self.length)
 
     def repeat_batch(self, n: int) -> "KVCache":
         """Each batch row repeated ``n`` times, interleaved (row b -> rows b*n .. b*n+n-1)."""
@@ -47,7 +57,16 @@ class KVCache:
             [lc.map(lambda t: t.repeat_interleave(n, dim=0)) if lc else None for lc in self.layers], self.length
         )
 
+    def fork(self, variants: int = 1) -> "KVCache":
+        """A view of this cache for ONE more call with ``variants`` rows per cached row (row ``r``
+        continues cached row ``r // variants``; ``variants`` edits of the next token, say): nothing
+        is copied and this cache is not extended. A one-token step over a fork shares the prefix
+        between the variants; a longer call repeats the prefix's rows first."""
+        variants = check_int("variants", variants, 1)
+        return KVCache(list(self.layers), self.length, variants=variants)
+
     @property
     def batch_size(self) -> int:
+        """Rows of the cached prefix (0 while nothing is cached)."""
         first = next((lc for lc in self.layers if lc is not None), None)
         return 0 if first is None else first.h.shape[0]

@@ -113,8 +113,9 @@ class PhaseModel(Protocol):
 
     @property
     def has_fast_ablation(self) -> bool:
-        """Whether the family has a last-position engine (`phaseinterp.models.engines`) for the
-        cached-prefix ablation sweep; else `ablate` runs the hooked full forward per unit."""
+        """Whether `ablate` runs its sweep as one prefill of the shared prefix, then the answer position
+        in variants (the own family's cached forward; DeepSeek-V4's last-position engine,
+        `phaseinterp.models.hf.last_position`); else the hooked full forward per unit."""
 
     @property
     def has_answer_logits(self) -> bool:
@@ -308,7 +309,7 @@ class CompressedFamily(_Family):
 
     @property
     def has_fast_ablation(self) -> bool:
-        return True  # forward_last over the KV cache
+        return True  # the cached forward: prefill, then a step over a fork of the cache
 
 
 class DeepseekV4Family(_Family):

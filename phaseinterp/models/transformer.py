@@ -27,8 +27,8 @@ the concept matches):
     ln_final.hook_normalized
 
 With an incremental cache, hooks see only the new positions (and the newly closed
-windows). `last_logits` with only ``hook_z`` hooks attached runs the last-position path, where
-``hook_z`` is ``[batch, 1, head, d_head]`` (docs/hooks.md, "What changes when a hook is attached").
+windows), ``hook.ctx["query_range"]`` saying which (docs/hooks.md, "The rule"): `last_logits` is a
+prefill and one step, so a hook sees the prompt but its last position, then that position.
 Query head ``q`` reads KV head ``q // (n_heads // n_kv_heads)``.
 """
 
@@ -37,7 +37,6 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from collections import Counter
 from typing import Any, Optional, Union
 
 import einops
@@ -51,15 +50,15 @@ from torch import Tensor
 from transformer_lens.ActivationCache import ActivationCache
 from transformer_lens.hook_points import HookPoint
 
-from phaseinterp._checks import check_device, check_layer, check_query_chunk
+from phaseinterp._checks import check_device, check_int, check_layer, check_query_chunk
 from phaseinterp.errors import UserInputError
 from phaseinterp._files import (atomic_write, check_metadata, check_write_target, expand_user, is_path,
                                write_dir_atomically)
 from phaseinterp.config import CompressedConfig
 from phaseinterp.models.attention import CompressedAttention
-from phaseinterp.models.cache import KVCache, LayerCache
+from phaseinterp.models.cache import KVCache
 from phaseinterp.models.compressor import GateParameters, RMSNorm
-from phaseinterp.models.paths import CheckedHooks, has_hooks, last_logits_path, record_path
+from phaseinterp.models.paths import CheckedHooks, has_hooks, hooked_points, query_context
 from phaseinterp.models.protocol import CompressedFamily, register_family
 from phaseinterp.phase import boundary_phase
 
@@ -108,25 +107,20 @@ class SwiGLU(nn.Module):
         self.hook_pre = HookPoint()
         self.hook_post = HookPoint()
 
-    def forward(self, x: Float[Tensor, "batch pos d_model"], hooked: bool = True) -> Float[Tensor, "batch pos d_model"]:
-        """``(silu(x W_gate) * (x W_in)) W_out``; ``hooked=False`` skips the hook points.
+    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        """``(silu(x W_gate) * (x W_in)) W_out``.
 
-        While no hook is attached to ``hook_pre``/``hook_post`` (or ``hooked=False``) the rows run in
-        blocks of `MLP_ROWS` tokens, so the ``[rows, d_mlp]`` intermediates stay in cache (the same
-        numbers: every row's maths is its own; tested bit for bit)."""
-        if not hooked or not (has_hooks(self.hook_pre) or has_hooks(self.hook_post)):
+        While no hook is attached to ``hook_pre``/``hook_post`` the rows run in blocks of `MLP_ROWS`
+        tokens, so the ``[rows, d_mlp]`` intermediates stay in cache (the same numbers: every row's
+        maths is its own; tested bit for bit)."""
+        if not (has_hooks(self.hook_pre) or has_hooks(self.hook_post)):
             flat = x.reshape(-1, x.shape[-1])
             if flat.shape[0] > MLP_ROWS:
                 out = torch.cat([self._unhooked(flat[i : i + MLP_ROWS]) for i in range(0, flat.shape[0], MLP_ROWS)])
                 return out.view(*x.shape[:-1], -1)
             return self._unhooked(x)
-        pre = x @ self.W_gate
-        if hooked:
-            pre = self.hook_pre(pre)
-        post = F.silu(pre) * (x @ self.W_in)
-        if hooked:
-            post = self.hook_post(post)
-        return post @ self.W_out
+        post = F.silu(self.hook_pre(x @ self.W_gate)) * (x @ self.W_in)
+        return self.hook_post(post) @ self.W_out
 
     def _unhooked(self, x: Tensor) -> Tensor:
         return (F.silu(x @ self.W_gate) * (x @ self.W_in)) @ self.W_out
@@ -145,37 +139,12 @@ class Block(nn.Module):
         self.hook_mlp_out = HookPoint()
         self.hook_resid_post = HookPoint()
 
-    def forward(self, resid, cache=None, start: int = 0):
+    def forward(self, resid, cache=None, start: int = 0, variants: Optional[int] = None):
         resid = self.hook_resid_pre(resid)
-        attn_out, layer_cache = self.attn(self.ln1(resid), cache, start)
+        attn_out, layer_cache = self.attn(self.ln1(resid), cache, start, variants)
         resid = self.hook_resid_mid(resid + self.hook_attn_out(attn_out))
         resid = self.hook_resid_post(resid + self.hook_mlp_out(self.mlp(self.ln2(resid))))
         return resid, layer_cache
-
-    def forward_last(self, resid, cache):
-        """One new token in several variants over a shared prefix cache (see
-        `CompressedAttention.forward_last`: ``hook_z`` and the compressor's hooks fire, no other);
-        ``resid`` is ``[batch, variant, d_model]``."""
-        resid = resid + self.attn.forward_last(self.ln1.unhooked(resid), cache)
-        return resid + self.mlp(self.ln2.unhooked(resid), hooked=False)
-
-    def extend_cache(self, resid: Float[Tensor, "batch pos d_model"], cache=None, start: int = 0):
-        """``forward(resid, cache, start)[1]`` only: the layer cache extended by the new tokens,
-        without computing their outputs (for the last layer, whose outputs at a prefix nothing reads)."""
-        return self.attn.extend_cache(self.ln1(self.hook_resid_pre(resid)), cache, start)
-
-    def forward_final(self, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch 1 d_model"]:
-        """The block's output at the last position only (a sequence from position 0, no cache;
-        see `CompressedAttention.forward_final`); no hook points fire but the compressor's."""
-        last = resid[:, -1:] + self.attn.forward_final(self.ln1.unhooked(resid))
-        return last + self.mlp(self.ln2.unhooked(last), hooked=False)
-
-
-def _empty_layer_cache(cfg: CompressedConfig, n: int, device) -> LayerCache:
-    """The cache of a layer over no tokens, for a batch of ``n``."""
-    zeros = lambda *shape: torch.zeros(*shape, device=device)  # noqa: E731
-    per_head = (n, 0, cfg.n_kv_heads, cfg.d_head)
-    return LayerCache(zeros(n, 0, cfg.d_model), *(zeros(*per_head) for _ in range(5)))
 
 
 class CompressedTransformer(CheckedHooks):
@@ -196,8 +165,6 @@ class CompressedTransformer(CheckedHooks):
             device = check_device(device)  # before allocating any weights
         self.cfg = cfg.replace()
         self.metadata: dict[str, Any] = {}
-        # runs of each `last_logits` / knockout path ("final", "last_position", "full"; models/paths.py)
-        self.path_counts: Counter = Counter()
         self.W_E = nn.Parameter(torch.zeros(cfg.d_vocab, cfg.d_model))
         self.hook_embed = HookPoint()
         self.blocks = nn.ModuleList([Block(self.cfg, layer) for layer in range(cfg.n_layers)])
@@ -281,36 +248,63 @@ class CompressedTransformer(CheckedHooks):
 
     def forward(
         self,
-        tokens: Int[Tensor, "batch pos"],
+        tokens: Union[Int[Tensor, "batch pos"], Float[Tensor, "batch pos d_model"]],
         *,
         cache: Optional[KVCache] = None,
         return_type: Optional[str] = "logits",
+        start_at_layer: Optional[int] = None,
+        stop_at_layer: Optional[int] = None,
     ) -> Optional[Tensor]:
-        """Logits ``[batch, pos, d_vocab]`` (``return_type="logits"``), the mean next-token
-        loss (``"loss"``) or nothing (``None``, for hooks only).
+        """The one forward: logits ``[batch, pos, d_vocab]`` (``return_type="logits"``), the mean
+        next-token loss (``"loss"``) or nothing (``None``, for hooks only).
 
-        With ``cache``, ``tokens`` continue the cached prefix; the cache is extended in place.
+        ``cache`` (`init_cache`): ``tokens`` continue the cached prefix and the cache is extended in
+        place (prefill, then steps: the same numbers as one forward over the whole sequence, every
+        hook firing on the new positions only, ``hook.ctx["query_range"]`` saying which). A fork of
+        a cache (`KVCache.fork`) takes one call, ``variants`` rows per cached row, and is not extended.
+        ``start_at_layer`` / ``stop_at_layer`` (TransformerLens's): ``tokens`` is the residual stream
+        ``[batch, pos, d_model]`` entering ``start_at_layer``; the layers ``start_at_layer ..
+        stop_at_layer - 1`` run (their caches extended) and with ``stop_at_layer`` the residual leaving
+        them is returned.
         """
         if return_type not in ("logits", "loss", None):
             raise UserInputError(f"return_type={return_type!r} is not one of ('logits', 'loss', None)")
-        start = 0 if cache is None else cache.length
-        self._check_tokens(tokens, start)
-        if cache is not None and cache.length > 0 and cache.batch_size != tokens.shape[0]:
-            raise UserInputError(f"tokens batch {tokens.shape[0]} does not match the cache's batch {cache.batch_size}")
-        tokens = tokens.to(self.W_E.device).long()
-        resid = self.hook_embed(self.W_E[tokens])
+        n_layers = self.cfg.n_layers
+        first = 0 if start_at_layer is None else check_int("start_at_layer", start_at_layer, 0, n_layers - 1)
+        last = n_layers if stop_at_layer is None else check_int("stop_at_layer", stop_at_layer, first + 1, n_layers)
+        if return_type == "loss" and (start_at_layer is not None or stop_at_layer is not None):
+            raise UserInputError("return_type='loss' needs the tokens: it takes no start_at_layer / stop_at_layer")
+        start, variants = self._check_cache(cache, first, last)
+        if start_at_layer is None:
+            self._check_tokens(tokens, start)
+            tokens = tokens.to(self.W_E.device).long()
+            resid = self.hook_embed(self.W_E[tokens])
+        else:
+            resid = self._check_resid(tokens)
+        n = resid.shape[1]
+        if cache is not None and cache.batch_size and resid.shape[0] != cache.batch_size * (variants or 1):
+            rows = cache.batch_size * (variants or 1)
+            raise UserInputError(f"tokens batch {resid.shape[0]} does not match the cache's batch {rows}"
+                                 + (f" ({cache.batch_size} rows x {variants} variants)" if variants else ""))
         recompute = self.activation_checkpointing and cache is None and torch.is_grad_enabled()
-        for layer, block in enumerate(self.blocks):
-            layer_cache = cache.layers[layer] if cache is not None else None
-            if recompute:  # the same block forward, hooks included, run again in the backward pass
-                resid, new_layer_cache = torch.utils.checkpoint.checkpoint(block, resid, None, start,
-                                                                           use_reentrant=False)
-            else:
-                resid, new_layer_cache = block(resid, layer_cache, start)
-            if cache is not None:
-                cache.layers[layer] = new_layer_cache
+        with query_context(hooked_points(self).values(), start, start + n):
+            for layer in range(first, last):
+                block = self.blocks[layer]
+                layer_cache = cache.layers[layer] if cache is not None else None
+                if recompute:  # the same block forward, hooks included, run again in the backward pass
+                    resid, new_layer_cache = torch.utils.checkpoint.checkpoint(block, resid, None, start,
+                                                                               use_reentrant=False)
+                else:
+                    resid, new_layer_cache = block(resid, layer_cache, start, variants)
+                if cache is not None and variants is None:
+                    cache.layers[layer] = new_layer_cache
         if cache is not None:
-            cache.length = start + tokens.shape[1]
+            if variants is not None:
+                cache.spent = True
+            elif last == n_layers:
+                cache.length = start + n
+        if stop_at_layer is not None:
+            return resid
         if return_type is None:
             return None
         logits = self.ln_final(resid) @ self.W_U
@@ -320,47 +314,41 @@ class CompressedTransformer(CheckedHooks):
             einops.rearrange(logits[:, :-1], "b t v -> (b t) v"), einops.rearrange(tokens[:, 1:], "b t -> (b t)")
         )
 
-    def last_logits(self, tokens: Int[Tensor, "batch pos"], *, path: str = "auto") -> Float[Tensor, "batch d_vocab"]:
-        """The logits at the LAST position, ``model(tokens)[:, -1]`` (equal to 1e-5, tested), at less
-        cost while no hook is attached. What `phase_profile` and gate cycling read: one answer per prompt.
+    def _check_cache(self, cache: Optional[KVCache], first: int, last: int) -> tuple[int, Optional[int]]:
+        """(the position the call starts at, the fork's variants or None) of ``cache`` over layers
+        ``first .. last - 1``, which must hold the same number of tokens."""
+        if cache is None:
+            return 0, None
+        if not isinstance(cache, KVCache) or len(cache.layers) != self.cfg.n_layers:
+            raise UserInputError(f"cache={type(cache).__name__} is not a KVCache of this model's "
+                                 f"{self.cfg.n_layers} layers (model.init_cache())")
+        if cache.spent:
+            raise UserInputError("this fork of a cache (KVCache.fork) has taken its one call; fork the cache again")
+        lengths = {0 if lc is None else lc.h.shape[1] for lc in cache.layers[first:last]}
+        if len(lengths) > 1:
+            raise UserInputError(f"the cache's layers {first}..{last - 1} hold different numbers of tokens "
+                                 f"({sorted(lengths)}): run the same positions through each")
+        return lengths.pop(), cache.variants
 
-        The path follows the hooks attached (`phaseinterp.models.paths`; counted in ``path_counts``):
-        none: ``"final"``, every layer but the last over all positions, the last layer's K/V and
-        compressed entries over all positions but its attention and MLP at the final position only;
-        any hook (or ``path="full"``): ``"full"``, the full forward, every hook on its full shape."""
-        chosen = last_logits_path(self, path)
-        record_path(self, chosen)
-        if chosen == "full":
-            return self(tokens)[:, -1]
+    def _check_resid(self, resid: Any) -> Tensor:
+        if not isinstance(resid, Tensor) or resid.ndim != 3 or resid.shape[-1] != self.cfg.d_model \
+                or not resid.is_floating_point():
+            shape = tuple(resid.shape) if isinstance(resid, Tensor) else type(resid).__name__
+            raise UserInputError(f"with start_at_layer the input is the residual stream [batch, pos, "
+                                 f"d_model={self.cfg.d_model}] (floating point), got {shape}")
+        return resid.to(self.W_E.device)
+
+    def last_logits(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch d_vocab"]:
+        """The logits at the LAST position, ``model(tokens)[:, -1]``, as the cached forward computes
+        them: a prefill of every position but the last, then one step (on a fork of the cache, so
+        nothing is copied). Every hook fires on both calls (docs/hooks.md, "The rule"). What
+        `phase_profile` and gate cycling read: one answer per prompt."""
         self._check_tokens(tokens, 0)
-        tokens = tokens.to(self.W_E.device).long()
-        resid = self.W_E[tokens]
-        for block in self.blocks[:-1]:
-            resid, _ = block(resid, None, 0)
-        return self.unembed(self.blocks[-1].forward_final(resid))[:, 0]
-
-    def prefix_cache(self, prefix: Int[Tensor, "batch prefix"], cache: KVCache, layers: range,
-                     resid: Optional[Tensor] = None) -> Optional[Tensor]:
-        """Fill ``cache.layers[l]`` for ``l`` in ``layers`` with the prefix (positions ``0 ..``): the same
-        operations as ``model(prefix, cache=cache)`` over those layers, except that the model's last
-        layer only fills its cache (`Block.extend_cache`; nothing reads its outputs over a prefix).
-        ``resid``: the prefix's residual stream entering ``layers[0]`` (default: the embedding).
-        Returns the residual leaving ``layers`` (None for an empty prefix, whose layers get empty caches)."""
-        cfg = self.cfg
-        if prefix.shape[1] == 0:
-            for layer in layers:
-                cache.layers[layer] = _empty_layer_cache(cfg, prefix.shape[0], prefix.device)
-            return None
-        if resid is None:
-            resid = self.hook_embed(self.W_E[prefix.long()])
-        for layer in layers:
-            block = self.blocks[layer]
-            if layer == cfg.n_layers - 1:
-                cache.layers[layer] = block.extend_cache(resid, cache.layers[layer], 0)
-            else:
-                resid, cache.layers[layer] = block(resid, cache.layers[layer], 0)
-        cache.length = prefix.shape[1]
-        return resid
+        if tokens.shape[1] == 1:
+            return self(tokens)[:, -1]
+        cache = self.init_cache()
+        self(tokens[:, :-1], cache=cache, return_type=None)
+        return self(tokens[:, -1:], cache=cache.fork())[:, -1]
 
     def run_with_cache(self, *model_args: Any, return_cache_object: bool = True, **kwargs: Any):
         """TransformerLens's ``run_with_cache``; wraps the activations in an ``ActivationCache``

@@ -27,7 +27,7 @@ Equal to the hooked full forward to 1e-5 (tests/test_deepseek_v4.py, via `ablate
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Optional
+from typing import Optional, Sequence
 
 import einops
 import torch
@@ -38,7 +38,9 @@ from phaseinterp.models.hf.chunking import TOKEN_BLOCK
 from phaseinterp.models.hf.compressor import CompressorHooks, _hf
 from phaseinterp.models.hf.config import CSA
 from phaseinterp.models.hf.offload import execution_device, materialized
-from phaseinterp.models.paths import has_hooks, query_context
+from phaseinterp.errors import UserInputError
+from phaseinterp.models.protocol import phase_model
+from phaseinterp.models.paths import Z_HOOK, attached_hooks, has_hooks, query_context, record_path
 
 
 @dataclass(frozen=True)
@@ -277,3 +279,55 @@ def logits_last(model, streams: Tensor) -> Tensor:
 
 __all__ = ["LayerState", "block_forward_last", "clean_states", "last_layer_at_p", "layer_state",
            "logits_last"]
+
+
+# ------------------------------------------------------------------ the knockout engine
+def require_unhooked(model, what: str = "the last-position engine") -> None:
+    """Raise naming the attached hooks: the engine computes the unhooked model only."""
+    names = attached_hooks(model)
+    if names:
+        raise UserInputError(f"{what} cannot run hooks at every position; hooks are attached at {', '.join(names)} "
+                             "(experiments take the hooked full forward instead)")
+
+
+class DeepseekV4Engine:
+    """DeepSeek-V4's last-position engine over ``tokens`` ``[n, p + 1]`` (module docstring): one
+    clean pass keeps each layer's `LayerState`, then ``variants`` runs `block_forward_last` per layer
+    for the final position, ``V`` copies of each prompt, firing only the ``hook_z`` hooks it is given
+    (``[n * V, 1, head, d_head]``, row ``r``: prompt ``r // V``, variant ``r % V``;
+    ``hook.ctx["query_range"] == (p, p + 1)``). ``clean`` is ``[n, vocab]``, the logits at ``p``."""
+
+    def __init__(self, model, tokens: Tensor):
+        require_unhooked(model)
+        self.model, self.tokens = model, tokens
+        self.clean, self.states = clean_states(model, tokens)
+        record_path(model, "last_position")
+        self.rope = _rope(model, tokens.shape[1] - 1, self.states[0].attn_in)
+
+    def variants(self, layer: int, n_variants: int, fwd_hooks: Sequence[tuple]) -> Tensor:
+        """``[n, V, vocab]``: the final position from ``layer`` on, ``V = n_variants`` copies of each
+        prompt, the ``hook_z`` hooks ``fwd_hooks`` attached (they tell the variants apart)."""
+        for name, _ in fwd_hooks:
+            if not (isinstance(name, str) and Z_HOOK.fullmatch(name) and int(name.split(".")[1]) >= layer):
+                raise UserInputError(f"the last-position engine runs hook_z hooks of layers >= {layer} only; "
+                                     f"got {name!r}")
+        model, V = self.model, n_variants
+        n = self.tokens.shape[0]
+        token = self.tokens[:, -1:].repeat_interleave(V, 0)  # row r: prompt r // V, variant r % V
+        streams = self.states[layer].resid_pre.repeat_interleave(V, 0)
+        with model.hooks(fwd_hooks=list(fwd_hooks)):  # hook_z fires inside block_forward_last
+            for later in range(layer, model.cfg.n_layers):
+                state = self.states[later] if V == 1 else self.states[later].repeat(V)
+                streams = block_forward_last(model.blocks[later], state, streams, token, self.rope)
+        record_path(model, "last_position")
+        return logits_last(model, streams)[:, 0].reshape(n, V, -1)
+
+
+def last_position_engine(model, tokens: Tensor) -> DeepseekV4Engine:
+    """DeepSeek-V4's engine over ``tokens`` (cut after the answer position); refuses while a hook is
+    attached or where the model has none (offloaded layers)."""
+    if not phase_model(model).has_fast_ablation:
+        raise UserInputError(f"{type(model).__name__} has no last-position engine here (PhaseModel.has_fast_ablation "
+                             "is False: offloaded layers)")
+    return DeepseekV4Engine(model, tokens)
+
