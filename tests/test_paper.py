@@ -250,6 +250,12 @@ def test_compare_of_published_results_with_each_other():
     k = pi.paper.compare(pi.paper.knockout("kvc_w8s8_1kv_baseline_seed43"), "kvc_w8s8_1kv_baseline")
     assert k.kind == "knockout" and len(k.to_frame()) == 2 and k.plot().data
     assert k.to_frame().specialized_units.iloc[1] >= 3  # layers 9, 10, 14 of the baseline serve 1..3 phases
+    # the map behind the counts: per (unit, phase) whether it hurts, per unit whether it is specialized
+    baseline = k.detail[k.detail.model == k.to_frame().model.iloc[1]]
+    units = baseline[baseline.specialized & baseline.hurt].groupby("layer").phase.apply(list).to_dict()
+    assert {9: [5, 6], 10: [3, 4], 14: [1, 2]}.items() <= units.items()
+    assert len(units) == k.to_frame().specialized_units.iloc[1]
+    assert (baseline.hurt == (baseline.relative_change <= -50)).all()
     c = pi.paper.compare(pi.paper.cycling("kvc_w8s8_1kv_baseline_seed43"), "kvc_w8s8_1kv_baseline")
     table = c.to_frame()
     assert c.kind == "cycling" and table.paper_r2_min.iloc[1] == pytest.approx(

@@ -33,7 +33,9 @@ def compare(result, run: str, padding: Optional[str] = None) -> PaperComparison:
     - an `AblationResult` beside the run's published knockout map: both maps folded the paper's way (the
       mean of each phase's residues' relative changes) to the common fold; a unit is specialized when it
       costs at least half of the accuracy (relative change <= -50%) on 1..3 adjacent phases and on no
-      other (the threshold alone on both sides: a published map has no prompts to test);
+      other (the threshold alone on both sides: a published map has no prompts to test); ``detail`` has one
+      row per (model, layer, kv_head, phase) with its ``relative_change``, ``hurt`` (<= -50%) and the unit's
+      ``specialized``;
     - a `CyclingResult` (or a `PaperCycling`) beside a published gate-cycling run: the paper's R²
       (squared correlation without the last phase) per shift for both, and the toolkit's stricter R².
     """
@@ -245,18 +247,17 @@ def _phase_map(result: AblationResult, modulus: int, fold: int) -> np.ndarray:
     return stats.fold_residues(residue, fold)
 
 
-def _specialized(phase_map: np.ndarray) -> tuple[int, list[int]]:
-    count, covered = 0, set()
-    for row in phase_map:
+def _specialized(phase_map: np.ndarray) -> np.ndarray:
+    """``[unit]``: True where the unit hurts (relative change <= `SPECIALIZED`) 1..3 adjacent phases and no other."""
+    flags = np.zeros(len(phase_map), dtype=bool)
+    for u, row in enumerate(phase_map):
         hurt = np.nan_to_num(row, nan=0.0) <= SPECIALIZED
         k = int(hurt.sum())
         if 1 <= k <= 3 and k < len(row):
-            idx = np.flatnonzero(hurt)
+            idx = set(np.flatnonzero(hurt).tolist())
             # adjacent on the circle: the k hurt phases fit in a window of k consecutive phases
-            if any(set((start + j) % len(row) for j in range(k)) == set(idx) for start in range(len(row))):
-                count += 1
-                covered.update(int(i) for i in idx)
-    return count, sorted(covered)
+            flags[u] = any(set((start + j) % len(row) for j in range(k)) == idx for start in range(len(row)))
+    return flags
 
 
 def _knockouts(mine: AblationResult, run: str, padding: Optional[str]) -> PaperComparison:
@@ -271,7 +272,10 @@ def _knockouts(mine: AblationResult, run: str, padding: Optional[str]) -> PaperC
     rows, detail = [], []
     for result in (mine, theirs):
         phase_map = _phase_map(result, modulus, fold)
-        count, covered = _specialized(phase_map)
+        specialized = _specialized(phase_map)
+        hurt = np.nan_to_num(phase_map, nan=0.0) <= SPECIALIZED
+        count = int(specialized.sum())
+        covered = sorted(set(np.flatnonzero(hurt[specialized].any(0)).tolist()))
         rows.append(dict(model=result.model_label, source="published" if result.published else "measured",
                          stride=result.stride, residues=result.residue_modulus, units=len(result.units),
                          specialized_units=count, specialized_share=count / max(len(result.units), 1),
@@ -281,7 +285,8 @@ def _knockouts(mine: AblationResult, run: str, padding: Optional[str]) -> PaperC
         for u, unit in enumerate(result.units.itertuples()):
             for g in range(fold):
                 detail.append(dict(model=result.model_label, layer=int(unit.layer), kv_head=int(unit.kv_head), phase=g,
-                                   relative_change=float(phase_map[u, g])))
+                                   relative_change=float(phase_map[u, g]), hurt=bool(hurt[u, g]),
+                                   specialized=bool(specialized[u])))
     notes = [f"a unit is specialized when its knockout costs >= {-SPECIALIZED:.0f}% of the accuracy on 1..3 adjacent "
              "phases and no other (threshold alone on both sides: the published map has no prompts to test)"]
     return PaperComparison(kind="knockout", model_label=mine.model_label, run=run_id,
