@@ -26,13 +26,14 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import difflib
 import functools
 import inspect
 import numbers
 import os
 import re
 import sys
-from typing import Any, Callable, ClassVar, TypeVar, Union
+from typing import Any, Callable, ClassVar, Iterable, TypeVar, Union
 
 from phaseinterp.errors import UserInputError
 
@@ -93,6 +94,45 @@ def check_query_chunk(query_chunk: Any) -> Any:
     if isinstance(query_chunk, bool) or not isinstance(query_chunk, numbers.Integral) or query_chunk < 1:
         raise UserInputError(f"query_chunk={query_chunk!r} must be 'auto', None (no chunking) or an integer >= 1")
     return int(query_chunk)
+
+
+def closest_names(value: str, choices: Iterable[str], n: int = 3, cutoff: float = 0.6) -> list[str]:
+    """The up to ``n`` of ``choices`` nearest ``value`` (difflib, case-insensitive), nearest first."""
+    by_lower: dict[str, str] = {}
+    for choice in choices:
+        by_lower.setdefault(str(choice).lower(), str(choice))
+    return [by_lower[c] for c in difflib.get_close_matches(str(value).lower(), list(by_lower), n=n, cutoff=cutoff)]
+
+
+def check_name(name: str, value: Any, choices: Iterable[Any], *, what: str = "", shown: str | None = None,
+               where: str = "", listed: int = 12, n_close: int = 1, cutoff: float = 0.6) -> Any:
+    """``value`` if it is one of ``choices``; else a `UserInputError` naming it and the valid choices, with
+    the nearest ones (``did you mean 'phase'?``). The one door for every argument that names something
+    that exists or not: hook points, zoo names, presets, an engine's served model names, table columns
+    and levels (``to_frame(level=)``, ``metric=``), a result's settings.
+
+    The message reads ``{shown} is not one of ('a', 'b'); did you mean 'a'?`` (``shown`` defaults to
+    ``name=value``); with more than ``listed`` choices, ``{shown} is not {what} (N names, e.g. a, b, c;
+    {where})``, so a model's hundreds of hook points are counted, not pasted. ``n_close`` > 1 lists that
+    many near names (``closest: a, b``)."""
+    choices = list(choices)
+    label = shown if shown is not None else f"{name}={value!r}"
+    try:
+        if value in choices:
+            return value
+    except TypeError:  # an unhashable or incomparable value is no name
+        pass
+    if len(choices) <= listed:
+        valid = f"one of {tuple(choices)!r}"
+    else:
+        examples = ", ".join(str(c) for c in choices[:3])
+        valid = f"{what or 'a valid name'} ({len(choices)} names, e.g. {examples}{'; ' + where if where else ''})"
+    close = closest_names(value, [str(c) for c in choices], n=n_close, cutoff=cutoff) if isinstance(value, str) else []
+    if n_close > 1 and close:
+        hint = f"; closest: {', '.join(close)}"
+    else:
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise UserInputError(f"{label} is not {valid}{hint}")
 
 
 def _spans(values: list[int]) -> str:

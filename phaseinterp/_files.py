@@ -16,7 +16,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from phaseinterp._checks import env_flag
-from phaseinterp.errors import UserInputError
+from phaseinterp.errors import MissingPathError, UserInputError
 
 
 def current_umask() -> int:
@@ -130,6 +130,83 @@ def check_output_dir(path: Union[str, os.PathLike], name: str = "output director
         raise UserInputError(f"{name}={str(path)!r} is not writable: a folder cannot be made in {str(probe)!r} "
                              f"({err.strerror})") from None
     return path
+
+
+def shown_path(name: str, given: Any) -> str:
+    """``name='~/x' (= '/home/me/x')``: the argument, the path as the user gave it and, where ``~`` was
+    expanded, the path it stands for."""
+    text = os.fspath(given) if isinstance(given, (str, os.PathLike)) else str(given)
+    expanded = os.path.expanduser(text)
+    return f"{name}={text!r}" + (f" (= {expanded!r})" if expanded != text else "")
+
+
+# What `check_read_path` expects at a path: a folder, a file, or either.
+READ_EXPECTS = ("folder", "file", "any")
+
+
+def _unreadable(path: Path, folder: bool) -> Optional[str]:
+    """Why ``path`` cannot be read (None when it can): the permission bits (``os.access``), then an actual
+    listing or opening, which also catches what the bits do not say (ACLs, a mount)."""
+    if not os.access(path, os.R_OK | (os.X_OK if folder else 0)):
+        return "permission denied"
+    try:
+        if folder:
+            with os.scandir(path) as entries:
+                next(entries, None)
+        else:
+            with open(path, "rb"):
+                pass
+    except OSError as err:
+        return err.strerror or type(err).__name__
+    return None
+
+
+def check_read_path(path: Any, what: str, *, name: str = "path", expect: str = "folder") -> Path:
+    """The one rule for every reader: ``path`` (the user's argument ``name``; ``what`` it should be, e.g.
+    ``"a saved PhaseProfile folder (meta.json + arrays.npz)"``) as a Path, ``~`` expanded, when there is
+    something readable of the kind ``expect`` (`READ_EXPECTS`: ``"folder"``, ``"file"`` or ``"any"``).
+    A link is followed. Otherwise one error naming the argument, the path as given and as expanded, and
+    the case, before anything is read:
+
+    - not a path (a number, bytes, an empty string, a NUL byte): `UserInputError`;
+    - nothing there: `MissingPathError` ("does not exist"), also for a dangling link ("is a link to
+      '...', which does not exist");
+    - a file where a folder is expected, or a folder where a file is ("is a file, not a folder");
+    - an empty folder ("is an empty folder");
+    - unreadable ("cannot be read: permission denied").
+
+    What the folder or file holds is the reader's own check, after this one ("no config.json in it").
+    Readers that use it (``tests/test_bad_inputs_fuzz.py::READERS`` walks each with every case): `phaseinterp.load`
+    and `models.loading.check_source` (MODEL, ``--twin``), `Result.load` (every result, ``cycle --baseline``),
+    `train.tokenizer.TextTokenizer` (``pretrain --tokenizer``), `train.corpus.source_files` (``--data`` of
+    ``pretrain`` and ``tokenizer train``), `engines.lm_eval.find_samples` (`profile_from_lm_eval`),
+    `parallel.merge` (``merge DIR``), `train.pretrain.load_snapshot`, `engines.LlamaCppEngine` (``gguf_path``),
+    and on the command line ``pretrain --config``, ``memory-plan CONFIG``, ``check-report DIR``, ``screenshot
+    DIR`` and ``profile --engine --tokenizer DIR``."""
+    if expect not in READ_EXPECTS:
+        raise ValueError(f"internal: expect={expect!r} is not one of {READ_EXPECTS}")
+    if not is_path(path):
+        raise UserInputError(f"{name}={path!r} is not a path (a non-empty str or pathlib.Path without NUL); "
+                             f"expected {what}")
+    expanded = Path(expand_user(path))
+    shown = shown_path(name, path)
+    if expanded.is_symlink() and not expanded.exists():
+        raise MissingPathError(f"{shown} is a link to {os.readlink(expanded)!r}, which does not exist (a dangling "
+                               f"link); expected {what}")
+    if not expanded.exists():
+        where = "" if os.path.lexists(expanded.parent) else f" (nor does its folder {str(expanded.parent)!r})"
+        raise MissingPathError(f"{shown} does not exist{where}; expected {what}")
+    folder = expanded.is_dir()
+    if expect == "folder" and not folder:
+        raise UserInputError(f"{shown} is a file, not a folder; expected {what}")
+    if expect == "file" and folder:
+        raise UserInputError(f"{shown} is a folder, not a file; expected {what}")
+    why = _unreadable(expanded, folder)
+    if why is not None:
+        raise UserInputError(f"{shown} cannot be read ({why}); expected {what}")
+    if folder and not any(True for _ in expanded.iterdir()):
+        raise UserInputError(f"{shown} is an empty folder; expected {what}")
+    return expanded
 
 
 def check_path_roles(outputs: dict[str, Any], inputs: Optional[dict[str, Any]] = None) -> None:

@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from phaseinterp._checks import check_int
+from phaseinterp._checks import check_int, check_name
 from phaseinterp.errors import UserInputError
 
 COMPRESSION_KERNELS = ("gated", "deepseek")
@@ -273,8 +273,7 @@ def preset(name: str, **overrides: Any) -> CompressedConfig:
     (``window``, ``stride``, ``n_kv_heads``, ``gate``, ``gate_bias``, ``payload``, ``positional``,
     ``memory``, ``local_window``, ``window_offsets``) or ``compression=None`` for the full twin.
     Unknown names and fields are refused, naming the valid ones."""
-    if name not in PRESETS:
-        raise UserInputError(f"preset={name!r} is not one of {sorted(PRESETS)}")
+    check_name("preset", name, sorted(PRESETS))
     known = {f.name for f in dataclasses.fields(CompressedConfig)} - {"device"}
     unknown = sorted(set(overrides) - known)
     if unknown:

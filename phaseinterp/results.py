@@ -39,7 +39,8 @@ import pandas as pd
 from jaxtyping import AbstractArray
 
 from phaseinterp.errors import MissingPathError, UserInputError
-from phaseinterp._files import RESULT_KIND, atomic_write, check_write_target, saved_kind, write_dir_atomically
+from phaseinterp._files import (RESULT_KIND, atomic_write, check_read_path, check_write_target, saved_kind,
+                                write_dir_atomically)
 
 FORMAT = 1
 META_FILE = "meta.json"
@@ -199,20 +200,11 @@ class Result:
     def load(cls, directory: Union[str, os.PathLike]):
         """Read a folder written by ``save``; raises FileNotFoundError when a file is missing and
         ValueError when it is truncated, corrupt or holds another kind of result."""
-        from phaseinterp._files import expand_user, is_path
-
-        if not is_path(directory):
-            raise UserInputError(f"directory={directory!r} is not a path to a saved {cls.__name__} folder")
-        directory = Path(expand_user(directory))
-        if not directory.exists():
-            raise MissingPathError(f"directory={str(directory)!r} does not exist (expected a saved {cls.__name__} "
-                                    f"folder: {META_FILE} + {ARRAYS_FILE})")
-        if not directory.is_dir():
-            raise UserInputError(f"directory={str(directory)!r} is a file; a saved {cls.__name__} is a folder "
-                                 f"({META_FILE} + {ARRAYS_FILE})")
+        directory = check_read_path(directory, f"a saved {cls.__name__} folder ({META_FILE} + {ARRAYS_FILE})",
+                                    name="directory")
         for name in (META_FILE, ARRAYS_FILE):
             if not (directory / name).is_file():
-                held = saved_kind(directory) or "nothing (an empty folder)"
+                held = saved_kind(directory)
                 raise MissingPathError(f"{directory / name} does not exist: {str(directory)!r} holds {held}, not a saved "
                                        f"{cls.__name__} (written by its .save(dir))")
         try:

@@ -256,7 +256,7 @@ def _needs_cases():
     for command, needs in FLAG_NEEDS.items():
         for dest, alternatives in needs.items():
             argv = [command, *POSITIONAL.get(command, ["w4s4"]), *_written(command, dest)]
-            if command == "cycle" and dest == "branch":
+            if command == "cycle" and dest in ("branch", "baseline"):
                 argv += ["--score", "unit", "--layer", "0"]
             if command == "conformance" and dest == "dtypes":
                 argv += ["--modes", "decode"]
@@ -362,6 +362,134 @@ def test_a_shift_that_moves_nothing_is_refused(shift, w4s4):
     _refused_naming(lambda: pi.gate_cycling_profile(w4s4, shifts=[shift]), "shift", "shifts")
 
 
+SERVED = ("w4s4-served", "qwen3-0.6b-kv")  # the stand-in server's models
+
+
+@pytest.fixture(scope="module")
+def served():
+    """A stand-in OpenAI-compatible server: ``GET /v1/models`` lists `SERVED`; every completion is refused
+    with HTTP 404 (as vLLM answers a model it does not serve). ``posts`` counts the completions asked."""
+    import http.server
+    import json
+    import threading
+    from types import SimpleNamespace
+
+    posts = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def _answer(self, code, body):
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):  # noqa: N802 - the stdlib's name
+            if self.path.rstrip("/") == "/v1/models":
+                self._answer(200, {"object": "list", "data": [{"id": m, "object": "model"} for m in SERVED]})
+            else:
+                self._answer(404, {"error": "no such path"})
+
+        def do_POST(self):  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            posts.append(self.path)
+            self._answer(404, {"error": {"message": "The model does not exist.", "type": "NotFoundError"}})
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield SimpleNamespace(url=f"http://127.0.0.1:{server.server_address[1]}", posts=posts)
+    server.shutdown()
+    server.server_close()
+
+
+@FAST
+@given(data=st.data())
+def test_a_near_miss_engine_model_name_is_refused_listing_the_served_ones(data, served, capsys):
+    """``--model-name`` / ``OpenAIEngine(model=)`` resolved against the names the server lists (GET /v1/models)
+    by the shared name door: before any prompt on the command line, and on the first refused request in Python."""
+    import torch
+
+    from phaseinterp.engines import OpenAIEngine
+
+    name = data.draw(st.sampled_from(_mutations(data.draw(st.sampled_from(SERVED)))))
+    where = data.draw(st.sampled_from(["check_model_name", "a request", "CLI"]))
+    listed = f"is not one of {SERVED!r}"
+    if where == "CLI":
+        before = len(served.posts)
+        started = time.monotonic()
+        code = main(["profile", "w4s4", "--engine", served.url, "--model-name", name, "--n-per-residue", "72"])
+        err = capsys.readouterr().err
+        assert code == 2 and f"--model-name={name!r} {listed}" in err, err
+        assert len(served.posts) == before and time.monotonic() - started < BUDGET_S  # no prompt was sent
+    else:
+        engine = OpenAIEngine(served.url, name, d_vocab=64, timeout=5)
+        call = engine.check_model_name if where == "check_model_name" else \
+            (lambda: engine(torch.zeros(1, 4, dtype=torch.long)))
+        _refused_naming(call, f"model={name!r} {listed}", f"engine model names ({where})")
+        return
+    COUNTS["names x cases: engine model names (CLI)"] += 1
+
+
+def test_a_served_model_name_is_accepted_and_a_near_miss_suggests_it(served):
+    from phaseinterp.engines import OpenAIEngine
+
+    OpenAIEngine(served.url, "w4s4-served", d_vocab=64).check_model_name()  # listed: accepted
+    with as_user(), pytest.raises(UserInputError, match=r"model='w4s4-servd' is not one of .*; did you mean "
+                                                        r"'w4s4-served'\?"):
+        OpenAIEngine(served.url, "w4s4-servd", d_vocab=64).check_model_name()
+    with as_user(), pytest.raises(UserInputError, match=r"model='' must be the served model's name"):
+        OpenAIEngine(served.url, "", d_vocab=64)
+
+
+def _column_doors():
+    """Every argument that names a column or a level of a result's table, with its valid names: (call with
+    the name, the argument, the valid names)."""
+    import pandas as pd
+
+    from phaseinterp.engines.result import ConformanceResult
+    from phaseinterp.interventions.indexer import RATES, IndexerPhaseResult
+    from phaseinterp.plot.mechanisms import specialization_heatmap
+
+    knockout = pi.paper.knockout("kvc_w8s8_1kv_baseline")
+    indexer = IndexerPhaseResult(records=pd.DataFrame(), stride=4, residue_modulus=8, top_k=8)
+    conformance = ConformanceResult(**{f.name: None for f in dataclasses.fields(ConformanceResult)
+                                       if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+                                    | {"settings": ("decode", "chunked_prefill", "bfloat16")})
+    return [
+        (lambda v: knockout.to_frame(level=v), "level", ("phase", "residue")),
+        (lambda v: indexer.to_frame(level=v), "level", ("phase", "residue")),
+        (lambda v: indexer.to_frame(metric=v), "metric", RATES),
+        (lambda v: indexer.plot(metric=v), "metric", RATES),
+        (lambda v: specialization_heatmap(knockout, level=v), "level", ("phase", "residue")),
+        (lambda v: specialization_heatmap(knockout, value=v), "value", ("auto", "pp", "relative")),
+        (lambda v: conformance.failing_phases(v), "setting", ("decode", "chunked_prefill", "bfloat16")),
+        (lambda v: conformance.failing_phases("decode", kind=v), "kind", ("answer", "cut")),
+    ]
+
+
+@FAST
+@given(data=st.data())
+def test_a_near_miss_column_or_level_is_refused_listing_the_valid_ones(data):
+    doors = _column_doors()
+    index = data.draw(st.integers(0, len(doors) - 1))
+    call, argument, valid = doors[index]
+    name = data.draw(st.sampled_from(_mutations(data.draw(st.sampled_from(valid)))))
+    if name in valid:
+        return
+    _refused_naming(lambda: call(name), f"{argument}={name!r} is not one of {tuple(valid)!r}", "columns and levels")
+
+
+def test_a_misspelt_column_suggests_the_nearest():
+    call, _, _ = _column_doors()[0]
+    with as_user(), pytest.raises(UserInputError, match=r"level='phsae' is not one of \('phase', 'residue'\); did you "
+                                                        r"mean 'phase'\?"):
+        call("phsae")
+
+
 # ------------------------------------------------------------------ paths at one door
 PATH_CASES = ["missing", "tilde", "file", "empty folder", "non-empty folder", "same kind", "same kind, overwrite",
               "link to folder", "dangling link", "below a file", "inside another output", "same as an input"]
@@ -455,6 +583,135 @@ def test_every_path_case_of_a_command(case, tmp_path, capsys, monkeypatch):
         assert code == 2 and refusal.split(" (")[0] in err, err
         COUNTS["paths x cases (CLI): exit 2"] += 1
     assert time.monotonic() - started < BUDGET_S
+
+
+# ------------------------------------------------------------------ input paths at the readers' door
+def _py(reader):
+    """A Python reader called with the path, as a user calls it."""
+    def call(path, tmp):
+        with as_user():
+            reader(path, tmp)
+    return call
+
+
+def _reader_calls():
+    from phaseinterp.engines import LlamaCppEngine
+    from phaseinterp.parallel import merge
+    from phaseinterp.train.corpus import source_files
+    from phaseinterp.train.pretrain import load_snapshot
+    from phaseinterp.train.tokenizer import TextTokenizer, train_tokenizer
+
+    load = pi.load  # taken before the test replaces the command line's loader
+    return {
+        "phaseinterp.load": (_py(lambda p, t: load(p)), "model", "folder"),
+        "PhaseProfile.load": (_py(lambda p, t: pi.PhaseProfile.load(p)), "directory", "folder"),
+        "TextTokenizer": (_py(lambda p, t: TextTokenizer(p)), "tokenizer", "folder"),
+        "source_files": (_py(lambda p, t: source_files(p)), "data", "any"),
+        "train_tokenizer": (_py(lambda p, t: train_tokenizer(p, 300, t / "tok-out", progress=False)), "data", "any"),
+        "profile_from_lm_eval": (_py(lambda p, t: pi.profile_from_lm_eval(p)), "output_dir", "any"),
+        "merge": (_py(lambda p, t: merge(p)), "directory", "folder"),
+        "load_snapshot": (_py(lambda p, t: load_snapshot(p)), "run_dir", "folder"),
+        "LlamaCppEngine": (_py(lambda p, t: LlamaCppEngine(p)), "gguf_path", "file"),
+        # the command line: exit 2, the flag named
+        "MODEL": (["profile", "{p}"], "MODEL", "folder"),
+        "--twin": (["report", "w4s4", "--twin", "{p}", "--out", "{t}/r"], "--twin", "folder"),
+        "--baseline": (["cycle", "w4s4", "--baseline", "{p}"], "--baseline", "folder"),
+        "merge DIR": (["merge", "{p}"], "DIR", "folder"),
+        "check-report DIR": (["check-report", "{p}"], "DIR", "any"),
+        "screenshot DIR": (["screenshot", "{p}", "{t}/shot.png"], "DIR", "any"),
+        "pretrain --data": (["pretrain", "--preset", "tiny", "--data", "{p}", "--out", "{t}/run"], "--data", "any"),
+        "pretrain --tokenizer": (["pretrain", "--preset", "tiny", "--tokenizer", "{p}", "--plan"], "--tokenizer",
+                                 "folder"),
+        "pretrain --config": (["pretrain", "--preset", "tiny", "--config", "{p}", "--plan"], "--config", "file"),
+        "tokenizer train --data": (["tokenizer", "train", "--data", "{p}", "--vocab-size", "300", "--out", "{t}/tok"],
+                                   "--data", "any"),
+        "memory-plan CONFIG": (["memory-plan", "{p}"], "CONFIG", "any"),
+        "profile --engine --tokenizer": (["profile", "--engine", "http://127.0.0.1:9", "--model-name", "m",
+                                          "--tokenizer", "{p}", "--stride", "4"], "--tokenizer", "folder"),
+    }
+
+
+READERS = list(_reader_calls())
+# Each path case: (what applies to: expected kinds, the words of the refusal).
+READ_CASES = {
+    "missing": (("folder", "file", "any"), "does not exist"),
+    "~ missing": (("folder", "file", "any"), "does not exist"),
+    "below a missing folder": (("folder", "file", "any"), "does not exist (nor does its folder"),
+    "dangling link": (("folder", "file", "any"), "dangling link"),
+    "file for a folder": (("folder",), "is a file, not a folder"),
+    "folder for a file": (("file",), "is a folder, not a file"),
+    "empty folder": (("folder", "any"), "is an empty folder"),
+    "unreadable": (("folder", "file", "any"), "cannot be read (permission denied)"),
+    "not a path": (("folder", "file", "any"), "is not a"),
+}
+
+
+def _read_case(case: str, expect: str, tmp: Path, monkeypatch):
+    """(the path to pass, the path as the message must show it)."""
+    if case == "missing":
+        return tmp / "nope", repr(str(tmp / "nope"))
+    if case == "~ missing":
+        monkeypatch.setenv("HOME", str(tmp))
+        return "~/nope", f"'~/nope' (= {str(tmp / 'nope')!r})"
+    if case == "below a missing folder":
+        return tmp / "no" / "nope", repr(str(tmp / "no" / "nope"))
+    if case == "dangling link":
+        (tmp / "link").symlink_to(tmp / "gone")
+        return tmp / "link", repr(str(tmp / "link"))
+    if case == "file for a folder":
+        (tmp / "f.txt").write_text("text")
+        return tmp / "f.txt", repr(str(tmp / "f.txt"))
+    if case in ("folder for a file", "empty folder"):
+        (tmp / "d").mkdir()
+        if case == "folder for a file":
+            (tmp / "d" / "x.txt").write_text("x")
+        return tmp / "d", repr(str(tmp / "d"))
+    if case == "unreadable":
+        target = tmp / ("u.gguf" if expect == "file" else "u")
+        if expect == "file":
+            target.write_text("x")
+        else:
+            target.mkdir()
+            (target / "x.txt").write_text("x")
+        if os.geteuid() == 0:  # root reads everything: the permission bits are what the door is told
+            real = os.access
+            monkeypatch.setattr(os, "access", lambda p, mode, **k: False if Path(p) == target else real(p, mode, **k))
+        else:
+            target.chmod(0)
+        return target, repr(str(target))
+    return "", "''"  # not a path (the command line's empty argument; Python's 3 below)
+
+
+@pytest.mark.parametrize("case", list(READ_CASES))
+@pytest.mark.parametrize("reader", READERS)
+def test_every_reader_judges_every_path_case_at_the_door(reader, case, tmp_path, capsys, monkeypatch):
+    """Each reader of a user's path (`phaseinterp._files.check_read_path`'s list) with each case: one
+    `UserInputError` (exit 2 on the command line) naming the argument, the path as given (and as
+    expanded, for ``~``) and the case, before anything is read or loaded."""
+    call, name, expect = _reader_calls()[reader]
+    applies, words = READ_CASES[case]
+    if expect not in applies:
+        pytest.skip(f"{case} is not a case of a reader that takes {expect}")
+    from phaseinterp.cli import commands
+
+    monkeypatch.setattr(commands.loading, "load", lambda *a, **k: pytest.fail("the model loaded"))
+    (tmp_path / "w").mkdir()
+    path, shown = _read_case(case, expect, tmp_path / "w", monkeypatch)
+    started = time.monotonic()
+    if callable(call):
+        with pytest.raises(UserInputError) as err:
+            call(3 if case == "not a path" else path, tmp_path)
+        message = str(err.value)
+        if case == "not a path":
+            shown = "3"
+    else:
+        code = main([a.replace("{p}", str(path)).replace("{t}", str(tmp_path)) for a in call])
+        message = capsys.readouterr().err
+        assert code == 2, message
+    assert f"{name}={shown}" in message and words in message, message
+    assert "\n" not in message.strip() and "Traceback" not in message
+    assert time.monotonic() - started < BUDGET_S
+    COUNTS[f"paths x cases (readers): refused ({'CLI' if not callable(call) else 'Python'})"] += 1
 
 
 def test_report_counts():

@@ -145,8 +145,8 @@ def test_help_does_not_import_torch_or_plotly():
     (["ablate", "{ckpt}", "--layer", "7"], "layer=7 is out of range for a 2-layer model (0..1)"),
     (["profile", "{ckpt}", "--n-per-residue", "0"], "0 must be >= 1"),
     (["cycle", "{ckpt}", "--branch", "q"], "invalid choice: 'q'"),
-    (["cycle", "{ckpt}", "--baseline", "no-such-profile"], "does not exist (expected a saved PhaseProfile"),
-    (["cycle", "{ckpt}", "--score", "unit", "--layer", "1", "--baseline", "p"], "--baseline is the unshifted row"),
+    (["cycle", "{ckpt}", "--baseline", "no-such-profile"], "--baseline='no-such-profile' does not exist; expected a profile folder"),
+    (["cycle", "{ckpt}", "--score", "unit", "--layer", "1", "--baseline", "p"], "--baseline applies to --score profile only"),
     (["zoo", "build", "nonexistent"], "unknown zoo model 'nonexistent'"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
 ])

@@ -361,7 +361,7 @@ def test_cli_profile_with_a_tokenizer_sends_the_ids_it_laid_out(w4s4, serve, tmp
     (["--engine", "http://127.0.0.1:9", "w4s4"], "--engine needs --model-name NAME"),
     (["--engine", "http://127.0.0.1:9", "--model-name", "m"], "pass exactly one"),
     (["--engine", "http://127.0.0.1:9", "--model-name", "m", "--tokenizer", "/nonexistent/tok", "--stride", "4"],
-     "--tokenizer '/nonexistent/tok' is not a directory"),
+     "--tokenizer='/nonexistent/tok' does not exist"),
     (["--engine", "http://127.0.0.1:9", "--model-name", "m", "--tokenizer", "/tmp"], "--tokenizer needs --stride S"),
     ([], "profile needs MODEL"),
 ])

@@ -35,14 +35,15 @@ FLAG_NEEDS: dict[str, dict[str, tuple[tuple[str, object], ...]]] = {
                 "timeout": _ENGINE, "tokenizer": _ENGINE, "seq_len": (("tokenizer", GIVEN),),
                 "chunk_size": (("shard_dir", GIVEN), ("engine", GIVEN)), **_WRITES, **_PAPER},
     "ablate": {"chunk_size": (("shard_dir", GIVEN),), **_WRITES, **_PAPER},
-    "cycle": {"measure": (("score", "unit"),), "branch": (("score", "profile"),), "chunk_size": (("shard_dir", GIVEN),),
-              **_WRITES, **_PAPER},
+    "cycle": {"measure": (("score", "unit"),), "branch": (("score", "profile"),), "baseline": (("score", "profile"),),
+              "chunk_size": (("shard_dir", GIVEN),), **_WRITES, **_PAPER},
     "gates": dict(_WRITES), "conformance": dict(_WRITES), "merge": dict(_WRITES), "paper": dict(_WRITES),
 }
 # Flags that do nothing beside another: flag dest -> (the other dest, why).
 FLAG_EXCLUDES: dict[str, dict[str, tuple[str, str]]] = {
     "profile": {"query_chunk": ("engine", "the served model runs its own attention"),
                 "device": ("engine", "the served model runs where it is served")},
+    "cycle": {"baseline": ("shard_dir", "a sharded run computes the unshifted row in its shards")},
     "paper": {"out": ("list", "--list prints the published runs and writes nothing"),
               "no_static": ("list", "--list prints the published runs and draws nothing")},
 }

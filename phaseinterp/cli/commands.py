@@ -22,7 +22,7 @@ from phaseinterp import parallel, zoo
 from phaseinterp import report as report_module
 from phaseinterp import train as training
 from phaseinterp._checks import check_device, parse_size
-from phaseinterp._files import check_output_dir, check_path_roles, check_write_target, expand_user
+from phaseinterp._files import check_output_dir, check_path_roles, check_read_path, check_write_target, expand_user
 from phaseinterp.cli.args import UsageError, axis_options, check_flag_needs
 from phaseinterp.cli.paper_run import BACKBONE as PAPER_BACKBONE
 from phaseinterp.cli.paper_run import default_paper_run, paper_run_settings
@@ -107,10 +107,53 @@ def _check_out(args) -> None:
             check_write_target(value, kind, overwrite=getattr(args, "overwrite", False), name=f"--{attr.replace('_', '-')}")
 
 
-def _check_model_name(name: str) -> None:
+def _check_model_name(name: str, flag: str = "MODEL") -> None:
     """A zoo name with a shipped checkpoint or a checkpoint folder of either family (`phaseinterp.load`);
-    checked before any work."""
-    check_source(name)
+    checked before any work (a path at the readers' door, named as ``flag``)."""
+    check_source(name, name=flag)
+
+
+# The paths each command reads besides MODEL (a zoo name or a folder: `check_source`), judged at the
+# readers' door (`phaseinterp._files.check_read_path`: missing, a file for a folder or the reverse, an
+# empty folder, a dangling link, unreadable) before any work: command -> {dest: (expect, what it must be)}.
+READ_PATHS: dict[str, dict[str, tuple[str, str]]] = {
+    "check-report": {"dir": ("any", "a report folder written by `phaseinterp demo` or `phaseinterp report` (or its "
+                                    "index.html)")},
+    "screenshot": {"dir": ("any", "a report folder written by `phaseinterp demo` or `phaseinterp report` (or its "
+                                  "index.html)")},
+    "merge": {"dir": ("folder", "the --shard-dir of a profile, ablate or cycle run (run.json + shards/)")},
+    "cycle": {"baseline": ("folder", "a profile folder written by `phaseinterp profile MODEL --out DIR`")},
+    "profile": {"tokenizer": ("folder", "a Hugging Face tokenizer folder (tokenizer.json or the files "
+                                        "save_pretrained writes)")},
+    "pretrain": {"config": ("file", 'a JSON file {"model": {...}, "train": {...}}'),
+                 "data": ("any", "a text, JSONL or parquet file, a folder of them, or a datasets folder"),
+                 "tokenizer": ("folder", "a tokenizer folder with tokenizer.json (`phaseinterp tokenizer train`)")},
+    "tokenizer": {"data": ("any", "a text, JSONL or parquet file, a folder of them, or a datasets folder")},
+    "memory-plan": {"config": ("any", "a DeepSeek-V4 config.json or a checkpoint folder holding one")},
+}
+
+
+def _read_flag(command: str, dest: str) -> str:
+    """How the user wrote the path argument ``dest``: DIR / CONFIG for positionals, else its flag."""
+    if dest == "dir" or (command == "memory-plan" and dest == "config"):
+        return dest.upper()
+    return f"--{dest.replace('_', '-')}"
+
+
+def _check_inputs(args) -> None:
+    """Every path a command reads, at the readers' door, before any work: `READ_PATHS`, and MODEL or
+    --twin where written as a path (a zoo name is checked by `check_source` in the command)."""
+    given = getattr(args, "as_given", {})
+    for dest, (expect, what) in READ_PATHS.get(args.command, {}).items():
+        if getattr(args, dest, None) is not None:
+            check_read_path(given.get(dest, getattr(args, dest)), what, name=_read_flag(args.command, dest),
+                            expect=expect)
+    for dest in ("model", "twin"):
+        value = given.get(dest)
+        if (args.command, dest) != ("demo", "model") and value is not None and value != "none" and loading.looks_like_path(value) \
+                and value not in zoo.available():
+            check_read_path(value, f"a checkpoint folder or a zoo name; accepted: {loading.ACCEPTED}",
+                            name="MODEL" if dest == "model" else "--twin")
 
 
 def _spec_type(args):
@@ -219,8 +262,10 @@ INPUT_PATHS = ("model", "twin", "dir", "baseline", "data", "tokenizer", "config"
 def _check_paths(args) -> None:
     """Every path argument read once: ``~`` expanded (``--out=~/x``: the shell leaves it after ``=``),
     then outputs that collide with each other or with an input refused (`check_path_roles`)."""
+    args.as_given = {}  # the paths as the user wrote them, for messages that show both (`check_read_path`)
     for attr in OUTPUT_PATHS + INPUT_PATHS:
         if isinstance(getattr(args, attr, None), str):
+            args.as_given[attr] = getattr(args, attr)
             setattr(args, attr, expand_user(getattr(args, attr)))
     flag = lambda attr: "DIR" if attr in ("dir", "runs") else ("MODEL" if attr == "model" else  # noqa: E731
                                                                   f"--{attr.replace('_', '-')}")
@@ -245,6 +290,7 @@ def run(args) -> int:
     _check_paths(args)
     _check_flags(args)
     _check_out(args)
+    _check_inputs(args)
     if getattr(args, "device", None) is not None:
         check_device(args.device)
     if args.command == "profile":
@@ -334,7 +380,7 @@ def _write_report(args) -> int:
     """The report of demo and report: their sections' options checked, then `build_report`."""
     twin = None if (args.twin in (None, "none")) else args.twin
     if twin is not None:
-        _check_model_name(twin)
+        _check_model_name(twin, "--twin")
         try:
             report_module.check_twin(args.model, twin)
         except ValueError as err:
@@ -658,10 +704,8 @@ def _pretrain_settings(args):
     """The architecture and recipe a `pretrain` command asks for: --config, then --set and the flags."""
     file = {}
     if args.config is not None:
-        try:
+        try:  # the readers' door has judged the path (`READ_PATHS`)
             file = json.loads(Path(args.config).read_text())
-        except FileNotFoundError:
-            raise UsageError(f"--config {args.config!r} does not exist") from None
         except (OSError, ValueError) as err:
             raise UsageError(f"--config {args.config!r} is not a readable JSON file ({err})") from None
         if not isinstance(file, dict) or set(file) - {"model", "train"}:
@@ -773,10 +817,11 @@ def _check_deepseek_v4_config(config: Optional[str]) -> None:
     model's config would otherwise be read as DeepSeek-V4's defaults plus unused fields."""
     if config is None:
         return
-    path = Path(config)
+    path = Path(config)  # the readers' door has judged it (`READ_PATHS`): a file, or a folder with something in it
     path = path / "config.json" if path.is_dir() else path
     if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist (pass a config.json or a checkpoint directory)")
+        raise UsageError(f"CONFIG={config!r} is a folder without config.json; pass a DeepSeek-V4 config.json or a "
+                         "checkpoint folder holding one")
     try:
         raw = json.loads(path.read_text())
     except (UnicodeDecodeError, json.JSONDecodeError) as err:

@@ -52,7 +52,8 @@ def served_profile(args) -> int:
     axis = axis_options(args)
     if args.shard_dir is not None:
         check_output_dir(args.shard_dir)
-    OpenAIEngine(args.engine, args.model_name, d_vocab=1)  # the URL, checked before anything loads
+    # the URL, then the model name among those the server lists (when it lists them), before anything loads
+    OpenAIEngine(args.engine, args.model_name, d_vocab=1).check_model_name(name="--model-name")
     tokenizer, label = None, args.label
     if args.tokenizer is not None:
         if args.stride is None:
@@ -67,7 +68,7 @@ def served_profile(args) -> int:
         task.placement(spec.n_per_residue, tokenizer, strict=True)
         d_vocab = args.d_vocab or len(tokenizer)
     else:
-        check_source(args.model)
+        check_source(args.model, name="MODEL")
         described = peek(args.model)
         if described is None:  # not readable from config.json alone: its config is read by loading it
             described = loading.load(args.model)

@@ -27,6 +27,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from phaseinterp._checks import check_int
+from phaseinterp._files import check_read_path
 from phaseinterp.engines.adapters import Schedule, _check_pieces, check_warm_rows
 from phaseinterp.errors import UserInputError
 
@@ -200,10 +201,8 @@ class LlamaCppEngine:
                  schedule: Optional[Schedule] = None, cache_type: str = "f16", n_threads: Optional[int] = None,
                  flash_attn: bool = False, reuse: str = "checkpoint", name: Optional[str] = None,
                  backend: str = "auto", library_dir: Union[str, Path, None] = None, verbose: bool = False):
-        path = Path(gguf_path)
-        if not path.is_file():
-            raise UserInputError(f"gguf_path={str(gguf_path)!r} does not exist or is not a file (a GGUF model, "
-                                 "e.g. the output of llama.cpp's convert_hf_to_gguf.py)")
+        path = check_read_path(gguf_path, "a GGUF model file (e.g. the output of llama.cpp's convert_hf_to_gguf.py)",
+                               name="gguf_path", expect="file")
         check_int("n_ctx", n_ctx, 1)
         n_batch = n_ctx if n_batch is None else n_batch
         check_int("n_batch", n_batch, 1)

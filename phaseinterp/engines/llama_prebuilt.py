@@ -35,6 +35,7 @@ import shutil
 import struct
 import subprocess
 import sys
+from phaseinterp._files import check_read_path
 from phaseinterp.errors import UserInputError
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -484,9 +485,7 @@ class PrebuiltLlama:
     def __init__(self, gguf_path: Union[str, Path], *, n_ctx: int, n_batch: int, n_ubatch: Optional[int] = None,
                  cache_type: str = "f16", n_threads: Optional[int] = None, flash_attn: bool = False,
                  library_dir: Union[str, Path, None] = None, verbose: bool = False):
-        path = Path(gguf_path)
-        if not path.is_file():
-            raise FileNotFoundError(f"gguf_path={str(gguf_path)!r} does not exist or is not a file")
+        path = check_read_path(gguf_path, "a GGUF model file", name="gguf_path", expect="file")
         if cache_type not in GGML_TYPES:
             raise UserInputError(f"cache_type={cache_type!r} is not supported (valid: {', '.join(GGML_TYPES)})")
         n_ubatch = n_batch if n_ubatch is None else n_ubatch

@@ -24,8 +24,8 @@ import pandas as pd
 
 from phaseinterp import __version__
 from phaseinterp._checks import DEFAULT_N_PER_RESIDUE, check_int, check_n_per_residue
-from phaseinterp._files import atomic_write_text, check_write_target, expand_user, is_path, write_dir_atomically
-from phaseinterp.errors import MissingPathError, UserInputError
+from phaseinterp._files import atomic_write_text, check_read_path, check_write_target, write_dir_atomically
+from phaseinterp.errors import UserInputError
 from phaseinterp.models import loading
 from phaseinterp.models.loading import check_source, peek
 from phaseinterp.phase import check_residue_modulus
@@ -199,11 +199,8 @@ def find_samples(path: Union[str, os.PathLike], *, task_name: Optional[str] = No
     of a phaseinterp task under ``path`` (or ``path`` itself, a samples file). ``task_name``: the task
     expected (default: the one phaseinterp task found). A missing path, a folder without samples, samples
     of other tasks only, or several files that fit are each a `UserInputError` in one line."""
-    if not is_path(path):
-        raise UserInputError(f"output_dir={path!r} must be a path: lm-eval's --output_path folder")
-    path = Path(expand_user(path))
-    if not path.exists():
-        raise MissingPathError(f"output_dir={str(path)!r} does not exist; pass lm-eval's --output_path folder")
+    path = check_read_path(path, "lm-eval's --output_path folder (or one samples_<task>_<date>.jsonl file in it)",
+                           name="output_dir", expect="any")
     if path.is_file():
         files = [path]
     else:

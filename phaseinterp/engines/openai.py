@@ -41,7 +41,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from phaseinterp._checks import check_int
+from phaseinterp._checks import check_int, check_name
 from phaseinterp.engines.adapters import check_warm_rows
 from phaseinterp.engines.answers import NORMALIZATION_SLACK, check_logprob_rows
 from phaseinterp.errors import EngineError, UserInputError
@@ -85,10 +85,13 @@ class OpenAIEngine:
         if not parts.hostname or parts.query or parts.fragment:
             raise UserInputError(f"base_url={base_url!r} must be http(s)://HOST[:PORT][/PATH] with a host and no "
                                  "query or fragment, e.g. http://localhost:8000")
+        if not isinstance(model, str) or not model.strip():
+            raise UserInputError(f"model={model!r} must be the served model's name (a non-empty str: its /v1/models id)")
         d_vocab = check_int("d_vocab", d_vocab, 1)
         top_logprobs = check_int("top_logprobs", top_logprobs, 1)
         base = base_url.rstrip("/")
         self.url = base + ("/completions" if base.endswith("/v1") else "/v1/completions")
+        self.models_url = base + ("/models" if base.endswith("/v1") else "/v1/models")
         self.model, self.d_vocab, self.top_logprobs = model, d_vocab, top_logprobs
         self.token_to_id, self.headers, self.timeout = token_to_id, dict(headers or {}), timeout
         self.name = name or f"openai:{model}"
@@ -111,6 +114,10 @@ class OpenAIEngine:
                     f"Server said: {detail}") from None
             if err.code in RETRYABLE_HTTP:
                 raise EngineError(detail) from None
+            try:  # a name the server does not serve is named with those it does
+                self.check_model_name()
+            except UserInputError as refused:
+                raise UserInputError(f"{refused} ({self.url} answered HTTP {err.code})") from None
             raise UserInputError(f"{detail} (check the URL and the model name {self.model!r})") from None
         except (urllib.error.URLError, OSError) as err:  # refused, unknown host, reset, timed out
             reason = getattr(err, "reason", err)
@@ -126,6 +133,32 @@ class OpenAIEngine:
         if not isinstance(answer, dict):
             raise UserInputError(f"{self.url} answered {type(answer).__name__}, not a JSON object with 'choices'")
         return answer
+
+    def served_models(self, timeout: float = 10.0) -> Optional[list[str]]:
+        """The model names the server serves (the ids of OpenAI's ``GET /v1/models`` list), or None when it
+        does not say (no such endpoint, not reachable, not the list's format): then nothing is checked."""
+        request = urllib.request.Request(self.models_url, method="GET", headers=dict(self.headers))
+        try:
+            with urllib.request.urlopen(request, timeout=min(timeout, self.timeout)) as response:
+                answer = json.loads(response.read())
+        except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError):
+            return None
+        data = answer.get("data") if isinstance(answer, dict) else None
+        if not isinstance(data, list):
+            return None
+        ids = [entry["id"] for entry in data if isinstance(entry, dict) and isinstance(entry.get("id"), str)]
+        return ids or None
+
+    def check_model_name(self, name: str = "model") -> None:
+        """Refuse a model name the server does not serve, naming the ones it does and the nearest
+        (`phaseinterp._checks.check_name`), before any prompt is sent; a server that does not list its
+        models (`served_models` is None) is not refused here. ``name``: the argument named (the command
+        line's ``--model-name``: it calls this before any work). A completions request that fails with HTTP
+        4xx calls it too, so a misspelt name reads as one."""
+        served = self.served_models()
+        if served is not None:
+            check_name(name, self.model, served, what=f"a model {self.models_url} serves",
+                       where=f"GET {self.models_url} lists them")
 
     def _token_id(self, key: str) -> int:
         if key.startswith("token_id:"):

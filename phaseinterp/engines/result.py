@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from phaseinterp.errors import UserInputError
+from phaseinterp._checks import check_name
 from phaseinterp.results import Result
 
 
@@ -53,10 +53,8 @@ class ConformanceResult(Result):
 
     def failing_phases(self, setting: str, kind: str = "answer") -> tuple[int, ...]:
         """The phases (``kind`` "answer" or "cut") at which ``setting`` exceeded its tolerance."""
-        if kind not in ("answer", "cut"):
-            raise UserInputError(f"kind={kind!r} is not one of ('answer', 'cut')")
-        if setting not in self.settings:
-            raise UserInputError(f"setting={setting!r} is not one of {self.settings}")
+        check_name("kind", kind, ("answer", "cut"))
+        check_name("setting", setting, self.settings)
         rows = self.table[(self.table["setting"] == setting) & (self.table["kind"] == kind)]
         return tuple(int(p) for p in rows.loc[~rows["passed"], "phase"])
 

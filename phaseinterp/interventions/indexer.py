@@ -27,7 +27,7 @@ import pandas as pd
 import torch
 
 from phaseinterp._checks import (DEFAULT_N_PER_RESIDUE, Spec, check_fraction, check_int, check_is_model, check_layer,
-                                 check_n_per_residue, check_prompt_batch, takes_spec)
+                                 check_n_per_residue, check_name, check_prompt_batch, takes_spec)
 from phaseinterp.errors import UserInputError, applies_only, when_given
 from phaseinterp import stats
 from phaseinterp.results import Result, premise_entries
@@ -65,10 +65,8 @@ class IndexerPhaseResult(Result):
     def to_frame(self, level: str = "phase", metric: str = "value_selected") -> pd.DataFrame:
         """One row per (layer, phase|residue): ``n``, the ``metric`` rate with its Wilson interval,
         the other rates, the mean rank of the value's entry and the mean number of closed entries."""
-        if level not in ("phase", "residue"):
-            raise UserInputError(f"level={level!r} is not one of ('phase', 'residue')")
-        if metric not in RATES:
-            raise UserInputError(f"metric={metric!r} is not one of {RATES}")
+        check_name("level", level, ("phase", "residue"))
+        check_name("metric", metric, RATES)
         g = self.records.groupby(["layer", level])
         frame = g.agg(n=(metric, "size"), k=(metric, "sum"), **{f"{m}_rate": (m, "mean") for m in RATES},
                       mean_value_rank=("value_rank", "mean"), mean_closed=("n_closed", "mean")).reset_index()

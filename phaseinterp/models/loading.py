@@ -7,17 +7,17 @@ range or a wrong stride before a load that can take many seconds.
 
 from __future__ import annotations
 
-import difflib
 import importlib.util
 import json
+import os
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Optional, Union
 
 import torch.nn as nn
 
-from phaseinterp._checks import check_device, check_dtype
-from phaseinterp._files import expand_user, is_path
+from phaseinterp._checks import check_device, check_dtype, closest_names
+from phaseinterp._files import check_read_path, expand_user, is_path, shown_path
 from phaseinterp.config import CompressedConfig
 from phaseinterp.errors import MissingPathError, UserInputError
 from phaseinterp.models.hf import load_hf
@@ -60,8 +60,8 @@ def load(name_or_path: Union[str, Path, Any], *, device=None, dtype=None, device
     if device is not None and device_map is not None:
         raise UserInputError(f"device={str(device)!r} and device_map={device_map!r}: pass one (device_map places "
                              "each layer; device puts the whole model on one device)")
+    kind = check_source(name_or_path)  # the path as given: a refusal shows it and what ``~`` expanded to
     name_or_path = expand_user(name_or_path)
-    kind = check_source(name_or_path)
     hf_options = {"device_map": device_map, "max_memory": max_memory, "offload_folder": offload_folder}
     if kind != "deepseek_v4":
         extra = [k for k, v in hf_options.items() if v is not None]
@@ -85,19 +85,34 @@ def load(name_or_path: Union[str, Path, Any], *, device=None, dtype=None, device
     return model.eval()
 
 
-def check_source(name_or_path) -> str:
+def looks_like_path(value: Any) -> bool:
+    """Whether the user meant ``value`` as a path rather than a zoo name: something exists there (a file,
+    a folder, a link), or it is written as a path (a folder separator, a leading ``~`` or ``.``)."""
+    if not is_path(value):
+        return False
+    text = os.fspath(value)
+    return os.path.lexists(expand_user(text)) or os.sep in text or "/" in text or text.startswith(("~", "."))
+
+
+def check_source(name_or_path, *, name: str = "model") -> str:
     """What ``name_or_path`` names, from config.json alone (no weights read): ``"zoo"`` (a shipped zoo
     model of either family), ``"phaseinterp"`` (a `CompressedTransformer` checkpoint folder) or
     ``"deepseek_v4"`` (a Hugging Face DeepSeek-V4 folder, either layout); anything else is a
-    `UserInputError` (`MissingPathError` for a known recipe not built) naming it and what is accepted."""
+    `UserInputError` (`MissingPathError` for a known recipe not built) naming it (as the argument
+    ``name``: ``model``, ``--twin``) and what is accepted. A path goes through the readers' door
+    (`phaseinterp._files.check_read_path`: missing, a file, an empty folder, a dangling link,
+    unreadable) before its config.json is read."""
     from phaseinterp import zoo
     from phaseinterp.zoo import deepseek_v4 as hf_zoo
 
     if not is_path(name_or_path):
-        raise UserInputError(f"model {name_or_path!r} ({type(name_or_path).__name__}) is not a name or a path; "
+        raise UserInputError(f"{name}={name_or_path!r} ({type(name_or_path).__name__}) is not a name or a path; "
                              f"accepted: {ACCEPTED}")
+    given = name_or_path
     name_or_path = expand_user(name_or_path)
     path = Path(name_or_path)
+    if looks_like_path(given) and str(given) not in zoo.available():
+        path = check_read_path(given, f"a checkpoint folder or a zoo name; accepted: {ACCEPTED}", name=name)
     config = path / "config.json"
     if config.is_file():
         try:
@@ -112,21 +127,20 @@ def check_source(name_or_path) -> str:
         model_type = raw.get("model_type") if isinstance(raw, dict) else None
         raise UserInputError(f"{path} has a config.json that is neither a phaseinterp checkpoint's (no 'model' "
                              f"entry) nor a DeepSeek-V4 one (model_type={model_type!r}); accepted: {ACCEPTED}")
-    name = str(name_or_path)
+    text = str(name_or_path)
     shipped = zoo.available()  # both families
-    if name in shipped:
-        if name in hf_zoo.available():
-            _need_transformers(f"zoo model {name!r} is a Hugging Face DeepSeek-V4 checkpoint")
+    if text in shipped:
+        if text in hf_zoo.available():
+            _need_transformers(f"zoo model {text!r} is a Hugging Face DeepSeek-V4 checkpoint")
         return "zoo"
-    if name in zoo.ENTRIES or name in hf_zoo.RECIPES:
-        raise MissingPathError(f"zoo model {name!r} is a recipe without a shipped checkpoint; build it with "
-                               f"`phaseinterp zoo build {name}` (shipped: {', '.join(shipped)})")
+    if text in zoo.ENTRIES or text in hf_zoo.RECIPES:
+        raise MissingPathError(f"zoo model {text!r} is a recipe without a shipped checkpoint; build it with "
+                               f"`phaseinterp zoo build {text}` (shipped: {', '.join(shipped)})")
     if path.is_dir():
-        raise UserInputError(f"directory {name!r} is not a checkpoint (no config.json in it); accepted: {ACCEPTED}")
-    if path.exists():
-        raise UserInputError(f"model {name!r} is a file; accepted: {ACCEPTED}")
-    raise UserInputError(f"model {name!r} is neither a shipped zoo model ({', '.join(shipped)}) nor a checkpoint "
-                         f"directory (with config.json){nearest_name(name, list(zoo.ENTRIES) + list(hf_zoo.RECIPES))}"
+        raise UserInputError(f"{shown_path(name, given)} is not a checkpoint (a folder without config.json); "
+                             f"accepted: {ACCEPTED}")
+    raise UserInputError(f"{name}={text!r} is neither a shipped zoo model ({', '.join(shipped)}) nor a checkpoint "
+                         f"directory (with config.json){nearest_name(text, list(zoo.ENTRIES) + list(hf_zoo.RECIPES))}"
                          f"; accepted: {ACCEPTED}")
 
 
@@ -137,9 +151,8 @@ def _need_transformers(what: str) -> None:
 
 def nearest_name(name: str, names) -> str:
     """``"; did you mean 'w4s4'?"`` for the closest of ``names`` to ``name`` (case-insensitive), or ""."""
-    by_lower = {n.lower(): n for n in names}
-    close = difflib.get_close_matches(name.lower(), list(by_lower), n=1, cutoff=0.6)
-    return f"; did you mean {by_lower[close[0]]!r}?" if close else ""
+    close = closest_names(name, names, n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def peek(name_or_path):
@@ -175,4 +188,4 @@ def _peek_hf(path: Path, config: dict):
     return SimpleNamespace(cfg=DeepseekV4HookedConfig.from_hf(hf_config, name=path.name), metadata=metadata)
 
 
-__all__ = ["ACCEPTED", "check_source", "load", "nearest_name", "peek"]
+__all__ = ["ACCEPTED", "check_source", "load", "looks_like_path", "nearest_name", "peek"]

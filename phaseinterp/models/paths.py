@@ -21,7 +21,6 @@ seen. Every path run is counted in ``model.path_counts`` (a `collections.Counter
 
 from __future__ import annotations
 
-import difflib
 import functools
 import re
 from contextlib import contextmanager
@@ -30,6 +29,7 @@ from typing import Any, Callable, Iterable, Union
 import torch
 from transformer_lens.HookedRootModule import HookedRootModule
 
+from phaseinterp._checks import check_name
 from phaseinterp.errors import UserInputError
 
 PATHS = ("final", "last_position", "full")
@@ -103,11 +103,8 @@ class CheckedHooks(HookedRootModule):
 
     def _hook_names(self, name: Union[str, Callable[[str], bool]]) -> list[str]:
         if isinstance(name, str):
-            if name not in self.hook_dict:
-                close = difflib.get_close_matches(name, list(self.hook_dict), n=3, cutoff=0.5)
-                hint = f"; closest: {', '.join(close)}" if close else ""
-                raise UserInputError(f"hook name {name!r} is not a hook point of this model ({len(self.hook_dict)} "
-                                     f"points, e.g. blocks.0.hook_resid_post; model.hook_dict lists them){hint}")
+            check_name("hook name", name, self.hook_dict, shown=f"hook name {name!r}", what="a hook point of this model",
+                       where="model.hook_dict lists them", n_close=3, cutoff=0.5)
             return [name]
         if not callable(name):
             raise UserInputError(f"a hook's name must be a hook point's name or a filter on names, got {name!r}")

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from phaseinterp._files import atomic_write, json_default
+from phaseinterp._files import atomic_write, check_read_path, json_default
 from phaseinterp.errors import UserInputError
 from phaseinterp.interventions.ablation import AblationResult
 from phaseinterp.interventions.gate_cycling import CyclingResult
@@ -179,9 +179,8 @@ def merge(directory: Union[str, os.PathLike]):
     ``shards/chunk-*.npz``). Refuses a shard of another run (naming the differing field:
     model hash, task, seed, a setting), an unreadable one, or a missing chunk (naming its
     prompts: rerun the same command to finish them)."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        raise UserInputError(f"{str(directory)!r} is not a directory")
+    directory = check_read_path(directory, f"the --shard-dir of a profile, ablate or cycle run ({RUN_FILE} + "
+                                           f"{SHARD_DIR}/)", name="directory")
     run_file = directory / RUN_FILE
     if not run_file.is_file():
         raise UserInputError(f"{run_file} does not exist: {str(directory)!r} is not a sharded run directory")

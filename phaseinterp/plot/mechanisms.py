@@ -7,7 +7,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from phaseinterp.errors import UserInputError
+from phaseinterp._checks import check_name
 
 FONT = dict(family="Helvetica, Arial, sans-serif", size=13)
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2"]
@@ -53,10 +53,8 @@ def specialization_heatmap(result, level: str = "phase", zmax: float | None = No
     (``result.phase_tests()``). KV heads are labelled with the query heads that read them; a
     gap separates layers; the boundary phase S-1 is marked.
     """
-    if value not in ("auto", "pp", "relative"):
-        raise UserInputError(f"value={value!r} is not one of ('auto', 'pp', 'relative')")
-    if level not in ("phase", "residue"):
-        raise UserInputError(f"level={level!r} is not one of ('phase', 'residue')")
+    check_name("value", value, ("auto", "pp", "relative"))
+    check_name("level", level, ("phase", "residue"))
     rel = result.relative_change if level == "phase" else result.relative_change_residue
     published = getattr(result, "published", False)  # a published map: no prompts, so no tests to mark
     if level == "phase":

@@ -22,7 +22,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from phaseinterp._files import atomic_write, expand_user, progress_bar
+from phaseinterp._files import atomic_write, check_read_path, expand_user, progress_bar
 from phaseinterp.errors import UserInputError
 
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".text")
@@ -39,10 +39,8 @@ def _is_hf_dataset(path: Path) -> bool:
 
 def source_files(data: Union[str, Path]) -> list[Path]:
     """The files (or saved datasets) a source stands for, sorted; refused when there are none."""
-    path = Path(expand_user(data))
-    if not path.exists():
-        raise UserInputError(f"data={str(data)!r} does not exist (pass a text, JSONL or parquet file, a folder of "
-                             "them, or a datasets folder written by save_to_disk)")
+    path = check_read_path(data, "a text, JSONL or parquet file, a folder of them, or a datasets folder written by "
+                                 "save_to_disk", name="data", expect="any")
     if path.is_file() or _is_hf_dataset(path):
         return [path]
     found = []

@@ -44,7 +44,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from phaseinterp._checks import check_int
-from phaseinterp._files import atomic_write, check_write_target, progress_bar
+from phaseinterp._files import atomic_write, check_read_path, check_write_target, progress_bar
 from phaseinterp.config import CompressedConfig
 from phaseinterp.errors import UserInputError
 from phaseinterp.models.compressor import Compressor
@@ -644,7 +644,7 @@ def load_snapshot(run_dir: Union[str, Path], step: Optional[int] = None) -> Comp
     (default: the newest, the one ``LATEST`` names), built from ``pretrain.json``'s model config, on the
     CPU in fp32 and eval mode. ``model.metadata`` records ``step``, ``tokens`` (seen by then), the
     ``pretrain`` recipe and the ``tokenizer`` folder. Reads only: the run may be training meanwhile."""
-    out = Path(run_dir)
+    out = check_read_path(run_dir, f"a pretraining run folder ({RUN_FILE}, checkpoints/)", name="run_dir")
     if not (out / RUN_FILE).is_file():
         raise UserInputError(f"run_dir={str(run_dir)!r} is not a pretraining run folder (it has no {RUN_FILE})")
     record = json.loads((out / RUN_FILE).read_text())

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Iterable, Optional, Union
 
 from phaseinterp._checks import check_int
-from phaseinterp._files import atomic_write, check_write_target, expand_user, write_dir_atomically
+from phaseinterp._files import atomic_write, check_read_path, check_write_target, write_dir_atomically
 from phaseinterp.errors import UserInputError
 from phaseinterp.train.corpus import documents, source_files
 
@@ -34,10 +34,9 @@ class TextTokenizer:
 
     def __init__(self, folder: Union[str, Path]):
         tokenizers = _need_tokenizers()
-        folder = Path(expand_user(folder))
+        folder = check_read_path(folder, f"a tokenizer folder (with {TOKENIZER_FILE}: `phaseinterp tokenizer train`)",
+                                 name="tokenizer")
         path = folder / TOKENIZER_FILE
-        if not folder.is_dir():
-            raise UserInputError(f"tokenizer={str(folder)!r} is not a folder (a tokenizer folder holds {TOKENIZER_FILE})")
         if not path.is_file():
             raise UserInputError(f"tokenizer={str(folder)!r} has no {TOKENIZER_FILE} (train one with `phaseinterp "
                                  "tokenizer train --data PATH --vocab-size N --out DIR`)")

@@ -34,7 +34,7 @@ from typing import Any, Optional, Union
 import pandas as pd
 import torch
 
-from phaseinterp._checks import check_device
+from phaseinterp._checks import check_device, check_name
 from phaseinterp._files import atomic_write_text, move_into_place
 from phaseinterp.config import CompressedConfig
 from phaseinterp.errors import MissingPathError, UserInputError  # the user's paths and names: one line, exit 2
@@ -323,8 +323,12 @@ def catalog() -> list[tuple[str, bool, str, str]]:
 
 
 def entry(name: str) -> ZooEntry:
-    if name not in ENTRIES:
-        raise UserInputError(f"unknown zoo model {name!r}; known: {sorted(ENTRIES) + sorted(hf_zoo.RECIPES)}")
+    if isinstance(name, str) and name in hf_zoo.RECIPES:
+        raise UserInputError(f"zoo model {name!r} is a Hugging Face DeepSeek-V4 recipe (phaseinterp.zoo.deepseek_v4: "
+                             f"`phaseinterp zoo build {name}`), not one of the own family's recipes "
+                             f"({', '.join(ENTRIES)})")
+    check_name("name", name, list(ENTRIES), shown=f"unknown zoo model {name!r}", what="a recipe of the zoo",
+               where="`phaseinterp zoo list` lists them")
     return ENTRIES[name]
 
 
