@@ -194,7 +194,19 @@ FLAGS.update({name: {dest: "acts" for dest in dests.split()} for name, dests in 
     "zoo export": "name layout fp8 fp8_scales experts dtype max_shard_size out overwrite",
     "memory-plan": "config tokens", "experiments remedy": "runs stop share seeds offsets kv_heads payload",
 }.items()})
-OWNED_ELSEWHERE = {"pretrain"}  # issue 57's flags, in flux while it lands
+# pretrain's flags and what each changes in a run (`test_every_pretrain_flag_alone_changes_the_run_or_is_refused`
+# walks them): "record" (the run's pretrain.json: its model, recipe, data or tokenizer), or where else it acts.
+FLAGS["pretrain"] = {
+    "preset": "record (the architecture)", "paper_run": "record (a published run's architecture; refused beside "
+    "--preset)", "overrides": "record (--set: one architecture field)", "config": "record (a JSON file's fields)",
+    "data": "record (the corpus)", "tokenizer": "record (the tokenizer and d_vocab)",
+    "seq_len": "record", "global_batch": "record", "micro_batch": "record", "steps": "record", "seed": "record",
+    "lr": "record", "needle_fraction": "record", "max_minutes": "record", "keep_every": "record",
+    "activation_checkpointing": "record", "compile": "record", "bf16": "record", "fp32": "record",
+    "nproc": "the processes torchrun launches", "resume": "continues the run in --out (refused without one)",
+    "plan": "prints the memory plan and writes nothing", "device_memory": "the plan's device (needs --plan)",
+    "out": "where the run is written",
+}
 
 
 def _leaf_parsers(parser=None, prefix=""):
@@ -208,7 +220,7 @@ def _leaf_parsers(parser=None, prefix=""):
         yield from _leaf_parsers(sub, f"{prefix} {name}")
 
 
-@pytest.mark.parametrize("command", [c for c, _ in _leaf_parsers() if c not in OWNED_ELSEWHERE])
+@pytest.mark.parametrize("command", [c for c, _ in _leaf_parsers()])
 def test_every_flag_is_declared(command):
     """Each flag acts (the fixture says where) or is declared with what it needs: none is left inert. A new
     flag fails here until it is listed in FLAGS or declared in FLAG_NEEDS / FLAG_EXCLUDES."""
@@ -243,7 +255,7 @@ def test_a_spec_flag_alone_changes_the_spec(command, dest, value):
 
 VALUES = {"tokenizer": "{t}", "measure": "accuracy", "branch": "k", "dtypes": "float16", "paper_padding": "prefix",
           "paper_figure": "{t}/f.html", "engine": "http://localhost:9", "device": "cpu", "out": "{t}/o"}
-POSITIONAL = {"merge": ["{t}"], "paper": []}  # what each command takes before its flags (default: a model)
+POSITIONAL = {"merge": ["{t}"], "paper": [], "pretrain": ["--preset", "tiny"]}  # before its flags (default: a model)
 
 
 def _written(command, dest):
@@ -283,6 +295,169 @@ def test_a_flag_that_cannot_act_exits_2_before_any_work(argv, flag, alternatives
     assert any(f"--{other.replace('_', '-')}" in err for other, _ in alternatives), err
     assert time.monotonic() - started < BUDGET_S
     COUNTS["flags x needs: exit 2"] += 1
+
+
+# ------------------------------------------------------------------ pretrain's flags, each alone
+@pytest.fixture(scope="module")
+def pretrain_inputs(tmp_path_factory):
+    """What the pretrain walk changes one at a time: two corpora (pydoc's topics, on every Python), two
+    tokenizers and two recipe files; ``base``: a tiny run of 2 steps of 2 x 64 tokens, ``{out}`` its folder."""
+    pytest.importorskip("tokenizers")
+    import json
+
+    from pydoc_data.topics import topics
+
+    from phaseinterp.train.tokenizer import train_tokenizer
+
+    root = tmp_path_factory.mktemp("pretrain-walk")
+    paragraphs = [p for k in sorted(topics) for p in topics[k].split("\n\n") if len(p) > 80]
+    for name, part in (("a.jsonl", paragraphs[:1200]), ("b.jsonl", paragraphs[300:])):
+        (root / name).write_text("".join(json.dumps({"text": p}) + "\n" for p in part))
+    with as_user():
+        train_tokenizer(root / "a.jsonl", 640, root / "tok-a", progress=False)  # >= 32 single-token words: the probe
+        train_tokenizer(root / "a.jsonl", 700, root / "tok-b", progress=False)
+    recipe = {"warmup_steps": 1, "probe_every": 2, "probe_per_residue": 1, "checkpoint_every": 2}
+    (root / "recipe.json").write_text(json.dumps({"train": recipe}))
+    (root / "recipe-lr.json").write_text(json.dumps({"train": {**recipe, "lr": 0.01}}))
+    base = ["pretrain", "--preset", "tiny", "--data", str(root / "a.jsonl"), "--tokenizer", str(root / "tok-a"),
+            "--seq-len", "64", "--global-batch", "2", "--steps", "2", "--config", str(root / "recipe.json"),
+            "--out", "{out}"]
+    return {"root": root, "base": base}
+
+
+# Each pretrain flag set alone on the base run: (the flag and value replacing the base's, or added; what must
+# follow). "record": the run's pretrain.json differs from the base run's; "refused": exit 2 naming the flag;
+# "launch": torchrun is started with that many processes; "plan": the plan is printed and nothing written;
+# "where": the run is written to the other folder.
+PRETRAIN_WALK = {
+    "preset": (["--preset", "cpu-small"], "record"), "paper_run": (["--paper-run", "kvc_w8s8_1kv_baseline"], "refused"),
+    "overrides": (["--set", "gate=vector"], "record"), "config": (["--config", "{root}/recipe-lr.json"], "record"),
+    "data": (["--data", "{root}/b.jsonl"], "record"), "tokenizer": (["--tokenizer", "{root}/tok-b"], "record"),
+    "seq_len": (["--seq-len", "128"], "record"), "global_batch": (["--global-batch", "4"], "record"),
+    "micro_batch": (["--micro-batch", "1"], "record"), "steps": (["--steps", "3"], "record"),
+    "seed": (["--seed", "1"], "record"), "lr": (["--lr", "0.01"], "record"),
+    "needle_fraction": (["--needle-fraction", "0.5"], "record"), "max_minutes": (["--max-minutes", "5"], "record"),
+    "keep_every": (["--keep-every", "1"], "record"), "activation_checkpointing": (["--activation-checkpointing"], "record"),
+    "compile": (["--compile"], "record"), "bf16": (["--bf16"], "record"), "fp32": (["--fp32"], "record"),
+    "nproc": (["--nproc", "2"], "launch"), "resume": (["--resume"], "refused"), "plan": (["--plan"], "plan"),
+    "device_memory": (["--device-memory", "40"], "refused"), "out": (["--out", "{root}/elsewhere-{case}"], "where"),
+}
+# The flags whose change alters the numbers a CPU step computes (the rest change speed, memory, what is kept,
+# or a GPU's precision: their run trains the same model, and the record says how it ran).
+NUMERIC = {"preset", "overrides", "config", "data", "tokenizer", "seq_len", "global_batch", "steps", "seed", "lr",
+           "needle_fraction", "bf16"}
+
+
+def _pretrain_argv(inputs, dest, out):
+    """The base argv with ``dest``'s change (None: the base run), its folder ``out``."""
+    argv = list(inputs["base"])
+    if dest is not None:
+        change = [a.replace("{root}", str(inputs["root"])).replace("{case}", dest) for a in PRETRAIN_WALK[dest][0]]
+        if change[0] in argv and len(change) == 2:
+            argv[argv.index(change[0]) + 1] = change[1]
+        else:
+            argv += change
+    return [a.replace("{out}", str(out)) for a in argv]
+
+
+def _pretrain_run(inputs, dest, out, stub=True):
+    """(exit code, stdout, stderr, pretrain.json or None, torchrun commands started) of one walk case; with
+    ``stub`` the training itself is replaced (every check, the record and the tokenized data are real)."""
+    import io
+    import json
+    import types
+    from contextlib import redirect_stderr, redirect_stdout
+
+    import pandas as pd
+
+    from phaseinterp.cli import commands
+
+    launched, stdout, stderr = [], io.StringIO(), io.StringIO()
+    argv = _pretrain_argv(inputs, dest, out)
+    with pytest.MonkeyPatch.context() as patch, redirect_stdout(stdout), redirect_stderr(stderr):
+        if stub:
+            patch.setattr(commands, "pretrain", lambda *a, **k: types.SimpleNamespace(model=None, curves=pd.DataFrame()))
+        patch.setattr(commands.subprocess, "call", lambda command, **k: launched.append(command) or 0)
+        patch.setenv("PHASEINTERP_NO_PROGRESS", "1")
+        code = main(argv)
+    folder = Path(argv[argv.index("--out") + 1])
+    record = json.loads((folder / "pretrain.json").read_text()) if (folder / "pretrain.json").is_file() else None
+    return code, stdout.getvalue(), stderr.getvalue(), record, launched
+
+
+@pytest.fixture(scope="module")
+def pretrain_base(pretrain_inputs, tmp_path_factory):
+    """The base run's record (training stubbed)."""
+    code, _, err, record, _ = _pretrain_run(pretrain_inputs, None, tmp_path_factory.mktemp("pretrain-base") / "run")
+    assert code == 0 and record is not None, err
+    return record
+
+
+@pytest.mark.parametrize("dest", list(PRETRAIN_WALK))
+def test_every_pretrain_flag_alone_changes_the_run_or_is_refused(dest, pretrain_inputs, pretrain_base, tmp_path):
+    """The flag walk of ``pretrain`` (issue 57's flags, now settled): each flag set alone on a tiny run either
+    changes what the run records and trains (pretrain.json: model, recipe, data, tokenizer), launches the
+    processes it names, prints the plan instead, or exits 2 naming itself; never a run equal to the base one.
+    The training is stubbed here (every check, the record and the tokenized corpus are real);
+    `test_a_pretrain_flag_changes_the_trained_model` and the slow tier train for real."""
+    outcome = PRETRAIN_WALK[dest][1]
+    code, out, err, record, launched = _pretrain_run(pretrain_inputs, dest, tmp_path / "run")
+    flag = PRETRAIN_WALK[dest][0][0]
+    if outcome == "refused":
+        assert code == 2 and flag in err and record is None, err
+    elif outcome == "record":
+        assert code == 0, err
+        changed = {part for part in ("model", "train", "data", "tokenizer") if record[part] != pretrain_base[part]}
+        assert changed, f"pretrain {flag} changed nothing in pretrain.json"
+    elif outcome == "launch":
+        assert code == 0 and len(launched) == 1 and "--nproc-per-node=2" in launched[0], (err, launched)
+    elif outcome == "plan":
+        assert code == 0 and out.startswith("plan:") and not (tmp_path / "run").exists(), (out, err)
+    else:  # where: the same run, written elsewhere
+        assert code == 0 and record == pretrain_base and not (tmp_path / "run").exists(), err
+    COUNTS[f"pretrain flags alone: {outcome}"] += 1
+
+
+def _trained(inputs, dest, out):
+    """The record and final weights of a real run (2 steps) with ``dest``'s change (None: the base run)."""
+    from safetensors.torch import load_file
+
+    code, _, err, record, _ = _pretrain_run(inputs, dest, out, stub=False)
+    assert code == 0, err
+    argv = _pretrain_argv(inputs, dest, out)
+    return record, load_file(Path(argv[argv.index("--out") + 1]) / "model.safetensors")
+
+
+def _differs(a, b) -> bool:
+    """Whether two runs' weights differ beyond float summation order (micro-batches add in another order)."""
+    import torch
+
+    return a.keys() != b.keys() or any(a[k].shape != b[k].shape or not torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-6)
+                                       for k in a)
+
+
+@pytest.fixture(scope="module")
+def trained_base(pretrain_inputs, tmp_path_factory):
+    """The base run's final weights, trained for real."""
+    return _trained(pretrain_inputs, None, tmp_path_factory.mktemp("pretrain-trained") / "base")[1]
+
+
+def test_a_pretrain_flag_changes_the_trained_model(pretrain_inputs, trained_base, tmp_path):
+    """The fast tier's sample of real training: --seed alone changes the weights the run ends with."""
+    record, weights = _trained(pretrain_inputs, "seed", tmp_path / "seed")
+    assert record["train"]["seed"] == 1 and _differs(weights, trained_base)
+    COUNTS["pretrain flags alone, trained: the model changes"] += 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dest", [d for d, (_, outcome) in PRETRAIN_WALK.items() if outcome == "record" and d != "compile"])
+def test_every_pretrain_flag_alone_changes_the_trained_run(dest, pretrain_inputs, trained_base, tmp_path):
+    """The slow tier: each "record" flag trained for real (2 steps; --compile, which needs a C compiler for
+    torch.compile on the CPU and only changes speed, is left to the stubbed walk). A flag of `NUMERIC` changes
+    the weights; the others train the same model (to float summation order) and record how."""
+    _, weights = _trained(pretrain_inputs, dest, tmp_path / dest)
+    assert _differs(weights, trained_base) == (dest in NUMERIC), dest
+    COUNTS["pretrain flags alone, trained (slow)"] += 1
 
 
 # ------------------------------------------------------------------ names at their doors

@@ -38,6 +38,7 @@ FLAG_NEEDS: dict[str, dict[str, tuple[tuple[str, object], ...]]] = {
     "cycle": {"measure": (("score", "unit"),), "branch": (("score", "profile"),), "baseline": (("score", "profile"),),
               "chunk_size": (("shard_dir", GIVEN),), **_WRITES, **_PAPER},
     "gates": dict(_WRITES), "conformance": dict(_WRITES), "merge": dict(_WRITES), "paper": dict(_WRITES),
+    "pretrain": {"device_memory": (("plan", GIVEN),)},
 }
 # Flags that do nothing beside another: flag dest -> (the other dest, why).
 FLAG_EXCLUDES: dict[str, dict[str, tuple[str, str]]] = {

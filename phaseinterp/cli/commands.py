@@ -748,6 +748,10 @@ def _pretrain_settings(args):
 def _cmd_pretrain(args) -> int:
     """``phaseinterp pretrain``: every check and the tokenized corpus in this process, then the run here
     (one process, or this is a torchrun worker) or under torchrun (``--nproc K``)."""
+    if args.resume and not args.plan and args.out is not None and "LOCAL_RANK" not in os.environ \
+            and not (Path(args.out) / RUN_FILE).is_file():
+        raise UsageError(f"--resume: --out {args.out!r} holds no run to resume (no {RUN_FILE}); drop --resume to start "
+                         "a new run there")
     config, tc = _pretrain_settings(args)
     if args.plan:
         return _pretrain_plan(args, config, tc)
