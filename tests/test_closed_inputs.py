@@ -388,3 +388,28 @@ def test_engine_d_vocab_below_the_model_s_vocabulary_is_refused(tmp_path, capsys
     code, err = _cli(capsys, ["profile", "w4s4", "--engine", "http://localhost:9", "--model-name", "m",
                               "--d-vocab", "10"])
     assert code == 2 and "--d-vocab 10 is smaller than w4s4's vocabulary" in err, err
+
+
+def test_zoo_build_of_an_hf_recipe_refuses_a_device_it_cannot_use(tmp_path, capsys, monkeypatch):
+    """`zoo build dsv4-tiny --device cuda` trained on the CPU without a word: the HF DeepSeek-V4 recipes train
+    on the CPU only, so another device is refused before any work (``--device cpu``, what runs, is taken)."""
+    from phaseinterp.cli import commands
+
+    monkeypatch.setattr(commands.hf_zoo, "build", lambda *a, **k: pytest.fail("the recipe trained"))
+    monkeypatch.setattr(commands, "check_device", lambda device, name="device": torch.device(device))  # a CUDA machine
+    code, err = _cli(capsys, ["zoo", "build", "dsv4-tiny", "--device", "cuda", "--no-install"])
+    assert code == 2 and "--device cuda: the HF DeepSeek-V4 recipes" in err and "CPU only" in err, err
+    built = []
+    monkeypatch.setattr(commands.hf_zoo, "build", lambda name, out_dir, **k: built.append(name) or tmp_path)
+    assert main(["zoo", "build", "dsv4-tiny", "--device", "cpu", "--no-install", "--out-dir", str(tmp_path / "r")]) == 0
+    assert built == ["dsv4-tiny"]
+
+
+def test_pretrain_resume_with_no_run_is_refused(tmp_path, capsys):
+    """`pretrain --resume` into a new folder started a new run without a word; now it names the folder."""
+    (tmp_path / "text.txt").write_text("some text\n")
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "tokenizer.json").write_text("{}")
+    code, err = _cli(capsys, ["pretrain", "--preset", "tiny", "--data", tmp_path / "text.txt", "--tokenizer",
+                              tmp_path / "tok", "--out", tmp_path / "new", "--resume"])
+    assert code == 2 and "holds no run to resume (no pretrain.json)" in err, err

@@ -604,7 +604,11 @@ def _zoo_list(args) -> int:
 def _zoo_build(args) -> int:
     """``phaseinterp zoo build NAME``: either family's recipe, trained and installed."""
     _keep_freed_memory()
-    if args.name in hf_zoo.RECIPES:  # the HF-format DeepSeek-V4s train with their own loop
+    if args.name in hf_zoo.RECIPES:  # the HF-format DeepSeek-V4s train with their own loop, on the CPU
+        if args.device is not None and check_device(args.device).type != "cpu":
+            raise UsageError(f"--device {args.device}: the HF DeepSeek-V4 recipes ({', '.join(hf_zoo.RECIPES)}) train "
+                             "on the CPU only (--threads 1 reproduces the shipped checkpoint bit for bit); drop "
+                             "--device, or pass --device cpu")
         source = hf_zoo.build(args.name, args.out_dir, install=not args.no_install, threads=args.threads,
                               steps=args.steps)
         print(f"built {args.name}: {source}")
