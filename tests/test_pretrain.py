@@ -350,6 +350,9 @@ def test_one_and_two_processes_give_the_same_losses_and_a_two_process_checkpoint
 def test_bad_inputs_are_one_line_before_any_process_starts(corpus, tmp_path):
     (tmp_path / "empty").mkdir()
     (tmp_path / "notok").mkdir()
+    (tmp_path / "notok" / "vocab.txt").write_text("a folder, but no tokenizer.json")
+    (tmp_path / "notext").mkdir()
+    (tmp_path / "notext" / "weights.bin").write_bytes(b"\0")
     (tmp_path / "blank.txt").write_text("   \n\n")
     base = _pretrain_args(corpus, tmp_path / "run")
 
@@ -365,7 +368,8 @@ def test_bad_inputs_are_one_line_before_any_process_starts(corpus, tmp_path):
         args[args.index(flag) + 1] = value
         return args
 
-    refused(swap("--data", str(tmp_path / "empty")), "no text, JSONL or parquet files")
+    refused(swap("--data", str(tmp_path / "empty")), "is an empty folder")  # the readers' door
+    refused(swap("--data", str(tmp_path / "notext")), "no text, JSONL or parquet files")
     refused(swap("--data", str(tmp_path / "blank.txt")), "holds no text")
     refused(swap("--tokenizer", str(tmp_path / "notok")), "has no tokenizer.json")
     refused(base + ["--nproc", "999"], "nproc=999 is more than this machine's")
