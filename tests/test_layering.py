@@ -263,7 +263,7 @@ def test_import_phaseinterp_is_fast_and_loads_no_plotting():
     assert time.perf_counter() - start < 30
 
 
-CORE = ["phaseinterp.models", "phaseinterp.models.loading", "phaseinterp.models.hf", "phaseinterp.models.engines",
+CORE = ["phaseinterp.models", "phaseinterp.models.loading", "phaseinterp.models.hf",
         "phaseinterp.tasks", "phaseinterp.profile", "phaseinterp.stats", "phaseinterp.interventions",
         "phaseinterp.interventions.indexer", "phaseinterp.engines", "phaseinterp.theory"]
 

@@ -51,28 +51,27 @@ def test_chunked_attention_equals_one_shot(name, chunk):
 
 
 def test_chunks_see_only_the_keys_they_need(monkeypatch):
-    """The chunked path never builds a [T, key_slot] score matrix: each call of the attention
-    core gets at most ``chunk`` queries and only the entries visible to its last query (the slot
-    path: the fused one is tested below)."""
-    monkeypatch.setattr(CompressedAttention, "fused_compressed_attention", False)
+    """A query chunk never builds a [T, key_slot] score matrix: each kernel call gets at most
+    ``chunk`` queries and, as keys, only its band tokens and the entries visible to its last query."""
     model = make("W4S4").set_query_chunk(8)
-    attn = model.blocks[0].attn
+    group = model.cfg.n_heads // model.cfg.n_kv_heads
     seen = []
-    original = attn._attend
+    sdpa = attention.F.scaled_dot_product_attention
 
-    def spy(q, band, k_shared, v_shared, allowed, hooked=True, n_open=0):
-        seen.append((q.shape[1], k_shared.shape[1], hooked))
-        # the entries every query of the chunk sees carry no mask
-        assert allowed.shape[-1] == band.width + k_shared.shape[1] - n_open
-        return original(q, band, k_shared, v_shared, allowed, hooked, n_open)
+    def spy(q, k, v, attn_mask=None, scale=None):
+        seen.append((q.shape[2] // group, k.shape[2]))
+        return sdpa(q, k, v, attn_mask=attn_mask, scale=scale)
 
-    monkeypatch.setattr(attn, "_attend", spy)
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", spy)
     with torch.no_grad():
         model(torch.randint(0, 32, (1, 90)))
-    assert [s[0] for s in seen] == [8] * 11 + [2]
-    # query t sees (t - 4) // 4 + 1 entries; the chunk ending at t = 8c + 7 sees 2c + 2 of them
-    assert [s[1] for s in seen] == [2 * c + 2 for c in range(11)] + [22]
-    assert not any(s[2] for s in seen)  # score/pattern hooks idle: not fired per chunk
+    per_layer = [8] * 11 + [2]
+    assert [s[0] for s in seen] == per_layer * model.cfg.n_layers
+    B = model.blocks[0].attn.band_width
+    for i, (n_q, n_k) in enumerate(seen[:len(per_layer)]):
+        a = 8 * i
+        last = a + n_q - 1
+        assert n_k == (last + 1 - max(0, a - B + 1)) + attention.n_visible_entries(last, 4, 4, 0)
 
 
 def test_fused_blocks_see_only_their_bands_and_visible_entries(monkeypatch):
@@ -95,9 +94,8 @@ def test_fused_blocks_see_only_their_bands_and_visible_entries(monkeypatch):
     T = 90
     with torch.no_grad():
         fused = model(torch.randint(0, 32, (1, T), generator=torch.Generator().manual_seed(0)))
-    monkeypatch.setattr(CompressedAttention, "fused_compressed_attention", False)
-    with torch.no_grad():
-        slot = model(torch.randint(0, 32, (1, T), generator=torch.Generator().manual_seed(0)))
+    with torch.no_grad(), model.hooks(fwd_hooks=[(lambda n: n.endswith("hook_pattern"), lambda p, hook: p)]):
+        slot = model(torch.randint(0, 32, (1, T), generator=torch.Generator().manual_seed(0)))  # the explicit softmax
     torch.testing.assert_close(fused, slot, rtol=0, atol=1e-5)
     B = model.blocks[0].attn.band_width
     per_layer = [16] * 5 + [10]
@@ -158,60 +156,48 @@ def test_bad_query_chunk_raises(value):
         model.set_query_chunk(value)
 
 
-def test_last_position_ablation_is_one_prefix_pass_plus_the_last_position(monkeypatch):
-    """With chunking on, the fast ablation equals the unchunked one, and evaluates each batch by
-    one forward over the prefix (``answer_pos`` tokens) plus `forward_last` for the last one; over
-    the prefix the last layer only fills its cache (nothing reads its outputs there)."""
+def test_the_ablation_sweep_is_one_prefill_then_steps_over_forks(monkeypatch):
+    """`ablate`'s sweep is the cached forward: per prompt batch one prefill of the prefix (``answer_pos``
+    tokens) through every layer, one step of the answer position over a fork (every layer), then per
+    layer ``L`` one step from ``L`` on of its V units as V variants of a fork; the prefix is never run
+    twice. With query chunks it equals the unchunked sweep."""
     from phaseinterp.interventions import ablate
 
-    monkeypatch.setattr(CompressedAttention, "fused_compressed_attention", False)  # count the slot path's chunks
     task = small_task()
     model = make("W4S4", d_vocab=task.vocab.size)
     prompts = task.generate(2, seed=0, strict=False)
     answer_pos = int(prompts.answer_pos[0])
     reference = ablate(model, task, prompts=prompts, n_calibration=8, batch_size=4, progress=False)
     model.set_query_chunk(8)
-    calls = {"forward": [], "forward_last": 0}
-    for block in model.blocks:
-        attn = block.attn
-        fwd, fwd_last = attn._attend_queries, attn.forward_last
+    calls = []
+    forward = CompressedAttention.forward
 
-        def count_forward(q, cache, positions, last=None, _fwd=fwd):
-            calls["forward"].append(int(positions[-1]) + 1)
-            return _fwd(q, cache, positions, last)
+    def spy(self, x, cache=None, start=0, variants=None):
+        calls.append((self.layer, x.shape[1], start, variants))
+        return forward(self, x, cache, start, variants)
 
-        def count_last(x, cache, _last=fwd_last):
-            calls["forward_last"] += 1
-            assert cache.h.shape[1] == answer_pos  # the shared prefix cache, never the whole prompt twice
-            return _last(x, cache)
-
-        monkeypatch.setattr(attn, "_attend_queries", count_forward)
-        monkeypatch.setattr(attn, "forward_last", count_last)
+    monkeypatch.setattr(CompressedAttention, "forward", spy)
     chunked = ablate(model, task, prompts=prompts, n_calibration=8, batch_size=4, progress=False)
     assert (chunked.clean_correct == reference.clean_correct).all()
     assert (chunked.knockout_correct == reference.knockout_correct).all()
     torch.testing.assert_close(torch.as_tensor(chunked.knockout_logit_answer),
                                torch.as_tensor(reference.knockout_logit_answer), rtol=0, atol=1e-5)
+    L, V = model.cfg.n_layers, model.cfg.n_kv_heads
     n_batches = -(-len(prompts) // 4)
-    # calibration: 2 batches of 4 full prompts; evaluation: the prefix only (ends at answer_pos - 1),
-    # attended by every layer but the last
-    ends = calls["forward"]
-    assert max(ends) == answer_pos + 1 and answer_pos in ends
-    prefix_chunks = -(-answer_pos // 8)
-    L = model.cfg.n_layers
-    assert len(ends) == L * 2 * -(-(answer_pos + 1) // 8) + (L - 1) * n_batches * prefix_chunks
-    n_units = model.cfg.n_kv_heads * model.cfg.n_layers
-    # clean last position per layer, then for each knocked-out layer that layer and the later ones
-    assert calls["forward_last"] == n_batches * (model.cfg.n_layers + sum(
-        model.cfg.n_layers - layer for layer in range(model.cfg.n_layers)))
-    assert n_units == len(reference.units)
+    calibration = [(layer, answer_pos + 1, 0, None) for layer in range(L)] * 2  # 8 prompts in batches of 4
+    per_batch = ([(layer, answer_pos, 0, None) for layer in range(L)]
+                 + [(layer, 1, answer_pos, 1) for layer in range(L)]
+                 + [(later, 1, answer_pos, V) for layer in range(L) for later in range(layer, L)])
+    assert calls == calibration + per_batch * n_batches
+    assert len(reference.units) == V * L
 
 
 @pytest.mark.parametrize("name", ["W8S4", "staggered_W8S4", "full"])
 def test_auto_chunks_long_inputs_and_equals_one_shot(name, monkeypatch):
-    """The default ("auto") runs a forward over more than AUTO_CHUNK_ABOVE new tokens in query
-    chunks whose score block fits SCORE_BLOCK, covering every query once, with the outputs of
-    the one-shot path; at or below the threshold it runs one pass."""
+    """The default ("auto") runs queries in blocks covering every query once, with the outputs of
+    the one-shot path. Full attention: one pass up to AUTO_CHUNK_ABOVE new tokens, above it blocks
+    whose score block fits SCORE_BLOCK. Compressed attention: blocks of at most FUSED_BLOCK queries
+    within ``4 * SCORE_BLOCK`` per prompt row at any length."""
     from phaseinterp.models import attention
 
     monkeypatch.setattr(attention, "AUTO_CHUNK_ABOVE", 64)
@@ -219,13 +205,18 @@ def test_auto_chunks_long_inputs_and_equals_one_shot(name, monkeypatch):
     model = make(name, n_ctx=200)
     assert model.query_chunk == "auto"
     attn = model.blocks[0].attn
-    assert attn.query_ranges(0, 64) is None
     ranges = attn.query_ranges(0, 200)
     assert ranges[0][0] == 0 and ranges[-1][1] == 200 and all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
     sizes = [b - a for a, b in ranges]
-    assert len(ranges) > 3 and sizes[0] > sizes[-2]  # fewer queries per chunk as the visible keys grow
-    for a, b in ranges:
-        assert b - a <= attention.MIN_AUTO_CHUNK or 4 * (b - a) * attn.n_key_slots(b - 1) <= attention.SCORE_BLOCK
+    assert len(ranges) > 3 and sizes[0] >= sizes[-2]  # no more queries per block as the visible keys grow
+    if model.cfg.is_compressed:
+        assert attn.query_ranges(0, 64) == attn._fused_blocks(0, 64)
+        assert all(16 <= size <= attention.FUSED_BLOCK for size in sizes[:-1])
+    else:
+        assert attn.query_ranges(0, 64) is None
+        assert sizes[0] > sizes[-2]
+        for a, b in ranges:
+            assert b - a <= attention.MIN_AUTO_CHUNK or 4 * (b - a) * attn.n_key_slots(b - 1) <= attention.SCORE_BLOCK
     tokens = torch.randint(0, 32, (2, 200))
     with torch.no_grad():
         auto = model(tokens)

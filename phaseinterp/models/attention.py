@@ -256,6 +256,18 @@ class CompressedAttention(nn.Module):
         ``j*S + o + W - S``. Slots past the given tokens (a window not yet closed for a
         staggered head) read the last token; such entries are masked until recomputed.
         """
+        points = [m for m in self.compressor.modules() if isinstance(m, HookPoint) and has_hooks(m)]
+        if not points:
+            return self._compress_windows(h, k, v, first, j)
+        for point in points:  # which entries this call computes: hook.ctx["entry_range"] == (j0, j1)
+            point.ctx["entry_range"] = (int(j[0]), int(j[-1]) + 1) if len(j) else (0, 0)
+        try:
+            return self._compress_windows(h, k, v, first, j)
+        finally:
+            for point in points:
+                point.ctx.pop("entry_range", None)
+
+    def _compress_windows(self, h: Tensor, k: Tensor, v: Tensor, first: int, j: Tensor) -> tuple[Tensor, Tensor]:
         cfg = self.cfg
         W, S = cfg.window, cfg.stride
         start = j * S  # [win]
