@@ -6,8 +6,8 @@ python benchmarks/experiment_records_identity.py record|compare [--slot]
 after; the reference lives in the git-ignored runs/records/). Written with keyword options only, so it runs
 on 0.2 and 0.3 alike; labels (``model_label``) are not compared, 0.3 changed them on purpose.
 A record that differs is listed column by column (how many values, the largest float difference).
-``--slot`` runs the own family's compressed attention on the explicit slot path
-(``CompressedAttention.fused_compressed_attention = False``), as before the fused kernel.
+``--slot`` runs the own family's attention on the explicit softmax (what a score or pattern hook sees;
+patched in here, as if such a hook were attached), as before the fused kernel.
 """
 import dataclasses
 import pickle
@@ -79,7 +79,7 @@ if __name__ == "__main__":
     if "--slot" in sys.argv[1:]:
         from phaseinterp.models.attention import CompressedAttention
 
-        CompressedAttention.fused_compressed_attention = False
+        CompressedAttention._scores_hooked = lambda self: True
     res = run_all()
     if mode == "record":
         OUT.parent.mkdir(parents=True, exist_ok=True)

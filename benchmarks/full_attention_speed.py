@@ -5,8 +5,8 @@ replaces while no hook reads the scores or pattern.
                                               [--batch 64] [--repeats 7] [--threads 1]
 
 For each model, on one batch of its own task's prompts (seed 0): the full forward and `last_logits`
-(what `phase_profile` reads) with ``CompressedAttention.fused_full_attention`` False (the slot
-path: scores ``[batch, head, query, key]``, mask, softmax, mix; what the hooks see) and True (the
+(what `phase_profile` reads) with an identity hook on every ``hook_pattern`` (the explicit softmax:
+scores ``[batch, head, query, key]``, mask, softmax, mix; what those hooks see) and without (the
 default: `scaled_dot_product_attention`), alternated ``--repeats`` times, median ratios; the max
 |difference| of the logits between the two.
 """
@@ -23,7 +23,6 @@ os.environ.setdefault("PHASEINTERP_NO_PROGRESS", "1")
 import torch  # noqa: E402
 
 import phaseinterp as pi  # noqa: E402
-from phaseinterp.models.attention import CompressedAttention  # noqa: E402
 from phaseinterp.tasks import resolve_task  # noqa: E402
 
 
@@ -52,19 +51,16 @@ def main() -> None:
             raise SystemExit(f"{name} is a compressed model: this compares full-attention paths")
         tokens = resolve_task(model).generate(4, seed=0, strict=False).tokens[: args.batch]
         t = {key: [] for key in ("fs", "ff", "ls", "lf")}
+        explicit = [(lambda n: n.endswith("attn.hook_pattern"), lambda p, hook: p)]
         with torch.inference_mode():
-            CompressedAttention.fused_full_attention = False
-            slots = model(tokens)
-            CompressedAttention.fused_full_attention = True
+            with model.hooks(fwd_hooks=explicit):
+                slots = model(tokens)
             diff = float((slots - model(tokens)).abs().max())
-            try:
-                for _ in range(args.repeats):
-                    for fused in (False, True):
-                        CompressedAttention.fused_full_attention = fused
+            for _ in range(args.repeats):
+                for fused in (False, True):
+                    with model.hooks(fwd_hooks=[] if fused else explicit):
                         t["ff" if fused else "fs"].append(timed(model, tokens))
                         t["lf" if fused else "ls"].append(timed(model.last_logits, tokens))
-            finally:
-                CompressedAttention.fused_full_attention = True
         m = {k: statistics.median(v) for k, v in t.items()}
         print(f"| {name} | {model.cfg.n_layers} | {m['fs']:.3f} | {m['ff']:.3f} | {m['fs'] / m['ff']:.2f}x | "
               f"{m['ls']:.3f} | {m['lf']:.3f} | {m['ls'] / m['lf']:.2f}x | {diff:.1e} |")

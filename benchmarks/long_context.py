@@ -14,7 +14,7 @@ the resident set can overstate live memory; the workers set ``MALLOC_MMAP_THRESH
 large buffers are mapped and returned when freed (``--glibc-default`` turns that off).
 
 ``--last`` also times an ablation-style last-position step at each T: one prefix pass
-(chunked) over T-1 tokens, then `Block.forward_last` for the last token in 8 variants.
+(chunked) over T-1 tokens, then the last token in 8 variants over a fork of the cache.
 """
 
 from __future__ import annotations
@@ -43,10 +43,8 @@ if spec["last"]:
         cache = model.init_cache()
         t0 = time.perf_counter(); model(tokens[:, :-1], cache=cache, return_type=None)
         out["prefix_s"] = time.perf_counter() - t0
-        resid = model.W_E[tokens[:, -1]][:, None].expand(-1, 8, -1)
         t0 = time.perf_counter()
-        for layer, block in enumerate(model.blocks):
-            resid = block.forward_last(resid, cache.layers[layer])
+        model(tokens[:, -1:].repeat_interleave(8, 0), cache=cache.fork(8))
         out["last_s"] = time.perf_counter() - t0
 else:
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

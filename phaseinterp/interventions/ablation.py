@@ -5,9 +5,9 @@ at the final (answer-predicting) position only, by its mean over a disjoint cali
 split; report ``100 * (knockout - clean) / clean`` accuracy per residue and phase.
 
 Fast path: a knockout at the final position changes nothing at earlier positions, so
-the clean prefix is run once (with a KV cache) and only the final position is
+the clean prefix is run once (the model's forward with a KV cache) and only the final position is
 recomputed, for the layers at and after the knocked-out one, with every unit of a layer
-as one batch of variants over the shared cache (`CompressedAttention.forward_last`). It
+as one batch of variants over a fork of the shared cache (`interventions.knockout`). It
 equals the naive path (a hooked full forward per unit, ``method="naive"``) to 1e-5. Both replace
 ``hook_z`` through the same hook (`knockout.mean_replacement_hook`).
 """

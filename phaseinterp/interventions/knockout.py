@@ -86,8 +86,8 @@ def calibration_mean_z(model, tokens: torch.Tensor, answer_pos: int, batch_size:
 
 def _engine_knockouts(model, engine, ans, by_layer, units, mean_z, answer_pos: int, bar):
     """The clean answer and each unit of ``by_layer`` mean-replaced (`mean_replacement_hook`), a
-    layer's units as variants of each prompt, from a last-position ``engine``
-    (`phaseinterp.models.engines`): (clean ok, logit, log-prob; knocked ok, logit, log-prob ``[n, unit]``)."""
+    layer's units as variants of each prompt, from DeepSeek-V4's last-position ``engine``
+    (`phaseinterp.models.hf.last_position`): (clean ok, logit, log-prob; knocked ok, logit, log-prob ``[n, unit]``)."""
     clean = _answer_stats(engine.clean, ans)
     n = ans.shape[0]
     out_ok = torch.zeros(n, len(units), dtype=torch.bool)

@@ -1,22 +1,19 @@
-"""Which computation a forward runs, decided by the hooks attached (docs/models.md, "Which path runs when").
+"""Hook bookkeeping shared by both families: which hook points have a hook attached, the query
+(and entry) ranges a hook is told, the checked hook registry, and DeepSeek-V4's path counter.
 
-There is one forward per family, the hooked full forward: every HookPoint fires with its full shape.
-The speed paths are engines that compute the same numbers while no hook is attached (then no hook
-point has anything to do); with any hook attached they are not taken:
+The own family has one forward with a KV cache (docs/models.md, "One forward"): every hook fires
+on the positions each call computes, ``hook.ctx["query_range"]`` saying which (docs/hooks.md, "The
+rule"). DeepSeek-V4, which has no cache yet, keeps two engines beside its forward that run only while
+no hook is attached, counted in ``model.path_counts`` (a `collections.Counter`):
 
-- ``"final"``: `last_logits` while no hook is attached. Every layer but the last over all positions,
-  the last layer's attention and MLP at the final position only.
-- ``"full"``: `last_logits` with a hook attached (or ``path="full"``): ``model(tokens)[:, -1]``.
-- ``"last_position"``: the knockout engine (`phaseinterp.models.engines`): the shared prefix once,
-  then variants of the final position from a layer on. It runs only while no hook is attached, and
-  fires only the hooks it is given itself (``hook_z`` at the final position, which is where the
-  experiments edit it); `ablate` and the other experiments take the hooked full forward instead when a
-  user's hook is attached.
+- ``"final"``: its `last_logits`, every layer but the last over all positions, the last layer at the
+  final position only; ``"full"``: `last_logits` with a hook attached (or ``path="full"``).
+- ``"last_position"``: its knockout engine (`phaseinterp.models.hf.last_position`).
 
 Whether a hook is attached is TransformerLens's own registry (``HookPoint.has_hooks``: hooks added by
 ``add_hook``, ``hooks()``, ``run_with_hooks``, ``run_with_cache``); no private torch state is read. A
 hook attached with torch's raw ``register_forward_hook`` is not a TransformerLens hook and is not
-seen. Every path run is counted in ``model.path_counts`` (a `collections.Counter`).
+seen.
 """
 
 from __future__ import annotations

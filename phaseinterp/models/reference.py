@@ -2,9 +2,9 @@
 
 This file is the readable statement of what `phaseinterp.models.attention` computes, written
 straight from docs/science.md section 2 ("Compressor", "Attention"). It shares no code with the
-vectorized model beyond reading its parameters: every fast path (the full-sequence forward, query
-chunks, the incremental cache, `forward_final`, `forward_last`, the band layouts, the fused
-full-attention kernel; docs/models.md, "Which path runs when") is tested against it to 1e-5
+vectorized model beyond reading its parameters: the one forward (the full sequence, query
+blocks, the incremental cache and its forks, the band layouts, torch's fused kernel and the
+explicit softmax; docs/models.md, "One forward") is tested against it to 1e-5
 (tests/test_model.py). It is slow (Python loops over positions, heads and slots): use it to read
 or to check, never to run experiments.
 
