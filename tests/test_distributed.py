@@ -227,6 +227,9 @@ def test_profile_of_a_ready_batch_equals_phase_profile(tmp_path):
 
 
 def test_merge_refuses_a_foreign_or_broken_directory(tmp_path):
+    with pytest.raises(ValueError, match="is an empty folder"):  # the readers' door
+        parallel.merge(tmp_path)
+    (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(ValueError, match="not a sharded run directory"):
         parallel.merge(tmp_path)
     _run_alone(tmp_path / "a")
