@@ -71,7 +71,7 @@ def negate_scores(scores, hook):
 
 
 DSV4_EDITS = {
-    "blocks.0.attn.hook_pattern": zero_row_naive,
+    "blocks.0.attn.hook_pattern": zero_row_by_position,  # a cache call (last_logits' step) starts past 0
     "blocks.1.attn.hook_attn_scores": add_to_scores,
     "blocks.0.attn.hook_kv": flip_half,
     "blocks.1.attn.hook_z": scale(1.5),
@@ -176,7 +176,7 @@ def test_dsv4_chunks_are_a_function_of_length_and_model_never_of_batch(dsv4, mon
 
 
 OWN_EDITS = {
-    "blocks.0.attn.hook_pattern": zero_row_naive,
+    "blocks.0.attn.hook_pattern": zero_row_by_position,  # a cache call (last_logits' step) starts past 0
     "blocks.1.attn.hook_attn_scores": add_to_scores,
     "blocks.0.attn.hook_v": scale(0.5),
     "blocks.1.attn.hook_z": scale(1.5),

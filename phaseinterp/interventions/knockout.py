@@ -151,13 +151,14 @@ def _prefill_and_step(model, chunk: torch.Tensor, layers, cache=None, start_at_l
         else:
             model(chunk[:, :p], cache=cache, return_type=None)
     kept: dict = {}
-    keep = [(f"blocks.{layer}.hook_resid_pre", lambda t, hook: kept.__setitem__(hook.name, t)) for layer in layers]
+    names = {layer: phase_model(model).resid_pre_hook(layer) for layer in layers}
+    keep = [(name, lambda t, hook: kept.__setitem__(hook.name, t)) for name in names.values()]
     with model.hooks(fwd_hooks=keep):
         if start_at_layer:
             logits = model(resid_p, cache=cache.fork(), start_at_layer=start_at_layer)
         else:
             logits = model(chunk[:, p:], cache=cache.fork())
-    resid_pre = {layer: kept[f"blocks.{layer}.hook_resid_pre"] for layer in layers}
+    resid_pre = {layer: kept[name] for layer, name in names.items()}
     return _Step(cache, resid_pre, logits[:, -1])
 
 

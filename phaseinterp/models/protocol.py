@@ -129,6 +129,9 @@ class PhaseModel(Protocol):
     def z_hook(self, layer: int) -> str:
         """The per-query-head attention output hook of ``layer`` (``[batch, pos, head, d_head]``)."""
 
+    def resid_pre_hook(self, layer: int) -> str:
+        """The hook of the residual stream entering ``layer`` (what ``start_at_layer`` takes)."""
+
     def indexer_hook(self, layer: int, name: str) -> str:
         """An indexer hook (``"hook_scores"`` or ``"hook_selected"``) of a layer in `indexer_layers`."""
 
@@ -229,6 +232,10 @@ class _Family:
     def z_hook(self, layer: int) -> str:
         self._check_layer(layer)
         return f"blocks.{layer}.attn.hook_z"
+
+    def resid_pre_hook(self, layer: int) -> str:
+        self._check_layer(layer)
+        return f"blocks.{layer}.hook_resid_pre"
 
     def indexer_hook(self, layer: int, name: str) -> str:
         if name not in ("hook_scores", "hook_selected"):
