@@ -84,22 +84,37 @@ def calibration_mean_z(model, tokens: torch.Tensor, answer_pos: int, batch_size:
     return total / tokens.shape[0]
 
 
-def _engine_knockouts(model, engine, ans, by_layer, units, mean_z, answer_pos: int, bar):
-    """The clean answer and each unit of ``by_layer`` mean-replaced (`mean_replacement_hook`), a
-    layer's units as variants of each prompt, from DeepSeek-V4's last-position ``engine``
-    (`phaseinterp.models.hf.last_position`): (clean ok, logit, log-prob; knocked ok, logit, log-prob ``[n, unit]``)."""
-    clean = _answer_stats(engine.clean, ans)
+def _layer_variants(model, clean_logits, ans, by_layer, units, mean_z, answer_pos: int, bar, variants):
+    """The clean answer (``clean_logits`` ``[n, vocab]``) and each unit of ``by_layer`` mean-replaced
+    (`mean_replacement_hook`), a layer's V units as V variants of each prompt: ``variants(layer, V,
+    hook)`` gives their logits ``[n, V, vocab]``. Returns (clean ok, logit, log-prob; knocked ok,
+    logit, log-prob ``[n, unit]``)."""
+    clean = _answer_stats(clean_logits, ans)
     n = ans.shape[0]
     out_ok = torch.zeros(n, len(units), dtype=torch.bool)
     out_logit = torch.zeros(n, len(units))
     out_lp = torch.zeros(n, len(units))
     for layer, unit_idx in by_layer.items():
         hook = mean_replacement_hook(model, layer, [units.heads.iloc[u] for u in unit_idx], mean_z, answer_pos)
-        ok, logit, lp = _answer_stats(engine.variants(layer, len(unit_idx), [hook]), ans)  # [n, variant, vocab]
+        ok, logit, lp = _answer_stats(variants(layer, len(unit_idx), hook), ans)
         out_ok[:, unit_idx], out_logit[:, unit_idx], out_lp[:, unit_idx] = ok, logit, lp
         if bar is not None:
             bar.update(n * len(unit_idx))
     return clean, (out_ok, out_logit, out_lp)
+
+
+def _per_batch(model, tokens, answer_pos, answer, units, mean_z, batch_size, bar, start):
+    """`KnockoutOutputs` of every unit, per prompt batch: ``start(chunk, layers)`` gives the batch's
+    clean logits and its ``variants`` function (`_layer_variants`)."""
+    device = model_device(model)
+    by_layer = {layer: [int(i) for i in grp.index] for layer, grp in units.groupby("layer")}
+    parts = []
+    for i in range(0, tokens.shape[0], batch_size):
+        chunk = tokens[i : i + batch_size, : answer_pos + 1].to(device)
+        clean, variants = start(chunk, list(by_layer))
+        parts.append(_layer_variants(model, clean, answer[i : i + batch_size].to(device), by_layer, units, mean_z,
+                                     answer_pos, bar, variants))
+    return _collect(parts)
 
 
 def _collect(parts) -> KnockoutOutputs:
@@ -112,15 +127,12 @@ def _collect(parts) -> KnockoutOutputs:
 @torch.inference_mode()
 def _engine_knockouts_by_batch(model, tokens, answer_pos, answer, units, mean_z, batch_size, bar):
     """Every unit's knockout from DeepSeek-V4's last-position engine, per prompt batch."""
-    device = model_device(model)
-    by_layer = {layer: [int(i) for i in grp.index] for layer, grp in units.groupby("layer")}
-    parts = []
-    for i in range(0, tokens.shape[0], batch_size):
-        chunk = tokens[i : i + batch_size, : answer_pos + 1].to(device)
-        ans = answer[i : i + batch_size].to(device)
+
+    def start(chunk, layers):
         engine = last_position_engine(model, chunk)
-        parts.append(_engine_knockouts(model, engine, ans, by_layer, units, mean_z, answer_pos, bar))
-    return _collect(parts)
+        return engine.clean, lambda layer, V, hook: engine.variants(layer, V, [hook])
+
+    return _per_batch(model, tokens, answer_pos, answer, units, mean_z, batch_size, bar, start)
 
 
 def shares_lower_layers(model) -> bool:
@@ -162,39 +174,28 @@ def _prefill_and_step(model, chunk: torch.Tensor, layers, cache=None, start_at_l
     return _Step(cache, resid_pre, logits[:, -1])
 
 
-def _variant_knockouts(model, step: _Step, ans, by_layer, units, mean_z, answer_pos: int, bar):
-    """(clean ok, logit, log-prob; knocked ok, logit, log-prob ``[n, unit]``): each layer's units as
-    variants of the answer position's step from that layer on, over a fork of the prefill."""
-    clean = _answer_stats(step.clean, ans)
-    n = ans.shape[0]
-    out_ok = torch.zeros(n, len(units), dtype=torch.bool)
-    out_logit = torch.zeros(n, len(units))
-    out_lp = torch.zeros(n, len(units))
-    for layer, unit_idx in by_layer.items():
-        V = len(unit_idx)
-        hook = mean_replacement_hook(model, layer, [units.heads.iloc[u] for u in unit_idx], mean_z, answer_pos)
+def _step_variants(model, step: _Step):
+    """``variants(layer, V, hook)`` of `_layer_variants` over ``step``: the answer position's step
+    from ``layer`` on, V variants of each prompt over a fork of the prefill, ``hook`` attached."""
+
+    def variants(layer: int, V: int, hook) -> torch.Tensor:
         with model.hooks(fwd_hooks=[hook]):
             logits = model(step.resid_pre[layer].repeat_interleave(V, 0), cache=step.cache.fork(V),
                            start_at_layer=layer)
-        ok, logit, lp = _answer_stats(logits[:, -1].reshape(n, V, -1), ans)
-        out_ok[:, unit_idx], out_logit[:, unit_idx], out_lp[:, unit_idx] = ok, logit, lp
-        if bar is not None:
-            bar.update(n * V)
-    return clean, (out_ok, out_logit, out_lp)
+        return logits[:, -1].reshape(-1, V, logits.shape[-1])
+
+    return variants
 
 
 @torch.inference_mode()
 def _cached_knockouts(model, tokens, answer_pos, answer, units, mean_z, batch_size, bar):
     """Every unit's knockout through the cached forward, per prompt batch (module docstring)."""
-    device = model_device(model)
-    by_layer = {layer: [int(i) for i in grp.index] for layer, grp in units.groupby("layer")}
-    parts = []
-    for i in range(0, tokens.shape[0], batch_size):
-        chunk = tokens[i : i + batch_size, : answer_pos + 1].to(device)
-        step = _prefill_and_step(model, chunk, list(by_layer))
-        parts.append(_variant_knockouts(model, step, answer[i : i + batch_size].to(device), by_layer, units, mean_z,
-                                        answer_pos, bar))
-    return _collect(parts)
+
+    def start(chunk, layers):
+        step = _prefill_and_step(model, chunk, layers)
+        return step.clean, _step_variants(model, step)
+
+    return _per_batch(model, tokens, answer_pos, answer, units, mean_z, batch_size, bar, start)
 
 
 @torch.inference_mode()
@@ -242,7 +243,8 @@ def shifted_knockouts(model, tokens, answer_pos: int, answer, units, variants, c
             with variant():
                 step = _prefill_and_step(model, chunk, [L], cache=lower.copy(), start_at_layer=L, resid=resid,
                                          resid_p=resid_p)
-                parts[k].append(_variant_knockouts(model, step, ans, by_layer, units, mean_zs[k], answer_pos, None))
+                parts[k].append(_layer_variants(model, step.clean, ans, by_layer, units, mean_zs[k], answer_pos, None,
+                                                _step_variants(model, step)))
             if bar is not None:
                 bar.update(chunk.shape[0])
     return [_collect(p) for p in parts]
