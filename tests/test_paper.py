@@ -280,6 +280,26 @@ def test_the_command_line_names_a_bad_published_run_before_any_work(capsys):
     assert "--paper-figure applies to --paper only" in capsys.readouterr().err  # the flags' one declaration
 
 
+@pytest.mark.zoo("w6s6")
+def test_a_run_with_no_common_fold_is_refused_before_the_experiment(capsys, monkeypatch):
+    """``profile w6s6 --paper flash_base`` (24 residues, stride 6, beside 8 residues, stride 4: no common
+    fold) and the same for ``ablate`` are refused after the model loads and before any prompt runs,
+    naming the runs that do have a common fold."""
+    import phaseinterp.cli.commands as commands
+    from phaseinterp.cli import main
+
+    def ran(*args, **kwargs):
+        raise AssertionError("the experiment ran before the refusal")
+
+    monkeypatch.setattr(commands, "phase_profile", ran, raising=False)
+    monkeypatch.setattr(commands, "ablate", ran, raising=False)
+    for command in (["profile", "w6s6"], ["ablate", "w6s6", "--layer", "1"]):
+        assert main(command + ["--paper", "flash_base"]) == 2
+        err = capsys.readouterr().err
+        assert "'w6s6' (R=24, S=6) and flash_base (R=8, S=4) have no common fold" in err and "valid: " in err
+        assert "kvc_w8s6" in err.split("valid: ")[1]
+
+
 @pytest.mark.zoo("w4s4-1kv-shared")
 def test_paper_on_profile_ablate_and_cycle_prints_and_draws_what_compare_gives(tmp_path, capsys):
     """``--paper RUN`` end to end on the smallest shipped model (2 layers, 1 KV head: the geometry of the

@@ -41,6 +41,7 @@ from phaseinterp.interventions._common import check_layers
 from phaseinterp.interventions.gate_cycling import _default_size
 from phaseinterp.models import loading
 from phaseinterp.models.allocator import keep_freed_memory
+from phaseinterp.models.protocol import phase_model
 from phaseinterp.models.hf import export as hf_export
 from phaseinterp.models.hf import memory as hf_memory
 from phaseinterp.models.hf.export import DEFAULT_FP8_SCALES, EXPERT_FORMATS, EXPORT_LAYOUTS, FP8_SCALES
@@ -454,7 +455,12 @@ def _load_for_experiment(args):
         if not hasattr(model, "set_query_chunk"):
             raise UsageError(f"--query-chunk: {args.model!r} is not a phaseinterp CompressedTransformer")
         model.set_query_chunk(args.query_chunk)
-    return model, resolve_task(model)
+    task = resolve_task(model)
+    if getattr(args, "paper", None) is not None and args.command in ("profile", "ablate"):
+        # a published run with no common fold is refused before the experiment, not after it
+        paper_module.check_fold(task.residue_modulus, phase_model(model).stride, args.paper, what=repr(args.model),
+                                kind="knockout" if args.command == "ablate" else "profile")
+    return model, task
 
 
 def _finish(args, result) -> int:

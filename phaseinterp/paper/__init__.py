@@ -23,7 +23,7 @@ and ``"in-sequence"`` (controlled runs), ``"prefix"`` (baselines), ``"needle"`` 
 evaluation; ``None`` picks a run's first).
 """
 
-from phaseinterp.paper.compare import compare, counterparts
+from phaseinterp.paper.compare import check_fold, compare, counterparts
 from phaseinterp.paper.published import (
     TABLES,
     concentration,
@@ -42,6 +42,6 @@ from phaseinterp.paper.published import (
 from phaseinterp.paper.results import PaperComparison, PaperCycling, PaperGates
 from phaseinterp.paper.sweep import VARIANTS, config, overrides, sweep
 
-__all__ = ["TABLES", "VARIANTS", "PaperComparison", "PaperCycling", "PaperGates", "compare", "concentration",
+__all__ = ["TABLES", "VARIANTS", "PaperComparison", "PaperCycling", "PaperGates", "check_fold", "compare", "concentration",
            "config", "counterparts", "cycling", "cycling_runs", "evaluations", "gates", "knockout", "overrides", "profile", "resolve",
            "runs", "source", "sweep", "table", "trajectory"]

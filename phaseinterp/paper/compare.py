@@ -128,6 +128,20 @@ def _geometry(row: pd.Series) -> tuple[int, int]:
     return modulus, stride
 
 
+def check_fold(residues: int, stride: int, run: str, what: str = "the model", kind: str = "profile") -> tuple[int, int]:
+    """The ``(modulus, fold)`` that `compare` will use for a ``kind`` (``"profile"`` or ``"knockout"``)
+    result with ``residues`` residues and phases mod ``stride`` beside the published ``run``, checked before
+    the result exists (the command line runs it before the experiment): a pair with no common fold is one
+    line naming the published runs that have one."""
+    row = published._run_row(run)
+    theirs = _geometry(row)
+    shared = common_fold((int(residues), int(stride)), theirs)
+    if shared is None:
+        kinds = set(published.table("knockouts").run) if kind == "knockout" else None
+        _refuse(what, (int(residues), int(stride)), str(row.id), theirs, kinds=kinds)
+    return shared
+
+
 def _refuse(what: str, mine: tuple[int, int], run_id: str, theirs: tuple[int, int], kinds=None) -> None:
     table = published.table("runs")
     ok = [r.id for r in table.itertuples() if (kinds is None or r.id in kinds)
