@@ -128,7 +128,7 @@ def _geometry(row: pd.Series) -> tuple[int, int]:
     return modulus, stride
 
 
-def check_fold(residues: int, stride: int, run: str, what: str = "the model", kind: str = "profile") -> tuple[int, int]:
+def check_fold(residues: int, stride: int, run: str, *, what: str = "the model", kind: str = "profile") -> tuple[int, int]:
     """The ``(modulus, fold)`` that `compare` will use for a ``kind`` (``"profile"`` or ``"knockout"``)
     result with ``residues`` residues and phases mod ``stride`` beside the published ``run``, checked before
     the result exists (the command line runs it before the experiment): a pair with no common fold is one
