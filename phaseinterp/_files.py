@@ -181,6 +181,7 @@ def check_read_path(path: Any, what: str, *, name: str = "path", expect: str = "
     `train.tokenizer.TextTokenizer` (``pretrain --tokenizer``), `train.corpus.source_files` (``--data`` of
     ``pretrain`` and ``tokenizer train``), `engines.lm_eval.find_samples` (`profile_from_lm_eval`),
     `parallel.merge` (``merge DIR``), `train.pretrain.load_snapshot`, `engines.LlamaCppEngine` (``gguf_path``),
+    `CompressedTransformer.from_pretrained` (``directory``), `models.hf.load_hf` (``path``),
     and on the command line ``pretrain --config``, ``memory-plan CONFIG``, ``check-report DIR``, ``screenshot
     DIR`` and ``profile --engine --tokenizer DIR``."""
     if expect not in READ_EXPECTS:

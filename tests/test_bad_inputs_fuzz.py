@@ -787,6 +787,9 @@ def _reader_calls():
         "merge": (_py(lambda p, t: merge(p)), "directory", "folder"),
         "load_snapshot": (_py(lambda p, t: load_snapshot(p)), "run_dir", "folder"),
         "LlamaCppEngine": (_py(lambda p, t: LlamaCppEngine(p)), "gguf_path", "file"),
+        "CompressedTransformer.from_pretrained": (_py(lambda p, t: pi.CompressedTransformer.from_pretrained(p)),
+                                                  "directory", "folder"),
+        "load_hf": (_py(lambda p, t: pi.load_hf(p)), "path", "folder"),
         # the command line: exit 2, the flag named
         "MODEL": (["profile", "{p}"], "MODEL", "folder"),
         "--twin": (["report", "w4s4", "--twin", "{p}", "--out", "{t}/r"], "--twin", "folder"),

@@ -305,10 +305,13 @@ def test_load_hf_errors_name_the_path(tmp_path):
     with pytest.raises(FileNotFoundError, match=str(missing)):
         load_hf(missing)
     (tmp_path / "file.txt").write_text("x")
-    with pytest.raises(ValueError, match="is not a directory"):
+    with pytest.raises(ValueError, match="is a file, not a folder"):
         load_hf(tmp_path / "file.txt")
     empty = tmp_path / "empty"
     empty.mkdir()
+    with pytest.raises(ValueError, match=f"path='{empty}' is an empty folder"):
+        load_hf(empty)
+    (empty / "notes.txt").write_text("x")
     with pytest.raises(FileNotFoundError, match=f"{empty}.*not a Hugging Face model directory"):
         load_hf(empty)
     wrong = tmp_path / "llama"

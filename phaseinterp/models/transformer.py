@@ -52,8 +52,7 @@ from transformer_lens.hook_points import HookPoint
 
 from phaseinterp._checks import check_device, check_int, check_layer, check_query_chunk
 from phaseinterp.errors import UserInputError
-from phaseinterp._files import (atomic_write, check_metadata, check_write_target, expand_user, is_path,
-                               write_dir_atomically)
+from phaseinterp._files import (atomic_write, check_metadata, check_read_path, check_write_target, write_dir_atomically)
 from phaseinterp.config import CompressedConfig
 from phaseinterp.models.attention import CompressedAttention
 from phaseinterp.models.cache import KVCache
@@ -446,13 +445,8 @@ class CompressedTransformer(CheckedHooks):
         """Load a directory written by `save_pretrained`; verifies size and checksum first."""
         device = check_device(device)  # before reading any weights
 
-        if not is_path(directory):
-            raise UserInputError(f"directory={directory!r} is not a path to a checkpoint folder (config.json + "
-                                 f"{WEIGHTS_FILE})")
-        directory = Path(expand_user(directory))
-        if directory.is_file():
-            raise CheckpointError(f"{directory} is a file; a phaseinterp checkpoint is a folder ({CONFIG_FILE} + "
-                                  f"{WEIGHTS_FILE}, written by save_pretrained)")
+        directory = check_read_path(directory, f"a phaseinterp checkpoint folder ({CONFIG_FILE} + {WEIGHTS_FILE}, "
+                                               "written by save_pretrained)", name="directory")
         config_path, weights_path = directory / CONFIG_FILE, directory / WEIGHTS_FILE
         for path in (config_path, weights_path):
             if not path.is_file():

@@ -16,7 +16,7 @@ from typing import Any, Optional, Union
 import torch
 
 from phaseinterp._checks import check_device_map, check_dtype
-from phaseinterp._files import expand_user, is_path
+from phaseinterp._files import check_read_path
 from phaseinterp.errors import MissingPathError, UserInputError, keyword_options
 from phaseinterp.models.hf.config import DeepseekV4HookedConfig, config_from_dict
 from phaseinterp.models.hf.deepseek_v4 import SIDECAR_FILE, HookedDeepseekV4
@@ -86,13 +86,8 @@ def load_hf(path: Union[str, Path], *, device_map: Union[str, dict, None] = None
     device_map = check_device_map(device_map)  # every device named exists here: before any weight is read
     dtype = check_dtype(dtype, allow_auto=True)  # "bfloat16" as transformers takes it
 
-    if not is_path(path):
-        raise UserInputError(f"path={path!r} is not a path to a local checkpoint folder")
-    path = Path(expand_user(path))
-    if not path.exists():
-        raise MissingPathError(f"{path} does not exist (load_hf reads a local checkpoint directory)")
-    if not path.is_dir():
-        raise UserInputError(f"{path} is not a directory (load_hf reads a local checkpoint directory)")
+    path = check_read_path(path, "a local Hugging Face DeepSeek-V4 checkpoint folder (config.json + weights)",
+                           name="path")
     config_path = path / "config.json"
     if not config_path.is_file():
         raise MissingPathError(f"{config_path} does not exist: {path} is not a Hugging Face model directory")
