@@ -790,6 +790,7 @@ def _reader_calls():
         "CompressedTransformer.from_pretrained": (_py(lambda p, t: pi.CompressedTransformer.from_pretrained(p)),
                                                   "directory", "folder"),
         "load_hf": (_py(lambda p, t: pi.load_hf(p)), "path", "folder"),
+        "zoo.run_curves": (_py(lambda p, t: pi.zoo.run_curves("w4s4", p)), "run_dir", "folder"),
         # the command line: exit 2, the flag named
         "MODEL": (["profile", "{p}"], "MODEL", "folder"),
         "--twin": (["report", "w4s4", "--twin", "{p}", "--out", "{t}/r"], "--twin", "folder"),

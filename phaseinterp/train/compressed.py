@@ -29,7 +29,7 @@ from jaxtyping import Bool, Int
 from torch import Tensor
 
 from phaseinterp._checks import check_device, check_int
-from phaseinterp._files import atomic_write, check_write_target, normal_mode, progress_bar
+from phaseinterp._files import atomic_write, check_read_path, check_write_target, normal_mode, progress_bar
 from phaseinterp.config import CompressedConfig
 from phaseinterp.errors import UserInputError
 from phaseinterp.models.transformer import CompressedTransformer
@@ -257,7 +257,8 @@ def train(
 
     model = CompressedTransformer(config.replace(seed=tc.seed)).to(device)
     if init_from is not None:
-        _init_weights(model, Path(init_from))
+        _init_weights(model, check_read_path(init_from, "a saved model folder (config.json + weights), e.g. a zoo "
+                                                        "checkpoint", name="init_from"))
         metadata = {"init_from": str(init_from), **(metadata or {})}
     optimizer = _make_optimizer(model, tc)
     start, log_rows, curve_rows = 0, [], []

@@ -35,7 +35,7 @@ import pandas as pd
 import torch
 
 from phaseinterp._checks import check_device, check_name
-from phaseinterp._files import atomic_write_text, move_into_place
+from phaseinterp._files import atomic_write_text, check_read_path, move_into_place
 from phaseinterp.config import CompressedConfig
 from phaseinterp.errors import MissingPathError, UserInputError  # the user's paths and names: one line, exit 2
 from phaseinterp.models import CompressedTransformer
@@ -251,6 +251,8 @@ def run_curves(name: str, run_dir: Union[str, Path, None] = None):
     the shipped ``curves.csv`` of the run (or of the entry), else ``runs/zoo/<run>/curves.csv``."""
     e = entry(name)
     run = e.run or name
+    if run_dir is not None:
+        run_dir = check_read_path(run_dir, "a training run folder (curves.csv)", name="run_dir")
     candidates = ([Path(run_dir) / "curves.csv"] if run_dir is not None else []) + [
         CHECKPOINT_DIR / run / "curves.csv", CHECKPOINT_DIR / name / "curves.csv",
         Path("runs") / "zoo" / run / "curves.csv"]
