@@ -185,6 +185,7 @@ def check_read_path(path: Any, what: str, *, name: str = "path", expect: str = "
     and on the command line ``pretrain --config``, ``memory-plan CONFIG``, ``check-report DIR``, ``screenshot
     DIR`` and ``profile --engine --tokenizer DIR``."""
     if expect not in READ_EXPECTS:
+        # internal: every reader passes a literal kind; another one is a bug in phaseinterp, not bad input
         raise ValueError(f"internal: expect={expect!r} is not one of {READ_EXPECTS}")
     if not is_path(path):
         raise UserInputError(f"{name}={path!r} is not a path (a non-empty str or pathlib.Path without NUL); "

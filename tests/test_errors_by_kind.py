@@ -22,6 +22,8 @@ ROOT = Path(__file__).resolve().parents[1] / "phaseinterp"
 INTERNAL_VALUE_ERRORS = {
     ("zoo/__init__.py", "uses the equal-training rule but names no pair"):
         "ZOO is the package's own table: an entry without its pair is a bug in phaseinterp, not bad input",
+    ("_files.py", "is not one of {READ_EXPECTS}"):
+        "check_read_path's expect is a literal in each reader of the package, never the caller's",
     ("paper/build.py", "prompt counts reproduce its Wilson intervals"):
         "the paper's own export pins one prompt count per profile; another count means the export changed",
 }

@@ -409,7 +409,7 @@ def test_the_checker_names_what_it_cannot_check(tmp_path, monkeypatch, capsys):
 
     (tmp_path / "empty").mkdir()
     (tmp_path / "notes.txt").write_text("not a page")
-    for args, said in ((["check-report", "nope"], "does not exist"), (["check-report", "empty"], "without index.html"),
+    for args, said in ((["check-report", "nope"], "does not exist"), (["check-report", "empty"], "is an empty folder"),
                        (["check-report", "notes.txt"], "not an HTML page"),
                        (["screenshot", "empty", "x.png"], "index.html")):
         monkeypatch.chdir(tmp_path)
