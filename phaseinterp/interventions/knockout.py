@@ -163,7 +163,8 @@ def _prefill_and_step(model, chunk: torch.Tensor, layers, cache=None, start_at_l
         else:
             model(chunk[:, :p], cache=cache, return_type=None)
     kept: dict = {}
-    names = {layer: phase_model(model).resid_pre_hook(layer) for layer in layers}
+    family = phase_model(model)
+    names = {layer: family.resid_pre_hook(layer) for layer in layers}
     keep = [(name, lambda t, hook: kept.__setitem__(hook.name, t)) for name in names.values()]
     with model.hooks(fwd_hooks=keep):
         if start_at_layer:
