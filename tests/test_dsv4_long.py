@@ -13,6 +13,7 @@ from transformers import DeepseekV4Config  # noqa: E402
 
 from phaseinterp.errors import UserInputError  # noqa: E402
 from phaseinterp.models.hf import from_hf  # noqa: E402
+from phaseinterp.models.hf.against_hf import check_against_transformers  # noqa: E402
 from phaseinterp.models.hf.chunking import (AUTO_CHUNK_ABOVE, LONG_SCORE_BLOCK, SCORE_BLOCK,  # noqa: E402
                                             chunk_ranges, chunk_size, is_chunked)
 
@@ -38,16 +39,24 @@ def tokens_of(vocab: int, T: int, batch: int = 1, seed: int = 0) -> torch.Tensor
 
 
 def assert_equal_to_eager(hf, model, tokens, chunks=(1, 7, 64), atol=1e-4):
+    """Under every chunk setting: transformers' eager logits with its indexer selection in place (the
+    selections the same up to exact ties, `check_against_transformers`), and the same logits as the
+    unchunked forward with phaseinterp's own selection (ties break alike in every layout)."""
+    assert hf is model.hf
     with torch.no_grad():
-        ref = hf(tokens, use_cache=False).logits
+        model.set_query_chunk(None)
+        whole = model(tokens)
         for chunk in chunks:
             model.set_query_chunk(chunk)
             try:
+                check = check_against_transformers(model, tokens)
                 out = model(tokens)
             finally:
                 model.set_query_chunk("auto")
-            diff = (out - ref).abs().max().item()
-            assert diff <= atol, f"query_chunk={chunk}, T={tokens.shape[1]}: max |logit diff| {diff:.2e}"
+            assert check.ok, f"query_chunk={chunk}: {check}"
+            assert check.max_abs_diff <= atol, f"query_chunk={chunk}, T={tokens.shape[1]}: {check}"
+            diff = (out - whole).abs().max().item()
+            assert diff <= atol, f"query_chunk={chunk} vs None, T={tokens.shape[1]}: max |logit diff| {diff:.2e}"
 
 
 @pytest.fixture(scope="module")
@@ -85,29 +94,44 @@ def test_chunked_equals_eager_with_the_published_attention_settings():
     assert_equal_to_eager(hf, model, tokens_of(64, 2300), chunks=(256, 1000))
 
 
-def test_top_k_ties_break_as_transformers_breaks_them(small):
+def test_top_k_ties_go_to_the_lowest_entries_in_every_layout(small):
     """With the indexer's query projection at zero every closed entry scores exactly 0.0: each row's
-    top-k is a choice among ties. The chunked selection equals transformers' (its one [T, entry] call)."""
+    top-k is a choice among ties. phaseinterp gives them to the lowest entry indices, the same in a
+    full forward under every chunk setting and in a prefill followed by steps; transformers' choice
+    (``torch.topk``'s) is the same set of scores (a tie set), and with its choice in place the logits
+    are transformers'."""
     hf, model = small
     comp = model.blocks[0].attn.compressor
     tokens = tokens_of(64, 90, batch=2, seed=3)
+    name = "blocks.0.attn.compressor.indexer.hook_selected"
+    k = hf.config.index_topk
     saved = comp.indexer.hf.q_b_proj.weight.detach().clone()
+
+    def selections(calls):
+        seen = []
+        with model.hooks(fwd_hooks=[(name, lambda t, hook: seen.append(t.clone()))]):
+            calls()
+        return seen
+
     try:
         with torch.no_grad():
             comp.indexer.hf.q_b_proj.weight.zero_()
-            x = torch.randn(2, 90, hf.config.hidden_size, generator=torch.Generator().manual_seed(0))
-            q_residual = torch.randn(2, 90, hf.config.q_lora_rank, generator=torch.Generator().manual_seed(1))
-            position_ids = torch.arange(90).unsqueeze(0)
-            reference = comp.hf.indexer(x, q_residual, position_ids, None, 0)  # transformers' own module
-            scores, _ = comp.indexer.scores(x, q_residual, position_ids)
-            assert (scores[:, -1, :20] == 0).all()  # the ties are real
             for chunk in (1, 5, 90):
-                chosen = comp.indexer.select(x, q_residual, position_ids, chunk)
-                assert torch.equal(chosen.sort(-1).values, reference.sort(-1).values), chunk
-            model.set_query_chunk(5)
-            chunked = model(tokens)
+                model.set_query_chunk(chunk)
+                (chosen,) = selections(lambda: model(tokens))
+                closed = (torch.arange(90) + 1) // 4
+                want = torch.arange(chosen.shape[-1]).expand(90, -1)
+                want = torch.where(want < closed[:, None], want, -1)  # the lowest entries, -1 where none
+                assert torch.equal(chosen, want.expand(2, -1, -1)), chunk
             model.set_query_chunk("auto")
-            torch.testing.assert_close(chunked, hf(tokens, use_cache=False).logits, atol=1e-4, rtol=0)
+            cache = model.init_cache()
+            steps = selections(lambda: [model(tokens[:, a:b], cache=cache) for a, b in ((0, 50), (50, 51), (51, 90))])
+            assert chosen.shape[-1] == k
+            for (a, b), s in zip(((0, 50), (50, 51), (51, 90)), steps):  # k = index_topk in each call
+                assert torch.equal(s, chosen[:, a:b]), (a, b)
+            check = check_against_transformers(model, tokens)
+            assert check.ok and check.rows_tied_apart > 0, check  # the ties are real, and only ties differ
+            assert check.max_abs_diff <= 1e-4, check
     finally:
         with torch.no_grad():
             comp.indexer.hf.q_b_proj.weight.copy_(saved)

@@ -1,19 +1,18 @@
 """`ablate`'s knockouts: the calibration mean of ``hook_z``, the mean-replacement hook, and the two
 ways to run every unit's replacement at the answer position.
 
-Cached path (`_cached_knockouts`, the own family): the model's one forward with a KV cache. A
+Cached path (`_cached_knockouts`, both families): the model's one forward with a KV cache. A
 prefill of the prompts' prefix, one step of the answer position on a fork of the cache (the clean
 answer; the residual entering each layer kept), then for each layer its V units as V variants of that
 step from the layer on (``model(resid, cache=cache.fork(V), start_at_layer=L)``). Every hook the user
-attached fires on each call, on the positions it computes (docs/hooks.md, "The rule"). DeepSeek-V4
-takes its last-position engine (`phaseinterp.models.hf.last_position`) while no hook is attached.
+attached fires on each call, on the positions it computes (docs/hooks.md, "The rule").
 Naive path (`_naive_knockouts`): a hooked full forward per unit, the reference both equal to 1e-5. On
 every path the replacement is one ``hook_z`` hook, `mean_replacement_hook`, which edits the answer
 position only.
 
 Unit-level gate cycling repeats one layer's knockout under several gate shifts of that layer:
-`shifted_knockouts` runs the layers below it once per prompt batch for every shift (own family,
-``stop_at_layer`` / ``start_at_layer``; bit-identical to the per-shift loop, tested).
+`shifted_knockouts` runs the layers below it once per prompt batch for every shift (``stop_at_layer`` /
+``start_at_layer``; bit-identical to the per-shift loop, tested).
 """
 
 from __future__ import annotations
@@ -25,8 +24,6 @@ import torch
 
 from phaseinterp.errors import UserInputError
 from phaseinterp.interventions._common import model_device
-from phaseinterp.models.hf.last_position import last_position_engine
-from phaseinterp.models.paths import attached_hooks, record_path
 from phaseinterp.models.protocol import phase_model
 
 
@@ -46,19 +43,11 @@ class KnockoutOutputs(NamedTuple):
 def knockout_measures(model, tokens, answer_pos: int, answer, units, mean_z, batch_size: int = 64,
                       method: str = "fast", bar=None) -> KnockoutOutputs:
     """Every unit's mean replacement at ``answer_pos`` (``units``: rows with ``layer`` and ``heads``;
-    ``mean_z`` ``[layer, head, d_head]``). ``method="fast"`` uses the family's cached-prefix path
-    where the model protocol has one (`PhaseModel.has_fast_ablation`), else the hooked full forward
-    per unit; ``"naive"`` always takes the hooked path. Both agree to 1e-5 (tests). While a user's
-    hook is attached (`phaseinterp.models.paths.attached_hooks`) the hooked path runs whatever
-    ``method`` says on DeepSeek-V4, whose engine computes the unhooked model only; the own family's
-    cached path runs every attached hook."""
-    family = phase_model(model)
-    if method == "fast" and family.family == "compressed":
-        run = _cached_knockouts
-    elif method == "fast" and family.has_fast_ablation and not attached_hooks(model):
-        run = _engine_knockouts_by_batch
-    else:
-        run = _naive_knockouts
+    ``mean_z`` ``[layer, head, d_head]``). ``method="fast"``: the cached forward (module docstring)
+    where the model protocol has it (`PhaseModel.has_fast_ablation`: both families), else the hooked
+    full forward per unit; ``"naive"`` always takes the hooked full forward. Both agree to 1e-5 and
+    run every hook the user attached (tests)."""
+    run = _cached_knockouts if method == "fast" and phase_model(model).has_fast_ablation else _naive_knockouts
     return run(model, tokens, answer_pos, torch.as_tensor(answer), units, mean_z, batch_size, bar)
 
 
@@ -124,30 +113,21 @@ def _collect(parts) -> KnockoutOutputs:
     return KnockoutOutputs(clean[0], knocked[0], clean[1], knocked[1], clean[2], knocked[2])
 
 
-@torch.inference_mode()
-def _engine_knockouts_by_batch(model, tokens, answer_pos, answer, units, mean_z, batch_size, bar):
-    """Every unit's knockout from DeepSeek-V4's last-position engine, per prompt batch."""
-
-    def start(chunk, layers):
-        engine = last_position_engine(model, chunk)
-        return engine.clean, lambda layer, V, hook: engine.variants(layer, V, [hook])
-
-    return _per_batch(model, tokens, answer_pos, answer, units, mean_z, batch_size, bar, start)
-
-
 def shares_lower_layers(model) -> bool:
     """Whether `shifted_knockouts` runs the layers below the edited one once for every variant
-    (the own family's cached forward); elsewhere it reruns every layer per variant."""
-    return phase_model(model).family == "compressed"
+    (the cached forward, both families); elsewhere it reruns every layer per variant."""
+    return phase_model(model).has_fast_ablation
 
 
 class _Step(NamedTuple):
     """A prompt batch's prefill (``cache``, positions ``0 .. p - 1``) and the answer position's
-    residual entering each layer (``resid_pre[layer]`` ``[n, 1, d_model]``), with the clean logits."""
+    residual entering each layer (``resid_pre[layer]`` ``[n, 1, ...]``), with the clean logits and
+    the keywords a step from a layer takes besides the residual (`PhaseModel.layer_inputs`)."""
 
     cache: object
     resid_pre: dict
     clean: torch.Tensor
+    inputs: dict
 
 
 def _prefill_and_step(model, chunk: torch.Tensor, layers, cache=None, start_at_layer: int = 0, resid=None,
@@ -159,7 +139,8 @@ def _prefill_and_step(model, chunk: torch.Tensor, layers, cache=None, start_at_l
     cache = model.init_cache() if cache is None else cache
     if p > 0:
         if start_at_layer:
-            model(resid, cache=cache, start_at_layer=start_at_layer, return_type=None)
+            model(resid, cache=cache, start_at_layer=start_at_layer, return_type=None,
+                  **phase_model(model).layer_inputs(chunk[:, :p]))
         else:
             model(chunk[:, :p], cache=cache, return_type=None)
     kept: dict = {}
@@ -168,11 +149,12 @@ def _prefill_and_step(model, chunk: torch.Tensor, layers, cache=None, start_at_l
     keep = [(name, lambda t, hook: kept.__setitem__(hook.name, t)) for name in names.values()]
     with model.hooks(fwd_hooks=keep):
         if start_at_layer:
-            logits = model(resid_p, cache=cache.fork(), start_at_layer=start_at_layer)
+            logits = model(resid_p, cache=cache.fork(), start_at_layer=start_at_layer,
+                           **family.layer_inputs(chunk[:, p:]))
         else:
             logits = model(chunk[:, p:], cache=cache.fork())
     resid_pre = {layer: kept[name] for layer, name in names.items()}
-    return _Step(cache, resid_pre, logits[:, -1])
+    return _Step(cache, resid_pre, logits[:, -1], family.layer_inputs(chunk[:, p:]))
 
 
 def _step_variants(model, step: _Step):
@@ -180,9 +162,10 @@ def _step_variants(model, step: _Step):
     from ``layer`` on, V variants of each prompt over a fork of the prefill, ``hook`` attached."""
 
     def variants(layer: int, V: int, hook) -> torch.Tensor:
+        inputs = {k: v.repeat_interleave(V, 0) for k, v in step.inputs.items()}
         with model.hooks(fwd_hooks=[hook]):
             logits = model(step.resid_pre[layer].repeat_interleave(V, 0), cache=step.cache.fork(V),
-                           start_at_layer=layer)
+                           start_at_layer=layer, **inputs)
         return logits[:, -1].reshape(-1, V, logits.shape[-1])
 
     return variants
@@ -266,7 +249,8 @@ def _shifted_mean_z(model, tokens, answer_pos: int, layer: int, variants, batch_
             with variant():
                 with model.hooks(fwd_hooks=[(name, lambda z, hook: got.append(z[:, answer_pos]))]):
                     if layer > 0:
-                        model(resid, start_at_layer=layer, stop_at_layer=layer + 1)
+                        model(resid, start_at_layer=layer, stop_at_layer=layer + 1,
+                              **phase_model(model).layer_inputs(chunk))
                     else:
                         model(chunk, stop_at_layer=1)
             z = torch.stack([got.pop()], 0).sum(1)[0]  # [head, d_head], summed as calibration_mean_z sums
@@ -287,10 +271,10 @@ def mean_replacement_hook(model, layer: int, heads, mean_z, answer_pos: int) -> 
     ``model.hooks(...)``.
 
     The function finds ``answer_pos`` among the positions it is given through
-    ``hook.ctx["query_range"] == (a, b)`` (the full forward: ``(0, T)``; the last-position path:
+    ``hook.ctx["query_range"] == (a, b)`` (the full forward: ``(0, T)``; a step of the answer position:
     ``(p, p + 1)``, ``z`` ``[batch, 1, head, d_head]``), and leaves ``z`` alone when ``answer_pos`` is
-    not among them. ``heads``: the query-head ids of one unit, or one list per variant (the knockout
-    engine runs a layer's V units as V variants of each prompt: row ``r`` of ``z`` is prompt
+    not among them. ``heads``: the query-head ids of one unit, or one list per variant (the cached
+    sweep runs a layer's V units as V variants of each prompt: row ``r`` of ``z`` is prompt
     ``r // V``, variant ``r % V``, which gets ``heads[r % V]``)."""
     groups = [list(g) for g in heads] if heads and not isinstance(heads[0], (int, np.integer)) else [list(heads)]
     mask = torch.zeros(len(groups), model.cfg.n_heads, dtype=torch.bool)
@@ -320,7 +304,6 @@ def _naive_knockouts(model, tokens, answer_pos, answer, units, mean_z, batch_siz
         chunk = tokens[i : i + batch_size, : answer_pos + 1].to(device)
         ans = answer[i : i + batch_size].to(device)
         ok, logit, lp = _answer_stats(model(chunk)[:, answer_pos], ans)
-        record_path(model, "full")
         clean_ok.append(ok)
         clean_logit.append(logit)
         clean_lp.append(lp)
@@ -328,7 +311,6 @@ def _naive_knockouts(model, tokens, answer_pos, answer, units, mean_z, batch_siz
         for unit in units.itertuples():
             lg = model.run_with_hooks(chunk, fwd_hooks=[mean_replacement_hook(model, unit.layer, unit.heads, mean_z,
                                                                                answer_pos)])[:, answer_pos]
-            record_path(model, "full")
             ok, logit, lp = _answer_stats(lg, ans)
             oks.append(ok)
             lgs.append(logit)

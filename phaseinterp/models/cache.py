@@ -1,13 +1,18 @@
-"""Incremental-decoding state: per-layer cached token inputs and compressed entries."""
+"""Incremental-decoding state: `KVCache`, one per call sequence, with one layer cache per layer.
+
+The layer caches are the family's own (`LayerCache` here for `CompressedTransformer`,
+`phaseinterp.models.hf.cache.LayerCache` for DeepSeek-V4): each has ``map`` (a tensor function applied
+to every tensor), ``n_tokens`` and ``batch_size``; `KVCache` (fork, copy, the one-call rule) is shared."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from torch import Tensor
 
 from phaseinterp._checks import check_int
+from phaseinterp.errors import UserInputError
 
 
 @dataclass
@@ -28,10 +33,18 @@ class LayerCache:
     def map(self, fn) -> "LayerCache":
         return LayerCache(*(fn(t) for t in (self.h, self.k, self.v, self.k_rot, self.k_comp, self.v_comp)))
 
+    @property
+    def n_tokens(self) -> int:
+        return self.h.shape[1]
+
+    @property
+    def batch_size(self) -> int:
+        return self.h.shape[0]
+
 
 @dataclass
 class KVCache:
-    """Incremental-decoding state of a `CompressedTransformer` (compressor state included).
+    """Incremental-decoding state of a model of either family (compressor state included).
 
     Feeding a sequence in pieces through ``model(tokens, cache=cache)`` gives the same
     outputs as one full forward. ``length`` is the number of tokens consumed so far.
@@ -39,7 +52,7 @@ class KVCache:
     which the fork is ``spent``.
     """
 
-    layers: list[Optional[LayerCache]] = field(default_factory=list)
+    layers: list[Any] = field(default_factory=list)  # per layer: the family's layer cache, or None
     length: int = 0
     variants: Optional[int] = None
     spent: bool = False
@@ -65,8 +78,33 @@ class KVCache:
         variants = check_int("variants", variants, 1)
         return KVCache(list(self.layers), self.length, variants=variants)
 
+    @staticmethod
+    def check(cache: Optional["KVCache"], n_layers: int, first: int, last: int) -> tuple[int, Optional[int]]:
+        """(the position a call over layers ``first .. last - 1`` starts at, the fork's variants or
+        None) of ``cache`` (None: a call without a cache, at position 0); refuses anything but a
+        `KVCache` of ``n_layers`` layers, a spent fork, and layers that hold different lengths."""
+        if cache is None:
+            return 0, None
+        if not isinstance(cache, KVCache) or len(cache.layers) != n_layers:
+            raise UserInputError(f"cache={type(cache).__name__} is not a KVCache of this model's "
+                                 f"{n_layers} layers (model.init_cache())")
+        if cache.spent:
+            raise UserInputError("this fork of a cache (KVCache.fork) has taken its one call; fork the cache again")
+        lengths = {0 if lc is None else lc.n_tokens for lc in cache.layers[first:last]}
+        if len(lengths) > 1:
+            raise UserInputError(f"the cache's layers {first}..{last - 1} hold different numbers of tokens "
+                                 f"({sorted(lengths)}): run the same positions through each")
+        return lengths.pop(), cache.variants
+
+    def check_rows(self, rows: int, variants: Optional[int]) -> None:
+        """Refuse a call of ``rows`` rows that does not continue this cache's rows (times a fork's variants)."""
+        if self.batch_size and rows != self.batch_size * (variants or 1):
+            want = self.batch_size * (variants or 1)
+            raise UserInputError(f"tokens batch {rows} does not match the cache's batch {want}"
+                                 + (f" ({self.batch_size} rows x {variants} variants)" if variants else ""))
+
     @property
     def batch_size(self) -> int:
         """Rows of the cached prefix (0 while nothing is cached)."""
         first = next((lc for lc in self.layers if lc is not None), None)
-        return 0 if first is None else first.h.shape[0]
+        return 0 if first is None else first.batch_size

@@ -1,19 +1,12 @@
 """Hook bookkeeping shared by both families: which hook points have a hook attached, the query
-(and entry) ranges a hook is told, the checked hook registry, and DeepSeek-V4's path counter.
+(and entry) ranges a hook is told, and the checked hook registry.
 
-The own family has one forward with a KV cache (docs/models.md, "One forward"): every hook fires
-on the positions each call computes, ``hook.ctx["query_range"]`` saying which (docs/hooks.md, "The
-rule"). DeepSeek-V4, which has no cache yet, keeps two engines beside its forward that run only while
-no hook is attached, counted in ``model.path_counts`` (a `collections.Counter`):
-
-- ``"final"``: its `last_logits`, every layer but the last over all positions, the last layer at the
-  final position only; ``"full"``: `last_logits` with a hook attached (or ``path="full"``).
-- ``"last_position"``: its knockout engine (`phaseinterp.models.hf.last_position`).
-
-Whether a hook is attached is TransformerLens's own registry (``HookPoint.has_hooks``: hooks added by
-``add_hook``, ``hooks()``, ``run_with_hooks``, ``run_with_cache``); no private torch state is read. A
-hook attached with torch's raw ``register_forward_hook`` is not a TransformerLens hook and is not
-seen.
+Each family has one forward with a KV cache (docs/models.md, "One forward"): every hook fires on
+the positions each call computes, ``hook.ctx["query_range"]`` saying which (docs/hooks.md, "The
+rule"). Whether a hook is attached is TransformerLens's own registry (``HookPoint.has_hooks``: hooks
+added by ``add_hook``, ``hooks()``, ``run_with_hooks``, ``run_with_cache``); no private torch state is
+read. A hook attached with torch's raw ``register_forward_hook`` is not a TransformerLens hook and is
+not seen.
 """
 
 from __future__ import annotations
@@ -29,8 +22,6 @@ from transformer_lens.HookedRootModule import HookedRootModule
 from phaseinterp._checks import check_name
 from phaseinterp.errors import UserInputError
 
-PATHS = ("final", "last_position", "full")
-Z_HOOK = re.compile(r"blocks\.\d+\.attn\.hook_z")
 
 
 def has_hooks(point) -> bool:
@@ -49,16 +40,6 @@ def attached_hooks(model) -> list[str]:
     return list(hooked_points(model))
 
 
-def last_logits_path(model, path: str = "auto") -> str:
-    """The path `last_logits` takes: ``"final"`` while no hook is attached, else ``"full"`` (module
-    docstring); ``path="full"`` asks for the full forward whatever is attached."""
-    if path not in ("auto", "full"):
-        raise UserInputError(f"path={path!r} is not one of ('auto', 'full')")
-    if path == "full" or hooked_points(model):
-        return "full"
-    return "final"
-
-
 def refuse_hooks(model, what: str) -> None:
     """Raise naming the attached hooks: ``what`` (an engine comparison, say) cannot honour them."""
     names = attached_hooks(model)
@@ -68,27 +49,26 @@ def refuse_hooks(model, what: str) -> None:
                              "of the model as stored; remove them first (model.reset_hooks(including_permanent=True))")
 
 
-def record_path(model, path: str) -> None:
-    """Count one run of ``path`` in ``model.path_counts``."""
-    counts = getattr(model, "path_counts", None)
-    if counts is not None:
-        counts[path] += 1
-
-
 @contextmanager
-def query_context(hooks: Iterable, a: int, b: int):
-    """Tell ``hooks`` which query positions the activation they are about to see covers: a hook
-    function reads ``hook.ctx["query_range"] == (a, b)``, positions ``a .. b - 1`` (a chunked forward
-    calls the per-query ``[pos, key_slot]`` hooks once per query chunk; the knockout engine calls
-    ``hook_z`` with ``(p, p + 1)``; the full forward with ``(start, start + pos)``)."""
+def query_context(hooks: Iterable, a: int, b: int, key: str = "query_range"):
+    """Tell ``hooks`` which positions the activation they are about to see covers: a hook function
+    reads ``hook.ctx["query_range"] == (a, b)``, positions ``a .. b - 1`` (each call of the forward
+    sets it model-wide to the positions it computes; a chunked attention calls the per-query ``[pos,
+    key_slot]`` hooks once per query chunk, with that chunk's range). ``key="entry_range"``: the
+    compressed entries ``a .. b - 1`` a compressor's per-entry hooks see. The previous value is put
+    back afterwards."""
     hooks = list(hooks)
+    saved = [hook.ctx.get(key) for hook in hooks]
     for hook in hooks:
-        hook.ctx["query_range"] = (a, b)
+        hook.ctx[key] = (a, b)
     try:
         yield
     finally:
-        for hook in hooks:
-            hook.ctx.pop("query_range", None)
+        for hook, old in zip(hooks, saved):
+            if old is None:
+                hook.ctx.pop(key, None)
+            else:
+                hook.ctx[key] = old
 
 
 class CheckedHooks(HookedRootModule):
@@ -162,5 +142,5 @@ def shape_checked(name: str, hook: Callable) -> Callable:
     return checked
 
 
-__all__ = ["PATHS", "CheckedHooks", "attached_hooks", "has_hooks", "hooked_points", "last_logits_path",
-           "query_context", "record_path", "refuse_hooks", "shape_checked"]
+__all__ = ["CheckedHooks", "attached_hooks", "has_hooks", "hooked_points", "query_context", "refuse_hooks",
+           "shape_checked"]

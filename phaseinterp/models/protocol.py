@@ -113,9 +113,13 @@ class PhaseModel(Protocol):
 
     @property
     def has_fast_ablation(self) -> bool:
-        """Whether `ablate` runs its sweep as one prefill of the shared prefix, then the answer position
-        in variants (the own family's cached forward; DeepSeek-V4's last-position engine,
-        `phaseinterp.models.hf.last_position`); else the hooked full forward per unit."""
+        """Whether `ablate` runs its sweep through the cached forward (one prefill of the shared prefix,
+        then the answer position in variants: both families); else the hooked full forward per unit."""
+
+    def layer_inputs(self, tokens) -> dict:
+        """The keywords a ``start_at_layer`` call over the positions of ``tokens`` takes besides the
+        residual: DeepSeek-V4's hash-routed MoE layers read the token ids (``{"input_ids": tokens}``);
+        the own family needs none (``{}``)."""
 
     @property
     def has_answer_logits(self) -> bool:
@@ -222,9 +226,12 @@ class _Family:
     def has_fast_ablation(self) -> bool:
         return False
 
+    def layer_inputs(self, tokens) -> dict:
+        return {}
+
     @property
     def has_answer_logits(self) -> bool:
-        return True  # both families have ``last_logits`` (models/paths.py picks its path from the hooks)
+        return True  # both families have ``last_logits``: a prefill, then one step
 
     def answer_logits(self, tokens) -> torch.Tensor:
         return self.model.last_logits(tokens)
@@ -363,10 +370,10 @@ class DeepseekV4Family(_Family):
 
     @property
     def has_fast_ablation(self) -> bool:
-        # models.hf.last_position; offloaded layers (device_map CPU/disk offload) keep their weights
-        # off the module between forwards, so those models take the hooked path
-        offloaded = self.model.metadata.get("checkpoint", {}).get("offloaded") or []
-        return not offloaded
+        return True  # the cached forward (offloaded layers are brought in per layer, as in any forward)
+
+    def layer_inputs(self, tokens) -> dict:
+        return {"input_ids": tokens}
 
 
 class GenericModel(_Family):

@@ -273,7 +273,7 @@ class CompressedTransformer(CheckedHooks):
         last = n_layers if stop_at_layer is None else check_int("stop_at_layer", stop_at_layer, first + 1, n_layers)
         if return_type == "loss" and (start_at_layer is not None or stop_at_layer is not None):
             raise UserInputError("return_type='loss' needs the tokens: it takes no start_at_layer / stop_at_layer")
-        start, variants = self._check_cache(cache, first, last)
+        start, variants = KVCache.check(cache, n_layers, first, last)
         if start_at_layer is None:
             self._check_tokens(tokens, start)
             tokens = tokens.to(self.W_E.device).long()
@@ -281,10 +281,8 @@ class CompressedTransformer(CheckedHooks):
         else:
             resid = self._check_resid(tokens)
         n = resid.shape[1]
-        if cache is not None and cache.batch_size and resid.shape[0] != cache.batch_size * (variants or 1):
-            rows = cache.batch_size * (variants or 1)
-            raise UserInputError(f"tokens batch {resid.shape[0]} does not match the cache's batch {rows}"
-                                 + (f" ({cache.batch_size} rows x {variants} variants)" if variants else ""))
+        if cache is not None:
+            cache.check_rows(resid.shape[0], variants)
         recompute = self.activation_checkpointing and cache is None and torch.is_grad_enabled()
         with query_context(hooked_points(self).values(), start, start + n):
             for layer in range(first, last):
@@ -312,22 +310,6 @@ class CompressedTransformer(CheckedHooks):
         return F.cross_entropy(
             einops.rearrange(logits[:, :-1], "b t v -> (b t) v"), einops.rearrange(tokens[:, 1:], "b t -> (b t)")
         )
-
-    def _check_cache(self, cache: Optional[KVCache], first: int, last: int) -> tuple[int, Optional[int]]:
-        """(the position the call starts at, the fork's variants or None) of ``cache`` over layers
-        ``first .. last - 1``, which must hold the same number of tokens."""
-        if cache is None:
-            return 0, None
-        if not isinstance(cache, KVCache) or len(cache.layers) != self.cfg.n_layers:
-            raise UserInputError(f"cache={type(cache).__name__} is not a KVCache of this model's "
-                                 f"{self.cfg.n_layers} layers (model.init_cache())")
-        if cache.spent:
-            raise UserInputError("this fork of a cache (KVCache.fork) has taken its one call; fork the cache again")
-        lengths = {0 if lc is None else lc.h.shape[1] for lc in cache.layers[first:last]}
-        if len(lengths) > 1:
-            raise UserInputError(f"the cache's layers {first}..{last - 1} hold different numbers of tokens "
-                                 f"({sorted(lengths)}): run the same positions through each")
-        return lengths.pop(), cache.variants
 
     def _check_resid(self, resid: Any) -> Tensor:
         if not isinstance(resid, Tensor) or resid.ndim != 3 or resid.shape[-1] != self.cfg.d_model \

@@ -15,9 +15,10 @@ import torch.nn.functional as F
 from torch import Tensor
 from transformer_lens.hook_points import HookPoint
 
+from phaseinterp.models.hf.cache import LayerCache
 from phaseinterp.models.hf.chunking import TOKEN_BLOCK, chunk_ranges, is_chunked
-from phaseinterp.models.paths import has_hooks, query_context
 from phaseinterp.models.hf.compressor import CompressorHooks, _hf, _NoCompressor
+from phaseinterp.models.paths import has_hooks, query_context
 from phaseinterp.models.hf.config import CSA, SLIDING
 
 
@@ -144,54 +145,65 @@ class AttentionHooks(nn.Module):
         self.hook_z = HookPoint()
         self.query_chunk = "auto"  # an execution setting (`HookedDeepseekV4.set_query_chunk`), not a weight
 
-    def forward(self, x: Tensor, position_embeddings: dict, position_ids: Tensor) -> Tensor:
+    def forward(self, x: Tensor, position_embeddings: dict, position_ids: Tensor, cache: Optional[LayerCache],
+                variants: Optional[int] = None) -> tuple[Tensor, LayerCache]:
+        """The attention output ``[batch, n, d_model]`` of ``x`` ``[batch, n, d_model]``, the tokens at
+        ``position_ids`` ``[1, n]`` (``start .. start + n - 1``) after ``cache`` (None: ``start`` is 0),
+        and the layer's cache extended by them. ``variants``: ``x`` holds that many rows per cached row
+        (`KVCache.fork`), the cache is read, not extended (the returned one is the variants')."""
         hf = self.hf
         mod = _hf()
-        batch, T, _ = x.shape
+        batch, n, _ = x.shape
         d = hf.head_dim
+        start = int(position_ids[0, 0])
+        if cache is not None and variants is not None and variants > 1:
+            cache = cache.map(lambda t: t.repeat_interleave(variants, 0))  # row r continues row r // variants
         cos, sin = position_embeddings[hf.rope_layer_type]
         q_residual = hf.q_a_norm(hf.q_a_proj(x))
-        q = self.q_norm(self.hook_q(hf.q_b_proj(q_residual).view(batch, T, -1, d)))
+        q = self.q_norm(self.hook_q(hf.q_b_proj(q_residual).view(batch, n, -1, d)))
         q = self.hook_rot_q(mod.apply_rotary_pos_emb(q.transpose(1, 2), cos, sin).transpose(1, 2)).transpose(1, 2)
-        kv = self.kv_norm(self.hook_kv(hf.kv_proj(x).view(batch, T, -1, d)))
-        kv = self.hook_rot_kv(mod.apply_rotary_pos_emb(kv.transpose(1, 2), cos, sin).transpose(1, 2)).transpose(1, 2)
-        z = self._attend(q, kv[:, 0], x, q_residual, position_ids, cos, sin)
-        with query_context([self.hook_z], 0, T):
-            z = self.hook_z(z)
-        grouped = hf.o_a_proj(z.reshape(batch, T, hf.config.o_groups, -1)).flatten(2)
-        return hf.o_b_proj(grouped)
-
-    def _attend(self, q: Tensor, kv: Tensor, x: Tensor, q_residual: Tensor, position_ids: Tensor,
-                cos: Tensor, sin: Tensor) -> Tensor:
-        """`attend` over every query, in the query chunks of `chunking.chunk_ranges` (``query_chunk``
-        ``None``: one chunk of all ``T``): ``z`` ``[batch, pos, head, d_head]`` before ``hook_z``, equal to
-        transformers' eager forward (tests/test_dsv4_long.py, tests/test_deepseek_v4.py).
-
-        ``q`` ``[batch, head, pos, d]`` and ``kv`` ``[batch, pos, d]`` (one K = V head) are rotated, at
-        positions ``0 .. T - 1`` (``position_ids``, the forward's own). The
-        compressor's entries are computed once (its hooks fire once, full shape); a CSA layer's indexer
-        selects each query's top-k (`IndexerHooks.select`, itself chunked). While ``hook_attn_scores`` or
-        ``hook_pattern`` has a hook, a chunk's scores are laid out with EVERY entry of the prompt (-inf
-        where not visible or not selected), one query chunk per call (``hook.ctx["query_range"]``); the
-        numbers are the same either way."""
-        hf = self.hf
-        batch, H, T, d = q.shape
-        band = hf.config.sliding_window
+        kv = self.kv_norm(self.hook_kv(hf.kv_proj(x).view(batch, n, -1, d)))
+        kv = self.hook_rot_kv(mod.apply_rotary_pos_emb(kv.transpose(1, 2), cos, sin).transpose(1, 2))[:, :, 0]
+        keys = kv if cache is None else torch.cat([cache.kv, kv], dim=1)  # positions start - len(cache.kv) ..
         comp = self.compressor
-        entries = selected = stride = None
+        entries = selected = stride = state = index_state = None
         if isinstance(comp, CompressorHooks):
             stride = comp.compress_rate
-            entries = comp.compress(x)  # [batch, E, d], rotated; the compressor's hooks fire once, full shape
+            entries, state = comp.extend(x, start, None if cache is None else cache.compressor)
             if comp.kind == CSA:
-                selected = comp.indexer.select(x, q_residual, position_ids, self.query_chunk)  # [batch, T, k]
+                index_entries, index_state = comp.indexer.extend(x, start, None if cache is None else cache.indexer)
+                selected = comp.indexer.select(x, q_residual, position_ids, index_entries, self.query_chunk)
+        z = self._attend(q, keys, start + n - keys.shape[1], entries, stride, selected, cos, sin, start)
+        z = self.hook_z(z)
+        grouped = hf.o_a_proj(z.reshape(batch, n, hf.config.o_groups, -1)).flatten(2)
+        # what later queries' bands read: a copy of those rows, so the call's K = V is freed with it
+        tail = keys[:, max(0, keys.shape[1] - (hf.config.sliding_window - 1)):].clone()
+        return hf.o_b_proj(grouped), LayerCache(start + n, tail, state, index_state)
+
+    def _attend(self, q: Tensor, kv: Tensor, kv_offset: int, entries: Optional[Tensor], stride: Optional[int],
+                selected: Optional[Tensor], cos: Tensor, sin: Tensor, start: int) -> Tensor:
+        """`attend` over the call's queries (positions ``start ..``), in the query chunks of
+        `chunking.chunk_ranges` (``query_chunk`` None: one chunk): ``z`` ``[batch, n, head, d_head]``
+        before ``hook_z``, equal to transformers' eager forward (tests/test_dsv4_long.py,
+        tests/test_deepseek_v4.py).
+
+        ``q`` ``[batch, head, n, d]`` and ``kv`` ``[batch, L, d]`` (one K = V head, positions ``kv_offset
+        ..``) are rotated; ``entries`` the compressor's entries closed by the call's last query;
+        ``selected`` a CSA layer's top-k per query. While ``hook_attn_scores`` or ``hook_pattern`` has a
+        hook, a chunk's scores are laid out with EVERY entry of ``entries`` (-inf where not visible or not
+        selected), one query chunk per call (``hook.ctx["query_range"]``); the numbers are the same
+        either way."""
+        hf = self.hf
+        batch, H, n, d = q.shape
+        band = hf.config.sliding_window
         E = 0 if entries is None else entries.shape[1]
         hooked = has_hooks(self.hook_attn_scores) or has_hooks(self.hook_pattern)
         slots = band + (0 if entries is None else E if hooked or selected is None else selected.shape[-1])
         per_query = max(H * (slots + 1), slots * d)  # one prompt row: the chunks never depend on the batch
-        ranges = [(0, T)] if self.query_chunk is None else chunk_ranges(T, per_query, self.query_chunk)
-        z = q.new_empty((batch, T, H, d))
+        ranges = [(0, n)] if self.query_chunk is None else chunk_ranges(n, per_query, self.query_chunk)
+        z = q.new_empty((batch, n, H, d))
         for a, b in ranges:
-            z[:, a:b] = attend(hf, q[:, :, a:b], (a, b), kv, 0, entries, stride,
+            z[:, a:b] = attend(hf, q[:, :, a:b], (start + a, start + b), kv, kv_offset, entries, stride,
                                None if selected is None else selected[:, a:b], cos[:, a:b], sin[:, a:b],
                                every_entry=hooked, hooks=(self.hook_attn_scores, self.hook_pattern),
                                training=self.training)
@@ -211,16 +223,20 @@ class BlockHooks(nn.Module):
             setattr(self, name, HookPoint())
         self.query_chunk = "auto"  # chunked forwards also run the per-token parts in TOKEN_BLOCK blocks
 
-    def forward(self, streams: Tensor, position_embeddings: dict, position_ids: Tensor, input_ids) -> Tensor:
+    def forward(self, streams: Tensor, position_embeddings: dict, position_ids: Tensor, input_ids: Optional[Tensor],
+                cache: Optional[LayerCache] = None, variants: Optional[int] = None) -> tuple[Tensor, LayerCache]:
+        """The layer's output streams for ``streams`` ``[batch, n, hc, d_model]`` at ``position_ids``
+        after ``cache`` (`AttentionHooks.forward`), and the layer's extended cache. ``input_ids``
+        ``[batch, n]``: the tokens there, which a hash-routed MoE layer reads (None elsewhere)."""
         hf = self.hf
-        T = streams.shape[1]
-        blocks = [(a, min(a + TOKEN_BLOCK, T)) for a in range(0, T, TOKEN_BLOCK)] \
-            if is_chunked(self.query_chunk, T) else [(0, T)]
+        n = streams.shape[1]
+        blocks = [(a, min(a + TOKEN_BLOCK, n)) for a in range(0, n, TOKEN_BLOCK)] \
+            if is_chunked(self.query_chunk, n) else [(0, n)]
         streams = self.hook_resid_pre(streams)
         # mHC collapse and mix act per token: in token blocks, their float32 copies stay bounded
         parts = [hf.attn_hc(streams[:, a:b]) for a, b in blocks]
         collapsed = torch.cat([c for _, _, c in parts], dim=1) if len(parts) > 1 else parts[0][2]
-        attn_out = self.attn(self.ln1(collapsed), position_embeddings, position_ids)
+        attn_out, cache = self.attn(self.ln1(collapsed), position_embeddings, position_ids, cache, variants)
         del collapsed
         attn_out = self.hook_attn_out(attn_out)
         streams = self._mix(parts, attn_out, streams, blocks)
@@ -228,11 +244,12 @@ class BlockHooks(nn.Module):
         parts = [hf.ffn_hc(streams[:, a:b]) for a, b in blocks]
         x = self.ln2(torch.cat([c for _, _, c in parts], dim=1) if len(parts) > 1 else parts[0][2])
         # the MoE acts per token: in token blocks, its routing and expert intermediates stay bounded
-        mlp_out = [hf.mlp(x[:, a:b], input_ids=input_ids[:, a:b]) for a, b in blocks]
+        ids = (lambda a, b: None) if input_ids is None else (lambda a, b: input_ids[:, a:b])
+        mlp_out = [hf.mlp(x[:, a:b], input_ids=ids(a, b)) for a, b in blocks]
         del x
         mlp_out = self.hook_mlp_out(torch.cat(mlp_out, dim=1) if len(mlp_out) > 1 else mlp_out[0])
         streams = self._mix(parts, mlp_out, streams, blocks)
-        return self.hook_resid_post(streams)
+        return self.hook_resid_post(streams), cache
 
     @staticmethod
     def _mix(parts, out: Tensor, streams: Tensor, blocks) -> Tensor:

@@ -13,10 +13,13 @@ import torch.nn as nn
 from torch import Tensor
 from transformer_lens.hook_points import HookPoint
 
+from typing import Optional
+
 from phaseinterp.errors import UserInputError
+from phaseinterp.models.hf.cache import CompressionState
 from phaseinterp.models.hf.chunking import chunk_ranges
-from phaseinterp.models.paths import query_context
 from phaseinterp.models.hf.config import CSA
+from phaseinterp.models.paths import has_hooks, query_context
 
 
 def _hf():
@@ -76,29 +79,50 @@ class _CompressionHooks(nn.Module):
     def compress_rate(self) -> int:
         return int(self.hf.compress_rate)
 
-    def compress(self, x: Tensor, first_window: int = 0) -> Tensor:
-        """HF's stateless compression of every closed window of ``x`` ``[batch, pos, d_model]``.
+    def extend(self, x: Tensor, start: int, state: Optional[CompressionState]) -> tuple[Tensor, CompressionState]:
+        """HF's stateless compression, continued: ``x`` ``[batch, n, d_model]`` the tokens at positions
+        ``start .. start + n - 1`` after ``state`` (None: ``start`` is 0). Returns every entry closed by
+        ``start + n`` ``[batch, entry, d]`` (rotated) and the state a later call continues from.
 
         ``K_j = kv_norm(sum_i alpha_{j,i} * kv_{j,i})``, ``alpha_j = softmax_i(gate_{j,i} + position_bias_i)``
-        over the entry's slots, then RoPE at position ``j * S``. Returns ``[batch, entry, d]`` (rotated).
-        ``first_window``: the window index of ``x``'s first token (``x`` a slice of a longer sequence
-        starting at ``first_window * S``; its entries are rotated at their positions in that sequence).
+        over the entry's slots, then RoPE at position ``j * S``. The per-token hooks (``hook_token_kv``,
+        ``hook_token_gate_logits``) fire on the ``n`` new tokens; the per-entry hooks on the entries this
+        call closes, ``hook.ctx["entry_range"] == (j0, j1)``, and not at all when it closes none.
         """
         hf = self.hf
-        mod = _hf()
-        batch, T, _ = x.shape
+        batch, n, _ = x.shape
         d = hf.head_dim
         halves = 2 if self.two_halves else 1
         S = self.compress_rate
-        kv = self.hook_token_kv(hf.kv_proj(x).view(batch, T, halves, d)).reshape(batch, T, halves * d)
-        gate = self.hook_token_gate_logits(hf.gate_proj(x).view(batch, T, halves, d)).reshape(batch, T, halves * d)
-        usable = (T // S) * S
-        chunk_kv, chunk_gate = kv[:, :usable], gate[:, :usable]
-        if chunk_kv.shape[1] == 0:
-            return chunk_kv.new_zeros((batch, 0, d))
-        n_windows = usable // S
-        chunk_kv = chunk_kv.view(batch, n_windows, S, -1)
-        chunk_gate = chunk_gate.view(batch, n_windows, S, -1) + hf.position_bias
+        kv = self.hook_token_kv(hf.kv_proj(x).view(batch, n, halves, d)).reshape(batch, n, halves * d)
+        gate = self.hook_token_gate_logits(hf.gate_proj(x).view(batch, n, halves, d)).reshape(batch, n, halves * d)
+        if state is None:
+            if start:
+                raise RuntimeError(f"internal: a compressor state is needed at position {start}")
+            entries, first = kv.new_zeros((batch, 0, d)), 0
+        else:
+            kv, gate = torch.cat([state.kv, kv], dim=1), torch.cat([state.gate, gate], dim=1)
+            entries, first = state.entries, state.first
+        j0, j1 = start // S, (start + n) // S  # windows closed before and after this call
+        if j1 > j0:
+            entries = torch.cat([entries, self._pool(kv, gate, first // S, j0, j1)], dim=1)
+        # what a later entry still reads: the open window (CSA: and the last closed one, its older half)
+        keep = max(0, j1 - (1 if self.two_halves else 0)) * S
+        # copies of the few kept rows: the call's per-token tensors are freed with it
+        return entries, CompressionState(entries, kv[:, keep - first:].clone(), gate[:, keep - first:].clone(), keep)
+
+    def _pool(self, kv: Tensor, gate: Tensor, w0: int, j0: int, j1: int) -> Tensor:
+        """Entries ``j0 .. j1 - 1`` ``[batch, j1 - j0, d]`` (rotated) from the per-token projections ``kv``,
+        ``gate`` whose index 0 is window ``w0``'s first token (``w0 <= j0``; a CSA entry ``j0 > w0`` reads
+        its older half from window ``j0 - 1``, which they hold)."""
+        hf = self.hf
+        mod = _hf()
+        batch = kv.shape[0]
+        d = hf.head_dim
+        S = self.compress_rate
+        n_windows = j1 - w0
+        chunk_kv = kv[:, :n_windows * S].view(batch, n_windows, S, -1)
+        chunk_gate = gate[:, :n_windows * S].view(batch, n_windows, S, -1) + hf.position_bias
         if self.two_halves:
             # Slots 0..S-1: the previous window's tokens (Ca, older half); S..2S-1: this window's (Cb).
             new_kv = chunk_kv.new_zeros((batch, n_windows, 2 * S, d))
@@ -110,15 +134,21 @@ class _CompressionHooks(nn.Module):
                 new_gate[:, 1:, :S] = chunk_gate[:, :-1, :, :d]
         else:
             new_kv, new_gate = chunk_kv, chunk_gate
-        new_gate = self._unsqueezed(self.hook_gate_logits, new_gate)
-        alpha = new_gate.softmax(dim=2, dtype=torch.float32).to(new_kv.dtype)
-        alpha = self._unsqueezed(self.hook_gate, alpha)
-        compressed = self._unsqueezed(self.hook_kv_compressed, (new_kv * alpha).sum(dim=2))
-        compressed = self._unsqueezed(self.hook_normed_kv_compressed, hf.kv_norm(compressed))
-        positions = ((torch.arange(n_windows, device=compressed.device) + first_window) * S).unsqueeze(0).expand(batch, -1)
-        cos, sin = hf.rotary_emb(compressed, position_ids=positions, layer_type=hf.rope_layer_type)
-        compressed = mod.apply_rotary_pos_emb(compressed.unsqueeze(1), cos, sin).squeeze(1)
-        return self._unsqueezed(self.hook_rot_kv_compressed, compressed)
+        new_kv, new_gate = new_kv[:, j0 - w0:], new_gate[:, j0 - w0:]
+        with query_context(self._entry_points(), j0, j1, key="entry_range"):
+            new_gate = self._unsqueezed(self.hook_gate_logits, new_gate)
+            alpha = new_gate.softmax(dim=2, dtype=torch.float32).to(new_kv.dtype)
+            alpha = self._unsqueezed(self.hook_gate, alpha)
+            compressed = self._unsqueezed(self.hook_kv_compressed, (new_kv * alpha).sum(dim=2))
+            compressed = self._unsqueezed(self.hook_normed_kv_compressed, hf.kv_norm(compressed))
+            positions = (torch.arange(j0, j1, device=compressed.device) * S).unsqueeze(0).expand(batch, -1)
+            cos, sin = hf.rotary_emb(compressed, position_ids=positions, layer_type=hf.rope_layer_type)
+            compressed = mod.apply_rotary_pos_emb(compressed.unsqueeze(1), cos, sin).squeeze(1)
+            return self._unsqueezed(self.hook_rot_kv_compressed, compressed)
+
+    def _entry_points(self) -> list:
+        return [p for p in (self.hook_gate_logits, self.hook_gate, self.hook_kv_compressed,
+                            self.hook_normed_kv_compressed, self.hook_rot_kv_compressed) if has_hooks(p)]
 
     def _unsqueezed(self, hook, t: Tensor) -> Tensor:
         # Main-compressor hooks carry the (single) KV-head axis; the indexer has none.
@@ -137,63 +167,67 @@ class IndexerHooks(_CompressionHooks):
         self.hook_scores = HookPoint()
         self.hook_selected = HookPoint()
 
-    def select(self, x: Tensor, q_residual: Tensor, position_ids: Tensor, query_chunk="auto") -> Tensor:
-        """`forward`'s top-``index_topk`` selection ``[batch, pos, k]`` (-1 where fewer are closed), with the
-        scores computed per query chunk (``[batch, chunk, entry]``, never ``[batch, pos, entry]``).
+    def select(self, x: Tensor, q_residual: Tensor, position_ids: Tensor, entries: Tensor,
+               query_chunk="auto") -> Tensor:
+        """The top-``index_topk`` entries of each query ``[batch, n, k]`` (-1 where fewer are closed; ``k =
+        min(index_topk, entry)``), ascending: ``x``, ``q_residual`` the queries' attention input and query
+        residual ``[batch, n, .]`` at positions ``position_ids`` ``[1, n]``; ``entries`` the indexer's
+        entries closed by the last of them (`extend`).
 
-        ``hook_q`` and ``hook_selected`` fire once with their full shapes; ``hook_scores`` (``[pos,
-        entry]`` by nature) fires once per chunk with ``ctx["query_range"]``. Each chunk's score rows
-        have every entry of the prompt as columns (later ones -inf), as in transformers' one call, and
-        ``torch.topk`` is called on them: a row's selection does not depend on how many rows share the
-        call (checked on CPU with exact ties, tests/test_dsv4_long.py), so ties break as transformers
-        breaks them."""
+        ``hook_q`` and ``hook_selected`` fire once per call; ``hook_scores`` (``[chunk, entry]``, every
+        entry a column, those not closed yet at a query -inf) once per query chunk with
+        ``ctx["query_range"]``. The choice is a function of each row's scores alone (`top_k_set`): exact
+        ties at the ``k``-th score go to the lowest entry indices, so a query selects the same entries
+        in a full forward, a chunked one and a decoding step (transformers' ``torch.topk`` breaks such
+        ties by the row's length: benchmarks/dsv4_decode_topk_ties.py)."""
         hf = self.hf
         mod = _hf()
-        batch, T, _ = x.shape
-        compressed = self.compress(x)  # [batch, entry, d_index]
-        n_entries = compressed.shape[1]
+        batch, n, _ = x.shape
+        n_entries = entries.shape[1]
         cos_q, sin_q = hf.rotary_emb(x, position_ids=position_ids, layer_type=hf.rope_layer_type)
-        q = hf.q_b_proj(q_residual).view(batch, T, -1, hf.head_dim).transpose(1, 2)
-        q = self.hook_q(mod.apply_rotary_pos_emb(q, cos_q, sin_q).transpose(1, 2))  # [batch, pos, head, d]
+        q = hf.q_b_proj(q_residual).view(batch, n, -1, hf.head_dim).transpose(1, 2)
+        q = self.hook_q(mod.apply_rotary_pos_emb(q, cos_q, sin_q).transpose(1, 2))  # [batch, n, head, d]
         top_k = min(self.hf.index_topk, n_entries)
-        selected = torch.empty((batch, T, top_k), dtype=torch.long, device=x.device)  # every row set below
+        selected = torch.empty((batch, n, top_k), dtype=torch.long, device=x.device)  # every row set below
         entry = torch.arange(n_entries, device=x.device)
         per_query = max(1, n_entries) * (q.shape[2] + 2)  # one prompt row: the chunks never depend on the batch
-        for a, b in chunk_ranges(T, per_query, query_chunk):
-            threshold = (position_ids[:, a:b] + 1) // hf.compress_rate
-            # every entry of the prompt is a column (transformers' layout: torch.topk breaks the many ties
-            # of ReLU's zeros by column, so the columns must be the same); only those closed by the chunk's
-            # last query are scored, the rest are -inf in every row of the chunk anyway
-            n = min(n_entries, int(threshold.max()))
-            scores = compressed.new_empty((batch, b - a, n_entries), dtype=torch.float32)
-            scores[..., n:] = float("-inf")
-            scores[..., :n] = index_scores(hf.scorer, q[:, a:b], compressed[:, :n], x[:, a:b])
-            scores[..., :n].masked_fill_(entry[:n].view(1, 1, -1) >= threshold.unsqueeze(-1), float("-inf"))
-            with query_context((self.hook_scores,), a, b):
+        for a, b in chunk_ranges(n, per_query, query_chunk):
+            threshold = (position_ids[:, a:b] + 1) // hf.compress_rate  # entries j < threshold are closed
+            n_closed = min(n_entries, int(threshold.max()))  # only those are scored; the rest are -inf
+            scores = entries.new_empty((batch, b - a, n_entries), dtype=torch.float32)
+            scores[..., n_closed:] = float("-inf")
+            scores[..., :n_closed] = index_scores(hf.scorer, q[:, a:b], entries[:, :n_closed], x[:, a:b])
+            scores[..., :n_closed].masked_fill_(entry[:n_closed].view(1, 1, -1) >= threshold.unsqueeze(-1),
+                                                float("-inf"))
+            start = int(position_ids[0, 0])
+            with query_context((self.hook_scores,), start + a, start + b):
                 scores = self.hook_scores(scores)
             if top_k:
-                top = scores.topk(top_k, dim=-1).indices
+                top = top_k_set(scores, top_k)
                 selected[:, a:b] = torch.where(top >= threshold.unsqueeze(-1), torch.full_like(top, -1), top)
         return self.hook_selected(selected)
 
-    def scores(self, x: Tensor, q_residual: Tensor, position_ids: Tensor) -> tuple[Tensor, Tensor]:
-        """(``hook_scores``: every query's score of every entry ``[batch, pos, entry]``, -inf on entries
-        not closed yet; the indexer's entries ``[batch, entry, d_index]``)."""
-        hf = self.hf
-        mod = _hf()
-        batch, T, _ = x.shape
-        compressed = self.compress(x)  # [batch, entry, d_index]
-        cos_q, sin_q = hf.rotary_emb(x, position_ids=position_ids, layer_type=hf.rope_layer_type)
-        q = hf.q_b_proj(q_residual).view(batch, T, -1, hf.head_dim).transpose(1, 2)
-        q = self.hook_q(mod.apply_rotary_pos_emb(q, cos_q, sin_q).transpose(1, 2))
-        scores = hf.scorer(q, compressed, x)  # [batch, pos, entry]
-        n_entries = compressed.shape[1]
-        if n_entries == 0:
-            return self.hook_scores(scores), compressed
-        threshold = (position_ids + 1) // hf.compress_rate  # entries j < threshold are closed
-        entry = torch.arange(n_entries, device=scores.device)
-        scores = scores.masked_fill(entry.view(1, 1, -1) >= threshold.unsqueeze(-1), float("-inf"))
-        return self.hook_scores(scores), compressed
+
+def top_k_set(scores: Tensor, k: int) -> Tensor:
+    """The ``k`` highest scores of each row ``[..., k]``, as entry indices in ascending order; exact ties at
+    the ``k``-th score go to the lowest indices. A function of the row's values alone (not of its length or
+    the rows beside it): ``torch.topk`` itself breaks ties by an implementation-defined rule that depends on
+    the row's length. Rows without a tie across the ``k``-th place cost one ``topk``."""
+    values, top = scores.topk(k, dim=-1)
+    kth = values[..., -1:]
+    # rows whose ties at the k-th score exceed the room left; a row with fewer than k finite scores has
+    # every finite one chosen already (its -inf picks are entries not closed yet, which select drops)
+    crossing = ((scores >= kth).sum(-1) > k) & (kth[..., 0] > float("-inf"))
+    if crossing.any():
+        rows = scores[crossing]
+        kth_rows = kth[crossing]
+        room = k - (rows > kth_rows).sum(-1, keepdim=True)
+        tied = rows == kth_rows
+        keep = (rows > kth_rows) | (tied & (tied.to(torch.int32).cumsum(-1, dtype=torch.int32) <= room))
+        index = torch.arange(rows.shape[-1], device=rows.device).expand_as(rows)
+        # the kept entries first, lowest index first: k of them per row
+        top[crossing] = torch.where(keep, index, rows.shape[-1]).topk(k, dim=-1, largest=False).values
+    return top.sort(dim=-1).values
 
 
 def index_scores(scorer: nn.Module, q: Tensor, entries: Tensor, x: Tensor) -> Tensor:

@@ -25,7 +25,6 @@ Hooks only exist on compressed layers; sliding-window-only layers have no compre
 from __future__ import annotations
 
 import json
-from collections import Counter
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -45,9 +44,9 @@ from phaseinterp.models.hf.attention import BlockHooks, NormHooks
 from phaseinterp.models.hf.chunking import check_query_chunk
 from phaseinterp.models.hf.compressor import CompressorHooks
 from phaseinterp.models.hf.config import DeepseekV4HookedConfig
-from phaseinterp.models.hf.last_position import last_layer_at_p
 from phaseinterp.models.hf.offload import execution_device, materialized
-from phaseinterp.models.paths import CheckedHooks, last_logits_path, record_path
+from phaseinterp.models.cache import KVCache
+from phaseinterp.models.paths import CheckedHooks, hooked_points, query_context
 from phaseinterp.models.protocol import DeepseekV4Family, register_family
 from phaseinterp.models.transformer import check_tokens
 
@@ -61,8 +60,9 @@ class HookedDeepseekV4(CheckedHooks):
     """A ``transformers`` ``DeepseekV4ForCausalLM`` under phaseinterp's hooks and model protocol.
 
     ``model(tokens)`` returns logits ``[batch, pos, d_vocab]`` equal to the HF forward's;
-    ``run_with_hooks`` / ``run_with_cache`` / ``hooks()`` are TransformerLens's. The HF model is
-    ``model.hf`` (weights shared, not copied). No incremental cache: every call is a full forward.
+    ``model(tokens, cache=model.init_cache())`` prefills and ``model(next, cache=cache)`` steps (the
+    same numbers); ``run_with_hooks`` / ``run_with_cache`` / ``hooks()`` are TransformerLens's. The HF
+    model is ``model.hf`` (weights shared, not copied).
     """
 
     def __init__(self, hf_model: nn.Module, name: Optional[str] = None):
@@ -70,8 +70,6 @@ class HookedDeepseekV4(CheckedHooks):
         self.hf = hf_model
         self.cfg = DeepseekV4HookedConfig.from_hf(hf_model.config, name=name)
         self.metadata: dict[str, Any] = {}
-        # runs of each `last_logits` / knockout path ("final", "last_position", "full"; models/paths.py)
-        self.path_counts: Counter = Counter()
         self.hook_embed = HookPoint()
         self.blocks = nn.ModuleList([BlockHooks(layer, i) for i, layer in enumerate(hf_model.model.layers)])
         self.ln_final = NormHooks(hf_model.model.norm)
@@ -137,69 +135,121 @@ class HookedDeepseekV4(CheckedHooks):
         return cache, [(name, joining(fn)) for name, fn in fwd], bwd
 
     # ---------------------------------------------------------------- forward
-    def _check_tokens(self, tokens: Tensor) -> None:
+    def _check_tokens(self, tokens: Tensor, start: int = 0) -> None:
         n = self.cfg.n_ctx
-        if isinstance(tokens, Tensor) and tokens.ndim == 2 and tokens.shape[1] > n:
-            raise UserInputError(f"a prompt of {tokens.shape[1]} tokens exceeds the model's max_position_embeddings="
-                                 f"{n} (valid lengths: 1..{n})")
-        check_tokens(tokens, n, self.cfg.d_vocab)
+        if isinstance(tokens, Tensor) and tokens.ndim == 2 and start + tokens.shape[1] > n:
+            after = f" after the {start} cached" if start else ""
+            raise UserInputError(f"a prompt of {tokens.shape[1]} tokens{after} exceeds the model's "
+                                 f"max_position_embeddings={n} (valid lengths: 1..{n - start})")
+        check_tokens(tokens, n, self.cfg.d_vocab, start)
 
-    def forward(self, tokens: Tensor, *, return_type: Optional[str] = "logits") -> Optional[Tensor]:
-        """Logits ``[batch, pos, d_vocab]`` (``"logits"``), the mean next-token loss (``"loss"``) or None."""
+    def init_cache(self) -> KVCache:
+        """An empty cache for `forward` (prefill, then steps)."""
+        return KVCache([None] * self.cfg.n_layers)
+
+    def forward(self, tokens: Tensor, *, cache: Optional[KVCache] = None, return_type: Optional[str] = "logits",
+                start_at_layer: Optional[int] = None, stop_at_layer: Optional[int] = None,
+                input_ids: Optional[Tensor] = None) -> Optional[Tensor]:
+        """The one forward: logits ``[batch, pos, d_vocab]`` (``"logits"``), the mean next-token loss
+        (``"loss"``) or None, equal to transformers' eager forward.
+
+        ``cache`` (`init_cache`): ``tokens`` continue the cached prefix and the cache is extended in
+        place (prefill, then steps: the same numbers as one forward, every hook firing on the new
+        positions only, ``hook.ctx["query_range"]`` saying which). A fork (`KVCache.fork`) takes one
+        call, ``variants`` rows per cached row, and is not extended. ``start_at_layer`` /
+        ``stop_at_layer`` (TransformerLens's): ``tokens`` is the mHC residual ``[batch, pos, hc_mult,
+        d_model]`` entering ``start_at_layer`` (``hook_resid_pre``'s shape), and with ``stop_at_layer``
+        the residual leaving ``stop_at_layer - 1`` is returned. ``input_ids``: with ``start_at_layer``,
+        the token ids the hash-routed MoE layers among those run read (`layer_inputs`)."""
         if return_type not in ("logits", "loss", None):
             raise UserInputError(f"return_type={return_type!r} is not one of ('logits', 'loss', None)")
-        self._check_tokens(tokens)
+        n_layers = self.cfg.n_layers
+        first = 0 if start_at_layer is None else check_int("start_at_layer", start_at_layer, 0, n_layers - 1)
+        last = n_layers if stop_at_layer is None else check_int("stop_at_layer", stop_at_layer, first + 1, n_layers)
+        if start_at_layer is None and input_ids is not None:
+            raise UserInputError("input_ids= goes with start_at_layer (the tokens are the input otherwise); drop it")
+        if return_type == "loss" and (start_at_layer is not None or stop_at_layer is not None):
+            raise UserInputError("return_type='loss' needs the tokens: it takes no start_at_layer / stop_at_layer")
+        start, variants = KVCache.check(cache, n_layers, first, last)
         hf = self.hf.model
-        streams, inputs = self._through(self.blocks, *self._decoder_inputs(tokens))
-        tokens = inputs[0]
+        if start_at_layer is None:
+            self._check_tokens(tokens, start)
+            input_ids = tokens = tokens.to(self.device).long()
+            embeds = self.hook_embed(hf.embed_tokens(tokens))
+            streams = embeds.unsqueeze(2).expand(-1, -1, self.cfg.hc_mult, -1).contiguous()
+        else:
+            streams = self._check_resid(tokens)
+            input_ids = self._check_input_ids(input_ids, streams, first, last)
+        n = streams.shape[1]
+        if start + n > self.cfg.n_ctx:
+            raise UserInputError(f"positions {start}..{start + n - 1} exceed the model's max_position_embeddings="
+                                 f"{self.cfg.n_ctx}")
+        if cache is not None:
+            cache.check_rows(streams.shape[0], variants)
+        position_ids = torch.arange(start, start + n, device=streams.device).unsqueeze(0)
+        rope = {kind: hf.rotary_emb(streams, position_ids=position_ids, layer_type=kind) for kind in ("main", "compress")}
+        with query_context(hooked_points(self).values(), start, start + n):
+            for layer in range(first, last):
+                block = self.blocks[layer]
+                device = execution_device(block.hf.input_layernorm)  # device_map: a decoder layer runs on one device
+                if streams.device != device:
+                    streams, position_ids = streams.to(device), position_ids.to(device)
+                    rope = {k: (c.to(device), s.to(device)) for k, (c, s) in rope.items()}
+                    input_ids = None if input_ids is None else input_ids.to(device)
+                layer_cache = None if cache is None else cache.layers[layer]
+                with materialized(block.hf):  # offloaded layer: its weights in memory for this layer only
+                    streams, layer_cache = block(streams, rope, position_ids, input_ids, layer_cache, variants)
+                if cache is not None and variants is None:
+                    cache.layers[layer] = layer_cache
+        if cache is not None and variants is not None:
+            cache.spent = True
+        elif cache is not None and last == n_layers:
+            cache.length = start + n
+        if stop_at_layer is not None:
+            return streams
+        if return_type is None:
+            return None
         streams = streams.to(execution_device(hf.norm))
         with materialized(hf.norm):  # ln_final reads the norm's weight directly
             final = self.ln_final(hf.hc_head(streams))
-        if return_type is None:
-            return None
         logits = self.hf.lm_head(final.to(execution_device(self.hf.lm_head)))
         if return_type == "logits":
             return logits
         return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), tokens[:, 1:].flatten().to(logits.device))
 
-    def _decoder_inputs(self, tokens: Tensor) -> tuple:
-        """(tokens, streams entering layer 0, position ids, rope) of a forward over ``tokens``."""
-        hf = self.hf.model
-        tokens = tokens.to(self.device).long()
-        embeds = self.hook_embed(hf.embed_tokens(tokens))
-        position_ids = torch.arange(tokens.shape[1], device=embeds.device).unsqueeze(0)
-        streams = embeds.unsqueeze(2).expand(-1, -1, self.cfg.hc_mult, -1).contiguous()
-        rope = {kind: hf.rotary_emb(embeds, position_ids=position_ids, layer_type=kind) for kind in ("main", "compress")}
-        return tokens, streams, position_ids, rope
+    def _check_resid(self, resid: Any) -> Tensor:
+        shape = (self.cfg.hc_mult, self.cfg.d_model)
+        if not isinstance(resid, Tensor) or resid.ndim != 4 or tuple(resid.shape[2:]) != shape \
+                or not resid.is_floating_point():
+            got = tuple(resid.shape) if isinstance(resid, Tensor) else type(resid).__name__
+            raise UserInputError(f"with start_at_layer the input is the mHC residual [batch, pos, hc_mult={shape[0]}, "
+                                 f"d_model={shape[1]}] (floating point, hook_resid_pre's shape), got {got}")
+        return resid.to(self.device)
 
-    @staticmethod
-    def _through(blocks, tokens, streams, position_ids, rope) -> tuple:
-        """``streams`` through ``blocks`` (each on its execution device): (streams, the inputs moved along)."""
-        for block in blocks:
-            device = execution_device(block.hf.input_layernorm)  # device_map: a decoder layer runs on one device
-            if streams.device != device:
-                streams, position_ids = streams.to(device), position_ids.to(device)
-                rope = {k: (c.to(device), s.to(device)) for k, (c, s) in rope.items()}
-                tokens = tokens.to(device)
-            with materialized(block.hf):  # offloaded layer: its weights in memory for this layer only
-                streams = block(streams, rope, position_ids, tokens)
-        return streams, (tokens, position_ids, rope)
+    def _check_input_ids(self, input_ids: Any, streams: Tensor, first: int, last: int) -> Optional[Tensor]:
+        """The token ids a ``start_at_layer`` call needs: those of its positions, where a hash-routed MoE
+        layer is among ``first .. last - 1`` (refused missing there, and in a wrong shape anywhere)."""
+        hashed = [layer for layer in range(first, last) if getattr(self.blocks[layer].hf.mlp, "is_hash", False)]
+        if input_ids is None:
+            if hashed:
+                raise UserInputError(f"layers {hashed} route their MoE by token id: pass input_ids= [batch, pos] "
+                                     "with start_at_layer (phase_model(model).layer_inputs(tokens))")
+            return None
+        if not isinstance(input_ids, Tensor) or tuple(input_ids.shape) != tuple(streams.shape[:2]):
+            got = tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids).__name__
+            raise UserInputError(f"input_ids= must be [batch, pos] = {tuple(streams.shape[:2])}, got {got}")
+        check_tokens(input_ids, self.cfg.n_ctx, self.cfg.d_vocab)
+        return input_ids.to(self.device).long()
 
-    def last_logits(self, tokens: Tensor, *, path: str = "auto") -> Tensor:
-        """The logits at the LAST position, ``model(tokens)[:, -1]`` (equal to 1e-5, tested), at less
-        cost while no hook is attached. What `phase_profile` and gate cycling read. The path follows
-        the hooks attached (`phaseinterp.models.paths`; counted in ``path_counts``): none: ``"final"``,
-        every layer but the last over all positions, the last layer's K = V, compressed entries and
-        indexer scores over all positions but its attention and MoE at the final position only
-        (`models.hf.last_position`; offloaded layers are brought in as the forward brings them); any
-        hook (or ``path="full"``): ``"full"``, the full forward, every hook on its full shape."""
-        chosen = last_logits_path(self, path)
-        record_path(self, chosen)
-        if chosen == "full":
-            return self(tokens)[:, -1]
-        self._check_tokens(tokens)
-        streams, (tokens, position_ids, rope) = self._through(self.blocks[:-1], *self._decoder_inputs(tokens))
-        return last_layer_at_p(self, streams, tokens, position_ids, rope)[1]
+    def last_logits(self, tokens: Tensor) -> Tensor:
+        """The logits at the LAST position, ``model(tokens)[:, -1]``, as the cached forward computes them:
+        a prefill of every position but the last, then one step on a fork of the cache. Every hook
+        fires on both calls (docs/hooks.md, "The rule"). What `phase_profile` and gate cycling read."""
+        self._check_tokens(tokens, 0)
+        cache = self.init_cache()
+        if tokens.shape[1] > 1:
+            self(tokens[:, :-1], cache=cache, return_type=None)
+        return self(tokens[:, -1:], cache=cache.fork())[:, -1]
 
     def run_with_cache(self, *model_args: Any, return_cache_object: bool = True, **kwargs: Any):
         """TransformerLens's ``run_with_cache`` (an ``ActivationCache`` unless ``return_cache_object=False``)."""

@@ -300,22 +300,25 @@ def devices_needed(fm: ForwardMemory, device_gb: int) -> Optional[int]:
 
 
 def ablation_state_bytes(config: Any, seq_len: int, batch: int = 1, act_bytes: int = 2) -> int:
-    """Bytes the fast knockout keeps from its clean pass (`last_position.clean_states`), all layers: per
-    layer the streams at the answer position, the attention input and K = V of the last ``tail``
-    positions, and every compressed entry (CSA: also the indexer's); plus the calibration means
-    ``[layer, head, d_head]`` (float32). Linear in T through the entries only (T/4 per CSA layer)."""
+    """Bytes the cached knockout sweep keeps, all layers: the prefix's cache (`models.hf.cache`: per
+    layer K = V of the last ``sliding_window - 1`` positions, every compressed entry, and the
+    compressor's per-token K = V and gate logits of the windows still open, CSA also the indexer's)
+    and the answer position's streams entering each layer; plus the calibration means ``[layer, head,
+    d_head]`` (float32). Linear in T through the entries only (T/4 per CSA layer)."""
     cfg = _as_config(config)
     T, B, a = seq_len, batch, act_bytes
     total = 0
     for kind in cfg.layer_types:
         rate = cfg.compress_rates.get(kind) if kind != "sliding_attention" else None
-        window = 0 if rate is None else (2 * rate if kind == "compressed_sparse_attention" else rate)
-        tail = max(cfg.sliding_window, window) + 1
-        total += B * (cfg.hc_mult * cfg.hidden_size + tail * (cfg.hidden_size + cfg.head_dim)) * a
-        if rate is not None:
-            total += B * (T // rate) * cfg.head_dim * a
-            if kind == "compressed_sparse_attention":
-                total += B * (T // rate) * cfg.index_head_dim * a
+        total += B * (cfg.hc_mult * cfg.hidden_size + (cfg.sliding_window - 1) * cfg.head_dim) * a
+        if rate is None:
+            continue
+        csa = kind == "compressed_sparse_attention"
+        pending = 2 * rate if csa else rate  # tokens of the open window (CSA: and the last closed one)
+        halves = 2 if csa else 1
+        total += B * ((T // rate) * cfg.head_dim + 2 * pending * halves * cfg.head_dim) * a
+        if csa:
+            total += B * ((T // rate) * cfg.index_head_dim + 2 * pending * 2 * cfg.index_head_dim) * a
     return total + cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim * 4
 
 

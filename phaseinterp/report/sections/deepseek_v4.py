@@ -22,6 +22,7 @@ import torch
 from phaseinterp._files import atomic_write_text
 from phaseinterp.errors import UserInputError
 from phaseinterp.interventions.indexer import indexer_phase
+from phaseinterp.models.hf.against_hf import check_against_transformers
 from phaseinterp.models.protocol import phase_model
 from phaseinterp.plot import profiles_figure
 from phaseinterp.profile import phase_profile
@@ -40,20 +41,20 @@ def deepseek_v4_section(model, task=None, out_dir: Union[str, Path, None] = None
     batch = task.generate(n_per_residue, seed=seed, strict=False)
     cfg = model.cfg
     log(f"[dsv4] wrapper check and indexer selection: {len(batch)} prompts")
-    worst = 0.0
-    with torch.inference_mode():
-        for i in range(0, min(len(batch), 4 * batch_size), batch_size):
-            tokens = batch.tokens[i : i + batch_size].to(model.device)
-            ours = model(tokens)
-            theirs = model.hf(tokens, use_cache=False).logits
-            worst = max(worst, float((ours.float() - theirs.float()).abs().max()))
+    worst, tied_apart, apart, rows = 0.0, 0, 0, 0
+    for i in range(0, min(len(batch), 4 * batch_size), batch_size):
+        check = check_against_transformers(model, batch.tokens[i : i + batch_size].to(model.device))
+        worst = max(worst, check.max_abs_diff)
+        rows, tied_apart, apart = rows + check.rows, tied_apart + check.rows_tied_apart, apart + check.rows_apart
     layers = pd.DataFrame({
         "layer": range(cfg.n_layers),
         "type": list(cfg.layer_types),
         "rate": [cfg.layer_stride(layer) for layer in range(cfg.n_layers)],
         "slots_per_entry": [cfg.layer_window(layer) for layer in range(cfg.n_layers)],
     })
-    summary: dict[str, Any] = {"wrapper_max_abs_logit_diff": worst, "layers": layers.to_dict(orient="records"),
+    summary: dict[str, Any] = {"wrapper_max_abs_logit_diff": worst, "indexer_rows_compared": rows,
+                               "indexer_rows_tied_apart": tied_apart, "indexer_rows_apart": apart,
+                               "layers": layers.to_dict(orient="records"),
                                "index_topk": cfg.index_topk, "sliding_window": cfg.sliding_window}
     figures: dict[str, Any] = {}
     tables = {"dsv4_layers": layers.to_html(index=False, border=0)}
@@ -87,11 +88,19 @@ def load_deepseek_v4(model_or_name, device):
     return hf_zoo.load(model_or_name, device=device)
 
 
-def _logit_check_words(diff: float) -> str:
-    """The wrapper check in words: identical logits are said to be identical."""
-    if diff == 0:
-        return "Its logits are identical to plain transformers' on the section's prompts (largest difference 0)."
-    return f"Its logits differ from plain transformers' by at most {diff:.2g} on the section's prompts."
+def _logit_check_words(summary: dict) -> str:
+    """The wrapper check in words (`check_against_transformers`): identical logits are said to be
+    identical, and the indexer's exact ties are counted."""
+    diff = summary["wrapper_max_abs_logit_diff"]
+    same = ("identical to plain transformers' (largest difference 0)" if diff == 0
+            else f"within {diff:.2g} of plain transformers'")
+    words = f"With transformers' indexer selection in place, its logits are {same} on the section's prompts."
+    rows, tied, apart = (summary[k] for k in ("indexer_rows_compared", "indexer_rows_tied_apart", "indexer_rows_apart"))
+    if apart:
+        return words + f" Its own selection differs from transformers' beyond exact ties in {apart} of {rows} rows."
+    return words + (f" Its own selection is transformers' in all {rows} indexer rows up to exact ties "
+                    f"({tied} rows choose differently among entries of equal score: such ties are not part of "
+                    "the model).")
 
 
 class DeepseekV4(Section):
@@ -121,7 +130,7 @@ class DeepseekV4(Section):
         ctx.tables["dsv4_profile"] = (
             f"<p>{html.escape(name)}: the Hugging Face DeepSeek-V4 architecture (transformers' modules, wrapped by "
             f"<code>phaseinterp.from_hf</code> without copying weights), trained here on the same retrieval task. "
-            f"{_logit_check_words(section['summary']['wrapper_max_abs_logit_diff'])}</p>"
+            f"{_logit_check_words(section['summary'])}</p>"
             + section["tables"]["dsv4_layers"])
         for key, fig in section["figures"].items():
             ctx.figures[f"dsv4_{key}" if not key.startswith("dsv4") else key] = fig
