@@ -4,7 +4,7 @@
                                              [--n-calibration 64] [--repeats 3] [--threads 1]
 
 Issue 21 (item 3): ``phaseinterp.ablate(model)`` over every layer's KV head of ``dsv4-tiny``
-(the cached-prefix path, `phaseinterp.models.hf.last_position`) must cost at most 2x one clean
+(the cached forward: a prefill, a step, steps over forks of the cache) must cost at most 2x one clean
 forward over the same prompts; the naive path (one hooked full forward per unit,
 ``method="naive"``) is timed beside it. Both sweeps include their calibration forward. The three
 are timed in turn ``--repeats`` times (the machine is shared; alternating keeps them under the

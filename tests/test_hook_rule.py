@@ -148,6 +148,32 @@ def test_dsv4_a_position_aware_edit_is_the_same_under_every_chunk_setting(dsv4):
         assert _relative(results[setting], results[None]) < 1e-4, setting
 
 
+@pytest.mark.parametrize("hook_name", sorted(DSV4_EDITS))
+def test_dsv4_prefill_and_steps_equal_one_forward_under_an_editing_hook(dsv4, hook_name):
+    """The cache: a prefill, a one-token step, a longer step and a step that closes a CSA and an HCA
+    window give, position by position, the one forward's logits under the same edit (1e-4 relative);
+    `last_logits` (a prefill and a step on a fork) its last position. The hook fires once per call
+    (twice per chunk-free call at most: the per-query points once per chunk), on that call's positions."""
+    tokens = _prompts(dsv4, 3, 4)
+    hooks = [(hook_name, DSV4_EDITS[hook_name])]
+    cuts = (0, 50, 51, 90, 96, T)
+    with torch.no_grad():
+        clean = dsv4(tokens)
+        whole = dsv4.run_with_hooks(tokens, fwd_hooks=hooks)
+        cache = dsv4.init_cache()
+        ranges = []
+        with dsv4.hooks(fwd_hooks=hooks + [(hook_name, lambda t, hook: ranges.append(hook.ctx.get("query_range")))]):
+            steps = torch.cat([dsv4(tokens[:, a:b], cache=cache) for a, b in zip(cuts, cuts[1:])], dim=1)
+            last = dsv4.last_logits(tokens)
+    assert _relative(whole, clean) > 1e-3, f"the edit at {hook_name} changes nothing: the test could not fail"
+    assert _relative(steps, whole) < 1e-4, hook_name
+    assert _relative(last, whole[:, -1]) < 1e-4, hook_name
+    assert cache.length == T
+    if "compressor" not in hook_name or "indexer" in hook_name:  # per-token and per-query points
+        covered = sorted({r for r in ranges[: len(ranges) - 2] if r is not None})
+        assert covered[0][0] == 0 and covered[-1][1] == T and all(x[1] == y[0] for x, y in zip(covered, covered[1:]))
+
+
 def test_dsv4_chunks_are_a_function_of_length_and_model_never_of_batch(dsv4, monkeypatch):
     """Under "auto" above the chunking threshold (lowered here so dsv4-tiny's 256-token context
     reaches it), the ranges a per-query hook sees are the same for a batch of 1 and of 6: only one
