@@ -5,7 +5,10 @@ An experiment's options, checked once: the spec.
 
 Every experiment is three steps, each its own function:
 
-1. **spec**: a frozen dataclass of the experiment's options (`ProfileSpec`, `AblationSpec`, ...).
+1. **spec**: a frozen dataclass of the experiment's options (`ProfileSpec`, `AblationSpec`, ...). Its
+   fields are declared once, here (`ProfileOptions`, ...: each `option` with its default, range, help,
+   command-line reading, and what it needs or replaces); the command line's flags are made from them
+   (`phaseinterp.cli.args.add_options`), and the spec class beside its experiment adds the other checks.
    Making one checks every option against its valid range and against the others, before a model
    or a task is touched; ``spec.check_model(model)`` adds the checks that need the model's config
    (layer indices, strides, KV heads: it reads only ``cfg``, so the command line runs it on a
@@ -33,7 +36,8 @@ import numbers
 import os
 import re
 import sys
-from typing import Any, Callable, ClassVar, Iterable, TypeVar, Union
+import typing
+from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar, Union
 
 from phaseinterp.errors import UserInputError
 
@@ -356,7 +360,7 @@ S = TypeVar("S", bound="Spec")
 
 @dataclasses.dataclass(frozen=True)
 class Contains:
-    """In `Spec.NEEDS`: the other option must contain this value (``dtypes`` needs ``"dtype" in modes``)."""
+    """In an option's ``needs``: the other option must contain this value (``dtypes`` needs ``"dtype" in modes``)."""
 
     value: Any
 
@@ -372,7 +376,7 @@ class Contains:
 
 @dataclasses.dataclass(frozen=True)
 class OneOf:
-    """In `Spec.NEEDS`: the other option must be one of these values (``n_bootstrap`` needs ``interval`` in
+    """In an option's ``needs``: the other option must be one of these values (``n_bootstrap`` needs ``interval`` in
     ``("auto", "cluster_bootstrap")``)."""
 
     values: tuple
@@ -384,14 +388,9 @@ class OneOf:
         return " or ".join(repr(v) for v in self.values)
 
 
-def needs_words(other: str, want: Any, flag: bool = False) -> tuple[str, str]:
-    """(the condition, the fix) of a need in words: ``("axis='length'", "pass axis='length'")``, or
-    with ``flag`` as command-line flags: ``("--axis length", "pass --axis length")``."""
-    if flag:
-        shown = f"--{other.replace('_', '-')}"
-        if isinstance(want, Contains):
-            return f"{shown} including {want.value}", f"add {want.value} to {shown}"
-        return f"{shown} {want}", f"pass {shown} {want}"
+def needs_words(other: str, want: Any) -> tuple[str, str]:
+    """(the condition, the fix) of a need in words: ``("axis='length'", "pass axis='length'")`` (the
+    command line's: `phaseinterp.cli.args.check_flag_needs`)."""
     if isinstance(want, Contains):
         return f"{other} including {want.value!r}", f"add {want.value!r} to {other}"
     if isinstance(want, OneOf):
@@ -400,49 +399,93 @@ def needs_words(other: str, want: Any, flag: bool = False) -> tuple[str, str]:
 
 
 def needs_holds(want: Any, have: Any) -> bool:
-    """Whether the value ``have`` of the needed option satisfies ``want`` (`Spec.NEEDS`)."""
+    """Whether the value ``have`` of the needed option satisfies ``want`` (an option's ``needs``)."""
     return want.holds(have) if isinstance(want, (Contains, OneOf)) else _same(have, want)
+
+
+# Where a need is any value given (a command-line flag that is set), not one value.
+GIVEN = type("Given", (), {"__repr__": lambda self: "GIVEN"})()
+
+
+def option(default: Any = None, help: str | None = None, *, parse: str | None = None, choices: tuple | None = None,
+           many: bool = False, flag: str | None = None, metavar: str | None = None, needs: tuple = (),
+           excludes: tuple | None = None, selects: dict | None = None) -> Any:
+    """One option of an options dataclass, declared once: its default and, where the command line takes it,
+    its ``help`` (an option without help is Python-only: no flag), how a command-line string is read
+    (``parse``: "positive", "non_negative", "positive_float", "ints" (``1 2`` or ``1,2``); else a string;
+    ``choices``; ``many``: one or more values), its ``flag`` (default ``--name``), what it ``needs``
+    (``(other, value)``, or several such pairs of which one must hold; `Contains`, `OneOf`, `GIVEN`) and
+    what it ``excludes`` (``(other, why)`` on the command line; ``(other,)``: it replaces the other). A
+    field ``selects`` the options class by its value (``cycle --score``). Read by `Spec.check_needs` and
+    `phaseinterp.cli.args` (the flags, and `check_flag_needs`)."""
+    if needs and isinstance(needs[0], str):
+        needs = (needs,)
+    meta = {"help": help, "parse": parse, "choices": choices, "many": many, "flag": flag, "metavar": metavar,
+            "needs": tuple(needs), "excludes": excludes, "selects": selects}
+    return dataclasses.field(default=default, metadata={k: v for k, v in meta.items() if v})
+
+
+def flag_of(field: dataclasses.Field) -> str:
+    """The command-line flag of an option (``--n-per-residue``)."""
+    return field.metadata.get("flag") or f"--{field.name.replace('_', '-')}"
+
+
+def dest_of(field: dataclasses.Field) -> str:
+    """The parsed argument an option's flag fills (``layers``' ``--layer``: ``layer``)."""
+    return flag_of(field)[2:].replace("-", "_")
+
+
+def cli_fields(cls: Any) -> list[dataclasses.Field]:
+    """The options of ``cls`` the command line takes (those declared with help)."""
+    return [f for f in dataclasses.fields(cls) if f.metadata.get("help")]
 
 
 @dataclasses.dataclass(frozen=True)
 class Spec:
     """Base of the experiment specs: validation on construction, `check_model`, `check_task`,
-    `from_args`, `replace`, `options`."""
-
-    # option name -> the command-line argument (argparse dest) that fills it, where they differ
-    ARGS: ClassVar[dict[str, str]] = {}
-    # What an option needs to act, declared once: option -> (the option it needs, the value that one
-    # must have, or `Contains`). An option set (not its default) without it would do nothing, so making
-    # the spec refuses it, naming both; the command line reads the same table (`phaseinterp.cli.args`).
-    NEEDS: ClassVar[dict[str, tuple[str, Any]]] = {}
-    # Options that replace each other: option -> the option it replaces; both set is refused.
-    EXCLUDES: ClassVar[dict[str, str]] = {}
+    `from_args`, `replace`, `options`. What an option needs to act and what it replaces are declared on
+    its field (`option`): one set (not its default) without what it needs would do nothing, so making the
+    spec refuses it, naming both; the command line reads the same declarations."""
 
     def __post_init__(self) -> None:
         self.check_needs()
         self.validate()
+        self.check_declared()
 
     def check_needs(self) -> None:
-        """Refuse an option set (other than its default) whose `NEEDS` do not hold, naming both options."""
-        defaults = {f.name: _default(f) for f in dataclasses.fields(self)}
-        for name, (other, want) in self.NEEDS.items():
-            value = getattr(self, name)
-            if value is None or _same(value, defaults[name]):
+        """Refuse an option set (other than its default) whose needs do not hold, or beside the option it
+        replaces, naming both options."""
+        for field in dataclasses.fields(self):
+            name, value = field.name, getattr(self, field.name)
+            if value is None or _same(value, _default(field)):
                 continue
-            have = getattr(self, other)
-            if not needs_holds(want, have):
+            needs = field.metadata.get("needs", ())
+            if needs and not any(needs_holds(want, getattr(self, other)) for other, want in needs):
+                (other, want), have = needs[0], getattr(self, needs[0][0])
                 cond, fix = needs_words(other, want)
                 raise UserInputError(f"{name}= applies to {cond} only ({other}={have!r} here, where {name}={value!r} "
                                      f"would do nothing); drop {name}= or {fix}")
-        for name, other in self.EXCLUDES.items():
-            value, replaced = getattr(self, name), getattr(self, other)
-            if value is not None and not _same(value, defaults[name]) and not _same(replaced, defaults[other]):
-                raise UserInputError(f"{name}={value!r} replaces {other}= ({other}={replaced!r} would be ignored); "
-                                     f"pass one of them")
+            excludes = field.metadata.get("excludes")
+            if excludes and len(excludes) == 1:
+                other = excludes[0]
+                replaced = getattr(self, other)
+                if not _same(replaced, _default(self.__dataclass_fields__[other])):
+                    raise UserInputError(f"{name}={value!r} replaces {other}= ({other}={replaced!r} would be ignored); "
+                                         f"pass one of them")
+
+    def check_declared(self) -> None:
+        """Each option within its declared choices and range (`option`'s ``choices``; ``parse``
+        "positive" / "non_negative": an integer >= 1 / >= 0, or None), after `validate`'s own words."""
+        for field in dataclasses.fields(self):
+            name, value, meta = field.name, getattr(self, field.name), field.metadata
+            if meta.get("choices") and not meta.get("many") and not any(_same(value, c) for c in meta["choices"]):
+                raise UserInputError(f"{name}={value!r} is not one of {meta['choices']}")
+            if value is not None and meta.get("parse") in ("positive", "non_negative"):
+                check_int(name, value, int(meta["parse"] == "positive"))
 
     def validate(self) -> None:
-        """Check every option on its own and against the others (no model, no task); a
-        `UserInputError` naming the value and its valid range."""
+        """Check every option against the others and where its declaration (`check_declared`) does not
+        say enough (no model, no task); a `UserInputError` naming the value and its valid range."""
 
     def check_model(self, model: Any) -> None:
         """The checks that need the model's config (``model.cfg`` only: a described checkpoint
@@ -458,15 +501,10 @@ class Spec:
     # ------------------------------------------------------------ building one
     @classmethod
     def from_args(cls: type[S], args: Any, **overrides: Any) -> S:
-        """The spec of a parsed command line: each option from the argument of its name (or the one
-        `ARGS` maps it to); an argument left unset (None) keeps the option's default."""
-        values = {}
-        for field in dataclasses.fields(cls):
-            value = getattr(args, cls.ARGS.get(field.name, field.name), None)
-            if value is not None:
-                values[field.name] = value
-        values.update(overrides)
-        return cls(**values)
+        """The spec of a parsed command line: each option the command line takes from its flag's argument
+        (`dest_of`); one left unset (None) keeps the option's default."""
+        values = {f.name: getattr(args, dest_of(f), None) for f in cli_fields(cls)}
+        return cls(**{**{k: v for k, v in values.items() if v is not None}, **overrides})
 
     def replace(self: S, **changes: Any) -> S:
         """A copy with ``changes`` applied (and checked again)."""
@@ -587,3 +625,156 @@ def takes_spec(spec_type: type[Spec]) -> Callable[[Callable], Callable]:
         return call
 
     return mark
+
+
+# ------------------------------------------------------------------ the experiments' options, declared once
+# Each experiment's options: a frozen dataclass whose fields carry their default, their command-line
+# declaration and what they need or replace (`option`); the experiment's spec (`ProfileSpec` ...) adds
+# the checks. Here, with the standard library only, so `phaseinterp.cli.args` makes the flags from them
+# without loading torch. A field without help is Python-only.
+AXES = ("target", "length", "both")
+INTERVALS = ("auto", "wilson", "cluster_bootstrap")
+CONFORMANCE_MODES = ("decode", "chunked_prefill", "warm", "dtype")
+DEFAULT_CONFORMANCE_MODES = ("decode", "chunked_prefill", "dtype")  # warm costs one donor per prompt and L
+DTYPES = ("bfloat16", "float16")
+CYCLING_MODES = ("roll", "static")
+MEASURES = ("logprob", "accuracy")
+N_PER_RESIDUE_HELP = ("prompts per residue group (x R = 24 residues for the zoo task); moment matching needs 72, "
+                      "77, 80 or any size from 86 for the zoo task; at most 500,000 prompts in all")
+_N_HELP = N_PER_RESIDUE_HELP + f" (default: {DEFAULT_N_PER_RESIDUE}, as every experiment)"
+_CYCLE_N_HELP = N_PER_RESIDUE_HELP + (f" (default: the --baseline profile's size, else {DEFAULT_N_PER_RESIDUE}, as "
+                                      "the library's gate_cycling_profile / gate_cycling_unit)")
+_SEED_HELP = "prompt seed, >= 0 (default: 0)"
+
+
+@typing.no_type_check  # validate() checks each option and names it; a runtime type checker would preempt it
+@dataclasses.dataclass(frozen=True)
+class ProfileOptions(Spec):
+    """`phase_profile`'s options (`ProfileSpec` checks them)."""
+
+    n_per_residue: int = option(DEFAULT_N_PER_RESIDUE, _N_HELP, parse="positive")
+    seed: int = option(0, _SEED_HELP, parse="non_negative")
+    batch_size: int = option(64, parse="positive")
+    device: Any = None
+    stride: int | None = option(None, "fold residues to phases with this stride; must divide R, and for a compressed "
+                                "model equal its own stride (another stride hides its phase structure; re-fold "
+                                "deliberately with phaseinterp.phase_profile(..., stride=...)) (default: the model's)",
+                                parse="positive")
+    label: str | None = option(None, "the profile's name (default: the model's label)")
+    confidence: float = 0.95
+    interval: str = option("auto", choices=INTERVALS)
+    n_bootstrap: int = option(2000, needs=("interval", OneOf(("auto", "cluster_bootstrap"))))
+    n_permutations: int = 1999
+    progress: bool = True
+    axis: str = option("target", "target: the target's residue varies at a fixed prompt length; length: the prompt "
+                       "length's residue varies with the target's residue held (--hold); both: target phase x length "
+                       "phase (default: target)", choices=AXES)
+    hold: int | None = option(None, "with --axis length: the target residue mod R held fixed (default: 0)",
+                              parse="non_negative", needs=("axis", "length"))
+    length_modulus: int | None = option(None, "with --axis length: the length residues' modulus, a multiple of S "
+                                        "dividing R (default: R, or the largest the task's layout allows)",
+                                        parse="positive", needs=("axis", "length"))
+
+
+@typing.no_type_check
+@dataclasses.dataclass(frozen=True)
+class AblationOptions(Spec):
+    """`ablate`'s options (`AblationSpec` checks them)."""
+
+    layer: int | Sequence[int] | None = option(None, "distinct layer indices in 0..n_layers-1, e.g. 0 1 or 0,1 "
+                                               "(default: every layer)", parse="ints", many=True)
+    scope: str = option("kv_head", "one unit per KV head, or one per whole layer (default: kv_head)",
+                        choices=("kv_head", "layer"))
+    heads: Sequence[Sequence[int]] | None = option(None, excludes=("scope",))  # custom units replace the scope's
+    n_per_residue: int = option(DEFAULT_N_PER_RESIDUE, _N_HELP, parse="positive")
+    n_calibration: int = option(256, "calibration prompts for the mean; at least R (one per residue) (default: 256)",
+                                parse="positive")
+    seed: int = 0
+    calibration_seed: int = 1
+    batch_size: int = 64
+    method: str = option("fast", "fast (answer position only, equals naive to 1e-5) or naive (default: fast)",
+                         choices=("fast", "naive"))
+    device: Any = None
+    progress: bool = True
+
+
+@typing.no_type_check
+@dataclasses.dataclass(frozen=True)
+class GateCyclingOptions(Spec):
+    """The options both gate-cycling scores share (`CyclingOptions`, `UnitCyclingOptions`)."""
+
+    shifts: Sequence[int] | None = option(None, "shifts in slots, each non-zero mod S, e.g. -1 1 2 or -1,1,2 (default: "
+                                          "every distinct shift mod S, e.g. -1 1 2 for S = 4)", parse="ints", many=True)
+    layers: int | Sequence[int] | None = option(None, "distinct layer indices to shift, e.g. 0 1 or 0,1 (default: "
+                                                "every layer)", parse="ints", many=True, flag="--layer")
+    kv_heads: int | Sequence[int] | None = option(None, "KV heads whose gates move, e.g. 0 or 0,1 (default: every KV "
+                                                  "head of --layer)", parse="ints", many=True)
+    mode: str = option("roll", "roll the gate parameters, or shift only the prompt-independent part of each slot's "
+                       "gate logit (default: roll)", choices=CYCLING_MODES)
+    n_per_residue: int | None = DEFAULT_N_PER_RESIDUE
+    seed: int = option(0, parse="non_negative")
+    n_calibration: int = option(256, parse="positive")
+    calibration_seed: int = option(1, parse="non_negative")
+    batch_size: int = option(64, parse="positive")
+    n_boot: int = option(1000, parse="positive")
+    progress: bool = True
+
+
+@typing.no_type_check
+@dataclasses.dataclass(frozen=True)
+class CyclingOptions(GateCyclingOptions):
+    """`gate_cycling_profile`'s options (`CyclingSpec` checks them); ``n_per_residue=None``: the baseline
+    profile's size, else the default."""
+
+    branch: str = option("both", "shift the key gates, the value gates or both (default: both)",
+                         choices=("both", "k", "v"))
+    n_per_residue: int | None = option(None, _CYCLE_N_HELP, parse="positive")
+
+
+@typing.no_type_check
+@dataclasses.dataclass(frozen=True)
+class UnitCyclingOptions(GateCyclingOptions):
+    """`gate_cycling_unit`'s options (`UnitCyclingSpec` checks them)."""
+
+    measure: str = option("logprob", "the unit score's measure (default: logprob, the mean answer log-prob)",
+                          choices=MEASURES)
+    n_per_residue: int = option(DEFAULT_N_PER_RESIDUE, _CYCLE_N_HELP, parse="positive")
+
+
+@typing.no_type_check
+@dataclasses.dataclass(frozen=True)
+class GateProfileOptions(Spec):
+    """`gate_profile`'s options (`GateProfileSpec` checks them)."""
+
+    n_per_residue: int = option(8, "prompts per residue; any size works here (no moment matching) (default: 8)",
+                                parse="positive")
+    seed: int = option(0, parse="non_negative")
+    batch_size: int = option(64, parse="positive")
+
+
+@typing.no_type_check
+@dataclasses.dataclass(frozen=True)
+class ConformanceOptions(Spec):
+    """`conformance`'s options (`ConformanceSpec` checks them)."""
+
+    modes: Sequence[str] = option(DEFAULT_CONFORMANCE_MODES, "what to compare with the reference (default: decode "
+                                  "chunked_prefill dtype; warm: each prompt answered from the cache of a donor sharing "
+                                  "its prefix, one length per cut phase)", choices=CONFORMANCE_MODES, many=True)
+    n_per_residue: int = option(8, "prompts per residue (x R = 24), each shown at every answer phase; target moments "
+                                "are matched best-effort (default: 8)", parse="positive")
+    seed: int = option(0, _SEED_HELP, parse="non_negative")
+    answer_phases: Sequence[int] | None = None
+    cut_phases: Sequence[int] | None = None
+    chunk: int | None = option(None, "tokens per prefill piece after the first; a multiple of the cut period (the "
+                               "stride; for DeepSeek-V4 the lcm of its compress rates) (default: the smallest multiple "
+                               ">= 2 local windows)", parse="positive")
+    dtypes: Sequence[str] = option(DTYPES, "low precisions of the dtype mode; one the device cannot run is skipped and "
+                                   "named (default: bfloat16 float16)", choices=DTYPES, many=True,
+                                   needs=("modes", Contains("dtype")))
+    tolerance: Mapping[str, Any] | None = None
+    prefix_lengths: Sequence[int] | None = None
+    batch_size: int = option(256, parse="positive")
+    confidence: float = 0.95
+    n_bootstrap: int = 2000
+    label: str | None = None
+    progress: bool = True

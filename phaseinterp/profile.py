@@ -5,7 +5,7 @@ import functools
 import inspect
 import os
 from dataclasses import dataclass
-from typing import Any, ClassVar, no_type_check
+from typing import Any, no_type_check
 
 import numpy as np
 import pandas as pd
@@ -16,14 +16,13 @@ from tqdm.auto import tqdm
 from phaseinterp.errors import UserInputError, applies_only, keyword_options, warn_renamed
 from phaseinterp import stats
 from phaseinterp.models.protocol import phase_model
-from phaseinterp._checks import (DEFAULT_N_PER_RESIDUE, OneOf, Spec, check_device, check_every_residue, check_fraction,
+from phaseinterp._checks import (DEFAULT_N_PER_RESIDUE, INTERVALS, ProfileOptions, check_device, check_every_residue, check_fraction,
                                  check_int, check_n_per_residue, check_prompt_batch, env_flag, takes_spec)
 from phaseinterp.phase import check_residue_modulus
 from phaseinterp.results import Result
 from phaseinterp.tasks import resolve_task
 from phaseinterp.tasks.length_axis import check_axis, length_axis_batch
 
-INTERVALS = ("auto", "wilson", "cluster_bootstrap")
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -296,45 +295,16 @@ def _is_engine(model: Any) -> bool:
 
 
 @no_type_check  # validate() checks each option and names it; a runtime type checker would preempt it
-@dataclass(frozen=True)
-class ProfileSpec(Spec):
+class ProfileSpec(ProfileOptions):
     """`phase_profile`'s options (and `phaseinterp.engine_profile`'s), checked when made; their
     meanings are `phase_profile`'s parameters. ``stride=None`` means the model's own stride."""
 
-    NEEDS: ClassVar[dict[str, tuple[str, Any]]] = {"hold": ("axis", "length"), "length_modulus": ("axis", "length"),
-                                                   "n_bootstrap": ("interval", OneOf(("auto", "cluster_bootstrap")))}
-
-    n_per_residue: int = DEFAULT_N_PER_RESIDUE
-    seed: int = 0
-    batch_size: int = 64
-    device: Any = None
-    stride: int | None = None
-    label: str | None = None
-    confidence: float = 0.95
-    interval: str = "auto"
-    n_bootstrap: int = 2000
-    n_permutations: int = 1999
-    progress: bool = True
-    axis: str = "target"
-    hold: int | None = None
-    length_modulus: int | None = None
-
     def validate(self) -> None:
-        if self.interval not in INTERVALS:
-            raise UserInputError(f"interval={self.interval!r} is not one of {INTERVALS}")
-        check_axis(self.axis)  # hold and length_modulus need axis='length': ProfileSpec.NEEDS
-        if self.hold is not None:
-            check_int("hold", self.hold, 0)
-        if self.length_modulus is not None:
-            check_int("length_modulus", self.length_modulus, 1)
+        check_axis(self.axis)  # interval, seed, hold ...: their declarations (ProfileOptions) are checked
         check_n_per_residue(self.n_per_residue)
-        check_int("seed", self.seed, 0)
-        check_int("batch_size", self.batch_size, 1)
         check_int("n_permutations", self.n_permutations, 1, 1_000_000)  # bounded: numpy fails on a huge count
         check_int("n_bootstrap", self.n_bootstrap, 1, 1_000_000)
         check_fraction("confidence", self.confidence)
-        if self.stride is not None:
-            check_int("stride", self.stride, 1)
         if self.label is not None and not isinstance(self.label, str):
             raise UserInputError(f"label={self.label!r} must be a string")
         check_device(self.device)

@@ -1,6 +1,6 @@
 """A fuzzer drawn from the declarations (issue 58): every option of every experiment spec (its dataclass
-fields), every flag the command line declares (`phaseinterp.cli.args.FLAG_NEEDS` / `FLAG_EXCLUDES` and
-each spec's `NEEDS` / `EXCLUDES`), every kind of name (hook points, layer indices, zoo names, presets,
+fields), every flag the command line declares with what it needs or excludes (`phaseinterp._checks.option`
+on the options classes a command's flags are made from: `phaseinterp.cli.args.declared_needs`), every kind of name (hook points, layer indices, zoo names, presets,
 shifts) and every path case of the one path door (`phaseinterp._files.check_write_target` /
 `check_path_roles`). Each draw must give a `UserInputError` (exit 2 on the command line) that names the
 field or value, before any model work (a time budget per case shows it), or a correct result.
@@ -31,7 +31,8 @@ from jaxtyping import config as jaxtyping_config
 
 import phaseinterp as pi
 from phaseinterp.cli import main
-from phaseinterp.cli.args import FLAG_EXCLUDES, FLAG_NEEDS, GIVEN, build_parser
+from phaseinterp._checks import GIVEN
+from phaseinterp.cli.args import build_parser, declared_needs
 from phaseinterp.engines.check import ConformanceSpec
 from phaseinterp.errors import UserInputError
 from phaseinterp.interventions.ablation import AblationSpec
@@ -138,26 +139,24 @@ def test_every_option_takes_many_drawn_values(field, value, described):
 
 def test_every_declared_need_is_refused_naming_both():
     for spec_type in SPECS:
-        for name, (other, _want) in spec_type.NEEDS.items():
+        for name, ((other, _want),) in {f.name: f.metadata["needs"] for f in dataclasses.fields(spec_type)
+                                        if f.metadata.get("needs")}.items():
             setting = {"hold": 3, "length_modulus": 4, "dtypes": ("float16",), "n_bootstrap": 50}[name]
             wrong = {"axis": "target", "modes": ("decode",), "interval": "wilson"}[other]
             with pytest.raises(UserInputError) as err:
                 spec_type(**{name: setting, other: wrong})
             assert f"{name}=" in str(err.value) and other in str(err.value)
             COUNTS["combinations: refused"] += 1
-        for name, other in spec_type.EXCLUDES.items():
+        for name, (other,) in {f.name: f.metadata["excludes"] for f in dataclasses.fields(spec_type)
+                               if f.metadata.get("excludes")}.items():
             with pytest.raises(UserInputError, match=f"{name}=.*replaces {other}="):
                 spec_type(**{name: [[0]], other: "layer"})
             COUNTS["combinations: refused"] += 1
 
 
 # ------------------------------------------------------------------ the command line's flags
-def _subparser(command):
-    return build_parser()._subparsers._group_actions[0].choices[command]
-
-
 # Every flag of the experiment commands and what it does (the flag walk's fixture): "spec" (fills the
-# command's spec: its records change), "needs" (declared in FLAG_NEEDS: refused without what it needs),
+# command's spec: its records change), "needs" (declared with what it needs: refused without it),
 # or where else it acts. A new flag fails `test_every_flag_is_declared` until it is listed here.
 FLAGS = {
     "profile": {"model": "the model run", "device": "where it runs (refused with --engine)",
@@ -223,11 +222,11 @@ def _leaf_parsers(parser=None, prefix=""):
 @pytest.mark.parametrize("command", [c for c, _ in _leaf_parsers()])
 def test_every_flag_is_declared(command):
     """Each flag acts (the fixture says where) or is declared with what it needs: none is left inert. A new
-    flag fails here until it is listed in FLAGS or declared in FLAG_NEEDS / FLAG_EXCLUDES."""
+    flag fails here until it is listed in FLAGS or declared with what it needs (`declared_needs`)."""
     parser = dict(_leaf_parsers())[command]
     dests = {a.dest for a in parser._actions if a.dest != "help"}
-    undeclared = sorted(dests - set(FLAGS.get(command, {})) - set(FLAG_NEEDS.get(command, {})))
-    assert not undeclared, f"{command}: flags neither listed in FLAGS nor declared in FLAG_NEEDS: {undeclared}"
+    undeclared = sorted(dests - set(FLAGS.get(command, {})) - set(declared_needs(parser.get_default("declared") or ())[0]))
+    assert not undeclared, f"{command}: flags neither listed in FLAGS nor declared with their needs: {undeclared}"
     COUNTS["flags declared"] += len(dests)
 
 
@@ -258,28 +257,38 @@ VALUES = {"tokenizer": "{t}", "measure": "accuracy", "branch": "k", "dtypes": "f
 POSITIONAL = {"merge": ["{t}"], "paper": [], "pretrain": ["--preset", "tiny"]}  # before its flags (default: a model)
 
 
-def _written(command, dest):
-    """``[flag]`` or ``[flag, value]`` as a user writes ``dest`` on ``command``'s line."""
-    action = next(a for a in _subparser(command)._actions if a.dest == dest)
+def _written(parser, dest):
+    """``[flag]`` or ``[flag, value]`` as a user writes ``dest`` on the command ``parser``'s line."""
+    action = next(a for a in parser._actions if a.dest == dest)
     return [action.option_strings[0]] + ([] if action.nargs == 0 else [VALUES.get(dest, "5")])
 
 
 def _needs_cases():
-    for command, needs in FLAG_NEEDS.items():
+    """Every declared need and exclusion of every command that can fail there (a need of an --out that is
+    required or has a default always holds)."""
+    for command, parser in _leaf_parsers():
+        actions = {a.dest: a for a in parser._actions}
+        needs, excludes = declared_needs(parser.get_default("declared") or ())
         for dest, alternatives in needs.items():
-            argv = [command, *POSITIONAL.get(command, ["w4s4"]), *_written(command, dest)]
+            alternatives = tuple(alt for alt in alternatives if alt[0] in actions)
+            if dest not in actions or not alternatives or any(actions[o].required or actions[o].default not in (None, False)
+                                       for o, want in alternatives if want is GIVEN):
+                continue
+            argv = [*command.split(), *POSITIONAL.get(command, ["w4s4"]), *_written(parser, dest)]
             if command == "cycle" and dest in ("branch", "baseline"):
                 argv += ["--score", "unit", "--layer", "0"]
             if command == "conformance" and dest == "dtypes":
                 argv += ["--modes", "decode"]
-            flag = _written(command, dest)[0]
+            flag = _written(parser, dest)[0]
             yield pytest.param(argv, flag, alternatives, id=f"{command} {flag}")
-    for command, excludes in FLAG_EXCLUDES.items():
         for dest, (other, _) in excludes.items():
-            argv = [command, *POSITIONAL.get(command, ["w4s4"]), *_written(command, other), *_written(command, dest)]
+            if other not in actions or dest not in actions:
+                continue
+            argv = [*command.split(), *POSITIONAL.get(command, ["w4s4"]), *_written(parser, other),
+                    *_written(parser, dest)]
             if other == "engine":
                 argv += ["--model-name", "m"]
-            flag, with_flag = _written(command, dest)[0], _written(command, other)[0]
+            flag, with_flag = _written(parser, dest)[0], _written(parser, other)[0]
             yield pytest.param(argv, flag, ((other, GIVEN),), id=f"{command} {flag} with {with_flag}")
 
 

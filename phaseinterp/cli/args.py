@@ -1,53 +1,161 @@
 """``phaseinterp``'s argument parser: `build_parser`, its subcommands and their options.
 
 Imports only the standard library, so ``phaseinterp --help`` answers at once; `phaseinterp.cli`
-runs the commands. Bad arguments exit with code 2 and a one-line message naming the value.
+runs the commands. Bad arguments exit with code 2 and a one-line message naming the value. The flags of
+the experiments and of the options every command shares are made from their declarations (`add_options`
+over `phaseinterp._checks.ProfileOptions` ... and the classes below), and a flag given where it does
+nothing is refused from the same declarations (`check_flag_needs`).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 from typing import Optional
 
-from phaseinterp._checks import DEFAULT_N_PER_RESIDUE  # standard library only, like this module
+from phaseinterp._checks import (DEFAULT_N_PER_RESIDUE, GIVEN, N_PER_RESIDUE_HELP, AblationOptions, Contains, ConformanceOptions,
+                                 CyclingOptions, GateProfileOptions, OneOf, ProfileOptions, UnitCyclingOptions,
+                                 cli_fields, dest_of, flag_of, option)  # standard library only, like this module
 from phaseinterp.errors import UserInputError
 
 
 class UsageError(UserInputError):
     """Bad command-line input: reported in one line, exit code 2."""
 
-N_PER_RESIDUE_HELP = ("prompts per residue group (x R = 24 residues for the zoo task); moment matching needs 72, "
-                      "77, 80 or any size from 86 for the zoo task; at most 500,000 prompts in all")
+
+# The command options beside the experiments' (`phaseinterp._checks.ProfileOptions` ...), declared the same
+# way (`option`): the flags of a command are made from its options classes (`add_options`), and what each
+# flag needs or excludes is read from its declaration by `check_flag_needs`. Declarations only, never made:
+# no __init__ or __eq__ is generated (`phaseinterp --help` stays fast).
+_declared = dataclasses.dataclass(init=False, repr=False, eq=False)
 
 
-# What each flag needs to act, declared once per command (issue 58): flag dest -> the alternatives, each
-# (the dest it needs, the value that one must have; GIVEN: any value). A flag given on the command line
-# without any of them would do nothing: `check_flag_needs` refuses it before any work, naming both. The
-# spec's own needs (`phaseinterp._checks.Spec.NEEDS`: profile's hold/length_modulus need axis length,
-# conformance's dtypes need the dtype mode) are read from the spec by the same check.
-GIVEN = object()
-_ENGINE = (("engine", GIVEN),)
-_WRITES = {"overwrite": (("out", GIVEN), ("paper_figure", GIVEN))}
-_PAPER = {"paper_padding": (("paper", GIVEN),), "paper_figure": (("paper", GIVEN),)}
-FLAG_NEEDS: dict[str, dict[str, tuple[tuple[str, object], ...]]] = {
-    "profile": {"model_name": _ENGINE, "top_logprobs": _ENGINE, "d_vocab": _ENGINE, "retries": _ENGINE,
-                "timeout": _ENGINE, "tokenizer": _ENGINE, "seq_len": (("tokenizer", GIVEN),),
-                "chunk_size": (("shard_dir", GIVEN), ("engine", GIVEN)), **_WRITES, **_PAPER},
-    "ablate": {"chunk_size": (("shard_dir", GIVEN),), **_WRITES, **_PAPER},
-    "cycle": {"measure": (("score", "unit"),), "branch": (("score", "profile"),), "baseline": (("score", "profile"),),
-              "chunk_size": (("shard_dir", GIVEN),), **_WRITES, **_PAPER},
-    "gates": dict(_WRITES), "conformance": dict(_WRITES), "merge": dict(_WRITES), "paper": dict(_WRITES),
-    "pretrain": {"device_memory": (("plan", GIVEN),)},
-}
-# Flags that do nothing beside another: flag dest -> (the other dest, why).
-FLAG_EXCLUDES: dict[str, dict[str, tuple[str, str]]] = {
-    "profile": {"query_chunk": ("engine", "the served model runs its own attention"),
-                "device": ("engine", "the served model runs where it is served")},
-    "cycle": {"baseline": ("shard_dir", "a sharded run computes the unshifted row in its shards")},
-    "paper": {"out": ("list", "--list prints the published runs and writes nothing"),
-              "no_static": ("list", "--list prints the published runs and draws nothing")},
-}
+@_declared
+class DeviceOptions:
+    device: Optional[str] = option(None, "torch device, e.g. cpu, cuda, cuda:1, mps (default: cpu); must exist on "
+                                   "this machine", excludes=("engine", "the served model runs where it is served"))
+
+
+@_declared
+class OutputOptions:
+    out: Optional[str] = option(None, "directory to write {what} to; must not exist yet or be empty{default}",
+                                excludes=("list", "--list prints the published runs and writes nothing"))
+    overwrite: bool = option(False, "replace a previous output of the same kind in --out (whole and atomically); "
+                             "anything else there is never replaced", needs=(("out", GIVEN), ("paper_figure", GIVEN)))
+
+
+@_declared
+class EngineOptions:
+    engine: Optional[str] = option(None, "ask an OpenAI-compatible server (vLLM, SGLang: /v1/completions with token-id "
+                                   "prompts and logprobs) instead of running MODEL here, e.g. http://localhost:8000 "
+                                   "(default: in process)", metavar="URL")
+    model_name: Optional[str] = option(None, "with --engine: the model name the server serves (required)",
+                                       needs=("engine", GIVEN))
+    tokenizer: Optional[str] = option(None, "with --engine and no MODEL: a Hugging Face tokenizer folder; the task is "
+                                      "then a needle task laid out in its ids (--seq-len; --stride required)",
+                                      metavar="DIR", needs=("engine", GIVEN))
+    seq_len: int = option(8192, "with --tokenizer: the needle prompts' length in tokens (default: 8192)",
+                          parse="positive", needs=("tokenizer", GIVEN))
+    top_logprobs: int = option(20, "with --engine: log-probs asked per prompt; a prompt is correct when its answer is "
+                               "the argmax of those reported (vLLM caps it at --max-logprobs, default 20) (default: 20)",
+                               parse="positive", needs=("engine", GIVEN))
+    d_vocab: Optional[int] = option(None, "with --engine: the served model's vocabulary size (default: MODEL's, or "
+                                    "the tokenizer's)", parse="positive", needs=("engine", GIVEN))
+    retries: int = option(3, "with --engine: further tries of a request that fails (unreachable, HTTP 5xx), waiting "
+                          "1, 2, 4 ... s (default: 3)", parse="non_negative", needs=("engine", GIVEN))
+    timeout: float = option(600.0, "with --engine: seconds to wait for one request's answer (default: 600)",
+                            parse="positive_float", needs=("engine", GIVEN))
+
+
+@_declared
+class LayoutOptions:
+    padding: Optional[str] = option(None, "how records are moved to each residue (default: the task's own)",
+                                    choices=("prefix", "in_sequence"))
+
+
+@_declared
+class ScaleOptions:
+    shard_dir: Optional[str] = option(None, "write each finished chunk of prompts here (atomically) and resume from "
+                                      "it on a rerun; required under torchrun / accelerate launch, where each process "
+                                      "takes a slice of the prompts and process 0 merges them (default: one process, "
+                                      "no shards)")
+    chunk_size: int = option(64, "prompts per shard file; with profile --engine, prompts per request (default: 64)",
+                             parse="positive", needs=(("shard_dir", GIVEN), ("engine", GIVEN)))
+    query_chunk: Optional[int] = option(None, "attention queries per chunk for long prompts: memory linear in the "
+                                        "prompt length, same numbers (default: the model's 'auto': forwards over more "
+                                        "than 2,048 new tokens are chunked to a bounded score block, shorter ones run "
+                                        "all at once)", parse="positive",
+                                        excludes=("engine", "the served model runs its own attention"))
+
+
+@_declared
+class CompareOptions:
+    paper: Optional[str] = option(None, "also print {what} beside the published run RUN in the same statistic "
+                                  "(phaseinterp.paper.compare), {runs} (default: none)", metavar="RUN")
+    paper_padding: Optional[str] = option(None, "with --paper: the published evaluation to compare with (default: "
+                                          "prefix)", choices=("prefix", "in-sequence"), needs=("paper", GIVEN))
+    paper_figure: Optional[str] = option(None, "with --paper: also write the comparison's figure here (.html, or .png "
+                                         "with kaleido and Chromium) (default: none)", metavar="PATH",
+                                         needs=("paper", GIVEN))
+
+
+@_declared
+class CycleOptions:
+    score: str = option("profile", "profile: whole-model accuracy per phase vs A_0((r-d) mod S); unit: the unit named "
+                        "by --layer (and --kv-heads) shifted alone, its own contribution vs C_0((r-d) mod S) (default: "
+                        "profile)", choices=("profile", "unit"),
+                        selects={"profile": CyclingOptions, "unit": UnitCyclingOptions})
+    baseline: Optional[str] = option(None, "profile score: a profile of this model on the same prompts, written by "
+                                     "`phaseinterp profile MODEL --out DIR`; its per-prompt results are the unshifted "
+                                     "row, so that pass is not run again (checked first on one batch) (default: none)",
+                                     metavar="DIR", needs=("score", "profile"),
+                                     excludes=("shard_dir", "a sharded run computes the unshifted row in its shards"))
+
+
+@_declared
+class PaperOptions:
+    list: bool = option(False, "print the published runs (phaseinterp.paper.runs()) and exit")
+    no_static: bool = option(False, "HTML only: skip the PNGs (they need kaleido and Chromium)",
+                             excludes=("list", "--list prints the published runs and draws nothing"))
+
+
+@_declared
+class PlanOptions:
+    plan: bool = option(False, "print the per-device memory (parameters, gradients, optimizer state, activations and "
+                        "logits per row and per device) and whether it fits --device-memory, naming the micro-batch or "
+                        "activation checkpointing that would; no data, tokenizer or --out needed; exits 2 when it does "
+                        "not fit (phaseinterp.train.plan)")
+    device_memory: Optional[float] = option(None, "with --plan: GiB per device (default: this machine's CUDA device, "
+                                            "else 80 for a GPU)", parse="positive_float", metavar="GIB",
+                                            needs=("plan", GIVEN))
+
+
+def add_options(p: argparse.ArgumentParser, *classes, skip: tuple = (), **fill) -> None:
+    """The flags of ``classes``' options that the command line takes (`phaseinterp._checks.option`), each once
+    (the first class that declares a flag makes it); ``fill``: the help's blanks (``{what}``), and per flag
+    (its dest: a dict) argparse settings that differ on this command (``out={"required": True}``). The
+    classes are kept in the parsed arguments (``declared``; ``skipped``: the options left out here) for
+    `check_flag_needs`."""
+    seen = {a.dest for a in p._actions} | set(skip)
+    words = {k: v for k, v in fill.items() if not isinstance(v, dict)}
+    for cls in classes:
+        for field in cli_fields(cls):
+            dest, meta = dest_of(field), field.metadata
+            if dest in seen:
+                continue
+            seen.add(dest)
+            kwargs = {"dest": dest, "default": field.default, "help": meta["help"].format(**words) if words else
+                      meta["help"], "metavar": meta.get("metavar"), "choices": meta.get("choices")}
+            if meta.get("parse") == "ints":
+                kwargs.update(type=_int_list(dest if dest.endswith("s") else dest + "s"), nargs="+", action=_Extend)
+            elif field.default is False:
+                kwargs["action"] = "store_true"
+            else:
+                kwargs.update(type=PARSERS.get(meta.get("parse")), nargs="+" if meta.get("many") else None)
+            kwargs.update(fill[dest] if isinstance(fill.get(dest), dict) else {})
+            p.add_argument(flag_of(field), **{k: v for k, v in kwargs.items() if v is not None})
+    p.set_defaults(declared=(p.get_default("declared") or ()) + classes, skipped=(p.get_default("skipped") or ()) + skip)
 
 
 def given_flags(parser: argparse.ArgumentParser, argv) -> set[str]:
@@ -75,12 +183,32 @@ def _flag(dest: str) -> str:
     return "MODEL" if dest == "model" else f"--{dest.replace('_', '-')}"
 
 
-def check_flag_needs(command: str, args, given: set[str], spec_needs: Optional[dict] = None) -> None:
-    """Refuse a flag given where it does nothing (`FLAG_NEEDS`, `FLAG_EXCLUDES`, and the spec's
-    ``NEEDS`` mapped to flags), naming both flags, before any work."""
-    needs = dict(FLAG_NEEDS.get(command, {}))
-    for dest, (other, want) in (spec_needs or {}).items():
-        needs.setdefault(dest, ((other, want),))
+def declared_needs(classes) -> tuple[dict, dict]:
+    """``({dest: ((dest it needs, value), ...)}, {dest: (dest it excludes, why)})`` of a command's options
+    classes, from their declarations alone: each option's ``needs`` and ``excludes`` (named by dest), and
+    where an option ``selects`` the options class (``cycle --score``), a flag that only some of the
+    selected classes take needs the values that select them."""
+    fields: dict = {}
+    for cls in classes:
+        for field in cli_fields(cls):
+            fields.setdefault(dest_of(field), field)
+    names = {f.name: dest for dest, f in fields.items()}
+    needs = {dest: [(names.get(o, o), want) for o, want in f.metadata.get("needs", ())] for dest, f in fields.items()}
+    excludes = {dest: (names.get(f.metadata["excludes"][0], f.metadata["excludes"][0]), f.metadata["excludes"][-1])
+                for dest, f in fields.items() if f.metadata.get("excludes")}
+    for selector, field in fields.items():
+        for dest in fields:
+            takers = [value for value, cls in field.metadata.get("selects", {}).items()
+                      if dest in {dest_of(f) for f in cli_fields(cls)}]
+            if 0 < len(takers) < len(field.metadata["selects"]):
+                needs[dest].append((selector, takers[0] if len(takers) == 1 else OneOf(tuple(takers))))
+    return {dest: tuple(alts) for dest, alts in needs.items() if alts}, excludes
+
+
+def check_flag_needs(args, given: set[str]) -> None:
+    """Refuse a flag given where it does nothing (what the command's options classes declare it needs or
+    excludes: `declared_needs`), naming both flags, before any work."""
+    needs, excludes = declared_needs(getattr(args, "declared", ()))
     for dest in sorted(given):
         alternatives = tuple(alt for alt in needs.get(dest, ()) if hasattr(args, alt[0]))  # this command's flags
         if alternatives and not any(_holds(getattr(args, other, None), want) for other, want in alternatives):
@@ -89,9 +217,9 @@ def check_flag_needs(command: str, args, given: set[str], spec_needs: Optional[d
             here = "; ".join(f"{_flag(other)} {_shown(getattr(args, other, None))}" for other, _ in alternatives)
             raise UsageError(f"{_flag(dest)} applies to {wanted} only (here {here}), where it would do nothing; "
                              f"drop {_flag(dest)} or add {wanted}")
-        other_why = FLAG_EXCLUDES.get(command, {}).get(dest)
-        if other_why and _holds(getattr(args, other_why[0], None), GIVEN):
-            raise UsageError(f"{_flag(dest)} does nothing with {_flag(other_why[0])} ({other_why[1]}); drop {_flag(dest)}")
+        other, why = excludes.get(dest, (None, None))
+        if other and _holds(getattr(args, other, None), GIVEN):
+            raise UsageError(f"{_flag(dest)} does nothing with {_flag(other)} ({why}); drop {_flag(dest)}")
 
 
 def _holds(value, want) -> bool:
@@ -102,26 +230,15 @@ def _holds(value, want) -> bool:
 
 
 def _want_words(other: str, want) -> str:
-    value = getattr(want, "value", want)
-    return f"{_flag(other)} {'including ' if hasattr(want, 'holds') else ''}{value}"
+    if isinstance(want, Contains):
+        return f"{_flag(other)} including {want.value}"
+    return f"{_flag(other)} {' or '.join(map(str, want.values)) if isinstance(want, OneOf) else want}"
 
 
 def _shown(value) -> str:
     if value is None or value is False:
         return "not given"
     return " ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
-
-
-def axis_options(args) -> dict:
-    """phase_profile's axis options from --axis/--hold/--length-modulus (--hold and --length-modulus
-    apply to --axis length only)."""
-    for flag, value in (("--hold", args.hold), ("--length-modulus", args.length_modulus)):
-        if value is not None and args.axis != "length":
-            raise UsageError(f"{flag} applies to --axis length only (here --axis {args.axis}); drop it")
-    options = {"axis": args.axis}
-    if args.axis == "length":
-        options.update(hold=args.hold, length_modulus=args.length_modulus)
-    return options
 
 
 def _parse_number(text: str, kind: type, ok, bound: str):
@@ -184,56 +301,30 @@ def _share(text: str) -> tuple[int, int]:
     return worker, n_workers
 
 
+PARSERS = {"positive": _positive, "non_negative": _non_negative, "positive_float": _positive_float}
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, exit code 2
         self.exit(2, f"phaseinterp: error: {message}\n")
 
 
-def _model_arg(p):
+def _model_arg(p, *options):
     p.add_argument("model", help="zoo name with a shipped checkpoint (see `phaseinterp zoo list`) or a checkpoint "
                                  "directory (config.json + model.safetensors)")
-    _device_arg(p)
-
-
-def _device_arg(p):
-    p.add_argument("--device", default=None,
-                   help="torch device, e.g. cpu, cuda, cuda:1, mps (default: cpu); must exist on this machine")
+    add_options(p, DeviceOptions, *options)
 
 
 def _out_arg(p, default: Optional[str] = None, required: bool = False, what: str = "the result",
              overwrite: bool = True):
     default_text = f" (default: {default})" if default else (" (required)" if required else " (default: print only)")
-    p.add_argument("--out", default=default, required=required,
-                   help=f"directory to write {what} to; must not exist yet or be empty{default_text}")
-    if overwrite:
-        p.add_argument("--overwrite", action="store_true",
-                       help="replace a previous output of the same kind in --out (whole and atomically); "
-                            "anything else there is never replaced")
-
-
-def _scale_args(p):
-    p.add_argument("--shard-dir", default=None,
-                   help="write each finished chunk of prompts here (atomically) and resume from it on a rerun; "
-                        "required under torchrun / accelerate launch, where each process takes a slice of the "
-                        "prompts and process 0 merges them (default: one process, no shards)")
-    p.add_argument("--chunk-size", type=_positive, default=64,
-                   help="prompts per shard file; with profile --engine, prompts per request (default: 64)")
-    p.add_argument("--query-chunk", type=_positive, default=None,
-                   help="attention queries per chunk for long prompts: memory linear in the prompt length, same "
-                        "numbers (default: the model's 'auto': forwards over more than 2,048 new tokens are chunked "
-                        "to a bounded score block, shorter ones run all at once)")
+    add_options(p, OutputOptions, skip=() if overwrite else ("overwrite",), what=what, default=default_text,
+                out={"default": default, "required": required or None})
 
 
 def _paper_args(p, what: str, runs: str = "e.g. kvc_w8s8_1kv_baseline or DeepSeek-V4-Flash-Base (`phaseinterp "
                                            "paper --list` names them)"):
-    p.add_argument("--paper", metavar="RUN", default=None,
-                   help=f"also print {what} beside the published run RUN in the same statistic "
-                        f"(phaseinterp.paper.compare), {runs} (default: none)")
-    p.add_argument("--paper-padding", choices=["prefix", "in-sequence"], default=None,
-                   help="with --paper: the published evaluation to compare with (default: prefix)")
-    p.add_argument("--paper-figure", metavar="PATH", default=None,
-                   help="with --paper: also write the comparison's figure here (.html, or .png with kaleido and "
-                        "Chromium) (default: none)")
+    add_options(p, CompareOptions, what=what, runs=runs)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -259,7 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--remedy", default="w4s4-staggered",
                    help="staggered-window zoo model for the report's remedy section (beside its shared-grid twin), "
                    "'none' to skip (default: w4s4-staggered)")
-    _device_arg(p)
+    add_options(p, DeviceOptions)
 
     p = sub.add_parser("report", help="the full report for any model",
                        description="Write the full report for any model (zoo name or checkpoint directory).")
@@ -296,8 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "beside knockouts; gate cycling observed against predicted; the concentration plane) as HTML "
                        "and offline PNG, all on DIR/index.html (check it with `phaseinterp check-report DIR`). "
                        "--list prints the published runs instead.")
-    p.add_argument("--list", action="store_true", help="print the published runs (phaseinterp.paper.runs()) and exit")
-    p.add_argument("--no-static", action="store_true", help="HTML only: skip the PNGs (they need kaleido and Chromium)")
+    add_options(p, PaperOptions)
     _out_arg(p, what="the figures (index.html, one .html and .png per figure, summary.json)")
 
     p = sub.add_parser("profile", help="accuracy by residue and phase (phaseinterp.phase_profile)",
@@ -307,47 +397,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="zoo name with a shipped checkpoint (see `phaseinterp zoo list`) or a checkpoint directory "
                         "(config.json + model.safetensors); with --engine, the served model's task, vocabulary, "
                         "stride and label (or pass --tokenizer instead)")
-    _device_arg(p)
-    p.add_argument("--engine", metavar="URL", default=None,
-                   help="ask an OpenAI-compatible server (vLLM, SGLang: /v1/completions with token-id prompts and "
-                        "logprobs) instead of running MODEL here, e.g. http://localhost:8000 (default: in process)")
-    p.add_argument("--model-name", default=None, help="with --engine: the model name the server serves (required)")
-    p.add_argument("--tokenizer", metavar="DIR", default=None,
-                   help="with --engine and no MODEL: a Hugging Face tokenizer folder; the task is then a needle task "
-                        "laid out in its ids (--seq-len; --stride required)")
-    p.add_argument("--seq-len", type=_positive, default=8192,
-                   help="with --tokenizer: the needle prompts' length in tokens (default: 8192)")
-    p.add_argument("--top-logprobs", type=_positive, default=20,
-                   help="with --engine: log-probs asked per prompt; a prompt is correct when its answer is the "
-                        "argmax of those reported (vLLM caps it at --max-logprobs, default 20) (default: 20)")
-    p.add_argument("--d-vocab", type=_positive, default=None,
-                   help="with --engine: the served model's vocabulary size (default: MODEL's, or the tokenizer's)")
-    p.add_argument("--retries", type=_non_negative, default=3,
-                   help="with --engine: further tries of a request that fails (unreachable, HTTP 5xx), waiting "
-                        "1, 2, 4 ... s (default: 3)")
-    p.add_argument("--timeout", type=_positive_float, default=600.0,
-                   help="with --engine: seconds to wait for one request's answer (default: 600)")
-    p.add_argument("--label", default=None, help="the profile's name (default: the model's label)")
-    p.add_argument("--n-per-residue", type=_positive, default=DEFAULT_N_PER_RESIDUE,
-                   help=N_PER_RESIDUE_HELP + f" (default: {DEFAULT_N_PER_RESIDUE}, as every experiment)")
-    p.add_argument("--stride", type=_positive, default=None,
-                   help="fold residues to phases with this stride; must divide R, and for a compressed model "
-                        "equal its own stride (another stride hides its phase structure; re-fold deliberately "
-                        "with phaseinterp.phase_profile(..., stride=...)) (default: the model's)")
-    p.add_argument("--padding", choices=["prefix", "in_sequence"], default=None,
-                   help="how records are moved to each residue (default: the task's own)")
-    p.add_argument("--axis", choices=["target", "length", "both"], default="target",
-                   help="target: the target's residue varies at a fixed prompt length; length: the prompt "
-                        "length's residue varies with the target's residue held (--hold); both: target phase x "
-                        "length phase (default: target)")
-    p.add_argument("--hold", type=_non_negative, default=None,
-                   help="with --axis length: the target residue mod R held fixed (default: 0)")
-    p.add_argument("--length-modulus", type=_positive, default=None,
-                   help="with --axis length: the length residues' modulus, a multiple of S dividing R (default: R, "
-                        "or the largest the task's layout allows)")
-    p.add_argument("--seed", type=_non_negative, default=0, help="prompt seed, >= 0 (default: 0)")
+    add_options(p, DeviceOptions, EngineOptions, ProfileOptions, LayoutOptions)
     _out_arg(p, what="the profile (meta.json + arrays.npz)")
-    _scale_args(p)
+    add_options(p, ScaleOptions)
     _paper_args(p, "the profile (mean, worst phase, gap, period)")
 
     p = sub.add_parser("lm-eval-task", help="write MODEL's task as an lm-evaluation-harness task folder "
@@ -368,52 +420,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("ablate", help="per-KV-head mean replacement (phaseinterp.ablate)",
                        description="Replace each KV head's per-head outputs (hook_z) at the answer position by "
                        "their calibration mean; print the RELATIVE accuracy change in percent per phase.")
-    _model_arg(p)
-    p.add_argument("--layer", type=_int_list("layers"), nargs="+", action=_Extend, default=None,
-                   help="distinct layer indices in 0..n_layers-1, e.g. 0 1 or 0,1 (default: every layer)")
-    p.add_argument("--scope", choices=["kv_head", "layer"], default="kv_head",
-                   help="one unit per KV head, or one per whole layer (default: kv_head)")
-    p.add_argument("--n-per-residue", type=_positive, default=DEFAULT_N_PER_RESIDUE,
-                   help=N_PER_RESIDUE_HELP + f" (default: {DEFAULT_N_PER_RESIDUE}, as every experiment)")
-    p.add_argument("--n-calibration", type=_positive, default=256,
-                   help="calibration prompts for the mean; at least R (one per residue) (default: 256)")
-    p.add_argument("--method", choices=["fast", "naive"], default="fast",
-                   help="fast (answer position only, equals naive to 1e-5) or naive (default: fast)")
+    _model_arg(p, AblationOptions)
     _out_arg(p, what="the result (meta.json + arrays.npz)")
-    _scale_args(p)
+    add_options(p, ScaleOptions)
     _paper_args(p, "the knockout map (specialized units, the phases they cover)")
 
     p = sub.add_parser("cycle", help="cyclic gate shifts (phaseinterp.gate_cycling)",
                        description="Shift the gates' slot preferences by each shift and measure accuracy per "
                        "phase (W = S gated or DeepSeek-kernel models).")
-    _model_arg(p)
-    p.add_argument("--shifts", type=_int_list("shifts"), nargs="+", action=_Extend, default=None,
-                   help="shifts in slots, each non-zero mod S, e.g. -1 1 2 or -1,1,2 (default: every distinct "
-                        "shift mod S, e.g. -1 1 2 for S = 4)")
-    p.add_argument("--layer", type=_int_list("layers"), nargs="+", action=_Extend, default=None,
-                   help="distinct layer indices to shift, e.g. 0 1 or 0,1 (default: every layer)")
-    p.add_argument("--branch", choices=["both", "k", "v"], default="both",
-                   help="shift the key gates, the value gates or both (default: both)")
-    p.add_argument("--score", choices=["profile", "unit"], default="profile",
-                   help="profile: whole-model accuracy per phase vs A_0((r-d) mod S); unit: the unit named by "
-                        "--layer (and --kv-heads) shifted alone, its own contribution vs C_0((r-d) mod S) "
-                        "(default: profile)")
-    p.add_argument("--kv-heads", type=_int_list("kv_heads"), nargs="+", action=_Extend, default=None,
-                   help="KV heads whose gates move, e.g. 0 or 0,1 (default: every KV head of --layer)")
-    p.add_argument("--mode", choices=["roll", "static"], default="roll",
-                   help="roll the gate parameters, or shift only the prompt-independent part of each slot's "
-                        "gate logit (default: roll)")
-    p.add_argument("--measure", choices=["logprob", "accuracy"], default="logprob",
-                   help="the unit score's measure (default: logprob, the mean answer log-prob)")
-    p.add_argument("--baseline", metavar="DIR", default=None,
-                   help="profile score: a profile of this model on the same prompts, written by `phaseinterp "
-                        "profile MODEL --out DIR`; its per-prompt results are the unshifted row, so that pass is "
-                        "not run again (checked first on one batch) (default: none)")
-    p.add_argument("--n-per-residue", type=_positive, default=None,
-                   help=N_PER_RESIDUE_HELP + f" (default: the --baseline profile's size, else {DEFAULT_N_PER_RESIDUE}, as the library's "
-                        "gate_cycling_profile / gate_cycling_unit)")
+    _model_arg(p, CycleOptions, CyclingOptions, UnitCyclingOptions)
     _out_arg(p, what="the result (meta.json + arrays.npz)")
-    _scale_args(p)
+    add_options(p, ScaleOptions)
     _paper_args(p, "the profile score's R² per shift (the paper's statistic and the stricter one)",
                 "one of the 5 published gate-cycling runs, e.g. kvc_w12s12_4kv (phaseinterp.paper.cycling_runs() "
                 "names them)")
@@ -427,9 +444,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("gates", help="gate statistics (phaseinterp.gate_profile)",
                        description="Where each compressor gate puts its weight, and how concentrated it is.")
-    _model_arg(p)
-    p.add_argument("--n-per-residue", type=_positive, default=8,
-                   help="prompts per residue; any size works here (no moment matching) (default: 8)")
+    _model_arg(p, GateProfileOptions)
     _out_arg(p, what="the result (meta.json + arrays.npz)")
 
     p = sub.add_parser("conformance", help="decode / chunked prefill / dtype vs the reference, per phase "
@@ -438,21 +453,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "token-by-token decoding with the model's own cache, chunked prefill cut at every phase, and "
                        "bfloat16/float16; print max and mean |difference of next-token log-probs|, top-1 agreement and "
                        "the accuracy difference per answer phase (and per cut phase), with a verdict per phase.")
-    _model_arg(p)
-    p.add_argument("--modes", nargs="+", choices=["decode", "chunked_prefill", "warm", "dtype"], default=None,
-                   help="what to compare with the reference (default: decode chunked_prefill dtype; warm: each "
-                        "prompt answered from the cache of a donor sharing its prefix, one length per cut phase)")
-    p.add_argument("--dtypes", nargs="+", choices=["bfloat16", "float16"], default=None,
-                   help="low precisions of the dtype mode; one the device cannot run is skipped and named "
-                        "(default: bfloat16 float16)")
-    p.add_argument("--n-per-residue", type=_positive, default=8,
-                   help="prompts per residue (x R = 24), each shown at every answer phase; target moments are "
-                        "matched best-effort (default: 8)")
-    p.add_argument("--chunk", type=_positive, default=None,
-                   help="tokens per prefill piece after the first; a multiple of the cut period (the stride; for "
-                        "DeepSeek-V4 the lcm of its compress rates) (default: the smallest multiple >= 2 local "
-                        "windows)")
-    p.add_argument("--seed", type=_non_negative, default=0, help="prompt seed, >= 0 (default: 0)")
+    _model_arg(p, ConformanceOptions)
     _out_arg(p, what="the result (meta.json + arrays.npz)")
 
     p = sub.add_parser("train", help="train a model from scratch (phaseinterp.train)",
@@ -475,7 +476,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=_non_negative, default=None, help="training seed >= 0 (default: the recipe's)")
     p.add_argument("--resume", action="store_true",
                    help="continue the run in --out; refuses a changed architecture, recipe or step count")
-    _device_arg(p)
+    add_options(p, DeviceOptions)
     _out_arg(p, required=True, what="checkpoints, logs and the final model", overwrite=False)
 
     p = sub.add_parser("pretrain", help="next-token pretraining on natural text (phaseinterp.train.pretrain)",
@@ -523,13 +524,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nproc", type=_positive, default=1,
                    help="processes (torchrun): at most the CUDA devices, or the CPU cores without CUDA (default: 1)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out; refuses changed settings")
-    p.add_argument("--plan", action="store_true",
-                   help="print the per-device memory (parameters, gradients, optimizer state, activations and logits "
-                        "per row and per device) and whether it fits --device-memory, naming the micro-batch or "
-                        "activation checkpointing that would; no data, tokenizer or --out needed; exits 2 when it "
-                        "does not fit (phaseinterp.train.plan)")
-    p.add_argument("--device-memory", type=_positive_float, default=None, metavar="GIB",
-                   help="with --plan: GiB per device (default: this machine's CUDA device, else 80 for a GPU)")
+    add_options(p, PlanOptions)
     _out_arg(p, what="the run (checkpoints, curves, the final model); required but with --plan", overwrite=False)
 
     p = sub.add_parser("tokenizer", help="train a byte-level BPE tokenizer on local text")
@@ -547,7 +542,7 @@ def build_parser() -> argparse.ArgumentParser:
     b = zsub.add_parser("build", help="retrain a zoo model with the shared recipe and install it")
     b.add_argument("name", help="a zoo name (see `phaseinterp zoo list`)")
     b.add_argument("--out-dir", default=None, help="run directory (default: runs/zoo/NAME)")
-    _device_arg(b)
+    add_options(b, DeviceOptions)
     b.add_argument("--no-install", action="store_true", help="train only; do not copy the snapshot into the package")
     b.add_argument("--threads", type=_positive, default=1,
                    help="CPU threads (default: 1, which reproduces the shipped checkpoints bit for bit)")

@@ -5,7 +5,6 @@ imports this module only after the arguments parse, so ``--help`` loads neither 
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import json
 import os
@@ -23,7 +22,7 @@ from phaseinterp import report as report_module
 from phaseinterp import train as training
 from phaseinterp._checks import check_device, parse_size
 from phaseinterp._files import check_output_dir, check_path_roles, check_read_path, check_write_target, expand_user
-from phaseinterp.cli.args import UsageError, axis_options, check_flag_needs
+from phaseinterp.cli.args import UsageError, check_flag_needs
 from phaseinterp.cli.paper_run import BACKBONE as PAPER_BACKBONE
 from phaseinterp.cli.paper_run import default_paper_run, paper_run_settings
 from phaseinterp.cli.engine import served_profile
@@ -173,9 +172,6 @@ def _preflight(args) -> None:
     same code), then the spec's checks that need the model's config (layer indices, strides, shifts,
     read from config.json) and its stored task (prompt counts it can lay out)."""
     if args.command == "cycle" and args.baseline is not None:  # model-independent: before anything loads
-        if args.score == "unit" or args.shard_dir is not None:
-            raise UsageError("--baseline is the unshifted row of the profile score in one process; drop --baseline, "
-                             "or --score unit / --shard-dir")
         args.baseline_profile = PhaseProfile.load(args.baseline)  # a missing or corrupt folder: one line
     if args.command == "cycle" and args.score == "unit":
         if args.shard_dir is not None:
@@ -183,11 +179,7 @@ def _preflight(args) -> None:
         if args.layer is None:
             raise UsageError("--score unit needs the unit: --layer L (and --kv-heads H)")
     spec_type = _spec_type(args)
-    fields = {f.name for f in dataclasses.fields(spec_type)} if spec_type is not None else set()
-    overrides = {"device": None} if "device" in fields else {}  # the model loads onto --device itself
-    if args.command == "profile":
-        overrides.update(axis_options(args))
-    args.spec = None if spec_type is None else spec_type.from_args(args, **overrides)
+    args.spec = None if spec_type is None else spec_type.from_args(args)  # the model loads onto --device itself
     described = peek(args.model)
     if described is None:  # not readable from config.json alone: checked after loading
         return
@@ -274,22 +266,12 @@ def _check_paths(args) -> None:
                      {flag(a): getattr(args, a, None) for a in INPUT_PATHS if a != "runs"})
 
 
-def _check_flags(args) -> None:
-    """A flag given where it does nothing is refused (`check_flag_needs`): the command's declarations and
-    its spec's ``NEEDS`` (mapped to their flags), before any work."""
-    spec_type = _spec_type(args) if args.command in SPECS or args.command == "cycle" else None
-    spec_needs = {}
-    for name, need in getattr(spec_type, "NEEDS", {}).items():
-        spec_needs[spec_type.ARGS.get(name, name)] = (spec_type.ARGS.get(need[0], need[0]), need[1])
-    check_flag_needs(args.command, args, getattr(args, "given", set()), spec_needs)
-
-
 def run(args) -> int:
     """Run the parsed command ``args``; returns the exit code (bad input raises, `main` reports it).
     The checks every command shares come first (paths, --out, --device), then the command's own
     function from `COMMANDS`."""
     _check_paths(args)
-    _check_flags(args)
+    check_flag_needs(args, getattr(args, "given", set()))  # a flag given where it does nothing, before any work
     _check_out(args)
     _check_inputs(args)
     if getattr(args, "device", None) is not None:
@@ -305,10 +287,7 @@ def run(args) -> int:
 def _check_paper(args) -> None:
     """--paper RUN (and --paper-padding, --paper-figure), before any work: a published run (one line naming
     the valid ones), a padding it was evaluated with, a figure path that may be written."""
-    if args.paper is None:
-        for flag in ("paper_padding", "paper_figure"):
-            if getattr(args, flag) is not None:
-                raise UsageError(f"--{flag.replace('_', '-')} applies with --paper RUN only; drop it or add --paper RUN")
+    if args.paper is None:  # --paper-padding and --paper-figure need it: `check_flag_needs`
         return
     if getattr(args, "engine", None) is not None:
         raise UsageError("--paper compares a profile run here; with --engine save it (--out DIR) and compare in Python: "
@@ -768,8 +747,6 @@ def _cmd_pretrain(args) -> int:
     for flag, value in (("--data", args.data), ("--tokenizer", args.tokenizer), ("--out", args.out)):
         if value is None:
             raise UsageError(f"pretrain needs {flag} (only --plan runs without --data, --tokenizer and --out)")
-    if args.device_memory is not None:
-        raise UsageError("--device-memory applies to --plan only, where it sets the memory to plan against")
     worker = "LOCAL_RANK" in os.environ
     if not worker:
         check_nproc(args.nproc)

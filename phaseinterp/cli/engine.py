@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from phaseinterp._files import check_output_dir
-from phaseinterp.cli.args import UsageError, axis_options
+from phaseinterp.cli.args import UsageError
 from phaseinterp.engines import OpenAIEngine
 from phaseinterp.models import loading
 from phaseinterp.models.loading import check_source, peek
@@ -49,7 +49,6 @@ def served_profile(args) -> int:
         raise UsageError("--engine takes the task from MODEL (a zoo name or checkpoint directory: its task, "
                          "vocabulary and stride) or from --tokenizer DIR (a needle task in that tokenizer's ids); "
                          "pass exactly one")
-    axis = axis_options(args)
     if args.shard_dir is not None:
         check_output_dir(args.shard_dir)
     # the URL, then the model name among those the server lists (when it lists them), before anything loads
@@ -62,7 +61,7 @@ def served_profile(args) -> int:
             raise UsageError("--padding applies to MODEL's stored task; the needle task pads in sequence")
         task = NeedleRetrieval(seq_len=args.seq_len)
         stride = args.stride
-        spec = ProfileSpec.from_args(args, batch_size=args.chunk_size, device=None, **axis)
+        spec = ProfileSpec.from_args(args, batch_size=args.chunk_size)
         spec.check_task(task, stride)
         tokenizer = _tokenizer(args.tokenizer)
         task.placement(spec.n_per_residue, tokenizer, strict=True)
@@ -79,7 +78,7 @@ def served_profile(args) -> int:
         if args.stride is not None and getattr(described.cfg, "is_compressed", False) and args.stride != own:
             raise UsageError(f"--stride {args.stride} is not {args.model}'s own stride S={own}: omit --stride")
         stride = args.stride or own
-        spec = ProfileSpec.from_args(args, batch_size=args.chunk_size, device=None, **axis)
+        spec = ProfileSpec.from_args(args, batch_size=args.chunk_size)
         spec.check_task(task, stride)
         task.placement(spec.n_per_residue, strict=True)
         if args.d_vocab is not None and args.d_vocab < described.cfg.d_vocab:

@@ -13,8 +13,7 @@ prompt is answered right after a donor prompt that shares its first ``L`` tokens
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping, Optional, Sequence, no_type_check
+from typing import Any, Mapping, Optional, Sequence, no_type_check
 
 import numpy as np
 import pandas as pd
@@ -36,11 +35,10 @@ from phaseinterp.engines.adapters import WarmEngine
 from phaseinterp.engines.result import ConformanceResult
 from phaseinterp.models.protocol import phase_model
 from phaseinterp.models.paths import refuse_hooks
-from phaseinterp._checks import Contains, Spec, takes_spec
+from phaseinterp._checks import CONFORMANCE_MODES as MODES
+from phaseinterp._checks import DEFAULT_CONFORMANCE_MODES as DEFAULT_MODES
+from phaseinterp._checks import DTYPES, ConformanceOptions, takes_spec
 
-MODES = ("decode", "chunked_prefill", "warm", "dtype")
-DEFAULT_MODES = ("decode", "chunked_prefill", "dtype")  # warm is asked for: it costs one donor per prompt and L
-DTYPES = ("bfloat16", "float16")
 # The verdict per phase: a statistic of |difference of next-token log-probs| against a tolerance.
 # float32 engines only reorder sums (~1e-5 measured), so one prompt beyond 1e-3 is a fault: the
 # statistic is the max. Low precision rounds every op, and its max grows with the number of
@@ -160,27 +158,9 @@ def _names(name: str, value: Any, options: tuple) -> tuple:
 
 
 @no_type_check  # validate() checks each option and names it; a runtime type checker would preempt it
-@dataclass(frozen=True)
-class ConformanceSpec(Spec):
+class ConformanceSpec(ConformanceOptions):
     """`conformance`'s options, checked when made; their meanings are its parameters. Modes and dtypes
     are kept as tuples."""
-
-    NEEDS: ClassVar[dict[str, tuple[str, Any]]] = {"dtypes": ("modes", Contains("dtype"))}
-
-    modes: Sequence[str] = DEFAULT_MODES
-    n_per_residue: int = 8
-    seed: int = 0
-    answer_phases: Optional[Sequence[int]] = None
-    cut_phases: Optional[Sequence[int]] = None
-    chunk: Optional[int] = None
-    dtypes: Sequence[str] = DTYPES
-    tolerance: Optional[Mapping[str, Any]] = None
-    prefix_lengths: Optional[Sequence[int]] = None
-    batch_size: int = 256
-    confidence: float = 0.95
-    n_bootstrap: int = 2000
-    label: Optional[str] = None
-    progress: bool = True
 
     def validate(self) -> None:
         modes = _names("modes", self.modes, MODES)
@@ -201,11 +181,7 @@ class ConformanceSpec(Spec):
             raise UserInputError(f"tolerance={self.tolerance!r} must be a dict {{setting: bound or (statistic, bound)}}")
         for key, value in dict(self.tolerance or {}).items():
             _tolerance_entry(key, value, "max")
-        check_n_per_residue(self.n_per_residue)
-        check_int("seed", self.seed, 0)
-        if self.chunk is not None:
-            check_int("chunk", self.chunk, 1)
-        check_int("batch_size", self.batch_size, 1)
+        check_n_per_residue(self.n_per_residue)  # seed, chunk, batch_size: their declarations (ConformanceOptions)
         check_int("n_bootstrap", self.n_bootstrap, 1, 1_000_000)  # bounded: a huge count would run without end
         check_fraction("confidence", self.confidence)
         if self.label is not None and not isinstance(self.label, str):

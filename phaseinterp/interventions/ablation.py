@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Any, ClassVar, Optional, Sequence, Union, no_type_check
+from typing import Optional, Sequence, Union, no_type_check
 
 import numpy as np
 import pandas as pd
@@ -40,7 +40,7 @@ from phaseinterp.models.protocol import phase_model
 from phaseinterp.tasks import resolve_task
 from phaseinterp import stats
 from phaseinterp.results import Result, premise_entries
-from phaseinterp._checks import Spec, takes_spec
+from phaseinterp._checks import AblationOptions, takes_spec
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -383,30 +383,11 @@ def _units(model, layers: list[int], scope: str, heads: Optional[Sequence[Sequen
 
 
 @no_type_check  # validate() checks each option and names it; a runtime type checker would preempt it
-@dataclass(frozen=True)
-class AblationSpec(Spec):
+class AblationSpec(AblationOptions):
     """`ablate`'s options, checked when made; their meanings are `ablate`'s parameters."""
 
-    EXCLUDES: ClassVar[dict[str, str]] = {"heads": "scope"}  # custom units replace the scope's
-
-    layer: Union[int, Sequence[int], None] = None
-    scope: str = "kv_head"
-    heads: Optional[Sequence[Sequence[int]]] = None
-    n_per_residue: int = DEFAULT_N_PER_RESIDUE
-    n_calibration: int = 256
-    seed: int = 0
-    calibration_seed: int = 1
-    batch_size: int = 64
-    method: str = "fast"
-    device: Any = None
-    progress: bool = True
-
     def validate(self) -> None:
-        if self.method not in ("fast", "naive"):
-            raise UserInputError(f"method={self.method!r} is not one of ('fast', 'naive')")
-        if self.scope not in ("kv_head", "layer"):
-            raise UserInputError(f"scope={self.scope!r} is not one of ('kv_head', 'layer')")
-        check_calibrated_sweep(self)
+        check_calibrated_sweep(self)  # method and scope: their declared choices (AblationOptions)
         check_device(self.device)
 
     def check_model(self, model) -> None:

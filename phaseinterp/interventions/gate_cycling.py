@@ -45,9 +45,9 @@ from phaseinterp.interventions.gate_shifts import (
 )
 from phaseinterp import stats
 from phaseinterp.results import Result, premise_entries
-from phaseinterp._checks import takes_spec
+from phaseinterp._checks import CyclingOptions, takes_spec
 from phaseinterp.tasks import resolve_task
-from phaseinterp.interventions.unit_cycling import GateCyclingOptions, gate_cycling_unit
+from phaseinterp.interventions.unit_cycling import GateCyclingChecks, gate_cycling_unit
 from phaseinterp.models.protocol import model_label as label_of, phase_model
 from phaseinterp.profile import PhaseProfile
 
@@ -300,18 +300,12 @@ def _baseline_correct(model, baseline, batch, answer_pos: int, batch_size: int) 
 
 
 @no_type_check  # validate() checks each option and names it; a runtime type checker would preempt it
-@dataclass(frozen=True)
-class CyclingSpec(GateCyclingOptions):
+class CyclingSpec(GateCyclingChecks, CyclingOptions):
     """`gate_cycling_profile`'s options, checked when made; their meanings are its parameters
     (``n_per_residue=None``: the baseline profile's size, else the default)."""
 
-    branch: str = "both"
-    n_per_residue: Optional[int] = None
-
     def validate(self) -> None:
-        super().validate()
-        if self.branch not in ("both", "k", "v"):
-            raise UserInputError(f"branch={self.branch!r} is not one of ('both', 'k', 'v')")
+        super().validate()  # branch: its declared choices (CyclingOptions)
         if self.mode == "static" and self.branch != "both":
             raise UserInputError(f"branch={self.branch!r}: mode='static' moves the K and V gates together (branch='both')")
 

@@ -18,7 +18,7 @@ import pandas as pd
 import torch
 
 from phaseinterp.errors import UserInputError, applies_only, when_given
-from phaseinterp._checks import MAX_PROMPTS, Spec, check_int, check_is_model, check_n_per_residue, takes_spec
+from phaseinterp._checks import MAX_PROMPTS, GateProfileOptions, check_int, check_is_model, check_n_per_residue, takes_spec
 from phaseinterp.models.protocol import phase_model
 from phaseinterp.interventions._common import model_device
 from phaseinterp.results import Result, premise_entries
@@ -115,18 +115,11 @@ class GateProfile(Result):
 
 
 @no_type_check  # validate() checks each option and names it; a runtime type checker would preempt it
-@dataclass(frozen=True)
-class GateProfileSpec(Spec):
+class GateProfileSpec(GateProfileOptions):
     """`gate_profile`'s options, checked when made; their meanings are its parameters."""
 
-    n_per_residue: int = 8
-    seed: int = 0
-    batch_size: int = 64
-
     def validate(self) -> None:
-        check_int("n_per_residue", self.n_per_residue, 1, MAX_PROMPTS)
-        check_int("seed", self.seed, 0)
-        check_int("batch_size", self.batch_size, 1)
+        check_int("n_per_residue", self.n_per_residue, 1, MAX_PROMPTS)  # seed, batch_size: GateProfileOptions
 
     def check_model(self, model) -> None:
         """A compressed model: the full-attention twin has no gates."""

@@ -28,8 +28,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from phaseinterp._checks import (DEFAULT_N_PER_RESIDUE, Spec, check_fraction, check_int, check_is_model,
-                                 check_n_per_residue, check_prompt_batch, takes_spec)
+from phaseinterp._checks import (DEFAULT_N_PER_RESIDUE, Spec, UnitCyclingOptions, check_fraction, check_int,
+                                 check_is_model, check_n_per_residue, check_prompt_batch, takes_spec)
 from phaseinterp._files import progress_bar
 from phaseinterp import stats
 from phaseinterp.interventions._common import (check_calibrated_sweep, check_calibration_size, check_layers,
@@ -60,8 +60,6 @@ from phaseinterp.interventions.gate_shifts import (
     static_targets,
 )
 
-MEASURES = ("logprob", "accuracy")
-MODES = ("roll", "static")
 SELECTION_SEED = 1000  # the selection split's prompt seed; held-out scoring uses seed 0 by default
 
 
@@ -354,11 +352,6 @@ class UnitCyclingResult(Result):
 
 
 # ---------------------------------------------------------------- the experiment
-def _check_choice(name: str, value, options) -> None:
-    if value not in options:
-        raise UserInputError(f"{name}={value!r} is not one of {options}")
-
-
 def _layer_units(model, layers: list[int], kv_heads: Optional[list[int]]) -> pd.DataFrame:
     """One knockout row per layer: the query heads that read the unit's KV heads in that layer."""
     family = phase_model(model)
@@ -394,28 +387,12 @@ def _joint_knockout(model, tokens, answer_pos, answer, units: pd.DataFrame, mean
     return clean_lp, clean_ok, ko_lp, ko_ok
 
 
-@no_type_check  # validate() checks each option and names it; a runtime type checker would preempt it
-@dataclass(frozen=True)
-class GateCyclingOptions(Spec):
-    """The options both gate-cycling scores share (`CyclingSpec`, `UnitCyclingSpec`), their checks and
-    the checks against the model; their meanings are `gate_cycling_profile`'s parameters."""
-
-    shifts: Optional[Sequence[int]] = None
-    layers: Union[int, Sequence[int], None] = None
-    kv_heads: Union[int, Sequence[int], None] = None
-    mode: str = "roll"
-    n_per_residue: Optional[int] = DEFAULT_N_PER_RESIDUE
-    seed: int = 0
-    n_calibration: int = 256
-    calibration_seed: int = 1
-    batch_size: int = 64
-    n_boot: int = 1000
-    progress: bool = True
-
-    ARGS = {"layers": "layer"}  # the command line's --layer
+class GateCyclingChecks:
+    """The checks both gate-cycling specs share (`CyclingSpec`, `UnitCyclingSpec`: their options are
+    `phaseinterp._checks.GateCyclingOptions`), and those against the model."""
 
     def validate(self) -> None:
-        _check_choice("mode", self.mode, MODES)
+        """Shifts and the size; mode, seed, batch_size ...: their declarations (GateCyclingOptions)."""
         if self.shifts is not None:
             shifts = [self.shifts] if isinstance(self.shifts, (int, np.integer)) and not isinstance(self.shifts, bool) \
                 else self.shifts
@@ -425,11 +402,6 @@ class GateCyclingOptions(Spec):
                 check_shift(d)
         if self.n_per_residue is not None:
             check_n_per_residue(self.n_per_residue)
-        check_int("seed", self.seed, 0)
-        check_int("n_calibration", self.n_calibration, 1)
-        check_int("calibration_seed", self.calibration_seed, 0)
-        check_int("batch_size", self.batch_size, 1)
-        check_int("n_boot", self.n_boot, 1)
 
     def check_model(self, model) -> None:
         """Layers and KV heads in range; each shift non-zero mod the model's stride."""
@@ -439,15 +411,10 @@ class GateCyclingOptions(Spec):
 
 
 @no_type_check  # validate() checks each option and names it; a runtime type checker would preempt it
-@dataclass(frozen=True)
-class UnitCyclingSpec(GateCyclingOptions):
+class UnitCyclingSpec(GateCyclingChecks, UnitCyclingOptions):
     """`gate_cycling_unit`'s options, checked when made; their meanings are its parameters."""
 
-    measure: str = "logprob"
-    n_per_residue: int = DEFAULT_N_PER_RESIDUE
-
     def validate(self) -> None:
-        _check_choice("measure", self.measure, MEASURES)
         if self.layers is None:
             raise UserInputError("gate_cycling_unit shifts and knocks out one unit: name it with layers=[...] (and "
                                  "kv_heads=...); phaseinterp.specialized_units(model, task) picks units by a rule")

@@ -28,11 +28,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from phaseinterp._checks import check_int
+from phaseinterp._checks import AXES, check_int
 from phaseinterp.errors import UserInputError
 from phaseinterp.tasks.batches import TaskBatch
 
-AXES = ("target", "length", "both")
 
 
 @dataclass(frozen=True)
