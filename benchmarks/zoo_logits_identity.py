@@ -10,6 +10,11 @@ the reference lives in the git-ignored runs/issue11/)
 bit for bit, it separates a change of summation order (the fused kernel) from any other change.
 Each row prints max |diff|, that difference relative to the largest |logit| and whether every
 argmax is identical; ALL OK means every prediction identical and every logit within 1e-4 relative.
+A DeepSeek-V4 folder's row can differ where its indexer's scores tie exactly at the top-k boundary
+(ties go to the lowest entries since the cache; before, ``torch.topk``'s order): ``compare`` then also
+prints, per such folder, the check against transformers on the same tokens
+(`phaseinterp.models.hf.against_hf.check_against_transformers`: selections the same up to ties, the
+logits with transformers' selection in place).
 """
 import sys
 from pathlib import Path
@@ -99,4 +104,12 @@ if __name__ == "__main__":
                       f"argmax-identical={argmax}")
                 # the issue's bar: every prediction identical, logits within 1e-4 relative
                 ok &= argmax and rel <= 1e-4
+        for d in sorted(CK.iterdir()):
+            if (d / "phaseinterp.json").is_file() and d.name in ref:
+                from phaseinterp.models.hf import load_hf
+                from phaseinterp.models.hf.against_hf import check_against_transformers
+
+                m = load_hf(d)
+                tokens = torch.randint(0, m.cfg.d_vocab, (3, min(m.cfg.n_ctx, 256)), generator=torch.Generator().manual_seed(0))
+                print(f"{d.name:20s} against transformers: {check_against_transformers(m, tokens)}")
         print("ALL OK" if ok else "MISMATCH")
