@@ -218,17 +218,18 @@ def w4s4():
 
 @pytest.mark.parametrize("hook_name", sorted(OWN_EDITS))
 def test_own_an_editing_hook_gives_the_same_logits_at_every_batch_size_and_in_last_logits(w4s4, hook_name):
-    """The own family: the same prompts alone and inside a batch of 200 give the same logits with the
-    edit attached, and `last_logits` equals the full forward's last position under the same edit."""
+    """The own family: the same prompts alone and inside batches of 64 and 512 give the same logits with
+    the edit attached, and `last_logits` equals the full forward's last position under the same edit."""
     ours = torch.randint(0, w4s4.cfg.d_vocab, (4, T), generator=torch.Generator().manual_seed(0))
-    fill = torch.randint(0, w4s4.cfg.d_vocab, (200 - 4, T), generator=torch.Generator().manual_seed(1))
+    fill = torch.randint(0, w4s4.cfg.d_vocab, (512 - 4, T), generator=torch.Generator().manual_seed(1))
     hooks = [(hook_name, OWN_EDITS[hook_name])]
     with torch.no_grad():
         clean = w4s4(ours)
         one = torch.cat([w4s4.run_with_hooks(ours[i:i + 1], fwd_hooks=hooks) for i in range(4)])
+        mid = w4s4.run_with_hooks(torch.cat([ours, fill[:60]]), fwd_hooks=hooks)[:4]
         big = w4s4.run_with_hooks(torch.cat([ours, fill]), fwd_hooks=hooks)[:4]
         with w4s4.hooks(fwd_hooks=hooks):
             last = w4s4.last_logits(ours)
     assert _relative(one, clean) > 1e-3, f"the edit at {hook_name} changes nothing: the test could not fail"
-    assert _relative(big, one) < 1e-4
+    assert _relative(mid, one) < 1e-4 and _relative(big, one) < 1e-4
     assert _relative(last, one[:, -1]) < 1e-4
