@@ -475,12 +475,13 @@ class Spec:
 
     def check_declared(self) -> None:
         """Each option within its declared choices and range (`option`'s ``choices``; ``parse``
-        "positive" / "non_negative": an integer >= 1 / >= 0, or None), after `validate`'s own words."""
+        "positive" / "non_negative": an integer >= 1 / >= 0, or None where None is the default), after
+        `validate`'s own words."""
         for field in dataclasses.fields(self):
             name, value, meta = field.name, getattr(self, field.name), field.metadata
             if meta.get("choices") and not meta.get("many") and not any(_same(value, c) for c in meta["choices"]):
                 raise UserInputError(f"{name}={value!r} is not one of {meta['choices']}")
-            if value is not None and meta.get("parse") in ("positive", "non_negative"):
+            if meta.get("parse") in ("positive", "non_negative") and not (value is None and field.default is None):
                 check_int(name, value, int(meta["parse"] == "positive"))
 
     def validate(self) -> None:
