@@ -267,8 +267,8 @@ def saved_kind(path: Union[str, os.PathLike]) -> Optional[str]:
     names = {p.name for p in path.iterdir()}
     if not names:
         return None
-    if "pretrain.json" in names:
-        return "pretraining run"
+    if "pretrain.json" in names or (names == {"data"} and _only_token_cache(path / "data")):
+        return "pretraining run"  # (a run stopped while it tokenized holds only its token cache)
     if "tokenizer.json" in names and "config.json" not in names:
         return "tokenizer"
     if "lm_eval_task.json" in names:
@@ -296,6 +296,17 @@ def saved_kind(path: Union[str, os.PathLike]) -> Optional[str]:
     if "checkpoints" in names or "log.csv" in names:
         return "training run"
     return "other files"
+
+
+_TOKEN_CACHE = {"train.bin", "heldout.bin", "manifest.json", ".train.bin.tmp", ".heldout.bin.tmp"}
+
+
+def _only_token_cache(folder: Path) -> bool:
+    """Does ``folder`` hold nothing but a pretraining run's token cache (`phaseinterp.train.corpus`)?"""
+    if not folder.is_dir() or folder.is_symlink():
+        return False
+    names = {p.name for p in folder.iterdir()}
+    return bool(names) and names <= _TOKEN_CACHE
 
 
 def check_write_target(path: Union[str, os.PathLike], kind: str, *, overwrite: bool = False,

@@ -88,7 +88,6 @@ def test_wrapped_logits_equal_hf_forward(hf, model, tokens):
 
 
 def test_identity_hooks_change_nothing(hf, model, tokens):
-    ref = hf_logits(hf, tokens)
     fired = []
 
     def identity(t, hook):

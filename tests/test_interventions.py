@@ -24,7 +24,6 @@ from phaseinterp.interventions import (
 )
 from phaseinterp.interventions.cycling_stats import cycling_scores
 from phaseinterp.interventions.gate_shifts import canonical_shifts
-from phaseinterp.models.protocol import phase_model
 from conftest import make_model, small_task
 
 TASK = small_task()

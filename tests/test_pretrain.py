@@ -649,3 +649,26 @@ def test_the_token_cache_is_keyed_on_content_so_a_copied_corpus_is_reused(corpus
     edited = tokenize_corpus(path, tok, there / "cache", progress=False)
     assert (there / "cache" / "train.bin").stat().st_mtime_ns != stamp
     assert edited.manifest["content_sha256"] != first.manifest["content_sha256"]
+
+
+def test_a_run_stopped_while_it_tokenized_is_resumable_and_a_data_folder_is_not(tmp_path):
+    """A pretraining run interrupted before its run file is written holds only its token cache
+    (``out/data``): that folder is the run's (resumed with ``resume=True``), while a folder whose ``data``
+    holds anything else (a user's corpus) is never taken for one."""
+    from phaseinterp._files import check_write_target, saved_kind
+
+    stopped = tmp_path / "stopped" / "data"
+    stopped.mkdir(parents=True)
+    for name in ("train.bin", ".heldout.bin.tmp"):
+        (stopped / name).write_bytes(b"\0" * 8)
+    assert saved_kind(stopped.parent) == "pretraining run"
+    assert check_write_target(stopped.parent, "pretraining run", overwrite=True) == stopped.parent
+    with pytest.raises(UserInputError, match="already holds a pretraining run"):
+        check_write_target(stopped.parent, "pretraining run")
+    corpus = tmp_path / "project" / "data"
+    corpus.mkdir(parents=True)
+    (corpus / "train.bin").write_bytes(b"\0")
+    (corpus / "notes.txt").write_text("mine")
+    assert saved_kind(corpus.parent) == "other files"
+    with pytest.raises(UserInputError, match="holds no saved pretraining run"):
+        check_write_target(corpus.parent, "pretraining run", overwrite=True)

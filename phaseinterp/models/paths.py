@@ -12,7 +12,6 @@ not seen.
 from __future__ import annotations
 
 import functools
-import re
 from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Union
 

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
 import pandas as pd
-import torch
 
 from phaseinterp._files import atomic_write_text
 from phaseinterp.errors import UserInputError
