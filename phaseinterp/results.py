@@ -16,7 +16,8 @@ frozen dataclass that inherits `Result`, so each has:
 - ``==`` that compares contents, so two loaded copies of one result are equal.
 
 This module sits below ``tasks`` and ``interventions`` in the layering: it imports only
-numpy, pandas, jaxtyping and the file helpers; plotly is imported inside ``_repr_html_``.
+numpy, pandas, jaxtyping and the file helpers; `plotting` loads the figures (and plotly) on the
+first ``plot()``.
 """
 
 from __future__ import annotations
@@ -48,6 +49,14 @@ ARRAYS_FILE = "arrays.npz"
 _REPR_ROWS = 14  # a repr shows at most this many summary rows
 _CELL_CHARS = 70  # ... and cuts longer cells
 
+
+
+def plotting() -> types.ModuleType:
+    """The figures, `phaseinterp.plot`, imported by the first ``plot()`` of any result: plotly takes
+    over a second to import, and the models, tasks and experiments run without it."""
+    import phaseinterp.plot
+
+    return phaseinterp.plot
 
 
 _PLOTLY_JS_SENT = False
@@ -140,9 +149,7 @@ class Result:
     def _repr_html_(self) -> str:
         parts = [f"<div><b>{html.escape(self._title)}</b>", self.summary().to_html(border=0)]
         try:
-            import plotly.io as pio
-
-            parts.append(pio.to_html(self.plot(), full_html=False, include_plotlyjs=_plotly_js()))
+            parts.append(plotting().export.html_fragment(self.plot(), include_plotlyjs=_plotly_js()))
         except Exception as err:  # a figure is a bonus; the table must always render
             parts.append(f"<p><i>figure unavailable: {html.escape(str(err))}</i></p>")
         parts.append("</div>")

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from phaseinterp._checks import check_name
-from phaseinterp.results import Result
+from phaseinterp.results import Result, plotting
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -93,9 +93,7 @@ class ConformanceResult(Result):
 
     def plot(self) -> Any:
         """Heatmap: setting (rows) x phase (columns) of log10 max |d log p|, cells marked pass/FAIL."""
-        from phaseinterp.plot.conformance import conformance_figure
-
-        return conformance_figure(self)
+        return plotting().conformance.conformance_figure(self)
 
 
 __all__ = ["ConformanceResult"]

@@ -26,7 +26,7 @@ from phaseinterp.config import CompressedConfig
 from phaseinterp.errors import UserInputError
 from phaseinterp.phase import boundary_phase, n_closed_windows
 from phaseinterp.profile import phase_profile
-from phaseinterp.results import Result, premise_entries
+from phaseinterp.results import Result, plotting, premise_entries
 from phaseinterp.train import latest_checkpoint, train
 
 VARIANTS = ("baseline", "staggered")
@@ -226,21 +226,7 @@ class RemedyResult(Result):
 
     def plot(self):
         """Phase-resolved learning curves (mean over seeds), one panel per variant."""
-        import plotly.graph_objects as go
-        from plotly.subplots import make_subplots
-
-        pc = self.phase_curves().groupby(["variant", "step", "phase"]).accuracy.mean().reset_index()
-        fig = make_subplots(rows=1, cols=2, shared_yaxes=True, subplot_titles=VARIANTS)
-        for col, variant in enumerate(VARIANTS, start=1):
-            for phase, grp in pc[pc.variant == variant].groupby("phase"):
-                name = f"phase {phase}" + (" (boundary)" if phase in self.boundaries[variant] else "")
-                fig.add_trace(go.Scatter(x=grp.step, y=grp.accuracy, mode="lines", name=name,
-                                         legendgroup=str(phase), showlegend=col == 1,
-                                         line=dict(dash="dot" if phase in self.boundaries[variant] else "solid")),
-                              row=1, col=col)
-        fig.update_layout(title="held-out accuracy by phase during training (mean over seeds)")
-        fig.update_yaxes(title_text="accuracy", range=[0, 1.02], row=1, col=1)
-        return fig
+        return plotting().mechanisms.remedy_curves(self.phase_curves(), self.boundaries, VARIANTS)
 
 
 def compare_remedy(

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from phaseinterp.interventions.cycling_stats import cycling_scores
-from phaseinterp.results import Result
+from phaseinterp.results import Result, plotting
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -79,9 +79,7 @@ class PaperGates(Result):
                 "source": self.source}
 
     def plot(self, **kwargs):
-        from phaseinterp.plot.paper import gates_figure
-
-        return gates_figure(self, **kwargs)
+        return plotting().paper.gates_figure(self, **kwargs)
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -165,9 +163,7 @@ class PaperCycling(Result):
                 "source": self.source}
 
     def plot(self, **kwargs):
-        from phaseinterp.plot.paper import cycling_figure
-
-        return cycling_figure(self, **kwargs)
+        return plotting().paper.cycling_figure(self, **kwargs)
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -213,9 +209,7 @@ class PaperComparison(Result):
         return out
 
     def plot(self, **kwargs):
-        from phaseinterp.plot.paper import comparison_figure
-
-        return comparison_figure(self, **kwargs)
+        return plotting().paper.comparison_figure(self, **kwargs)
 
 
 def _plain(value):

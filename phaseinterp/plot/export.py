@@ -38,12 +38,17 @@ def find_browser() -> str | None:
     return None
 
 
-def static_export_available() -> bool:
+def load_kaleido() -> Any:
+    """kaleido (the [export] extra: static images), imported on first use; None when not installed."""
     try:
-        import kaleido  # noqa: F401
+        import kaleido
     except ImportError:
-        return False
-    return find_browser() is not None
+        return None
+    return kaleido
+
+
+def static_export_available() -> bool:
+    return load_kaleido() is not None and find_browser() is not None
 
 
 def save(fig: go.Figure, path: Union[str, Path], formats: Iterable[str] | None = None, scale: float = 2.0, *,
@@ -73,6 +78,11 @@ def save(fig: go.Figure, path: Union[str, Path], formats: Iterable[str] | None =
         written.append(write_file_atomically(target, functools.partial(_write_one, fig, kind, scale),
                                              overwrite=overwrite, name="path"))
     return written
+
+
+def html_fragment(fig: go.Figure, include_plotlyjs: Union[bool, str] = True) -> str:
+    """The figure as a ``<div>`` for a page or a notebook cell (plotly.js inline, ``"cdn"`` or left out)."""
+    return pio.to_html(fig, full_html=False, include_plotlyjs=include_plotlyjs)
 
 
 def _write_one(fig: go.Figure, kind: str, scale: float, tmp) -> None:
@@ -149,11 +159,10 @@ _warming: Optional[threading.Thread] = None
 
 def _server():
     """kaleido's sync server (the browser a `static_session` started), when one is running; else None."""
-    try:
-        from kaleido._sync_server import GlobalKaleidoServer
-    except ImportError:  # another kaleido: no session of ours to watch
+    server_class = getattr(getattr(load_kaleido(), "_sync_server", None), "GlobalKaleidoServer", None)
+    if server_class is None:  # no kaleido, or another kaleido: no session of ours to watch
         return None
-    server = GlobalKaleidoServer()
+    server = server_class()
     return server if server.is_running() and hasattr(server, "_thread") else None
 
 
@@ -207,8 +216,7 @@ def static_session(enabled: bool = True) -> Iterator[None]:
     if not enabled or _warming is not None or not static_export_available():
         yield
         return
-    import kaleido
-
+    kaleido = load_kaleido()
     _check_static("the report's figures")
     defaults = pio.defaults
     options = {k: getattr(defaults, k) for k in ("plotlyjs", "mathjax", "headers") if getattr(defaults, k, None)}
@@ -234,10 +242,8 @@ def static_session(enabled: bool = True) -> Iterator[None]:
 
 def _check_static(name: str) -> None:
     """kaleido and a Chromium are present (`ExportError` naming ``name`` otherwise)."""
-    try:
-        import kaleido  # noqa: F401
-    except ImportError:
-        raise ExportError(f"writing {name} needs kaleido: pip install 'phaseinterp[export]'") from None
+    if load_kaleido() is None:
+        raise ExportError(f"writing {name} needs kaleido: pip install 'phaseinterp[export]'")
     browser = find_browser()
     if browser is None:
         raise ExportError(

@@ -294,6 +294,23 @@ def pretrain_curves(curves: pd.DataFrame, title: str | None = None) -> go.Figure
     return style(fig, title or "Pretraining: loss and phase gap", width=1100, height=440)
 
 
+def remedy_curves(phase_curves: pd.DataFrame, boundaries: dict, variants: tuple[str, ...]) -> go.Figure:
+    """Held-out accuracy by phase during training (mean over seeds), one panel per variant of
+    `phaseinterp.experiments.remedy`; each variant's boundary phases dotted."""
+    pc = phase_curves.groupby(["variant", "step", "phase"]).accuracy.mean().reset_index()
+    fig = make_subplots(rows=1, cols=len(variants), shared_yaxes=True, subplot_titles=variants)
+    for col, variant in enumerate(variants, start=1):
+        for phase, grp in pc[pc.variant == variant].groupby("phase"):
+            name = f"phase {phase}" + (" (boundary)" if phase in boundaries[variant] else "")
+            fig.add_trace(go.Scatter(x=grp.step, y=grp.accuracy, mode="lines", name=name,
+                                     legendgroup=str(phase), showlegend=col == 1,
+                                     line=dict(dash="dot" if phase in boundaries[variant] else "solid")),
+                          row=1, col=col)
+    fig.update_layout(title="held-out accuracy by phase during training (mean over seeds)")
+    fig.update_yaxes(title_text="accuracy", range=[0, 1.02], row=1, col=1)
+    return fig
+
+
 def confirm_figure(result, title: str | None = None) -> go.Figure:
     """`ConfirmResult` at a glance. Left: change of accuracy (pp) per unit x phase under each
     ablation method (mean replacement, resample, norm-matched mean), * where significant after

@@ -221,9 +221,7 @@ def _static_export(settings: ReportSettings, figures: dict, out: Path, export) -
     """Write one PNG per figure when possible; otherwise say why (never fail the report over PNGs)."""
     if not settings.export_static:
         return {"written": [], "skipped": "PNG export turned off (--no-static / export_static=False)"}
-    try:
-        import kaleido  # noqa: F401
-    except ImportError:
+    if export.load_kaleido() is None:
         return {"written": [], "skipped": "kaleido is not installed (pip install 'phaseinterp[export]')"}
     if export.find_browser() is None:
         return {"written": [], "skipped": "no Chromium for kaleido was found (apt-get install chromium, or set "

@@ -8,7 +8,7 @@ import torch
 
 from phaseinterp._checks import check_device
 from phaseinterp.errors import UserInputError
-from phaseinterp.results import Result, settings_repr, settings_repr_html
+from phaseinterp.results import Result, plotting, settings_repr, settings_repr_html
 from phaseinterp.tasks.needle import encode_piece
 from phaseinterp.tasks.vocab import Tokenizer, Vocab
 
@@ -207,6 +207,4 @@ class DocstringResult(Result):
         }
 
     def plot(self) -> Any:
-        from phaseinterp.plot.profile import plot_docstring
-
-        return plot_docstring(self)
+        return plotting().profile.plot_docstring(self)

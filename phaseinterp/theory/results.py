@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from phaseinterp.results import Result, premise_entries
+from phaseinterp.results import Result, plotting, premise_entries
 
 KEY, VALUE = 0, 1
 
@@ -161,9 +161,7 @@ class FlowResult(Result):
         ))
 
     def plot(self, **kwargs):
-        from phaseinterp.plot.theory import flow_figure
-
-        return flow_figure(self, **kwargs)
+        return plotting().theory.flow_figure(self, **kwargs)
 
 
 def chance_collision(heads: int, slots: int) -> float:
@@ -217,9 +215,7 @@ class FlowSweep(Result):
                                  pd.Series([r for s in df.slots for r in s]).value_counts().sort_index().items()})
 
     def plot(self, **kwargs):
-        from phaseinterp.plot.theory import sweep_figure
-
-        return sweep_figure(self, **kwargs)
+        return plotting().theory.sweep_figure(self, **kwargs)
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -294,9 +290,7 @@ class SearchResult(Result):
         return self.one_hot.copy()
 
     def plot(self, **kwargs):
-        from phaseinterp.plot.theory import search_figure
-
-        return search_figure(self, **kwargs)
+        return plotting().theory.search_figure(self, **kwargs)
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -323,6 +317,4 @@ class SearchGrid(Result):
                     all_hold=bool(df.holds.all()))
 
     def plot(self, **kwargs):
-        from phaseinterp.plot.theory import search_grid_figure
-
-        return search_grid_figure(self, **kwargs)
+        return plotting().theory.search_grid_figure(self, **kwargs)

@@ -34,6 +34,7 @@ from phaseinterp.config import CompressedConfig
 from phaseinterp.errors import UserInputError
 from phaseinterp.models.transformer import CompressedTransformer
 from phaseinterp.phase import check_residue_modulus
+from phaseinterp.results import plotting
 
 STATE_FILE = "train_state.json"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -139,9 +140,7 @@ class TrainResult:
     curves: pd.DataFrame  # step, residue, phase, accuracy, n (held-out probe)
 
     def plot(self):
-        from phaseinterp.plot import training_curves
-
-        return training_curves(self.curves, self.log)
+        return plotting().training_curves(self.curves, self.log)
 
 
 def periodic_rows(
