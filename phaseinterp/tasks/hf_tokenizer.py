@@ -21,6 +21,16 @@ from phaseinterp.tasks.vocab import Vocab
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
+def load_tokenizers(purpose: str) -> Any:
+    """The ``tokenizers`` package (the 'train' extra), imported on first use; ``purpose`` names what
+    needs it in the error when it is missing."""
+    try:
+        import tokenizers
+    except ImportError:
+        raise UserInputError(f"{purpose} needs the `tokenizers` package (pip install 'phaseinterp[train]')") from None
+    return tokenizers
+
+
 def vocab_text(vocab: Vocab, ids: Sequence[int]) -> str:
     """``ids`` as the text the vocabulary's tokenizer encodes back to them: the words joined by single
     spaces (every word is whitespace-free, `Vocab`)."""
@@ -36,14 +46,11 @@ def vocab_tokenizer(vocab: Vocab) -> Any:
     """A ``tokenizers.Tokenizer`` for ``vocab``: WordLevel (token i -> id i; no unknown token, so a word
     outside the vocabulary is an error, never a silent substitute), whitespace-only pre-tokenizer,
     the specials (``<pad>``, ``<bos>``, ...) registered as special tokens."""
-    try:
-        from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
-    except ImportError:
-        raise UserInputError("writing a Hugging Face tokenizer needs the 'tokenizers' package "
-                             "(pip install -e '.[train]')") from None
-    tokenizer = Tokenizer(models.WordLevel({word: i for i, word in enumerate(vocab.tokens)}, unk_token=None))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in vocab.specials])
+    tokenizers = load_tokenizers("writing a Hugging Face tokenizer")
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel({word: i for i, word in enumerate(vocab.tokens)},
+                                                                 unk_token=None))
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    tokenizer.add_special_tokens([tokenizers.AddedToken(s, special=True, normalized=False) for s in vocab.specials])
     return tokenizer
 
 

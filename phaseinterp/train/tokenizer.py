@@ -11,19 +11,12 @@ from typing import Iterable, Optional, Union
 from phaseinterp._checks import check_int
 from phaseinterp._files import atomic_write, check_read_path, check_write_target, write_dir_atomically
 from phaseinterp.errors import UserInputError
+from phaseinterp.tasks.hf_tokenizer import load_tokenizers
 from phaseinterp.train.corpus import documents, source_files
 
 TOKENIZER_FILE = "tokenizer.json"
 END_OF_TEXT = "<|endoftext|>"
 _EOS_CANDIDATES = (END_OF_TEXT, "</s>", "<eos>", "<|end_of_text|>", "[SEP]")
-
-
-def _need_tokenizers():
-    try:
-        import tokenizers
-    except ImportError:
-        raise UserInputError("pretraining needs the `tokenizers` package (pip install 'phaseinterp[train]')") from None
-    return tokenizers
 
 
 class TextTokenizer:
@@ -33,7 +26,7 @@ class TextTokenizer:
     (None when the vocabulary has none of the usual names)."""
 
     def __init__(self, folder: Union[str, Path]):
-        tokenizers = _need_tokenizers()
+        tokenizers = load_tokenizers("pretraining")
         folder = check_read_path(folder, f"a tokenizer folder (with {TOKENIZER_FILE}: `phaseinterp tokenizer train`)",
                                  name="tokenizer")
         path = folder / TOKENIZER_FILE
@@ -77,14 +70,13 @@ def train_tokenizer(data: Union[str, Path], vocab_size: int, out: Union[str, Pat
     check_int("vocab_size", vocab_size, 260, 1 << 20, why="byte-level BPE needs the 256 bytes and the special token")
     out = check_write_target(out, "tokenizer", overwrite=overwrite, name="out")
     source_files(data)  # refuses a source with nothing in it before training
-    tokenizers = _need_tokenizers()
-    from tokenizers import decoders, models, pre_tokenizers, trainers
-
-    tok = tokenizers.Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[END_OF_TEXT], show_progress=progress,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizers = load_tokenizers("pretraining")
+    byte_level = tokenizers.pre_tokenizers.ByteLevel
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tok.pre_tokenizer = byte_level(add_prefix_space=False)
+    tok.decoder = tokenizers.decoders.ByteLevel()
+    trainer = tokenizers.trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[END_OF_TEXT], show_progress=progress,
+                                             initial_alphabet=byte_level.alphabet())
     tok.train_from_iterator((text for _, text in documents(data)), trainer=trainer)
     if tok.get_vocab_size() <= 257:
         raise UserInputError(f"data={str(data)!r} holds no text to train a tokenizer on")
