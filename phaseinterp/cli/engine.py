@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from transformers import AutoTokenizer
+
 from phaseinterp._files import check_output_dir
 from phaseinterp.cli.args import UsageError
 from phaseinterp.engines import OpenAIEngine
@@ -28,10 +30,6 @@ def _tokenizer(directory: str):
     if not path.is_dir():
         raise FileNotFoundError(f"--tokenizer {directory!r} is not a directory (a Hugging Face tokenizer folder: "
                                 "tokenizer.json or the files save_pretrained writes)")
-    try:
-        from transformers import AutoTokenizer
-    except ImportError:
-        raise UsageError("--tokenizer needs Hugging Face transformers (the 'hf' extra: pip install -e '.[hf]')") from None
     try:
         return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError) as err:

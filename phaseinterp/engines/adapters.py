@@ -32,6 +32,7 @@ from typing import Callable, Optional, Protocol, Sequence, runtime_checkable
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
+from transformers import DynamicCache
 
 from phaseinterp.errors import UserInputError
 from phaseinterp.models.cache import KVCache, LayerCache
@@ -208,8 +209,6 @@ class TransformersEngine:
         tokens = tokens.to(self.device)
         if self.schedule is None:
             return _last_logprobs(self.hf(input_ids=tokens, use_cache=False).logits)
-        from transformers import DynamicCache
-
         cache, pos, logits = DynamicCache(config=self.hf.config), 0, None
         batch = tokens.shape[0]
         for n in _check_pieces(self.schedule(tokens.shape[1]), tokens.shape[1]):
@@ -226,8 +225,6 @@ class TransformersEngine:
         """``tokens`` answered from a checkpoint of the cache after the donors' first ``prefix_len``
         tokens (``copy.deepcopy`` of the ``DynamicCache``, its CSA/HCA compressor states included),
         restored after the rest of the donors ran; only ``tokens[:, prefix_len:]`` are computed."""
-        from transformers import DynamicCache
-
         check_warm_rows(donors, tokens, prefix_len)
         donors, tokens = donors.to(self.device), tokens.to(self.device)
         cache = DynamicCache(config=self.hf.config)

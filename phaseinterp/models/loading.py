@@ -21,7 +21,7 @@ from phaseinterp._files import check_read_path, expand_user, is_path, shown_path
 from phaseinterp.config import CompressedConfig
 from phaseinterp.errors import MissingPathError, UserInputError
 from phaseinterp.models.hf import load_hf
-from phaseinterp.models.hf.config import DeepseekV4HookedConfig
+from phaseinterp.models.hf.config import DeepseekV4HookedConfig, transformers_v4
 from phaseinterp.models.hf.deepseek_v4 import SIDECAR_FILE
 from phaseinterp.models.transformer import CompressedTransformer
 
@@ -180,9 +180,7 @@ def peek(name_or_path):
 def _peek_hf(path: Path, config: dict):
     """A Hugging Face DeepSeek-V4 checkpoint's `DeepseekV4HookedConfig` and phaseinterp metadata from
     its config.json and sidecar (transformers' config class only: no weights are read)."""
-    from transformers import DeepseekV4Config
-
-    hf_config = DeepseekV4Config.from_dict({k: v for k, v in config.items() if k != "model_type"})
+    hf_config = transformers_v4().DeepseekV4Config.from_dict({k: v for k, v in config.items() if k != "model_type"})
     sidecar = path / SIDECAR_FILE
     metadata = json.loads(sidecar.read_text()).get("metadata", {}) if sidecar.is_file() else {}
     return SimpleNamespace(cfg=DeepseekV4HookedConfig.from_hf(hf_config, name=path.name), metadata=metadata)

@@ -29,7 +29,7 @@ from torch.nn.utils import parametrize
 
 from phaseinterp._files import atomic_write_text
 from phaseinterp.models.hf import from_hf
-from phaseinterp.models.hf.config import CSA
+from phaseinterp.models.hf.config import CSA, transformers_v4
 from phaseinterp.models.hf.export import fp8_parameter_parts, fp8_roundtrip_parts
 from phaseinterp.train.compressed import periodic_rows
 
@@ -94,15 +94,12 @@ def _fp8_snap(parametrized: list) -> None:
 
 def train_tiny(recipe, out_dir: Union[str, Path], *, progress: bool = True, log_every: int = 25):
     """Train ``recipe`` from scratch; writes ``final/`` (HF format + sidecar), ``log.csv``, ``curves.csv``."""
-    from transformers import DeepseekV4ForCausalLM
-
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     task = recipe.task_object()
     vocab = task.vocab.size
     torch.manual_seed(recipe.seed)
-    hf_model = DeepseekV4ForCausalLM(recipe.hf_config(vocab))
+    hf_model = transformers_v4().DeepseekV4ForCausalLM(recipe.hf_config(vocab))
     with torch.no_grad():  # HF inits position_bias and sinks at 0; small noise breaks slot symmetry
         gen = torch.Generator().manual_seed(recipe.seed)
         for name, p in hf_model.named_parameters():

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+import transformers  # already loaded with transformer-lens; its DeepSeek-V4 classes load on first use
+
 CSA, HCA, SLIDING = "compressed_sparse_attention", "heavily_compressed_attention", "sliding_attention"
 
 
@@ -135,12 +137,19 @@ class DeepseekV4HookedConfig:
         }
 
 
+def transformers_v4() -> Any:
+    """`transformers`, checked to hold DeepSeek-V4 (>= 5.24, the [hf] extra; transformer-lens accepts
+    older ones): ``transformers_v4().DeepseekV4ForCausalLM`` imports the model's code on first use."""
+    if not hasattr(transformers, "DeepseekV4Config"):
+        raise ImportError(f"DeepSeek-V4 support needs transformers>=5.24, found {transformers.__version__} "
+                          "(pip install 'phaseinterp[hf]')")
+    return transformers
+
+
 def config_from_dict(raw: dict) -> Any:
     """A ``DeepseekV4Config`` from a ``config.json``'s fields: the architecture only (the
     ``quantization_config`` is a quantizer's packing, not a shape; legacy release fields such as
     ``compress_rate_csa`` or ``num_hash_layers`` fold in as transformers does)."""
-    from transformers import DeepseekV4Config
-
     fields = {k: v for k, v in raw.items() if k not in ("architectures", "model_type", "transformers_version",
                                                          "quantization_config", "expert_dtype")}
-    return DeepseekV4Config(**fields)
+    return transformers_v4().DeepseekV4Config(**fields)

@@ -34,7 +34,7 @@ from typing import Any, Optional
 import torch
 
 from phaseinterp.errors import MissingPathError, UserInputError  # a missing path the user gave: one line, exit 2
-from phaseinterp.models.hf.config import config_from_dict
+from phaseinterp.models.hf.config import config_from_dict, transformers_v4
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -115,10 +115,8 @@ def release_tensors(hf_state: dict[str, Any]) -> dict[str, Any]:
 
 
 def _hf_model_on_meta(config: Any):
-    from transformers import DeepseekV4ForCausalLM
-
     with torch.device("meta"):
-        return DeepseekV4ForCausalLM(config)
+        return transformers_v4().DeepseekV4ForCausalLM(config)
 
 
 def _load_time_names(config: Any):
@@ -158,16 +156,15 @@ def fp8_module_names(config: Any) -> list[str]:
     """HF module names that transformers' FP8 integration stores in FP8 (DeepSeek's quantized set):
     what ``replace_with_fp8_linear`` replaces, with the skip list the FP8 quantizer derives
     (``lm_head`` and the model's ``_keep_in_fp32_modules``: the BF16 compressor / indexer projections)."""
-    from transformers import FineGrainedFP8Config
-    from transformers.integrations.finegrained_fp8 import FP8Experts, FP8Linear, replace_with_fp8_linear
-    from transformers.quantizers.quantizer_finegrained_fp8 import FineGrainedFP8HfQuantizer
-
+    transformers = transformers_v4()
+    fp8 = transformers.integrations.finegrained_fp8
     model = _hf_model_on_meta(config)
-    quantizer = FineGrainedFP8HfQuantizer(FineGrainedFP8Config(weight_block_size=FP8_BLOCK))
+    quantizer = transformers.quantizers.quantizer_finegrained_fp8.FineGrainedFP8HfQuantizer(
+        transformers.FineGrainedFP8Config(weight_block_size=FP8_BLOCK))
     skip = quantizer.get_modules_to_not_convert(model, None, model._keep_in_fp32_modules)
-    replace_with_fp8_linear(model, modules_to_not_convert=skip, quantization_config=quantizer.quantization_config,
-                            pre_quantized=True)
-    return [n for n, m in model.named_modules() if isinstance(m, (FP8Linear, FP8Experts))]
+    fp8.replace_with_fp8_linear(model, modules_to_not_convert=skip, quantization_config=quantizer.quantization_config,
+                                pre_quantized=True)
+    return [n for n, m in model.named_modules() if isinstance(m, (fp8.FP8Linear, fp8.FP8Experts))]
 
 
 # ---------------------------------------------------------------------------------------------
