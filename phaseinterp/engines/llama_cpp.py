@@ -14,6 +14,7 @@ checkpoint after the shared prefix, or llama.cpp's in-place ``llama_memory_seq_r
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import platform
 import re
@@ -29,6 +30,8 @@ from torch import Tensor
 from phaseinterp._checks import check_int
 from phaseinterp._files import check_read_path
 from phaseinterp.engines.adapters import Schedule, _check_pieces, check_warm_rows
+from phaseinterp.engines.llama_prebuilt import (PrebuiltLibraryError, PrebuiltLlama, _loaded_elsewhere,
+                                                compatible_library_dir)
 from phaseinterp.errors import UserInputError
 
 EXTRA = "llama"  # pyproject's optional extra: the prebuilt llama.cpp
@@ -117,10 +120,6 @@ class SourceLlama:
 def _refuse_beside_the_prebuilt() -> None:
     """The prebuilt's libraries carry llama-cpp-python's sonames: importing llama_cpp after them would bind
     its calls to the other build's symbols. One clear line instead."""
-    import importlib.util
-
-    from phaseinterp.engines.llama_prebuilt import PrebuiltLibraryError, _loaded_elsewhere
-
     spec = importlib.util.find_spec("llama_cpp")
     if spec is None or not spec.submodule_search_locations:
         return
@@ -138,8 +137,6 @@ def open_backend(backend: str, path: Path, *, n_ctx: int, n_batch: int, cache_ty
     installed and loads here, else llama-cpp-python, else one ImportError naming both reasons.
     A prebuilt that cannot load here is a `PrebuiltLibraryError` (an ImportError) in one line
     naming the library, the symbol and this machine's glibc."""
-    from phaseinterp.engines.llama_prebuilt import PrebuiltLibraryError, PrebuiltLlama, compatible_library_dir
-
     def prebuilt():
         folder = compatible_library_dir(library_dir)
         return PrebuiltLlama(path, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch, cache_type=cache_type,

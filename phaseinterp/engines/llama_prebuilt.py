@@ -29,6 +29,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -283,8 +284,6 @@ def _unlink_need(out: bytearray, image: ElfImage, need: VersionNeed) -> None:
 def installed_library_dir() -> Path:
     """The installed ``llama_cpp_py_sync`` package folder (its ``libllama.so`` and ``libggml-*``)
     without importing it."""
-    import importlib.util
-
     spec = importlib.util.find_spec(PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise PrebuiltLibraryError(f"the prebuilt llama.cpp is not installed: pip install {DISTRIBUTION} "
