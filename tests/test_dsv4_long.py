@@ -138,6 +138,121 @@ def test_top_k_ties_go_to_the_lowest_entries_in_every_layout(small):
         model.set_query_chunk("auto")
 
 
+def reference_top_k(row: torch.Tensor, k: int) -> list[int]:
+    """The tie rule spelled out: the k highest scores, ties at the k-th going to the lowest indices."""
+    order = sorted(range(len(row)), key=lambda j: (-float(row[j]), j))
+    return sorted(order[:k])
+
+
+def test_top_k_set_keeps_the_k_highest_and_gives_ties_to_the_lowest_entries():
+    """`top_k_set` on rows where many scores tie at 0.0 (the indexer's ReLU zeros), some at the k-th
+    place and some not, with negative scores, -inf tails (entries not closed yet) and rows with fewer
+    than k finite scores: the reference rule's entries, ascending, and the same entries when the row
+    is longer by -inf columns (the closed-columns-only layout of the unhooked forward)."""
+    from phaseinterp.models.hf.compressor import top_k_set
+
+    g = torch.Generator().manual_seed(0)
+    k, n = 6, 40
+    rows = torch.randn(64, n, generator=g)
+    rows[rows.abs() < 0.8] = 0.0  # about half the row exactly 0.0
+    rows[::4, :] = rows[::4, :].clamp(max=0.0)  # at most ties above: the k-th place is a 0.0 tie
+    rows[1::8, 30:] = float("-inf")  # not closed yet
+    rows[3::8, 4:] = float("-inf")  # fewer than k finite scores
+    rows[5] = 0.0  # every score tied
+    top = top_k_set(rows, k)
+    for r in range(rows.shape[0]):
+        assert top[r].tolist() == reference_top_k(rows[r], k), r
+    tied_at_kth = sum(int((rows[r] == rows[r].topk(k).values[-1]).sum() > 1) for r in range(rows.shape[0]))
+    assert tied_at_kth >= 16  # the tie path runs on many rows
+    wider = torch.cat([rows, torch.full((64, 25), float("-inf"))], dim=-1)
+    assert torch.equal(top_k_set(wider, k), top)
+    assert torch.equal(top_k_set(rows.view(8, 8, n), k), top.view(8, 8, k))  # leading dims are rows
+    assert torch.equal(top_k_set(rows[:, :k], k), torch.arange(k).expand(64, -1))
+    nan = rows.clone()
+    nan[7, :] = float("nan")  # a hook's NaN: topk's own choice, still k ascending indices
+    out = top_k_set(nan, k)
+    assert torch.equal(out[:7], top[:7]) and torch.equal(out[8:], top[8:])
+    assert out[7].tolist() == sorted(out[7].tolist()) and len(set(out[7].tolist())) == k
+
+
+def test_index_scores_are_transformers_scorer_bit_for_bit(small):
+    """`index_scores` batches the score matmul as one [chunk * head, d] x [d, entry] product per prompt
+    row (transformers broadcasts the entries to a batch per query): the same scores bit for bit, for
+    one prompt and for a batch."""
+    from phaseinterp.models.hf.compressor import index_scores
+
+    hf, model = small
+    scorer = model.blocks[0].attn.compressor.indexer.hf.scorer
+    g = torch.Generator().manual_seed(1)
+    heads, d = hf.config.index_n_heads, hf.config.index_head_dim
+    for batch, C, E in ((1, 37, 700), (3, 5, 64)):
+        q, entries = torch.randn(batch, C, heads, d, generator=g), torch.randn(batch, E, d, generator=g)
+        x = torch.randn(batch, C, hf.config.hidden_size, generator=g)
+        with torch.no_grad():
+            want = scorer(q, entries, x)
+            got = index_scores(scorer, q, entries, x)
+        assert torch.equal(got, want), (batch, C, E)
+
+
+def test_the_closed_column_selection_equals_the_hooked_layout_and_every_call_layout(small):
+    """The indexer scores only the entries closed by a query chunk's end unless hook_scores has a hook
+    (then every entry is a column): with the indexer's scores pushed towards ReLU's zeros so that many
+    rows tie at 0.0 at the k-th place, the selection without a hook equals the one with an identity
+    hook on hook_scores, equals the tie rule applied to those scores, and is the same under every
+    chunk setting and in a prefill followed by steps."""
+    hf, model = small
+    index = model.blocks[0].attn.compressor.indexer
+    tokens = tokens_of(64, 90, batch=2, seed=5)
+    k = hf.config.index_topk
+    saved = index.hf.q_b_proj.weight.detach().clone()
+    sel, score = "blocks.0.attn.compressor.indexer.hook_selected", "blocks.0.attn.compressor.indexer.hook_scores"
+
+    def run(calls, scores=None):
+        seen = []
+        hooks = [(sel, lambda t, hook: seen.append(t.clone()))]
+        if scores is not None:
+            hooks.append((score, lambda t, hook: scores.append((hook.ctx["query_range"], t.clone()))))
+        with model.hooks(fwd_hooks=hooks):
+            calls()
+        return seen
+
+    try:
+        with torch.no_grad():
+            index.hf.q_b_proj.weight.sub_(index.hf.q_b_proj.weight.abs().mean() * 1.5)  # most q . K < 0
+            model.set_query_chunk(None)
+            scores = []
+            (hooked,) = run(lambda: model(tokens), scores)
+            (whole,) = run(lambda: model(tokens))
+            assert torch.equal(whole, hooked)
+            ((qr, s),) = scores
+            assert qr == (0, 90)
+            closed = (torch.arange(90) + 1) // 4
+            tied = 0
+            for b in range(2):
+                for t in range(90):
+                    if closed[t] <= k:
+                        continue
+                    row = s[b, t]
+                    want = reference_top_k(row, k)
+                    assert whole[b, t].tolist() == want, (b, t)
+                    tied += int(row[want].min() == 0.0 and (row == 0.0).sum() > (row[want] == 0.0).sum())
+            assert tied >= 10, tied  # rows whose k-th place is a tie at 0.0
+            for chunk in (1, 5, 64):
+                model.set_query_chunk(chunk)
+                (chosen,) = run(lambda: model(tokens))
+                assert torch.equal(chosen, whole), chunk
+            model.set_query_chunk("auto")
+            cache = model.init_cache()
+            parts = ((0, 37), (37, 38), (38, 90))
+            steps = run(lambda: [model(tokens[:, a:b], cache=cache) for a, b in parts])
+            for (a, b), s_ in zip(parts, steps):
+                assert torch.equal(s_, whole[:, a:b]), (a, b)
+    finally:
+        with torch.no_grad():
+            index.hf.q_b_proj.weight.copy_(saved)
+        model.set_query_chunk("auto")
+
+
 def test_auto_chunks_only_above_the_threshold(small):
     _, model = small
     assert model.query_chunk == "auto"

@@ -73,11 +73,10 @@ def attend(hf, q: Tensor, query_range: tuple[int, int], kv: Tensor, kv_offset: i
     if lo < 0:  # positions before kv's first: zero rows, their scores masked (-inf) below
         window = F.pad(window, (0, 0, -lo, 0))
     band_keys = window.unfold(1, band, 1)  # [batch, C, d, band]
-    # Each score block is freed as soon as the next one is made, so one query chunk holds at most about
-    # three [batch, head, C, key_slots] blocks at once (memory.py's `_chunked_terms` counts them).
-    parts = [(torch.einsum("bhcd,bcds->bhcs", q, band_keys) * hf.scaling).masked_fill_((source < 0)[None, None],
-                                                                                        float("-inf"))]
+    # One [batch, head, C, key_slots + 1] logit block per query chunk, each part's scaled scores written
+    # into its slice (no concatenation copies), the sink its last column; masks only where a key is hidden.
     entry_keys = None
+    slots = band
     if entries is not None:
         closed = (t + 1) // stride  # entries j < closed are closed at query t
         E = entries.shape[1]
@@ -87,30 +86,57 @@ def attend(hf, q: Tensor, query_range: tuple[int, int], kv: Tensor, kv_offset: i
         if chosen is None or every_entry or n_closed <= chosen.shape[-1]:
             n = E if every_entry else n_closed
             entry_keys = entries[:, :n]
-            visible = torch.arange(n, device=q.device)[None, :] < closed[:, None]  # [C, n]
+        else:
+            n = chosen.shape[-1]
+            rows = chosen.clamp(min=0) + E * torch.arange(batch, device=q.device).view(-1, 1, 1)
+            entry_keys = entries.reshape(batch * E, d).index_select(0, rows.view(-1)).view(*chosen.shape, d)  # [batch, C, k, d]
+        slots += n
+    # without autograd each part is scaled straight into its slice of the block; with it (or where the
+    # float32 sinks promote the scores' dtype, as transformers' concatenation does), concatenated
+    fill = not torch.is_grad_enabled() and torch.promote_types(q.dtype, hf.sinks.dtype) == q.dtype
+    logits = q.new_empty((batch, H, C, slots + 1)) if fill else None
+    parts = []
+
+    def put(spec, keys, lo, hi, hidden, logits=logits, parts=parts):
+        """The scaled scores of slots ``lo .. hi - 1``, -inf where ``hidden`` (None: none hidden)."""
+        if logits is not None:
+            part = torch.mul(torch.einsum(spec, q, keys), hf.scaling, out=logits[..., lo:hi])
+        else:
+            part = torch.einsum(spec, q, keys) * hf.scaling
+            parts.append(part)
+        if hidden is not None:
+            part.masked_fill_(hidden, float("-inf"))
+
+    put("bhcd,bcds->bhcs", band_keys, 0, band, (source < 0)[None, None] if a - band + 1 < 0 else None)
+    if entry_keys is not None:
+        if entry_keys.ndim == 3:
+            hidden = torch.arange(n, device=q.device)[None, :] >= closed[:, None]  # [C, n]
             if chosen is not None:
                 picked = torch.zeros((batch, C, n + 1), dtype=torch.bool, device=q.device)
                 picked.scatter_(-1, torch.where(chosen >= 0, chosen, n), True)
-                visible = visible[None] & picked[..., :n]
+                hidden = (hidden[None] | ~picked[..., :n])[:, None]
+                del picked
             else:
-                visible = visible[None].expand(batch, -1, -1)
-            entry_scores = torch.einsum("bhcd,bnd->bhcn", q, entry_keys) * hf.scaling
+                hidden = hidden[None, None] if bool(hidden.any()) else None
+            put("bhcd,bnd->bhcn", entry_keys, band, slots, hidden)
         else:
-            visible = chosen >= 0
-            rows = chosen.clamp(min=0) + E * torch.arange(batch, device=q.device).view(-1, 1, 1)
-            entry_keys = entries.reshape(batch * E, d).index_select(0, rows.view(-1)).view(*chosen.shape, d)  # [batch, C, k, d]
-            entry_scores = torch.einsum("bhcd,bckd->bhck", q, entry_keys) * hf.scaling
-        parts.append(entry_scores.masked_fill_(~visible[:, None], float("-inf")))
-        del entry_scores, visible
-    scores = torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
+            hidden = chosen < 0
+            put("bhcd,bckd->bhck", entry_keys, band, slots, hidden[:, None] if bool(hidden.any()) else None)
+        del hidden
+    sinks = hf.sinks.reshape(1, -1, 1, 1)
+    if fill:
+        logits[..., slots:] = sinks
+    else:
+        logits = torch.cat(parts + [sinks.expand(batch, -1, C, -1)], dim=-1)
     del parts
     score_hook, pattern_hook = hooks if hooks else (None, None)
     with query_context([h for h in hooks if h is not None], a, b):
         if score_hook is not None and has_hooks(score_hook):
-            scores = score_hook(scores)
-        logits = torch.cat([scores, hf.sinks.reshape(1, -1, 1, 1).expand(batch, -1, C, -1)], dim=-1)
-        del scores
-        logits = logits - logits.max(dim=-1, keepdim=True).values
+            scores = score_hook(logits[..., :slots].contiguous())
+            logits = torch.cat([scores, sinks.expand(batch, -1, C, -1)], dim=-1)
+            del scores
+        logits = logits.sub_(logits.max(dim=-1, keepdim=True).values) if fill else \
+            logits - logits.max(dim=-1, keepdim=True).values
         pattern = F.softmax(logits, dim=-1, dtype=logits.dtype)[..., :-1]
         del logits
         if pattern_hook is not None and has_hooks(pattern_hook):
