@@ -17,10 +17,10 @@ Every experiment is three steps, each its own function:
 2. **records**: the model run on the spec's prompts, one row (or column) per prompt.
 3. **result**: the statistics of the records (a `phaseinterp.results.Result`).
 
-The experiment functions keep their keyword options (``phase_profile(model, seed=1)``); they build
-the spec from them (`Spec.resolve`), or take a ready one (``phase_profile(model, spec=spec)``), never
-both; `takes_spec` checks that a function's options and its spec's fields agree. The
-command line fills a spec from its arguments (`Spec.from_args`), so a bad option reads the same
+An experiment function takes its spec's fields as keyword options (``phase_profile(model, seed=1)``)
+or a ready spec (``phase_profile(model, spec=spec)``), never both: `experiment` checks that the
+function's options and its spec's fields agree, makes the spec of each call and hands it to the body
+as ``spec=``. The command line fills a spec from its arguments (`Spec.from_args`), so a bad option reads the same
 from Python and from the shell, and is checked in one place.
 """
 
@@ -35,7 +35,6 @@ import inspect
 import numbers
 import os
 import re
-import sys
 import typing
 from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar, Union
 
@@ -515,30 +514,6 @@ class Spec:
                                  f"(options: {', '.join(f.name for f in dataclasses.fields(self))})")
         return dataclasses.replace(self, **changes)
 
-    @classmethod
-    def resolve(cls: type[S], spec: S | None, arguments: dict[str, Any]) -> S:
-        """The spec of one call of an experiment: made from the call's options (``arguments``: the
-        function's ``locals()`` at its start; the fields are picked out), or ``spec`` as given, when
-        no option is passed beside it (else a `UserInputError` naming them). "Passed" is what the
-        caller wrote (`takes_spec` records it), so an option beside ``spec=`` equal to its default is
-        refused too, never silently overridden by the spec's value."""
-        fields = dataclasses.fields(cls)
-        if spec is None:
-            return cls(**{f.name: arguments[f.name] for f in fields if f.name in arguments})
-        if not isinstance(spec, cls):
-            raise UserInputError(f"spec={type(spec).__name__} is not a {cls.__name__}")
-        passed = _passed_here(sys._getframe(1))
-        if passed is None:  # called without `takes_spec`'s record: what differs from its default
-            beside = [f.name for f in fields if f.name in arguments and not _same(arguments[f.name], _default(f))]
-        else:
-            beside = [f.name for f in fields if f.name in passed]
-        if beside:
-            shown = ", ".join(f"{k}={arguments.get(k)!r}" for k in beside)
-            raise UserInputError(f"{', '.join(f'{k}=' for k in beside)} given beside spec=: set it in the spec "
-                                 f"instead (spec.replace({beside[0]}=...)); passed {shown}, the spec has "
-                                 f"{beside[0]}={getattr(spec, beside[0])!r}")
-        return spec
-
     def refuse_changed(self, names: tuple[str, ...], why: str) -> None:
         """A `UserInputError` for the first of ``names`` that differs from its default: it cannot apply to
         this call (``why``), as `phaseinterp.errors.applies_only` says of a keyword passed beside it."""
@@ -573,54 +548,47 @@ def _same(a: Any, b: Any) -> bool:
         return a is b
 
 
-# The keyword names the caller of a `takes_spec` function wrote, for `Spec.resolve`: (the function's
-# code, the names). A value equal to its default cannot tell "passed" from "left out"; this can.
-_PASSED: contextvars.ContextVar = contextvars.ContextVar("phaseinterp_passed_options", default=None)
-
-
-def _passed_here(frame: Any) -> frozenset | None:
-    """The names passed to the `takes_spec` function now running, found among the few frames above
-    ``frame`` (a runtime type checker may wrap `Spec.resolve` itself); None when called some other way."""
-    record = _PASSED.get()
-    if record is None:
-        return None
-    for _ in range(8):
-        if frame is None:
-            return None
-        if frame.f_code is record[0]:
-            return record[1]
-        frame = frame.f_back
-    return None
-
-
-def takes_spec(spec_type: type[Spec]) -> Callable[[Callable], Callable]:
-    """Mark ``fn`` as an experiment of ``spec_type`` (``fn.__spec_type__``, read by the sharded variants)
-    after checking, when the module loads, that its keyword options are the spec's fields with the
-    same defaults, plus ``spec=``: the signature and the spec cannot drift apart. ``fn`` itself starts
-    with ``spec = spec_type.resolve(spec, locals())`` and reads its options from the spec only. The
-    thin wrapper returned records which options the caller wrote (`Spec.resolve` refuses any of them
-    beside ``spec=``, also one equal to its default); its signature is ``fn``'s."""
+def experiment(spec_type: type[Spec]) -> Callable[[Callable], Callable]:
+    """``fn`` as an experiment over ``spec_type``: its keyword options are the spec's fields, with the
+    same defaults (checked when its module loads: the signature and the spec cannot drift apart), plus
+    ``spec=`` (a ready spec instead of the options). A call makes the spec once, from the options the
+    caller wrote, or takes the given one when no option is written beside it (else a `UserInputError`
+    naming them, also one equal to its default: it would be silently overridden by the spec's value),
+    and runs ``fn`` with ``spec=`` that spec and each option as the spec holds it (checked, normalized):
+    the body reads its options from ``spec``. The signature shown is ``fn``'s; ``fn.__spec_type__`` is
+    ``spec_type`` (read by the sharded variants)."""
 
     def mark(fn: Callable) -> Callable:
         signature = inspect.signature(fn)
         if "spec" not in signature.parameters:
             raise TypeError(f"internal: {fn.__name__} must take spec=")
+        names = [field.name for field in dataclasses.fields(spec_type)]
         for field in dataclasses.fields(spec_type):
             param = signature.parameters.get(field.name)
             if param is None or not _same(param.default, _default(field)):
                 raise TypeError(f"internal: {fn.__name__}'s option {field.name} must default to "
                                 f"{spec_type.__name__}.{field.name}'s default {_default(field)!r}")
-        positional = [p.name for p in signature.parameters.values()
-                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        code = inspect.unwrap(fn).__code__
 
         @functools.wraps(fn)
         def call(*args, **kwargs):
-            token = _PASSED.set((code, frozenset(kwargs) | frozenset(positional[: len(args)])))
             try:
-                return fn(*args, **kwargs)
-            finally:
-                _PASSED.reset(token)
+                bound = signature.bind(*args, **kwargs)
+            except TypeError as err:  # Python's own words for a bad call of fn
+                raise TypeError(f"{fn.__name__}() {err}") from None
+            spec = bound.arguments.pop("spec", None)
+            passed = {name: bound.arguments.pop(name) for name in names if name in bound.arguments}
+            if spec is None:
+                spec = spec_type(**passed)
+            elif not isinstance(spec, spec_type):
+                raise UserInputError(f"spec={type(spec).__name__} is not a {spec_type.__name__}")
+            elif passed:
+                first = next(iter(passed))
+                shown = ", ".join(f"{k}={v!r}" for k, v in passed.items())
+                raise UserInputError(f"{', '.join(f'{k}=' for k in passed)} given beside spec=: set it in the spec "
+                                     f"instead (spec.replace({first}=...)); passed {shown}, the spec has "
+                                     f"{first}={getattr(spec, first)!r}")
+            bound.arguments.update({name: getattr(spec, name) for name in names}, spec=spec)
+            return fn(*bound.args, **bound.kwargs)
 
         call.__spec_type__ = spec_type
         return call

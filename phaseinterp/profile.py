@@ -17,7 +17,7 @@ from phaseinterp.errors import UserInputError, applies_only, keyword_options, wa
 from phaseinterp import stats
 from phaseinterp.models.protocol import phase_model
 from phaseinterp._checks import (DEFAULT_N_PER_RESIDUE, INTERVALS, ProfileOptions, check_device, check_every_residue, check_fraction,
-                                 check_int, check_n_per_residue, check_prompt_batch, env_flag, takes_spec)
+                                 check_int, check_n_per_residue, check_prompt_batch, env_flag, experiment)
 from phaseinterp.phase import check_residue_modulus
 from phaseinterp.results import Result
 from phaseinterp.tasks import resolve_task
@@ -409,7 +409,7 @@ def _engine_options_moved(fn):
 @_engine_options_moved
 @keyword_options("n_per_residue")
 @applies_only(("n_per_residue",), unless=_batch_given)
-@takes_spec(ProfileSpec)
+@experiment(ProfileSpec)
 def phase_profile(
     model: Any,
     task: Any = None,
@@ -490,7 +490,6 @@ def phase_profile(
     serving the same model gives identical records when it reports the whole vocabulary's
     log-probs computed as here (tests/test_engine_profile.py).
     """
-    spec = ProfileSpec.resolve(spec, locals())
     if task is None and _is_engine(model):
         raise UserInputError("phase_profile(engine) needs task=: an engine stores no evaluation task "
                              "(e.g. task=phaseinterp.zoo.task_for(model) or a KeyValueRetrieval)")
@@ -513,7 +512,7 @@ def phase_profile(
     return spec.result(records, batch.residue_modulus, stride, label)
 
 
-@takes_spec(ProfileSpec)
+@experiment(ProfileSpec)
 def engine_profile(
     engine: Any,
     task: Any,
@@ -556,7 +555,6 @@ def engine_profile(
     An engine serving the same model gives the in-process profile's records exactly when it reports
     the whole vocabulary's log-probs computed as there (tests/test_engine_profile.py).
     """
-    spec = ProfileSpec.resolve(spec, locals())
     from phaseinterp.engines.answers import check_engine, check_ids_fit, engine_answers  # engines/ sit above profile
 
     name = check_engine(engine)

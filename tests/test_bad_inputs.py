@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from phaseinterp import CheckpointError, CompressedConfig, CompressedTransformer
+from phaseinterp._checks import experiment
 from phaseinterp.cli import main
 from phaseinterp.tasks import KeyValueRetrieval
 
@@ -327,9 +328,12 @@ def _unchecked(fn):
     """``fn`` without the test suite's runtime type checker (conftest's jaxtyping hook), which
     would reject a wrongly typed argument before the function's own check: users, who have no
     hook, get the function's ValueError, and that is what these rows test."""
+    spec_type = None
     while hasattr(fn, "__keyword_options__") or hasattr(fn, "__applies_only__") or hasattr(fn, "__spec_type__"):
-        fn = fn.__wrapped__  # errors' shims and takes_spec's record of the passed options: the checked function is below
-    return getattr(fn, "__wrapped__", fn)
+        spec_type = getattr(fn, "__spec_type__", spec_type)
+        fn = fn.__wrapped__  # errors' shims and `experiment`'s spec maker: the checked function is below
+    fn = getattr(fn, "__wrapped__", fn)
+    return experiment(spec_type)(fn) if spec_type is not None else fn  # the spec made as a user's call makes it
 
 
 def _saved(model, tmp: Path) -> Path:

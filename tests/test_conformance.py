@@ -253,9 +253,11 @@ def test_warm_bad_input_is_one_clear_line(w4s4, kwargs, match):
 
     import inspect
 
+    from phaseinterp._checks import experiment
     model, task = w4s4
     modes = kwargs.pop("modes", ("warm",))
-    check = inspect.unwrap(conformance)  # as a user calls it: without the suite's type hook, which stops some first
+    # as a user calls it: without the suite's type hook (on the body, inside `experiment`), which stops some first
+    check = experiment(conformance.__spec_type__)(inspect.unwrap(conformance))
     with pytest.raises(UserInputError, match=re.escape(match)) as caught:
         check(model, task, modes, n_per_residue=1, progress=False, **kwargs)
     assert "\n" not in str(caught.value)
@@ -391,10 +393,12 @@ def test_conformance_refuses_bad_arguments_before_work(bad, match):
     """What the fuzzer (tests/test_fuzz_inputs.py, issue 37) found: each a UserInputError naming the argument."""
     import inspect
 
+    from phaseinterp._checks import experiment
     from phaseinterp.errors import UserInputError
     from phaseinterp.tasks import KeyValueRetrieval
 
-    check = inspect.unwrap(conformance)  # as a user calls it: without the suite's type hook, which stops some first
+    # as a user calls it: without the suite's type hook (on the body, inside `experiment`), which stops some first
+    check = experiment(conformance.__spec_type__)(inspect.unwrap(conformance))
     task = KeyValueRetrieval(seq_len=64, n_records=8, n_demos=2, min_distance=20, residue_modulus=8)
     model = pi.CompressedTransformer(pi.CompressedConfig(d_vocab=task.vocab.size, n_ctx=64, d_model=32, n_layers=1,
                                                    n_heads=2, n_kv_heads=1, d_head=16, d_mlp=64, window=4, stride=4,

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 import phaseinterp as pi
-from phaseinterp._checks import Spec, takes_spec
+from phaseinterp._checks import Spec, experiment
 from phaseinterp.cli.args import build_parser
 from phaseinterp.errors import UserInputError
 
@@ -37,6 +37,12 @@ def w4s4():
     return pi.load("w4s4")
 
 
+def _unhooked(fn):
+    """The experiment ``fn`` as a user calls it: without the suite's type hook, which wraps its body
+    (inside `experiment`) and would stop some bad values before the spec names them."""
+    return experiment(fn.__spec_type__)(inspect.unwrap(fn))
+
+
 def _default(field):
     return field.default if field.default is not dataclasses.MISSING else field.default_factory()
 
@@ -55,11 +61,11 @@ def test_an_experiment_s_options_are_its_spec_s_fields_with_the_same_defaults(na
 
 def test_a_function_whose_options_drift_from_its_spec_is_refused_when_its_module_loads():
     with pytest.raises(TypeError, match="option n_per_residue must default to ProfileSpec.n_per_residue's default 72"):
-        @takes_spec(pi.ProfileSpec)
+        @experiment(pi.ProfileSpec)
         def drifted(model, *, n_per_residue: int = 1, spec=None):  # noqa: ARG001 - the drift is the test
             ...
     with pytest.raises(TypeError, match="must take spec="):
-        @takes_spec(pi.ProfileSpec)
+        @experiment(pi.ProfileSpec)
         def no_spec(model):  # noqa: ARG001
             ...
 
@@ -149,7 +155,7 @@ def test_a_bad_profile_option_is_refused_by_the_spec_before_a_forward(w4s4, opti
     counter = _Counting(w4s4)
     try:
         with pytest.raises(UserInputError, match=match.replace("(", r"\(").replace(")", r"\)")):
-            inspect.unwrap(pi.phase_profile)(w4s4, progress=False, **options)  # as a user calls it: no type hook
+            _unhooked(pi.phase_profile)(w4s4, progress=False, **options)
         with pytest.raises(UserInputError, match=match.replace("(", r"\(").replace(")", r"\)")):
             pi.ProfileSpec(**options)
     finally:
@@ -226,7 +232,7 @@ def test_options_beside_a_spec_are_refused_and_the_spec_must_be_the_experiment_s
     with pytest.raises(UserInputError, match=r"seed= given beside spec=: set it in the spec instead \(spec.replace"):
         pi.phase_profile(w4s4, spec=spec, seed=2)
     with pytest.raises(UserInputError, match="spec=AblationSpec is not a ProfileSpec"):
-        inspect.unwrap(pi.phase_profile)(w4s4, spec=pi.AblationSpec())  # as a user calls it: no type hook
+        _unhooked(pi.phase_profile)(w4s4, spec=pi.AblationSpec())
     with pytest.raises(UserInputError, match="ProfileSpec has no option seeds"):
         spec.replace(seeds=2)
     with pytest.raises(UserInputError, match="interval='x'"):

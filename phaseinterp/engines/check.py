@@ -37,7 +37,7 @@ from phaseinterp.models.protocol import phase_model
 from phaseinterp.models.paths import refuse_hooks
 from phaseinterp._checks import CONFORMANCE_MODES as MODES
 from phaseinterp._checks import DEFAULT_CONFORMANCE_MODES as DEFAULT_MODES
-from phaseinterp._checks import DTYPES, ConformanceOptions, takes_spec
+from phaseinterp._checks import DTYPES, ConformanceOptions, experiment
 
 # The verdict per phase: a statistic of |difference of next-token log-probs| against a tolerance.
 # float32 engines only reorder sums (~1e-5 measured), so one prompt beyond 1e-3 is a fault: the
@@ -215,7 +215,7 @@ def _tolerance_entry(key: str, value: Any, statistic: str) -> tuple[str, float]:
     return statistic, float(bound)
 
 
-@takes_spec(ConformanceSpec)
+@experiment(ConformanceSpec)
 def conformance(
     model: Any,
     task: Any,
@@ -284,7 +284,6 @@ def conformance(
     |d log p|, top-1 agreement, accuracy difference, intervals, verdict) and ``records``
     (``prefix_len``: the warm rows' ``L``, -1 elsewhere).
     """
-    spec = ConformanceSpec.resolve(spec, locals())
     check_is_model(model)
     refuse_hooks(model, "conformance")
     modes, dtypes = spec.modes, spec.dtypes

@@ -40,7 +40,7 @@ from phaseinterp.models.protocol import phase_model
 from phaseinterp.tasks import resolve_task
 from phaseinterp import stats
 from phaseinterp.results import Result, premise_entries
-from phaseinterp._checks import AblationOptions, takes_spec
+from phaseinterp._checks import AblationOptions, experiment
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -405,7 +405,7 @@ class AblationSpec(AblationOptions):
 
 
 @applies_only(("n_per_residue",), unless=when_given("prompts", "prompts= gives the prompts, so their count is fixed"))
-@takes_spec(AblationSpec)
+@experiment(AblationSpec)
 def ablate(
     model,
     task=None,
@@ -465,7 +465,6 @@ def ablate(
     Returns an `AblationResult`; its ``relative_change`` is in RELATIVE percent
     (``100 * (knockout - clean) / clean``), not percentage points.
     """
-    spec = AblationSpec.resolve(spec, locals())
     if getattr(model, "training", False):
         raise UserInputError("ablate needs the model in eval mode; call model.eval() first")
     task = resolve_task(model, task)

@@ -28,7 +28,7 @@ import torch
 from scipy import stats as scipy_stats
 
 from phaseinterp._checks import (DEFAULT_N_PER_RESIDUE, MAX_PROMPTS, Spec, check_fraction, check_int,
-                                 check_is_model, check_n_per_residue, check_prompt_batch, takes_spec)
+                                 check_is_model, check_n_per_residue, check_prompt_batch, experiment)
 from phaseinterp.errors import UserInputError, applies_only, when_given
 from phaseinterp._files import progress_bar
 from phaseinterp.interventions._common import (check_calibrated_sweep, check_calibration_size, check_layers,
@@ -89,7 +89,7 @@ class ReplacementSpec(Spec):
 
 @torch.inference_mode()
 @applies_only(("n_per_residue",), unless=when_given("prompts", "prompts= gives the prompts, so their count is fixed"))
-@takes_spec(ReplacementSpec)
+@experiment(ReplacementSpec)
 def replacement_ablation(model, task=None, *, method: str = "resample", layer=None, n_per_residue: int = DEFAULT_N_PER_RESIDUE,
                          n_calibration: int = 256, seed: int = 0, calibration_seed: int = 1,
                          batch_size: int = 64, prompts=None, progress: bool = False,
@@ -106,7 +106,6 @@ def replacement_ablation(model, task=None, *, method: str = "resample", layer=No
     instead of them (not both). Returns an `AblationResult` (one hooked forward per unit: the
     plain path).
     """
-    spec = ReplacementSpec.resolve(spec, locals())
     if prompts is not None:
         spec.refuse_changed(("n_per_residue",), "prompts= gives the prompts, so their count is fixed")
     if spec.method == "mean":
@@ -401,7 +400,7 @@ class ConfirmSpec(Spec):
 
 
 @applies_only(("n_per_residue",), unless=when_given("prompts", "prompts= gives the prompts, so their count is fixed"))
-@takes_spec(ConfirmSpec)
+@experiment(ConfirmSpec)
 def confirm(model, task=None, *, n_per_residue: int = DEFAULT_N_PER_RESIDUE, n_calibration: int = 256, nominate_per_residue: int = 8,
             seed: int = 0, calibration_seed: int = 1, nomination_seed: int = 2, correction: str = "holm",
             alpha: float = 0.05, max_concentration: Optional[float] = None, methods=ABLATIONS,
@@ -421,7 +420,6 @@ def confirm(model, task=None, *, n_per_residue: int = DEFAULT_N_PER_RESIDUE, n_c
     ``n_per_residue`` / ``nominate_per_residue`` do not apply). ``spec``: a ready `ConfirmSpec`
     instead of the options (not both); every option is checked before any forward.
     """
-    spec = ConfirmSpec.resolve(spec, locals())
     check_is_model(model)
     spec.check_model(model)
     task = resolve_task(model, task)

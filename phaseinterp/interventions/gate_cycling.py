@@ -45,7 +45,7 @@ from phaseinterp.interventions.gate_shifts import (
 )
 from phaseinterp import stats
 from phaseinterp.results import Result, premise_entries
-from phaseinterp._checks import CyclingOptions, takes_spec
+from phaseinterp._checks import CyclingOptions, experiment
 from phaseinterp.tasks import resolve_task
 from phaseinterp.interventions.unit_cycling import GateCyclingChecks, gate_cycling_unit
 from phaseinterp.models.protocol import model_label as label_of, phase_model
@@ -319,7 +319,7 @@ class CyclingSpec(GateCyclingChecks, CyclingOptions):
 
 
 @applies_only(("n_per_residue",), unless=when_given("prompts", "prompts= gives the prompts, so their count is fixed"))
-@takes_spec(CyclingSpec)
+@experiment(CyclingSpec)
 def gate_cycling_profile(
     model,
     task=None,
@@ -383,7 +383,6 @@ def gate_cycling_profile(
     ``premise_notes`` say so, as they do when a shift collapses the model or the unshifted profile
     has no phase gap; ``identified`` is then not claimed.
     """
-    spec = CyclingSpec.resolve(spec, locals())
     if getattr(model, "training", False):
         raise UserInputError("gate cycling needs the model in eval mode; call model.eval() first")
     task = resolve_task(model, task)

@@ -18,7 +18,7 @@ import pandas as pd
 import torch
 
 from phaseinterp.errors import UserInputError, applies_only, when_given
-from phaseinterp._checks import MAX_PROMPTS, GateProfileOptions, check_int, check_is_model, check_n_per_residue, takes_spec
+from phaseinterp._checks import MAX_PROMPTS, GateProfileOptions, check_int, check_is_model, check_n_per_residue, experiment
 from phaseinterp.models.protocol import phase_model
 from phaseinterp.interventions._common import model_device
 from phaseinterp.results import Result, premise_entries
@@ -133,7 +133,7 @@ class GateProfileSpec(GateProfileOptions):
 
 @torch.inference_mode()
 @applies_only(("n_per_residue",), unless=when_given("prompts", "prompts= gives the prompts, so their count is fixed"))
-@takes_spec(GateProfileSpec)
+@experiment(GateProfileSpec)
 def gate_profile(model, task=None, *, n_per_residue: int = 8, seed: int = 0, batch_size: int = 64,
                  prompts=None, spec: Optional[GateProfileSpec] = None) -> GateProfile:
     """Gate statistics of every layer, KV head and branch over the task's windows.
@@ -146,7 +146,6 @@ def gate_profile(model, task=None, *, n_per_residue: int = 8, seed: int = 0, bat
     instead of the options (not both).
     Returns a `GateProfile` (E[alpha] per slot, static and per-window concentration).
     """
-    spec = GateProfileSpec.resolve(spec, locals())
     check_is_model(model)
     spec.check_model(model)
     cfg = model.cfg

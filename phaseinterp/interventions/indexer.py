@@ -27,7 +27,7 @@ import pandas as pd
 import torch
 
 from phaseinterp._checks import (DEFAULT_N_PER_RESIDUE, Spec, check_fraction, check_int, check_is_model, check_layer,
-                                 check_n_per_residue, check_name, check_prompt_batch, takes_spec)
+                                 check_n_per_residue, check_name, check_prompt_batch, experiment)
 from phaseinterp.errors import UserInputError, applies_only, when_given
 from phaseinterp import stats
 from phaseinterp.results import Result, premise_entries
@@ -202,7 +202,7 @@ def _setup(model, task, spec: IndexerSpec, prompts, what: str):
 
 @torch.inference_mode()  # prompts generated here and every forward: no autograd (the prompts are inference tensors)
 @applies_only(("n_per_residue",), unless=when_given("prompts", "prompts= gives the prompts, so their count is fixed"))
-@takes_spec(IndexerSpec)
+@experiment(IndexerSpec)
 def indexer_phase(model, task=None, *, layers: Optional[Sequence[int]] = None, n_per_residue: int = DEFAULT_N_PER_RESIDUE,
                   seed: int = 0, batch_size: int = 32, prompts=None, confidence: float = 0.95,
                   spec: Optional[IndexerSpec] = None) -> IndexerPhaseResult:
@@ -212,7 +212,6 @@ def indexer_phase(model, task=None, *, layers: Optional[Sequence[int]] = None, n
     the model's stored task; ``layers`` defaults to every CSA layer. Prompts must share one answer
     position. See the module docstring for the outcome columns.
     """
-    spec = IndexerSpec.resolve(spec, locals())
     batch_size, confidence = spec.batch_size, spec.confidence
     layers, task, batch, answer_pos, S, key_tokens = _setup(model, task, spec, prompts, "indexer_phase")
     family = phase_model(model)
@@ -337,13 +336,12 @@ class ForcedSelectionResult(Result):
 
 @torch.inference_mode()
 @applies_only(("n_per_residue",), unless=when_given("prompts", "prompts= gives the prompts, so their count is fixed"))
-@takes_spec(IndexerSpec)
+@experiment(IndexerSpec)
 def force_target_selection(model, task=None, *, layers: Optional[Sequence[int]] = None, n_per_residue: int = DEFAULT_N_PER_RESIDUE,
                            seed: int = 0, batch_size: int = 32, prompts=None,
                            confidence: float = 0.95, spec: Optional[IndexerSpec] = None) -> ForcedSelectionResult:
     """Causal test of selection misses: accuracy by phase when each of ``layers``' indexers (default:
     every CSA layer) must keep the closed entries holding the target's value at the answer position."""
-    spec = IndexerSpec.resolve(spec, locals())
     batch_size, confidence = spec.batch_size, spec.confidence
     layers, task, batch, answer_pos, S, key_tokens = _setup(model, task, spec, prompts, "force_target_selection")
     meta = batch.meta.reset_index(drop=True)

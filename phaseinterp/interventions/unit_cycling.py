@@ -29,7 +29,7 @@ import pandas as pd
 import torch
 
 from phaseinterp._checks import (DEFAULT_N_PER_RESIDUE, Spec, UnitCyclingOptions, check_fraction, check_int,
-                                 check_is_model, check_n_per_residue, check_prompt_batch, takes_spec)
+                                 check_is_model, check_n_per_residue, check_prompt_batch, experiment)
 from phaseinterp._files import progress_bar
 from phaseinterp import stats
 from phaseinterp.interventions._common import (check_calibrated_sweep, check_calibration_size, check_layers,
@@ -428,7 +428,7 @@ class UnitCyclingSpec(GateCyclingChecks, UnitCyclingOptions):
 
 
 @applies_only(("n_per_residue",), unless=when_given("prompts", "prompts= gives the prompts, so their count is fixed"))
-@takes_spec(UnitCyclingSpec)
+@experiment(UnitCyclingSpec)
 def gate_cycling_unit(
     model,
     task=None,
@@ -461,7 +461,6 @@ def gate_cycling_unit(
     ``spec``: a ready `UnitCyclingSpec` instead of the options (not both).
     Returns a `UnitCyclingResult`; its ``premise_notes`` say when the model is not fit for gate
     cycling, the unit's contribution has no phase structure, or a shift collapses the model."""
-    spec = UnitCyclingSpec.resolve(spec, locals())
     check_is_model(model)
     if getattr(model, "training", False):
         raise UserInputError("gate_cycling needs the model in eval mode; call model.eval() first")
@@ -632,7 +631,7 @@ class SelectionSpec(Spec):
 
 
 @applies_only(SelectionSpec.SWEEP, unless=when_given("ablation", "ablation= is the sweep already run on its own prompts"))
-@takes_spec(SelectionSpec)
+@experiment(SelectionSpec)
 def specialized_units(
     model,
     task=None,
@@ -665,7 +664,6 @@ def specialized_units(
     options then do not apply). ``spec``: a ready `SelectionSpec` instead of the options (not both).
     Returns a `UnitSelection`; ``.units("specialized")`` gives `gate_cycling` arguments.
     """
-    spec = SelectionSpec.resolve(spec, locals())
     check_is_model(model)
     spec.check_model(model)
     if ablation is None:
