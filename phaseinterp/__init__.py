@@ -40,9 +40,6 @@ _NAMES = {
     "gate_cycling_profile": "phaseinterp.interventions",
     "gate_cycling_unit": "phaseinterp.interventions",
     "gate_profile": "phaseinterp.interventions",
-    "cycle_gates": "phaseinterp.interventions",  # deprecated (0.3): shift_gates
-    "gate_cycling": "phaseinterp.interventions",  # deprecated (0.3): gate_cycling_profile / gate_cycling_unit
-    "mean_ablation": "phaseinterp.interventions",  # deprecated (0.3): ablate
     "shifted_copy": "phaseinterp.interventions",
     "shift_static_gates": "phaseinterp.interventions",
     "mean_gate_logits": "phaseinterp.interventions",
@@ -78,13 +75,9 @@ def __getattr__(name: str):
     return value
 
 
-_DEPRECATED = {"cycle_gates", "gate_cycling", "mean_ablation"}  # still importable, warn when called, not listed
-
-
 def __dir__() -> list:
-    """The public surface only: the lazy names, the packages and ``__version__`` (no import plumbing,
-    no deprecated aliases)."""
-    return sorted((set(_NAMES) - _DEPRECATED) | _SUBMODULES | {"__version__"})
+    """The public surface only: the lazy names, the packages and ``__version__`` (no import plumbing)."""
+    return sorted(set(_NAMES) | _SUBMODULES | {"__version__"})
 
 
 __all__ = [

@@ -1,7 +1,6 @@
 """The phase profile: top-1 retrieval accuracy by target residue and phase, with intervals
 (docs/science.md, "Evaluation protocol")."""
 
-import functools
 import inspect
 import os
 from dataclasses import dataclass
@@ -13,7 +12,7 @@ import torch
 from jaxtyping import Float, Int
 from tqdm.auto import tqdm
 
-from phaseinterp.errors import UserInputError, applies_only, keyword_options, warn_renamed
+from phaseinterp.errors import UserInputError, applies_only
 from phaseinterp import stats
 from phaseinterp.models.protocol import phase_model
 from phaseinterp._checks import (DEFAULT_N_PER_RESIDUE, INTERVALS, ProfileOptions, check_device, check_every_residue, check_fraction,
@@ -381,33 +380,6 @@ def _batch_given(arguments: dict) -> str | None:
     return None
 
 
-ENGINE_OPTIONS = ("resume_dir", "retries", "retry_wait")  # `phaseinterp.engine_profile`'s own options
-
-
-def _engine_options_moved(fn):
-    """``phase_profile(engine, resume_dir=..., retries=..., retry_wait=...)``, 0.3's spelling: these options
-    belong to `phaseinterp.engine_profile`; for one release they still reach it, with a DeprecationWarning."""
-
-    @functools.wraps(fn)
-    def call(*args, **kwargs):
-        moved = {name: kwargs.pop(name) for name in ENGINE_OPTIONS if name in kwargs}
-        if not moved:
-            return fn(*args, **kwargs)
-        model = args[0] if args else kwargs.get("model")
-        if not _is_engine(model):
-            name, value = next(iter(moved.items()))
-            why = "journals an engine's answers" if name == "resume_dir" else "retries an engine's requests"
-            raise UserInputError(f"{name}={value!r} does not apply here: it {why} (phaseinterp.engine_profile), and "
-                                 f"the model runs here; drop {name}= (a resumable run of a model: "
-                                 "phaseinterp.parallel.sharded_profile(model, task, out_dir=DIR))")
-        warn_renamed(f"phase_profile({', '.join(f'{k}=' for k in moved)})", "phaseinterp.engine_profile")
-        return engine_profile(*args, **kwargs, **moved)
-
-    return call
-
-
-@_engine_options_moved
-@keyword_options("n_per_residue")
 @applies_only(("n_per_residue",), unless=_batch_given)
 @experiment(ProfileSpec)
 def phase_profile(
@@ -449,8 +421,7 @@ def phase_profile(
             with the model, as for every experiment).
         n_per_residue: prompts per residue group, keyword-only (default 72, `DEFAULT_N_PER_RESIDUE`,
             the default of every experiment too; total ``n_per_residue * R``; the paper's 128K headline
-            used 256). Passing it by position (``phase_profile(model, task, 250)``) still works in
-            0.3 with a DeprecationWarning.
+            used 256).
             Moment matching needs enough prompts: for the zoo task (T = 128, R = 24) 72, 77, 80
             and every size from 86 work, other small sizes raise naming the nearest workable
             one; at most ``MAX_PROMPTS // R`` (500,000 prompts per call). Refused beside a TaskBatch

@@ -3,24 +3,20 @@
 The convention: a function's subject is positional (the model, then what the call is about: the task,
 the tokens, the shift or shifts, the modes); every option is keyword-only. Every function that measures
 accuracy by phase defaults to `DEFAULT_N_PER_RESIDUE` prompts per residue, so an experiment's clean
-profile is the profile `phase_profile(model)` gives. Options that 0.3 made keyword-only still work by
-position for one release, with a DeprecationWarning naming the keyword.
+profile is the profile `phase_profile(model)` gives.
 """
 
 from __future__ import annotations
 
 import inspect
-import warnings
 
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 
 import phaseinterp as pi
 from phaseinterp import parallel
 from phaseinterp.cli.args import build_parser
-from phaseinterp.errors import keyword_options
 
 # The positional parameters each public function may have (its subject). A new public function must be
 # added here, which asks its author which of its parameters are the subject.
@@ -140,72 +136,15 @@ def test_phase_profile_of_an_engine_needs_a_task():
         pi.phase_profile(CacheEngine(pi.load("w4s4")), stride=4, progress=False)
 
 
-# ------------------------------------------------------------------ the one-release shim
-
-
-def _deprecated_call(fn, *args, **kwargs):
-    with pytest.warns(DeprecationWarning) as caught:
-        value = fn(*args, **kwargs)
-    return value, " ".join(str(w.message) for w in caught)
-
-
-def test_phase_profile_size_by_position_still_works_and_names_the_keyword(w4s4, default_profile):
+# ------------------------------------------------------------------ options by position
+def test_an_option_by_position_is_python_s_type_error(w4s4):
+    """0.3's one-release shim (an option that 0.3 made keyword-only, still passed by position) is gone
+    in 0.4 (docs/migration.md): Python refuses the call, the sharded variants alike."""
     task = pi.zoo.task_for(w4s4)
-    old, message = _deprecated_call(pi.phase_profile, w4s4, task, 72, progress=False)
-    assert "n_per_residue=" in message and "0.4" in message
-    pd.testing.assert_frame_equal(old.records, default_profile.records, check_exact=True)
-
-
-def test_gate_shift_options_by_position_still_work(w4s4):
-    before = {k: v.clone() for k, v in w4s4.state_dict().items()}
-    tokens = pi.zoo.task_for(w4s4).generate(1, seed=0, strict=False).tokens[:8]
-    with pi.shift_gates(w4s4, 1, layers=[0], branch="k", kv_heads=[0]):
-        new = w4s4(tokens)
-    ctx, message = _deprecated_call(pi.shift_gates, w4s4, 1, [0], "k", [0])
-    with ctx:
-        old = w4s4(tokens)
-    assert "layers=..., branch=..., kv_heads=..." in message
-    assert torch.equal(new, old)
-    copy, message = _deprecated_call(pi.shifted_copy, w4s4, 1, [0])
-    with pi.shift_gates(w4s4, 1, layers=[0]):
-        both = w4s4(tokens)
-    assert "layers=..." in message and torch.equal(copy(tokens), both)
-    mu = pi.mean_gate_logits(w4s4, tokens, layers=[0], batch_size=4)
-    mu_old, message = _deprecated_call(pi.mean_gate_logits, w4s4, tokens, [0], 4)
-    assert "layers=..., batch_size=..." in message
-    assert mu.keys() == mu_old.keys() and all(torch.equal(mu[k], mu_old[k]) for k in mu)
-    static, message = _deprecated_call(pi.shift_static_gates, w4s4, 1, [0], mu)
-    with static:
-        moved = w4s4(tokens)
-    with pi.shift_static_gates(w4s4, 1, layers=[0], mean_logits=mu):
-        assert torch.equal(w4s4(tokens), moved)
-    after = w4s4.state_dict()
-    assert all(torch.equal(before[k], after[k]) for k in before)  # every shift restored the model
-
-
-def test_the_shim_refuses_what_python_would_refuse():
-    @keyword_options("b", "c")
-    def f(a, *, b=1, c=2):
-        return a, b, c
-
-    assert f(0, b=5) == (0, 5, 2)
-    with pytest.warns(DeprecationWarning, match=r"pass b=\.\.\., c=\.\.\."):
-        assert f(0, 5, 6) == (0, 5, 6)
-    with pytest.raises(TypeError, match="at most 3 positional"):
-        f(0, 1, 2, 3)
-    with pytest.raises(TypeError, match="multiple values for argument 'b'"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        f(0, 5, b=6)
-    assert list(inspect.signature(f).parameters) == ["a", "b", "c"]
-    assert inspect.signature(f).parameters["b"].kind is inspect.Parameter.KEYWORD_ONLY
-    with pytest.raises(TypeError, match="not keyword-only"):
-        keyword_options("a")(lambda a, *, b=1: a)
-
-
-def test_a_sharded_variant_takes_its_single_functions_old_positionals(w4s4, default_profile, tmp_path):
-    """0.2's ``sharded_profile(model, task, 72, out_dir=...)`` warns like ``phase_profile`` does, not TypeError."""
-    task = pi.zoo.task_for(w4s4)
-    old, message = _deprecated_call(parallel.sharded_profile, w4s4, task, 72, out_dir=tmp_path, progress=False)
-    assert "sharded_profile()" in message and "n_per_residue=" in message
-    pd.testing.assert_frame_equal(old.records, default_profile.records, check_exact=True)
-    assert _positional(parallel.sharded_profile) == ["model", "task"]  # the public signature is the new one
+    with pytest.raises(TypeError, match="positional"):
+        pi.phase_profile(w4s4, task, 72)
+    with pytest.raises(TypeError, match="positional"):
+        pi.shift_gates(w4s4, 1, [0])
+    with pytest.raises(TypeError, match="positional"):
+        parallel.sharded_profile(w4s4, task, 72, out_dir="unused")
+    assert _positional(parallel.sharded_profile) == ["model", "task"]

@@ -329,7 +329,7 @@ def _unchecked(fn):
     would reject a wrongly typed argument before the function's own check: users, who have no
     hook, get the function's ValueError, and that is what these rows test."""
     spec_type = None
-    while hasattr(fn, "__keyword_options__") or hasattr(fn, "__applies_only__") or hasattr(fn, "__spec_type__"):
+    while hasattr(fn, "__applies_only__") or hasattr(fn, "__spec_type__"):
         spec_type = getattr(fn, "__spec_type__", spec_type)
         fn = fn.__wrapped__  # errors' shims and `experiment`'s spec maker: the checked function is below
     fn = getattr(fn, "__wrapped__", fn)
@@ -792,8 +792,6 @@ def _device_calls():
     batch = TASK.generate(23, seed=0)
     return {
         "phaseinterp.interventions.ablation:ablate": lambda m, t: pi.ablate(m, device=BAD_DEVICE, prompts=batch),
-        "phaseinterp.interventions.ablation:mean_ablation": lambda m, t: pi.mean_ablation(m, device=BAD_DEVICE,
-                                                                                          prompts=batch),
         "phaseinterp.models.hf:load_hf": lambda m, t: pi.load_hf(pi.zoo.CHECKPOINT_DIR / "dsv4-tiny",
                                                                  device_map=BAD_MAP),
         "phaseinterp.models.transformer:CompressedTransformer.__init__": lambda m, t: CompressedTransformer(
@@ -813,7 +811,6 @@ def _device_calls():
         "phaseinterp._checks:ProfileOptions.__init__": lambda m, t: pi.ProfileSpec(device=BAD_DEVICE),
         "phaseinterp._checks:AblationOptions.__init__": lambda m, t: pi.AblationSpec(device=BAD_DEVICE),
         "phaseinterp.report.build:build_report": lambda m, t: pi.report.build_report(m, t / "r", device=BAD_DEVICE),
-        "phaseinterp.report.models:load_model": lambda m, t: pi.report.load_model("w4s4", BAD_DEVICE),
         "phaseinterp.report.models:as_model": lambda m, t: _as_model()("w4s4", BAD_DEVICE),
         "phaseinterp.models.loading:load": lambda m, t: pi.load("w4s4", device=BAD_DEVICE),
         "phaseinterp.report.sections.deepseek_v4:load_deepseek_v4": lambda m, t: load_deepseek_v4("dsv4-tiny",
@@ -847,7 +844,6 @@ DEVICE_EXEMPT = {
     "phaseinterp.models.rope:rotary_tables": "internal: the model's own device",
     "phaseinterp.train.pretrain:autocast_for": "internal: the device of the model pretrain placed",
     "phaseinterp.report.section:ReportContext.__init__": "internal: build_report checked it",
-    "phaseinterp.parallel.runs:sharded_gate_cycling": "the deprecated name of sharded_gate_cycling_profile (walked)",
 }
 
 
@@ -889,7 +885,7 @@ def test_every_device_argument_is_walked():
     assert set(_device_calls()) - _device_functions() == set()
 
 
-DEVICE_IDS = ["phaseinterp.interventions.ablation:ablate", "phaseinterp.interventions.ablation:mean_ablation",
+DEVICE_IDS = ["phaseinterp.interventions.ablation:ablate",
               "phaseinterp.models.hf:load_hf", "phaseinterp.models.transformer:CompressedTransformer.__init__",
               "phaseinterp.models.transformer:CompressedTransformer.from_pretrained",
               "phaseinterp.parallel.runs:sharded_ablate", "phaseinterp.parallel.runs:sharded_gate_cycling_profile",
@@ -897,7 +893,7 @@ DEVICE_IDS = ["phaseinterp.interventions.ablation:ablate", "phaseinterp.interven
               "phaseinterp.profile:engine_profile", "phaseinterp._checks:ProfileOptions.__init__",
               "phaseinterp._checks:AblationOptions.__init__",
               "phaseinterp.models.loading:load", "phaseinterp.report.models:as_model",
-              "phaseinterp.report.build:build_report", "phaseinterp.report.models:load_model",
+              "phaseinterp.report.build:build_report",
               "phaseinterp.report.sections.deepseek_v4:load_deepseek_v4", "phaseinterp.tasks.docstring:DocstringProbe.run",
               "phaseinterp.theory.model:IdealizedInductionModel.__init__", "phaseinterp.theory.model:equiangular_embeddings",
               "phaseinterp.train.compressed:train", "phaseinterp.zoo:build", "phaseinterp.zoo.deepseek_v4:load",

@@ -313,48 +313,6 @@ def test_every_command_has_its_function():
     assert set(nested["experiments"].choices) == set(commands.EXPERIMENTS)
 
 
-def test_old_module_commands_warn_and_run_the_same_functions(tmp_path, monkeypatch, capsys):
-    """``python -m phaseinterp.<module>`` lives one more release: a DeprecationWarning naming the
-    ``phaseinterp`` command, then the function that command runs, with the same arguments."""
-    from phaseinterp.experiments import __main__ as remedy_cli, remedy
-    from phaseinterp.models.hf import memory
-    from phaseinterp.report import check
-    from phaseinterp.zoo import deepseek_v4 as hf_zoo
-
-    calls = []
-    monkeypatch.setattr(check, "check_page", lambda page: calls.append(("check", page)) or {"figures": [1]})
-    monkeypatch.setattr(check, "problems", lambda result: [])
-    monkeypatch.setattr(check, "first_screen_png", lambda page, png, **kw: calls.append(("shot", page, png)) or png)
-    monkeypatch.setattr(memory, "estimate_memory", lambda config: calls.append(("memory", config)) or
-                        memory.MemoryEstimate(n_params=3, n_expert_params=1, n_layers=1))
-    monkeypatch.setattr(hf_zoo, "build", lambda name, out, install, steps: calls.append(("build", name, out, install,
-                                                                                          steps)))
-    monkeypatch.setattr(remedy, "train_share", lambda *a, **k: calls.append(("remedy", a, k)))
-    for run, argv, new in ((check.main, ["check", "R"], "check-report"), (check.main, ["screenshot", "R", "x.png"],
-                                                                           "screenshot"),
-                           (memory.main, ["c.json"], "memory-plan"), (memory.main, [], "memory-plan"),
-                           (hf_zoo.main, ["dsv4-tiny", "--out", "r", "--steps", "3", "--no-install"], "zoo build"),
-                           (remedy_cli.main, ["remedy", "runs", "10", "0/2", "4"], "experiments remedy")):
-        with pytest.warns(DeprecationWarning, match=f"use `phaseinterp {new}`"):
-            assert run(argv) in (0, None), argv
-    assert calls == [("check", "R"), ("shot", "R", "x.png"), ("memory", "c.json"), ("memory", None),
-                     ("build", "dsv4-tiny", "r", False, 3),
-                     ("remedy", ("runs", 10, 0, 2, (4,)), {"offsets": "staggered", "architecture": None})]
-    assert "n_params: 3" in capsys.readouterr().out
-
-
-def test_old_module_commands_keep_their_exit_codes(tmp_path, capsys):
-    from phaseinterp.experiments.__main__ import main as remedy_main
-    from phaseinterp.report.check import main as check_main
-
-    with pytest.warns(DeprecationWarning):
-        assert check_main(["check", str(tmp_path / "nope")]) == 2
-        assert remedy_main(["remedy", str(tmp_path), "10", "2/2"]) == 2
-        assert check_main(["frobnicate"]) == 2
-    assert "phaseinterp check-report" in capsys.readouterr().err
-    assert not any(tmp_path.iterdir())
-
-
 def test_zoo_build_steps_is_for_the_hf_recipes(capsys):
     assert main(["zoo", "build", "w4s4", "--steps", "3", "--out-dir", "/nonexistent-parent/x"]) == 2
     assert "--steps shortens an HF DeepSeek-V4 recipe" in capsys.readouterr().err

@@ -318,7 +318,7 @@ def test_sharded_variants_take_every_parameter_of_their_single_process_function(
             single.__name__
 
 
-def test_sharded_refuses_what_it_cannot_shard_and_the_old_name_warns(tmp_path):
+def test_sharded_refuses_what_it_cannot_shard(tmp_path):
     model, task = _model(), _task()
     with pytest.raises(ValueError, match="baseline= does not apply to a sharded run"):
         parallel.sharded_gate_cycling_profile(model, task, out_dir=tmp_path / "a", baseline=object())
@@ -328,9 +328,3 @@ def test_sharded_refuses_what_it_cannot_shard_and_the_old_name_warns(tmp_path):
     sized = parallel.sharded_gate_cycling_profile(model, task, shifts=[1], out_dir=tmp_path / "d", n_boot=5,
                                                   batch_size=64, progress=False)
     assert sized.correct.shape[1] == 72 * task.residue_modulus
-    with pytest.warns(DeprecationWarning, match="use phaseinterp.parallel.sharded_gate_cycling_profile"):
-        old = parallel.sharded_gate_cycling(model, task, out_dir=tmp_path / "b", prompts=_prompts(), chunk_size=5,
-                                            batch_size=3, progress=False)
-    new = parallel.sharded_gate_cycling_profile(model, task, out_dir=tmp_path / "c", prompts=_prompts(), chunk_size=5,
-                                                batch_size=3, progress=False)
-    assert np.array_equal(old.correct, new.correct)

@@ -128,9 +128,9 @@ def test_cheap_commands_run_end_to_end(argv):
 
 
 @pytest.mark.slow  # fresh processes; imports transformers
-def test_memory_plan_runs_and_its_old_form_warns():
+def test_memory_plan_runs():
     """``phaseinterp memory-plan`` on a shipped tiny DeepSeek-V4's config (as docs/deepseek_v4.md runs it on a
-    real one); the deprecated ``python -m phaseinterp.models.hf.memory`` prints the same with a warning."""
+    real one)."""
     pytest.importorskip("transformers")
     config = "phaseinterp/zoo/checkpoints/dsv4-tiny"
     if not (ROOT / config / "config.json").is_file():
@@ -138,7 +138,3 @@ def test_memory_plan_runs_and_its_old_form_warns():
     new = _run("-m", "phaseinterp", "memory-plan", config, "--tokens", "128", timeout=300)
     assert new.returncode == 0, new.stderr[-2000:]
     assert "n_params: 298,097" in new.stdout and "one-layer ablation" in new.stdout
-    old = _run("-m", "phaseinterp.models.hf.memory", config, timeout=300)
-    assert old.returncode == 0, old.stderr[-2000:]
-    assert "DeprecationWarning" in old.stderr and "phaseinterp memory-plan" in old.stderr
-    assert old.stdout == new.stdout.split("\n\n")[0] + "\n"

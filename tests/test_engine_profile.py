@@ -20,7 +20,7 @@ with install_import_hook("phaseinterp.engines", "typecheck.typecheck"):
 
 import phaseinterp as pi
 from phaseinterp.errors import EngineError, UserInputError
-from phaseinterp.profile import PhaseProfile, phase_profile
+from phaseinterp.profile import PhaseProfile, engine_profile, phase_profile
 
 N = 72  # the smallest size the zoo task moment-matches (T = 128, R = 24): 1,728 prompts
 
@@ -175,25 +175,27 @@ def test_server_failing_mid_run_resumes_with_identical_records(w4s4, in_process,
     failing = serve(fail_after=10)
     with pytest.raises(EngineError, match=r"failed on prompts 640\.\.703 2 times .*HTTP 503.*640 of 1728 answers "
                                           r"are kept in"):
-        phase_profile(engine_for(failing, model), task, n_per_residue=N, stride=4, resume_dir=journal, retries=1, retry_wait=0.0,
-                      progress=False)
+        engine_profile(engine_for(failing, model), task, n_per_residue=N, stride=4, resume_dir=journal, retries=1,
+                       retry_wait=0.0, progress=False)
     assert len(list((journal / "answers").glob("batch-*.npz"))) == 10 and (journal / JOURNAL_FILE).is_file()
     restarted = serve()  # the server comes back (on another port): same model name, same prompts
-    resumed = phase_profile(engine_for(restarted, model), task, n_per_residue=N, stride=4, label=in_process.label,
-                            resume_dir=journal, progress=False)
+    resumed = engine_profile(engine_for(restarted, model), task, n_per_residue=N, stride=4, label=in_process.label,
+                             resume_dir=journal, progress=False)
     assert restarted.requests == 27 - 10  # only the batches not yet answered
     assert restarted.received == sent_prompts(task.generate(N, seed=0))[640:]
     pd.testing.assert_frame_equal(resumed.records, in_process.records, check_exact=True)
     assert resumed == in_process
 
 
-def test_a_transient_failure_is_retried(w4s4, serve):
+def test_a_transient_failure_is_retried(w4s4, serve, monkeypatch):
+    from phaseinterp.engines import answers as answers_module
+
     model, _ = w4s4
     batch = pi.zoo.task_for(model).generate(N, seed=0).subset(slice(0, 8))
     server = serve(fail_once=True)
     waits = []
-    answers = engine_answers(engine_for(server, model), batch, retries=2, retry_wait=0.5, sleep=waits.append,
-                             progress=False)
+    monkeypatch.setattr(answers_module.time, "sleep", waits.append)  # the retry's wait, recorded, not slept
+    answers = engine_answers(engine_for(server, model), batch, retries=2, retry_wait=0.5, progress=False)
     assert waits == [0.5] and server.requests == 2 and len(answers.predicted) == 8
 
 
@@ -221,7 +223,8 @@ def test_unreachable_server_is_a_clear_error(w4s4, tmp_path):
     engine = OpenAIEngine(f"http://127.0.0.1:{_closed_port()}", "w4s4", d_vocab=model.cfg.d_vocab)
     with pytest.raises(EngineError, match=r"cannot reach http://127\.0\.0\.1:\d+/v1/completions.*0 of 1728 answers "
                                           "are kept"):
-        phase_profile(engine, task, n_per_residue=N, stride=4, retries=1, retry_wait=0.0, resume_dir=tmp_path, progress=False)
+        engine_profile(engine, task, n_per_residue=N, stride=4, retries=1, retry_wait=0.0, resume_dir=tmp_path,
+                       progress=False)
 
 
 @pytest.mark.parametrize("fault, message", [
@@ -251,7 +254,7 @@ def test_engine_needs_a_stride_and_no_device(w4s4):
         phase_profile(engine, task, n_per_residue=N, progress=False)
     with pytest.raises(UserInputError, match="device='cpu' does not apply to an engine"):
         phase_profile(engine, task, n_per_residue=N, stride=4, device="cpu", progress=False)
-    with pytest.raises(UserInputError, match="resume_dir='x' does not apply here: it journals an engine's answers"):
+    with pytest.raises(TypeError, match="unexpected keyword argument 'resume_dir'"):  # engine_profile's option
         phase_profile(model, task, n_per_residue=N, resume_dir="x", progress=False)
 
 

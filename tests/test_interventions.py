@@ -15,9 +15,7 @@ from phaseinterp.interventions import (
     AblationResult,
     CyclingResult,
     shift_gates,
-    gate_cycling,
     gate_cycling_profile,
-    gate_cycling_unit,
     gate_profile,
     ablate,
     shifted_copy,
@@ -328,33 +326,12 @@ def test_gate_cycling_runs_and_round_trips(tmp_path, prompts):
     assert back.shifts == res.shifts and (back.correct == res.correct).all()
 
 
-def test_old_names_warn_and_equal_the_new_ones(prompts):
-    """0.3 renames (issue 35): each old name still runs, gives the new name's result, and warns
-    with a DeprecationWarning that names its replacement; `dir(phaseinterp)` lists only the new."""
-    model = make(window=4, stride=4)
-    tokens = torch.randint(0, TASK.vocab.size, (2, 40))
-    with shift_gates(model, 1):
-        expected = model(tokens)
-    with pytest.warns(DeprecationWarning, match="cycle_gates is deprecated .* use phaseinterp.shift_gates"):
-        with pi.cycle_gates(model, 1):
-            assert torch.equal(model(tokens), expected)
-    new = gate_cycling_profile(model, TASK, shifts=(1,), prompts=prompts, n_boot=10, progress=False)
-    with pytest.warns(DeprecationWarning, match="use phaseinterp.gate_cycling_profile"):
-        old = gate_cycling(model, TASK, shifts=(1,), prompts=prompts, n_boot=10, progress=False)
-    assert type(old) is type(new) and np.array_equal(old.correct, new.correct)
-    unit = gate_cycling_unit(model, TASK, shifts=(1,), layers=[0], kv_heads=[0], prompts=prompts, n_calibration=8,
-                             n_boot=10, progress=False)
-    with pytest.warns(DeprecationWarning, match="use phaseinterp.gate_cycling_unit"):
-        old_unit = gate_cycling(model, TASK, shifts=(1,), layers=[0], kv_heads=[0], score="unit", prompts=prompts,
-                                n_calibration=8, n_boot=10, progress=False)
-    assert type(old_unit) is type(unit) and np.array_equal(old_unit.measure_knocked, unit.measure_knocked)
-    with pytest.warns(DeprecationWarning, match="mean_ablation is deprecated .* use phaseinterp.ablate"):
-        old_ablation = pi.mean_ablation(model, TASK, layer=0, prompts=prompts, n_calibration=8, progress=False)
-    new_ablation = ablate(model, TASK, layer=0, prompts=prompts, n_calibration=8, progress=False)
-    assert np.array_equal(old_ablation.knockout_correct, new_ablation.knockout_correct)
+def test_the_0_3_names_are_gone():
+    """0.4 removed 0.3's deprecated aliases (docs/migration.md): only the new names exist."""
     listed = dir(pi)
     assert {"shift_gates", "gate_cycling_profile", "gate_cycling_unit", "ablate"} <= set(listed)
-    assert not {"cycle_gates", "gate_cycling", "mean_ablation"} & set(listed)
+    for old in ("cycle_gates", "gate_cycling", "mean_ablation"):
+        assert not hasattr(pi, old) and not hasattr(pi.interventions, old), old
 
 
 def test_gate_cycling_takes_the_baseline_size_by_default(prompts):
@@ -420,9 +397,6 @@ def test_gate_cycling_reuses_a_profile_of_the_same_model_and_prompts(zoo_model, 
         run(baseline=pi.phase_profile(moved, batch, progress=False))
     with pytest.raises(ValueError, match="must be a PhaseProfile"):
         run(baseline=plain)
-    with pytest.raises(ValueError, match="score='unit' measures the unit's own contribution"):
-        with pytest.warns(DeprecationWarning, match="use phaseinterp.gate_cycling_unit"):
-            gate_cycling(model, task, shifts=(1,), layers=[0], score="unit", prompts=batch, baseline=profile)
 
 
 # ------------------------------------------------- a user's hook_z ablation is the built-in fast ablation

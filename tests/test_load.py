@@ -100,19 +100,6 @@ def test_hf_only_options_are_refused_for_own_models():
         pi.load("w4s4", device_map="auto")
 
 
-@pytest.mark.zoo("w4s4")
-def test_old_loaders_warn_naming_the_new_one():
-    from phaseinterp import report
-
-    with pytest.warns(DeprecationWarning, match="phaseinterp.load"):
-        model = report.load_model("w4s4")
-    assert isinstance(model, CompressedTransformer)
-    with pytest.warns(DeprecationWarning, match="check_source"):
-        report.check_model_source("w4s4")
-    with pytest.warns(DeprecationWarning, match="peek"):
-        assert report.peek_model("w4s4").cfg.stride == 4
-
-
 def test_dir_shows_no_module_plumbing():
     names = dir(pi)
     assert "load" in names and "phase_profile" in names and "zoo" in names

@@ -63,9 +63,9 @@ def test_prompts_and_a_size_together_are_refused(name, w4s4):
     assert message.startswith("n_per_residue=72 does not apply here: prompts= gives the prompts") and "\n" not in message
 
 
-def test_engine_only_options_are_refused_for_an_in_process_model(w4s4):
-    for option in ("retries", "retry_wait"):
-        with pytest.raises(UserInputError, match=f"{option}=.* does not apply here: it retries an engine's requests"):
+def test_engine_only_options_are_not_phase_profile_s(w4s4):
+    for option in ("retries", "retry_wait", "resume_dir"):  # engine_profile's
+        with pytest.raises(TypeError, match=f"unexpected keyword argument '{option}'"):
             pi.phase_profile(w4s4, **{option: 2})
 
 

@@ -120,15 +120,16 @@ def test_conformance_from_a_spec_equals_the_keywords(w4s4):
     pd.testing.assert_frame_equal(a.table, b.table)
 
 
-def test_engine_profile_is_the_in_process_profile_and_phase_profile_s_engine_options_moved_there(w4s4):
+def test_engine_profile_is_the_in_process_profile_and_takes_the_engine_options(w4s4):
     engine = pi.engines.CacheEngine(w4s4)
     task = pi.zoo.task_for(w4s4)
     served = pi.engine_profile(engine, task, stride=4, n_per_residue=72, progress=False)
     here = pi.phase_profile(w4s4, task, n_per_residue=72, progress=False)
     np.testing.assert_array_equal(served.records["predicted"], here.records["predicted"])
-    with pytest.warns(DeprecationWarning, match="use phaseinterp.engine_profile"):
-        old = pi.phase_profile(engine, task, stride=4, n_per_residue=72, retries=1, progress=False)
-    np.testing.assert_array_equal(old.records["correct"], served.records["correct"])
+    routed = pi.phase_profile(engine, task, stride=4, n_per_residue=72, progress=False)  # an engine goes there
+    np.testing.assert_array_equal(routed.records["correct"], served.records["correct"])
+    with pytest.raises(TypeError, match="phase_profile\\(\\) got an unexpected keyword argument 'retries'"):
+        pi.phase_profile(engine, task, stride=4, retries=1)
     assert "retries" not in inspect.signature(pi.phase_profile).parameters
     assert {"resume_dir", "retries", "retry_wait"} <= set(inspect.signature(pi.engine_profile).parameters)
 

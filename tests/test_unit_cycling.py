@@ -254,22 +254,6 @@ def test_bad_unit_cycling_inputs_fail_before_work(kwargs, match):
         pi.gate_cycling_unit(zoo_model("w4s4-1kv-shared"), shifts=[1], progress=False, **kwargs)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(score="bogus"), r"score='bogus' is not one of"),
-    (dict(score="unit", layers=[1], branch="k"), r"branch='k'"),
-    (dict(measure="accuracy"), r"measure='accuracy'.*score='unit'"),
-])
-def test_the_deprecated_dispatcher_refuses_what_it_cannot_route(kwargs, match):
-    """`gate_cycling(score=...)` (0.2's entry point) still names a bad score, a branch the unit score
-    cannot take and a measure the profile score does not read (issue 35: the split by result type)."""
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        with pytest.raises(ValueError, match=match):
-            pi.gate_cycling(zoo_model("w4s4-1kv-shared"), shifts=[1], progress=False, **kwargs)
-
-
 def test_static_mode_needs_a_gate_bias():
     from conftest import make_model
 

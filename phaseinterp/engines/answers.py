@@ -244,7 +244,6 @@ def engine_answers(
     retries: int = 3,
     retry_wait: float = 1.0,
     progress: bool = True,
-    sleep: Callable[[float], None] = time.sleep,
 ) -> EngineAnswers:
     """Ask ``engine`` for every prompt of ``batch`` (a `TaskBatch`), ``batch_size`` prompts per call.
 
@@ -303,7 +302,7 @@ def engine_answers(
                     if attempt == retries:
                         raise EngineError(f"engine {name!r} failed on prompts {rows.start}..{rows.stop - 1} "
                                           f"{retries + 1} times (last: {err}); {kept()}") from err
-                    sleep(min(MAX_WAIT, retry_wait * 2 ** attempt))
+                    time.sleep(min(MAX_WAIT, retry_wait * 2 ** attempt))
                 except UserInputError as err:
                     raise UserInputError(f"{err}; {kept()}") from err
             if directory is not None:

@@ -1,12 +1,11 @@
 """Interventions: per-KV-head mean replacement (and resample / norm-matched ablations), cyclic gate shifts
 (whole-profile and unit-level, roll and static-part), gate statistics, and the confirmatory pipeline (`confirm`)."""
 
-from phaseinterp.interventions.ablation import AblationResult, AblationSpec, ablate, calibration_mean_z, mean_ablation
+from phaseinterp.interventions.ablation import AblationResult, AblationSpec, ablate, calibration_mean_z
 from phaseinterp.interventions.confirm import ConfirmResult, ConfirmSpec, ReplacementSpec, confirm, replacement_ablation
 from phaseinterp.interventions.cycling_stats import cycling_scores, movement_scores
-from phaseinterp.interventions.gate_cycling import CyclingResult, CyclingSpec, gate_cycling, gate_cycling_profile
+from phaseinterp.interventions.gate_cycling import CyclingResult, CyclingSpec, gate_cycling_profile
 from phaseinterp.interventions.gate_shifts import (
-    cycle_gates,
     cycling_fitness,
     mean_gate_logits,
     shift_gates,
@@ -32,14 +31,11 @@ __all__ = [
     "ablate",
     "calibration_mean_z",
     "confirm",
-    "cycle_gates",  # deprecated: shift_gates
     "cycling_fitness",
     "cycling_scores",
-    "gate_cycling",  # deprecated: gate_cycling_profile / gate_cycling_unit
     "gate_cycling_profile",
     "gate_cycling_unit",
     "gate_profile",
-    "mean_ablation",  # deprecated: ablate
     "replacement_ablation",
     "mean_gate_logits",
     "movement_scores",

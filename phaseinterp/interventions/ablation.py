@@ -23,7 +23,7 @@ import pandas as pd
 
 from phaseinterp._checks import DEFAULT_N_PER_RESIDUE
 from phaseinterp.models.protocol import model_label as label_of
-from phaseinterp.errors import UserInputError, applies_only, renamed, when_given
+from phaseinterp.errors import UserInputError, applies_only, when_given
 from phaseinterp._checks import check_device, check_fraction, check_n_per_residue, check_name, check_prompt_batch
 from phaseinterp._files import progress_bar
 from phaseinterp.phase import check_residue_modulus
@@ -426,8 +426,7 @@ def ablate(
     spec: Optional[AblationSpec] = None,
 ) -> AblationResult:
     """Mean replacement per KV head: knock out each unit's ``hook_z`` at the answer position
-    and measure the accuracy change per residue and phase. (``mean_ablation``, its second name in
-    0.2, is a deprecated alias.)
+    and measure the accuracy change per residue and phase.
 
     For each unit (layer, KV head) the per-head attention outputs ``hook_z`` of every query
     head that reads the KV head are replaced, at the final (answer-predicting) position only,
@@ -513,5 +512,3 @@ def ablation_records(model, task, batch, units: pd.DataFrame, spec: AblationSpec
             bar.close()
     return out[:4]
 
-
-mean_ablation = renamed("mean_ablation", "phaseinterp.ablate", ablate)

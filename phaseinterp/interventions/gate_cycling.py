@@ -4,8 +4,7 @@ gates, watch the weak spots move.
 `gate_cycling_profile` measures the prediction ``A_d(r) = A_0((r - d) mod S)`` for each shift ``d``
 with every listed layer's gates shifted by `phaseinterp.interventions.gate_shifts.shift_gates`, and
 returns a `CyclingResult`. One unit's own contribution is `gate_cycling_unit`
-(`phaseinterp.interventions.unit_cycling`). `gate_cycling(score=...)` is the deprecated 0.2 entry
-point for both.
+(`phaseinterp.interventions.unit_cycling`).
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ import torch
 from phaseinterp._checks import DEFAULT_N_PER_RESIDUE
 from phaseinterp._checks import check_n_per_residue, check_prompt_batch
 from phaseinterp._files import progress_bar
-from phaseinterp.errors import UserInputError, applies_only, warn_renamed, when_given
+from phaseinterp.errors import UserInputError, applies_only, when_given
 from phaseinterp.interventions._common import check_layers, cycling_note, fixed_answer_position, model_device
 from phaseinterp.interventions.cycling_stats import (
     attainable_note,
@@ -47,7 +46,7 @@ from phaseinterp import stats
 from phaseinterp.results import Result, premise_entries
 from phaseinterp._checks import CyclingOptions, experiment
 from phaseinterp.tasks import resolve_task
-from phaseinterp.interventions.unit_cycling import GateCyclingChecks, gate_cycling_unit
+from phaseinterp.interventions.unit_cycling import GateCyclingChecks
 from phaseinterp.models.protocol import model_label as label_of, phase_model
 from phaseinterp.profile import PhaseProfile
 
@@ -448,28 +447,3 @@ def _default_size(n_per_residue, baseline, modulus: int):
     if baseline is not None and hasattr(baseline, "records") and len(baseline.records) % modulus == 0:
         return len(baseline.records) // modulus
     return DEFAULT_N_PER_RESIDUE
-
-
-def gate_cycling(model, task=None, shifts: Optional[Sequence[int]] = None, *, score: str = "profile",
-                 measure: str = "logprob", **kwargs):
-    """Deprecated (0.3; removed in 0.4): ``score="profile"`` is `gate_cycling_profile` (a
-    `CyclingResult`), ``score="unit"`` is `gate_cycling_unit` (a `UnitCyclingResult`)."""
-    if score not in ("profile", "unit"):
-        raise UserInputError(f"score={score!r} is not one of ('profile', 'unit')")
-    if score == "unit":
-        warn_renamed("gate_cycling(score='unit')", "phaseinterp.gate_cycling_unit")
-        if kwargs.get("branch", "both") != "both":
-            raise UserInputError(f"branch={kwargs['branch']!r}: score='unit' shifts the unit's K and V gates together "
-                                 "(branch='both')")
-        if kwargs.get("baseline") is not None:
-            raise UserInputError("baseline= reuses a phase profile as the unshifted row of the profile score; "
-                                 "score='unit' measures the unit's own contribution, which a profile does not hold")
-        kwargs.pop("branch", None)
-        kwargs.pop("baseline", None)
-
-        return gate_cycling_unit(model, task, shifts, measure=measure, **kwargs)
-    warn_renamed("gate_cycling", "phaseinterp.gate_cycling_profile")
-    if measure != "logprob":
-        raise UserInputError(f"measure={measure!r}: the profile score reads accuracy per phase; measure applies to "
-                             "score='unit'")
-    return gate_cycling_profile(model, task, shifts, **kwargs)

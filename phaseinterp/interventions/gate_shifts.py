@@ -7,7 +7,7 @@ DeepSeek kernel: ``gate_proj`` is shared by the slots of a half, so the offset-s
 is ``position_bias``; a shift rolls it by ``d`` within each S-block (for W = 2S both halves move
 together, which shifts the preferred phase by ``d``). `shift_static_gates` moves only the static
 part of each slot's mean gate logit (``mode="static"``); `cycling_fitness` says whether a model is
-fit for the experiment. The experiments are `gate_cycling` (whole profile) and the unit-level
+fit for the experiment. The experiments are `gate_cycling_profile` (whole profile) and the unit-level
 score in `phaseinterp.interventions.unit_cycling`.
 """
 
@@ -24,7 +24,6 @@ import torch
 from torch import Tensor
 
 from phaseinterp._checks import check_int, check_is_model
-from phaseinterp.errors import keyword_options, renamed
 from phaseinterp.errors import UserInputError
 from phaseinterp.interventions._common import check_layers, model_device
 from phaseinterp.models.protocol import phase_model
@@ -119,7 +118,6 @@ def _parameters_replaced(pairs: list[tuple[torch.nn.Parameter, Tensor]]) -> Iter
                 p.copy_(original)
 
 
-@keyword_options("layers", "branch", "kv_heads")
 @contextmanager
 def shift_gates(model, shift: int, *, layers: Union[int, Sequence[int], None] = None, branch: str = "both",
                 kv_heads: Union[int, Sequence[int], None] = None) -> Iterator:
@@ -144,7 +142,6 @@ def shift_gates(model, shift: int, *, layers: Union[int, Sequence[int], None] = 
         yield model
 
 
-@keyword_options("layers", "branch", "kv_heads")
 def shifted_copy(model, shift: int, *, layers: Union[int, Sequence[int], None] = None, branch: str = "both",
                  kv_heads: Union[int, Sequence[int], None] = None):
     """A deep copy of ``model`` with its gates permanently shifted by ``shift`` slots (the
@@ -181,7 +178,6 @@ def static_targets(model, layers: list[int]) -> list[tuple[int, str, torch.nn.Pa
 
 
 @torch.inference_mode()
-@keyword_options("layers", "batch_size")
 def mean_gate_logits(model, tokens: Tensor, *, layers: Union[int, Sequence[int], None] = None,
                      batch_size: int = 64) -> dict[str, Tensor]:
     """Per slot, the mean gate logit over every closed window of ``tokens`` ``[batch, pos]``:
@@ -224,7 +220,6 @@ def _static_delta(mean_logit: Tensor, shift: int, layout: str, bias: Tensor) -> 
     return torch.roll(mu, shifts=shift, dims=0) - mu
 
 
-@keyword_options("layers", "mean_logits", "kv_heads")
 @contextmanager
 def shift_static_gates(model, shift: int, *, layers: Union[int, Sequence[int], None],
                        mean_logits: dict[str, Tensor], kv_heads: Union[int, Sequence[int], None] = None) -> Iterator:
@@ -294,5 +289,3 @@ def check_shifts(shifts, S: int) -> tuple[int, ...]:
     return tuple(dict.fromkeys([0] + requested))
 
 
-
-cycle_gates = renamed("cycle_gates", "phaseinterp.shift_gates", shift_gates)

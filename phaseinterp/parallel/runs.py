@@ -35,7 +35,7 @@ import torch
 
 from phaseinterp._checks import DEFAULT_N_PER_RESIDUE, check_device, check_int, check_n_per_residue, prompt_slices
 from phaseinterp._files import atomic_write, check_write_target, json_default, progress_bar
-from phaseinterp.errors import UserInputError, keyword_options, renamed
+from phaseinterp.errors import UserInputError
 from phaseinterp.interventions._common import fixed_answer_position
 from phaseinterp.interventions.ablation import ablate, calibration_mean_z
 from phaseinterp.interventions.gate_cycling import gate_cycling_profile
@@ -264,9 +264,6 @@ def sharded(single: Callable, *, kind: str, chunk_size: int, refuse: dict[str, s
                    "rerun skips the shards already there. Every parameter of "
                    f"`{single.__name__}` applies" + (f" but {', '.join(refuse)}" if refuse else "") +
                    " (module docstring).")
-    old_order = getattr(single, "__keyword_options__", ())
-    if old_order:  # 0.2's positional options (sharded_profile(model, task, 72, ...)) warn as the single one's do
-        run = keyword_options(*old_order)(run)
     return run
 
 
@@ -365,5 +362,3 @@ sharded_ablate = sharded(ablate, kind="ablate", chunk_size=64, refuse={
 sharded_gate_cycling_profile = sharded(
     gate_cycling_profile, kind="gate_cycling_profile",
     chunk_size=128, refuse={"baseline": "the unshifted row is computed per chunk (shift 0)"})
-sharded_gate_cycling = renamed("sharded_gate_cycling", "phaseinterp.parallel.sharded_gate_cycling_profile",
-                               sharded_gate_cycling_profile)

@@ -13,7 +13,7 @@ DeepSeek-V4 and remedy sections.
 """
 
 from phaseinterp.report.build import SECTIONS, Report, ReportSettings, build_report, check_report_dir
-from phaseinterp.report.models import check_model_source, check_twin, data_name, load_model, model_label, peek_model
+from phaseinterp.report.models import check_twin, data_name, model_label
 
-__all__ = ["SECTIONS", "Report", "ReportSettings", "build_report", "check_model_source", "check_report_dir",
-           "check_twin", "data_name", "load_model", "model_label", "peek_model"]
+__all__ = ["SECTIONS", "Report", "ReportSettings", "build_report", "check_report_dir", "check_twin", "data_name",
+           "model_label"]

@@ -21,9 +21,7 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
-import warnings
 from pathlib import Path
 from typing import Optional, Union
 
@@ -204,33 +202,3 @@ def first_screen_png(page: Union[str, Path], png: Union[str, Path], width: int =
         if not shot.is_file():
             raise RuntimeError("Chromium wrote no screenshot")
         return write_file_atomically(png, shot.read_bytes(), overwrite=overwrite, name="png")
-
-
-def main(argv: Optional[list[str]] = None) -> int:
-    """``python -m phaseinterp.report.check check DIR | screenshot DIR PNG``, deprecated (one more release):
-    ``phaseinterp check-report DIR`` / ``phaseinterp screenshot DIR PNG`` run the same functions."""
-    argv = sys.argv[1:] if argv is None else argv
-    new = {"check": "check-report", "screenshot": "screenshot"}.get(argv[0] if argv else "", "check-report")
-    warnings.warn(f"`python -m phaseinterp.report.check` is deprecated and will be removed in the next release; "
-                  f"use `phaseinterp {new}`", DeprecationWarning, stacklevel=2)
-    try:
-        if len(argv) == 2 and argv[0] == "check":
-            result = check_page(argv[1])
-            found = problems(result)
-            print("\n".join(found) or f"ok: {len(result['figures'])} figures drew, nothing overflows, no None/nan/[] "
-                  "texts")
-            return 1 if found else 0
-        overwrite = "--overwrite" in argv
-        rest = [a for a in argv if a != "--overwrite"]
-        if len(rest) == 3 and rest[0] == "screenshot":
-            print(f"wrote {first_screen_png(rest[1], rest[2], overwrite=overwrite)}")
-            return 0
-    except UserInputError as err:  # a missing or wrong path: one line, exit 2 (as the CLI)
-        print(f"phaseinterp.report.check: error: {err}", file=sys.stderr)
-        return 2
-    print(__doc__.split("::")[1].split("Needs")[0].rstrip(), file=sys.stderr)
-    return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

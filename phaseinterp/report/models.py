@@ -1,10 +1,8 @@
 """Which model a report is about: named (its label and the one name its files in ``data/`` carry),
-and never its own twin. Loading is `phaseinterp.load` (`phaseinterp.models.loading`); the old
-loaders here are deprecated aliases of it."""
+and never its own twin. Loading is `phaseinterp.load` (`phaseinterp.models.loading`)."""
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import Union
 
@@ -12,26 +10,8 @@ from phaseinterp import zoo
 from phaseinterp._checks import check_device
 from phaseinterp.errors import UserInputError
 from phaseinterp.models import loading
-from phaseinterp.models.loading import check_source, peek
+from phaseinterp.models.loading import peek
 from phaseinterp.models.protocol import model_label as label
-
-
-def _deprecated(old: str, new: str) -> None:
-    warnings.warn(f"phaseinterp.report.{old} is deprecated and will be removed after 0.3; use {new}",
-                  DeprecationWarning, stacklevel=3)
-
-
-def check_model_source(model_or_name) -> None:
-    """Deprecated: `phaseinterp.models.loading.check_source` (a model object passes)."""
-    _deprecated("check_model_source", "phaseinterp.models.loading.check_source")
-    if isinstance(model_or_name, (str, Path)):
-        check_source(model_or_name)
-
-
-def peek_model(model_or_name):
-    """Deprecated: `phaseinterp.models.loading.peek`."""
-    _deprecated("peek_model", "phaseinterp.models.loading.peek")
-    return peek(model_or_name)
 
 
 def as_model(model_or_name, device=None):
@@ -41,12 +21,6 @@ def as_model(model_or_name, device=None):
     if not isinstance(model_or_name, (str, Path)):
         return model_or_name.eval()
     return loading.load(model_or_name, device=device)
-
-
-def load_model(model_or_name, device=None):
-    """Deprecated: `phaseinterp.load` (which takes every zoo name and checkpoint folder of both families)."""
-    _deprecated("load_model", "phaseinterp.load")
-    return as_model(model_or_name, device)
 
 
 def check_twin(model, twin) -> None:

@@ -20,11 +20,9 @@ What differs from the real models, and why:
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import shutil
-import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -202,22 +200,3 @@ def load(name: str, device=None):
     if device is not None:
         model.to(device)
     return model
-
-
-def main(argv: Optional[list[str]] = None) -> None:
-    """``python -m phaseinterp.zoo.deepseek_v4 NAME [--out DIR] [--steps N] [--no-install]``, deprecated (one
-    more release): ``phaseinterp zoo build NAME [--out-dir DIR] [--steps N] [--no-install]`` runs the same `build`."""
-    warnings.warn("`python -m phaseinterp.zoo.deepseek_v4` is deprecated and will be removed in the next release; "
-                  "use `phaseinterp zoo build`", DeprecationWarning, stacklevel=2)
-    parser = argparse.ArgumentParser(prog="python -m phaseinterp.zoo.deepseek_v4",
-                                     description="Deprecated: use `phaseinterp zoo build NAME`.")
-    parser.add_argument("name", choices=sorted(RECIPES))
-    parser.add_argument("--out", default=None, help="run directory (default runs/zoo/NAME)")
-    parser.add_argument("--steps", type=int, default=None, help="override the recipe's step count")
-    parser.add_argument("--no-install", action="store_true")
-    args = parser.parse_args(argv)
-    build(args.name, args.out, install=not args.no_install, steps=args.steps)
-
-
-if __name__ == "__main__":
-    main()

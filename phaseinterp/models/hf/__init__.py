@@ -17,7 +17,7 @@ import torch
 
 from phaseinterp._checks import check_device_map, check_dtype
 from phaseinterp._files import check_read_path
-from phaseinterp.errors import MissingPathError, UserInputError, keyword_options
+from phaseinterp.errors import MissingPathError, UserInputError
 from phaseinterp.models.hf.config import DeepseekV4HookedConfig, config_from_dict
 from phaseinterp.models.hf.deepseek_v4 import SIDECAR_FILE, HookedDeepseekV4
 from phaseinterp.models.hf.offload import check_max_memory
@@ -27,7 +27,6 @@ SUPPORTED_MODEL_TYPES = ("deepseek_v4",)
 _WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "*.safetensors.index.json")
 
 
-@keyword_options("name")
 def from_hf(hf_model: Any, *, name: Optional[str] = None) -> HookedDeepseekV4:
     """Wrap a loaded ``DeepseekV4ForCausalLM`` (weights shared, numerics unchanged; eval mode).
 
@@ -55,7 +54,6 @@ def from_hf(hf_model: Any, *, name: Optional[str] = None) -> HookedDeepseekV4:
     return model
 
 
-@keyword_options("device_map", "dtype", "name")
 def load_hf(path: Union[str, Path], *, device_map: Union[str, dict, None] = None, dtype: Any = None,
             name: Optional[str] = None, max_memory: Optional[dict] = None,
             offload_folder: Union[str, Path, None] = None) -> HookedDeepseekV4:

@@ -10,8 +10,6 @@ prints the table (no argument: transformers' default ``DeepseekV4Config``, the V
 from __future__ import annotations
 
 import json
-import sys
-import warnings
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -343,17 +341,3 @@ def memory_plan(config: Union[str, Path, Any, None] = None, lengths: tuple[int, 
                 row[f"devices_{size}gb"] = None if act >= cap else max(1, -(-(fm.weights + state) // (cap - act)))
             rows.append(row)
     return rows
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m phaseinterp.models.hf.memory [config.json|DIR]``, deprecated (one more release):
-    ``phaseinterp memory-plan [config.json|DIR]`` prints the same."""
-    warnings.warn("`python -m phaseinterp.models.hf.memory` is deprecated and will be removed in the next release; "
-                  "use `phaseinterp memory-plan`", DeprecationWarning, stacklevel=2)
-    argv = sys.argv[1:] if argv is None else argv
-    print(format_estimate(estimate_memory(argv[0] if argv else None)))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
