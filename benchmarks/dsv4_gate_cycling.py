@@ -2,7 +2,7 @@
 
     python benchmarks/dsv4_gate_cycling.py [--model dsv4-tiny] [--n-per-residue 72]
 
-`gate_cycling` with shifts 1..S-1 on the CSA layers only (both halves of each slot move
+`gate_cycling_profile` with shifts 1..S-1 on the CSA layers only (both halves of each slot move
 together; the HCA layer is left alone). Prints accuracy per shift x phase and the scores
 (R^2 of the parameter-free prediction A_d(r) = A_0((r - d) mod S), boundary excluded; with
 S = 4 each per-shift score rests on 3 points).
