@@ -310,7 +310,21 @@ def main(argv=None) -> int:
     p.add_argument("--tokenizer", default="~/phaseinterp-runs/tokenizer-py-4k")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--threads", type=int, default=1)
+    i = sub.add_parser("install", help="install a natural-text zoo model (phaseinterp.zoo.TEXT_ENTRIES) from its arm's run")
+    i.add_argument("--root", required=True, help="the runs' folder (read only)")
+    i.add_argument("--name", required=True, help="the zoo name (py-w4s4, py-full)")
+    i.add_argument("--tokenizer", default="~/phaseinterp-runs/tokenizer-py-4k")
     args = parser.parse_args(argv)
+    if args.verb == "install":
+        from phaseinterp import zoo
+
+        entry = zoo.TEXT_ENTRIES.get(args.name)
+        if entry is None:
+            print(f"--name: unknown natural-text zoo model {args.name!r}; valid: {sorted(zoo.TEXT_ENTRIES)}", file=sys.stderr)
+            return 2
+        root = Path(os.path.expanduser(args.root))
+        print(zoo.install_text(args.name, root / entry.arm, os.path.expanduser(args.tokenizer)))
+        return 0
     if args.verb == "train":
         torch.set_num_threads(args.threads)
         return train(args)

@@ -133,14 +133,15 @@ def check_source(name_or_path, *, name: str = "model") -> str:
         if text in hf_zoo.available():
             _need_transformers(f"zoo model {text!r} is a Hugging Face DeepSeek-V4 checkpoint")
         return "zoo"
-    if text in zoo.ENTRIES or text in hf_zoo.RECIPES:
+    if text in zoo.ENTRIES or text in hf_zoo.RECIPES or text in zoo.TEXT_ENTRIES:
+        command = zoo.TEXT_ENTRIES[text].command if text in zoo.TEXT_ENTRIES else f"phaseinterp zoo build {text}"
         raise MissingPathError(f"zoo model {text!r} is a recipe without a shipped checkpoint; build it with "
-                               f"`phaseinterp zoo build {text}` (shipped: {', '.join(shipped)})")
+                               f"`{command}` (shipped: {', '.join(shipped)})")
     if path.is_dir():
         raise UserInputError(f"{shown_path(name, given)} is not a checkpoint (a folder without config.json); "
                              f"accepted: {ACCEPTED}")
     raise UserInputError(f"{name}={text!r} is neither a shipped zoo model ({', '.join(shipped)}) nor a checkpoint "
-                         f"directory (with config.json){nearest_name(text, list(zoo.ENTRIES) + list(hf_zoo.RECIPES))}"
+                         f"directory (with config.json){nearest_name(text, [*zoo.ENTRIES, *zoo.TEXT_ENTRIES, *hf_zoo.RECIPES])}"
                          f"; accepted: {ACCEPTED}")
 
 

@@ -39,8 +39,10 @@ from phaseinterp._files import atomic_write_text, check_read_path, move_into_pla
 from phaseinterp.config import CompressedConfig
 from phaseinterp.errors import MissingPathError, UserInputError  # the user's paths and names: one line, exit 2
 from phaseinterp.models import CompressedTransformer
-from phaseinterp.tasks import KeyValueRetrieval, resolve_task
-from phaseinterp.train import TrainConfig, train
+from phaseinterp.tasks import IdentifierRecall, KeyValueRetrieval, resolve_task
+from phaseinterp.train import TextTokenizer, TrainConfig, train
+from phaseinterp.train.corpus import TokenizedCorpus
+from phaseinterp.train.pretrain import load_snapshot
 from phaseinterp.zoo import deepseek_v4 as hf_zoo
 from phaseinterp.zoo.task import TASK
 
@@ -228,6 +230,32 @@ ENTRIES: dict[str, ZooEntry] = {
 }
 
 
+@dataclass(frozen=True)
+class TextEntry:
+    """A zoo model pretrained on natural text, not trained by the zoo's recipe: a kept snapshot of one arm
+    of `benchmarks/pretrain_python_code.py` (2 layers at ``cpu-small`` widths, 256-token Python source,
+    benchmarks/RESULTS.md "Natural text"), installed with its tokenizer (``tokenizer/``) and its
+    evaluation task, `IdentifierRecall` on the run's held-out code (``metadata["task"]``)."""
+
+    name: str
+    description: str
+    arm: str  # the run's folder under the benchmark's --root
+    step: int  # the kept snapshot that ships
+
+    @property
+    def command(self) -> str:
+        return (f"python benchmarks/pretrain_python_code.py train --root RUNS, then python "
+                f"benchmarks/pretrain_python_code.py install --root RUNS --name {self.name}")
+
+
+TEXT_ENTRIES: dict[str, TextEntry] = {e.name: e for e in (
+    TextEntry("py-w4s4", "natural text: 2 layers, W = S = 4, pretrained on Python source (49.2M tokens, seed 0); "
+              "task: identifier recall in held-out code", "w4s4-s0", 24000),
+    TextEntry("py-full", "natural text: py-w4s4's full-attention twin (same backbone, recipe and seed, no "
+              "compression)", "full-s0", 24000),
+)}
+
+
 def equal_training_step(curves_a, curves_b, min_mean: float = LEARNED_MEAN) -> int:
     """The equal-training snapshot of two runs: the first step at which BOTH have learned the task.
 
@@ -313,14 +341,15 @@ def cycling_model_for(stride: int) -> Optional[str]:
 def available() -> list[str]:
     """Names of the zoo models whose checkpoints ship with this installation, both families: the
     own `CompressedTransformer` entries, then the HF-format DeepSeek-V4s (`zoo.deepseek_v4`)."""
-    return [name for name in ENTRIES if (CHECKPOINT_DIR / name / "config.json").is_file()] + hf_zoo.available()
+    own = [name for name in [*ENTRIES, *TEXT_ENTRIES] if (CHECKPOINT_DIR / name / "config.json").is_file()]
+    return own + hf_zoo.available()
 
 
 def catalog() -> list[tuple[str, bool, str, str]]:
     """``(name, shipped, description, rebuild command)`` for every zoo model of both families
     (what ``phaseinterp zoo list`` prints)."""
     shipped = set(available())
-    rows = [(name, name in shipped, e.description, e.command) for name, e in ENTRIES.items()]
+    rows = [(name, name in shipped, e.description, e.command) for name, e in [*ENTRIES.items(), *TEXT_ENTRIES.items()]]
     return rows + [(name, name in shipped, r.description, r.command) for name, r in hf_zoo.RECIPES.items()]
 
 
@@ -329,6 +358,9 @@ def entry(name: str) -> ZooEntry:
         raise UserInputError(f"zoo model {name!r} is a Hugging Face DeepSeek-V4 recipe (phaseinterp.zoo.deepseek_v4: "
                              f"`phaseinterp zoo build {name}`), not one of the own family's recipes "
                              f"({', '.join(ENTRIES)})")
+    if isinstance(name, str) and name in TEXT_ENTRIES:
+        raise UserInputError(f"zoo model {name!r} is pretrained on natural text, not by the zoo's recipe: rebuild it "
+                             f"with `{TEXT_ENTRIES[name].command}`")
     check_name("name", name, list(ENTRIES), shown=f"unknown zoo model {name!r}", what="a recipe of the zoo",
                where="`phaseinterp zoo list` lists them")
     return ENTRIES[name]
@@ -346,13 +378,11 @@ def load(name: str, device=None):
         raise UserInputError(f"name={name!r} is not a zoo name (a string; `phaseinterp zoo list`)")
     if name in hf_zoo.RECIPES:
         return hf_zoo.load(name, device=device)
-    entry(name)
+    command = TEXT_ENTRIES[name].command if name in TEXT_ENTRIES else entry(name).command
     path = CHECKPOINT_DIR / name
     if not (path / "config.json").is_file():
-        raise MissingPathError(
-            f"zoo model {name!r} is known but its checkpoint is not in {path}; build it with "
-            f"`phaseinterp zoo build {name}`"
-        )
+        raise MissingPathError(f"zoo model {name!r} is known but its checkpoint is not in {path}; build it with "
+                               f"`{command}`")
     model = CompressedTransformer.from_pretrained(path, device=device)
     model.eval()
     return model
@@ -417,11 +447,40 @@ def install_snapshot(name: str, source: Union[str, Path], curves, metadata: dict
     return target
 
 
+def install_text(name: str, run_dir: Union[str, Path], tokenizer: Union[str, Path]) -> Path:
+    """Install natural-text zoo model ``name`` (`TEXT_ENTRIES`) from its pretraining run ``run_dir`` (the
+    entry's kept ``step``) and the run's ``tokenizer`` folder: the weights, the tokenizer (``tokenizer/``)
+    and the evaluation task, `IdentifierRecall` on the run's held-out split, in ``metadata["task"]``.
+    Atomic, as `install_snapshot`."""
+    check_name("name", name, list(TEXT_ENTRIES), what="a natural-text zoo model")
+    e = TEXT_ENTRIES[name]
+    run = check_read_path(run_dir, "a pretraining run folder", name="run_dir", expect="folder")
+    tok_dir = check_read_path(tokenizer, "a tokenizer folder", name="tokenizer", expect="folder")
+    tok = TextTokenizer(tok_dir)
+    model = load_snapshot(run, e.step)
+    manifest = json.loads((run / "data" / "manifest.json").read_text())
+    if manifest.get("tokenizer_sha256") != tok.sha256:
+        raise UserInputError(f"tokenizer={str(tokenizer)!r} is not the tokenizer run_dir={str(run_dir)!r} was trained "
+                             "with (its sha256 differs from the run's token cache)")
+    # the benchmark's probe 2, as RESULTS scores it: 256-token prompts (the training length), the defaults
+    task = IdentifierRecall.from_tokenizer(tok, TokenizedCorpus(run / "data", manifest).tokens("heldout"))
+    model.metadata.update({"task": task.to_dict(), "task_type": "IdentifierRecall", "zoo_name": name,
+                           "description": e.description, "command": e.command, "arm": e.arm})
+    target = CHECKPOINT_DIR / name
+    tmp = CHECKPOINT_DIR / f".{name}.tmp"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    model.save_pretrained(tmp)
+    shutil.copytree(tok_dir, tmp / "tokenizer")
+    move_into_place(tmp, target)
+    return target
+
+
 def recipe() -> dict[str, Any]:
     """The shared recipe, as recorded with every checkpoint."""
     return {"backbone": BACKBONE, "task": TASK, "train": json.loads(json.dumps(TRAIN, default=list))}
 
 
-__all__ = ["ENTRIES", "EQUAL_TRAINING", "LEARNED_MEAN", "ZooEntry", "available", "build", "entry",
-           "catalog", "cycling_model_for", "equal_training_step", "install_snapshot", "load", "recipe", "run_curves", "snapshot_step", "task_for",
+__all__ = ["ENTRIES", "EQUAL_TRAINING", "LEARNED_MEAN", "TEXT_ENTRIES", "TextEntry", "ZooEntry", "available", "build",
+           "entry", "catalog", "cycling_model_for", "equal_training_step", "install_snapshot", "install_text", "load", "recipe", "run_curves", "snapshot_step", "task_for",
            "training_controls"]
