@@ -145,6 +145,6 @@ def test_an_option_by_position_is_python_s_type_error(w4s4):
         pi.phase_profile(w4s4, task, 72)
     with pytest.raises(TypeError, match="positional"):
         pi.shift_gates(w4s4, 1, [0])
-    with pytest.raises(TypeError, match="positional"):
+    with pytest.raises(pi.errors.UserInputError, match="sharded_profile: too many positional arguments"):
         parallel.sharded_profile(w4s4, task, 72, out_dir="unused")
     assert _positional(parallel.sharded_profile) == ["model", "task"]

@@ -39,6 +39,7 @@ from jaxtyping import config as jaxtyping_config
 
 import phaseinterp as pi
 from phaseinterp import CompressedConfig, CompressedTransformer
+from phaseinterp._checks import experiment
 from phaseinterp.errors import UserInputError
 from phaseinterp.tasks import KeyValueRetrieval
 
@@ -64,8 +65,12 @@ def U(fn):
     own checks are what the fuzzer tests (as ``_unchecked`` in test_bad_inputs). Only jaxtyping's
     wrapper is removed: ``@torch.inference_mode()`` and other decorators of our own stay."""
     code = getattr(fn, "__code__", None)
-    return fn.__wrapped__ if code is not None and "jaxtyping" in code.co_filename and hasattr(fn, "__wrapped__") \
-        else fn  # inputs tried per class (printed by test_report_counts; RESULTS quotes them)
+    if code is None or "jaxtyping" not in code.co_filename or not hasattr(fn, "__wrapped__"):
+        return fn
+    inner, spec_type = fn.__wrapped__, getattr(fn, "__spec_type__", None)
+    if spec_type is not None and not hasattr(inner, "__spec_type__"):  # fn made the experiment's spec: keep that
+        return experiment(spec_type)(inner)
+    return inner
 
 # ----------------------------------------------------------------- values
 HUGE = 10**12
