@@ -25,7 +25,7 @@ _NAMES = {
     "TwoAxisProfile": "phaseinterp.profile",
     "phase_profile": "phaseinterp.profile",
     "ProfileSpec": "phaseinterp.profile",
-    "engine_profile": "phaseinterp.profile",  # phase_profile of a served model (journaled, retried)
+    "engine_profile": "phaseinterp.engines.profile",  # phase_profile of a served model (journaled, retried)
     "profile_from_lm_eval": "phaseinterp.engines.lm_eval",  # lm-eval's logged samples as a PhaseProfile
     "AblationResult": "phaseinterp.interventions",
     "AblationSpec": "phaseinterp.interventions",  # each experiment's options, checked once (phaseinterp._checks.Spec)

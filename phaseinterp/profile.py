@@ -2,7 +2,6 @@
 (docs/science.md, "Evaluation protocol")."""
 
 import inspect
-import os
 from dataclasses import dataclass
 from typing import Any, no_type_check
 
@@ -18,7 +17,7 @@ from phaseinterp.models.protocol import phase_model
 from phaseinterp._checks import (DEFAULT_N_PER_RESIDUE, INTERVALS, ProfileOptions, check_device, check_every_residue, check_fraction,
                                  check_int, check_n_per_residue, check_prompt_batch, env_flag, experiment)
 from phaseinterp.phase import check_residue_modulus
-from phaseinterp.results import Result
+from phaseinterp.results import Result, plotting
 from phaseinterp.tasks import resolve_task
 from phaseinterp.tasks.length_axis import check_axis, length_axis_batch
 
@@ -208,9 +207,7 @@ class PhaseProfile(Result):
 
     def plot(self) -> Any:
         """Plotly figure: accuracy vs residue with intervals, phases marked, and the folded phase profile."""
-        from phaseinterp.plot.profile import plot_profile  # plotting stays out of the core import path
-
-        return plot_profile(self)
+        return plotting().profile.plot_profile(self)
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -278,9 +275,7 @@ class TwoAxisProfile(Result):
 
     def plot(self) -> Any:
         """Plotly heatmap: target phase x prompt-length phase."""
-        from phaseinterp.plot.profile import plot_two_axis
-
-        return plot_two_axis(self)
+        return plotting().profile.plot_two_axis(self)
 
 
 def _logits(output: Any) -> torch.Tensor:
@@ -414,8 +409,8 @@ def phase_profile(
         model: any ``nn.Module`` mapping tokens ``[batch, pos]`` to logits ``[batch, pos, d_vocab]``
             (or an object with ``.logits``), with a ``cfg`` holding ``d_vocab``, ``n_ctx`` and
             ``stride`` (a full-attention twin keeps the reference stride there). An engine
-            (`phaseinterp.engines.Engine`) is profiled by `phaseinterp.engine_profile` (its
-            journaling and retry options are there); passed here it goes there with these options.
+            (`phaseinterp.engines.Engine`) is refused here: `phaseinterp.engine_profile` profiles it
+            (with these options, and its journaling and retries).
         task: a task with ``generate(n_per_residue, seed)`` (e.g. ``KeyValueRetrieval``,
             ``phaseinterp.zoo.task_for(model)``) or a ready ``TaskBatch`` (default: the task stored
             with the model, as for every experiment).
@@ -457,21 +452,18 @@ def phase_profile(
         spec: a ready `ProfileSpec` instead of the options above (not both).
 
     Returns a `PhaseProfile` (accuracies are fractions in [0, 1]). The model runs in eval mode
-    under ``torch.inference_mode`` and its training flag is restored afterwards. An engine
-    serving the same model gives identical records when it reports the whole vocabulary's
-    log-probs computed as here (tests/test_engine_profile.py).
+    under ``torch.inference_mode`` and its training flag is restored afterwards.
     """
-    if task is None and _is_engine(model):
-        raise UserInputError("phase_profile(engine) needs task=: an engine stores no evaluation task "
-                             "(e.g. task=phaseinterp.zoo.task_for(model) or a KeyValueRetrieval)")
+    if _is_engine(model):
+        raise UserInputError(f"model={model!r:.80} is an engine (a callable, not an nn.Module): profile it with "
+                             "phaseinterp.engine_profile(engine, task, stride=S), which journals and retries its "
+                             "requests")
     task = resolve_task(model, task)
     if not (hasattr(task, "generate") or hasattr(task, "tokens")):
         raise UserInputError(
             f"task={task!r} is neither a task (with .generate, e.g. KeyValueRetrieval) nor a TaskBatch; "
             "see phaseinterp.zoo.task_for(model)"
         )
-    if _is_engine(model):
-        return engine_profile(model, task, spec=spec, tokenizer=tokenizer)
     family = phase_model(model)  # any nn.Module with a cfg: GenericModel
     stride = spec.stride_of(model)
     batch = spec.prompts(task, stride, tokenizer)
@@ -481,73 +473,6 @@ def phase_profile(
     if family.is_compressed and own is not None and stride != own:
         label += f" [re-folded by S={stride}; the model's own stride is {own}]"  # a deliberate choice, shown
     return spec.result(records, batch.residue_modulus, stride, label)
-
-
-@experiment(ProfileSpec)
-def engine_profile(
-    engine: Any,
-    task: Any,
-    *,
-    n_per_residue: int = DEFAULT_N_PER_RESIDUE,
-    seed: int = 0,
-    batch_size: int = 64,
-    device: str | torch.device | None = None,
-    stride: int | None = None,
-    label: str | None = None,
-    confidence: float = 0.95,
-    interval: str = "auto",
-    n_bootstrap: int = 2000,
-    n_permutations: int = 1999,
-    progress: bool = True,
-    axis: str = "target",
-    hold: int | None = None,
-    length_modulus: int | None = None,
-    tokenizer: Any = None,
-    resume_dir: str | os.PathLike | None = None,
-    retries: int = 3,
-    retry_wait: float = 1.0,
-    spec: ProfileSpec | None = None,
-) -> "PhaseProfile | TwoAxisProfile":
-    """`phase_profile` of the model behind ``engine``: each prompt goes to it as token ids up to its
-    answer position, and the profile is built from its answers (`phaseinterp.engines.answers`: the
-    prediction is the argmax of the log-probs it reports, the whole vocabulary or its top-k, ties to
-    the lowest id; an answer outside the reported top-k is wrong and its ``answer_logprob`` is NaN).
-
-    The options are `phase_profile`'s (a `ProfileSpec`), with ``stride`` required (an engine does not
-    report it), ``device`` refused (it runs where it is served) and ``label`` defaulting to
-    ``engine.name``. Its own:
-        resume_dir: a folder journaling every finished batch of answers, written atomically; a rerun
-            with the same folder asks only for the rest (default: none).
-        retries: further tries of a batch that fails with a network or server error, waiting
-            ``retry_wait * 2**k`` seconds (at most 60) before try ``k + 1`` (defaults 3 and 1.0).
-        tokenizer: passed to ``task.generate(..., tokenizer=)``; its size must not exceed the engine's
-            ``d_vocab``.
-
-    An engine serving the same model gives the in-process profile's records exactly when it reports
-    the whole vocabulary's log-probs computed as there (tests/test_engine_profile.py).
-    """
-    from phaseinterp.engines.answers import check_engine, check_ids_fit, engine_answers  # engines/ sit above profile
-
-    name = check_engine(engine)
-    if task is None:
-        raise UserInputError("engine_profile(engine, task) needs task=: an engine stores no evaluation task "
-                             "(e.g. task=phaseinterp.zoo.task_for(model) or a KeyValueRetrieval)")
-    if spec.device is not None:
-        raise UserInputError(f"device={spec.device!r} does not apply to an engine (it runs where it is served); drop it")
-    if spec.stride is None:
-        raise UserInputError(f"engine_profile needs stride=: the compression stride S of the model behind {name!r} "
-                             "(an engine does not report it)")
-    d_vocab = getattr(engine, "d_vocab", None)
-    size = len(tokenizer) if tokenizer is not None and hasattr(tokenizer, "__len__") else None
-    if d_vocab is not None and size is not None and size > d_vocab:
-        raise UserInputError(f"the tokenizer has {size} tokens but engine {name!r} has d_vocab={d_vocab}: it is not "
-                             "the served model's tokenizer (its ids could fall outside the model's vocabulary)")
-    batch = spec.prompts(task, spec.stride, tokenizer)
-    check_ids_fit(batch, d_vocab, f"engine {name!r}")
-    answers = engine_answers(engine, batch, batch_size=spec.batch_size, resume_dir=resume_dir, retries=retries,
-                             retry_wait=retry_wait, progress=spec.progress)
-    records = records_frame(batch, spec.stride, answers.predicted, answers.answer_logprob)
-    return spec.result(records, batch.residue_modulus, spec.stride, name if spec.label is None else spec.label)
 
 
 def profile_records(model: Any, batch: Any, spec: ProfileSpec, stride: int) -> pd.DataFrame:

@@ -129,10 +129,10 @@ def test_an_experiments_clean_run_is_the_default_profile(w4s4, default_profile):
     assert np.array_equal(reused.correct, cycling.correct)
 
 
-def test_phase_profile_of_an_engine_needs_a_task():
+def test_phase_profile_refuses_an_engine_naming_engine_profile():
     from phaseinterp.engines import CacheEngine
 
-    with pytest.raises(pi.errors.UserInputError, match="needs task="):
+    with pytest.raises(pi.errors.UserInputError, match=r"is an engine .* phaseinterp\.engine_profile\(engine, task"):
         pi.phase_profile(CacheEngine(pi.load("w4s4")), stride=4, progress=False)
 
 

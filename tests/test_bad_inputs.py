@@ -805,7 +805,7 @@ def _device_calls():
         "phaseinterp.parallel.runs:sharded_profile": lambda m, t: pi.parallel.sharded_profile(
             m, TASK, n_per_residue=23, out_dir=t / "s", device=BAD_DEVICE),
         "phaseinterp.profile:phase_profile": lambda m, t: pi.phase_profile(m, batch, device=BAD_DEVICE),
-        "phaseinterp.profile:engine_profile": lambda m, t: pi.engine_profile(pi.engines.CacheEngine(m), batch, stride=4,
+        "phaseinterp.engines.profile:engine_profile": lambda m, t: pi.engine_profile(pi.engines.CacheEngine(m), batch, stride=4,
                                                                              device=BAD_DEVICE),
         # the options' __init__ (declared in _checks) is the spec's: the spec checks its device
         "phaseinterp._checks:ProfileOptions.__init__": lambda m, t: pi.ProfileSpec(device=BAD_DEVICE),
@@ -890,7 +890,7 @@ DEVICE_IDS = ["phaseinterp.interventions.ablation:ablate",
               "phaseinterp.models.transformer:CompressedTransformer.from_pretrained",
               "phaseinterp.parallel.runs:sharded_ablate", "phaseinterp.parallel.runs:sharded_gate_cycling_profile",
               "phaseinterp.parallel.runs:sharded_profile", "phaseinterp.profile:phase_profile",
-              "phaseinterp.profile:engine_profile", "phaseinterp._checks:ProfileOptions.__init__",
+              "phaseinterp.engines.profile:engine_profile", "phaseinterp._checks:ProfileOptions.__init__",
               "phaseinterp._checks:AblationOptions.__init__",
               "phaseinterp.models.loading:load", "phaseinterp.report.models:as_model",
               "phaseinterp.report.build:build_report",

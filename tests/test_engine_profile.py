@@ -1,5 +1,5 @@
-"""Issue 34 (first half): `phase_profile(engine, task)` from an engine's answers. A zoo model served
-over HTTP by a local stand-in server gives records identical to the in-process profile; a server
+"""Issue 34 (first half): `engine_profile(engine, task)`, the phase profile from an engine's answers. A zoo
+model served over HTTP by a local stand-in server gives records identical to the in-process profile; a server
 that fails mid-run loses no answers (the resumed run completes with identical records); a Hugging
 Face tokenizer's task reaches the engine as the very ids it laid out; bad inputs are refused."""
 
@@ -15,12 +15,12 @@ import torch
 from jaxtyping import install_import_hook
 
 with install_import_hook("phaseinterp.engines", "typecheck.typecheck"):
-    from phaseinterp.engines import CacheEngine, OpenAIEngine
+    from phaseinterp.engines import CacheEngine, OpenAIEngine, engine_profile
     from phaseinterp.engines.answers import JOURNAL_FILE, engine_answers
 
 import phaseinterp as pi
 from phaseinterp.errors import EngineError, UserInputError
-from phaseinterp.profile import PhaseProfile, engine_profile, phase_profile
+from phaseinterp.profile import PhaseProfile, phase_profile
 
 N = 72  # the smallest size the zoo task moment-matches (T = 128, R = 24): 1,728 prompts
 
@@ -132,7 +132,7 @@ def sent_prompts(batch):
 def test_served_zoo_model_profile_equals_the_in_process_profile(w4s4, in_process, serve):
     model, task = w4s4
     server = serve()
-    served = phase_profile(engine_for(server, model), task, n_per_residue=N, stride=4, label=in_process.label, progress=False)
+    served = engine_profile(engine_for(server, model), task, n_per_residue=N, stride=4, label=in_process.label, progress=False)
     pd.testing.assert_frame_equal(served.records, in_process.records, check_exact=True)
     assert served == in_process  # every statistic, the period test and the records
     assert served.to_dict() == in_process.to_dict()
@@ -145,7 +145,7 @@ def test_served_zoo_model_profile_equals_the_in_process_profile(w4s4, in_process
 def test_top_k_engine_counts_an_unreported_answer_wrong(w4s4, in_process, serve):
     model, task = w4s4
     server = serve()
-    served = phase_profile(engine_for(server, model, top_logprobs=3), task, n_per_residue=N, stride=4, label=in_process.label,
+    served = engine_profile(engine_for(server, model, top_logprobs=3), task, n_per_residue=N, stride=4, label=in_process.label,
                            progress=False)
     mine, ref = served.records, in_process.records
     assert (mine["predicted"] == ref["predicted"]).all() and (mine["correct"] == ref["correct"]).all()
@@ -161,7 +161,7 @@ def test_in_process_engine_gives_the_same_correctness(w4s4, in_process):
     from another path (full forward vs last position), so they agree to 1e-5, not bit for bit."""
     model, task = w4s4
     every = slice(0, 1728, 36)  # 2 prompts per residue (the full forward at every position is slow)
-    served = phase_profile(CacheEngine(model), task.generate(N, seed=0).subset(every), stride=4, progress=False)
+    served = engine_profile(CacheEngine(model), task.generate(N, seed=0).subset(every), stride=4, progress=False)
     assert served.label == "reference"
     ref = in_process.records.iloc[every].reset_index(drop=True)
     assert (served.records["predicted"] == ref["predicted"]).all()
@@ -236,7 +236,7 @@ def test_server_protocol_faults_are_user_input_errors(w4s4, serve, fault, messag
     model, task = w4s4
     server = serve(fault=fault)
     with pytest.raises(UserInputError, match=message + r".*0 of 1728 answers had been received"):
-        phase_profile(engine_for(server, model), task, n_per_residue=N, stride=4, progress=False)
+        engine_profile(engine_for(server, model), task, n_per_residue=N, stride=4, progress=False)
     assert server.requests == 1  # not retried: the same request would fail the same way
 
 
@@ -251,9 +251,9 @@ def test_engine_needs_a_stride_and_no_device(w4s4):
     model, task = w4s4
     engine = CacheEngine(model)
     with pytest.raises(UserInputError, match="needs stride="):
-        phase_profile(engine, task, n_per_residue=N, progress=False)
+        engine_profile(engine, task, n_per_residue=N, progress=False)
     with pytest.raises(UserInputError, match="device='cpu' does not apply to an engine"):
-        phase_profile(engine, task, n_per_residue=N, stride=4, device="cpu", progress=False)
+        engine_profile(engine, task, n_per_residue=N, stride=4, device="cpu", progress=False)
     with pytest.raises(TypeError, match="unexpected keyword argument 'resume_dir'"):  # engine_profile's option
         phase_profile(model, task, n_per_residue=N, resume_dir="x", progress=False)
 
@@ -289,7 +289,7 @@ def test_needle_task_from_a_hugging_face_tokenizer_reaches_the_engine_as_laid_ou
     text = tokenizer.decode(batch.tokens[0].tolist())
     assert tokenizer.encode(text, add_special_tokens=False) == batch.tokens[0].tolist()  # the ids round-trip
     server = serve()
-    profile = phase_profile(engine_for(server, model, top_logprobs=5), task, n_per_residue=6, seed=3, stride=4,
+    profile = engine_profile(engine_for(server, model, top_logprobs=5), task, n_per_residue=6, seed=3, stride=4,
                             tokenizer=tokenizer, progress=False)
     assert server.received == sent_prompts(batch)  # no re-tokenization: the ids sent are the ids laid out
     assert profile.modulus == 4 and int(profile.residue_n.sum()) == 24
@@ -303,13 +303,13 @@ def test_a_tokenizer_that_does_not_match_the_engine_is_refused_before_any_reques
     engine = engine_for(server, model, top_logprobs=5)
     bigger = word_level_tokenizer(vocab.tokens + ("<unk>",))  # 109 tokens for a 108-token model
     with pytest.raises(UserInputError, match="the tokenizer has 109 tokens but engine 'openai:w4s4' has d_vocab=108"):
-        phase_profile(engine, needle_task(), n_per_residue=6, stride=4, tokenizer=bigger, progress=False)
+        engine_profile(engine, needle_task(), n_per_residue=6, stride=4, tokenizer=bigger, progress=False)
     # a task laid out by a 108-token tokenizer, sent to an engine whose model has 60 tokens
     batch = needle_task().generate(6, seed=0, tokenizer=word_level_tokenizer(vocab.tokens))
     small = OpenAIEngine(server.url, "w4s4", d_vocab=60, top_logprobs=5)
     with pytest.raises(UserInputError, match=r"token id \d+ of the task is out of range for engine 'openai:w4s4''s "
                                              r"d_vocab=60 \(0\.\.59\)"):
-        phase_profile(small, batch, stride=4, progress=False)
+        engine_profile(small, batch, stride=4, progress=False)
     assert server.requests == 0
 
 

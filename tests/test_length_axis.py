@@ -13,7 +13,7 @@ with install_import_hook("phaseinterp.tasks.length_axis", "typecheck.typecheck")
 
 import phaseinterp as pi
 from phaseinterp.cli import main
-from phaseinterp.engines import CacheEngine
+from phaseinterp.engines import CacheEngine, engine_profile
 from phaseinterp.errors import UserInputError
 from phaseinterp.profile import PhaseProfile, TwoAxisProfile, phase_profile
 from phaseinterp.tasks import KeyValueRetrieval
@@ -49,14 +49,14 @@ def w4s4():
 
 def test_a_length_bug_shows_on_the_length_axis_and_not_on_the_target_axis():
     engine = OracleEngine(LONG.vocab.size)
-    length = phase_profile(engine, LONG, n_per_residue=48, stride=4, axis="length", progress=False)
+    length = engine_profile(engine, LONG, n_per_residue=48, stride=4, axis="length", progress=False)
     assert length.axis == "length" and length.modulus == 24
     acc = length.residue_accuracy
     lengths = np.arange(24)
     np.testing.assert_array_equal(acc[lengths % 4 == 3], 0.0)
     np.testing.assert_array_equal(acc[lengths % 4 != 3], 1.0)
     assert length.period == 4 and length.period_p_value < 0.01
-    target = phase_profile(engine, LONG, n_per_residue=48, stride=4, progress=False)
+    target = engine_profile(engine, LONG, n_per_residue=48, stride=4, progress=False)
     assert target.axis == "target" and target.period is None  # 192 = 0 mod 4: every target phase answered right
     np.testing.assert_array_equal(target.residue_accuracy, 1.0)
 
@@ -109,7 +109,7 @@ def test_both_axes_cover_every_cell_equally():
 def test_engine_and_in_process_agree_on_the_length_axis(w4s4):
     task = pi.zoo.task_for(w4s4)
     here = phase_profile(w4s4, task, n_per_residue=96, axis="length", progress=False)
-    served = phase_profile(CacheEngine(w4s4), task, n_per_residue=96, stride=4, axis="length", progress=False,
+    served = engine_profile(CacheEngine(w4s4), task, n_per_residue=96, stride=4, axis="length", progress=False,
                            label=here.label)
     np.testing.assert_array_equal(here.records["correct"], served.records["correct"])
     np.testing.assert_array_equal(here.residue_accuracy, served.residue_accuracy)

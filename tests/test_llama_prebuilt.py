@@ -376,7 +376,7 @@ def test_a_stale_prefix_cache_on_the_prebuilt_is_caught_where_it_breaks(prebuilt
 
 @pytest.mark.slow
 def test_prebuilt_engine_profile_predicts_as_phaseinterps_forward(prebuilt_engine_run):
-    """`phase_profile` of the prebuilt engine and of phaseinterp's DeepSeek-V4 forward (`load_hf`) on the same
+    """`engine_profile` of the prebuilt engine and `phase_profile` of phaseinterp's DeepSeek-V4 forward (`load_hf`) on the same
     16 prompts: the same prediction for every prompt, the answer's log-prob within `REFERENCE_TOLERANCE`."""
     import pandas as pd
 
@@ -392,11 +392,11 @@ def test_prebuilt_engine_profile_predicts_as_phaseinterps_forward(prebuilt_engin
 def _engine_main(gguf, release, out, cache_home):
     """Worker: conformance's warm mode of `LlamaCppEngine(backend="prebuilt")` against itself cold
     (``warm``), the same with a stale prefix cache (``stale``), the seq_rm refusal (``seq_rm.txt``), and
-    the records of `phase_profile` through the engine and through phaseinterp's forward."""
+    the records of `engine_profile` through the engine and of `phase_profile` through phaseinterp's forward."""
     import torch
 
     import phaseinterp as pi
-    from phaseinterp.engines import conformance
+    from phaseinterp.engines import conformance, engine_profile
     from phaseinterp.engines.check import donor_prompts
     from phaseinterp.engines.llama_cpp import LlamaCppEngine
     from phaseinterp.errors import UserInputError
@@ -437,7 +437,7 @@ def _engine_main(gguf, release, out, cache_home):
     except UserInputError as err:
         (out / "seq_rm.txt").write_text(str(err))
     batch = task.generate(4, seed=0, strict=False)
-    phase_profile(cold, batch, stride=4, progress=False).records.to_pickle(out / "profile_engine.pkl")
+    engine_profile(cold, batch, stride=4, progress=False).records.to_pickle(out / "profile_engine.pkl")
     phase_profile(model, batch, progress=False).records.to_pickle(out / "profile_forward.pkl")
     cold.close()
 

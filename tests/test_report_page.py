@@ -170,8 +170,14 @@ def test_report_reads_itself(report):
 def test_identical_logits_are_called_identical():
     from phaseinterp.report.sections.deepseek_v4 import _logit_check_words
 
-    assert "identical" in _logit_check_words(0.0) and "at most 0." not in _logit_check_words(0.0)
-    assert "at most 3e-06" in _logit_check_words(3e-6)
+    def summary(diff, tied=0, apart=0):
+        return {"wrapper_max_abs_logit_diff": diff, "indexer_rows_compared": 96, "indexer_rows_tied_apart": tied,
+                "indexer_rows_apart": apart}
+
+    assert "identical to plain transformers' (largest difference 0)" in _logit_check_words(summary(0.0))
+    assert "within 3e-06 of plain transformers'" in _logit_check_words(summary(3e-6))
+    assert "all 96 indexer rows up to exact ties (2 rows" in _logit_check_words(summary(0.0, tied=2))
+    assert "beyond exact ties in 1 of 96 rows" in _logit_check_words(summary(0.0, tied=2, apart=1))
 
 
 def test_report_figures_have_integer_phase_ticks_and_distinct_series(checkpoint, tmp_path):

@@ -17,10 +17,10 @@ from transformers import AutoTokenizer
 
 from phaseinterp._files import check_output_dir
 from phaseinterp.cli.args import UsageError
-from phaseinterp.engines import OpenAIEngine
+from phaseinterp.engines import OpenAIEngine, engine_profile
 from phaseinterp.models import loading
 from phaseinterp.models.loading import check_source, peek
-from phaseinterp.profile import ProfileSpec, engine_profile
+from phaseinterp.profile import ProfileSpec
 from phaseinterp.report import model_label
 from phaseinterp.tasks import NeedleRetrieval, resolve_task
 

@@ -3,7 +3,8 @@
 An engine is a callable ``tokens [batch, pos] -> next-token log-probs [batch, d_vocab]``
 (`Engine`). `conformance` runs the same phase-controlled prompts through the reference forward
 and through decoding, chunked prefill, a warm prefix cache, lower precision or any engine (an
-OpenAI-compatible server through `OpenAIEngine`), and reports agreement per phase.
+OpenAI-compatible server through `OpenAIEngine`), and reports agreement per phase;
+`engine_profile` is `phaseinterp.phase_profile` of the model an engine serves.
 """
 
 from phaseinterp.engines.adapters import (
@@ -29,8 +30,9 @@ from phaseinterp.engines.check import (
 )
 from phaseinterp.engines.llama_cpp import LlamaCppEngine  # llama_cpp itself is imported on first use
 from phaseinterp.engines.openai import OpenAIEngine
+from phaseinterp.engines.profile import engine_profile
 from phaseinterp.engines.result import ConformanceResult
 
 __all__ = ["CacheEngine", "ConformanceResult", "ConformanceSpec", "DEFAULT_MODES", "DEFAULT_TOLERANCE", "DTYPES", "Engine", "LlamaCppEngine",
            "MODES", "OpenAIEngine", "TransformersEngine", "WarmEngine", "cast_copy", "chunked_pieces", "conformance", "cut_period", "decode_pieces",
-           "engine_for", "full_pieces", "phase_table"]
+           "engine_for", "engine_profile", "full_pieces", "phase_table"]

@@ -39,7 +39,7 @@ from phaseinterp.interventions.knockout import calibration_mean_z, knockout_meas
 from phaseinterp.models.protocol import phase_model
 from phaseinterp.tasks import resolve_task
 from phaseinterp import stats
-from phaseinterp.results import Result, premise_entries
+from phaseinterp.results import Result, plotting, premise_entries
 from phaseinterp._checks import AblationOptions, experiment
 
 
@@ -316,9 +316,7 @@ class AblationResult(Result):
         }
 
     def plot(self, **kwargs):
-        from phaseinterp.plot import specialization_heatmap
-
-        return specialization_heatmap(self, **kwargs)
+        return plotting().specialization_heatmap(self, **kwargs)
 
 
 def _longest_circular_run(mask: np.ndarray) -> list[int]:

@@ -37,7 +37,7 @@ from phaseinterp.interventions.ablation import AblationResult, _units, ablate
 from phaseinterp.interventions.gate_cycling import gate_cycling_profile
 from phaseinterp.interventions.gate_shifts import cycling_fitness
 from phaseinterp.interventions.gate_stats import gate_profile
-from phaseinterp.results import Result, premise_entries
+from phaseinterp.results import Result, plotting, premise_entries
 from phaseinterp.tasks import resolve_task
 from phaseinterp.models.protocol import model_label as label_of, phase_model
 
@@ -335,9 +335,7 @@ class ConfirmResult(Result):
         return self.ablation_tests.copy()
 
     def plot(self, **kwargs):
-        from phaseinterp.plot.mechanisms import confirm_figure
-
-        return confirm_figure(self, **kwargs)
+        return plotting().mechanisms.confirm_figure(self, **kwargs)
 
 
 @no_type_check  # validate() checks each option and names it; a runtime type checker would preempt it

@@ -43,7 +43,7 @@ from phaseinterp.interventions.gate_shifts import (
     static_targets,
 )
 from phaseinterp import stats
-from phaseinterp.results import Result, premise_entries
+from phaseinterp.results import Result, plotting, premise_entries
 from phaseinterp._checks import CyclingOptions, experiment
 from phaseinterp.tasks import resolve_task
 from phaseinterp.interventions.unit_cycling import GateCyclingChecks
@@ -244,9 +244,7 @@ class CyclingResult(Result):
         }
 
     def plot(self, **kwargs):
-        from phaseinterp.plot import gate_cycling_figure
-
-        return gate_cycling_figure(self, **kwargs)
+        return plotting().gate_cycling_figure(self, **kwargs)
 
 
 def _answer_logits(model, tokens: torch.Tensor, answer_pos: int) -> torch.Tensor:

@@ -21,7 +21,7 @@ from phaseinterp.errors import UserInputError, applies_only, when_given
 from phaseinterp._checks import MAX_PROMPTS, GateProfileOptions, check_int, check_is_model, check_n_per_residue, experiment
 from phaseinterp.models.protocol import phase_model
 from phaseinterp.interventions._common import model_device
-from phaseinterp.results import Result, premise_entries
+from phaseinterp.results import Result, plotting, premise_entries
 from phaseinterp.tasks import resolve_task
 from phaseinterp.models.protocol import model_label as label_of
 
@@ -109,9 +109,7 @@ class GateProfile(Result):
         return out | premise_entries(self.premise_notes)
 
     def plot(self, **kwargs):
-        from phaseinterp.plot import gate_profile_figure
-
-        return gate_profile_figure(self, **kwargs)
+        return plotting().gate_profile_figure(self, **kwargs)
 
 
 @no_type_check  # validate() checks each option and names it; a runtime type checker would preempt it

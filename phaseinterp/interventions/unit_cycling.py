@@ -46,7 +46,7 @@ from phaseinterp.interventions.cycling_stats import (
 )
 from phaseinterp.interventions.knockout import calibration_mean_z, mean_replacement_hook, shifted_knockouts
 from phaseinterp.errors import UserInputError, applies_only, when_given
-from phaseinterp.results import Result, premise_entries
+from phaseinterp.results import Result, plotting, premise_entries
 from phaseinterp.tasks import resolve_task
 from phaseinterp.models.protocol import model_label as label_of, phase_model
 from phaseinterp.interventions.gate_shifts import (
@@ -346,9 +346,7 @@ class UnitCyclingResult(Result):
         }
 
     def plot(self, **kwargs):
-        from phaseinterp.plot import unit_cycling_figure
-
-        return unit_cycling_figure(self, **kwargs)
+        return plotting().unit_cycling_figure(self, **kwargs)
 
 
 # ---------------------------------------------------------------- the experiment

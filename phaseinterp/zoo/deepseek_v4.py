@@ -32,6 +32,7 @@ import torch
 from phaseinterp._checks import check_device
 from phaseinterp.errors import MissingPathError, UserInputError
 from phaseinterp.models.hf import load_hf
+from phaseinterp.models.hf.config import transformers_v4
 from phaseinterp.tasks import KeyValueRetrieval, task_from_dict
 from phaseinterp.tasks.hf_tokenizer import write_vocab_tokenizer
 from phaseinterp.train.deepseek_v4 import train_tiny
@@ -90,10 +91,8 @@ class TinyRecipe:
         return f"phaseinterp zoo build {self.name}"
 
     def hf_config(self, vocab_size: int):
-        from transformers import DeepseekV4Config
-
         n = len(self.layer_types)
-        return DeepseekV4Config(
+        return transformers_v4().DeepseekV4Config(
             vocab_size=vocab_size, hidden_size=self.hidden_size, num_hidden_layers=n,
             num_attention_heads=self.num_attention_heads, head_dim=self.head_dim,
             partial_rotary_factor=self.partial_rotary_factor, q_lora_rank=self.q_lora_rank,

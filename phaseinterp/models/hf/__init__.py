@@ -18,7 +18,7 @@ import torch
 from phaseinterp._checks import check_device_map, check_dtype
 from phaseinterp._files import check_read_path
 from phaseinterp.errors import MissingPathError, UserInputError
-from phaseinterp.models.hf.config import DeepseekV4HookedConfig, config_from_dict
+from phaseinterp.models.hf.config import DeepseekV4HookedConfig, config_from_dict, transformers_v4
 from phaseinterp.models.hf.deepseek_v4 import SIDECAR_FILE, HookedDeepseekV4
 from phaseinterp.models.hf.offload import check_max_memory
 from phaseinterp.models.hf.release_layout import inspect_checkpoint
@@ -100,8 +100,7 @@ def load_hf(path: Union[str, Path], *, device_map: Union[str, dict, None] = None
         raise MissingPathError(f"{path} has a config.json but no weights (*.safetensors or pytorch_model*.bin)")
     if offload_folder is not None and device_map is None:
         raise UserInputError(f"offload_folder={str(offload_folder)!r} needs device_map (e.g. device_map='auto')")
-    from transformers import DeepseekV4ForCausalLM
-
+    transformers = transformers_v4()
     files = None
     for weights in sorted(path.glob("*.safetensors")):
         check_safetensors_file(weights)
@@ -125,15 +124,13 @@ def load_hf(path: Union[str, Path], *, device_map: Union[str, dict, None] = None
         kwargs["offload_folder"] = str(offload_folder)
     dequantize = False
     if fp8 or fp4:
-        from transformers import FineGrainedFP8Config
-
         # FP4 experts beside float dense weights: transformers' FP8 modules would expect FP8 dense weights
         dequantize = not fp8_kernels_available() or not fp8
         quant = {k: v for k, v in files.quantization.items() if k != "quant_method"}
         quant["expert_dtype"] = quant.get("expert_dtype", raw_config.get("expert_dtype", "fp8"))
-        kwargs["quantization_config"] = FineGrainedFP8Config(**{**quant, "dequantize": dequantize})
+        kwargs["quantization_config"] = transformers.FineGrainedFP8Config(**{**quant, "dequantize": dequantize})
     try:
-        hf_model = DeepseekV4ForCausalLM.from_pretrained(str(path), **kwargs)
+        hf_model = transformers.DeepseekV4ForCausalLM.from_pretrained(str(path), **kwargs)
     except RuntimeError as err:  # transformers' shape check: config.json and the weights disagree
         if "mismatched_sizes" not in str(err) and "size mismatch" not in str(err):
             raise
@@ -189,12 +186,10 @@ def fp8_kernels_available() -> bool:
 def _layer_bytes(config: Any, dtype: Any, raw_config: dict) -> tuple[dict[str, int], int]:
     """Bytes per decoder layer and in all at the dtype the weights will have in memory
     (``dtype``, else the checkpoint's ``dtype``), from the architecture on ``meta``."""
-    from transformers import DeepseekV4ForCausalLM
-
     if not isinstance(dtype, torch.dtype):
         dtype = getattr(torch, str(raw_config.get("dtype") or raw_config.get("torch_dtype") or "float32"))
     with torch.device("meta"):
-        model = DeepseekV4ForCausalLM(config)
+        model = transformers_v4().DeepseekV4ForCausalLM(config)
     width = torch.tensor([], dtype=dtype).element_size()
     per_layer = {f"model.layers.{i}": sum(p.numel() for p in layer.parameters()) * width
                  for i, layer in enumerate(model.model.layers)}

@@ -21,7 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from phaseinterp._checks import check_int
 from phaseinterp.errors import MissingPathError  # a missing path the user gave: one line, exit 2
 from phaseinterp.models.hf.chunking import TOKEN_BLOCK, chunk_size, is_chunked
-from phaseinterp.models.hf.config import config_from_dict
+from phaseinterp.models.hf.config import config_from_dict, transformers_v4
 
 
 # MXFP4 experts as released: half a byte per value plus one E8M0 scale byte per 32 values
@@ -61,10 +61,9 @@ def format_estimate(estimate: MemoryEstimate) -> str:
 
 def estimate_memory(config: Union[str, Path, Any, None] = None) -> MemoryEstimate:
     """Count the parameters of a ``DeepseekV4Config``, a ``config.json`` path or a checkpoint directory."""
-    from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
-
+    transformers = transformers_v4()
     if config is None:
-        config = DeepseekV4Config()
+        config = transformers.DeepseekV4Config()
     elif isinstance(config, (str, Path)):
         path = Path(config)
         path = path / "config.json" if path.is_dir() else path
@@ -72,7 +71,7 @@ def estimate_memory(config: Union[str, Path, Any, None] = None) -> MemoryEstimat
             raise MissingPathError(f"{path} does not exist (pass a config.json or a checkpoint directory)")
         config = config_from_dict(json.loads(path.read_text()))
     with torch.device("meta"):
-        model = DeepseekV4ForCausalLM(config)
+        model = transformers.DeepseekV4ForCausalLM(config)
     total = sum(p.numel() for p in model.parameters())
     experts = sum(p.numel() for n, p in model.named_parameters() if ".mlp.experts." in n)
     return MemoryEstimate(n_params=int(total), n_expert_params=int(experts), n_layers=int(config.num_hidden_layers))
@@ -215,10 +214,8 @@ def _chunked_terms(cfg: Any, T: int, B: int, a: int, query_chunk: Any = "auto") 
 
 
 def _as_config(config: Union[str, Path, Any, None]) -> Any:
-    from transformers import DeepseekV4Config
-
     if config is None:
-        return DeepseekV4Config()
+        return transformers_v4().DeepseekV4Config()
     if isinstance(config, dict):
         return config_from_dict(config)
     if isinstance(config, (str, Path)):
