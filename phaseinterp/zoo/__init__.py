@@ -244,7 +244,7 @@ class TextEntry:
 
     @property
     def command(self) -> str:
-        return (f"python benchmarks/pretrain_python_code.py train --root RUNS, then python "
+        return (f"python benchmarks/pretrain_python_code.py train --root RUNS && python "
                 f"benchmarks/pretrain_python_code.py install --root RUNS --name {self.name}")
 
 
