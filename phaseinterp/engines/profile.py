@@ -37,7 +37,7 @@ def engine_profile(
     retries: int = 3,
     retry_wait: float = 1.0,
     spec: ProfileSpec | None = None,
-) -> "PhaseProfile | TwoAxisProfile":
+) -> PhaseProfile | TwoAxisProfile:
     """`phase_profile` of the model behind ``engine``: each prompt goes to it as token ids up to its
     answer position, and the profile is built from its answers (`phaseinterp.engines.answers`: the
     prediction is the argmax of the log-probs it reports, the whole vocabulary or its top-k, ties to
