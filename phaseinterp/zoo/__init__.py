@@ -29,7 +29,7 @@ import json
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import pandas as pd
 import torch
@@ -437,13 +437,19 @@ def install_snapshot(name: str, source: Union[str, Path], curves, metadata: dict
     model.metadata.update(metadata)
     step = int(source.name.rsplit("_", 1)[-1])
     model.metadata.update({"step": step, "zoo_name": name, "description": e.description, "command": e.command})
+    return _install(name, model, lambda tmp: atomic_write_text(tmp / "curves.csv", curves.to_csv(index=False)))
+
+
+def _install(name: str, model: CompressedTransformer, add: Callable[[Path], Any]) -> Path:
+    """Save ``model`` as zoo entry ``name`` in a temporary folder, ``add`` its other files there, then
+    exchange it with the previous entry in one step (`move_into_place`)."""
     target = CHECKPOINT_DIR / name
     tmp = CHECKPOINT_DIR / f".{name}.tmp"
     if tmp.exists():
         shutil.rmtree(tmp)
     model.save_pretrained(tmp)
-    atomic_write_text(tmp / "curves.csv", curves.to_csv(index=False))
-    move_into_place(tmp, target)  # the previous entry is exchanged in one step, then deleted
+    add(tmp)
+    move_into_place(tmp, target)
     return target
 
 
@@ -466,14 +472,7 @@ def install_text(name: str, run_dir: Union[str, Path], tokenizer: Union[str, Pat
     task = IdentifierRecall.from_tokenizer(tok, TokenizedCorpus(run / "data", manifest).tokens("heldout"))
     model.metadata.update({"task": task.to_dict(), "task_type": "IdentifierRecall", "zoo_name": name,
                            "description": e.description, "command": e.command, "arm": e.arm})
-    target = CHECKPOINT_DIR / name
-    tmp = CHECKPOINT_DIR / f".{name}.tmp"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    model.save_pretrained(tmp)
-    shutil.copytree(tok_dir, tmp / "tokenizer")
-    move_into_place(tmp, target)
-    return target
+    return _install(name, model, lambda tmp: shutil.copytree(tok_dir, tmp / "tokenizer"))
 
 
 def recipe() -> dict[str, Any]:
