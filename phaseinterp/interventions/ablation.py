@@ -1,16 +1,7 @@
-"""Per-KV-head mean replacement across phases (docs/science.md section 2).
-
-For KV head ``h`` of layer ``l``: replace ``hook_z`` of every query head that reads ``h``,
-at the final (answer-predicting) position only, by its mean over a disjoint calibration
-split; report ``100 * (knockout - clean) / clean`` accuracy per residue and phase.
-
-Fast path: a knockout at the final position changes nothing at earlier positions, so
-the clean prefix is run once (the model's forward with a KV cache) and only the final position is
-recomputed, for the layers at and after the knocked-out one, with every unit of a layer
-as one batch of variants over a fork of the shared cache (`interventions.knockout`). It
-equals the naive path (a hooked full forward per unit, ``method="naive"``) to 1e-5. Both replace
-``hook_z`` through the same hook (`knockout.mean_replacement_hook`).
-"""
+"""Per-KV-head mean replacement across phases (docs/science.md section 2): `ablate` replaces ``hook_z``
+of the query heads reading a KV head, at the answer position only, by its calibration mean, and reports
+``100 * (knockout - clean) / clean`` accuracy per residue and phase. The fast path (`interventions.knockout`)
+equals the naive one (a hooked full forward per unit, ``method="naive"``) to 1e-5."""
 
 from __future__ import annotations
 
@@ -47,21 +38,15 @@ from phaseinterp._checks import AblationOptions, experiment
 class AblationResult(Result):
     """Clean and knockout correctness per prompt, and everything derived from it (`ablate`'s result).
 
-    Units: ``relative_change`` and ``to_frame().relative_change`` are RELATIVE changes in
-    percent, ``100 * (knockout - clean) / clean`` (-100 = the phase's accuracy is wiped out),
-    not percentage points; accuracies are fractions in [0, 1]. ``summary()`` is the readable
-    table, ``to_dict()`` its numbers, ``save(dir)``/``load(dir)`` the shared result format.
+    ``relative_change`` is in RELATIVE percent, ``100 * (knockout - clean) / clean`` (-100: the phase is
+    wiped out), not percentage points; accuracies are fractions. ``units`` lists the knockouts (layer,
+    kv_head or -1 for a whole layer or custom head set, the query heads replaced); ``clean_correct`` is
+    ``[prompt]``, ``knockout_correct`` ``[prompt, unit]``, ``residue`` each prompt's target residue.
 
-    ``units`` lists the knockouts (layer, kv_head -- or -1 for a whole layer or a
-    custom head set -- and the query heads replaced). ``clean_correct`` is ``[prompt]``,
-    ``knockout_correct`` ``[prompt, unit]``; ``residue`` is each prompt's target residue.
-
-    A published map (`phaseinterp.paper.knockout`) has no prompts: ``source`` names where it comes
-    from, ``published_change`` ``[unit, residue]`` holds its relative changes (%) and
-    ``published_clean`` ``[residue]`` the clean accuracy (fraction; NaN where not published). Its phase
-    map is the mean of the residues' relative changes (the paper's fold); the per-prompt tests
-    (`phase_tests`) need prompts and refuse it, and `specialization` then applies the threshold alone.
-    """
+    A published map (`phaseinterp.paper.knockout`) has no prompts: ``source`` names its origin,
+    ``published_change`` ``[unit, residue]`` (%) and ``published_clean`` ``[residue]`` (NaN where not
+    published) hold it; its phase map is the mean over residues, `phase_tests` refuses it and
+    `specialization` applies the threshold alone."""
 
     units: pd.DataFrame
     residue: np.ndarray
@@ -199,16 +184,11 @@ class AblationResult(Result):
     def phase_tests(self, correction: str = "holm", alpha: float = 0.05) -> pd.DataFrame:
         """Per (unit, phase): the knockout's change with a multiplicity-controlled test.
 
-        Each cell is an exact paired McNemar test of the change in accuracy (the same prompts
-        clean and knocked out; `phaseinterp.stats.paired_change`), and the p-values of all
-        units x phases are adjusted together (``correction``: ``"holm"``, family-wise error,
-        or ``"bh"``, false discovery rate; `phaseinterp.stats.adjust_p_values`).
-        ``ci_low_pp``/``ci_high_pp`` bound the change in percentage points at the cell's
-        adjusted level ``1 - alpha_effective`` (``alpha_effective = alpha * p / p_adjusted``:
-        about ``alpha / (m - rank + 1)`` for Holm, ``alpha * rank / m`` for BH), so the interval
-        excludes zero exactly when ``significant`` (``p_adjusted <= alpha``). ``change_pp`` is
-        the absolute change, ``relative_change`` the same change relative to the clean accuracy.
-        """
+        Each cell is an exact paired McNemar test (`phaseinterp.stats.paired_change`); the p-values of all
+        units x phases are adjusted together (``correction``: ``"holm"`` or ``"bh"``,
+        `phaseinterp.stats.adjust_p_values`). ``ci_low_pp``/``ci_high_pp`` bound the change (pp) at level
+        ``1 - alpha_effective`` (``alpha * p / p_adjusted``), so the interval excludes zero exactly when
+        ``significant`` (``p_adjusted <= alpha``). ``change_pp`` is absolute, ``relative_change`` relative."""
         check_fraction("alpha", alpha)
         if self.published:
             raise UserInputError(f"phase_tests needs per-prompt records; {self.model_label!r} is a published map "
@@ -246,19 +226,12 @@ class AblationResult(Result):
                        alpha: float = 0.05) -> pd.DataFrame:
         """Per unit: the phases where its knockout hurts, and how they are arranged.
 
-        A unit is *hurt* at a phase when all three hold: the change is significant after the
-        multiplicity correction over units x phases (`phase_tests`: its adjusted interval
-        excludes zero), the relative change is ``<= threshold`` (percent), and the phase's
-        clean accuracy is at least ``min_clean`` (a relative change on a near-zero baseline,
-        such as a never-learned boundary phase, is not a phase the unit serves). Columns:
-        ``phases`` the longest circular run of adjacent hurt phases, ``n_phases``, ``contiguous``
-        (every hurt phase lies in the run), ``concentration`` (share of the unit's total
-        relative loss on the run), ``worst_change`` (relative, %), ``worst_change_pp`` (absolute,
-        percentage points), ``hurt_phases`` (all of them). A unit with ``n_phases`` 0 is not
-        specialized; one hurt on several phases serves several.
-
-        A published map has no prompts to test: there a phase is hurt on the threshold (and
-        ``min_clean``, where its clean profile is published) alone."""
+        A phase is *hurt* when the change is significant after the correction (`phase_tests`), the relative
+        change is ``<= threshold`` (percent) and the clean accuracy is ``>= min_clean``. Columns: ``phases``
+        (the longest circular run of adjacent hurt phases), ``n_phases``, ``contiguous`` (every hurt phase
+        lies in the run), ``concentration`` (share of the relative loss on the run), ``worst_change`` (%),
+        ``worst_change_pp``, ``hurt_phases``. A published map is judged on the threshold and ``min_clean``
+        alone."""
         U, S = len(self.units), self.stride
         if self.published:
             rel = self.relative_change.to_numpy(dtype=float)
@@ -424,44 +397,30 @@ def ablate(
     spec: Optional[AblationSpec] = None,
 ) -> AblationResult:
     """Mean replacement per KV head: knock out each unit's ``hook_z`` at the answer position
-    and measure the accuracy change per residue and phase.
+    and measure the accuracy change per residue and phase (docs/science.md, "Mean replacement").
 
-    For each unit (layer, KV head) the per-head attention outputs ``hook_z`` of every query
-    head that reads the KV head are replaced, at the final (answer-predicting) position only,
-    by their mean over ``n_calibration`` calibration prompts whose mappings are disjoint from
-    the evaluation prompts (docs/science.md, "Mean replacement"). Three steps: ``spec`` (the
-    options below, checked in `AblationSpec`), `ablation_records` (clean and knocked-out
-    correctness per prompt), the `AblationResult`.
+    The units' ``hook_z`` are replaced by their mean over ``n_calibration`` calibration prompts,
+    disjoint from the evaluation prompts. Steps: ``spec`` (`AblationSpec`), `ablation_records`,
+    the `AblationResult`.
 
     Parameters:
         model: a `CompressedTransformer` in eval mode.
-        task: default: the evaluation task stored with the model (zoo checkpoints).
-        layer: None (default: every layer), one layer index, or a list of distinct indices in
-            ``0..n_layers-1``.
-        scope: ``"kv_head"`` (default: one unit per KV head and the query heads reading it) or
-            ``"layer"`` (one unit per layer, every head).
+        task: default: the evaluation task stored with the model.
+        layer: None (every layer), one index or a list of distinct indices in ``0..n_layers-1``.
+        scope: ``"kv_head"`` (one unit per KV head and the query heads reading it) or ``"layer"``.
         heads: instead of ``scope``, custom units: lists of query-head ids in ``0..n_heads-1``.
-        n_per_residue: evaluation prompts per residue (default 72, the smallest moment-matched
-            size for the zoo task; 77, 80 and every size from 86 also work; at most 500,000
-            prompts per call).
-        n_calibration: calibration prompts for the mean (default 256; minimum R, the task's
-            residue modulus, so every residue is in the mean at least once; fewer makes the
-            "mean" a few particular prompts and changes the result wholesale).
-        seed / calibration_seed: prompt seeds (defaults 0 and 1).
-        batch_size: prompts per forward pass (default 64).
-        method: ``"fast"`` (default: the clean prefix once, only the answer position recomputed;
-            equals ``"naive"`` to 1e-5) or ``"naive"`` (one hooked full forward per unit).
+        n_per_residue: evaluation prompts per residue (at most 500,000 prompts per call).
+        n_calibration: calibration prompts for the mean, at least R (every residue in the mean).
+        seed / calibration_seed: prompt seeds.
+        method: ``"fast"`` (the clean prefix once, only the answer position recomputed) or ``"naive"``
+            (one hooked full forward per unit); they agree to 1e-5.
         device: move the model there first (default: leave it where it is).
-        progress: show a progress bar (default True).
         prompts: a pre-generated ``task.generate(...)`` batch to reuse across calls.
         calibration_mean: a precomputed `calibration_mean_z` ``[layer, head, d_head]`` of these
-            calibration settings, to reuse across calls over slices of the prompts
-            (`phaseinterp.parallel`); default: computed here.
+            calibration settings (`phaseinterp.parallel`).
         spec: a ready `AblationSpec` instead of the options above (not both).
 
-    Returns an `AblationResult`; its ``relative_change`` is in RELATIVE percent
-    (``100 * (knockout - clean) / clean``), not percentage points.
-    """
+    Returns an `AblationResult` (``relative_change`` in RELATIVE percent)."""
     if getattr(model, "training", False):
         raise UserInputError("ablate needs the model in eval mode; call model.eval() first")
     task = resolve_task(model, task)

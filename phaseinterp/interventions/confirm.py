@@ -1,19 +1,13 @@
-"""The confirmatory pipeline: one call that tests the mechanism claims the way a reviewer would.
+"""The confirmatory pipeline: `confirm(model)` tests the mechanism claims on disjoint prompt splits
+(evaluation, calibration, nomination):
 
-`confirm(model)` runs, on disjoint prompt splits (evaluation, calibration, nomination):
-
-1. per-KV-head **mean replacement** and two alternative ablations of the same ``hook_z``
-   at the answer position -- **resample** (z of a random calibration prompt) and
-   **norm-matched mean** (the calibration mean rescaled to each prompt's own norm) -- each
-   tested per unit x phase with an exact paired test and Holm's correction
-   (`AblationResult.phase_tests`), and their **agreement**;
-2. **held-out confirmation of gate-nominated heads**: `gate_profile` on the nomination split
-   names, for every unit whose gate is concentrated, the phase it prefers; the evaluation
-   split's mean replacement says whether the unit's knockout significantly hurts that phase;
-   the hit rate is compared with nominations of random (unit, phase) cells;
-3. **gate cycling**, where the experiment is defined and meaningful (`cycling_fitness`),
-   scored by `cycling_scores` (parameter-free R², identification test).
-"""
+1. per-KV-head **mean replacement** and two alternative ablations of ``hook_z`` at the answer position
+   (**resample**, **norm-matched mean**), each tested per unit x phase (`AblationResult.phase_tests`),
+   and their **agreement**;
+2. **held-out confirmation of gate-nominated heads**: `gate_profile` on the nomination split names each
+   concentrated unit's preferred phase; the evaluation split's knockout says whether it hurts there,
+   against random (unit, phase) nominations;
+3. **gate cycling** where it is meaningful (`cycling_fitness`), scored by `cycling_scores`."""
 
 from __future__ import annotations
 
@@ -96,16 +90,10 @@ def replacement_ablation(model, task=None, *, method: str = "resample", layer=No
                          spec: Optional[ReplacementSpec] = None):
     """Per-KV-head ablation of ``hook_z`` at the answer position with another replacement than the mean.
 
-    ``method="resample"``: each prompt's z (the unit's query heads) is replaced by the z of a
-    random calibration prompt (seeded; a disjoint split), so the replacement is an activation
-    the model really produces, not an average of them. ``method="norm_matched"``: by the
-    calibration mean rescaled per prompt and head to the norm of the z it replaces,
-    ``z' = mean_z * |z| / |mean_z|`` (direction of the mean, size of the original), which
-    separates "lost the information" from "shrank the vector". ``method="mean"`` is
-    `ablate`. Options as `ablate`'s (``n_calibration >= R``); ``spec`` a ready `ReplacementSpec`
-    instead of them (not both). Returns an `AblationResult` (one hooked forward per unit: the
-    plain path).
-    """
+    ``method="resample"``: each prompt's z is replaced by the z of a random calibration prompt (seeded).
+    ``method="norm_matched"``: by the calibration mean rescaled per prompt and head to the norm of the z
+    it replaces, ``z' = mean_z * |z| / |mean_z|``. ``method="mean"`` is `ablate`. Options as `ablate`'s;
+    ``spec`` a ready `ReplacementSpec` (not both). Returns an `AblationResult` (one hooked forward per unit)."""
     if prompts is not None:
         spec.refuse_changed(("n_per_residue",), "prompts= gives the prompts, so their count is fixed")
     if spec.method == "mean":
@@ -230,11 +218,9 @@ def confirm_nominations(nominations: pd.DataFrame, ablation, correction: str = "
     """Score gate nominations against an ablation on a DISJOINT split.
 
     A nominated (unit, phase) is a *hit* when the unit's knockout lowers that phase's accuracy
-    significantly (``phase_tests``: exact paired test, ``correction`` over all units x phases).
-    Chance levels: ``p_value`` (random heads): the hypergeometric probability that as many
-    (unit, phase) cells drawn at random without replacement from all units x phases hit at
-    least as often (a cell hits when its knockout significantly hurts); ``p_same_units``: the
-    same units with a uniformly random phase each (exact Poisson-binomial)."""
+    significantly (``phase_tests``, ``correction`` over all units x phases). ``p_value``: the
+    hypergeometric chance that as many random cells hit at least as often; ``p_same_units``: the same
+    units with a uniformly random phase each (exact Poisson-binomial)."""
     tests = ablation.phase_tests(correction, alpha)
     hurt = tests.assign(hurt=tests.significant & (tests.change_pp < 0)).set_index(["layer", "kv_head", "phase"])
     table = nominations.copy()
@@ -267,14 +253,10 @@ def _row_keys(tokens: torch.Tensor) -> set:
 class ConfirmResult(Result):
     """`confirm`'s result: every confirmatory test on one model, as tables.
 
-    ``ablation_tests``: `AblationResult.phase_tests` rows for each ablation ``method`` (change in
-    pp with multiplicity-adjusted intervals, relative change, adjusted p, significance).
-    ``specialization``: each method's `AblationResult.specialization` rows. ``agreement``:
-    `ablation_agreement`. ``nominations``: gate nominations and whether each was confirmed on the
-    disjoint split (`confirm_nominations`). ``cycling``: `cycling_scores`' per-shift table (empty
-    with ``cycling_note`` saying why when the experiment does not apply). Scalars: the
-    nomination hit rate, its chance rates and p-values, and the cycling headline numbers.
-    """
+    ``ablation_tests`` (`AblationResult.phase_tests` rows per ablation ``method``), ``specialization``,
+    ``agreement`` (`ablation_agreement`), ``nominations`` (`confirm_nominations`), ``cycling``
+    (`cycling_scores`' per-shift table; empty with ``cycling_note`` saying why). Scalars: the nomination
+    hit rate, its chance rates and p-values, and the cycling headline numbers."""
 
     model_label: str
     stride: int
@@ -404,20 +386,14 @@ def confirm(model, task=None, *, n_per_residue: int = DEFAULT_N_PER_RESIDUE, n_c
             alpha: float = 0.05, max_concentration: Optional[float] = None, methods=ABLATIONS,
             cycling: bool = True, batch_size: int = 64, progress: bool = True, prompts=None,
             nomination_prompts=None, spec: Optional[ConfirmSpec] = None) -> ConfirmResult:
-    """Run the confirmatory pipeline on ``model`` (see the module docstring); returns a `ConfirmResult`.
+    """Run the confirmatory pipeline on ``model`` (the module docstring); returns a `ConfirmResult`.
 
-    Splits: evaluation prompts ``task.generate(n_per_residue, seed)``, calibration prompts
-    ``task.calibration(n_calibration, calibration_seed)`` (mean/donor activations; disjoint
-    mappings by construction) and nomination prompts ``task.generate(nominate_per_residue,
-    nomination_seed)`` for the gate statistics; the evaluation and nomination splits are
-    checked to share no prompt. ``correction`` (``"holm"`` or ``"bh"``) and ``alpha`` (in (0, 1))
-    govern every unit x phase call; ``max_concentration`` (default W/2) is the largest effective
-    number of slots a gate may spread over and still nominate its unit; ``methods`` the ablations
-    (``"mean"`` and any of the others). ``cycling=False`` skips gate cycling. ``prompts`` /
-    ``nomination_prompts`` may pass pre-generated evaluation / nomination batches instead (then
-    ``n_per_residue`` / ``nominate_per_residue`` do not apply). ``spec``: a ready `ConfirmSpec`
-    instead of the options (not both); every option is checked before any forward.
-    """
+    Splits: evaluation ``task.generate(n_per_residue, seed)``, calibration ``task.calibration(n_calibration,
+    calibration_seed)`` and nomination ``task.generate(nominate_per_residue, nomination_seed)``, checked to
+    share no prompt. ``correction`` and ``alpha`` govern every unit x phase test; ``max_concentration``
+    (default W/2) is the largest effective number of slots a nominating gate may spread over; ``methods``
+    the ablations; ``cycling=False`` skips gate cycling. ``prompts`` / ``nomination_prompts``: pre-generated
+    batches instead of the sizes. ``spec``: a ready `ConfirmSpec` (not both)."""
     check_is_model(model)
     spec.check_model(model)
     task = resolve_task(model, task)

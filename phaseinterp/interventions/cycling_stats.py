@@ -1,10 +1,6 @@
-"""Scores of the gate-cycling prediction ``A_d(r) = A_0((r - d) mod S)`` (docs/science.md, "Gate cycling").
-
-Parameter-free fit (coefficient of determination) and squared correlation of predicted against
-observed per-phase accuracy changes, the circular displacement estimate, the movement R² over
-shifts (`movement_scores`: the paper's figure), and the shift identification / permutation test;
-`gate_cycling`, `CyclingResult` and `UnitCyclingResult` score with these.
-"""
+"""Scores of the gate-cycling prediction ``A_d(r) = A_0((r - d) mod S)`` (docs/science.md, "Gate cycling"):
+parameter-free R², squared correlation, displacement, movement R² and the identification / permutation
+tests that `gate_cycling`, `CyclingResult` and `UnitCyclingResult` score with."""
 
 from __future__ import annotations
 
@@ -66,14 +62,11 @@ def _permutation_p(acc0: np.ndarray, observed: dict[int, np.ndarray], n_permutat
                    seed: int) -> tuple[dict[int, float], float]:
     """Permutation p-values of the applied shift's headline score, per shift and jointly.
 
-    Null: the shifted model's accuracies on the S-1 non-boundary phases are exchangeable (the
-    shift's effect has nothing to do with where the prediction puts the weak spots). Per
-    shift, the statistic is its score over every arrangement of its S-1 values ((S-1)! of
-    them: 6 at S = 4, so p >= 1/6); jointly, the mean score over shifts with independent
-    arrangements per shift (6^3 = 216 for three shifts at S = 4, so p >= 1/216). Exact
-    enumeration (p = share of arrangements scoring >= observed, the observed one included)
-    when the arrangements number at most ``n_permutations``; else seeded Monte Carlo with
-    ``p = (1 + #{>= observed}) / (1 + n_permutations)``."""
+    Null: the shifted accuracies on the S-1 non-boundary phases are exchangeable. Per shift the
+    statistic is its score over every arrangement of its S-1 values; jointly, the mean score over
+    shifts with independent arrangements. Exact enumeration (p = share of arrangements scoring >=
+    observed, the observed included) when they number at most ``n_permutations``; else seeded Monte
+    Carlo, ``p = (1 + #{>= observed}) / (1 + n_permutations)``."""
     S = len(acc0)
     keep = np.arange(S - 1)
     shifts = list(observed)
@@ -105,36 +98,25 @@ def cycling_scores(acc0: np.ndarray, observed: dict[int, np.ndarray], *, n_permu
                    seed: int = 0) -> dict:
     """How well ``A_d(r) = A_0((r-d) mod S)`` predicts the per-phase accuracies under each shift.
 
-    ``acc0`` is ``[S]`` (unshifted), ``observed[d]`` ``[S]`` for each applied shift ``d``
-    (distinct and nonzero mod S). Every score compares per-phase accuracy CHANGES from the
-    unshifted model: predicted ``A_0((r-d) mod S) - A_0(r)`` against observed
-    ``A_d(r) - A_0(r)``. Point counts are per shift, [in brackets for S = 4]: a score on 3
-    points or fewer is weak evidence alone, hence the identification test and pooled scores.
+    ``acc0`` ``[S]`` is unshifted, ``observed[d]`` ``[S]`` per applied shift ``d`` (distinct, nonzero mod
+    S). Every score compares changes from the unshifted model: predicted ``A_0((r-d) mod S) - A_0(r)``
+    against observed ``A_d(r) - A_0(r)``.
 
     ``per_shift`` columns:
-      - ``r2`` (the headline): coefficient of determination of the parameter-free prediction on
-        the S-1 non-boundary phases [3 points]; a wrong prediction scores <= 0 and one of the
-        right shape but the wrong size scores low (a change 5x smaller than predicted: < 0);
-      - ``r2_all`` on all S phases [4]; ``r2_interior`` also without ``(S-1+d) mod S``, where
-        the boundary's weakness is predicted to land [2];
-      - ``corr2``, ``corr2_all``, ``corr2_interior``: the squared Pearson correlation (the paper's
-        comparable figure) on the same sets, with the fitted ``slope`` and ``intercept`` of
-        observed on predicted (non-boundary) [3, 4, 2 -> NaN: two points always fit a line];
-      - ``mae``: mean |observed - predicted| change on the non-boundary phases [3];
-      - ``mean_drop``: mean over all phases of ``A_0 - A_d``, the global damage [4];
-      - ``hypothesis_<k>``: the headline score of every hypothesised shift ``k = 0..S-1``
-        (``k = 0`` predicts no change); ``displacement``: the best ``k``, signed (the circular
-        estimate of where the weak spots went); ``identified``: it equals the applied shift
-        mod S; ``identification_p`` (with ``n_permutations > 0``): permutation p of the applied
-        shift's score (`_permutation_p`; >= 1/6 at S = 4);
+      - ``r2`` (headline): coefficient of determination of the prediction on the S-1 non-boundary phases;
+      - ``r2_all`` on all S phases; ``r2_interior`` also without ``(S-1+d) mod S``;
+      - ``corr2``, ``corr2_all``, ``corr2_interior``: squared Pearson correlation on the same sets, with
+        ``slope`` and ``intercept`` of observed on predicted (NaN on two points);
+      - ``mae``: mean |observed - predicted| on the non-boundary phases;
+      - ``mean_drop``: mean over all phases of ``A_0 - A_d``;
+      - ``hypothesis_<k>``: the headline score of hypothesised shift ``k = 0..S-1``; ``displacement``: the
+        best ``k``, signed; ``identified``: it equals the applied shift mod S; ``identification_p`` (with
+        ``n_permutations > 0``): the permutation p (`_permutation_p`);
       - ``boundary_accuracy``, ``boundary_rank`` (0 = the weakest phase), ``n_points`` (S-1).
 
-    Pooled over shifts: ``r2_pooled`` and ``corr2_pooled`` on the (S-1) x shifts non-boundary
-    points [9 for three shifts]; ``n_identified`` of ``n_shifts``; ``identification_p``: the
-    joint permutation p of the mean headline score (>= 1/216 for three shifts at S = 4);
-    ``movement_r2`` / ``movement_corr2``: the paper's figure, ``displacement`` against the applied
-    shift over the shifts (`movement_scores`; one point per shift [3]; NaN with fewer than 2).
-    """
+    Pooled: ``r2_pooled`` and ``corr2_pooled`` on every non-boundary point; ``n_identified`` of
+    ``n_shifts``; ``identification_p``, the joint permutation p; ``movement_r2`` / ``movement_corr2``
+    (`movement_scores`; NaN with fewer than 2 shifts)."""
     acc0 = np.asarray(acc0, float)
     S = len(acc0)
     boundary = S - 1
@@ -211,12 +193,10 @@ def _rolled_index(S: int, shifts: np.ndarray) -> np.ndarray:
 def unit_score_arrays(c0: np.ndarray, c: np.ndarray, shifts, boundary: int) -> dict[str, np.ndarray]:
     """The unit-level scores, vectorised over any leading axes (bootstrap replicates).
 
-    ``c0`` ``[..., S]``: the unit's contribution per phase, unshifted; ``c`` ``[..., D, S]``: under
-    each applied shift ``shifts[k]``. Prediction: ``C_d(r) = C_0((r - d) mod S)``. Returns arrays
-    ``[..., D]``: ``r2`` (all S phases), ``r2_no_boundary`` (S-1), ``corr2`` (squared correlation,
-    slope and intercept free), ``mae``, ``ss_res_by_hypothesis`` ``[..., D, S]`` (the residual of every
-    hypothesised shift d' = 0..S-1; the best hypothesis minimises it), and ``[...]``: ``r2_pooled``
-    (every shift's S points, one sum of squares around the pooled mean)."""
+    ``c0`` ``[..., S]``: the unit's contribution per phase, unshifted; ``c`` ``[..., D, S]``: under each
+    ``shifts[k]``; prediction ``C_d(r) = C_0((r - d) mod S)``. Returns ``[..., D]`` arrays ``r2`` (all S
+    phases), ``r2_no_boundary``, ``corr2``, ``mae``; ``ss_res_by_hypothesis`` ``[..., D, S]`` (residual of
+    every hypothesised shift); and ``r2_pooled`` ``[...]``."""
     c0, c = np.asarray(c0, float), np.asarray(c, float)
     S = c0.shape[-1]
     shifts = np.asarray(shifts, int)
@@ -274,16 +254,11 @@ def unit_permutation_tests(c0: np.ndarray, c: np.ndarray, shifts, *, limit: int 
                            seed: int = 0) -> dict[str, Any]:
     """Permutation tests of the unit-level prediction, per shift and jointly.
 
-    Null: the shifted unit's S per-phase contributions are exchangeable (where they sit has
-    nothing to do with where the prediction puts them). Per shift, over every arrangement of
-    its S values (S! of them: 40,320 at S = 8, 24 at S = 4; exact when at most ``limit``,
-    else ``limit`` seeded draws):
-      - ``r2_p``: share of arrangements whose R² against the applied shift's prediction is
-        >= the observed one (the identity arrangement included, so ``p >= 1/S!``);
-      - ``identification_null``: share of arrangements in which the applied shift is strictly
-        the best hypothesis (about 1/S; the chance of identifying it by luck).
-    Jointly: ``identification_p = P(at least n_identified of the shifts identified)`` under
-    independent nulls per shift, exact from the per-shift chances (Poisson-binomial)."""
+    Null: the shifted unit's S per-phase contributions are exchangeable. Per shift, over every
+    arrangement of its S values (exact when S! <= ``limit``, else ``limit`` seeded draws): ``r2_p``, the
+    share whose R² is >= the observed (identity included, so ``p >= 1/S!``), and
+    ``identification_null``, the share in which the applied shift is strictly best (about 1/S).
+    Jointly: ``identification_p = P(at least n_identified identified)``, exact (Poisson-binomial)."""
     c0, c = np.asarray(c0, float), np.asarray(c, float)
     S = c0.size
     shifts = np.asarray(shifts, int)
@@ -319,12 +294,9 @@ def representative_shift(shifts, stride: int) -> np.ndarray:
 def profile_displacements(acc0: np.ndarray, acc: np.ndarray) -> np.ndarray:
     """Where the weak spots went, for whole-profile results, vectorised over leading axes.
 
-    ``acc0`` ``[..., S]`` (unshifted accuracy per phase), ``acc`` ``[..., D, S]`` (under each shift).
-    The estimate is the hypothesised shift ``k = 0..S-1`` whose prediction ``A_0((r - k) mod S)``
-    best explains the observed per-phase change on the S-1 non-boundary phases (the largest
-    coefficient of determination = least squares, the same estimate as `displacement` and the
-    ``displacement`` column of `cycling_scores`), as its representative in (-S/2, S/2]. Ties go to
-    the smallest k (k = 0, "did not move", first); observations that do not vary give k = 0."""
+    ``acc0`` ``[..., S]``, ``acc`` ``[..., D, S]``. The hypothesised shift ``k`` whose ``A_0((r - k) mod S)``
+    best explains the observed change on the S-1 non-boundary phases (least squares), as its
+    representative in (-S/2, S/2]; ties (and flat observations) go to the smallest k."""
     acc0, acc = np.asarray(acc0, float), np.asarray(acc, float)
     S = acc0.shape[-1]
     keep = np.arange(S - 1)
@@ -339,11 +311,8 @@ def profile_displacements(acc0: np.ndarray, acc: np.ndarray) -> np.ndarray:
 
 
 def contribution_displacements(ss_res_by_hypothesis: np.ndarray) -> np.ndarray:
-    """Where a unit's contribution peak went (unit-level results): the hypothesised shift with the
-    smallest residual over all S phases (`unit_score_arrays`' ``ss_res_by_hypothesis``
-    ``[..., D, S]``; on whole circles least squares over rolls = the argmax of the circular
-    cross-correlation of the shifted and unshifted contributions), as its representative in
-    (-S/2, S/2]; ties go to the smallest k (a flat contribution reads "did not move")."""
+    """Where a unit's contribution peak went: the hypothesised shift with the smallest residual over
+    all S phases (``ss_res_by_hypothesis`` ``[..., D, S]``), in (-S/2, S/2]; ties go to the smallest k."""
     ss = np.asarray(ss_res_by_hypothesis, float)
     return representative_shift(np.argmin(ss, axis=-1), ss.shape[-1])
 
@@ -394,22 +363,14 @@ def _check_movement_inputs(displacement, shifts, stride) -> tuple[np.ndarray, np
 def movement_scores(displacement, shifts, stride: int, *, bootstrap=None, confidence: float = 0.95) -> dict:
     """Movement R²: did the weak spot (or a unit's contribution peak) move by the applied shift?
 
-    ``displacement`` ``[D]``: the measured displacement per applied shift (`profile_displacements`
-    or `contribution_displacements`: integers in (-S/2, S/2]); ``shifts`` ``[D]``: the applied
-    shifts (nonzero and distinct mod S, at least 2; each is compared as its representative in
-    (-S/2, S/2], the displacements' convention: no unwrapping toward the applied shift, which
-    would make any displacement look close to it). ``bootstrap`` ``[B, D]`` (optional):
-    displacements of B bootstrap resamples of the prompts, for the intervals.
+    ``displacement`` ``[D]``: measured displacements, integers in (-S/2, S/2]; ``shifts`` ``[D]``: the
+    applied shifts (nonzero and distinct mod S, at least 2; compared as representatives in (-S/2, S/2],
+    no unwrapping); ``bootstrap`` ``[B, D]`` (optional): resampled displacements.
 
-    Returns ``movement_r2 = 1 - sum (delta - d)^2 / sum (delta - mean delta)^2`` (parameter-free,
-    D points: 3 at S = 4 with shifts -1, 1, 2; 6 at S = 8 with +-1..+-3; 1 = a perfect match, <= 0
-    when the displacements explain nothing, -inf when every displacement is the same while the
-    applied shifts differ: the spot stayed put), ``movement_corr2`` (squared correlation of delta
-    with d, slope and intercept free; NaN below 3 points), ``n_points``, and ``per_shift``: applied
-    ``shift``, its representative ``applied``, ``displacement``, ``low``/``high`` (percentile bootstrap
-    interval, an observed replicate value at each end), ``error`` (``displacement - applied``) and
-    ``circular_error`` (the same, as the representative in (-S/2, S/2]: a near miss across the
-    wrap point reads 1 here and S - 1 in ``error``). With ``bootstrap``: ``movement_r2_ci``.
+    Returns ``movement_r2 = 1 - sum (delta - d)^2 / sum (delta - mean delta)^2`` (-inf when every
+    displacement is the same while the shifts differ), ``movement_corr2`` (NaN below 3 points),
+    ``n_points``, ``per_shift`` (``shift``, ``applied``, ``displacement``, ``low``/``high`` percentile
+    interval, ``error``, ``circular_error`` in (-S/2, S/2]) and, with ``bootstrap``, ``movement_r2_ci``.
     Raises `UserInputError` naming the value for fewer than 2 shifts, repeated or zero shifts mod S,
     and displacements that are not integers in (-S/2, S/2]."""
     delta, applied, S = _check_movement_inputs(displacement, shifts, stride)

@@ -1,15 +1,8 @@
-"""The gate-cycling experiment scored on the whole profile (docs/science.md section 2): shift the
-gates, watch the weak spots move.
-
-`gate_cycling_profile` measures the prediction ``A_d(r) = A_0((r - d) mod S)`` for each shift ``d``
-with every listed layer's gates shifted by `phaseinterp.interventions.gate_shifts.shift_gates`, and
-returns a `CyclingResult`. One unit's own contribution is `gate_cycling_unit`
-(`phaseinterp.interventions.unit_cycling`).
-"""
+"""The gate-cycling experiment scored on the whole profile (docs/science.md section 2): `gate_cycling_profile`
+tests ``A_d(r) = A_0((r - d) mod S)`` with the gates shifted by `shift_gates`; one unit's own contribution
+is `gate_cycling_unit` (`phaseinterp.interventions.unit_cycling`)."""
 
 from __future__ import annotations
-
-import contextlib
 
 import functools
 import math
@@ -21,11 +14,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from phaseinterp._checks import DEFAULT_N_PER_RESIDUE
-from phaseinterp._checks import check_n_per_residue, check_prompt_batch
+from phaseinterp._checks import DEFAULT_N_PER_RESIDUE, check_n_per_residue
 from phaseinterp._files import progress_bar
 from phaseinterp.errors import UserInputError, applies_only, when_given
-from phaseinterp.interventions._common import check_layers, cycling_note, fixed_answer_position, model_device
+from phaseinterp.interventions._common import cycling_note, fixed_answer_position, model_device
 from phaseinterp.interventions.cycling_stats import (
     attainable_note,
     cycling_scores,
@@ -33,19 +25,10 @@ from phaseinterp.interventions.cycling_stats import (
     phase_means_bootstrap,
     profile_displacements,
 )
-from phaseinterp.interventions.gate_shifts import (
-    check_kv_heads,
-    check_shifts,
-    mean_gate_logits,
-    shift_gates,
-    shift_static_gates,
-    shift_targets,
-    static_targets,
-)
+from phaseinterp.interventions.gate_shifts import gate_shift, mean_gate_logits
 from phaseinterp import stats
 from phaseinterp.results import Result, plotting, premise_entries
 from phaseinterp._checks import CyclingOptions, experiment
-from phaseinterp.tasks import resolve_task
 from phaseinterp.interventions.unit_cycling import GateCyclingChecks
 from phaseinterp.models.protocol import model_label as label_of, phase_model
 from phaseinterp.profile import PhaseProfile
@@ -53,13 +36,10 @@ from phaseinterp.profile import PhaseProfile
 
 @dataclass(frozen=True, eq=False, repr=False)
 class CyclingResult(Result):
-    """`gate_cycling_profile`'s result: per-prompt correctness under each gate shift (shift 0 = the unshifted model).
+    """`gate_cycling_profile`'s result: per-prompt correctness under each gate shift (shift 0 = unshifted).
 
-    Accuracies are fractions in [0, 1]; R² scores are coefficients of determination (1 is a
-    perfect prediction, 0 no better than the mean, negative worse). ``summary()`` is the
-    readable table, ``to_dict()`` its numbers (non-finite scores become None in JSON),
-    ``save(dir)``/``load(dir)`` the shared result format.
-    """
+    Accuracies are fractions; R² scores are coefficients of determination (1 perfect, 0 the mean,
+    negative worse); non-finite scores become None in ``to_dict()``."""
 
     shifts: tuple[int, ...]
     residue: np.ndarray
@@ -74,12 +54,9 @@ class CyclingResult(Result):
 
     @property
     def premise_notes(self) -> tuple[str, ...]:
-        """The premises of the prediction ``A_d(r) = A_0((r - d) mod S)`` that fail: the model is
-        fit for gate cycling (``premise_recorded``: offset-specific gates, payload shared across
-        slots), the unshifted profile has a phase gap to move (best minus worst phase beyond 3
-        standard errors), and no shift collapses the model (a shift only permutes the phases, so
-        the prediction keeps the mean accuracy; below half of it the model no longer works). With
-        any of them failing, ``identified`` is not claimed."""
+        """The premises of ``A_d(r) = A_0((r - d) mod S)`` that fail: the model is fit for gate cycling
+        (``premise_recorded``), the unshifted profile has a phase gap beyond 3 standard errors, and no shift
+        drops the accuracy below half the unshifted one. With any failing, ``identified`` is not claimed."""
         acc = self.phase_accuracy()
         phases = self.residue % self.stride
         n = np.array([(phases == r).sum() for r in range(self.stride)])
@@ -119,13 +96,9 @@ class CyclingResult(Result):
 
     @functools.cached_property
     def scores(self) -> dict:
-        """Point estimates (see `cycling_scores` for every column and how many points it rests
-        on): ``per_shift`` table (headline ``r2`` = coefficient of determination of the
-        parameter-free prediction on the S-1 non-boundary phases; ``corr2`` the squared
-        correlation; all-phase and interior versions; MAE; mean drop; the score of every
-        hypothesised shift, the circular displacement, identification and its permutation p),
-        pooled ``r2_pooled``/``corr2_pooled``, the joint ``identification_p``, and ``movement_r2`` /
-        ``movement_corr2`` (the paper's figure: displacement against applied shift; `movement`)."""
+        """Point estimates (`cycling_scores` lists every column): the ``per_shift`` table (headline ``r2``
+        on the S-1 non-boundary phases), pooled ``r2_pooled``/``corr2_pooled``, the joint
+        ``identification_p``, and ``movement_r2`` / ``movement_corr2`` (`movement`)."""
         return self._scores_for(n_permutations=9999)
 
     def _bootstrap_accuracy(self) -> np.ndarray:
@@ -137,16 +110,11 @@ class CyclingResult(Result):
     def movement(self, confidence: float = 0.95) -> dict:
         """Movement R² (docs/science.md, "Movement R²"): did the weak spot move by the applied shift?
 
-        Per scored shift d the displacement of the weak spots is the ``displacement`` column of
-        ``scores`` (the best of the S hypotheses ``A_0((r - k) mod S)`` on the S-1 non-boundary
-        phases, as its representative in (-S/2, S/2]; the boundary phase is left out because it
-        stays weak under every shift and would pull every estimate toward "did not move"), with a
-        percentile bootstrap interval (``n_boot`` resamples of the prompts within residue groups,
-        paired across shifts, seed ``seed``). Over the shifts: ``movement_r2 = 1 - sum (delta - d)^2
-        / sum (delta - mean delta)^2`` (one point per shift: 3 at S = 4), its bootstrap interval
-        ``movement_r2_ci`` and ``movement_corr2``; `movement_scores` has every column. The result's
-        own prompts are the held-out ones (`gate_cycling` draws evaluation prompts, seed 0 by
-        default; the shifts are fixed, not picked). Raises `UserInputError` with fewer than 2
+        Per scored shift d the displacement is the ``displacement`` column of ``scores`` (the best of the S
+        hypotheses ``A_0((r - k) mod S)`` on the S-1 non-boundary phases, in (-S/2, S/2]), with a percentile
+        bootstrap interval (``n_boot`` resamples within residue groups, paired across shifts). Over the
+        shifts: ``movement_r2 = 1 - sum (delta - d)^2 / sum (delta - mean delta)^2``, ``movement_r2_ci`` and
+        ``movement_corr2``; `movement_scores` has every column. Raises `UserInputError` with fewer than 2
         scored shifts."""
         scored = list(self.scored_shifts)
         point = self.scores["per_shift"].set_index("shift").loc[scored, "displacement"].to_numpy(int)
@@ -156,11 +124,9 @@ class CyclingResult(Result):
         return movement_scores(point, scored, self.stride, bootstrap=boot, confidence=confidence)
 
     def identification(self) -> pd.DataFrame:
-        """Shift-identification table: rows = applied shift, columns = hypothesised shift
-        ``0..S-1``, values = headline score of that hypothesis (S-1 points each); plus the best
-        hypothesis, whether it is the applied one (mod S), and the permutation p. When a premise
-        fails (``premise_notes``) the ``identified`` column is replaced by ``premise`` ("fails"):
-        a best hypothesis then is no evidence that the weak spots moved."""
+        """Rows = applied shift, columns = hypothesised shift ``0..S-1`` (that hypothesis' score), plus the
+        best hypothesis, whether it is the applied one (mod S) and the permutation p. When a premise fails
+        the ``identified`` column is replaced by ``premise`` ("fails")."""
         ps = self.scores["per_shift"].set_index("shift")
         table = ps[[f"hypothesis_{k}" for k in range(self.stride)]].copy()
         table.columns = pd.Index(range(self.stride), name="hypothesised shift")
@@ -200,13 +166,9 @@ class CyclingResult(Result):
         return tidy
 
     def to_dict(self) -> dict:
-        """Headline scores (see ``scores`` / `cycling_scores`); keys are JSON-ready. ``r2_*`` is
-        the coefficient of determination of the parameter-free prediction (boundary excluded;
-        S-1 points per shift), ``corr2_*`` the squared correlation (slope and intercept fitted);
-        ``movement_r2`` (with its bootstrap interval) asks only where the weak spot went
-        (`movement`; NaN with fewer than 2 shifts), ``identified`` whether the applied shift is
-        the best hypothesis; when a premise fails (``premise_notes``) it is replaced by
-        ``identification`` ("not claimed") and ``premise`` / ``premise_notes`` say why."""
+        """Headline scores (`cycling_scores`), JSON-ready: ``r2_*`` (boundary excluded), ``corr2_*``,
+        ``movement_r2`` with its interval (NaN with fewer than 2 shifts) and ``identified``; when a premise
+        fails, ``identification`` ("not claimed") and ``premise`` / ``premise_notes`` say why."""
         s = self.scores
         ps = s["per_shift"].set_index("shift")
         by = lambda col, cast=float: {int(d): cast(ps.loc[d, col]) for d in ps.index}  # noqa: E731
@@ -338,65 +300,36 @@ def gate_cycling_profile(
     spec: Optional[CyclingSpec] = None,
 ) -> "CyclingResult":
     """Gate cycling scored on the whole accuracy profile (docs/science.md, "Gate cycling"): accuracy
-    per phase of the model with the gates of ``layers`` shifted by each of ``shifts`` (`shift_gates`),
-    plus the unshifted model (shift 0), against ``A_d(r) = A_0((r - d) mod S)``. The right score
-    when EVERY unit is shifted (the default ``layers=None`` shifts every layer); when one unit of
-    many is shifted, the others still serve their phases: use `gate_cycling_unit` there.
+    per phase with the gates of ``layers`` shifted by each of ``shifts`` (`shift_gates`), plus the
+    unshifted model (shift 0), against ``A_d(r) = A_0((r - d) mod S)``. Right when EVERY unit is shifted;
+    for one unit of many use `gate_cycling_unit`.
 
     Parameters:
         model: a W = S gated model or a DeepSeek-kernel model (own or Hugging Face), in eval mode.
         task: default: the evaluation task stored with the model.
-        shifts: non-zero shifts in slots (default None: every distinct shift mod S, as its
-            representative in (-S/2, S/2], e.g. -1, 1, 2 for S = 4); each must be non-zero mod S (a
-            shift by S moves nothing); shifts equal mod S are measured but scored once. With S = 4 a
-            per-shift score rests on 3 phases; S = 8 models give firmer scores.
+        shifts: shifts in slots, each non-zero mod S (default: every distinct shift mod S, as its
+            representative in (-S/2, S/2]); shifts equal mod S are measured but scored once.
         layers: None (every layer), one index or a list of distinct indices.
         kv_heads: None (every KV head of ``layers``) or the KV heads whose gates move.
-        mode: ``"roll"`` (default: roll the gate parameters, ``Z~_i = Z_{(i-d) mod W}``, ``b~_i = b_{(i-d) mod W}``)
+        mode: ``"roll"`` (roll the gate parameters, ``Z~_i = Z_{(i-d) mod W}``, ``b~_i = b_{(i-d) mod W}``)
             or ``"static"`` (shift only the prompt-independent part of each slot's gate logit,
-            `shift_static_gates`, with the mean logits over ``n_calibration`` calibration prompts).
-        branch: ``"both"`` (default), ``"k"`` or ``"v"`` (roll mode).
-        n_per_residue: prompts per residue (default None: 72, or the baseline's size when
-            ``baseline`` is given, so ``baseline=phase_profile(model)`` works as is; for the zoo task
-            72, 77, 80 and every size from 86 work; at most 500,000 prompts per call).
-        seed: prompt seed (default 0, as `phase_profile`'s), also the bootstrap seed.
-        n_calibration / calibration_seed: calibration prompts for the static mode's mean logits
-            (default 256, seed 1).
-        batch_size: prompts per forward pass (default 64, as `phase_profile`).
-        n_boot: bootstrap replicates of the result's ``intervals`` (default 1000).
-        progress: show a progress bar (default True).
+            `shift_static_gates`, with mean logits over ``n_calibration`` calibration prompts).
+        branch: ``"both"``, ``"k"`` or ``"v"`` (roll mode).
+        n_per_residue: prompts per residue (default: the baseline's size when ``baseline`` is given,
+            else 72; at most 500,000 prompts per call).
+        seed: prompt seed, also the bootstrap seed.
+        n_boot: bootstrap replicates of the result's ``intervals``.
         prompts: a pre-generated ``task.generate(...)`` batch to reuse across calls.
         spec: a ready `CyclingSpec` instead of the options above (not both).
-        baseline: a `PhaseProfile` of this model, unshifted, on the same prompts
-            (``phase_profile(model, prompts)``, also one loaded with ``PhaseProfile.load``). Its
-            per-prompt correctness becomes the shift-0 row, so that pass is not run again (one pass
-            of ``len(shifts) + 1``). Checked first: its records must list the same prompts (every
-            column of the prompts' ``meta`` and the answers), and the unshifted model, rerun on the
-            first batch, must predict the tokens the profile recorded with answer log-probs within
-            1e-4; otherwise a `UserInputError` says what differs.
+        baseline: a `PhaseProfile` of this model, unshifted, on the same prompts; its per-prompt
+            correctness becomes the shift-0 row. Its records must list the same prompts, and the
+            unshifted model rerun on the first batch must predict the recorded tokens with answer
+            log-probs within 1e-4; otherwise a `UserInputError` says what differs.
 
-    Returns a `CyclingResult`. On a model not fit for the experiment (`cycling_fitness`: a
-    payload map per slot, uniform gates, W != S) it runs as a negative control and the result's
-    ``premise_notes`` say so, as they do when a shift collapses the model or the unshifted profile
-    has no phase gap; ``identified`` is then not claimed.
-    """
-    if getattr(model, "training", False):
-        raise UserInputError("gate cycling needs the model in eval mode; call model.eval() first")
-    task = resolve_task(model, task)
-    layers_list = check_layers(model, spec.layers)  # spec.check_model's checks, keeping the normalized values
-    heads = check_kv_heads(model, spec.kv_heads)
-    if spec.mode == "static":
-        static_targets(model, layers_list)
-    else:
-        shift_targets(model, layers_list, spec.branch)  # validate before any work
-    shifts = check_shifts(spec.shifts, model.cfg.stride)
-    if prompts is not None:
-        spec.refuse_changed(("n_per_residue",), "prompts= gives the prompts, so their count is fixed")
-    if prompts is None:
-        n_per_residue = spec.size(task, baseline)
-    else:
-        check_prompt_batch(prompts)
-    batch = prompts if prompts is not None else task.generate(n_per_residue, seed=spec.seed)
+    Returns a `CyclingResult`. On a model not fit for the experiment (`cycling_fitness`) it runs as a
+    negative control and ``premise_notes`` say so; ``identified`` is then not claimed."""
+    task, layers_list, heads, shifts = spec.prepare(model, task, prompts, spec.branch)
+    batch = prompts if prompts is not None else task.generate(spec.size(task, baseline), seed=spec.seed)
     rows = cycling_records(model, task, batch, shifts, layers_list, heads, spec, baseline)
     return CyclingResult(shifts=shifts, residue=np.asarray(batch.meta["residue"].to_numpy(), dtype=np.int64),
                          correct=np.stack(rows), residue_modulus=task.residue_modulus, stride=model.cfg.stride,
@@ -424,11 +357,7 @@ def cycling_records(model, task, batch, shifts: tuple[int, ...], layers: list[in
                 if bar is not None:
                     bar.update(1)
                 continue
-            context = (contextlib.nullcontext(model) if d == 0  # the unshifted row (shift_gates refuses 0 mod S)
-                       else shift_static_gates(model, d, layers=layers, mean_logits=mean_logits, kv_heads=kv_heads)
-                       if spec.mode == "static"
-                       else shift_gates(model, d, layers=layers, branch=spec.branch, kv_heads=kv_heads))
-            with context:
+            with gate_shift(model, d, spec.mode, layers, kv_heads, spec.branch, mean_logits):
                 rows.append(_correct(model, batch, answer_pos, spec.batch_size))
             if bar is not None:
                 bar.update(1)

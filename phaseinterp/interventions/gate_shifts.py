@@ -1,21 +1,14 @@
-"""Gate shifts (docs/science.md section 2): the parameters a cyclic shift moves, and the context
-managers that move them and restore them exactly (even when the code inside raises).
-
-In a W = S model, `shift_gates` replaces the offset-specific gate parameters by their circular
-shift ``Z~_i = Z_{(i-d) mod W}``, ``b~_i = b_{(i-d) mod W}`` (payload maps untouched).
-DeepSeek kernel: ``gate_proj`` is shared by the slots of a half, so the offset-specific parameter
-is ``position_bias``; a shift rolls it by ``d`` within each S-block (for W = 2S both halves move
-together, which shifts the preferred phase by ``d``). `shift_static_gates` moves only the static
-part of each slot's mean gate logit (``mode="static"``); `cycling_fitness` says whether a model is
-fit for the experiment. The experiments are `gate_cycling_profile` (whole profile) and the unit-level
-score in `phaseinterp.interventions.unit_cycling`.
-"""
+"""Gate shifts (docs/science.md section 2): the parameters a cyclic shift moves, and context managers
+that move them and restore them exactly (even when the body raises). `shift_gates` rolls the
+offset-specific gate parameters, ``Z~_i = Z_{(i-d) mod W}``, ``b~_i = b_{(i-d) mod W}`` (DeepSeek kernel:
+``position_bias`` within each S-block); `shift_static_gates` moves only the static part of each slot's
+mean gate logit; `cycling_fitness` says whether a model is fit for the experiment."""
 
 from __future__ import annotations
 
 import copy
 import numbers
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Iterator, Optional, Sequence, Union
 
 import einops
@@ -38,13 +31,10 @@ def shift_targets(model, layers: list[int], branch: str) -> list[tuple[torch.nn.
 
 
 def check_shift(shift, model=None, layers=None) -> int:
-    """``shift`` as an int: an integer number of slots, and (given ``model``) non-zero mod its
-    stride S. The one rule for a gate shift, shared by the experiments (`check_shifts`), the
-    interventions (`shift_gates`, `shifted_copy`, `shift_static_gates`) and the CLI: a shift
-    that is 0 mod S moves nothing, so every one of them refuses it with the same message.
-    A model whose layers compress at different rates (DeepSeek-V4: CSA rate S, HCA rate R) is
-    checked against the rates of the shifted ``layers`` (None: every compressed layer): the shift
-    is refused when it is 0 mod each of them."""
+    """``shift`` as an int: an integer number of slots, and (given ``model``) non-zero mod its stride S,
+    the one rule of the experiments, the interventions and the CLI. A model whose layers compress at
+    different rates (DeepSeek-V4) is checked against the rates of the shifted ``layers`` (None: every
+    compressed layer): the shift is refused when it is 0 mod each of them."""
     if isinstance(shift, bool) or not isinstance(shift, (int, np.integer)):
         raise UserInputError(f"shift={shift!r} must be an integer number of slots")
     shift = int(shift)
@@ -121,18 +111,14 @@ def _parameters_replaced(pairs: list[tuple[torch.nn.Parameter, Tensor]]) -> Iter
 @contextmanager
 def shift_gates(model, shift: int, *, layers: Union[int, Sequence[int], None] = None, branch: str = "both",
                 kv_heads: Union[int, Sequence[int], None] = None) -> Iterator:
-    """Context manager (the intervention; `gate_cycling_profile` and `gate_cycling_unit` are the
-    experiments): inside the
-    ``with`` block the gates of ``layers`` are circularly shifted by ``shift`` slots.
+    """Context manager: inside the ``with`` block the gates of ``layers`` are circularly shifted by
+    ``shift`` slots (the intervention behind `gate_cycling_profile` and `gate_cycling_unit`).
 
-    ``Z~_i = Z_{(i-d) mod W}``, ``b~_i = b_{(i-d) mod W}`` with ``d = shift`` (an integer,
-    any sign; payload maps untouched; docs/science.md, "Gate cycling"). ``layers``: None
-    (default: every layer), one index or a list of distinct indices. ``kv_heads``: None
-    (default: every KV head of those layers) or the KV heads whose gates move (one unit's
-    gates: the others keep theirs). ``branch``: ``"both"`` (default), ``"k"`` or ``"v"`` (the
-    DeepSeek kernel and tied gates allow only "both"). Defined for W = S gated models and the
-    DeepSeek kernel. Restores every parameter bit-exactly on exit, also when the body raises.
-    """
+    ``Z~_i = Z_{(i-d) mod W}``, ``b~_i = b_{(i-d) mod W}``, ``d = shift`` (any sign; payload maps untouched).
+    ``layers``: None (every layer), one index or a list of distinct indices. ``kv_heads``: None (every
+    KV head) or the KV heads whose gates move. ``branch``: ``"both"``, ``"k"`` or ``"v"`` (the DeepSeek
+    kernel and tied gates allow only "both"). For W = S gated models and the DeepSeek kernel. Restores
+    every parameter bit-exactly on exit."""
     check_is_model(model)
     shift = check_shift(shift, model, layers)
     heads = check_kv_heads(model, kv_heads)
@@ -161,10 +147,9 @@ def shifted_copy(model, shift: int, *, layers: Union[int, Sequence[int], None] =
 def static_targets(model, layers: list[int]) -> list[tuple[int, str, torch.nn.Parameter, str, Optional[int]]]:
     """(layer, gate-logit hook, bias parameter, layout, KV-head axis) for the static-part shift.
 
-    Layouts map the per-slot mean logit ``[slot, kv_head(, d_head)]`` onto the bias parameter:
-    ``"slot"`` (gated kernel: ``b`` is ``[W, kv_head(, d_head)]``), ``"own_deepseek"``
-    (``position_bias`` ``[S, half, kv_head, d_head]``, slot = half * S + i) and ``"hf"``
-    (HF ``position_bias`` ``[S, half * d_head]``, one KV head)."""
+    Layouts map the per-slot mean logit ``[slot, kv_head(, d_head)]`` onto the bias: ``"slot"`` (``b``
+    ``[W, kv_head(, d_head)]``), ``"own_deepseek"`` (``position_bias`` ``[S, half, kv_head, d_head]``, slot =
+    half * S + i) and ``"hf"`` (``position_bias`` ``[S, half * d_head]``, one KV head)."""
     family = phase_model(model)
     shift_targets(model, layers, "both")  # the same validity rules as the roll
     out = []
@@ -180,12 +165,9 @@ def static_targets(model, layers: list[int]) -> list[tuple[int, str, torch.nn.Pa
 @torch.inference_mode()
 def mean_gate_logits(model, tokens: Tensor, *, layers: Union[int, Sequence[int], None] = None,
                      batch_size: int = 64) -> dict[str, Tensor]:
-    """Per slot, the mean gate logit over every closed window of ``tokens`` ``[batch, pos]``:
-    the prompt-independent part of each slot's gate (docs/science.md, "the static-part shift").
-
-    Returns ``{hook name: [slot, kv_head(, d_head)]}`` for each gate-logit hook of ``layers``
-    (entries whose logit is -inf, such as the older half of DeepSeek-V4's partial entry 0,
-    are left out of the mean)."""
+    """Per slot, the mean gate logit over every closed window of ``tokens`` ``[batch, pos]``: the
+    prompt-independent part of each slot's gate. Returns ``{hook name: [slot, kv_head(, d_head)]}`` per
+    gate-logit hook of ``layers`` (entries with logit -inf are left out of the mean)."""
     check_is_model(model)
 
     batch_size = check_int("batch_size", batch_size, 1)
@@ -225,11 +207,9 @@ def shift_static_gates(model, shift: int, *, layers: Union[int, Sequence[int], N
                        mean_logits: dict[str, Tensor], kv_heads: Union[int, Sequence[int], None] = None) -> Iterator:
     """Context manager: shift only the prompt-independent part of each slot's gate logit.
 
-    With ``mu_i`` the mean gate logit of slot ``i`` (`mean_gate_logits`, over calibration
-    prompts), the bias becomes ``b~_i = b_i + mu_{(i-d) mod W} - mu_i``: each slot's mean
-    preference moves by ``d`` slots while the prompt-dependent part ``Z_i h - E[Z_i h]`` stays
-    with its slot (docs/science.md explains why this differs from rolling ``Z`` and ``b``).
-    ``kv_heads`` as in `shift_gates`. Restores every parameter bit-exactly on exit."""
+    With ``mu_i`` the mean gate logit of slot ``i`` (`mean_gate_logits`), the bias becomes ``b~_i = b_i +
+    mu_{(i-d) mod W} - mu_i``: each slot's mean preference moves by ``d`` slots while ``Z_i h - E[Z_i h]``
+    stays. ``kv_heads`` as in `shift_gates`. Restores every parameter bit-exactly on exit."""
     check_is_model(model)
     shift = check_shift(shift, model, layers)
     heads = check_kv_heads(model, kv_heads)
@@ -248,6 +228,17 @@ def shift_static_gates(model, shift: int, *, layers: Union[int, Sequence[int], N
         pairs.append((bias, bias.detach() + delta))
     with _parameters_replaced(pairs):
         yield model
+
+
+def gate_shift(model, shift: int, mode: str, layers: list[int], kv_heads: Optional[list[int]], branch: str = "both",
+               mean_logits: Optional[dict[str, Tensor]] = None):
+    """The context of the model with its gates shifted by ``shift``: `shift_static_gates` (``mode="static"``)
+    or `shift_gates`; the model unchanged at shift 0."""
+    if shift == 0:
+        return nullcontext(model)
+    if mode == "static":
+        return shift_static_gates(model, shift, layers=layers, mean_logits=mean_logits, kv_heads=kv_heads)
+    return shift_gates(model, shift, layers=layers, branch=branch, kv_heads=kv_heads)
 
 
 def cycling_fitness(model) -> tuple[bool, str]:

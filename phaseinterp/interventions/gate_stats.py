@@ -1,12 +1,6 @@
-"""Gate statistics: where each compressor gate puts its weight, and how concentrated it is.
-
-``E[alpha]`` per layer x KV head x branch x slot over a task's windows; concentration
-(effective number of slots, docs/science.md section 2) static ``exp(H(E[alpha]))`` and per
-window ``E[exp(H(alpha))]`` (uniform = W, one-hot = 1); the gate from the static
-parameters alone (``softmax(b)``, or DeepSeek's ``position_bias``); and how a head's
-gate preference lines up with the phases where its knockout hurts. E[alpha] is the mean gate
-over windows (input-dependent), not a static preference; the static gate is ``static_alpha``.
-"""
+"""Gate statistics: ``E[alpha]`` per layer x KV head x branch x slot over a task's windows, its
+concentration (effective number of slots: static ``exp(H(E[alpha]))``, per window ``E[exp(H(alpha))]``),
+the static gate (``softmax(b)`` or DeepSeek's ``position_bias``), and its alignment with the knockouts."""
 
 from __future__ import annotations
 
@@ -34,13 +28,8 @@ def _entropy_exp(p, axis: int):
 @dataclass(frozen=True, eq=False, repr=False)
 class GateProfile(Result):
     """`gate_profile`'s result: one row per (layer, kv_head, branch, slot) in ``slots``, one row per
-    (layer, kv_head, branch) in ``heads``.
-
-    ``mean_alpha`` and ``static_alpha`` are gate weights (fractions summing to 1 over a window's
-    slots); concentrations are effective numbers of slots, from 1 (one-hot) to W (uniform).
-    ``summary()`` is the readable table (per head), ``to_dict()`` its numbers,
-    ``save(dir)``/``load(dir)`` the shared result format.
-    """
+    (layer, kv_head, branch) in ``heads``. ``mean_alpha`` and ``static_alpha`` are gate weights (summing to 1
+    over a window); concentrations are effective numbers of slots, 1 (one-hot) to W (uniform)."""
 
     slots: pd.DataFrame  # layer, kv_head, branch, slot, phase, mean_alpha, static_alpha
     heads: pd.DataFrame  # layer, kv_head, branch, preferred_slot, static_concentration, window_concentration, ...
@@ -66,15 +55,11 @@ class GateProfile(Result):
         return sub.sort_values(["layer", "kv_head", "slot"]).mean_alpha.to_numpy().reshape(layers, heads, self.window)
 
     def alignment(self, ablation, branch: str = "k") -> pd.DataFrame:
-        """Per (layer, kv_head): Pearson correlation across phases between the head's gate
-        preference (E[alpha] folded to phases) and its knockout harm (``-relative change``,
-        clipped at 0), and whether the preferred phase is among the phases it hurts most.
-        ``correlation`` uses the MEAN gate E[alpha] = E[softmax(Z h + b)] over windows, which on
-        the zoo models comes from the input-dependent ``Z h`` (``softmax(b)`` is near uniform);
-        ``static_correlation`` uses the static part ``softmax(b)`` alone. The paper speaks of
-        "static gate preferences"; here that is the second column, usually the weaker one. Each
-        correlation rests on S points (4 at S = 4); for a test on held-out prompts use
-        `phaseinterp.interventions.confirm`."""
+        """Per (layer, kv_head): Pearson correlation across phases between the gate preference (E[alpha]
+        folded to phases) and the knockout harm (``-relative change``, clipped at 0), and whether the
+        preferred phase is among the most hurt. ``correlation`` uses the mean gate E[softmax(Z h + b)],
+        ``static_correlation`` the static part ``softmax(b)``. Each rests on S points; for a held-out test
+        use `phaseinterp.interventions.confirm`."""
         rel = ablation.relative_change
         rows = []
         for (layer, kv), harm_row in rel.iterrows():
@@ -136,14 +121,9 @@ def gate_profile(model, task=None, *, n_per_residue: int = 8, seed: int = 0, bat
                  prompts=None, spec: Optional[GateProfileSpec] = None) -> GateProfile:
     """Gate statistics of every layer, KV head and branch over the task's windows.
 
-    Parameters: ``model`` a compressed model (the full-attention twin has no gates);
-    ``task`` default: the model's stored task; ``n_per_residue`` prompts per residue (default
-    8; no moment matching is needed here, so any size >= 1 works, at most 500,000 prompts);
-    ``seed`` (default 0); ``batch_size`` (default 64); ``prompts`` a pre-generated batch
-    (then ``n_per_residue`` does not apply); ``spec`` a ready `GateProfileSpec`
-    instead of the options (not both).
-    Returns a `GateProfile` (E[alpha] per slot, static and per-window concentration).
-    """
+    ``model``: a compressed model; ``task``: default the stored one; ``n_per_residue`` (no moment matching
+    needed: any size >= 1, at most 500,000 prompts); ``prompts``: a pre-generated batch (then
+    ``n_per_residue`` does not apply); ``spec``: a ready `GateProfileSpec` (not both). Returns a `GateProfile`."""
     check_is_model(model)
     spec.check_model(model)
     cfg = model.cfg

@@ -1,19 +1,13 @@
 """Phase through the Lightning Indexer: does top-k entry selection itself have a period?
 
-For every prompt and CSA layer of a wrapped DeepSeek-V4 (`phaseinterp.from_hf`), at the
-answer position: which compressed entries the indexer keeps (``hook_selected``) and how it
-ranks them (``hook_scores``), against the entries that hold the target. CSA entry ``j``
-covers positions ``(j-1)S .. jS+S-1`` (entry 0: ``0..S-1``), so a token at position ``v`` is
-in entries ``v // S`` (newer half) and ``v // S + 1`` (older half), when closed.
-
-Per prompt and layer: ``value_selected`` (an entry holding the target's value token — the
-answer, at ``target_pos + key_tokens`` — is selected), ``key_selected`` (the same for the
-target key at ``target_pos``), ``pair_selected`` (one selected entry holds both), and
-``value_rank`` (0 = the best entry holding the value is the indexer's top entry; among the
-closed entries; -1 when no entry holding it is closed) and ``value_margin`` (its score minus
-the k-th best score: >= 0 inside the top k, = 0 on a tie that top-k may break either way). Aggregated by target phase ``target_pos mod S`` with Wilson intervals and a
-chi-square test that every phase has the same selection rate.
-"""
+For every prompt and CSA layer of a wrapped DeepSeek-V4 (`phaseinterp.from_hf`), at the answer position:
+which compressed entries the indexer keeps (``hook_selected``) and how it ranks them (``hook_scores``).
+CSA entry ``j`` covers positions ``(j-1)S .. jS+S-1``, so position ``v`` is in entries ``v // S`` and
+``v // S + 1`` when closed. Per prompt and layer: ``value_selected`` (an entry holding the answer's
+value token at ``target_pos + key_tokens`` is kept), ``key_selected`` (the key at ``target_pos``),
+``pair_selected`` (one kept entry holds both), ``value_rank`` (0 = the best entry holding the value is
+the top entry; -1 when none is closed) and ``value_margin`` (its score minus the k-th best: >= 0 inside
+the top k). Aggregated by ``target_pos mod S`` with Wilson intervals and a chi-square homogeneity test."""
 
 from __future__ import annotations
 
@@ -44,12 +38,8 @@ RATES = ("value_selected", "key_selected", "pair_selected")
 class IndexerPhaseResult(Result):
     """Per (prompt, CSA layer) indexer outcomes at the answer position (``records``), by target phase.
 
-    Each phase's rate rests on that phase's prompts (``n`` per row of `to_frame`); the
-    homogeneity p-value tests the ``stride`` phase rates against one common rate (an indexer
-    blind to phase gives p ~ uniform, a phase-periodic one p -> 0 as prompts grow). The shared
-    result protocol (`phaseinterp.results.Result`): ``summary()`` table, ``to_dict()``, ``save`` /
-    ``load`` (meta.json + arrays.npz), ``==`` by content.
-    """
+    Each phase's rate rests on that phase's prompts (``n`` in `to_frame`); the homogeneity p-value tests
+    the ``stride`` phase rates against one common rate."""
 
     records: pd.DataFrame
     stride: int
@@ -264,10 +254,8 @@ def indexer_phase(model, task=None, *, layers: Optional[Sequence[int]] = None, n
 @dataclass(frozen=True, eq=False, repr=False)
 class ForcedSelectionResult(Result):
     """Accuracy with the indexer as it is (``clean_correct``) and with its selection at the answer
-    position forced to include every closed entry holding the target's value (``forced_correct``),
-    per prompt (``records``). The forced entries replace the lowest-ranked selected ones, so the
-    count of kept entries (top-k) is unchanged. Rates per phase rest on that phase's prompts.
-    The shared result protocol (`phaseinterp.results.Result`)."""
+    position forced to include every closed entry holding the target's value (``forced_correct``), per
+    prompt (``records``); the forced entries replace the lowest-ranked selected ones (top-k unchanged)."""
 
     records: pd.DataFrame
     stride: int

@@ -1,19 +1,11 @@
 """`ablate`'s knockouts: the calibration mean of ``hook_z``, the mean-replacement hook, and the two
 ways to run every unit's replacement at the answer position.
 
-Cached path (`_cached_knockouts`, both families): the model's one forward with a KV cache. A
-prefill of the prompts' prefix, one step of the answer position on a fork of the cache (the clean
-answer; the residual entering each layer kept), then for each layer its V units as V variants of that
-step from the layer on (``model(resid, cache=cache.fork(V), start_at_layer=L)``). Every hook the user
-attached fires on each call, on the positions it computes (docs/hooks.md, "The rule").
-Naive path (`_naive_knockouts`): a hooked full forward per unit, the reference both equal to 1e-5. On
-every path the replacement is one ``hook_z`` hook, `mean_replacement_hook`, which edits the answer
-position only.
-
-Unit-level gate cycling repeats one layer's knockout under several gate shifts of that layer:
-`shifted_knockouts` runs the layers below it once per prompt batch for every shift (``stop_at_layer`` /
-``start_at_layer``; bit-identical to the per-shift loop, tested).
-"""
+Cached path (`_cached_knockouts`): a prefill of the prompts' prefix, one step of the answer position on
+a fork of the cache, then per layer its V units as V variants of that step from the layer on
+(``model(resid, cache=cache.fork(V), start_at_layer=L)``); user hooks fire on the positions each call
+computes (docs/hooks.md). Naive path (`_naive_knockouts`): a hooked full forward per unit; both equal to
+1e-5. `shifted_knockouts` runs the layers below a unit once for several gate shifts of its layer."""
 
 from __future__ import annotations
 
@@ -43,10 +35,8 @@ class KnockoutOutputs(NamedTuple):
 def knockout_measures(model, tokens, answer_pos: int, answer, units, mean_z, batch_size: int = 64,
                       method: str = "fast", bar=None) -> KnockoutOutputs:
     """Every unit's mean replacement at ``answer_pos`` (``units``: rows with ``layer`` and ``heads``;
-    ``mean_z`` ``[layer, head, d_head]``). ``method="fast"``: the cached forward (module docstring)
-    where the model protocol has it (`PhaseModel.has_fast_ablation`: both families), else the hooked
-    full forward per unit; ``"naive"`` always takes the hooked full forward. Both agree to 1e-5 and
-    run every hook the user attached (tests)."""
+    ``mean_z`` ``[layer, head, d_head]``). ``method="fast"``: the cached forward where the family has it
+    (`PhaseModel.has_fast_ablation`), else the hooked full forward per unit, which ``"naive"`` always takes."""
     run = _cached_knockouts if method == "fast" and phase_model(model).has_fast_ablation else _naive_knockouts
     return run(model, tokens, answer_pos, torch.as_tensor(answer), units, mean_z, batch_size, bar)
 
@@ -186,16 +176,12 @@ def _cached_knockouts(model, tokens, answer_pos, answer, units, mean_z, batch_si
 def shifted_knockouts(model, tokens, answer_pos: int, answer, units, variants, calib_tokens, batch_size: int = 64,
                       bar=None):
     """`calibration_mean_z` and `knockout_measures` for the units of ONE layer ``L`` under several
-    variants of the model (``variants``: zero-argument context-manager factories, each changing
-    only layer ``L``'s parameters or hooks, e.g. a shift of its gates; the mean is taken under the
-    same variant). Returns one `KnockoutOutputs` per variant.
+    ``variants`` (zero-argument context-manager factories changing only layer ``L``, the mean taken under
+    the same variant). Returns one `KnockoutOutputs` per variant.
 
-    Nothing below ``L`` changes between variants, so on the own family (`shares_lower_layers`)
-    layers ``0 .. L-1`` run once per prompt batch (``stop_at_layer=L``) and every variant reruns
-    only ``L ..`` (``start_at_layer=L``) on a copy of that cache: the same operations on the same
-    batches as calling both functions inside each variant (bit-identical, tested), at about
-    ``(L + V (n_layers - L)) / (V n_layers)`` of the cost for V variants. Elsewhere it is that
-    per-variant loop. ``bar`` (optional) advances by one per prompt and variant."""
+    On the own family (`shares_lower_layers`) layers ``0 .. L-1`` run once per batch (``stop_at_layer=L``)
+    and each variant reruns ``L ..`` on a copy of that cache, bit-identical to the per-variant loop used
+    elsewhere. ``bar`` (optional) advances by one per prompt and variant."""
     layers = sorted({int(layer) for layer in units.layer})
     if len(layers) != 1:
         raise UserInputError(f"shifted_knockouts takes the units of one layer, got layers {layers}")
@@ -266,16 +252,12 @@ def _shifted_mean_z(model, tokens, answer_pos: int, layer: int, variants, batch_
 
 def mean_replacement_hook(model, layer: int, heads, mean_z, answer_pos: int) -> tuple:
     """``(hook name, hook function)`` replacing ``hook_z`` of the query ``heads`` of ``layer`` at
-    ``answer_pos`` by their calibration mean ``mean_z[layer, heads]`` (``[layer, head, d_head]``): the
-    mean replacement of `ablate`, on every path. For ``run_with_hooks(..., fwd_hooks=[...])`` or
-    ``model.hooks(...)``.
+    ``answer_pos`` by ``mean_z[layer, heads]`` (``mean_z`` ``[layer, head, d_head]``), for
+    ``run_with_hooks(..., fwd_hooks=[...])`` or ``model.hooks(...)``.
 
-    The function finds ``answer_pos`` among the positions it is given through
-    ``hook.ctx["query_range"] == (a, b)`` (the full forward: ``(0, T)``; a step of the answer position:
-    ``(p, p + 1)``, ``z`` ``[batch, 1, head, d_head]``), and leaves ``z`` alone when ``answer_pos`` is
-    not among them. ``heads``: the query-head ids of one unit, or one list per variant (the cached
-    sweep runs a layer's V units as V variants of each prompt: row ``r`` of ``z`` is prompt
-    ``r // V``, variant ``r % V``, which gets ``heads[r % V]``)."""
+    It finds ``answer_pos`` through ``hook.ctx["query_range"] == (a, b)`` and leaves ``z`` alone when the
+    position is not among them. ``heads``: one unit's query-head ids, or one list per variant (row ``r``
+    of ``z`` is prompt ``r // V``, variant ``r % V``)."""
     groups = [list(g) for g in heads] if heads and not isinstance(heads[0], (int, np.integer)) else [list(heads)]
     mask = torch.zeros(len(groups), model.cfg.n_heads, dtype=torch.bool)
     for v, group in enumerate(groups):

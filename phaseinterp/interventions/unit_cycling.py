@@ -1,23 +1,12 @@
 """Gate cycling at the grain of one unit (docs/science.md, "Unit-level gate cycling").
 
-Shift the gates of ONE unit (a layer's KV head, or the KV heads listed) and measure that
-unit's own contribution per phase,
-
-    C_d(r) = m(shifted) - m(shifted, unit mean-replaced at the answer position),
-
-with ``m`` the mean answer log-prob (default) or accuracy over the prompts at phase ``r``.
-Prediction: ``C_d(r) = C_0((r - d) mod S)``. When one unit of many is shifted the
-whole-profile prediction ``A_d(r) = A_0((r - d) mod S)`` cannot hold (the other units still
-serve their phases); this score asks whether the unit's OWN phase moves with its gates.
-
-`specialized_units` picks the units to cycle by a rule on a selection split (knockout hurts
-at most 3 adjacent phases), plus a negative control (a cyclable unit whose knockout has no
-phase structure); `gate_cycling_unit(...)` scores a unit on held-out prompts.
-"""
+Shift the gates of ONE unit (a layer's KV head, or the KV heads listed) and measure its own contribution
+per phase, ``C_d(r) = m(shifted) - m(shifted, unit mean-replaced at the answer position)`` (``m``: mean
+answer log-prob or accuracy at phase ``r``), against ``C_d(r) = C_0((r - d) mod S)``. `specialized_units`
+picks units by a rule on a selection split; `gate_cycling_unit` scores one on held-out prompts."""
 
 from __future__ import annotations
 
-import contextlib
 
 import functools
 import warnings
@@ -53,9 +42,8 @@ from phaseinterp.interventions.gate_shifts import (
     check_kv_heads,
     check_shift,
     check_shifts,
+    gate_shift,
     mean_gate_logits,
-    shift_gates,
-    shift_static_gates,
     shift_targets,
     static_targets,
 )
@@ -72,19 +60,11 @@ def unit_label(layers: Sequence[int], kv_heads: Optional[Sequence[int]]) -> str:
 class UnitCyclingResult(Result):
     """`gate_cycling_unit(...)`'s result: one unit's contribution per phase under each gate shift.
 
-    Per shift ``d`` (0 = unshifted) and prompt: ``measure_shifted`` (the answer log-prob, or 0/1
-    correctness, of the model with the unit's gates shifted by ``d``) and ``measure_knocked``
-    (the same model with the unit mean-replaced at the answer position; the mean is taken over
-    calibration prompts under the same shift). The unit's contribution is their difference;
-    ``contribution()`` averages it per phase: ``C_d(r)``.
-
-    Scores (``scores``) compare ``C_d`` with the parameter-free prediction ``C_0((r - d) mod S)``:
-    ``r2`` over all S phases (S points per shift: 8 at S = 8, 4 at S = 4; negative when the
-    prediction is worse than the observations' mean, e.g. scoring against the wrong shift),
-    ``r2_no_boundary`` without phase S-1, the boundary phase's observed and predicted values
-    separately, every hypothesised shift's residual and whether the applied one is strictly
-    best (identification), with exact permutation p-values; ``intervals()`` bootstraps prompts.
-    """
+    Per shift ``d`` (0 = unshifted) and prompt: ``measure_shifted`` (answer log-prob or 0/1 correctness
+    with the unit's gates shifted by ``d``) and ``measure_knocked`` (the same with the unit mean-replaced
+    at the answer position, the mean under the same shift); ``contribution()`` averages their difference
+    per phase: ``C_d(r)``. ``scores`` compare ``C_d`` with ``C_0((r - d) mod S)`` (R² over all S phases and
+    without the boundary, identification, exact permutation p-values); ``intervals()`` bootstraps prompts."""
 
     shifts: tuple[int, ...]
     residue: np.ndarray
@@ -105,12 +85,9 @@ class UnitCyclingResult(Result):
 
     @property
     def premise_notes(self) -> tuple[str, ...]:
-        """The premises of ``C_d(r) = C_0((r - d) mod S)`` that fail: the model is fit for gate
-        cycling (``premise_recorded``), the unit's unshifted contribution ``C_0`` differs between
-        phases beyond 3 standard errors (a unit without phase structure has nothing to move: the
-        negative control of `specialized_units` is expected to fail here), and no shift collapses
-        the model's accuracy below half the unshifted one. With any failing, ``identified`` is not
-        claimed."""
+        """The premises of ``C_d(r) = C_0((r - d) mod S)`` that fail: the model is fit for gate cycling
+        (``premise_recorded``), ``C_0`` differs between phases beyond 3 standard errors, and no shift drops
+        the accuracy below half the unshifted one. With any failing, ``identified`` is not claimed."""
         notes = list(super().premise_notes)
         phases = self.residue % self.stride
         values = self.measure_shifted[0] - self.measure_knocked[0]
@@ -173,17 +150,11 @@ class UnitCyclingResult(Result):
     def scores(self) -> dict:
         """Point estimates and exact permutation tests (`unit_permutation_tests`).
 
-        ``per_shift`` columns: ``shift``, ``r2`` (all S phases), ``r2_no_boundary`` (S-1),
-        ``corr2``, ``mae``, ``boundary_observed`` / ``boundary_predicted`` (phase S-1),
-        ``peak_phase`` (where the shifted unit contributes most) and ``predicted_peak``,
-        ``hypothesis_<k>`` (R² of hypothesised shift k = 0..S-1), ``best`` (the hypothesis with
-        the smallest residual, signed), ``identified`` (the applied shift is strictly best),
-        ``r2_p`` (exact permutation p of ``r2``), ``identification_null`` (chance of identifying
-        it by luck, about 1/S). Pooled: ``r2_pooled``, ``n_identified`` of ``n_shifts``,
-        ``identification_p`` (exact joint p of at least that many identifications), and
-        ``movement_r2`` / ``movement_corr2``: the paper's figure, ``best`` (the displacement of the
-        contribution peak) against the applied shift over the shifts (one point per shift: 6 at
-        S = 8; NaN with fewer than 2 shifts; `movement` adds the bootstrap intervals)."""
+        ``per_shift`` columns: ``shift``, ``r2`` (all S phases), ``r2_no_boundary``, ``corr2``, ``mae``,
+        ``boundary_observed`` / ``boundary_predicted``, ``peak_phase`` / ``predicted_peak``,
+        ``hypothesis_<k>`` (R² of hypothesised shift k), ``best`` (signed), ``identified``, ``r2_p``,
+        ``identification_null``. Pooled: ``r2_pooled``, ``n_identified`` of ``n_shifts``,
+        ``identification_p``, ``movement_r2`` / ``movement_corr2`` (NaN with fewer than 2 shifts)."""
         c0, c, scored = self._arrays()
         S, boundary = self.stride, self.boundary_phase
         if not scored:
@@ -216,16 +187,11 @@ class UnitCyclingResult(Result):
         """Movement R² (docs/science.md, "Movement R²"): did the unit's contribution peak move by the
         applied shift?
 
-        Per scored shift d the displacement is ``best`` in ``scores`` (the hypothesised shift k whose
-        ``C_0((r - k) mod S)`` has the smallest residual over all S phases, i.e. the argmax of the
-        circular cross-correlation of ``C_d`` with ``C_0``, as its representative in (-S/2, S/2]; the
-        boundary phase is kept, as in the unit's R² and identification, whose estimate this is), with
-        a percentile bootstrap interval from the same resamples as `intervals` (prompts within
-        residue groups, paired across shifts). Over the shifts: ``movement_r2 = 1 - sum (delta -
-        d)^2 / sum (delta - mean delta)^2`` (one point per shift), ``movement_r2_ci``,
-        ``movement_corr2``; `movement_scores` has every column. Computed on the result's prompts:
-        the held-out split when the unit was picked by `specialized_units` (selection seed 1000,
-        scoring seed 0 by default). Raises `UserInputError` with fewer than 2 scored shifts."""
+        Per scored shift the displacement is ``best`` in ``scores`` (the argmax of the circular
+        cross-correlation of ``C_d`` with ``C_0``, in (-S/2, S/2], boundary phase kept), with a percentile
+        bootstrap interval from the resamples of `intervals`. Over the shifts: ``movement_r2 = 1 - sum (delta -
+        d)^2 / sum (delta - mean delta)^2``, ``movement_r2_ci``, ``movement_corr2``; `movement_scores` has every
+        column. Raises `UserInputError` with fewer than 2 scored shifts."""
         scored = list(self.scored_shifts)
         point = self.scores["per_shift"].set_index("shift").loc[scored, "best"].to_numpy(int)
         return movement_scores(point, scored, self.stride, bootstrap=self._boot["displacement"],
@@ -311,11 +277,9 @@ class UnitCyclingResult(Result):
         ))
 
     def to_dict(self) -> dict:
-        """Headline numbers: the unit, how it was shifted and measured, the pooled R² with its 95%
-        interval, the movement R² with its interval (`movement`: did the peak move by the applied
-        shift; NaN with fewer than 2 shifts), ``premise`` / ``premise_notes``, identification (not
-        claimed when a premise fails) and its exact joint p, R² per shift
-        (S points each, all phases), and where the unit's contribution peaks per shift."""
+        """Headline numbers: the unit, shift mode and measure, pooled R² and movement R² with their 95%
+        intervals, ``premise`` / ``premise_notes``, identification and its exact joint p, R² per shift and
+        where the contribution peaks per shift."""
         s = self.scores
         ps = s["per_shift"].set_index("shift")
         iv = self.intervals()
@@ -407,6 +371,24 @@ class GateCyclingChecks:
         check_kv_heads(model, self.kv_heads)
         check_shifts(self.shifts, model.cfg.stride)
 
+    def prepare(self, model, task, prompts, branch: str = "both") -> tuple:
+        """The checks before any work (eval mode, the task, layers, KV heads, the gates to move, shifts,
+        the given prompts); returns ``(task, layers, kv_heads, shifts)``, normalized."""
+        if getattr(model, "training", False):
+            raise UserInputError("gate cycling needs the model in eval mode; call model.eval() first")
+        task = resolve_task(model, task)
+        layers = check_layers(model, self.layers)
+        heads = check_kv_heads(model, self.kv_heads)
+        if self.mode == "static":
+            static_targets(model, layers)
+        else:
+            shift_targets(model, layers, branch)
+        shifts = check_shifts(self.shifts, model.cfg.stride)
+        if prompts is not None:
+            self.refuse_changed(("n_per_residue",), "prompts= gives the prompts, so their count is fixed")
+            check_prompt_batch(prompts)
+        return task, layers, heads, shifts
+
 
 @no_type_check  # validate() checks each option and names it; a runtime type checker would preempt it
 class UnitCyclingSpec(GateCyclingChecks, UnitCyclingOptions):
@@ -448,31 +430,16 @@ def gate_cycling_unit(
 ) -> UnitCyclingResult:
     """Gate cycling scored on ONE unit's own contribution (docs/science.md, "Unit-level gate cycling").
 
-    Shift the gates of one unit (``layers`` and optionally ``kv_heads``) by each of ``shifts`` and
-    measure the unit's own contribution per phase, ``C_d(r) = m(shifted) - m(shifted, unit
-    mean-replaced)`` (``measure``: ``"logprob"``, the mean answer log-prob, default, or
-    ``"accuracy"``), against ``C_d(r) = C_0((r - d) mod S)``. When one unit of many is shifted the
-    whole-profile prediction (`gate_cycling_profile`) cannot hold: the other units still serve their
-    phases. `specialized_units` picks units by a rule. ``mode``, ``n_per_residue``, ``seed``,
-    ``n_calibration``/``calibration_seed`` (the mean replacement's and the static mode's calibration
-    prompts), ``batch_size``, ``n_boot``, ``progress`` and ``prompts`` as in `gate_cycling_profile`;
-    ``spec``: a ready `UnitCyclingSpec` instead of the options (not both).
-    Returns a `UnitCyclingResult`; its ``premise_notes`` say when the model is not fit for gate
-    cycling, the unit's contribution has no phase structure, or a shift collapses the model."""
+    Shift the gates of one unit (``layers``, optionally ``kv_heads``) by each of ``shifts`` and measure
+    ``C_d(r) = m(shifted) - m(shifted, unit mean-replaced)`` per phase (``measure``: ``"logprob"`` or
+    ``"accuracy"``) against ``C_d(r) = C_0((r - d) mod S)``. The other options are `gate_cycling_profile`'s
+    (``n_calibration`` also sizes the mean replacement); ``spec``: a ready `UnitCyclingSpec` (not both).
+    Returns a `UnitCyclingResult`."""
     check_is_model(model)
-    if getattr(model, "training", False):
-        raise UserInputError("gate_cycling needs the model in eval mode; call model.eval() first")
-    task = resolve_task(model, task)
-    layers_list = check_layers(model, spec.layers)  # spec.check_model's checks, keeping the normalized values
-    heads = check_kv_heads(model, spec.kv_heads)
-    (static_targets if spec.mode == "static" else lambda m, ls: shift_targets(m, ls, "both"))(model, layers_list)
-    shifts = check_shifts(spec.shifts, model.cfg.stride)
-    if prompts is not None:
-        spec.refuse_changed(("n_per_residue",), "prompts= gives the prompts, so their count is fixed")
+    task, layers_list, heads, shifts = spec.prepare(model, task, prompts)
     if prompts is None:
         spec.check_task(task)
     else:
-        check_prompt_batch(prompts)
         check_calibration_size(spec.n_calibration, task.residue_modulus)
     batch = prompts if prompts is not None else task.generate(spec.n_per_residue, seed=spec.seed)
     shifted, knocked, correct = unit_cycling_records(model, task, batch, shifts, layers_list, heads, spec)
@@ -499,9 +466,7 @@ def unit_cycling_records(model, task, batch, shifts, layers_list: list[int], hea
     units = _layer_units(model, layers_list, heads)
     mean_logits = mean_gate_logits(model, calib_tokens, layers=layers_list, batch_size=batch_size) if mode == "static" else None
     def variant(d):
-        return lambda: (contextlib.nullcontext(model) if d == 0  # the unshifted row (shift_gates refuses 0 mod S)
-                        else shift_static_gates(model, d, layers=layers_list, mean_logits=mean_logits, kv_heads=heads) if mode == "static"
-                        else shift_gates(model, d, layers=layers_list, branch="both", kv_heads=heads))
+        return lambda: gate_shift(model, d, mode, layers_list, heads, mean_logits=mean_logits)
 
     bar = progress_bar(spec.progress, len(shifts) * len(batch), f"unit gate cycling ({unit_label(layers_list, heads)})")
     shifted, knocked, correct = [], [], []
@@ -540,12 +505,9 @@ def unit_cycling_records(model, task, batch, shifts, layers_list: list[int], hea
 class UnitSelection(Result):
     """`specialized_units`'s result: which units the rule picked, on which prompts, and why.
 
-    ``table`` has one row per candidate unit (layer, kv_head, the query heads, the phases its
-    knockout hurts on the selection split, the longest adjacent run, the worst change in
-    percentage points, whether its gates can be cycled) and its ``role``: ``"specialized"``
-    (hurt on 1..``max_phases`` adjacent phases and nowhere else), ``"control"`` (the negative
-    control: a cyclable unit hurt on no phase, the smallest largest absolute change) or ``""``.
-    """
+    ``table``: one row per candidate unit (layer, kv_head, query heads, hurt phases on the selection
+    split, longest adjacent run, worst change in pp, whether its gates can be cycled) and its ``role``:
+    ``"specialized"``, ``"control"`` or ``""``."""
 
     table: pd.DataFrame
     rule: str
@@ -647,21 +609,16 @@ def specialized_units(
 ) -> UnitSelection:
     """Pick the units to cycle by a rule fixed in code, on a selection split of prompts.
 
-    Runs `ablate` (per-KV-head mean replacement) on ``n_per_residue`` prompts drawn with
-    ``seed`` (default 1000: a split separate from the held-out prompts `gate_cycling` scores on,
-    seed 0 by default) and reads `AblationResult.specialization` (a phase is *hurt* when the
-    knockout's change is significant after Holm's correction over units x phases, at most -50%
-    relative, on a phase with clean accuracy >= 10%). Rule:
+    Runs `ablate` on ``n_per_residue`` prompts of ``seed`` (a split apart from `gate_cycling`'s held-out
+    seed 0) and reads `AblationResult.specialization`. Rule:
 
-    - **specialized**: hurt on 1..``max_phases`` (default 3) phases, all adjacent (circularly),
-      fewer than S (a unit hurt at every phase serves them all), and the unit's gates can be cycled;
-    - **control** (negative control): among cyclable units hurt on no phase, the one whose
-      largest absolute change over phases (pp) is smallest (ties: the lowest layer).
+    - **specialized**: hurt on 1..``max_phases`` adjacent phases (circularly), fewer than S, gates cyclable;
+    - **control**: among cyclable units hurt on no phase, the one with the smallest largest absolute
+      change (pp; ties: the lowest layer).
 
-    ``ablation``: a precomputed `AblationResult` on the selection split (skips the sweep; the sweep's
-    options then do not apply). ``spec``: a ready `SelectionSpec` instead of the options (not both).
-    Returns a `UnitSelection`; ``.units("specialized")`` gives `gate_cycling` arguments.
-    """
+    ``ablation``: a precomputed `AblationResult` on the selection split (the sweep's options then do not
+    apply). ``spec``: a ready `SelectionSpec` (not both). Returns a `UnitSelection`;
+    ``.units("specialized")`` gives `gate_cycling` arguments."""
     check_is_model(model)
     spec.check_model(model)
     if ablation is None:
