@@ -12,8 +12,7 @@ from scipy import stats as scipy_stats
 
 from phaseinterp import CompressedTransformer
 from phaseinterp.errors import UserInputError
-from phaseinterp.interventions import (AblationResult, ConfirmResult, ConfirmSpec, ReplacementSpec, ablate, confirm,
-                                       replacement_ablation)
+from phaseinterp.interventions import AblationResult, ConfirmResult, ablate, confirm, replacement_ablation
 from phaseinterp.interventions.confirm import ablation_agreement, confirm_nominations, nominate_heads
 from phaseinterp.interventions.gate_stats import GateProfile
 from conftest import make_model, small_task
@@ -142,18 +141,6 @@ def test_confirm_runs_end_to_end_and_round_trips(payload, prompts, tmp_path):
     assert isinstance(res.summary(), pd.DataFrame) and list(res.summary().index) == list(res.to_dict())
     assert res != replace(res, n_hits=res.n_hits + 1)
     assert res != replace(res, ablation_tests=res.ablation_tests.iloc[1:])
-
-
-def test_confirm_and_replacement_ablation_from_a_spec_equal_the_keywords(prompts):
-    model = make()
-    nomination = TASK.generate(2, seed=2, strict=False)
-    options = dict(n_calibration=8, methods=["mean", "resample"], cycling=False, progress=False)
-    by_keywords = confirm(model, TASK, prompts=prompts, nomination_prompts=nomination, **options)
-    by_spec = confirm(model, TASK, prompts=prompts, nomination_prompts=nomination, spec=ConfirmSpec(**options))
-    assert by_keywords == by_spec
-    a = replacement_ablation(model, TASK, method="norm_matched", n_calibration=8, prompts=prompts)
-    b = replacement_ablation(model, TASK, prompts=prompts, spec=ReplacementSpec(method="norm_matched", n_calibration=8))
-    np.testing.assert_array_equal(a.knockout_correct, b.knockout_correct)
 
 
 def test_confirm_checks_every_split_before_a_forward(prompts):

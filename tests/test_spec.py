@@ -71,60 +71,94 @@ def test_a_function_whose_options_drift_from_its_spec_is_refused_when_its_module
 
 
 # ------------------------------------------------------------------ the same run from either form
-def test_phase_profile_from_a_spec_equals_the_keywords_and_records_then_result_equal_the_call(w4s4):
-    by_keywords = pi.phase_profile(w4s4, seed=3, n_per_residue=72, progress=False)
-    spec = pi.ProfileSpec(seed=3, n_per_residue=72, progress=False)
-    by_spec = pi.phase_profile(w4s4, spec=spec)
-    pd.testing.assert_frame_equal(by_keywords.records, by_spec.records)
-    # the three steps by hand: spec -> prompts -> records -> result
+# Options that differ from the defaults, one set per experiment: the keywords and ``spec=`` of them.
+OPTIONS = {
+    "phase_profile": dict(seed=3, n_per_residue=72, progress=False),
+    "engine_profile": dict(stride=4, n_per_residue=77, axis="length", hold=2, progress=False),
+    "ablate": dict(layer=1, n_calibration=48, progress=False),
+    "gate_cycling_profile": dict(shifts=[1], layers=[1], progress=False),
+    "gate_cycling_unit": dict(shifts=[1], layers=[1], kv_heads=[0], n_calibration=48, progress=False),
+    "conformance": dict(modes=["decode"], n_per_residue=2, progress=False),
+    "gate_profile": dict(n_per_residue=2, seed=5),
+    "specialized_units": dict(max_phases=2),
+    "confirm": dict(n_calibration=8, methods=["mean", "resample"], cycling=False, progress=False),
+    "replacement_ablation": dict(method="norm_matched", n_calibration=8),
+    "indexer_phase": dict(layers=[1], n_per_residue=77, seed=2),
+    "force_target_selection": dict(layers=1, batch_size=8),
+}
+
+
+def _wrappers(fn):
+    """``fn`` and each function it wraps (``__wrapped__``), outermost first."""
+    chain = [fn]
+    while hasattr(chain[-1], "__wrapped__"):
+        chain.append(chain[-1].__wrapped__)
+    return chain
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_an_experiment_from_a_spec_runs_its_body_as_the_keywords_do(name):
+    """The keywords and ``spec=`` of them reach the experiment's body as the same arguments: the same
+    spec (by value) and each option as that spec holds it (normalized). The body the probe wraps stands
+    in for the experiment's own (its signature), under the same `experiment` wrapper the public function
+    goes through; so two runs of the experiment, one from each form, would compute the same thing."""
+    fn, spec_type = EXPERIMENTS[name]
+    options = OPTIONS[name]
+
+    def body(*args, **kwargs):
+        return args, kwargs
+
+    body.__signature__ = inspect.signature(inspect.unwrap(fn))
+    probe = experiment(spec_type)(body)
+    assert any(f.__code__ is probe.__code__ for f in _wrappers(fn)), f"{name} does not go through experiment()"
+    model, task = object(), object()
+    by_keywords = probe(model, task, **options)
+    by_spec = probe(model, task, spec=spec_type(**options))
+    assert by_keywords == by_spec
+    received = inspect.signature(body).bind(*by_keywords[0], **by_keywords[1]).arguments
+    kwargs = {**received.pop("kwargs", {}), **received}
+    assert kwargs[list(kwargs)[0]] is model and kwargs["task"] is task
+    assert kwargs["spec"] == spec_type(**options)
+    for field in dataclasses.fields(spec_type):
+        assert kwargs[field.name] == getattr(kwargs["spec"], field.name), (name, field.name)
+    assert {k: kwargs[k] for k in options} != {k: _default(f) for f in dataclasses.fields(spec_type)
+                                              for k in options if f.name == k}, "the options are all defaults"
+
+
+@pytest.fixture(scope="module")
+def small_task(w4s4):
+    """The zoo task shrunk (64 tokens, R = 8): 24 prompts per residue moment-match in a fraction of a second."""
+    return dataclasses.replace(pi.zoo.task_for(w4s4), seq_len=64, n_records=12, n_demos=2, residue_modulus=8,
+                               min_distance=20)
+
+
+def test_phase_profile_is_its_spec_s_three_steps(w4s4, small_task):
+    """spec -> prompts -> records -> result by hand give ``phase_profile(spec=)``'s numbers."""
+    spec = pi.ProfileSpec(seed=3, n_per_residue=24, progress=False)
+    by_spec = pi.phase_profile(w4s4, small_task, spec=spec)
     from phaseinterp.profile import profile_records
 
     stride = spec.stride_of(w4s4)
-    batch = spec.prompts(pi.zoo.task_for(w4s4), stride)
+    batch = spec.prompts(small_task, stride)
     records = profile_records(w4s4, batch, spec, stride)
+    pd.testing.assert_frame_equal(records, by_spec.records)
     result = spec.result(records, batch.residue_modulus, stride, by_spec.label)
     np.testing.assert_array_equal(result.phase_accuracy, by_spec.phase_accuracy)
     assert result.period_p_value == by_spec.period_p_value
 
 
-def test_ablate_and_gate_cycling_from_a_spec_equal_the_keywords(w4s4):
-    a = pi.ablate(w4s4, layer=1, n_calibration=48, progress=False)
-    b = pi.ablate(w4s4, spec=pi.AblationSpec(layer=1, n_calibration=48, progress=False))
-    np.testing.assert_array_equal(a.knockout_correct, b.knockout_correct)
-    np.testing.assert_array_equal(a.clean_correct, b.clean_correct)
-    c = pi.gate_cycling_profile(w4s4, shifts=[1], layers=[1], progress=False)
-    d = pi.gate_cycling_profile(w4s4, spec=pi.CyclingSpec(shifts=[1], layers=[1], progress=False))
-    np.testing.assert_array_equal(c.correct, d.correct)
-    u = pi.gate_cycling_unit(w4s4, shifts=[1], layers=[1], kv_heads=[0], n_calibration=48, progress=False)
-    v = pi.gate_cycling_unit(w4s4, spec=pi.UnitCyclingSpec(shifts=[1], layers=[1], kv_heads=[0], n_calibration=48,
-                                                            progress=False))
-    np.testing.assert_array_equal(u.measure_knocked, v.measure_knocked)
-
-
-def test_gate_profile_and_the_unit_selection_from_a_spec_equal_the_keywords(w4s4):
-    a = pi.gate_profile(w4s4, n_per_residue=2, seed=5)
-    b = pi.gate_profile(w4s4, spec=pi.GateProfileSpec(n_per_residue=2, seed=5))
-    pd.testing.assert_frame_equal(a.slots, b.slots)
-    ablation = pi.ablate(w4s4, layer=1, n_calibration=48, progress=False)
-    c = pi.specialized_units(w4s4, ablation=ablation, max_phases=2)
-    d = pi.specialized_units(w4s4, ablation=ablation, spec=pi.SelectionSpec(max_phases=2))
-    pd.testing.assert_frame_equal(c.table, d.table)
+def test_the_unit_selection_refuses_a_sweep_option_beside_a_ready_ablation(w4s4, small_task):
+    ablation = pi.ablate(w4s4, small_task, layer=1, prompts=small_task.generate(2, seed=0, strict=False),
+                         n_calibration=48, progress=False)
     with pytest.raises(UserInputError, match="n_calibration=300 does not apply here: ablation= is the sweep"):
         pi.specialized_units(w4s4, ablation=ablation, spec=pi.SelectionSpec(n_calibration=300))
 
 
-def test_conformance_from_a_spec_equals_the_keywords(w4s4):
-    task = pi.zoo.task_for(w4s4)
-    a = pi.conformance(w4s4, task, ("decode",), n_per_residue=2, progress=False)
-    b = pi.conformance(w4s4, task, spec=pi.ConformanceSpec(modes=["decode"], n_per_residue=2, progress=False))
-    pd.testing.assert_frame_equal(a.table, b.table)
-
-
-def test_engine_profile_is_the_in_process_profile_and_takes_the_engine_options(w4s4):
+def test_engine_profile_is_the_in_process_profile_and_takes_the_engine_options(w4s4, small_task):
     engine = pi.engines.CacheEngine(w4s4)
-    task = pi.zoo.task_for(w4s4)
-    served = pi.engine_profile(engine, task, stride=4, n_per_residue=72, progress=False)
-    here = pi.phase_profile(w4s4, task, n_per_residue=72, progress=False)
+    task = small_task
+    served = pi.engine_profile(engine, task, stride=4, n_per_residue=24, progress=False)
+    here = pi.phase_profile(w4s4, task, n_per_residue=24, progress=False)
     np.testing.assert_array_equal(served.records["predicted"], here.records["predicted"])
     with pytest.raises(UserInputError, match=r"is an engine .* phaseinterp\.engine_profile"):  # one door each
         pi.phase_profile(engine, task, stride=4, n_per_residue=72, progress=False)
@@ -243,10 +277,10 @@ def test_options_beside_a_spec_are_refused_and_the_spec_must_be_the_experiment_s
         spec.seed = 4
 
 
-def test_a_sharded_run_takes_the_spec_its_single_function_takes(w4s4, tmp_path):
-    task = pi.zoo.task_for(w4s4)
-    spec = pi.ProfileSpec(n_per_residue=72, progress=False)
-    sharded = pi.parallel.sharded_profile(w4s4, task, out_dir=tmp_path / "a", chunk_size=600, spec=spec)
+def test_a_sharded_run_takes_the_spec_its_single_function_takes(w4s4, small_task, tmp_path):
+    task = small_task
+    spec = pi.ProfileSpec(n_per_residue=24, progress=False)
+    sharded = pi.parallel.sharded_profile(w4s4, task, out_dir=tmp_path / "a", chunk_size=80, spec=spec)
     single = pi.phase_profile(w4s4, task, spec=spec)
     np.testing.assert_array_equal(sharded.records["correct"], single.records["correct"])
     with pytest.raises(UserInputError, match="seed= given beside spec="):
