@@ -51,14 +51,20 @@ def _answer_stats(logits: torch.Tensor, ans: torch.Tensor):
 
 @torch.inference_mode()
 def calibration_mean_z(model, tokens: torch.Tensor, answer_pos: int, batch_size: int = 64) -> torch.Tensor:
-    """Mean ``hook_z`` at ``answer_pos`` over calibration prompts: ``[layer, head, d_head]``."""
+    """Mean ``hook_z`` at ``answer_pos`` over calibration prompts: ``[layer, head, d_head]``. Per prompt
+    batch the cached forward, as the sweep runs it: a prefill of the prefix (``return_type="cache"``),
+    then the answer position's step on a fork, where ``hook_z`` is read."""
     family = phase_model(model)
     names = [family.knockout_point(layer, 0).hook for layer in range(family.n_layers)]
-    total = None
+    total, got = None, {}
     for i in range(0, tokens.shape[0], batch_size):
         chunk = tokens[i : i + batch_size, : answer_pos + 1].to(model_device(model))
-        _, cache = model.run_with_cache(chunk, names_filter=names, return_type=None, return_cache_object=False)
-        z = torch.stack([cache[n][:, answer_pos] for n in names], 0).sum(1)  # [layer, head, d_head]
+        cache = model.init_cache()
+        if answer_pos > 0:
+            model(chunk[:, :answer_pos], cache=cache, return_type="cache")
+        with model.hooks(fwd_hooks=[(n, lambda z, hook: got.__setitem__(hook.name, z[:, -1])) for n in names]):
+            model(chunk[:, answer_pos:], cache=cache.fork(), return_type=None)
+        z = torch.stack([got[n] for n in names], 0).sum(1)  # [layer, head, d_head]
         total = z if total is None else total + z
     return total / tokens.shape[0]
 
@@ -129,10 +135,10 @@ def _prefill_and_step(model, chunk: torch.Tensor, layers, cache=None, start_at_l
     cache = model.init_cache() if cache is None else cache
     if p > 0:
         if start_at_layer:
-            model(resid, cache=cache, start_at_layer=start_at_layer, return_type=None,
+            model(resid, cache=cache, start_at_layer=start_at_layer, return_type="cache",
                   **phase_model(model).layer_inputs(chunk[:, :p]))
         else:
-            model(chunk[:, :p], cache=cache, return_type=None)
+            model(chunk[:, :p], cache=cache, return_type="cache")
     kept: dict = {}
     family = phase_model(model)
     names = {layer: family.resid_pre_hook(layer) for layer in layers}
@@ -221,24 +227,31 @@ def shifted_knockouts(model, tokens, answer_pos: int, answer, units, variants, c
 
 
 def _shifted_mean_z(model, tokens, answer_pos: int, layer: int, variants, batch_size: int) -> list[torch.Tensor]:
-    """`calibration_mean_z` under each variant, layer ``layer`` only (the other layers are NaN),
-    layers below it run once per batch."""
-    name = phase_model(model).knockout_point(layer, 0).hook
+    """`calibration_mean_z` under each variant, layer ``layer`` only (the other layers are NaN): the
+    same prefill and answer step, the layers below ``layer`` run once per batch."""
+    family = phase_model(model)
+    name = family.knockout_point(layer, 0).hook
     device = model_device(model)
     totals: list = [None] * len(variants)
     got: list[torch.Tensor] = []
-
+    p = answer_pos
     for i in range(0, tokens.shape[0], batch_size):
-        chunk = tokens[i : i + batch_size, : answer_pos + 1].to(device).long()
-        resid = model(chunk, stop_at_layer=layer) if layer > 0 else None
+        chunk = tokens[i : i + batch_size, : p + 1].to(device).long()
+        lower = model.init_cache()
+        if layer > 0:  # layers 0 .. layer-1 once: the prefix, then the answer position on a fork
+            prefix = model(chunk[:, :p], cache=lower, stop_at_layer=layer) if p > 0 else None
+            step = model(chunk[:, p:], cache=lower.fork(), stop_at_layer=layer)
+            at_layer = dict(start_at_layer=layer, stop_at_layer=layer + 1)
+            prefix_inputs, step_inputs = family.layer_inputs(chunk[:, :p]), family.layer_inputs(chunk[:, p:])
+        else:
+            prefix, step, at_layer, prefix_inputs, step_inputs = chunk[:, :p], chunk[:, p:], dict(stop_at_layer=1), {}, {}
         for k, variant in enumerate(variants):
             with variant():
-                with model.hooks(fwd_hooks=[(name, lambda z, hook: got.append(z[:, answer_pos]))]):
-                    if layer > 0:
-                        model(resid, start_at_layer=layer, stop_at_layer=layer + 1,
-                              **phase_model(model).layer_inputs(chunk))
-                    else:
-                        model(chunk, stop_at_layer=1)
+                cache = lower.copy()
+                if p > 0:
+                    model(prefix, cache=cache, **at_layer, **prefix_inputs)
+                with model.hooks(fwd_hooks=[(name, lambda z, hook: got.append(z[:, -1]))]):
+                    model(step, cache=cache.fork(), **at_layer, **step_inputs)
             z = torch.stack([got.pop()], 0).sum(1)[0]  # [head, d_head], summed as calibration_mean_z sums
             totals[k] = z if totals[k] is None else totals[k] + z
     out = []

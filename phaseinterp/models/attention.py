@@ -296,15 +296,16 @@ class CompressedAttention(nn.Module):
         return n_closed_windows(before, W, S, max(o)), n_closed_windows(after, W, S, min(o))
 
     # ----------------------------------------------------------------- attend
-    def _project(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """q (rotated), k, v, k (normalised, rotated) of new tokens at ``positions``."""
-        q = self.hook_q(einops.einsum(x, self.W_Q, "b t m, h m d -> b t h d"))
+    def _project(self, x: Tensor, positions: Tensor, with_q: bool = True) -> tuple[Optional[Tensor], Tensor, Tensor, Tensor]:
+        """q (rotated; None without ``with_q``), k, v, k (normalised, rotated) of new tokens at ``positions``."""
+        q = self.hook_q(einops.einsum(x, self.W_Q, "b t m, h m d -> b t h d")) if with_q else None
         k = self.hook_k(einops.einsum(x, self.W_K, "b t m, k m d -> b t k d"))
         v = self.hook_v(einops.einsum(x, self.W_V, "b t m, k m d -> b t k d"))
         k_normed = k
         if self.cfg.qk_norm:
-            q, k_normed = self.q_norm(q), self.k_norm(k)
-        return self.hook_rot_q(self._rope(q, positions)), k, v, self.hook_rot_k(self._rope(k_normed, positions))
+            q, k_normed = self.q_norm(q) if with_q else None, self.k_norm(k)
+        q_rot = self.hook_rot_q(self._rope(q, positions)) if with_q else None
+        return q_rot, k, v, self.hook_rot_k(self._rope(k_normed, positions))
 
     def _attend(
         self,
@@ -344,7 +345,8 @@ class CompressedAttention(nn.Module):
         cache: Optional[LayerCache] = None,
         start: int = 0,
         variants: Optional[int] = None,
-    ) -> tuple[Float[Tensor, "batch pos d_model"], Optional[LayerCache]]:
+        cache_only: bool = False,
+    ) -> tuple[Optional[Float[Tensor, "batch pos d_model"]], Optional[LayerCache]]:
         """Attention for the ``pos`` new tokens at positions ``start ..``, given the cached prefix;
         returns the output and the layer cache extended by the new tokens (the windows they close
         compressed).
@@ -358,9 +360,16 @@ class CompressedAttention(nn.Module):
         row (row ``r`` continues cached row ``r // variants``). A one-token step attends every variant
         to the shared prefix without copying it (`_attend_variants`) and returns no cache (a fork takes
         one step); otherwise the prefix's rows are repeated first.
+
+        ``cache_only``: only the cache is extended (keys, values and the windows the tokens close); no
+        query, score or output is computed, and the hooks after ``hook_rot_k`` do not fire. Returns
+        ``(None, cache)``.
         """
         n = x.shape[1]
         positions = torch.arange(start, start + n, device=x.device)
+        if cache_only:  # what later tokens read: keys, values, entries; no query, no output
+            _, k, v, k_rot = self._project(x, positions, with_q=False)
+            return None, self._extend(cache, x, k, v, k_rot, start)
         q_rot, k, v, k_rot = self._project(x, positions)
         hooked = self._scores_hooked()
         if variants is not None and cache is not None:

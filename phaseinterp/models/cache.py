@@ -108,3 +108,22 @@ class KVCache:
         """Rows of the cached prefix (0 while nothing is cached)."""
         first = next((lc for lc in self.layers if lc is not None), None)
         return 0 if first is None else first.batch_size
+
+
+RETURN_TYPES = ("logits", "loss", None, "cache")
+
+
+def check_return_type(return_type: Any, cache: Optional[KVCache], stop_at_layer: Optional[int]) -> None:
+    """Refuse a ``return_type`` of the families' forward that is not one of `RETURN_TYPES`, and
+    ``"cache"`` (fill the cache only: the last layer stops once the cache has what later tokens
+    read) without a cache to extend, on a fork (which is not extended) or with ``stop_at_layer``."""
+    if return_type not in RETURN_TYPES:
+        raise UserInputError(f"return_type={return_type!r} is not one of {RETURN_TYPES}")
+    if return_type != "cache":
+        return
+    if cache is None or (isinstance(cache, KVCache) and cache.variants is not None):
+        raise UserInputError("return_type='cache' extends a cache and returns nothing: pass "
+                             "cache=model.init_cache() (or a cache to extend; a fork is never extended)")
+    if stop_at_layer is not None:
+        raise UserInputError("return_type='cache' runs every layer; stop_at_layer returns the residual instead: "
+                             "pass one of them")

@@ -55,7 +55,7 @@ from phaseinterp.errors import UserInputError
 from phaseinterp._files import (atomic_write, check_metadata, check_read_path, check_write_target, write_dir_atomically)
 from phaseinterp.config import CompressedConfig
 from phaseinterp.models.attention import CompressedAttention
-from phaseinterp.models.cache import KVCache
+from phaseinterp.models.cache import KVCache, check_return_type
 from phaseinterp.models.compressor import GateParameters, RMSNorm
 from phaseinterp.models.paths import CheckedHooks, has_hooks, hooked_points, query_context
 from phaseinterp.models.protocol import CompressedFamily, register_family
@@ -138,9 +138,11 @@ class Block(nn.Module):
         self.hook_mlp_out = HookPoint()
         self.hook_resid_post = HookPoint()
 
-    def forward(self, resid, cache=None, start: int = 0, variants: Optional[int] = None):
+    def forward(self, resid, cache=None, start: int = 0, variants: Optional[int] = None, cache_only: bool = False):
         resid = self.hook_resid_pre(resid)
-        attn_out, layer_cache = self.attn(self.ln1(resid), cache, start, variants)
+        attn_out, layer_cache = self.attn(self.ln1(resid), cache, start, variants, cache_only)
+        if cache_only:
+            return resid, layer_cache
         resid = self.hook_resid_mid(resid + self.hook_attn_out(attn_out))
         resid = self.hook_resid_post(resid + self.hook_mlp_out(self.mlp(self.ln2(resid))))
         return resid, layer_cache
@@ -255,7 +257,9 @@ class CompressedTransformer(CheckedHooks):
         stop_at_layer: Optional[int] = None,
     ) -> Optional[Tensor]:
         """The one forward: logits ``[batch, pos, d_vocab]`` (``return_type="logits"``), the mean
-        next-token loss (``"loss"``) or nothing (``None``, for hooks only).
+        next-token loss (``"loss"``) or nothing (``None``, for hooks only; ``"cache"``, a prefill that
+        only fills ``cache``: the last layer computes its keys, values and entries and stops there, so
+        its hooks after ``hook_rot_k`` do not fire on these positions).
 
         ``cache`` (`init_cache`): ``tokens`` continue the cached prefix and the cache is extended in
         place (prefill, then steps: the same numbers as one forward over the whole sequence, every
@@ -266,8 +270,7 @@ class CompressedTransformer(CheckedHooks):
         stop_at_layer - 1`` run (their caches extended) and with ``stop_at_layer`` the residual leaving
         them is returned.
         """
-        if return_type not in ("logits", "loss", None):
-            raise UserInputError(f"return_type={return_type!r} is not one of ('logits', 'loss', None)")
+        check_return_type(return_type, cache, stop_at_layer)
         n_layers = self.cfg.n_layers
         first = 0 if start_at_layer is None else check_int("start_at_layer", start_at_layer, 0, n_layers - 1)
         last = n_layers if stop_at_layer is None else check_int("stop_at_layer", stop_at_layer, first + 1, n_layers)
@@ -292,7 +295,8 @@ class CompressedTransformer(CheckedHooks):
                     resid, new_layer_cache = torch.utils.checkpoint.checkpoint(block, resid, None, start,
                                                                                use_reentrant=False)
                 else:
-                    resid, new_layer_cache = block(resid, layer_cache, start, variants)
+                    cache_only = return_type == "cache" and layer == n_layers - 1
+                    resid, new_layer_cache = block(resid, layer_cache, start, variants, cache_only)
                 if cache is not None and variants is None:
                     cache.layers[layer] = new_layer_cache
         if cache is not None:
@@ -302,7 +306,7 @@ class CompressedTransformer(CheckedHooks):
                 cache.length = start + n
         if stop_at_layer is not None:
             return resid
-        if return_type is None:
+        if return_type in (None, "cache"):
             return None
         logits = self.ln_final(resid) @ self.W_U
         if return_type == "logits":
@@ -321,14 +325,14 @@ class CompressedTransformer(CheckedHooks):
 
     def last_logits(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch d_vocab"]:
         """The logits at the LAST position, ``model(tokens)[:, -1]``, as the cached forward computes
-        them: a prefill of every position but the last, then one step (on a fork of the cache, so
-        nothing is copied). Every hook fires on both calls (docs/hooks.md, "The rule"). What
+        them: a prefill of every position but the last (``return_type="cache"``), then one step (on a
+        fork of the cache, so nothing is copied). Hooks fire on both calls (docs/hooks.md, "The rule"). What
         `phase_profile` and gate cycling read: one answer per prompt."""
         self._check_tokens(tokens, 0)
         if tokens.shape[1] == 1:
             return self(tokens)[:, -1]
         cache = self.init_cache()
-        self(tokens[:, :-1], cache=cache, return_type=None)
+        self(tokens[:, :-1], cache=cache, return_type="cache")
         return self(tokens[:, -1:], cache=cache.fork())[:, -1]
 
     def run_with_cache(self, *model_args: Any, return_cache_object: bool = True, **kwargs: Any):

@@ -172,11 +172,13 @@ class AttentionHooks(nn.Module):
         self.query_chunk = "auto"  # an execution setting (`HookedDeepseekV4.set_query_chunk`), not a weight
 
     def forward(self, x: Tensor, position_embeddings: dict, position_ids: Tensor, cache: Optional[LayerCache],
-                variants: Optional[int] = None) -> tuple[Tensor, LayerCache]:
+                variants: Optional[int] = None, cache_only: bool = False) -> tuple[Optional[Tensor], LayerCache]:
         """The attention output ``[batch, n, d_model]`` of ``x`` ``[batch, n, d_model]``, the tokens at
         ``position_ids`` ``[1, n]`` (``start .. start + n - 1``) after ``cache`` (None: ``start`` is 0),
         and the layer's cache extended by them. ``variants``: ``x`` holds that many rows per cached row
-        (`KVCache.fork`), the cache is read, not extended (the returned one is the variants')."""
+        (`KVCache.fork`), the cache is read, not extended (the returned one is the variants').
+        ``cache_only``: the cache alone (K = V, the compressor's and the indexer's entries); no query,
+        selection or output (None): only the hooks of what the cache keeps fire."""
         hf = self.hf
         mod = _hf()
         batch, n, _ = x.shape
@@ -185,9 +187,10 @@ class AttentionHooks(nn.Module):
         if cache is not None and variants is not None and variants > 1:
             cache = cache.map(lambda t: t.repeat_interleave(variants, 0))  # row r continues row r // variants
         cos, sin = position_embeddings[hf.rope_layer_type]
-        q_residual = hf.q_a_norm(hf.q_a_proj(x))
-        q = self.q_norm(self.hook_q(hf.q_b_proj(q_residual).view(batch, n, -1, d)))
-        q = self.hook_rot_q(mod.apply_rotary_pos_emb(q.transpose(1, 2), cos, sin).transpose(1, 2)).transpose(1, 2)
+        if not cache_only:
+            q_residual = hf.q_a_norm(hf.q_a_proj(x))
+            q = self.q_norm(self.hook_q(hf.q_b_proj(q_residual).view(batch, n, -1, d)))
+            q = self.hook_rot_q(mod.apply_rotary_pos_emb(q.transpose(1, 2), cos, sin).transpose(1, 2)).transpose(1, 2)
         kv = self.kv_norm(self.hook_kv(hf.kv_proj(x).view(batch, n, -1, d)))
         kv = self.hook_rot_kv(mod.apply_rotary_pos_emb(kv.transpose(1, 2), cos, sin).transpose(1, 2))[:, :, 0]
         keys = kv if cache is None else torch.cat([cache.kv, kv], dim=1)  # positions start - len(cache.kv) ..
@@ -198,12 +201,15 @@ class AttentionHooks(nn.Module):
             entries, state = comp.extend(x, start, None if cache is None else cache.compressor)
             if comp.kind == CSA:
                 index_entries, index_state = comp.indexer.extend(x, start, None if cache is None else cache.indexer)
-                selected = comp.indexer.select(x, q_residual, position_ids, index_entries, self.query_chunk)
+                if not cache_only:
+                    selected = comp.indexer.select(x, q_residual, position_ids, index_entries, self.query_chunk)
+        # what later queries' bands read: a copy of those rows, so the call's K = V is freed with it
+        tail = keys[:, max(0, keys.shape[1] - (hf.config.sliding_window - 1)):].clone()
+        if cache_only:
+            return None, LayerCache(start + n, tail, state, index_state)
         z = self._attend(q, keys, start + n - keys.shape[1], entries, stride, selected, cos, sin, start)
         z = self.hook_z(z)
         grouped = hf.o_a_proj(z.reshape(batch, n, hf.config.o_groups, -1)).flatten(2)
-        # what later queries' bands read: a copy of those rows, so the call's K = V is freed with it
-        tail = keys[:, max(0, keys.shape[1] - (hf.config.sliding_window - 1)):].clone()
         return hf.o_b_proj(grouped), LayerCache(start + n, tail, state, index_state)
 
     def _attend(self, q: Tensor, kv: Tensor, kv_offset: int, entries: Optional[Tensor], stride: Optional[int],
@@ -250,10 +256,12 @@ class BlockHooks(nn.Module):
         self.query_chunk = "auto"  # chunked forwards also run the per-token parts in TOKEN_BLOCK blocks
 
     def forward(self, streams: Tensor, position_embeddings: dict, position_ids: Tensor, input_ids: Optional[Tensor],
-                cache: Optional[LayerCache] = None, variants: Optional[int] = None) -> tuple[Tensor, LayerCache]:
+                cache: Optional[LayerCache] = None, variants: Optional[int] = None,
+                cache_only: bool = False) -> tuple[Tensor, LayerCache]:
         """The layer's output streams for ``streams`` ``[batch, n, hc, d_model]`` at ``position_ids``
         after ``cache`` (`AttentionHooks.forward`), and the layer's extended cache. ``input_ids``
-        ``[batch, n]``: the tokens there, which a hash-routed MoE layer reads (None elsewhere)."""
+        ``[batch, n]``: the tokens there, which a hash-routed MoE layer reads (None elsewhere).
+        ``cache_only``: the cache alone; the input streams come back unchanged."""
         hf = self.hf
         n = streams.shape[1]
         blocks = [(a, min(a + TOKEN_BLOCK, n)) for a in range(0, n, TOKEN_BLOCK)] \
@@ -262,7 +270,9 @@ class BlockHooks(nn.Module):
         # mHC collapse and mix act per token: in token blocks, their float32 copies stay bounded
         parts = [hf.attn_hc(streams[:, a:b]) for a, b in blocks]
         collapsed = torch.cat([c for _, _, c in parts], dim=1) if len(parts) > 1 else parts[0][2]
-        attn_out, cache = self.attn(self.ln1(collapsed), position_embeddings, position_ids, cache, variants)
+        attn_out, cache = self.attn(self.ln1(collapsed), position_embeddings, position_ids, cache, variants, cache_only)
+        if cache_only:
+            return streams, cache
         del collapsed
         attn_out = self.hook_attn_out(attn_out)
         streams = self._mix(parts, attn_out, streams, blocks)

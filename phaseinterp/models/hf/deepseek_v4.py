@@ -45,7 +45,7 @@ from phaseinterp.models.hf.chunking import check_query_chunk
 from phaseinterp.models.hf.compressor import CompressorHooks
 from phaseinterp.models.hf.config import DeepseekV4HookedConfig
 from phaseinterp.models.hf.offload import execution_device, materialized
-from phaseinterp.models.cache import KVCache
+from phaseinterp.models.cache import KVCache, check_return_type
 from phaseinterp.models.paths import CheckedHooks, hooked_points, query_context
 from phaseinterp.models.protocol import DeepseekV4Family, register_family
 from phaseinterp.models.transformer import check_tokens
@@ -151,7 +151,9 @@ class HookedDeepseekV4(CheckedHooks):
                 start_at_layer: Optional[int] = None, stop_at_layer: Optional[int] = None,
                 input_ids: Optional[Tensor] = None) -> Optional[Tensor]:
         """The one forward: logits ``[batch, pos, d_vocab]`` (``"logits"``), the mean next-token loss
-        (``"loss"``) or None, equal to transformers' eager forward.
+        (``"loss"``) or None (``None``; ``"cache"``, a prefill that only fills ``cache``: the last layer
+        computes what its cache keeps and stops there, its later hooks not firing on these positions),
+        equal to transformers' eager forward.
 
         ``cache`` (`init_cache`): ``tokens`` continue the cached prefix and the cache is extended in
         place (prefill, then steps: the same numbers as one forward, every hook firing on the new
@@ -161,8 +163,7 @@ class HookedDeepseekV4(CheckedHooks):
         d_model]`` entering ``start_at_layer`` (``hook_resid_pre``'s shape), and with ``stop_at_layer``
         the residual leaving ``stop_at_layer - 1`` is returned. ``input_ids``: with ``start_at_layer``,
         the token ids the hash-routed MoE layers among those run read (`layer_inputs`)."""
-        if return_type not in ("logits", "loss", None):
-            raise UserInputError(f"return_type={return_type!r} is not one of ('logits', 'loss', None)")
+        check_return_type(return_type, cache, stop_at_layer)
         n_layers = self.cfg.n_layers
         first = 0 if start_at_layer is None else check_int("start_at_layer", start_at_layer, 0, n_layers - 1)
         last = n_layers if stop_at_layer is None else check_int("stop_at_layer", stop_at_layer, first + 1, n_layers)
@@ -198,7 +199,8 @@ class HookedDeepseekV4(CheckedHooks):
                     input_ids = None if input_ids is None else input_ids.to(device)
                 layer_cache = None if cache is None else cache.layers[layer]
                 with materialized(block.hf):  # offloaded layer: its weights in memory for this layer only
-                    streams, layer_cache = block(streams, rope, position_ids, input_ids, layer_cache, variants)
+                    streams, layer_cache = block(streams, rope, position_ids, input_ids, layer_cache, variants,
+                                                 cache_only=return_type == "cache" and layer == n_layers - 1)
                 if cache is not None and variants is None:
                     cache.layers[layer] = layer_cache
         if cache is not None and variants is not None:
@@ -207,7 +209,7 @@ class HookedDeepseekV4(CheckedHooks):
             cache.length = start + n
         if stop_at_layer is not None:
             return streams
-        if return_type is None:
+        if return_type in (None, "cache"):
             return None
         streams = streams.to(execution_device(hf.norm))
         with materialized(hf.norm):  # ln_final reads the norm's weight directly
@@ -248,7 +250,7 @@ class HookedDeepseekV4(CheckedHooks):
         self._check_tokens(tokens, 0)
         cache = self.init_cache()
         if tokens.shape[1] > 1:
-            self(tokens[:, :-1], cache=cache, return_type=None)
+            self(tokens[:, :-1], cache=cache, return_type="cache")
         return self(tokens[:, -1:], cache=cache.fork())[:, -1]
 
     def run_with_cache(self, *model_args: Any, return_cache_object: bool = True, **kwargs: Any):
