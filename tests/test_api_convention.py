@@ -125,8 +125,8 @@ def test_an_experiments_clean_run_is_the_default_profile(w4s4, default_profile):
     assert np.array_equal(np.asarray(ablation.clean_correct, bool), correct)
     cycling = pi.gate_cycling_profile(w4s4, shifts=[1], progress=False)
     assert np.array_equal(np.asarray(cycling.correct[0], bool), correct)
-    reused = pi.gate_cycling_profile(w4s4, shifts=[1], baseline=default_profile, progress=False)
-    assert np.array_equal(reused.correct, cycling.correct)
+    # baseline=default_profile giving the same rows as this rerun: tests/test_interventions.py,
+    # test_gate_cycling_takes_the_baseline_size_by_default and test_gate_cycling_reuses_a_profile_*
 
 
 def test_phase_profile_refuses_an_engine_naming_engine_profile():
