@@ -2,31 +2,11 @@
 
     python -m phaseinterp.paper.build [FIGDATA.json] [--out DIR]
 
-reads the figure data of the paper's interactive post (``figdata.json``: the JSON object of the
-post's ``data.js``; default ``../shared/paper/figdata.json`` beside the repository) and writes
-tidy CSV tables to ``phaseinterp/paper/data/`` plus ``source.json`` (where the numbers come from,
-the input's SHA-256 and each table's SHA-256). Only numbers and the run labels are copied; none
-of the post's code or prose. Values are written as published (percent, pp, the post's rounding);
-`phaseinterp.paper` turns them into the toolkit's objects (fractions, as every result).
-
-Tables (one row per ...):
-  runs.csv              published run: the 23 controlled runs, the 3 full-attention baselines and
-                        the 5 DeepSeek models (id, name, kind, group, W, S, kv_heads, layers, loss, ...)
-  evaluations.csv       (run, padding): mean and gap as published, with their 95% intervals
-  profiles.csv          (run, padding, residue): accuracy, lower, upper (%), and for the DeepSeek
-                        needles and the baselines the counts (correct, n)
-  knockouts.csv         (run, padding, layer, kv_head): relative accuracy change (%) per residue
-  gates.csv             (run, layer, kv_head, phase): key and value gate profile (1 = uniform),
-                        the prefix-padding knockout folded to the phase (%)
-  cycling_runs.csv      gate-cycling run (id, name, S, kv_heads)
-  cycling.csv           (run, shift, phase): observed accuracy with interval, predicted accuracy,
-                        predicted and observed change; shift 0 = the unshifted (clean) profile
-  cycling_scores.csv    (run, shift): the published R² (r2x, r2i, r2a), MAE, accuracy change, each
-                        with its interval
-  concentration.csv     (run, layer, kv_head): static and per-window effective number of key-gate
-                        offsets (digitized from the paper's figure, as the source says)
-  trajectory.csv        (layer, point): the same pair along training for three heads of the baseline
-"""
+reads the figure data of the paper's post (``figdata.json``; default ``../shared/paper/figdata.json``)
+and writes tidy CSV tables to ``phaseinterp/paper/data/`` plus ``source.json`` (the input's and each
+table's SHA-256). Only numbers and run labels are copied, as published (percent, pp). Tables: runs,
+evaluations, profiles, knockouts, gates, cycling_runs, cycling, cycling_scores, concentration and
+trajectory (``.csv``)."""
 
 from __future__ import annotations
 

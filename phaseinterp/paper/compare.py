@@ -22,23 +22,16 @@ SPECIALIZED = -50.0  # relative change (%) at which a knockout "hurts" a phase, 
 
 
 def compare(result, run: str, padding: Optional[str] = None) -> PaperComparison:
-    """``result`` beside the published run ``run`` in the same statistic: a `PaperComparison` with
-    ``to_frame()`` (one row per model) and ``plot()`` (one figure).
+    """``result`` beside the published run ``run`` in the same statistic: a `PaperComparison`.
 
-    - a `PhaseProfile` beside the run's published profile (``padding``: prefix by default): both folded
-      to the least common multiple of the two strides on their common residues (see
-      `PaperComparison`); a pair with no common fold (the multiple does not divide the common residues,
-      e.g. a stride-6 model beside a stride-4 DeepSeek needle profile on 8 residues) is refused, naming
-      the runs that have one;
-    - an `AblationResult` beside the run's published knockout map: both maps folded the paper's way (the
-      mean of each phase's residues' relative changes) to the common fold; a unit is specialized when it
-      costs at least half of the accuracy (relative change <= -50%) on 1..3 adjacent phases and on no
-      other (the threshold alone on both sides: a published map has no prompts to test); ``detail`` has one
-      row per (model, layer, kv_head, phase) with its ``relative_change``, ``hurt`` (<= -50%) and the unit's
-      ``specialized``;
-    - a `CyclingResult` (or a `PaperCycling`) beside a published gate-cycling run: the paper's R²
-      (squared correlation without the last phase) per shift for both, and the toolkit's stricter R².
-    """
+    - a `PhaseProfile` beside the run's published profile (``padding``: prefix by default), both folded to
+      the least common multiple of the two strides on their common residues; a pair with no common fold is
+      refused, naming the runs that have one;
+    - an `AblationResult` beside the published knockout map, both folded the paper's way to the common
+      fold; a unit is specialized when its relative change is <= -50% on 1..3 adjacent phases and no other
+      (``detail``: one row per model, layer, kv_head and phase);
+    - a `CyclingResult` (or `PaperCycling`) beside a published gate-cycling run: the paper's R² (squared
+      correlation without the last phase) per shift for both, and the toolkit's stricter R²."""
     if isinstance(result, PhaseProfile):
         return _profiles(result, run, padding)
     if isinstance(result, AblationResult):
@@ -68,19 +61,14 @@ def _geometry_words(kind: str, w, s, kv: int) -> str:
 
 
 def counterparts(config, residues: int = 24, stride: Optional[int] = None) -> pd.DataFrame:
-    """The published runs to set beside a model of ``config`` (anything with ``window``, ``stride``,
-    ``n_kv_heads`` and ``is_compressed``, e.g. a `CompressedConfig`), nearest geometry first.
+    """The published runs to set beside a model of ``config`` (``window``, ``stride``, ``n_kv_heads``,
+    ``is_compressed``), nearest geometry first.
 
-    Candidates: for a compressed model the 23 controlled runs, for a full-attention model the 3
-    full-attention baselines (the DeepSeek models publish no window or KV heads: never candidates).
-    Distance: stride first (it sets the phases), then window, then KV heads (by ratio). ``residues``
-    and ``stride`` (default ``config.stride``) are those of the profile to compare: ``common_fold`` is
-    the fold `compare` would use with each run (``<NA>``: none, `compare` refuses that pair).
-
-    One row per candidate: ``id``, ``name``, ``kind``, ``W``, ``S``, ``kv_heads``, ``geometry`` (in
-    words), ``variant`` (`VARIANTS`' label), ``plain`` (True: no variant beyond its geometry and seed),
-    ``same_geometry`` (W, S and KV heads all equal; for full attention, KV heads), ``rank`` (0 = the
-    nearest geometry; equal ranks are equally near) and ``common_fold``."""
+    Candidates: the 23 controlled runs for a compressed model, the 3 full-attention baselines otherwise.
+    Distance: stride, then window, then KV heads (by ratio). One row per candidate: ``id``, ``name``,
+    ``kind``, ``W``, ``S``, ``kv_heads``, ``geometry``, ``variant``, ``plain``, ``same_geometry``, ``rank`` (0 =
+    nearest; equal ranks equally near) and ``common_fold`` (the fold `compare` would use with ``residues``
+    and ``stride``; ``<NA>``: it refuses the pair)."""
     for attr in ("stride", "n_kv_heads", "is_compressed"):
         if not hasattr(config, attr):
             raise UserInputError(f"config={type(config).__name__} has no {attr!r}; valid: a model config with window, "

@@ -70,14 +70,10 @@ def evaluations() -> pd.DataFrame:
 
 
 def runs() -> pd.DataFrame:
-    """One row per published run (31): the 23 controlled pretraining runs, the 3 full-attention baselines
-    and the 5 DeepSeek models. Columns: ``id``, ``name``, ``kind`` (controlled, full attention, DeepSeek),
-    ``group``, ``W``, ``S``, ``kv_heads``, ``layers``, ``loss`` (validation), ``paper_panel``, ``stage``,
-    ``n_per_residue`` (DeepSeek: published; baselines: derived from their Wilson intervals; controlled
-    runs: not published), ``prompt_tokens``, ``padding`` (the headline evaluation: prefix, or needle),
-    then its ``mean_pct`` / ``gap_pp`` with ``_lower`` / ``_upper`` (95%; published for the controlled
-    runs only), ``worst_pct``, ``best_pct``, and the same under in-sequence padding (``in_sequence_*``,
-    controlled runs)."""
+    """One row per published run (31): the 23 controlled runs, 3 full-attention baselines and 5 DeepSeek
+    models. Columns: ``id``, ``name``, ``kind``, ``group``, ``W``, ``S``, ``kv_heads``, ``layers``, ``loss``,
+    ``paper_panel``, ``stage``, ``n_per_residue``, ``prompt_tokens``, ``padding``, ``mean_pct`` / ``gap_pp``
+    with ``_lower`` / ``_upper``, ``worst_pct``, ``best_pct``, and ``in_sequence_*`` (controlled runs)."""
     base = table("runs")
     ev = evaluations()
     cols = {"mean": "mean_pct", "mean_lower": "mean_pct_lower", "mean_upper": "mean_pct_upper", "gap": "gap_pp",
@@ -138,31 +134,22 @@ def _padding(run_id: str, padding: Optional[str], available: list[str]) -> str:
     return key
 
 
-def _paddings(run_id: str) -> list[str]:
-    ev = evaluations()
-    return list(ev[ev.run == run_id].padding)
-
-
 # ------------------------------------------------------------------ profiles
 def profile(run: str, padding: Optional[str] = None, *, stride: Optional[int] = None,
             n_permutations: int = 1999, seed: int = 0) -> PhaseProfile:
     """The published accuracy by residue of ``run`` as a `PhaseProfile` (fractions; ``source`` names the
     publication; no per-prompt records).
 
-    Controlled runs: 24 residues (source-key position mod 24), prefix or in-sequence padding, the
-    published 95% cluster-bootstrap intervals; counts are not published (``residue_n`` 0), so the phase
-    intervals are NaN except the five gate-cycling runs under prefix padding, whose phase intervals
-    were published. Baselines: 24 residues with counts (n = 1000 per residue, the one count that
-    reproduces every published Wilson bound), folded by S = 8 unless ``stride`` says otherwise.
-    DeepSeek models: 8 residues (target position mod 8), counts as published, Wilson intervals
-    computed here from the counts, folded by the model's stride (4, or 2 for V4.1).
-
-    ``stride`` re-folds (a divisor of the residue modulus; the label says so). The period test
-    (`phaseinterp.stats.detect_period`, ``n_permutations``, ``seed``) runs on the published accuracies.
-    """
+    Controlled runs: 24 residues, prefix or in-sequence padding, the published intervals, no counts
+    (``residue_n`` 0; phase intervals NaN unless published). Baselines: 24 residues with counts (n =
+    1000 per residue, the count that reproduces the published Wilson bounds), folded by S = 8. DeepSeek
+    models: 8 residues with the published counts and Wilson intervals, folded by the model's stride.
+    ``stride`` re-folds (a divisor of the residue modulus); the period test runs on the published
+    accuracies (``n_permutations``, ``seed``)."""
     row = _run_row(run)
     run_id = str(row.id)
-    padding = _padding(run_id, padding, _paddings(run_id))
+    ev = evaluations()
+    padding = _padding(run_id, padding, list(ev[ev.run == run_id].padding))
     prof = table("profiles")
     prof = prof[(prof.run == run_id) & (prof.padding == padding)].sort_values("residue")
     modulus = len(prof)
@@ -220,15 +207,12 @@ def profile(run: str, padding: Optional[str] = None, *, stride: Optional[int] = 
 # ------------------------------------------------------------------ knockouts
 def knockout(run: str, padding: Optional[str] = None) -> AblationResult:
     """The published per-(layer, KV head) knockout map of ``run`` as an `AblationResult` (``published``;
-    ``relative_change`` / ``relative_change_residue`` hold its relative changes, %; ``plot()`` draws it
-    with `phaseinterp.plot.specialization_heatmap`, the same code as `ablate`'s).
+    relative changes in %; ``plot()`` draws it as `ablate`'s).
 
-    Controlled runs: 24 residues, ``padding`` prefix (default) or in-sequence, the clean profile of the
-    same padding attached; the phase map is the mean of each phase's residues (the gate section's fold).
-    KV head h is read by query heads h * 16/kv .. (h + 1) * 16/kv - 1 (16 query heads, the Qwen3-0.6B
-    shape). Also the knockout figure's two further maps: ``full_attn_1kv`` (1 KV head, 8 columns,
-    folded by 8) and ``flash_base`` (DeepSeek-V4-Flash-Base, 43 whole-layer units, residue mod 8,
-    stride 4); their clean profiles are not published with them (``published_clean`` None)."""
+    Controlled runs: 24 residues, ``padding`` prefix or in-sequence, the clean profile of the same padding
+    attached; KV head h is read by query heads h * 16/kv .. (h + 1) * 16/kv - 1. Also ``full_attn_1kv``
+    (folded by 8) and ``flash_base`` (43 whole-layer units, residue mod 8, stride 4), without a published
+    clean profile."""
     row = _run_row(run)
     run_id = str(row.id)
     ko = table("knockouts")

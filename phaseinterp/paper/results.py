@@ -16,13 +16,11 @@ from phaseinterp.results import Result, plotting
 
 @dataclass(frozen=True, eq=False, repr=False)
 class PaperGates(Result):
-    """Published gate profiles beside the published prefix-padding knockout folded to phases (`phaseinterp.paper.gates`).
+    """Published gate profiles beside the prefix-padding knockout folded to phases (`phaseinterp.paper.gates`).
 
-    ``gates``: one row per (layer, kv_head, phase) with ``key_gate`` and ``value_gate`` (gate mass at
-    the phase divided by its uniform share: 1 = uniform, S = all mass on one phase; the value gate is
-    rolled by -1 as published, so ``value_gate`` at phase r is the value gate of phase r + 1, the one
-    aligned with the key at r) and ``knockout`` (relative accuracy change, %). ``highlight``: the layers
-    the paper shows (empty when it names none)."""
+    ``gates``: one row per (layer, kv_head, phase) with ``key_gate`` and ``value_gate`` (gate mass over its
+    uniform share; the value gate rolled by -1 as published, aligned with the key at r) and ``knockout``
+    (relative change, %). ``highlight``: the layers the paper shows."""
 
     run: str
     model_label: str
@@ -86,18 +84,12 @@ class PaperGates(Result):
 class PaperCycling(Result):
     """A published gate-cycling run (`phaseinterp.paper.cycling`) with the toolkit's scores on it.
 
-    ``profiles``: one row per (shift, phase): ``observed`` accuracy with ``lower``/``upper`` (95%
-    matched-family bootstrap, as published) and ``predicted`` ``A_0((r - d) mod S)`` (fractions),
-    ``predicted_change`` / ``observed_change`` (pp, as published) and ``boundary``; shift 0 is the
-    unshifted model. ``published``: one row per shift with the paper's R² and their intervals: ``r2x``
-    (squared correlation of observed against predicted change, without the last phase S - 1: the
-    paper's headline), ``r2i`` (also without ``(S - 1 + d) mod S``), ``r2a`` (all phases), ``maeA`` /
-    ``maeI`` (pp), ``dAcc`` (pp) and ``accPct`` (%).
-
-    ``scores`` is `phaseinterp.interventions.cycling_stats.cycling_scores` on the published profiles:
-    its ``corr2``, ``corr2_all`` and ``corr2_interior`` are the paper's ``r2x``, ``r2a`` and ``r2i``
-    (equal to the published ones within their rounding; S - 1 = 7 or 11 points per shift), and
-    ``r2`` (1 - SS_res/SS_tot, no fitted line) is the toolkit's stricter score."""
+    ``profiles``: one row per (shift, phase): ``observed`` with ``lower``/``upper``, ``predicted``
+    ``A_0((r - d) mod S)`` (fractions), ``predicted_change`` / ``observed_change`` (pp) and ``boundary``;
+    shift 0 is unshifted. ``published``: the paper's ``r2x`` (squared correlation without phase S - 1),
+    ``r2i``, ``r2a``, ``maeA`` / ``maeI``, ``dAcc`` and ``accPct`` per shift with intervals. ``scores``:
+    `cycling_scores` on the published profiles (its ``corr2``, ``corr2_all``, ``corr2_interior`` are
+    ``r2x``, ``r2a``, ``r2i``; ``r2`` is the toolkit's stricter score)."""
 
     run: str
     model_label: str
@@ -170,15 +162,11 @@ class PaperCycling(Result):
 class PaperComparison(Result):
     """A result beside a published run in the same statistic (`phaseinterp.paper.compare`).
 
-    ``kind`` is ``"profile"``, ``"knockout"`` or ``"cycling"``. ``table``: one row per model (yours
-    first, then the published run), the statistics computed the same way for both. For profiles both
-    are folded to ``fold`` phases (the least common multiple of the two strides, so neither model's
-    phases are mixed) on ``modulus`` common residues (each model's residues averaged over the repeats):
-    ``mean_pct`` (mean over residues), ``worst_phase`` / ``worst_phase_pct``, ``best_phase_pct``,
-    ``phase_gap_pp`` (best minus worst phase at ``fold``), ``gap_pp`` (best minus worst residue on the
-    common residues: the paper's gap when they are the paper's residues) and ``period`` (the period test on
-    each model's own residue profile). ``profiles`` holds the two re-folded profiles the figure draws.
-    ``notes``: what the reader should know (re-folding, missing intervals)."""
+    ``kind``: ``"profile"``, ``"knockout"`` or ``"cycling"``. ``table``: one row per model (yours first),
+    computed the same way for both; profiles are folded to ``fold`` phases (the lcm of the two strides) on
+    ``modulus`` common residues: ``mean_pct``, ``worst_phase`` / ``worst_phase_pct``, ``best_phase_pct``,
+    ``phase_gap_pp``, ``gap_pp`` and ``period``. ``profiles``: the two re-folded profiles. ``notes``: what
+    the reader should know."""
 
     kind: str
     model_label: str

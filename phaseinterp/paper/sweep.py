@@ -1,24 +1,14 @@
 """The paper's controlled sweep as phaseinterp configs (`phaseinterp.paper.config`, `sweep`).
 
-Every controlled run of the paper is the Qwen3-0.6B backbone (`preset("qwen3-0.6b")`: 28 layers,
-d_model 1024, 16 query heads of 128) with one compression geometry (window W, stride S, KV heads per
-layer, from ``runs()``) and at most one variant, named in the run's id and name. ``figdata.json``
-states the variant only there (and, for the 9 runs with gate profiles, the gate ``mode`` and whether K
-and V share one gate, ``tied``); the variant -> override table is `VARIANTS`, checked in the tests
-against those names and the gate table.
+Every controlled run is the Qwen3-0.6B backbone (`preset("qwen3-0.6b")`) with one compression geometry
+(W, S, KV heads, from ``runs()``) and at most one variant named in its id; `VARIANTS` maps variant ->
+overrides (assumptions where the publication says no more):
 
-Reading of the names (assumptions where the publication says no more):
-
-- ``tied K/V`` (``kvshare``): one gate shared by the K and V branches (``tie_kv_gates``; the
-  "tied key/value gates" variant of docs/science.md).
-- ``uniform averaging`` (``meanpool``): ``gate="uniform"`` (alpha = 1/W, no gate parameters).
-- ``DeepSeek-style kernel``: ``compression="deepseek"`` (vector gates, one entry as key and value;
-  W8/S4 is its two-half layout W = 2S).
-- ``uncompressed tail`` (``tail_concat``): ``memory="uncompressed_tail"``.
-- Seeds: ``seed`` 42 (the baseline, "seed 42") for every run but the replicates 43, 44 and 45.
-- Not published, so the preset's: the payload maps (shared), the exact band (16 tokens), RoPE base
-  (1e6), vocabulary (Qwen3's; a tokenizer given to ``pretrain`` sets its own).
-"""
+- ``tied K/V`` (``kvshare``): ``tie_kv_gates``; ``uniform averaging`` (``meanpool``): ``gate="uniform"``;
+- ``DeepSeek-style kernel``: ``compression="deepseek"``; ``uncompressed tail`` (``tail_concat``):
+  ``memory="uncompressed_tail"``;
+- ``seed`` 42 for every run but the replicates 43, 44 and 45; the rest (payload maps, exact band, RoPE
+  base, vocabulary) is the preset's."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""This process's place in a data-parallel job (`phaseinterp.parallel`), and the collectives
-the ranks use to agree.
-
-Ranks, world size and the local rank come from the launcher's environment (``RANK``,
-``WORLD_SIZE``, ``LOCAL_RANK``; set by ``torchrun`` and ``accelerate launch``); the backend is
-NCCL with one GPU per rank (``cuda:LOCAL_RANK``) when CUDA is available, gloo on CPU. Without
-a launcher this is a single process (world size 1).
-"""
+"""This process's place in a data-parallel job (`phaseinterp.parallel`) and the collectives the ranks
+use: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` from the launcher; NCCL with one GPU per rank when CUDA is
+available, gloo on CPU; without a launcher, one process."""
 
 from __future__ import annotations
 

@@ -1,26 +1,10 @@
 """Data-parallel experiments over prompts, under ``torchrun`` or ``accelerate launch``.
 
-`sharded_profile`, `sharded_ablate` and `sharded_gate_cycling_profile` run `phase_profile`,
-`ablate` and `gate_cycling_profile` on a deterministic slice of the prompts per rank: the prompts are cut into
-chunks of ``chunk_size`` (chunk ``c`` holds prompts ``c*chunk_size ..``) and chunk ``c`` goes
-to rank ``c mod world_size``. Each finished chunk is written atomically to
-``DIR/shards/chunk-NNNNNN.npz`` beside ``DIR/run.json`` (what the run is: model hash, task,
-seed, settings), so a rerun after a crash or Ctrl-C skips the chunks already written, with
-any number of ranks. Rank 0 gathers every chunk through ``torch.distributed`` (no shared
-file system needed; it writes the chunks it lacks), merges them and returns the same result
-a single process returns (per-prompt correctness and answer logits equal); the other ranks
-return None. `merge` rebuilds the result from a directory alone and refuses shards of
-another run, naming the field that differs.
-
-Ranks, world size and the local rank come from the launcher's environment (``RANK``,
-``WORLD_SIZE``, ``LOCAL_RANK``); the backend is NCCL with one GPU per rank
-(``cuda:LOCAL_RANK``) when CUDA is available, gloo on CPU. Without a launcher everything
-runs in this process (world size 1), with the same files.
-
-Each sharded variant is built from its single-process function by `sharded`: it takes the same
-parameters (a new one is added in one place), records them in ``run.json`` and passes them to
-every chunk.
-"""
+`sharded_profile`, `sharded_ablate` and `sharded_gate_cycling_profile` cut the prompts into chunks of
+``chunk_size``, chunk ``c`` to rank ``c mod world_size``, each written atomically to
+``DIR/shards/chunk-NNNNNN.npz`` beside ``DIR/run.json``; a rerun skips the chunks written. Rank 0
+gathers every chunk through ``torch.distributed`` and returns the result a single process returns;
+the other ranks return None. Each variant is built from its single-process function by `sharded`."""
 
 from __future__ import annotations
 
@@ -41,22 +25,9 @@ from phaseinterp.interventions.ablation import ablate, calibration_mean_z
 from phaseinterp.interventions.gate_cycling import gate_cycling_profile
 from phaseinterp.models.protocol import phase_model
 from phaseinterp.parallel.launch import Launch, all_gather, gather_to_main, init_distributed, raise_any, rank_device
-from phaseinterp.parallel.shards import (
-    RUN_FILE,
-    SHARD_DIR,
-    SHARD_FORMAT,
-    assemble,
-    chunk_range,
-    first_difference,
-    mismatch,
-    model_fingerprint,
-    prompts_fingerprint,
-    read_run,
-    read_shard,
-    shard_path,
-    task_description,
-    write_shard,
-)
+from phaseinterp.parallel.shards import (RUN_FILE, SHARD_DIR, SHARD_FORMAT, assemble, chunk_range, first_difference,
+                                         mismatch, model_fingerprint, prompts_fingerprint, read_run, read_shard,
+                                         shard_path, task_description, write_shard)
 from phaseinterp.profile import INTERVALS, phase_profile
 from phaseinterp.tasks import resolve_task
 
@@ -146,13 +117,9 @@ def _run(plan: _Plan, batch, out_dir, launch: Launch, progress: bool):
 
 
 # --------------------------------------------------------------- experiments
-def _check_chunk_size(chunk_size) -> int:
-    return check_int("chunk_size", chunk_size, 1, why=" (prompts per shard file)")
-
-
 def _setup(model, task, prompts, n_per_residue, seed, device, chunk_size, model_sha256):
     """Launch, device, prompts and the identity fields shared by every experiment."""
-    _check_chunk_size(chunk_size)
+    check_int("chunk_size", chunk_size, 1, why=" (prompts per shard file)")
     launch = init_distributed()
     device = check_device(device)
     if device is None and launch.world_size > 1 and torch.cuda.is_available():
@@ -199,12 +166,9 @@ def _jsonable(name: str, value: Any) -> Any:
 
 
 def sharded(single: Callable, *, kind: str, chunk_size: int, refuse: dict[str, str]):
-    """The data-parallel variant of ``single`` (see the module docstring), built from its signature.
-
-    The variant takes every parameter of ``single`` (a parameter added there is accepted, recorded
-    in ``run.json`` and passed to each chunk without a change here) but those in ``refuse`` (name ->
-    why), plus ``out_dir``, ``chunk_size`` and ``model_sha256``. The experiment-specific parts (what
-    a chunk keeps, how the result is rebuilt) are `_EXPERIMENTS` and ``shards.assemble``."""
+    """The data-parallel variant of ``single`` (module docstring), built from its signature: every
+    parameter of ``single`` but those in ``refuse`` (name -> why), recorded in ``run.json`` and passed to
+    each chunk, plus ``out_dir``, ``chunk_size`` and ``model_sha256``."""
     signature = inspect.signature(single)
     # what `_setup` needs and the single function may lack (phase_profile takes prompts as its task;
     # gate_cycling_profile runs on the model's device): keyword-only, default None

@@ -1,9 +1,6 @@
-"""The files of a sharded run (`phaseinterp.parallel`): ``DIR/run.json`` (what the run is:
-model hash, task, seed, settings) and one ``DIR/shards/chunk-NNNNNN.npz`` per chunk of prompts,
-each written atomically. Run identity (fingerprints, the first differing field), shard reading
-and writing, and `merge`, which rebuilds the result from a directory alone and refuses shards
-of another run, naming the field that differs.
-"""
+"""The files of a sharded run (`phaseinterp.parallel`): ``DIR/run.json`` and one atomically written
+``DIR/shards/chunk-NNNNNN.npz`` per chunk; run identity, and `merge`, which rebuilds the result from a
+directory and refuses shards of another run, naming the field that differs."""
 
 from __future__ import annotations
 

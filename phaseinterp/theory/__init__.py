@@ -9,40 +9,13 @@
 
 from phaseinterp.theory.flow import flow_seeds, gradient_descent, gradient_flow, integrate
 from phaseinterp.theory.gates import gate_distributions, gate_loss, random_gate_parameters, slot_statistics
-from phaseinterp.theory.model import (
-    IdealizedInductionModel,
-    LossEstimate,
-    Population,
-    check_equiangular,
-    equiangular_embeddings,
-    gram_deviation,
-)
+from phaseinterp.theory.model import (IdealizedInductionModel, LossEstimate, Population, check_equiangular,
+                                      equiangular_embeddings, gram_deviation)
 from phaseinterp.theory.results import FlowResult, FlowSweep, SearchGrid, SearchResult, chance_collision
 from phaseinterp.theory.search import global_search, one_hot_losses, project_to_simplex, refine, search_grid
 
-__all__ = [
-    "FlowResult",
-    "FlowSweep",
-    "IdealizedInductionModel",
-    "LossEstimate",
-    "Population",
-    "SearchGrid",
-    "SearchResult",
-    "chance_collision",
-    "check_equiangular",
-    "equiangular_embeddings",
-    "flow_seeds",
-    "gate_distributions",
-    "gate_loss",
-    "global_search",
-    "gradient_descent",
-    "gradient_flow",
-    "gram_deviation",
-    "integrate",
-    "one_hot_losses",
-    "project_to_simplex",
-    "random_gate_parameters",
-    "refine",
-    "search_grid",
-    "slot_statistics",
-]
+__all__ = ["FlowResult", "FlowSweep", "IdealizedInductionModel", "LossEstimate", "Population", "SearchGrid",
+           "SearchResult", "chance_collision", "check_equiangular", "equiangular_embeddings", "flow_seeds",
+           "gate_distributions", "gate_loss", "global_search", "gradient_descent", "gradient_flow", "gram_deviation",
+           "integrate", "one_hot_losses", "project_to_simplex", "random_gate_parameters", "refine", "search_grid",
+           "slot_statistics"]

@@ -23,7 +23,6 @@ from phaseinterp.theory.model import IdealizedInductionModel, Population, _check
 from phaseinterp.theory.results import FlowResult, FlowSweep
 
 # Dormand-Prince 5(4) tableau (Dormand & Prince 1980), as in Hairer, Norsett & Wanner, Table II.5.2.
-_C = (0.0, 1 / 5, 3 / 10, 4 / 5, 8 / 9, 1.0, 1.0)
 _A = (
     (),
     (1 / 5,),

@@ -138,16 +138,14 @@ class IdealizedInductionModel:
     """``IdealizedInductionModel(N, S, L, heads=m, eps, kappa, gamma, beta)`` (docs/science.md section 4).
 
     Args:
-        N: vocabulary size; every context holds L*S distinct tokens, so ``N >= L*S``.
-        S: chunk size (slots per chunk), ``S >= 2``.
-        L: number of chunks in the context, ``L >= 2`` (with one chunk attention is trivially 1
-            and the key gate does not matter).
+        N: vocabulary size, ``N >= L*S``.
+        S: slots per chunk, ``S >= 2``.
+        L: chunks in the context, ``L >= 2``.
         heads: m, ``1 <= m < S``.
         eps, kappa: embeddings satisfy ``|x.x' - kappa - 1{x = x'}| <= eps``; ``0 <= eps < 1/N``.
         gamma: attention scale (> 0). beta: unembedding scale (> 0).
-        seed: the draw of the perturbation E of the Gram matrix (irrelevant at eps = 0).
-        max_exact: populations up to this many sequences are enumerated exactly.
-    """
+        seed: the draw of the Gram perturbation E.
+        max_exact: populations up to this many sequences are enumerated exactly."""
 
     def __init__(self, N: int, S: int, L: int, heads: int, eps: float = 0.0, kappa: float = 0.1,
                  gamma: float = 2.0, beta: float = 4.0, *, seed: int = 0, max_exact: int = 50_000,

@@ -1,10 +1,5 @@
-"""Result objects of the idealized-model experiments: one flow, a sweep over seeds, a global search.
-
-All are on the shared result protocol (`phaseinterp.results.Result`): ``to_dict()`` (the
-headline numbers), ``summary()`` (the same as a table), ``to_frame()``, ``plot()`` (plotly,
-imported lazily), ``save(dir)`` / ``load(dir)`` (meta.json + arrays.npz; a sweep or a grid keeps
-each run in its own subfolder), ``==`` by content, a short repr and ``_repr_html_``.
-"""
+"""Result objects of the idealized-model experiments (one flow, a sweep over seeds, a global search), on
+the shared result protocol (`phaseinterp.results.Result`)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,9 @@
 """Theorem 1 by search: the global minimizer of the population loss over static slot distributions.
 
-Two stages. (1) Every one-hot assignment ``p^K_h = e_a, p^V_h = e_b`` (all (a, b) pairs per
-head, up to relabelling the heads) is scored exactly. (2) Local refinement: projected gradient
-descent on the product of simplices (Armijo backtracking, Euclidean projection, which can land
-on a vertex exactly) from the best one-hot assignments and from random interior points. The
-claim holds on a grid point when every assignment within ``tol`` of the best loss found has
-``p^K_h = e_{r_h}``, ``p^V_h = e_{r_h+1}`` with distinct ``r_h`` in 0..S-2, and no refined point
-beats it by more than ``tol``.
-"""
+(1) Every one-hot assignment ``p^K_h = e_a, p^V_h = e_b`` (up to relabelling heads) is scored exactly;
+(2) projected gradient descent on the product of simplices refines from the best ones and random
+interior points. The claim holds when every assignment within ``tol`` of the best has ``p^K_h = e_{r_h}``,
+``p^V_h = e_{r_h+1}`` with distinct ``r_h`` in 0..S-2, and no refined point beats it by more than ``tol``."""
 
 from __future__ import annotations
 
