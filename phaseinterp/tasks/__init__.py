@@ -1,12 +1,6 @@
-"""Phase-controlled tasks: key-value retrieval, needle retrieval, copying and recall in natural text, the docstring
-probe, the synthetic vocabulary.
-
-Modules: `retrieval` (KeyValueRetrieval), `needle` (NeedleRetrieval), `text_needle` (TextNeedle: natural-text haystacks),
-`copying` (SpanCopy: a random span copied in text), `identifier` (IdentifierRecall: identifiers in real code), `docstring`
-(DocstringProbe), `placement` (the moment-matching solver), `layout` (records, fillers,
-padding), `splits` (seed streams and the evaluation/calibration parity), `batches`
-(TaskBatch, TrainBatch), `vocab` (Vocab, Tokenizer).
-"""
+"""Phase-controlled tasks: key-value retrieval (`retrieval`), needle retrieval (`needle`, `text_needle`),
+copying (`copying`) and identifier recall (`identifier`) in natural text, the docstring probe, the
+moment-matching solver (`placement`), layout, splits, batches and the synthetic vocabulary (`vocab`)."""
 
 from typing import Any
 
@@ -53,23 +47,6 @@ def resolve_task(model, task=None):
     return _TASKS[kind].from_dict(stored)
 
 
-__all__ = [
-    "DocstringProbe",
-    "DocstringResult",
-    "IdentifierRecall",
-    "KeyValueRetrieval",
-    "NeedleRetrieval",
-    "SpanCopy",
-    "TargetPlacement",
-    "TextNeedle",
-    "TaskBatch",
-    "TokenPools",
-    "Tokenizer",
-    "TrainBatch",
-    "Vocab",
-    "exact_matching_possible",
-    "mapping_split",
-    "match_target_moments",
-    "resolve_task",
-    "task_from_dict",
-]
+__all__ = ["DocstringProbe", "DocstringResult", "IdentifierRecall", "KeyValueRetrieval", "NeedleRetrieval", "SpanCopy",
+           "TargetPlacement", "TextNeedle", "TaskBatch", "TokenPools", "Tokenizer", "TrainBatch", "Vocab",
+           "exact_matching_possible", "mapping_split", "match_target_moments", "resolve_task", "task_from_dict"]

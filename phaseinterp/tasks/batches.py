@@ -10,6 +10,7 @@ import torch
 from jaxtyping import Bool, Int
 from torch import Tensor
 
+from phaseinterp._checks import check_int
 from phaseinterp.errors import UserInputError
 
 
@@ -84,6 +85,14 @@ class TrainBatch:
 
     def __repr__(self) -> str:  # sizes, never the token tensor
         return f"TrainBatch({self.tokens.shape[0]} rows x {self.tokens.shape[1]} tokens)"
+
+
+def residue_groups(residues: Any, modulus: int) -> list[int]:
+    """The residue groups to generate: ``residues`` (each in ``0..modulus-1``), or every one when None."""
+    groups = list(range(modulus)) if residues is None else list(residues)
+    for r in groups:
+        check_int("residue", r, 0, modulus - 1)
+    return groups
 
 
 def joined_residue_groups(parts: list, n_per_residue: int, stride: Any) -> tuple[Any, Any, pd.DataFrame]:

@@ -1,13 +1,9 @@
 """In-context copying of a random span in natural text, scored by the phase of the copied token's source.
 
-A prompt of ``seq_len`` tokens is held-out corpus text with a span of ``span_tokens`` random tokens
-set into it at ``span_start``; the prompt ends with the span's first ``prefix_tokens`` tokens again
-(positions ``T - j .. T - 1``), and the answer is the span's next token, ``span[j]`` (full-vocabulary
-top-1 at ``T - 1``). Its only earlier occurrence in the prompt, the **source**, sits at
-``target_pos = span_start + j``: the residue (and phase) of a prompt is ``target_pos mod R``, and the
-source positions are moment-matched across residue groups (`match_target_moments`), so phase is the
-only variable. The answer is a random token, so chance is ``1 / len(token_ids)``.
-"""
+A prompt is held-out text with a span of ``span_tokens`` random tokens set in at ``span_start``; it ends
+with the span's first ``prefix_tokens`` tokens again, and the answer is the span's next token ``span[j]``
+(top-1 at ``T - 1``). Its source sits at ``target_pos = span_start + j``, moment-matched across residue
+groups (`match_target_moments`); chance is ``1 / len(token_ids)``."""
 
 from __future__ import annotations
 
@@ -22,7 +18,8 @@ from phaseinterp._checks import check_int
 from phaseinterp.errors import UserInputError
 from phaseinterp.phase import check_residue_modulus
 from phaseinterp.tasks._serialize import TaskSettings, task_from_fields
-from phaseinterp.tasks.batches import TaskBatch, final_position_batch, joined_residue_groups, observed_moments
+from phaseinterp.tasks.batches import (TaskBatch, final_position_batch, joined_residue_groups, observed_moments,
+                                       residue_groups)
 from phaseinterp.tasks.layout import residue_cycle_positions
 from phaseinterp.tasks.placement import TargetPlacement, check_target_band, match_target_moments
 from phaseinterp.tasks.splits import split_rng
@@ -34,14 +31,9 @@ MIN_POOL = 64  # span tokens to draw from: fewer make spans repeat across prompt
 class SpanCopy(TaskSettings):
     """Copy a random span that appeared earlier in natural text (module docstring).
 
-    ``token_ids``: the pool the span's tokens are drawn from (distinct within a span; `from_tokenizer`
-    takes every non-special token that occurs in the held-out text). ``filler_text``: held-out corpus
-    token ids, longer than ``seq_len``; each prompt reads a contiguous stretch at a random offset and
-    the span is set into it. ``min_gap``: tokens of text between the span's end and its repeat, at
-    least; keep it above the model's local window so the source is read from compressed entries.
-    ``target_window``: the source positions' band, centred in the feasible range (None: the whole
-    feasible range ``prefix_tokens .. seq_len - span_tokens - min_gap``).
-    """
+    ``token_ids``: the pool of span tokens (distinct within a span). ``filler_text``: held-out token ids,
+    longer than ``seq_len``. ``min_gap``: at least that many tokens between the span and its repeat.
+    ``target_window``: the source positions' band (None: the whole feasible range)."""
 
     seq_len: int = 256
     span_tokens: int = 8
@@ -100,10 +92,6 @@ class SpanCopy(TaskSettings):
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "SpanCopy":
         return task_from_fields(cls, {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})  # JSON: lists
-
-    @property
-    def d_vocab_needed(self) -> int:
-        return 1 + max(max(self.token_ids), max(self.filler_text))
 
     def band(self) -> tuple[int, int]:
         """The source positions ``lo..hi`` the placement draws from; refused when they cannot realize
@@ -164,9 +152,7 @@ class SpanCopy(TaskSettings):
         if stride is not None:
             check_residue_modulus(self.residue_modulus, stride)
         placement = self.placement(n_per_residue, strict=strict)
-        groups = list(range(self.residue_modulus)) if residues is None else list(residues)
-        for r in groups:
-            check_int("residue", r, 0, self.residue_modulus - 1)
+        groups = residue_groups(residues, self.residue_modulus)
         parts = []
         for r in groups:
             rng = split_rng(seed, "eval", r)

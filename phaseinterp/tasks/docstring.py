@@ -36,18 +36,11 @@ CODE_FAMILIES: dict[str, str] = {
 class DocstringProbe:
     """Rank two continuations of a fixed template while only the docstring's length changes.
 
-    ``template`` contains ``{docstring}`` once. For every filler family and every length ``L``
-    in ``lengths`` the prompt is ``[bos] encode(before) + doc[:L] + encode(after)`` where
-    ``doc`` is the family's text encoded and repeated: the token count of the docstring is
-    exactly ``L`` (segments are encoded separately, so the ids can differ from encoding the
-    joined string). Everything after the docstring shifts by ``L``; nothing else changes.
-    Score: the summed log-probability of ``right`` vs ``wrong`` (teacher forced, each encoded
-    without special tokens); ``right_first`` when the right one is ranked higher.
-
-    ``DocstringProbe()`` is the code template for models with a real tokenizer;
-    ``DocstringProbe.synthetic(vocab)`` is a retrieval-shaped template over the synthetic
-    vocabulary (a :class:`Vocab` is its own word-level tokenizer).
-    """
+    ``template`` contains ``{docstring}`` once. Per filler family and length ``L`` in ``lengths`` the
+    prompt is ``[bos] encode(before) + doc[:L] + encode(after)`` (``doc``: the family's text encoded and
+    repeated), so everything after the docstring shifts by ``L``. Score: the summed log-probability of
+    ``right`` vs ``wrong`` (teacher forced); ``right_first`` when right ranks higher.
+    ``DocstringProbe.synthetic(vocab)`` is a retrieval-shaped template over the synthetic vocabulary."""
 
     template: str = CODE_TEMPLATE
     right: str = "apples"
@@ -81,18 +74,9 @@ class DocstringProbe:
             raise UserInputError("the synthetic docstring probe needs a vocabulary with >= 6 keys and values")
         records = " ".join(f"{k} {v}" for k, v in zip(vocab.keys[:6], vocab.values[:6]))
         fillers = vocab.fillers
-        families = {
-            "cycle": " ".join(fillers[:4]),
-            "repeat": fillers[0],
-            "mixed": " ".join(reversed(fillers)),
-        }
-        return cls(
-            template=f"{{docstring}} {records} <sep> {vocab.keys[1]}",
-            right=vocab.values[1],
-            wrong=vocab.values[4],
-            lengths=lengths,
-            families=families,
-        )
+        families = {"cycle": " ".join(fillers[:4]), "repeat": fillers[0], "mixed": " ".join(reversed(fillers))}
+        return cls(template=f"{{docstring}} {records} <sep> {vocab.keys[1]}", right=vocab.values[1],
+                   wrong=vocab.values[4], lengths=lengths, families=families)
 
     def build(self, tokenizer: Tokenizer) -> tuple[pd.DataFrame, list[list[int]], list[int], list[int]]:
         """Per-prompt table (family, length, n_tokens, docstring_start, answer_pos), prompt ids, right ids, wrong ids."""
@@ -113,15 +97,8 @@ class DocstringProbe:
             for length in self.lengths:
                 ids = head + before_ids + doc[:length] + after_ids
                 prompts.append(ids)
-                rows.append(
-                    {
-                        "family": family,
-                        "length": length,
-                        "n_tokens": len(ids),
-                        "docstring_start": len(head) + len(before_ids),
-                        "answer_pos": len(ids) - 1,
-                    }
-                )
+                rows.append({"family": family, "length": length, "n_tokens": len(ids),
+                             "docstring_start": len(head) + len(before_ids), "answer_pos": len(ids) - 1})
         return pd.DataFrame(rows), prompts, right, wrong
 
     def run(

@@ -1,12 +1,7 @@
 """The synthetic vocabulary (`Vocab`) as a Hugging Face tokenizer: id i is the vocabulary's token i.
 
-A word-level tokenizer (``tokenizers`` WordLevel, split on whitespace only, so ``red-cat`` and
-``<bos>`` stay one token each) with no post-processor: encoding adds no token, and
-``encode(vocab_text(vocab, ids)) == ids`` for every id list. Written beside a checkpoint as
-``tokenizer.json`` + ``tokenizer_config.json``, it lets ``AutoTokenizer.from_pretrained(folder)``
-(and every tool built on it: lm-evaluation-harness, vLLM) read the folder as a plain HF model.
-Needs the ``tokenizers`` package (the 'train' or 'dev' extra).
-"""
+A whitespace WordLevel tokenizer with no post-processor, so ``encode(vocab_text(vocab, ids)) == ids``;
+written beside a checkpoint it lets ``AutoTokenizer.from_pretrained(folder)`` read it. Needs ``tokenizers``."""
 
 from __future__ import annotations
 

@@ -1,22 +1,12 @@
 """Identifier recall in real code, scored by the phase of the identifier's token at its definition.
 
-Cases come from held-out Python source: an identifier **defined** at D (``name = ...``, ``name: T = ...``,
-``def name(``, a parameter of ``def f(..., name, ...)``, ``class name``, ``for name in``, ``... as name``;
-or, with ``sources="any"``, any occurrence) and **used** again at U, the next occurrence of the same
-name, both spelled by the same tokens (the first may differ by a leading space) and at least two of
-them. The prompt is the ``seq_len`` tokens of real code that end inside the use, after its first ``i``
-tokens (``i >= 1``, the identifier's token ``i`` holding a letter or digit: never a lone ``_``); the
-answer is the use's token ``i`` (full-vocabulary top-1 at ``T - 1``), and the **source** is token ``i``
-at the definition, at ``target_pos`` in the prompt. The definition must be the only earlier occurrence
-of the name in the prompt, D and U lie in one document, and the source is ``min_distance ..
-max_distance`` tokens before the answer's position.
-
-Residues are balanced by selection: each residue group gets the same number of prompts, and the
-counts per source position are chosen so that the mean and variance of ``target_pos`` agree across
-groups (`select_matched`). How many cases each residue has is `availability`; ``control=True``
-gives the same prompts with the identifier's tokens at the definition replaced by another
-identifier's (the "no-definition" control: what the rest of the code gives away).
-"""
+A case is an identifier **defined** at D (an assignment, ``def``, a parameter, ``class``, ``for``, ``as``;
+any occurrence with ``sources="any"``) and **used** at U, its next occurrence, spelled by the same two or
+more tokens. The prompt is the ``seq_len`` tokens ending inside the use after its first ``i >= 1`` tokens;
+the answer is the use's token ``i`` (top-1 at ``T - 1``) and the **source** is token ``i`` at the
+definition (``target_pos``), the only earlier occurrence, ``min_distance .. max_distance`` before the
+answer. Residue groups are balanced by selection (`select_matched`); ``control=True`` replaces the
+identifier at the definition by another one."""
 
 from __future__ import annotations
 
@@ -37,7 +27,7 @@ from phaseinterp._checks import check_int
 from phaseinterp.errors import UserInputError
 from phaseinterp.phase import check_residue_modulus
 from phaseinterp.tasks._serialize import TaskSettings, pack_tokens, task_from_fields, unpack_tokens
-from phaseinterp.tasks.batches import TaskBatch, observed_moments
+from phaseinterp.tasks.batches import TaskBatch, observed_moments, residue_groups
 from phaseinterp.tasks.copying import special_ids
 from phaseinterp.tasks.placement import MEAN_TOLERANCE, STD_TOLERANCE
 from phaseinterp.tasks.splits import split_rng
@@ -85,12 +75,9 @@ def definitions(text: str) -> list[tuple[int, str, str]]:
 class IdentifierRecall(TaskSettings):
     """Recall an identifier's next token at its use from its definition (module docstring).
 
-    ``text``: held-out corpus token ids; ``token_text``: the text of every token id (`from_tokenizer`
-    reads it from the tokenizer; special tokens read as ``""``). ``sources``: ``"definitions"`` or
-    ``"any"`` earlier occurrence. ``control``: the no-definition control (same prompts, the
-    definition's identifier replaced). One case pair in `CALIBRATION_SHARE` (by a hash of the use's
-    position) serves `calibration` only.
-    """
+    ``text``: held-out corpus token ids; ``token_text``: the text of every token id (special tokens read
+    as ``""``). ``sources``: ``"definitions"`` or ``"any"``. ``control``: the no-definition control. One
+    case pair in `CALIBRATION_SHARE` serves `calibration` only."""
 
     seq_len: int = 256
     residue_modulus: int = 24
@@ -147,10 +134,6 @@ class IdentifierRecall(TaskSettings):
         if "text" in d:
             d["text"] = unpack_tokens(d["text"])
         return task_from_fields(cls, d)
-
-    @property
-    def d_vocab_needed(self) -> int:
-        return len(self.token_text)
 
     def band(self) -> tuple[int, int]:
         """Source positions ``lo..hi`` of the prompts (the answer is predicted at ``seq_len - 1``)."""
@@ -230,9 +213,7 @@ class IdentifierRecall(TaskSettings):
         of one definition-use pair share a ``mapping_id`` (so intervals bootstrap over pairs)."""
         if stride is not None:
             check_residue_modulus(self.residue_modulus, stride)
-        groups = list(range(self.residue_modulus)) if residues is None else list(residues)
-        for r in groups:
-            check_int("residue", r, 0, self.residue_modulus - 1)
+        groups = residue_groups(residues, self.residue_modulus)
         chosen, moments = self._select(n_per_residue, seed, strict)
         rows = self.cases().loc[np.concatenate([chosen[r] for r in groups])]
         batch = self._batch(rows, "eval", seed, moments[moments["residue"].isin(groups)].reset_index(drop=True))
@@ -380,12 +361,9 @@ def select_matched(positions: list[np.ndarray], n: int, modulus: int, *, mean_to
     """How many of each residue's available positions to take (``n`` per residue) so that the mean and
     (population) variance of the taken positions agree across residues.
 
-    ``positions[r]``: every available position of residue ``r`` (repeats allowed, one per case). Each
-    group starts from a proportional share of what it has and moves single counts between its
-    positions while that brings its moments closer to a common target; the targets tried are each
-    group's proportional moments averaged, and the scarcest group's. Returns the counts per position
-    of each group and a moments frame like `TargetPlacement.moments` (``within_tolerance``: mean
-    spread <= ``mean_tolerance`` tokens and std spread <= ``std_tolerance`` of the target std)."""
+    ``positions[r]``: the available positions of residue ``r`` (repeats allowed). Returns the counts per
+    position of each group and a moments frame like `TargetPlacement.moments` (``within_tolerance``: mean
+    spread <= ``mean_tolerance`` tokens, std spread <= ``std_tolerance`` of the target std)."""
     grids = []
     for r, p in enumerate(positions):
         values, available = np.unique(np.asarray(p, dtype=np.int64), return_counts=True)

@@ -1,10 +1,5 @@
-"""Prompt layout shared by the retrieval tasks: argument checks, record placement, filler gaps.
-
-A prompt is ``head + (gap, record)* + gap + tail``: records of fixed length separated by
-runs of filler tokens. `feasible_index_range` says which record can carry the target at a
-given position, `filler_gaps` distributes the fillers (``prefix`` or ``in_sequence``
-padding), `lay_out` writes the tokens.
-"""
+"""Prompt layout shared by the retrieval tasks: ``head + (gap, record)* + gap + tail``, records separated
+by filler runs (`feasible_index_range`, `filler_gaps`, `lay_out`)."""
 
 import numpy as np
 from jaxtyping import Int

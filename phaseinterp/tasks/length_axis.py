@@ -1,22 +1,10 @@
 """The prompt-length axis: the target's residue held fixed while the prompt's length residue varies.
 
-A phase profile on the target axis holds the prompt length ``T`` fixed and moves the target; an
-engine bug keyed to the prompt's length (every prompt of length 3 mod 4 answered wrong) reads the
-same at every target phase there. The length axis separates the two: the task lays out its prompts
-``R - 1`` tokens shorter (``T' = T - (R - 1)``, moment-matched by target residue as always), and a
-prompt of target residue ``r`` gets ``d = (hold - r) mod R`` filler tokens inserted right after its
-head (``<bos>``), so that
-
-- its target moves to a position of residue ``hold`` (fixed for every prompt),
-- its length becomes ``T' + d`` (every length residue mod R appears, ``n_per_residue`` prompts each),
-- the distance from target to answer and everything after the head keep their order and values.
-
-Each length-residue group is one target-residue group of the shortened task shifted as a block, so
-the target-to-answer distance has the same matched mean and variance in every length group (the
-moments the target axis matches). ``axis="both"`` shifts every prompt of a task shortened by ``S - 1``
-by each ``d`` in ``0..S-1``: ``S`` copies that cover every (target phase, length phase) cell with
-``n_per_residue * R / S`` prompts, target moments matched per target residue.
-"""
+The task lays out its prompts ``R - 1`` tokens shorter (``T' = T - (R - 1)``, moment-matched by target
+residue), and a prompt of target residue ``r`` gets ``d = (hold - r) mod R`` fillers right after its head:
+its target moves to residue ``hold``, its length becomes ``T' + d``, and the target-to-answer distance
+keeps its matched moments. ``axis="both"`` shifts a task shortened by ``S - 1`` by each ``d`` in
+``0..S-1``, covering every (target phase, length phase) cell."""
 
 from __future__ import annotations
 

@@ -9,7 +9,8 @@ import pandas as pd
 from phaseinterp.errors import UserInputError
 from phaseinterp.phase import check_residue_modulus
 from phaseinterp.tasks._serialize import TaskSettings
-from phaseinterp.tasks.batches import TaskBatch, final_position_batch, joined_residue_groups, observed_moments
+from phaseinterp.tasks.batches import (TaskBatch, final_position_batch, joined_residue_groups, observed_moments,
+                                       residue_groups)
 from phaseinterp._checks import check_int
 from phaseinterp.tasks.layout import check_padding, feasible_index_range, filler_gaps, lay_out
 from phaseinterp.tasks.layout import residue_cycle_positions
@@ -78,23 +79,13 @@ class TokenPools:
 class NeedleRetrieval(TaskSettings):
     """Needle-in-a-haystack retrieval with multi-token records (DeepSeek style).
 
-    Prompt: ``[head] (fillers, record)* fillers [separator] demo-records target-key``; a
-    record is ``key_tokens`` key tokens then ``value_tokens`` value tokens (4 by default),
-    keys are distinct tuples, values random tuples. The target key (all its tokens) ends the
-    prompt at ``T - 1``. **Scoring**: ``answer`` is the *first* value token (full-vocabulary
-    top-1 at ``T - 1``); the whole value is in ``answer_tokens`` for multi-token scoring. With
-    the synthetic vocabulary several records can share a first value token, so chance is
-    ``1 / len(value_ids)``.
-
-    The target position ``p`` (its first key token) is moment-matched per residue group as in
-    :class:`~phaseinterp.tasks.retrieval.KeyValueRetrieval`, inside a band of
-    ``target_window`` positions centred on the middle of the prompt. ``n_records=None`` fills
-    the prompt, leaving ``filler_tokens`` fillers for the padding.
-
-    Tokens come from ``vocab`` or, when ``generate(tokenizer=...)`` is given, from the
-    ``*_pieces`` strings that the tokenizer encodes to one token each (default: the
-    vocabulary's words with a leading space).
-    """
+    Prompt: ``[head] (fillers, record)* fillers [separator] demo-records target-key``; a record is
+    ``key_tokens`` key tokens then ``value_tokens`` value tokens, keys distinct. The target key ends
+    the prompt at ``T - 1``; ``answer`` is the *first* value token (top-1 at ``T - 1``), the whole value
+    is in ``answer_tokens``. The target position is moment-matched per residue group as in
+    :class:`KeyValueRetrieval`, inside a ``target_window`` band centred on the prompt's middle.
+    ``n_records=None`` fills the prompt. Tokens come from ``vocab`` or, with ``generate(tokenizer=...)``,
+    from the ``*_pieces`` strings the tokenizer encodes to one token each."""
 
     seq_len: int = 8192
     n_records: int | None = None
@@ -115,13 +106,8 @@ class NeedleRetrieval(TaskSettings):
     @classmethod
     def paper_protocol(cls, **overrides: Any) -> "NeedleRetrieval":
         """The paper's long-context protocol: 131,072-token prompts of 16,000 key-value records (4 key and
-        4 value tokens each: 128,000 tokens, the rest fillers for the padding), the target band centred
-        on the 249th record, residues mod 24 (so every phase of strides 4, 6, 8, 12 and 24 is measured
-        with the same moment matching). Use ``phase_profile(model, task, n_per_residue=256,
-        tokenizer=...)`` for the paper's 256 prompts per residue group (what it reports: 6,144 prompts
-        of 128K tokens). The target's position varies by residue inside a ``target_window`` band, so the
-        record that holds it is the 249th give or take ``target_window / 8`` records. ``overrides``
-        replace any field (a tokenizer's own pieces, a shorter ``seq_len`` to try it first)."""
+        4 value tokens each), the target band centred on the 249th record, residues mod 24. Profile it with
+        ``phase_profile(model, task, n_per_residue=256, tokenizer=...)``. ``overrides`` replace any field."""
         settings = dict(seq_len=131072, n_records=16000, key_tokens=4, value_tokens=4, n_demos=2,
                         residue_modulus=24, target_window=120, filler_tokens=64, target_record=249)
         return cls(**{**settings, **overrides})
@@ -151,13 +137,9 @@ class NeedleRetrieval(TaskSettings):
         if tokenizer is None or isinstance(tokenizer, Vocab):
             return TokenPools.from_vocab(self.vocab if tokenizer is None else tokenizer)
         space = lambda words: tuple(" " + w for w in words)  # noqa: E731
-        return TokenPools.from_tokenizer(
-            tokenizer,
-            self.key_pieces or space(self.vocab.keys),
-            self.value_pieces or space(self.vocab.values),
-            self.filler_pieces or space(self.vocab.fillers),
-            self.separator,
-        )
+        return TokenPools.from_tokenizer(tokenizer, self.key_pieces or space(self.vocab.keys),
+                                         self.value_pieces or space(self.vocab.values),
+                                         self.filler_pieces or space(self.vocab.fillers), self.separator)
 
     def _geometry(self, pools: TokenPools) -> dict[str, int]:
         """Record count, slack and the target band for these pools; raises when they cannot fit."""
@@ -226,10 +208,8 @@ class NeedleRetrieval(TaskSettings):
         def digits(codes: np.ndarray, width: int, base: int) -> np.ndarray:
             return (codes[..., None] // base ** np.arange(width - 1, -1, -1)) % base
 
-        records = np.concatenate(
-            [key_ids[digits(key_codes, kt, len(key_ids))], value_ids[digits(value_codes, self.value_tokens, len(value_ids))]],
-            axis=-1,
-        )
+        records = np.concatenate([key_ids[digits(key_codes, kt, len(key_ids))],
+                                  value_ids[digits(value_codes, self.value_tokens, len(value_ids))]], axis=-1)
         low, high = feasible_index_range(positions, start, L, slack, n)
         target = low + (rng.random(batch) * (high - low + 1)).astype(np.int64)
         gaps = filler_gaps(target, positions - start - L * target, slack, n, self.padding, rng)
@@ -237,55 +217,32 @@ class NeedleRetrieval(TaskSettings):
         scores[np.arange(batch), target] = np.inf
         demos = np.argsort(scores, axis=1)[:, : self.n_demos]
         rows = np.arange(batch)
-        tail = np.concatenate(
-            [
-                np.broadcast_to(np.array(pools.separator), (batch, len(pools.separator))),
-                records[rows[:, None], demos].reshape(batch, -1),
-                records[rows, target, :kt],
-            ],
-            axis=1,
-        )
+        tail = np.concatenate([np.broadcast_to(np.array(pools.separator), (batch, len(pools.separator))),
+                               records[rows[:, None], demos].reshape(batch, -1), records[rows, target, :kt]], axis=1)
         tokens, starts = lay_out(records, gaps, tail, self.seq_len, np.array(pools.head, dtype=np.int64),
                                   np.array(pools.filler_ids), rng)
         assert np.array_equal(starts[rows, target], positions)
-        meta = pd.DataFrame(
-            {
-                "mapping_id": np.arange(batch),
-                "target_pos": positions,
-                "residue": positions % self.residue_modulus,
-                "distance": self.seq_len - 1 - positions,
-                "target_index": target,
-                "first_record_pos": starts[:, 0],
-                "padding": self.padding,
-                "n_records": n,
-                "split": split,
-                "seed": seed,
-            }
-        )
+        meta = pd.DataFrame(dict(mapping_id=np.arange(batch), target_pos=positions,
+                                 residue=positions % self.residue_modulus, distance=self.seq_len - 1 - positions,
+                                 target_index=target, first_record_pos=starts[:, 0], padding=self.padding,
+                                 n_records=n, split=split, seed=seed))
         return tokens, records[rows, target, kt:], meta
 
     def generate(
         self, n_per_residue: int, seed: int = 0, *, tokenizer: Tokenizer | None = None, stride: int | None = None,
         residues: list[int] | None = None, strict: bool = True,
     ) -> TaskBatch:
-        """``n_per_residue`` prompts per residue group (residue-major), moment-matched.
-
-        Each residue group draws from its own seed stream, so ``residues=[...]`` (to build a
-        long-context evaluation a few groups at a time) gives exactly those groups' prompts of
-        the full call. ``meta.mapping_id`` is unique per prompt. ``strict``: as in
-        ``KeyValueRetrieval.generate``.
-        """
+        """``n_per_residue`` prompts per residue group (residue-major), moment-matched. Each group draws from
+        its own seed stream, so ``residues=[...]`` gives exactly those groups' prompts of the full call.
+        ``strict``: as in ``KeyValueRetrieval.generate``."""
         check_int("n_per_residue", n_per_residue, 1)
         if stride is not None:
             check_residue_modulus(self.residue_modulus, stride)
         pools = self.pools(tokenizer)
         geometry = self._geometry(pools)
-        placement = match_target_moments(
-            geometry["lo"], geometry["hi"], self.residue_modulus, n_per_residue, strict=strict
-        )
-        groups = list(range(self.residue_modulus)) if residues is None else list(residues)
-        for r in groups:
-            check_int("residue", r, 0, self.residue_modulus - 1)
+        placement = match_target_moments(geometry["lo"], geometry["hi"], self.residue_modulus, n_per_residue,
+                                         strict=strict)
+        groups = residue_groups(residues, self.residue_modulus)
         parts = []
         for r in groups:
             rng = split_rng(seed, "eval", r)

@@ -1,9 +1,6 @@
-"""Moment-matched target placement: equal counts, means and variances per residue group (docs/science.md section 3).
-
-`match_target_moments` places ``n`` target positions for every residue ``r = 0..R-1`` so
-that phase is the only variable: the mean and variance of the target position agree
-across groups (exactly when ``R**2`` divides ``n``, within tolerances otherwise).
-"""
+"""Moment-matched target placement (docs/science.md section 3): `match_target_moments` places ``n`` target
+positions per residue ``r = 0..R-1`` with equal means and variances across groups, so phase is the only
+variable (exactly when ``R**2`` divides ``n``, within tolerances otherwise)."""
 
 import math
 from dataclasses import dataclass
@@ -24,12 +21,9 @@ STD_TOLERANCE = 0.01  # (max_r std_r - min_r std_r) / target std
 class TargetPlacement:
     """Target positions for every residue group ``r = 0..R-1``: equal counts, matched means and variances.
 
-    ``positions[r]`` holds ``n`` positions ``p`` with ``p mod R == r`` (sorted). ``exact``: the
-    sums of ``p`` and of ``p**2`` are identical across groups, so mean and (population)
-    variance agree exactly. Otherwise ``within_tolerance`` says whether the spreads across
-    groups meet ``mean_tolerance`` (tokens) and ``std_tolerance`` (relative to
-    ``target_std``); only a non-strict request can return a placement that does not.
-    """
+    ``positions[r]`` holds ``n`` sorted positions ``p`` with ``p mod R == r``. ``exact``: the sums of ``p``
+    and ``p**2`` agree across groups. Otherwise ``within_tolerance`` says whether the spreads meet
+    ``mean_tolerance`` (tokens) and ``std_tolerance`` (relative to ``target_std``)."""
 
     modulus: int
     positions: Int[np.ndarray, "residue n"]
@@ -69,32 +63,17 @@ class TargetPlacement:
 
     def moments(self) -> pd.DataFrame:
         """One row per residue group: achieved and target moments."""
-        return pd.DataFrame(
-            {
-                "residue": np.arange(self.modulus),
-                "n": np.full(self.modulus, self.n),
-                "mean": self.means,
-                "std": self.stds,
-                "sum": self.positions.sum(axis=1),
-                "sum_sq": (self.positions.astype(np.int64) ** 2).sum(axis=1),
-                "target_mean": self.target_mean,
-                "target_std": self.target_std,
-                "exact": self.exact,
-                "within_tolerance": self.within_tolerance,
-            }
-        )
+        return pd.DataFrame(dict(residue=np.arange(self.modulus), n=np.full(self.modulus, self.n), mean=self.means,
+                                 std=self.stds, sum=self.positions.sum(axis=1),
+                                 sum_sq=(self.positions.astype(np.int64) ** 2).sum(axis=1),
+                                 target_mean=self.target_mean, target_std=self.target_std, exact=self.exact,
+                                 within_tolerance=self.within_tolerance))
 
 
 def exact_matching_possible(n: int, modulus: int) -> bool:
-    """Whether ``n`` integer positions per residue group can match mean *and* variance exactly.
-
-    With ``p = r + R k`` the group sums satisfy ``sum p = n r (mod R)``, so equal means need
-    ``R | n``; the sums of squares satisfy ``sum p^2 = n r^2 + 2 r R K + R^2 (K mod 2)
-    (mod 2 R^2)`` with ``K = sum k``, and asking this to agree for r = 0, 1, 2 forces
-    ``2 n = 0 (mod 2 R^2)``. Hence: exact iff ``n`` is a multiple of ``R**2`` (any ``n`` for
-    R = 1); e.g. 576, 1152, ... prompts per group for R = 24. (Sufficient as soon as the
-    position range is wide enough, which :func:`match_target_moments` checks by construction.)
-    """
+    """Whether ``n`` integer positions per residue group can match mean *and* variance exactly: iff ``n``
+    is a multiple of ``R**2`` (any ``n`` for R = 1), from ``sum p = n r (mod R)`` and ``sum p^2 = n r^2 +
+    2 r R K + R^2 (K mod 2) (mod 2 R^2)`` with ``p = r + R k``, ``K = sum k``."""
     return n % (modulus * modulus) == 0
 
 
@@ -295,25 +274,18 @@ def match_target_moments(
 ) -> TargetPlacement:
     """Place ``n`` target positions per residue group ``r = 0..R-1`` inside ``lo..hi``.
 
-    Every group gets exactly ``n`` positions ``p`` with ``p mod R = r``; the mean and the
-    (population) variance of ``p`` agree across groups. Target moments: mean ``(lo+hi)/2``;
-    variance inside the interval every group can reach (a group's variance around that
-    mean lies between the product of the distances to its two grid points around the mean
-    and the product of the distances to its extreme grid points).
+    Every group gets ``n`` positions ``p`` with ``p mod R = r``, with mean ``(lo+hi)/2`` and a common
+    (population) variance every group can reach.
 
-    - Exact (equal sums of ``p`` and ``p**2``) iff ``n`` is a multiple of ``R**2`` (see
-      :func:`exact_matching_possible`; 576 for R = 24) and the range allows it.
-    - Otherwise each group takes the achievable (sum, sum of squares) nearest a common
-      target, the target variance being scanned to minimize the spreads (``_plans``), and
-      the chosen moments are realized exactly with integer positions (``_realize_counts``).
-      Guaranteed: mean spread <= ``mean_tolerance`` tokens and std spread <=
-      ``std_tolerance`` (relative). Small ``n`` cannot meet this (a group's sum is ``n r
-      mod R``; its sum of squares moves in steps of ``2 R^2``): ``strict`` raises a
-      ValueError naming the smallest workable size, ``strict=False`` returns the best
-      effort with ``within_tolerance=False`` (for smoke tests, not for measurements).
+    - Exact (equal sums of ``p`` and ``p**2``) iff ``n`` is a multiple of ``R**2``
+      (:func:`exact_matching_possible`) and the range allows it.
+    - Otherwise each group takes the achievable (sum, sum of squares) nearest a common target, the
+      target variance scanned to minimize the spreads (``_plans``), realized with integer positions
+      (``_realize_counts``): mean spread <= ``mean_tolerance`` tokens, std spread <= ``std_tolerance``
+      (relative). A size too small for that raises a ValueError naming the smallest workable one with
+      ``strict``; ``strict=False`` returns the best effort with ``within_tolerance=False``.
 
-    Deterministic: no randomness is involved.
-    """
+    Deterministic."""
     check_int("modulus", modulus, 1)
     check_int("n", n, 1)
     if hi - lo + 1 < modulus:

@@ -43,17 +43,11 @@ class KeyValueRetrieval(TaskSettings):
 
         <bos> [fillers] k1 v1 [fillers] k2 v2 ... kN vN [fillers] <sep> d1 w1 ... dD wD k*
 
-    ``N = n_records`` records (keys distinct, values distinct, random per prompt), ``D =
-    n_demos`` demonstration queries of other records, and the target key ``k*`` at ``T - 1``:
-    the logits there must rank its value first. The target record's key sits at distance
-    ``T - 1 - p`` in ``min_distance..max_distance`` (default 34..: its key *and* value lie
-    beyond two 16-token local windows).
-
-    ``padding``: ``"prefix"`` keeps the records contiguous and slides them together with a
-    filler run at the start (the rest of the fillers sit before ``<sep>``); ``"in_sequence"``
-    scatters the fillers over the gaps between records, so distractors do not move in
-    lockstep with the target. Both keep ``T`` and the query position fixed.
-    """
+    ``N = n_records`` records (distinct keys, distinct values), ``D = n_demos`` demonstration queries,
+    and the target key ``k*`` at ``T - 1``, whose value the logits there must rank first. The target
+    record's key sits at distance ``T - 1 - p`` in ``min_distance..max_distance``. ``padding``:
+    ``"prefix"`` (records contiguous, slid by a filler run at the start) or ``"in_sequence"`` (fillers
+    scattered over the gaps); both keep ``T`` and the query position fixed."""
 
     seq_len: int = 128
     n_records: int = 40
@@ -149,39 +143,22 @@ class KeyValueRetrieval(TaskSettings):
         tail[:, 2:-1:2] = value_ids[v[rows, demos]]
         tail[:, -1] = key_ids[k[np.arange(batch), target]]
         records = np.stack([key_ids[k], value_ids[v]], axis=-1)
-        tokens, starts = lay_out(
-            records, gaps, tail, self.seq_len, np.array([self.vocab.bos_id]), np.array(self.vocab.filler_ids), rng
-        )
+        tokens, starts = lay_out(records, gaps, tail, self.seq_len, np.array([self.vocab.bos_id]),
+                                 np.array(self.vocab.filler_ids), rng)
         assert np.array_equal(starts[np.arange(batch), target], positions)
         answer = value_ids[v[np.arange(batch), target]]
-        meta = pd.DataFrame(
-            {
-                "target_pos": positions,
-                "residue": positions % self.residue_modulus,
-                "distance": self.query_pos - positions,
-                "target_index": target,
-                "first_record_pos": starts[:, 0],
-                "target_key": tokens[:, -1],
-                "answer": answer,
-                "padding": self.padding,
-                "n_records": n,
-                "split": split,
-                "seed": seed,
-            }
-        )
+        meta = pd.DataFrame(dict(target_pos=positions, residue=positions % self.residue_modulus,
+                                 distance=self.query_pos - positions, target_index=target,
+                                 first_record_pos=starts[:, 0], target_key=tokens[:, -1], answer=answer,
+                                 padding=self.padding, n_records=n, split=split, seed=seed))
         return tokens, meta, answer
 
     def _batch(self, tokens: np.ndarray, meta: pd.DataFrame, answer: np.ndarray, moments: pd.DataFrame) -> TaskBatch:
         batch = len(tokens)
-        return TaskBatch(
-            tokens=torch.as_tensor(tokens, dtype=torch.long),
-            answer=torch.as_tensor(answer, dtype=torch.long),
-            answer_pos=torch.full((batch,), self.query_pos, dtype=torch.long),
-            meta=meta,
-            moments=moments,
-            residue_modulus=self.residue_modulus,
-            task=self.to_dict(),
-        )
+        return TaskBatch(tokens=torch.as_tensor(tokens, dtype=torch.long),
+                         answer=torch.as_tensor(answer, dtype=torch.long),
+                         answer_pos=torch.full((batch,), self.query_pos, dtype=torch.long), meta=meta,
+                         moments=moments, residue_modulus=self.residue_modulus, task=self.to_dict())
 
     def generate(
         self, n_per_residue: int, seed: int = 0, *, stride: int | None = None, n_mappings: int | None = None,
@@ -189,15 +166,10 @@ class KeyValueRetrieval(TaskSettings):
     ) -> TaskBatch:
         """``n_per_residue`` prompts for every residue ``r = 0..R-1`` (residue-major order).
 
-        Target positions come from :meth:`placement` (moment-matched, see
-        :func:`match_target_moments`), shuffled within each group. Every prompt draws its own
-        mapping unless ``n_mappings`` is given: then prompts share a pool of that many mappings
-        (``meta.mapping_id``; record order, target and demos still vary), and the profile's
-        intervals come from a cluster bootstrap over mappings. ``stride`` adds a ``phase``
-        column (``target_pos mod S``) and requires ``S | R``. Sizes too small to match the
-        moments raise (default ``T = 128``, ``R = 24``: from about 72 per residue) unless
-        ``strict=False`` (best effort, flagged in ``moments.within_tolerance``; for smoke tests).
-        """
+        Target positions come from :meth:`placement` (:func:`match_target_moments`), shuffled within each
+        group. Every prompt draws its own mapping unless ``n_mappings`` is given (a shared pool, in
+        ``meta.mapping_id``; intervals then bootstrap over mappings). ``stride`` adds a ``phase`` column and
+        requires ``S | R``. Sizes too small to match the moments raise unless ``strict=False``."""
         check_int("n_per_residue", n_per_residue, 1)
         if stride is not None:
             check_residue_modulus(self.residue_modulus, stride)
@@ -219,13 +191,9 @@ class KeyValueRetrieval(TaskSettings):
         return self._batch(tokens, meta, answer, placement.moments())
 
     def calibration(self, n: int, seed: int = 0) -> TaskBatch:
-        """``n`` prompts whose mappings are disjoint from every :meth:`generate` mapping.
-
-        Same format; residues cycle ``0..R-1`` and positions are uniform over each residue's
-        allowed positions (no moment matching: these prompts only supply mean activations).
-        Disjointness: mapping parity bit 1 here, 0 in ``generate`` (see ``mapping_split``), and a
-        separate seed stream.
-        """
+        """``n`` prompts whose mappings are disjoint from every :meth:`generate` mapping (parity bit 1,
+        ``mapping_split``, and a separate seed stream). Residues cycle ``0..R-1``; positions are uniform over
+        each residue's allowed positions (no moment matching)."""
         check_int("n", n, 1)
         rng = split_rng(seed, "calibration")
         positions = residue_cycle_positions(n, *self.target_range, self.residue_modulus, rng)
@@ -244,22 +212,16 @@ class KeyValueRetrieval(TaskSettings):
         n_queries: int | None = None,
         query_distance: tuple[int, int] | None = None,
     ) -> TrainBatch:
-        """Random training prompts: records, ``<sep>``, then a query section ``k v k v ...``.
+        """Random training prompts: records, ``<sep>``, then a query section ``k v k v ...`` (no moment
+        matching; laid out with this task's ``padding``).
 
-        No moment matching: the filler count (hence every position) is random, laid out with
-        this task's ``padding``. Curriculum knobs:
+        - ``n_records``: an int or an inclusive range ``(lo, hi)`` drawn per prompt (default: the task's).
+        - ``n_queries``: queries per prompt; ``None`` fills the rest of the sequence after random padding.
+        - ``query_distance``: ``(lo, hi)`` tokens from a queried record's key to the query key (uniform over
+          all records when none is in range); ``hi < 3`` is refused.
 
-        - ``n_records``: an int or an inclusive range ``(lo, hi)`` drawn per prompt
-          (default: this task's ``n_records``).
-        - ``n_queries``: queries per prompt; ``None`` fills the rest of the sequence with
-          queries after a random amount of padding.
-        - ``query_distance``: ``(lo, hi)`` tokens from a queried record's key to the query key;
-          each query draws among the records in that range, and uniformly among all records
-          when none is (so later queries of a long query section stay ordinary queries). The
-          closest a query can be is 3 tokens (``kN vN <sep> kN``), so ``hi < 3`` is refused.
-        Otherwise queries draw records uniformly with replacement. Use ``answer_mask`` for the
-        loss on queried values, ``value_mask`` for the loss on every value.
-        """
+        Otherwise queries draw records uniformly with replacement. ``answer_mask`` marks queried values,
+        ``value_mask`` every value."""
         check_int("batch_size", batch_size, 1)
         if not isinstance(rng, np.random.Generator):
             rng = split_rng(rng, "train")
@@ -315,13 +277,9 @@ class KeyValueRetrieval(TaskSettings):
             value[b, sep_at + 1 : T : 2] = True
         targets = np.full_like(tokens, self.vocab.pad_id)
         targets[:, :-1] = tokens[:, 1:]
-        return TrainBatch(
-            tokens=torch.as_tensor(tokens),
-            targets=torch.as_tensor(targets),
-            answer_mask=torch.as_tensor(answer),
-            value_mask=torch.as_tensor(value),
-            n_records=torch.as_tensor(counts, dtype=torch.long),
-        )
+        return TrainBatch(tokens=torch.as_tensor(tokens), targets=torch.as_tensor(targets),
+                          answer_mask=torch.as_tensor(answer), value_mask=torch.as_tensor(value),
+                          n_records=torch.as_tensor(counts, dtype=torch.long))
 
     @staticmethod
     def _draw_queries(

@@ -1,17 +1,9 @@
 """Disjoint evaluation / calibration / training data: one seed stream per split, one parity rule.
 
-A mapping (the key-value pairs of one prompt) belongs to a split by its **parity**: the sum
-over its records of a fixed pseudo-random bit per (key, value) pair, mod 2 -- 0 for
-evaluation (``generate``), 1 for calibration. No calibration mapping can then equal an
-evaluation mapping, whatever the seeds. The per-pair bit comes from one of two fixed
-functions, chosen by the size of the code space (both are frozen: they define the shipped
-evaluation sets):
-
-- `pair_bit_table` -- a seeded random table ``[n_keys, n_values]`` (single-token keys and
-  values: `KeyValueRetrieval`);
-- `hashed_pair_bits` -- the top bit of a splitmix64 hash of ``(key code, value code)`` (codes
-  of multi-token keys and values, too many for a table: `NeedleRetrieval`).
-"""
+A mapping belongs to a split by its **parity**: the sum over its records of a fixed pseudo-random bit
+per (key, value) pair, mod 2 (0: evaluation, 1: calibration), so the splits never share a mapping.
+The bit is `pair_bit_table` (a seeded table, `KeyValueRetrieval`) or `hashed_pair_bits` (a splitmix64
+hash of the codes, `NeedleRetrieval`); both are frozen: they define the shipped evaluation sets."""
 
 from functools import lru_cache
 

@@ -1,10 +1,5 @@
-"""Needle retrieval in natural text: key-value records of tokenizer pieces set into held-out corpus text.
-
-The layout, padding and moment matching are `NeedleRetrieval`'s (target position ``p`` moment-matched
-per residue group inside a band around the prompt's middle; Prefix or In-sequence Padding); what
-changes is the filler: every position that is not a record, the separator, a demonstration or the
-final key holds a contiguous span of held-out corpus text, cut where the records fall.
-"""
+"""Needle retrieval in natural text: `NeedleRetrieval`'s layout, padding and moment matching, with every
+position outside the records, separator, demonstrations and final key holding held-out corpus text."""
 
 from __future__ import annotations
 
@@ -105,11 +100,6 @@ class TextNeedle(NeedleRetrieval):
     def from_dict(cls, d: dict[str, Any]) -> "TextNeedle":
         d = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}  # JSON gives lists
         return super().from_dict(d)
-
-    @property
-    def d_vocab_needed(self) -> int:
-        return 1 + max(max(self.key_ids), max(self.value_ids), max(self.separator_ids, default=0),
-                       max(self.filler_text))
 
     def length_padding(self, tokenizer: Any = None):
         """Extra filler for the prompt-length axis: a contiguous span of the held-out filler text."""
