@@ -1,36 +1,12 @@
-"""``phaseinterp``: the command line. Every subcommand mirrors a Python function.
+"""``phaseinterp``: the command line. Every subcommand mirrors a Python function (``phaseinterp --help``
+lists them; docs/cli.md has each): ``profile`` -> `phase_profile` (``--engine URL``: a served model),
+``ablate`` -> `ablate`, ``cycle`` -> `gate_cycling`, ``gates`` -> `gate_profile`, ``demo`` / ``report`` ->
+`build_report`, ``train`` / ``pretrain`` / ``tokenizer`` -> `phaseinterp.train`, ``zoo``, ``merge``,
+``conformance``, ``check-report`` / ``screenshot``, ``paper``, ``memory-plan``, ``experiments``.
 
-    phaseinterp demo    [--model NAME] [--out DIR] [--quick]      -> phaseinterp.report.build_report
-    phaseinterp profile MODEL [--n-per-residue N] [--out DIR]     -> phaseinterp.phase_profile
-    phaseinterp profile [MODEL] --engine URL --model-name NAME [--tokenizer DIR]
-                                                  -> phaseinterp.phase_profile(OpenAIEngine(...), task)
-    phaseinterp ablate  MODEL [--layer L ...] [--scope ...]       -> phaseinterp.ablate
-    phaseinterp cycle   MODEL [--shifts ...]                      -> phaseinterp.gate_cycling
-    phaseinterp gates   MODEL                                     -> phaseinterp.gate_profile
-    phaseinterp report  MODEL [--twin MODEL] --out DIR            -> phaseinterp.report.build_report
-    phaseinterp train   --out DIR [architecture and run options]  -> phaseinterp.train.train
-    phaseinterp pretrain --preset NAME --data PATH --tokenizer DIR --out DIR [--nproc K] [--resume]
-                                                  -> phaseinterp.train.pretrain
-    phaseinterp tokenizer train --data PATH --vocab-size N --out DIR -> phaseinterp.train.train_tokenizer
-    phaseinterp zoo list [--markdown] | build NAME                -> phaseinterp.zoo
-    phaseinterp zoo export NAME --layout deepseek [--fp8 [--fp8-scales pow2|exact]] [--experts fp4|fp8|float] --out DIR
-                                                  -> phaseinterp.models.hf.export
-    phaseinterp merge DIR [--out DIR]                             -> phaseinterp.parallel.merge
-    phaseinterp conformance MODEL [--modes ...]                   -> phaseinterp.conformance
-    phaseinterp check-report DIR | screenshot DIR PNG             -> phaseinterp.report.check
-    phaseinterp paper --out DIR [--no-static] | --list            -> phaseinterp.paper (the paper's figures)
-    phaseinterp memory-plan [CONFIG] [--tokens N ...]             -> phaseinterp.models.hf.memory
-    phaseinterp experiments remedy RUNS STOP W/N [SEED ...]       -> phaseinterp.experiments.remedy.train_share
-
-profile, ablate and cycle take --paper RUN: the result beside a published run (phaseinterp.paper.compare).
-profile, ablate and cycle also run data-parallel under ``torchrun --nproc-per-node N -m
-phaseinterp ... --shard-dir DIR`` (phaseinterp.parallel).
-
-MODEL is a zoo name (``phaseinterp zoo list``) or a checkpoint directory. Bad arguments
-exit with code 2 and a one-line message naming the value, checked before any expensive
-work and before anything is written. This module imports only the standard library at
-the top, so ``--help`` answers at once; torch and plotly load when a command runs.
-"""
+MODEL is a zoo name or a checkpoint directory. Bad arguments exit with code 2 and a one-line message
+naming the value, before any expensive work or write. Only the standard library is imported at the
+top, so ``--help`` answers at once."""
 
 from __future__ import annotations
 

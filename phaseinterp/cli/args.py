@@ -1,11 +1,6 @@
-"""``phaseinterp``'s argument parser: `build_parser`, its subcommands and their options.
-
-Imports only the standard library, so ``phaseinterp --help`` answers at once; `phaseinterp.cli`
-runs the commands. Bad arguments exit with code 2 and a one-line message naming the value. The flags of
-the experiments and of the options every command shares are made from their declarations (`add_options`
-over `phaseinterp._checks.ProfileOptions` ... and the classes below), and a flag given where it does
-nothing is refused from the same declarations (`check_flag_needs`).
-"""
+"""``phaseinterp``'s argument parser (`build_parser`), standard library only. The experiments' flags are
+made from their option declarations (`add_options`), and a flag given where it does nothing is refused
+from the same declarations (`check_flag_needs`)."""
 
 from __future__ import annotations
 
@@ -132,11 +127,9 @@ class PlanOptions:
 
 
 def add_options(p: argparse.ArgumentParser, *classes, skip: tuple = (), **fill) -> None:
-    """The flags of ``classes``' options that the command line takes (`phaseinterp._checks.option`), each once
-    (the first class that declares a flag makes it); ``fill``: the help's blanks (``{what}``), and per flag
-    (its dest: a dict) argparse settings that differ on this command (``out={"required": True}``). The
-    classes are kept in the parsed arguments (``declared``; ``skipped``: the options left out here) for
-    `check_flag_needs`."""
+    """The flags of ``classes``' options that the command line takes, each once (the first class
+    declaring it); ``fill``: the help's blanks, and per flag argparse settings that differ on this command.
+    The classes are kept in the parsed arguments (``declared``, ``skipped``) for `check_flag_needs`."""
     seen = {a.dest for a in p._actions} | set(skip)
     words = {k: v for k, v in fill.items() if not isinstance(v, dict)}
     for cls in classes:

@@ -107,20 +107,13 @@ def _check_out(args) -> None:
             check_write_target(value, kind, overwrite=getattr(args, "overwrite", False), name=f"--{attr.replace('_', '-')}")
 
 
-def _check_model_name(name: str, flag: str = "MODEL") -> None:
-    """A zoo name with a shipped checkpoint or a checkpoint folder of either family (`phaseinterp.load`);
-    checked before any work (a path at the readers' door, named as ``flag``)."""
-    check_source(name, name=flag)
-
-
 # The paths each command reads besides MODEL (a zoo name or a folder: `check_source`), judged at the
 # readers' door (`phaseinterp._files.check_read_path`: missing, a file for a folder or the reverse, an
 # empty folder, a dangling link, unreadable) before any work: command -> {dest: (expect, what it must be)}.
+_REPORT = {"dir": ("any", "a report folder written by `phaseinterp demo` or `phaseinterp report` (or its index.html)")}
 READ_PATHS: dict[str, dict[str, tuple[str, str]]] = {
-    "check-report": {"dir": ("any", "a report folder written by `phaseinterp demo` or `phaseinterp report` (or its "
-                                    "index.html)")},
-    "screenshot": {"dir": ("any", "a report folder written by `phaseinterp demo` or `phaseinterp report` (or its "
-                                  "index.html)")},
+    "check-report": _REPORT,
+    "screenshot": _REPORT,
     "merge": {"dir": ("folder", "the --shard-dir of a profile, ablate or cycle run (run.json + shards/)")},
     "cycle": {"baseline": ("folder", "a profile folder written by `phaseinterp profile MODEL --out DIR`")},
     "profile": {"tokenizer": ("folder", "a Hugging Face tokenizer folder (tokenizer.json or the files "
@@ -231,20 +224,9 @@ def _default_cycle_size(args, task) -> None:
 
 
 # ------------------------------------------------------------------ commands
-def _print_table(result) -> None:
-    print(result.summary().to_string(header=False))
-
-
 def _save(out: Optional[str], result, overwrite: bool = False) -> None:
     if out:
         print(f"saved to {result.save(Path(out), overwrite=overwrite)}")
-
-
-def _keep_freed_memory() -> None:
-    """Every command that runs models keeps freed memory in the process (`phaseinterp.models.allocator`:
-    the forwards' intermediates are not page-faulted in again each layer). Listing the zoo does not
-    import torch, so it is left out."""
-    keep_freed_memory()
 
 
 # The arguments that name paths: those a command writes, those it reads (a zoo name passes unchanged).
@@ -342,7 +324,7 @@ def _cmd_paper(args) -> int:
 # ------------------------------------------------------------------ reports
 def _cmd_demo(args) -> int:
     """``phaseinterp demo``: the report for a shipped zoo model and its full-attention twin."""
-    _keep_freed_memory()
+    keep_freed_memory()
     if args.model not in zoo.available():
         raise UsageError(f"--model {args.model!r} is not a shipped zoo model (shipped: "
                          f"{', '.join(zoo.available())}); use `phaseinterp report DIR` for a checkpoint")
@@ -351,8 +333,8 @@ def _cmd_demo(args) -> int:
 
 def _cmd_report(args) -> int:
     """``phaseinterp report MODEL --out DIR``: the report for any model."""
-    _keep_freed_memory()
-    _check_model_name(args.model)
+    keep_freed_memory()
+    check_source(args.model, name="MODEL")
     return _write_report(args)
 
 
@@ -360,7 +342,7 @@ def _write_report(args) -> int:
     """The report of demo and report: their sections' options checked, then `build_report`."""
     twin = None if (args.twin in (None, "none")) else args.twin
     if twin is not None:
-        _check_model_name(twin, "--twin")
+        check_source(twin, name="--twin")
         try:
             report_module.check_twin(args.model, twin)
         except ValueError as err:
@@ -417,7 +399,7 @@ def _cmd_screenshot(args) -> int:
 def _load_for_experiment(args):
     """(model, task) for profile / ablate / cycle / gates: the model's name and the settings that
     depend on its config checked before the weights load, then the launch (--shard-dir, torchrun)."""
-    _check_model_name(args.model)
+    check_source(args.model, name="MODEL")
     _preflight(args)
     if getattr(args, "shard_dir", None) is not None or "WORLD_SIZE" in os.environ:
         launch = parallel.launch_info()
@@ -447,7 +429,7 @@ def _finish(args, result) -> int:
     only exit, their prompts being in the shards."""
     if result is None:
         return 0
-    _print_table(result)
+    print(result.summary().to_string(header=False))
     _print_premise(result)
     _save(args.out, result, args.overwrite)
     if getattr(args, "paper", None) is not None:
@@ -471,7 +453,7 @@ def _print_premise(result) -> None:
 
 def _cmd_profile(args) -> int:
     """``phaseinterp profile``: accuracy by residue and phase, in process or (--engine) of a served model."""
-    _keep_freed_memory()
+    keep_freed_memory()
     if args.engine is not None or args.model is None:
         return served_profile(args)
     model, task = _load_for_experiment(args)
@@ -491,7 +473,7 @@ def _cmd_profile(args) -> int:
 
 def _cmd_lm_eval_task(args) -> int:
     """``phaseinterp lm-eval-task MODEL --out DIR``: MODEL's task as an lm-evaluation-harness task folder."""
-    _check_model_name(args.model)
+    check_source(args.model, name="MODEL")
     out = write_lm_eval_task(args.model, args.out, n_per_residue=args.n_per_residue, seed=args.seed, name=args.name,
                              overwrite=args.overwrite)
     name = next(out.glob("*.yaml")).stem
@@ -503,7 +485,7 @@ def _cmd_lm_eval_task(args) -> int:
 
 def _cmd_ablate(args) -> int:
     """``phaseinterp ablate MODEL``: per-KV-head (or per-layer) mean replacement."""
-    _keep_freed_memory()
+    keep_freed_memory()
     model, task = _load_for_experiment(args)
     _check_task(args, task)
     if args.shard_dir is not None:
@@ -519,7 +501,7 @@ def _cmd_ablate(args) -> int:
 
 def _cmd_cycle(args) -> int:
     """``phaseinterp cycle MODEL``: cyclic gate shifts, the profile score or (--score unit) one unit's."""
-    _keep_freed_memory()
+    keep_freed_memory()
     model, task = _load_for_experiment(args)
     _check_task(args, task)
     if args.score == "unit":
@@ -542,7 +524,7 @@ def _cmd_cycle(args) -> int:
 
 def _cmd_gates(args) -> int:
     """``phaseinterp gates MODEL``: where each compressor gate puts its weight."""
-    _keep_freed_memory()
+    keep_freed_memory()
     model, task = _load_for_experiment(args)
     result = gate_profile(model, task, spec=args.spec)
     print(result.heads.round(3).to_string(index=False))
@@ -551,14 +533,14 @@ def _cmd_gates(args) -> int:
 
 def _cmd_merge(args) -> int:
     """``phaseinterp merge DIR``: a sharded run's result rebuilt from its shard files."""
-    _keep_freed_memory()
+    keep_freed_memory()
     return _finish(args, merge(args.dir))
 
 
 def _cmd_conformance(args) -> int:
     """``phaseinterp conformance MODEL``: `phaseinterp.engines.conformance`."""
-    _keep_freed_memory()
-    _check_model_name(args.model)
+    keep_freed_memory()
+    check_source(args.model, name="MODEL")
     _preflight(args)
     model = loading.load(args.model, device=args.device)
     result = conformance(model, resolve_task(model), spec=args.spec)
@@ -588,7 +570,7 @@ def _zoo_list(args) -> int:
 
 def _zoo_build(args) -> int:
     """``phaseinterp zoo build NAME``: either family's recipe, trained and installed."""
-    _keep_freed_memory()
+    keep_freed_memory()
     if args.name in hf_zoo.RECIPES:  # the HF-format DeepSeek-V4s train with their own loop, on the CPU
         if args.device is not None and check_device(args.device).type != "cpu":
             raise UsageError(f"--device {args.device}: the HF DeepSeek-V4 recipes ({', '.join(hf_zoo.RECIPES)}) train "
@@ -612,7 +594,7 @@ def _zoo_build(args) -> int:
 def _zoo_export(args) -> int:
     """``phaseinterp zoo export NAME --layout deepseek [--fp8 [--fp8-scales pow2|exact]] [--experts fp4|fp8|float] --out DIR`
     (every argument checked before loading)."""
-    _keep_freed_memory()
+    keep_freed_memory()
     shipped = hf_zoo.available()
     if args.name not in shipped:
         raise UsageError(f"zoo export: {args.name!r} is not a shipped HF DeepSeek-V4 zoo model (valid: {shipped})")
@@ -646,7 +628,7 @@ def _zoo_export(args) -> int:
 
 def _cmd_train(args) -> int:
     """``phaseinterp train --out DIR``: a model trained from scratch with a zoo recipe, changed by the options."""
-    _keep_freed_memory()
+    keep_freed_memory()
     e = zoo.entry(args.zoo_recipe or "w4s4")
     task = e.task_object()
     changes = {k: v for k, v in dict(window=args.window, stride=args.stride, gate=args.gate,
@@ -769,7 +751,7 @@ def _cmd_pretrain(args) -> int:
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
                    "-m", "phaseinterp", *argv]
         return subprocess.call(command)
-    _keep_freed_memory()
+    keep_freed_memory()
     # prepare() has checked and recorded the settings (here, or in the process that launched the workers)
     result = pretrain(config, args.data, args.tokenizer, tc, out_dir=args.out, resume=True)
     if result.model is not None and len(result.curves):

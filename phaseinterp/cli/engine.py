@@ -1,12 +1,6 @@
-"""``phaseinterp profile --engine URL --model-name NAME``: the phase profile of a served model
-(`phaseinterp.engine_profile` over an `OpenAIEngine`), imported with `phaseinterp.cli.commands`
-once the arguments parse.
-
-The options fill a `ProfileSpec`, checked by the same code as in Python. The task comes from MODEL
-(a zoo name or checkpoint directory: its stored task, vocabulary size, stride and label, so the
-output folder equals the in-process ``phaseinterp profile MODEL``'s) or from ``--tokenizer DIR`` (a
-`NeedleRetrieval` laid out in that Hugging Face tokenizer's ids; ``--stride`` is then required).
-"""
+"""``phaseinterp profile --engine URL --model-name NAME``: `phaseinterp.engine_profile` over an `OpenAIEngine`.
+The task comes from MODEL (its stored task, vocabulary size, stride and label) or from ``--tokenizer DIR``
+(a `NeedleRetrieval` in that tokenizer's ids; ``--stride`` then required)."""
 
 from __future__ import annotations
 
