@@ -1,28 +1,12 @@
 """Input checks shared by the experiments and the CLI: each raises a `UserInputError` (a ValueError)
 naming the value and the valid range, before any expensive work.
 
-An experiment's options, checked once: the spec.
-
-Every experiment is three steps, each its own function:
-
-1. **spec**: a frozen dataclass of the experiment's options (`ProfileSpec`, `AblationSpec`, ...). Its
-   fields are declared once, here (`ProfileOptions`, ...: each `option` with its default, range, help,
-   command-line reading, and what it needs or replaces); the command line's flags are made from them
-   (`phaseinterp.cli.args.add_options`), and the spec class beside its experiment adds the other checks.
-   Making one checks every option against its valid range and against the others, before a model
-   or a task is touched; ``spec.check_model(model)`` adds the checks that need the model's config
-   (layer indices, strides, KV heads: it reads only ``cfg``, so the command line runs it on a
-   checkpoint's config.json before the weights load) and ``spec.check_task(task)`` those that need
-   the task (prompt counts the task can lay out, calibration sizes).
-2. **records**: the model run on the spec's prompts, one row (or column) per prompt.
-3. **result**: the statistics of the records (a `phaseinterp.results.Result`).
-
-An experiment function takes its spec's fields as keyword options (``phase_profile(model, seed=1)``)
-or a ready spec (``phase_profile(model, spec=spec)``), never both: `experiment` checks that the
-function's options and its spec's fields agree, makes the spec of each call and hands it to the body
-as ``spec=``. The command line fills a spec from its arguments (`Spec.from_args`), so a bad option reads the same
-from Python and from the shell, and is checked in one place.
-"""
+Every experiment is three steps: **spec** (a frozen dataclass of its options, `ProfileSpec`, ...,
+whose fields are declared once here with `option`; the CLI's flags are made from them; making one
+checks every option, ``spec.check_model(model)`` the checks needing only the model's ``cfg``, and
+``spec.check_task(task)`` those needing the task), **records** (one row per prompt) and **result**
+(a `phaseinterp.results.Result`). `experiment` makes an experiment function take its spec's fields
+as keyword options or a ready ``spec=``, never both."""
 
 from __future__ import annotations
 
@@ -109,15 +93,10 @@ def closest_names(value: str, choices: Iterable[str], n: int = 3, cutoff: float 
 
 def check_name(name: str, value: Any, choices: Iterable[Any], *, what: str = "", shown: str | None = None,
                where: str = "", listed: int = 12, n_close: int = 1, cutoff: float = 0.6) -> Any:
-    """``value`` if it is one of ``choices``; else a `UserInputError` naming it and the valid choices, with
-    the nearest ones (``did you mean 'phase'?``). The one door for every argument that names something
-    that exists or not: hook points, zoo names, presets, an engine's served model names, table columns
-    and levels (``to_frame(level=)``, ``metric=``), a result's settings.
-
-    The message reads ``{shown} is not one of ('a', 'b'); did you mean 'a'?`` (``shown`` defaults to
-    ``name=value``); with more than ``listed`` choices, ``{shown} is not {what} (N names, e.g. a, b, c;
-    {where})``, so a model's hundreds of hook points are counted, not pasted. ``n_close`` > 1 lists that
-    many near names (``closest: a, b``)."""
+    """``value`` if it is one of ``choices``; else a `UserInputError` naming it, the valid choices and the
+    nearest ones: ``{shown} is not one of ('a', 'b'); did you mean 'a'?`` (``shown`` defaults to
+    ``name=value``), or with more than ``listed`` choices ``{shown} is not {what} (N names, e.g. a, b, c;
+    {where})``. ``n_close`` > 1 lists that many near names (``closest: a, b``)."""
     choices = list(choices)
     label = shown if shown is not None else f"{name}={value!r}"
     try:
@@ -168,11 +147,9 @@ def prompt_slices():
 
 
 def check_every_residue(residues: Any, modulus: int, name: str = "prompts") -> None:
-    """A `UserInputError` when ``residues`` (one per prompt or record) miss any residue ``0..modulus-1``:
-    accuracy by phase pools every residue of a phase, so a set without some of them would give NaN (or,
-    pooled anyway, a phase measured on some of its residues only). Names the missing residues and how to
-    keep every one. The one such check: prompt batches given to the experiments and records made into a
-    profile (`phaseinterp.profile.profile_from_records`) pass here."""
+    """A `UserInputError` when ``residues`` (one per prompt or record) miss any residue
+    ``0..modulus-1`` (a phase would pool only some of its residues), naming the missing residues and how
+    to keep every one."""
     import numpy as np
 
     if _SLICES.get():
@@ -227,10 +204,9 @@ def _devices_here() -> str:
 def check_device(device: Any, name: str = "device"):
     """A ``torch.device`` that exists on this machine; None stays None (the model's own device).
 
-    The one device check of the package, used by every function and command that takes a device
-    (``tests/test_bad_inputs.py`` walks them): a string or `torch.device` naming a CPU other than
-    ``cpu``/``cpu:0``, CUDA on a build or machine without it, a GPU index beyond the count, or MPS
-    where absent is a `UserInputError` naming the argument, the value and what exists here."""
+    The one device check of the package: a CPU other than ``cpu``/``cpu:0``, CUDA without it, a GPU
+    index beyond the count, or absent MPS is a `UserInputError` naming the argument, the value and what
+    exists here."""
     if device is None:
         return None
     import torch
@@ -269,11 +245,10 @@ DEVICE_MAP_OFFLOAD = ("disk",)
 
 
 def check_device_map(device_map: Any, name: str = "device_map"):
-    """``device_map`` as transformers takes it, with every device in it checked by `check_device`:
-    None, a strategy (``"auto"``, ``"balanced"``, ``"balanced_low_0"``, ``"sequential"``), one device
-    (``"cpu"``, ``"cuda:0"``, an int GPU index, a `torch.device`), or a dict module name -> device
-    (``"disk"`` offload allowed). Anything else, or a dict naming a device this machine lacks, is a
-    `UserInputError` naming the argument, the entry and what exists, before any weights load."""
+    """``device_map`` as transformers takes it, every device checked by `check_device`: None, a
+    strategy (``"auto"``, ``"balanced"``, ``"balanced_low_0"``, ``"sequential"``), one device, or a dict
+    module name -> device (``"disk"`` allowed). Anything else is a `UserInputError` naming the argument,
+    the entry and what exists, before any weights load."""
     if device_map is None:
         return None
     if isinstance(device_map, str) and device_map in DEVICE_MAP_STRATEGIES:
@@ -409,14 +384,11 @@ GIVEN = type("Given", (), {"__repr__": lambda self: "GIVEN"})()
 def option(default: Any = None, help: str | None = None, *, parse: str | None = None, choices: tuple | None = None,
            many: bool = False, flag: str | None = None, metavar: str | None = None, needs: tuple = (),
            excludes: tuple | None = None, selects: dict | None = None) -> Any:
-    """One option of an options dataclass, declared once: its default and, where the command line takes it,
-    its ``help`` (an option without help is Python-only: no flag), how a command-line string is read
-    (``parse``: "positive", "non_negative", "positive_float", "ints" (``1 2`` or ``1,2``); else a string;
-    ``choices``; ``many``: one or more values), its ``flag`` (default ``--name``), what it ``needs``
-    (``(other, value)``, or several such pairs of which one must hold; `Contains`, `OneOf`, `GIVEN`) and
-    what it ``excludes`` (``(other, why)`` on the command line; ``(other,)``: it replaces the other). A
-    field ``selects`` the options class by its value (``cycle --score``). Read by `Spec.check_needs` and
-    `phaseinterp.cli.args` (the flags, and `check_flag_needs`)."""
+    """One option of an options dataclass, declared once: its default and, for the command line, its
+    ``help`` (none: Python-only), ``parse`` ("positive", "non_negative", "positive_float", "ints"; else a
+    string), ``choices``, ``many``, ``flag`` (default ``--name``), ``needs`` (``(other, value)`` pairs of
+    which one must hold; `Contains`, `OneOf`, `GIVEN`), ``excludes`` (``(other, why)``; ``(other,)``: it
+    replaces the other) and ``selects``. Read by `Spec.check_needs` and `phaseinterp.cli.args`."""
     if needs and isinstance(needs[0], str):
         needs = (needs,)
     meta = {"help": help, "parse": parse, "choices": choices, "many": many, "flag": flag, "metavar": metavar,
@@ -549,14 +521,11 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def experiment(spec_type: type[Spec]) -> Callable[[Callable], Callable]:
-    """``fn`` as an experiment over ``spec_type``: its keyword options are the spec's fields, with the
-    same defaults (checked when its module loads: the signature and the spec cannot drift apart), plus
-    ``spec=`` (a ready spec instead of the options). A call makes the spec once, from the options the
-    caller wrote, or takes the given one when no option is written beside it (else a `UserInputError`
-    naming them, also one equal to its default: it would be silently overridden by the spec's value),
-    and runs ``fn`` with ``spec=`` that spec and each option as the spec holds it (checked, normalized):
-    the body reads its options from ``spec``. The signature shown is ``fn``'s; ``fn.__spec_type__`` is
-    ``spec_type`` (read by the sharded variants)."""
+    """``fn`` as an experiment over ``spec_type``: its keyword options are the spec's fields with the same
+    defaults (checked when its module loads), plus ``spec=`` (a ready spec). A call makes the spec from
+    the options written, or takes the given one when no option is written beside it (else a
+    `UserInputError` naming them), and runs ``fn`` with ``spec=`` and each option as the spec holds it.
+    ``fn.__spec_type__`` is ``spec_type``."""
 
     def mark(fn: Callable) -> Callable:
         signature = inspect.signature(fn)

@@ -90,10 +90,7 @@ def is_path(value: Any) -> bool:
 
 def expand_user(value: Any) -> Any:
     """``value`` with a leading ``~`` expanded to the home folder (a str stays a str, a path becomes a
-    Path); anything else, a zoo name included, unchanged. Every path the user gives passes here (the
-    loaders, `check_output_dir` and the writers through it, `Result.load`, the command line's path
-    arguments), so ``--out=~/x`` (which the shell leaves alone after ``=``) and ``save("~/p")`` write
-    in the home folder, never in a folder named ``~``."""
+    Path); anything else unchanged. Every path the user gives passes here."""
     if isinstance(value, (bytes, bool)) or not isinstance(value, (str, os.PathLike)):
         return value
     text = os.fspath(value)
@@ -162,28 +159,12 @@ def _unreadable(path: Path, folder: bool) -> Optional[str]:
 
 
 def check_read_path(path: Any, what: str, *, name: str = "path", expect: str = "folder") -> Path:
-    """The one rule for every reader: ``path`` (the user's argument ``name``; ``what`` it should be, e.g.
-    ``"a saved PhaseProfile folder (meta.json + arrays.npz)"``) as a Path, ``~`` expanded, when there is
-    something readable of the kind ``expect`` (`READ_EXPECTS`: ``"folder"``, ``"file"`` or ``"any"``).
-    A link is followed. Otherwise one error naming the argument, the path as given and as expanded, and
-    the case, before anything is read:
-
-    - not a path (a number, bytes, an empty string, a NUL byte): `UserInputError`;
-    - nothing there: `MissingPathError` ("does not exist"), also for a dangling link ("is a link to
-      '...', which does not exist");
-    - a file where a folder is expected, or a folder where a file is ("is a file, not a folder");
-    - an empty folder ("is an empty folder");
-    - unreadable ("cannot be read: permission denied").
-
-    What the folder or file holds is the reader's own check, after this one ("no config.json in it").
-    Readers that use it (``tests/test_bad_inputs_fuzz.py::READERS`` walks each with every case): `phaseinterp.load`
-    and `models.loading.check_source` (MODEL, ``--twin``), `Result.load` (every result, ``cycle --baseline``),
-    `train.tokenizer.TextTokenizer` (``pretrain --tokenizer``), `train.corpus.source_files` (``--data`` of
-    ``pretrain`` and ``tokenizer train``), `engines.lm_eval.find_samples` (`profile_from_lm_eval`),
-    `parallel.merge` (``merge DIR``), `train.pretrain.load_snapshot`, `engines.LlamaCppEngine` (``gguf_path``),
-    `CompressedTransformer.from_pretrained` (``directory``), `models.hf.load_hf` (``path``),
-    and on the command line ``pretrain --config``, ``memory-plan CONFIG``, ``check-report DIR``, ``screenshot
-    DIR`` and ``profile --engine --tokenizer DIR``."""
+    """The one rule for every reader: ``path`` (the argument ``name``; ``what`` it should be) as a Path,
+    ``~`` expanded, when there is something readable of the kind ``expect`` (`READ_EXPECTS`: ``"folder"``,
+    ``"file"`` or ``"any"``); links are followed. Otherwise one error naming the argument, the path as
+    given and as expanded, and the case, before anything is read: not a path (`UserInputError`); nothing
+    there, or a dangling link (`MissingPathError`); a file where a folder is expected or the reverse; an
+    empty folder; unreadable. ``tests/test_bad_inputs_fuzz.py::READERS`` walks the readers using it."""
     if expect not in READ_EXPECTS:
         # internal: every reader passes a literal kind; another one is a bug in phaseinterp, not bad input
         raise ValueError(f"internal: expect={expect!r} is not one of {READ_EXPECTS}")
@@ -213,11 +194,9 @@ def check_read_path(path: Any, what: str, *, name: str = "path", expect: str = "
 
 def check_path_roles(outputs: dict[str, Any], inputs: Optional[dict[str, Any]] = None) -> None:
     """Refuse paths whose roles collide, before any work: two outputs that are the same folder or one
-    inside the other (``--shard-dir X --out X``: the result's atomic move would replace the shards),
-    and an output that is an input or holds one (the run would write over what it reads). ``outputs``
-    and ``inputs`` map the argument's name (``--out``, ``out_dir``) to its path; None entries and
-    values that are not paths are skipped, links are followed, ``~`` expanded. A `UserInputError`
-    names both arguments and the path."""
+    inside the other, and an output that is an input or holds one. ``outputs`` and ``inputs`` map the
+    argument's name to its path (None and non-paths skipped, links followed, ``~`` expanded). A
+    `UserInputError` names both arguments and the path."""
     def real(value: Any) -> Optional[Path]:
         return Path(os.path.realpath(expand_user(value))) if is_path(value) else None
 
@@ -252,13 +231,10 @@ RESULT_KIND = "{} result"  # a `Result.save` folder, named by its class
 
 
 def saved_kind(path: Union[str, os.PathLike]) -> Optional[str]:
-    """What ``path`` holds, as a kind name: ``None`` when it does not exist or is an empty folder,
-    ``"file"``, one of ``"<Class> result"`` (`phaseinterp.results.Result.save`), ``"phaseinterp
-    checkpoint"`` (`CompressedTransformer.save_pretrained`), ``"Hugging Face checkpoint"`` (an HF
-    ``save_pretrained`` or a DeepSeek-layout export), ``"report"`` (`build_report`), ``"shard
-    folder"`` (a ``--shard-dir`` run), ``"training run"`` (`train(out_dir=)`), ``"pretraining run"``
-    (`pretrain(out_dir=)`), ``"tokenizer"`` (`train_tokenizer`) or ``"lm-eval task"``
-    (`phaseinterp.engines.lm_eval.write_lm_eval_task`), else ``"other files"`` (a folder of something else)."""
+    """What ``path`` holds, as a kind name: ``None`` (nothing, or an empty folder), ``"file"``,
+    ``"<Class> result"``, ``"phaseinterp checkpoint"``, ``"Hugging Face checkpoint"``, ``"report"``,
+    ``"shard folder"``, ``"training run"``, ``"pretraining run"``, ``"tokenizer"``, ``"lm-eval task"``, else
+    ``"other files"``."""
     path = Path(path)
     if not path.exists() and not path.is_symlink():
         return None
@@ -375,10 +351,9 @@ def check_file_target(path: Union[str, os.PathLike], *, overwrite: bool = False,
 def write_file_atomically(path: Union[str, os.PathLike], data: Union[bytes, str, Callable[[Path], Any]], *,
                           overwrite: bool = False, name: str = "path") -> Path:
     """Write one file at ``path``: ``data`` (bytes or text), or ``data(temporary_path)`` for a library
-    that writes to a path itself (plotly's ``write_html``). It is written to a hidden temporary file in
-    the same folder, then moved into place in one step; a failure or interrupt leaves no partial file
-    and ``path`` as it was. An existing file is replaced only with ``overwrite`` (`check_file_target`,
-    checked again at the move: without ``overwrite`` a file that appeared meanwhile is not replaced)."""
+    that writes to a path itself. Written to a hidden temporary file in the same folder and moved into
+    place in one step, so a failure leaves ``path`` as it was. An existing file is replaced only with
+    ``overwrite`` (`check_file_target`, checked again at the move)."""
     path = through_links(check_file_target(path, overwrite=overwrite, name=name))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_file_beside(path)

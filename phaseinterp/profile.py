@@ -27,27 +27,17 @@ from phaseinterp.tasks.length_axis import check_axis, length_axis_batch
 class PhaseProfile(Result):
     """Accuracy per residue (mod R) and per phase (mod S) with intervals, plus the per-prompt records.
 
-    Accuracies are fractions in [0, 1]; gaps (``gap``, ``phase_gap``) are differences of
-    fractions (x100 = percentage points). ``summary()`` is the readable table, ``to_dict()``
-    the same numbers unrounded, ``save(dir)``/``load(dir)`` the shared result format
-    (``meta.json`` + ``arrays.npz``; see `phaseinterp.results`).
-
-    Residue intervals are Wilson on the residue's counts, or a cluster bootstrap over
-    ``mapping_id`` when prompts share mappings (``interval_method``). Phase accuracy averages
-    the R/S residues of the phase; its interval uses the pooled counts. ``period`` is the
-    significant dominant period of the residue profile (:func:`phaseinterp.stats.detect_period`,
-    a permutation test; None when not significant at 0.05); ``homogeneity_p_value`` is the
+    Accuracies are fractions; gaps (``gap``, ``phase_gap``) are differences of fractions. Residue
+    intervals are Wilson, or a cluster bootstrap over ``mapping_id`` when prompts share mappings
+    (``interval_method``). Phase accuracy averages the R/S residues of the phase; its interval uses the
+    pooled counts. ``period`` is the significant dominant period of the residue profile
+    (`phaseinterp.stats.detect_period`; None when not significant at 0.05); ``homogeneity_p_value`` is the
     chi-square test that every phase has the same accuracy.
 
-    ``axis`` says what the residues are residues of: ``"target"`` (the target's position, the prompt
-    length fixed) or ``"length"`` (the prompt's length, the target's residue held fixed:
-    `phaseinterp.tasks.length_axis`).
-
-    ``source`` is empty for a profile measured here; a published profile (`phaseinterp.paper.profile`)
-    names where its numbers come from, holds no per-prompt ``records`` (an empty table), and has
-    zero counts where the publication gives none (its intervals are then the published ones, and
-    ``homogeneity_p_value`` is NaN: the chi-square test needs counts).
-    """
+    ``axis``: ``"target"`` (residues of the target's position) or ``"length"`` (of the prompt's length,
+    `phaseinterp.tasks.length_axis`). ``source`` is empty for a profile measured here; a published profile
+    (`phaseinterp.paper.profile`) names its source, has no ``records``, zero counts where none are
+    published (its intervals are the published ones) and a NaN ``homogeneity_p_value``."""
 
     label: str
     modulus: int
@@ -144,33 +134,15 @@ class PhaseProfile(Result):
         """One row per residue ``0..R-1``: its phase, prompt count, correct count, accuracy (fraction)
         and the interval bounds (``interval_method`` at ``confidence``)."""
         r = np.arange(self.modulus)
-        return pd.DataFrame(
-            {
-                "residue": r,
-                "phase": r % self.stride,
-                "n": self.residue_n,
-                "correct": self.residue_correct,
-                "accuracy": self.residue_accuracy,
-                "lower": self.residue_lower,
-                "upper": self.residue_upper,
-            }
-        )
+        return pd.DataFrame(dict(residue=r, phase=r % self.stride, n=self.residue_n, correct=self.residue_correct,
+                                 accuracy=self.residue_accuracy, lower=self.residue_lower, upper=self.residue_upper))
 
     def phase_frame(self) -> pd.DataFrame:
         """One row per phase ``0..S-1``: pooled counts, accuracy (the mean of its R/S residues), interval
         bounds, and ``worst`` (tied for the lowest accuracy)."""
         s = np.arange(self.stride)
-        return pd.DataFrame(
-            {
-                "phase": s,
-                "n": self.phase_n,
-                "correct": self.phase_correct,
-                "accuracy": self.phase_accuracy,
-                "lower": self.phase_lower,
-                "upper": self.phase_upper,
-                "worst": np.isin(s, self.worst_phases),
-            }
-        )
+        return pd.DataFrame(dict(phase=s, n=self.phase_n, correct=self.phase_correct, accuracy=self.phase_accuracy,
+                                 lower=self.phase_lower, upper=self.phase_upper, worst=np.isin(s, self.worst_phases)))
 
     def to_dict(self) -> dict[str, Any]:
         """Headline numbers, full precision (accuracies as fractions, gaps as fraction differences)."""
@@ -214,12 +186,8 @@ class PhaseProfile(Result):
 class TwoAxisProfile(Result):
     """Accuracy by target phase x prompt-length phase (``phase_profile(..., axis="both")``).
 
-    ``profiles`` holds the target-axis `PhaseProfile` (residues mod R of the target, every length
-    pooled) and the length-axis one (phases mod S of the prompt length, every target pooled);
-    ``cell_correct`` / ``cell_n`` count the prompts of each (target phase, length phase) cell.
-    A model whose weak spot follows the target shows it in rows; an engine whose bug follows the
-    prompt's length shows it in columns.
-    """
+    ``profiles`` holds the target-axis and the length-axis `PhaseProfile`; ``cell_correct`` / ``cell_n``
+    count the prompts of each (target phase, length phase) cell."""
 
     label: str
     modulus: int
@@ -400,60 +368,42 @@ def phase_profile(
 ) -> "PhaseProfile | TwoAxisProfile":
     """Top-1 accuracy of ``model`` on ``task`` by the target's residue mod R and phase mod S.
 
-    A prompt is correct when the argmax over the full vocabulary of the logits at
-    ``answer_pos`` is ``answer`` (docs/science.md, "Evaluation protocol"). Three steps:
-    ``spec`` (the options below, checked in `ProfileSpec`), `profile_records` (the model on the
-    prompts, one row each), ``spec.result(records)`` (the statistics).
+    A prompt is correct when the argmax over the full vocabulary of the logits at ``answer_pos`` is
+    ``answer`` (docs/science.md, "Evaluation protocol"). Steps: ``spec`` (`ProfileSpec`),
+    `profile_records` (one row per prompt), ``spec.result(records)``.
 
     Parameters:
-        model: any ``nn.Module`` mapping tokens ``[batch, pos]`` to logits ``[batch, pos, d_vocab]``
-            (or an object with ``.logits``), with a ``cfg`` holding ``d_vocab``, ``n_ctx`` and
-            ``stride`` (a full-attention twin keeps the reference stride there). An engine
-            (`phaseinterp.engines.Engine`) is refused here: `phaseinterp.engine_profile` profiles it
-            (with these options, and its journaling and retries).
-        task: a task with ``generate(n_per_residue, seed)`` (e.g. ``KeyValueRetrieval``,
-            ``phaseinterp.zoo.task_for(model)``) or a ready ``TaskBatch`` (default: the task stored
-            with the model, as for every experiment).
-        n_per_residue: prompts per residue group, keyword-only (default 72, `DEFAULT_N_PER_RESIDUE`,
-            the default of every experiment too; total ``n_per_residue * R``; the paper's 128K headline
-            used 256).
-            Moment matching needs enough prompts: for the zoo task (T = 128, R = 24) 72, 77, 80
-            and every size from 86 work, other small sizes raise naming the nearest workable
-            one; at most ``MAX_PROMPTS // R`` (500,000 prompts per call). Refused beside a TaskBatch
-            (its size is fixed).
-        seed: prompt seed (default 0); also seeds the bootstrap and the permutation test.
-        batch_size: prompts per forward pass (default 64, >= 1; larger batches pay off only with
-            `keep_freed_memory`: `benchmarks/batch_size.py`).
-        device: where the prompts go (default: the model's device); must exist on this machine.
-        stride: fold residues to phases with this stride (default ``model.cfg.stride``; another
-            stride on a compressed model is a deliberate re-folding and the label says so); R must be
-            a multiple of it.
-        label: the profile's name in tables and figures (default ``model.cfg.label``).
-        confidence: interval level in (0, 1) (default 0.95).
-        interval: ``"wilson"``, ``"cluster_bootstrap"`` (over ``meta.mapping_id``,
-            ``n_bootstrap`` replicates, default 2000) or ``"auto"`` (default: bootstrap iff some
-            mapping is shared by several prompts).
-        n_permutations: permutations of the period test (default 1999).
-        progress: show a progress bar (default True; also off when ``PHASEINTERP_NO_PROGRESS`` is set).
-        axis: ``"target"`` (default: the target's residue varies, the prompt length is the task's
-            ``seq_len``), ``"length"`` (the prompt length's residue mod R varies, ``n_per_residue``
-            prompts each, the target held at residue ``hold``; the profile's residues are length
-            residues) or ``"both"`` (every target phase crossed with every length phase: a
-            `TwoAxisProfile`). Off the target axis the task lays its prompts out up to R - 1 (or S - 1)
-            tokens shorter and inserts filler after the head (`phaseinterp.tasks.length_axis`), so the
-            target-to-answer distance keeps the target axis's matched moments; a ready TaskBatch has
-            no length axis.
-        hold: the target residue mod R held fixed on the length axis (default 0; length axis only).
+        model: an ``nn.Module`` mapping tokens ``[batch, pos]`` to logits ``[batch, pos, d_vocab]`` (or an
+            object with ``.logits``), with a ``cfg`` holding ``d_vocab``, ``n_ctx`` and ``stride``. An
+            engine is refused: `phaseinterp.engine_profile` profiles it.
+        task: a task with ``generate(n_per_residue, seed)`` or a ready ``TaskBatch`` (default: the task
+            stored with the model).
+        n_per_residue: prompts per residue group (total ``n_per_residue * R``, at most ``MAX_PROMPTS``);
+            a size the task cannot moment-match raises naming the nearest workable one. Refused beside
+            a TaskBatch.
+        seed: prompt seed; also seeds the bootstrap and the permutation test.
+        batch_size: prompts per forward pass, >= 1.
+        device: where the prompts go (default: the model's device).
+        stride: fold residues to phases with this stride (default ``model.cfg.stride``); R must be a
+            multiple of it.
+        label: the profile's name (default ``model.cfg.label``).
+        confidence: interval level in (0, 1).
+        interval: ``"wilson"``, ``"cluster_bootstrap"`` (over ``meta.mapping_id``, ``n_bootstrap``
+            replicates) or ``"auto"`` (bootstrap iff some mapping is shared by several prompts).
+        n_permutations: permutations of the period test.
+        progress: show a progress bar (also off when ``PHASEINTERP_NO_PROGRESS`` is set).
+        axis: ``"target"`` (the target's residue varies), ``"length"`` (the prompt length's residue
+            varies, the target held at residue ``hold``) or ``"both"`` (a `TwoAxisProfile`); off the
+            target axis prompts are laid out shorter with filler after the head
+            (`phaseinterp.tasks.length_axis`); a ready TaskBatch has no length axis.
+        hold: the target residue mod R held fixed on the length axis.
         length_modulus: the length axis's modulus M, a multiple of S dividing R (default: R when the
-            task's prompts can be laid out R - 1 tokens shorter, else the largest M they can; the
-            profile's ``modulus`` reports it).
-        tokenizer: passed to ``task.generate(..., tokenizer=)`` (e.g. a Hugging Face tokenizer for
-            ``NeedleRetrieval``).
+            task allows, else the largest M it can).
+        tokenizer: passed to ``task.generate(..., tokenizer=)``.
         spec: a ready `ProfileSpec` instead of the options above (not both).
 
-    Returns a `PhaseProfile` (accuracies are fractions in [0, 1]). The model runs in eval mode
-    under ``torch.inference_mode`` and its training flag is restored afterwards.
-    """
+    Returns a `PhaseProfile`. The model runs in eval mode under ``torch.inference_mode``; its training
+    flag is restored afterwards."""
     if _is_engine(model):
         raise UserInputError(f"model={model!r:.80} is an engine (a callable, not an nn.Module): profile it with "
                              "phaseinterp.engine_profile(engine, task, stride=S), which journals and retries its "

@@ -1,24 +1,10 @@
 """One protocol for every result object, and one on-disk format.
 
-Every result class of the package (`PhaseProfile`, `AblationResult`, `CyclingResult`,
-`GateProfile`, `DocstringResult`, the confirmation, remedy, indexer and theory results, ...) is a
-frozen dataclass that inherits `Result`, so each has:
-
-- ``to_dict()``: the headline numbers, full precision, JSON-ready (each class defines it);
-- ``summary()``: the same numbers as a readable table (``pandas.DataFrame``, rounded);
-- ``to_frame()``: the tidy per-row data; ``plot()``: a plotly figure (each class);
-- ``save(dir)`` / ``cls.load(dir)``: a folder with ``meta.json`` (kind, format version and
-  every scalar field, strict JSON: no ``NaN`` tokens) and ``arrays.npz`` (every array and
-  every table column, no pickles), each written atomically; a field that holds a list of
-  results (a sweep of runs) stores each one in ``dir/<field>/<i>/`` in the same format;
-- a short ``repr`` (the summary table, never an array dump) and ``_repr_html_`` (the table
-  plus the figure) for Jupyter;
-- ``==`` that compares contents, so two loaded copies of one result are equal.
-
-This module sits below ``tasks`` and ``interventions`` in the layering: it imports only
-numpy, pandas, jaxtyping and the file helpers; `plotting` loads the figures (and plotly) on the
-first ``plot()``.
-"""
+Every result class is a frozen dataclass inheriting `Result`: ``to_dict()`` (headline numbers,
+JSON-ready), ``summary()`` (the same as a rounded table), ``to_frame()`` (tidy rows), ``plot()``,
+``save(dir)`` / ``cls.load(dir)`` (``meta.json``, strict JSON, + ``arrays.npz``, no pickles, written
+atomically; a list of results in ``dir/<field>/<i>/``), a short ``repr`` and ``_repr_html_``, and ``==``
+by content. Imports only numpy, pandas, jaxtyping and the file helpers; `plotting` loads plotly lazily."""
 
 from __future__ import annotations
 
@@ -104,11 +90,9 @@ class Result:
     # ---------------------------------------------------------------- premise
     @property
     def premise_notes(self) -> tuple[str, ...]:
-        """One sentence per premise of the experiment that fails (empty: every checked premise
-        holds). A result whose premise fails keeps its numbers, but they are not evidence for the
-        experiment's claim. The base reads the ``premise_recorded`` field (notes recorded from
-        the model when the experiment ran; saved with the result); classes add notes derived
-        from their own data (so a result saved before the checks existed gets them on load)."""
+        """One sentence per premise of the experiment that fails (empty: every checked premise holds); the
+        numbers stay but are not evidence for the claim. The base reads ``premise_recorded`` (notes recorded
+        from the model when it ran); classes add notes derived from their own data."""
         return tuple(getattr(self, "premise_recorded", ()) or ())
 
     @property
@@ -467,13 +451,16 @@ def _is_result_list(value: Any) -> bool:
     return isinstance(value, (list, tuple)) and len(value) > 0 and all(isinstance(v, Result) for v in value)
 
 
+def _scalar(value: Any) -> Any:
+    """A numpy bool, integer or float as Python's; anything else as it is."""
+    return value.item() if isinstance(value, (np.bool_, np.integer, np.floating)) else value
+
+
 def _readable(value: Any) -> Any:
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    if isinstance(value, (int, np.integer)):
-        return int(value)
-    if isinstance(value, (float, np.floating)):
-        value = float(value)
+    value = _scalar(value)
+    if isinstance(value, int):  # bool included
+        return value
+    if isinstance(value, float):
         if math.isnan(value):
             return "n/a"  # undefined (e.g. an R² over constant accuracies)
         return value if math.isinf(value) or value == 0 else float(f"{value:.4g}")
@@ -490,14 +477,10 @@ def _readable(value: Any) -> Any:
 
 def _encode(value: Any) -> Any:
     """Strict-JSON form of a field value; tagged where JSON would lose the type."""
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    if isinstance(value, (int, np.integer)):
-        return int(value)
-    if isinstance(value, (float, np.floating)):
-        value = float(value)
+    value = _scalar(value)
+    if isinstance(value, float):
         return value if math.isfinite(value) else {"__float__": repr(value)}
-    if value is None or isinstance(value, str):
+    if value is None or isinstance(value, (str, int)):  # bool included
         return value
     if isinstance(value, os.PathLike):
         return os.fspath(value)

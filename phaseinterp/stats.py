@@ -71,12 +71,9 @@ def cluster_bootstrap(
 ) -> BootstrapInterval:
     """Percentile intervals for per-group means when observations share clusters.
 
-    Each replicate draws the clusters (e.g. key->value mappings) with replacement and
-    recomputes every group's mean (e.g. accuracy per residue) from all observations of the
-    drawn clusters, so correlation within a cluster widens the interval as it should.
-    ``groups`` are integer labels ``0..n_groups-1`` (default: one group). Groups left empty by
-    a replicate are ignored for that replicate.
-    """
+    Each replicate draws the clusters with replacement and recomputes every group's mean from all
+    observations of the drawn clusters. ``groups`` are labels ``0..n_groups-1`` (default: one group);
+    groups left empty by a replicate are ignored for it."""
     x = np.asarray(values, dtype=np.float64).reshape(-1)
     _, cluster_idx = np.unique(np.asarray(clusters).reshape(-1), return_inverse=True)
     g = np.zeros(len(x), dtype=np.int64) if groups is None else np.asarray(groups, dtype=np.int64).reshape(-1)
@@ -214,24 +211,15 @@ def detect_period(
 ) -> PeriodTest:
     """The period of a residue profile (its fundamental) and a permutation test of its significance.
 
-    Statistic: for every candidate period ``P`` (default: divisors of R with
-    ``2 <= P <= R/2``) the F statistic of the P-periodic DFT harmonics (see
-    ``_period_f_statistics``). Test: the maximum F over candidates against its distribution
-    when the R profile values are randomly permuted across residues (``n_permutations``
-    seeded permutations; ``p = (1 + #{perm >= observed}) / (1 + n_permutations)``). This
-    tests *periodic arrangement*, not mere heterogeneity (use :func:`homogeneity_test` for
-    that): a profile whose residues differ without a period gets no period. A flat profile
-    gives ``period=None, p_value=1``.
+    Statistic: for every candidate period ``P`` (default: divisors of R with ``2 <= P <= R/2``) the F
+    statistic of the P-periodic DFT harmonics (``_period_f_statistics``). Test: the maximum F over
+    candidates against its distribution under ``n_permutations`` seeded permutations of the R values
+    (``p = (1 + #{perm >= observed}) / (1 + n_permutations)``): periodic arrangement, not mere
+    heterogeneity (:func:`homogeneity_test`). A flat profile gives ``period=None, p_value=1``.
 
-    Which period: a 4-periodic profile is also 8-, 12- and 24-periodic, and the largest F can
-    fall on a multiple (``best_period``): with 100/100/100/1.5% phases the whole residual is
-    binomial noise on the six weak residues, which the 12-periodic fit absorbs in part, so
-    ``F_12 > F_4``. The reported ``period`` is the fundamental: the smallest divisor ``P`` of
-    ``best_period`` (itself included) whose harmonics carry at least ``min_share`` of what
-    the best period's carry (``SS_P >= min_share * SS_best``: the extra harmonics add little)
-    and whose own ``F_P`` is significant (per-candidate permutation ``p_values[P] <= alpha``).
-    A genuinely 12-periodic profile keeps 12: its 4-periodic part carries a small share.
-    """
+    The reported ``period`` is the fundamental: the smallest divisor ``P`` of ``best_period`` (the
+    largest F; itself included) with ``SS_P >= min_share * SS_best`` and a significant own ``F_P``
+    (``p_values[P] <= alpha``), since a 4-periodic profile is also 8-, 12- and 24-periodic."""
     x = np.asarray(profile, dtype=np.float64).reshape(-1)
     R = len(x)
     if np.isnan(x).any():
