@@ -110,7 +110,7 @@ def test_deepseek_models_and_unknown_runs_are_refused():
 
 # ------------------------------------------------------------------ the command line
 def _plan(capsys, *argv):
-    code = main(["pretrain", "--plan", "--seq-len", "2048", "--global-batch", "16", "--nproc", "2",
+    code = main(["pretrain", "--plan", "--seq-len", "256", "--global-batch", "16", "--nproc", "2",
                  "--device-memory", "80", *argv])
     out = capsys.readouterr()
     return code, out.out, out.err
