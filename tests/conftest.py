@@ -97,10 +97,9 @@ CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 def shipped_checkpoints() -> set[str]:
     """Names of every shipped checkpoint: the own zoo and the HF-format DeepSeek-V4 models."""
-    from phaseinterp import zoo
-    from phaseinterp.zoo import deepseek_v4 as hf_zoo
+    from phaseinterp.models.catalog import available
 
-    return set(zoo.available()) | set(hf_zoo.available())
+    return set(available())
 
 
 def pytest_runtest_setup(item):

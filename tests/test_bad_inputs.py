@@ -838,7 +838,7 @@ def _device_calls():
         "phaseinterp.train.compressed:train": lambda m, t: pi.train.train(CFG, TASK, steps=1, device=BAD_DEVICE),
         "phaseinterp.zoo:build": lambda m, t: pi.zoo.build("w4s4", t / "z", device=BAD_DEVICE),
         "phaseinterp.zoo.deepseek_v4:load": lambda m, t: pi.zoo.deepseek_v4.load("dsv4-tiny", device=BAD_DEVICE),
-        "phaseinterp.zoo:load": lambda m, t: pi.zoo.load("w4s4", device=BAD_DEVICE),
+        "phaseinterp.models.catalog:load": lambda m, t: pi.zoo.load("w4s4", device=BAD_DEVICE),  # zoo.load
     }
 
 
@@ -911,7 +911,7 @@ DEVICE_IDS = ["phaseinterp.interventions.ablation:ablate",
               "phaseinterp.report.sections.deepseek_v4:load_deepseek_v4", "phaseinterp.tasks.docstring:DocstringProbe.run",
               "phaseinterp.theory.model:IdealizedInductionModel.__init__", "phaseinterp.theory.model:equiangular_embeddings",
               "phaseinterp.train.compressed:train", "phaseinterp.zoo:build", "phaseinterp.zoo.deepseek_v4:load",
-              "phaseinterp.zoo:load"]
+              "phaseinterp.models.catalog:load"]
 
 
 @pytest.mark.parametrize("name", DEVICE_IDS)

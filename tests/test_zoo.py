@@ -43,6 +43,15 @@ def test_zoo_lists_and_loads():
         pi.zoo.load("w5s5")
 
 
+def test_the_catalog_and_the_recipes_name_the_same_models():
+    """The catalog (`phaseinterp.models.catalog`, what `phaseinterp.load` reads) lists each family's names in
+    the order of the zoo's recipes for it, no more and no fewer."""
+    from phaseinterp.models import catalog
+
+    assert list(catalog.OWN_MODELS) == list(pi.zoo.ENTRIES) and list(catalog.TEXT_MODELS) == list(pi.zoo.TEXT_ENTRIES)
+    assert list(catalog.HF_MODELS) == list(pi.zoo.deepseek_v4.RECIPES)
+
+
 def test_every_zoo_model_uses_one_recipe():
     """Every 2-layer zoo model was trained with the shared recipe; the paper-depth (12-layer)
     models with the shared recipe plus `zoo.DEEP_TRAIN`'s longer schedule, all of them alike.

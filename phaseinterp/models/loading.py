@@ -20,12 +20,11 @@ from phaseinterp._checks import check_device, check_dtype, closest_names
 from phaseinterp._files import check_read_path, expand_user, is_path, shown_path
 from phaseinterp.config import CompressedConfig
 from phaseinterp.errors import MissingPathError, UserInputError
+from phaseinterp.models import catalog
 from phaseinterp.models.hf import load_hf
 from phaseinterp.models.hf.config import DeepseekV4HookedConfig, transformers_v4
 from phaseinterp.models.hf.deepseek_v4 import SIDECAR_FILE
 from phaseinterp.models.transformer import CompressedTransformer
-
-# The zoo is imported where it is used: it sits above models/ (it trains and ships them).
 
 ACCEPTED = ("a shipped zoo name (`phaseinterp zoo list`), a phaseinterp checkpoint folder "
             "(CompressedTransformer.save_pretrained: config.json + model.safetensors), or a Hugging Face "
@@ -37,7 +36,7 @@ def load(name_or_path: Union[str, Path, Any], *, device=None, dtype=None, device
          max_memory: Optional[dict] = None, offload_folder: Union[str, Path, None] = None):
     """The model named by ``name_or_path``, in eval mode:
 
-    - a zoo name of either family (``"w4s4"``, ``"dsv4-tiny"``; `phaseinterp.zoo.available`);
+    - a zoo name of either family (``"w4s4"``, ``"dsv4-tiny"``; `phaseinterp.models.catalog.available`);
     - a phaseinterp checkpoint folder (``CompressedTransformer.save_pretrained``) -> `CompressedTransformer`;
     - a Hugging Face DeepSeek-V4 folder, in transformers' layout or DeepSeek's release layout, FP8 or
       not -> `HookedDeepseekV4` (through `phaseinterp.models.hf.load_hf`);
@@ -69,9 +68,7 @@ def load(name_or_path: Union[str, Path, Any], *, device=None, dtype=None, device
             raise UserInputError(f"{', '.join(extra)} apply to Hugging Face DeepSeek-V4 checkpoints; {name_or_path!r} "
                                  "is a phaseinterp model (pass device= instead)")
     if kind == "zoo":
-        from phaseinterp import zoo
-
-        model = zoo.load(str(name_or_path), device=device)
+        model = catalog.load(str(name_or_path), device=device)
         if dtype is not None:
             model.to(dtype)
     elif kind == "deepseek_v4":
@@ -102,16 +99,13 @@ def check_source(name_or_path, *, name: str = "model") -> str:
     ``name``: ``model``, ``--twin``) and what is accepted. A path goes through the readers' door
     (`phaseinterp._files.check_read_path`: missing, a file, an empty folder, a dangling link,
     unreadable) before its config.json is read."""
-    from phaseinterp import zoo
-    from phaseinterp.zoo import deepseek_v4 as hf_zoo
-
     if not is_path(name_or_path):
         raise UserInputError(f"{name}={name_or_path!r} ({type(name_or_path).__name__}) is not a name or a path; "
                              f"accepted: {ACCEPTED}")
     given = name_or_path
     name_or_path = expand_user(name_or_path)
     path = Path(name_or_path)
-    if looks_like_path(given) and str(given) not in zoo.available():
+    if looks_like_path(given) and str(given) not in catalog.available():
         path = check_read_path(given, f"a checkpoint folder or a zoo name; accepted: {ACCEPTED}", name=name)
     config = path / "config.json"
     if config.is_file():
@@ -128,20 +122,19 @@ def check_source(name_or_path, *, name: str = "model") -> str:
         raise UserInputError(f"{path} has a config.json that is neither a phaseinterp checkpoint's (no 'model' "
                              f"entry) nor a DeepSeek-V4 one (model_type={model_type!r}); accepted: {ACCEPTED}")
     text = str(name_or_path)
-    shipped = zoo.available()  # both families
+    shipped = catalog.available()  # both families
     if text in shipped:
-        if text in hf_zoo.available():
+        if text in catalog.HF_MODELS:
             _need_transformers(f"zoo model {text!r} is a Hugging Face DeepSeek-V4 checkpoint")
         return "zoo"
-    if text in zoo.ENTRIES or text in hf_zoo.RECIPES or text in zoo.TEXT_ENTRIES:
-        command = zoo.TEXT_ENTRIES[text].command if text in zoo.TEXT_ENTRIES else f"phaseinterp zoo build {text}"
+    if text in catalog.MODELS:
         raise MissingPathError(f"zoo model {text!r} is a recipe without a shipped checkpoint; build it with "
-                               f"`{command}` (shipped: {', '.join(shipped)})")
+                               f"`{catalog.command(text)}` (shipped: {', '.join(shipped)})")
     if path.is_dir():
         raise UserInputError(f"{shown_path(name, given)} is not a checkpoint (a folder without config.json); "
                              f"accepted: {ACCEPTED}")
     raise UserInputError(f"{name}={text!r} is neither a shipped zoo model ({', '.join(shipped)}) nor a checkpoint "
-                         f"directory (with config.json){nearest_name(text, [*zoo.ENTRIES, *zoo.TEXT_ENTRIES, *hf_zoo.RECIPES])}"
+                         f"directory (with config.json){nearest_name(text, catalog.MODELS)}"
                          f"; accepted: {ACCEPTED}")
 
 
@@ -161,14 +154,12 @@ def peek(name_or_path):
     (`CompressedConfig`, or `DeepseekV4HookedConfig` for a DeepSeek-V4 folder or zoo name) and
     ``metadata`` (task, zoo name), or None when that cannot be read cheaply (a model object is
     returned as is). Lets callers refuse a layer out of range or a wrong stride before the load."""
-    from phaseinterp import zoo
-
     if not isinstance(name_or_path, (str, Path)):
         return name_or_path
     name_or_path = expand_user(name_or_path)
     path = Path(name_or_path)
     if not (path / "config.json").is_file():
-        path = zoo.CHECKPOINT_DIR / str(name_or_path)
+        path = catalog.CHECKPOINT_DIR / str(name_or_path)
     try:
         config = json.loads((path / "config.json").read_text())
         if config.get("model_type") == "deepseek_v4":

@@ -1,8 +1,9 @@
 """The model zoo: small compressed models and their full-attention twin, trained here, shipped here.
 
 ``phaseinterp.zoo.available()`` lists them, ``phaseinterp.zoo.load(name)`` loads one
-(safetensors + JSON config inside the package; no download), and
-``phaseinterp zoo build NAME`` (or `build`) regenerates one from its recipe. Every entry
+(safetensors + JSON config inside the package; no download; both from the zoo's catalog,
+`phaseinterp.models.catalog`, which names every model), and ``phaseinterp zoo build NAME``
+(or `build`) regenerates one from its recipe, here. Every entry
 uses ONE training recipe (`RECIPE`): the same backbone, task, curriculum, periodic-row
 mixture, optimiser and step count; only the attention's compression changes. A zoo
 entry is a documented snapshot of that run (``snapshot_step``), chosen so the phase
@@ -34,19 +35,19 @@ from typing import Any, Callable, Optional, Union
 import pandas as pd
 import torch
 
-from phaseinterp._checks import check_device, check_name
+from phaseinterp._checks import check_name
 from phaseinterp._files import atomic_write_text, check_read_path, move_into_place
 from phaseinterp.config import CompressedConfig
 from phaseinterp.errors import MissingPathError, UserInputError  # the user's paths and names: one line, exit 2
 from phaseinterp.models import CompressedTransformer
+from phaseinterp.models.catalog import CHECKPOINT_DIR, MODELS, available, command, load
+from phaseinterp.models.catalog import rows as catalog  # the zoo's names: `phaseinterp.models.catalog`
 from phaseinterp.tasks import IdentifierRecall, KeyValueRetrieval, resolve_task
 from phaseinterp.train import TextTokenizer, TrainConfig, train
 from phaseinterp.train.corpus import TokenizedCorpus
 from phaseinterp.train.pretrain import load_snapshot
 from phaseinterp.zoo import deepseek_v4 as hf_zoo
 from phaseinterp.zoo.task import TASK
-
-CHECKPOINT_DIR = Path(__file__).parent / "checkpoints"
 
 BACKBONE: dict[str, Any] = dict(
     n_ctx=128, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_head=16, d_mlp=256, local_window=16, qk_norm=False,
@@ -109,7 +110,12 @@ class ZooEntry:
 
     @property
     def command(self) -> str:
-        return f"phaseinterp zoo build {self.name}"
+        return command(self.name)
+
+
+def _entry(name: str, compression: dict[str, Any], **recipe) -> ZooEntry:
+    """Zoo entry ``name`` with its recipe, described as the catalog describes it (`phaseinterp.models.catalog`)."""
+    return ZooEntry(name, MODELS[name], compression, **recipe)
 
 
 def _deep_seed_pair(seed: int) -> list[ZooEntry]:
@@ -118,95 +124,53 @@ def _deep_seed_pair(seed: int) -> list[ZooEntry]:
     compressed, twin = f"deep12-w8s8-1kv-shared-seed{seed}-equal", f"deep12-full-seed{seed}-equal"
     backbone, train = dict(n_layers=12, n_kv_heads=1, seed=seed), dict(DEEP_TRAIN, seed=seed)
     return [
-        ZooEntry(compressed, f"deep12-w8s8-1kv-shared-equal with model and data seed {seed} (the identical recipe), "
-                 f"at its own equal-training step with {twin}",
-                 dict(compression="gated", window=8, stride=8, gate="scalar", payload="shared"),
-                 backbone=backbone, train=train, snapshot_step=EQUAL_TRAINING,
-                 run=f"deep12-w8s8-1kv-shared-seed{seed}", pair=twin),
-        ZooEntry(twin, f"deep12-full-equal with seed {seed}, at the equal-training step with {compressed}",
-                 dict(compression=None, window=8, stride=8), backbone=backbone, train=train,
-                 snapshot_step=EQUAL_TRAINING, run=f"deep12-full-seed{seed}", pair=compressed),
+        _entry(compressed, dict(compression="gated", window=8, stride=8, gate="scalar", payload="shared"),
+               backbone=backbone, train=train, snapshot_step=EQUAL_TRAINING,
+               run=f"deep12-w8s8-1kv-shared-seed{seed}", pair=twin),
+        _entry(twin, dict(compression=None, window=8, stride=8), backbone=backbone, train=train,
+               snapshot_step=EQUAL_TRAINING, run=f"deep12-full-seed{seed}", pair=compressed),
     ]
 
 
 ENTRIES: dict[str, ZooEntry] = {
     e.name: e
     for e in [
-        ZooEntry("w4s4", "compressed, non-overlapping W = S = 4, scalar gates, 2 KV heads",
-                 dict(compression="gated", window=4, stride=4, gate="scalar")),
-        ZooEntry("w8s8", "compressed, non-overlapping W = S = 8 (a second stride), scalar gates",
-                 dict(compression="gated", window=8, stride=8, gate="scalar")),
-        ZooEntry("w8s4-deepseek", "DeepSeek-V4 overlapping kernel W = 8, S = 4 (kv_proj, gate_proj, position_bias)",
-                 dict(compression="deepseek", window=8, stride=4, gate="vector")),
-        ZooEntry("full", "full-attention twin: the identical backbone and recipe, no compression (stride 4 "
-                 "is the reference for folding phases), at the equal-training step with w4s4-equal: the first "
-                 "snapshot at which both have learned the task (probe mean >= 60%; zoo.equal_training_step)",
-                 dict(compression=None, window=4, stride=4), snapshot_step=EQUAL_TRAINING, pair="w4s4"),
-        ZooEntry("w4s4-equal", "w4s4's own run at the equal-training step with the full twin (same step as "
-                 "`full`; zoo.equal_training_step), before its curriculum's easy stage ends",
-                 dict(compression="gated", window=4, stride=4, gate="scalar"), snapshot_step=EQUAL_TRAINING,
-                 run="w4s4", pair="full"),
-        ZooEntry("full-final", "the full-attention twin's final step (1500), the same step as w4s4: the "
-                 "final-step pair", dict(compression=None, window=4, stride=4), run="full"),
-        ZooEntry("w8s8-vector", "compressed W = S = 8 with per-channel (vector) gates",
-                 dict(compression="gated", window=8, stride=8, gate="vector")),
-        ZooEntry("w6s6", "compressed, non-overlapping W = S = 6, scalar gates",
-                 dict(compression="gated", window=6, stride=6, gate="scalar")),
-        ZooEntry("w6s6-4kv", "compressed W = S = 6, scalar gates, FOUR KV heads (one per query head): enough "
-                 "(layer, KV head) units to cover the six phases",
-                 dict(compression="gated", window=6, stride=6, gate="scalar"), backbone=dict(n_kv_heads=4)),
-        ZooEntry("w8s8-4kv", "compressed W = S = 8, scalar gates, FOUR KV heads",
-                 dict(compression="gated", window=8, stride=8, gate="scalar"), backbone=dict(n_kv_heads=4)),
+        _entry("w4s4", dict(compression="gated", window=4, stride=4, gate="scalar")),
+        _entry("w8s8", dict(compression="gated", window=8, stride=8, gate="scalar")),
+        _entry("w8s4-deepseek", dict(compression="deepseek", window=8, stride=4, gate="vector")),
+        _entry("full", dict(compression=None, window=4, stride=4), snapshot_step=EQUAL_TRAINING, pair="w4s4"),
+        _entry("w4s4-equal", dict(compression="gated", window=4, stride=4, gate="scalar"),
+               snapshot_step=EQUAL_TRAINING, run="w4s4", pair="full"),
+        _entry("full-final", dict(compression=None, window=4, stride=4), run="full"),
+        _entry("w8s8-vector", dict(compression="gated", window=8, stride=8, gate="vector")),
+        _entry("w6s6", dict(compression="gated", window=6, stride=6, gate="scalar")),
+        _entry("w6s6-4kv", dict(compression="gated", window=6, stride=6, gate="scalar"), backbone=dict(n_kv_heads=4)),
+        _entry("w8s8-4kv", dict(compression="gated", window=8, stride=8, gate="scalar"), backbone=dict(n_kv_heads=4)),
         # The remedy pair: w4s4 is the baseline twin; this one staggers the two KV
         # heads' window grids (offsets 0 and 2) at equal compression.
-        ZooEntry("w4s4-staggered", "W = S = 4, 2 KV heads, scalar gates, staggered window grids (KV head h "
-                 "compresses windows starting at j*S + h*S/2): the remedy twin of w4s4",
-                 dict(compression="gated", window=4, stride=4, gate="scalar", window_offsets="staggered"),
-                 baseline="w4s4"),
-        ZooEntry("w4s4-1kv", "W = S = 4 with ONE KV head, scalar gates, per-slot payload maps",
-                 dict(compression="gated", window=4, stride=4, gate="scalar"), backbone=dict(n_kv_heads=1)),
-        ZooEntry("w4s4-1kv-shared", "W = S = 4, ONE KV head, scalar gates, payload shared across slots "
-                 "(C_i = the K/V projections): the gate-cycling model, since a shifted gate then still reads "
-                 "a payload map trained for every slot",
-                 dict(compression="gated", window=4, stride=4, gate="scalar", payload="shared"),
-                 backbone=dict(n_kv_heads=1)),
+        _entry("w4s4-staggered", dict(compression="gated", window=4, stride=4, gate="scalar",
+                                      window_offsets="staggered"), baseline="w4s4"),
+        _entry("w4s4-1kv", dict(compression="gated", window=4, stride=4, gate="scalar"), backbone=dict(n_kv_heads=1)),
+        _entry("w4s4-1kv-shared", dict(compression="gated", window=4, stride=4, gate="scalar", payload="shared"),
+               backbone=dict(n_kv_heads=1)),
         # Paper-depth pairs: 12 layers, one KV head per layer, the shared recipe with DEEP_TRAIN's
         # 3000-step schedule (see DEEP_TRAIN for why).
         # Snapshot rules (fixed before training): the final-step pair (both runs' step 1500) and the
         # equal-training pair (zoo.equal_training_step of the two runs' curves), as for w4s4 / full.
-        ZooEntry("deep12-w8s8-1kv-shared", "12 layers, ONE KV head per layer, W = S = 8, scalar gates, payload "
-                 "shared across slots (as DeepSeek's kv_proj): the paper-depth model (ablate(model, layer=9), gate "
-                 "cycling on 7 non-boundary phases), its final step (3000 of the DEEP_TRAIN schedule)",
-                 dict(compression="gated", window=8, stride=8, gate="scalar", payload="shared"),
-                 backbone=dict(n_layers=12, n_kv_heads=1), train=DEEP_TRAIN),
-        ZooEntry("deep12-full", "full-attention twin of deep12-w8s8-1kv-shared: the identical 12-layer, one-KV-head "
-                 "backbone and recipe, no compression (stride 8 is the reference for folding phases); ships its "
-                 "final step, the same step as deep12-w8s8-1kv-shared: the final-step pair",
-                 dict(compression=None, window=8, stride=8), backbone=dict(n_layers=12, n_kv_heads=1), train=DEEP_TRAIN),
-        ZooEntry("deep12-w8s8-1kv-shared-equal", "deep12-w8s8-1kv-shared's own run at the equal-training step "
-                 "with deep12-full-equal (zoo.equal_training_step: the first snapshot at which both runs' probe "
-                 "mean is >= 60%); the deep model examples/ablate_layer.py and notebook 03 take apart",
-                 dict(compression="gated", window=8, stride=8, gate="scalar", payload="shared"),
-                 backbone=dict(n_layers=12, n_kv_heads=1), train=DEEP_TRAIN, snapshot_step=EQUAL_TRAINING,
-                 run="deep12-w8s8-1kv-shared", pair="deep12-full-equal"),
-        ZooEntry("deep12-full-equal", "deep12-full's own run at the equal-training step with "
-                 "deep12-w8s8-1kv-shared-equal (zoo.equal_training_step)",
-                 dict(compression=None, window=8, stride=8), backbone=dict(n_layers=12, n_kv_heads=1), train=DEEP_TRAIN,
-                 snapshot_step=EQUAL_TRAINING, run="deep12-full", pair="deep12-w8s8-1kv-shared-equal"),
+        _entry("deep12-w8s8-1kv-shared", dict(compression="gated", window=8, stride=8, gate="scalar", payload="shared"),
+               backbone=dict(n_layers=12, n_kv_heads=1), train=DEEP_TRAIN),
+        _entry("deep12-full", dict(compression=None, window=8, stride=8), backbone=dict(n_layers=12, n_kv_heads=1),
+               train=DEEP_TRAIN),
+        _entry("deep12-w8s8-1kv-shared-equal",
+               dict(compression="gated", window=8, stride=8, gate="scalar", payload="shared"),
+               backbone=dict(n_layers=12, n_kv_heads=1), train=DEEP_TRAIN, snapshot_step=EQUAL_TRAINING,
+               run="deep12-w8s8-1kv-shared", pair="deep12-full-equal"),
+        _entry("deep12-full-equal", dict(compression=None, window=8, stride=8),
+               backbone=dict(n_layers=12, n_kv_heads=1), train=DEEP_TRAIN, snapshot_step=EQUAL_TRAINING,
+               run="deep12-full", pair="deep12-w8s8-1kv-shared-equal"),
         # A second seed of the equal-training pair (for the cycling table): the same recipe with
         # model and data seed 1; the same snapshot rule.
-        ZooEntry("deep12-w8s8-1kv-shared-seed1-equal", "deep12-w8s8-1kv-shared-equal's second seed: the identical "
-                 "recipe with model and data seed 1, at its own equal-training step with deep12-full-seed1-equal "
-                 "(zoo.equal_training_step)",
-                 dict(compression="gated", window=8, stride=8, gate="scalar", payload="shared"),
-                 backbone=dict(n_layers=12, n_kv_heads=1, seed=1), train=dict(DEEP_TRAIN, seed=1),
-                 snapshot_step=EQUAL_TRAINING, run="deep12-w8s8-1kv-shared-seed1",
-                 pair="deep12-full-seed1-equal"),
-        ZooEntry("deep12-full-seed1-equal", "deep12-full-equal's second seed (seed 1), at the equal-training step "
-                 "with deep12-w8s8-1kv-shared-seed1-equal",
-                 dict(compression=None, window=8, stride=8), backbone=dict(n_layers=12, n_kv_heads=1, seed=1),
-                 train=dict(DEEP_TRAIN, seed=1), snapshot_step=EQUAL_TRAINING, run="deep12-full-seed1",
-                 pair="deep12-w8s8-1kv-shared-seed1-equal"),
+        *_deep_seed_pair(1),
         # Seeds 2 and 3 of the equal-training pair: the identical recipe with model and data
         # seed 2 or 3, the same snapshot rule; added after seeds 0 and 1 were analysed, so the unit rule
         # of `specialized_units` (fixed before they existed) is tested on them, not tuned to them.
@@ -216,16 +180,11 @@ ENTRIES: dict[str, ZooEntry] = {
         # 8 phases at stride 8); the zoo task's residue modulus 24 is a multiple of 12, so every phase is
         # measured with the same moment matching. Its twin is the full-attention run with stride 12 as
         # the folding reference, both at the final step.
-        ZooEntry("w12s12-4kv", "compressed, non-overlapping W = S = 12, scalar gates, FOUR KV heads: the "
-                 "fourth stride of the paper's period claim",
-                 dict(compression="gated", window=12, stride=12, gate="scalar"), backbone=dict(n_kv_heads=4)),
-        ZooEntry("w4s4-post", "w4s4 (its final step) post-trained: POST_TRAIN's 500 steps of retrieval-only rows "
-                 "(no periodic rows, no curriculum) at a third of the learning rate; the same architecture and "
-                 "evaluation task; ships its final step",
-                 dict(compression="gated", window=4, stride=4, gate="scalar"), train=POST_TRAIN, init_from="w4s4"),
-        ZooEntry("full-s12", "full-attention twin of w12s12-4kv: the identical backbone (four KV heads) and "
-                 "recipe, no compression, stride 12 as the reference for folding phases; final step",
-                 dict(compression=None, window=12, stride=12), backbone=dict(n_kv_heads=4)),
+        _entry("w12s12-4kv", dict(compression="gated", window=12, stride=12, gate="scalar"),
+               backbone=dict(n_kv_heads=4)),
+        _entry("w4s4-post", dict(compression="gated", window=4, stride=4, gate="scalar"), train=POST_TRAIN,
+               init_from="w4s4"),
+        _entry("full-s12", dict(compression=None, window=12, stride=12), backbone=dict(n_kv_heads=4)),
     ]
 }
 
@@ -244,16 +203,11 @@ class TextEntry:
 
     @property
     def command(self) -> str:
-        return (f"python benchmarks/pretrain_python_code.py train --root RUNS && python "
-                f"benchmarks/pretrain_python_code.py install --root RUNS --name {self.name}")
+        return command(self.name)
 
 
-TEXT_ENTRIES: dict[str, TextEntry] = {e.name: e for e in (
-    TextEntry("py-w4s4", "natural text: 2 layers, W = S = 4, pretrained on Python source (49.2M tokens, seed 0); "
-              "task: identifier recall in held-out code", "w4s4-s0", 24000),
-    TextEntry("py-full", "natural text: py-w4s4's full-attention twin (same backbone, recipe and seed, no "
-              "compression)", "full-s0", 24000),
-)}
+TEXT_ENTRIES: dict[str, TextEntry] = {name: TextEntry(name, MODELS[name], arm, 24000)
+                                      for name, arm in (("py-w4s4", "w4s4-s0"), ("py-full", "full-s0"))}
 
 
 def equal_training_step(curves_a, curves_b, min_mean: float = LEARNED_MEAN) -> int:
@@ -338,21 +292,6 @@ def cycling_model_for(stride: int) -> Optional[str]:
     return fits[0].name if fits else None
 
 
-def available() -> list[str]:
-    """Names of the zoo models whose checkpoints ship with this installation, both families: the
-    own `CompressedTransformer` entries, then the HF-format DeepSeek-V4s (`zoo.deepseek_v4`)."""
-    own = [name for name in [*ENTRIES, *TEXT_ENTRIES] if (CHECKPOINT_DIR / name / "config.json").is_file()]
-    return own + hf_zoo.available()
-
-
-def catalog() -> list[tuple[str, bool, str, str]]:
-    """``(name, shipped, description, rebuild command)`` for every zoo model of both families
-    (what ``phaseinterp zoo list`` prints)."""
-    shipped = set(available())
-    rows = [(name, name in shipped, e.description, e.command) for name, e in [*ENTRIES.items(), *TEXT_ENTRIES.items()]]
-    return rows + [(name, name in shipped, r.description, r.command) for name, r in hf_zoo.RECIPES.items()]
-
-
 def entry(name: str) -> ZooEntry:
     if isinstance(name, str) and name in hf_zoo.RECIPES:
         raise UserInputError(f"zoo model {name!r} is a Hugging Face DeepSeek-V4 recipe (phaseinterp.zoo.deepseek_v4: "
@@ -364,28 +303,6 @@ def entry(name: str) -> ZooEntry:
     check_name("name", name, list(ENTRIES), shown=f"unknown zoo model {name!r}", what="a recipe of the zoo",
                where="`phaseinterp zoo list` lists them")
     return ENTRIES[name]
-
-
-def load(name: str, device=None):
-    """Load a shipped zoo model of either family (``CompressedTransformer``, or `HookedDeepseekV4`
-    for the HF-format DeepSeek-V4s; eval mode, task in ``.metadata``).
-
-    ``name``: one of `available()` (``phaseinterp zoo list`` marks the rest "recipe only": they
-    raise FileNotFoundError naming the build command); ``device``: a torch device this machine
-    has (default: cpu)."""
-    check_device(device)  # before reading any weights
-    if not isinstance(name, str):
-        raise UserInputError(f"name={name!r} is not a zoo name (a string; `phaseinterp zoo list`)")
-    if name in hf_zoo.RECIPES:
-        return hf_zoo.load(name, device=device)
-    command = TEXT_ENTRIES[name].command if name in TEXT_ENTRIES else entry(name).command
-    path = CHECKPOINT_DIR / name
-    if not (path / "config.json").is_file():
-        raise MissingPathError(f"zoo model {name!r} is known but its checkpoint is not in {path}; build it with "
-                               f"`{command}`")
-    model = CompressedTransformer.from_pretrained(path, device=device)
-    model.eval()
-    return model
 
 
 def task_for(model):

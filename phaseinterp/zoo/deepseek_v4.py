@@ -29,16 +29,15 @@ from typing import Any, Optional, Union
 
 import torch
 
-from phaseinterp._checks import check_device
 from phaseinterp.errors import MissingPathError, UserInputError
-from phaseinterp.models.hf import load_hf
+from phaseinterp.models import catalog
+from phaseinterp.models.catalog import CHECKPOINT_DIR, HF_MODELS
 from phaseinterp.models.hf.config import transformers_v4
 from phaseinterp.tasks import KeyValueRetrieval, task_from_dict
 from phaseinterp.tasks.hf_tokenizer import write_vocab_tokenizer
 from phaseinterp.train.deepseek_v4 import train_tiny
 from phaseinterp.zoo.task import TASK
 
-CHECKPOINT_DIR = Path(__file__).parent / "checkpoints"
 CSA, HCA = "compressed_sparse_attention", "heavily_compressed_attention"
 
 
@@ -88,7 +87,7 @@ class TinyRecipe:
 
     @property
     def command(self) -> str:
-        return f"phaseinterp zoo build {self.name}"
+        return catalog.command(self.name)
 
     def hf_config(self, vocab_size: int):
         n = len(self.layer_types)
@@ -116,17 +115,10 @@ class TinyRecipe:
         return self.lr * (self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-RECIPES: dict[str, TinyRecipe] = {
-    r.name: r
-    for r in [
-        TinyRecipe("dsv4-tiny", "tiny DeepSeek-V4 (HF DeepseekV4ForCausalLM): CSA rate 4 (two-half W = 8 "
-                   "windows, Lightning Indexer top-8), CSA, HCA rate 32; 3 layers, d_model 64", csa_rate=4),
-        TinyRecipe("dsv4.1-tiny", "tiny V4.1-shaped DeepSeek-V4 (HF DeepseekV4ForCausalLM): CSA rate 2 "
-                   "(W = 4), indexer top-16, CSA, HCA rate 32; 3 layers, d_model 64", csa_rate=2, index_topk=16),
-        TinyRecipe("dsv4-tiny-fp8", "dsv4-tiny trained FP8-native (as a DeepSeek-V4 release): the weights the "
-                   "release stores in FP8 e4m3 (128 x 128 blocks, power-of-two scales) are fake-quantized in training "
-                   "and shipped on that grid, so an FP8 export is lossless", csa_rate=4, fp8_weights=True),
-    ]
+RECIPES: dict[str, TinyRecipe] = {  # descriptions: the catalog's (`phaseinterp.models.catalog.HF_MODELS`)
+    name: TinyRecipe(name, HF_MODELS[name], **knobs)
+    for name, knobs in (("dsv4-tiny", dict(csa_rate=4)), ("dsv4.1-tiny", dict(csa_rate=2, index_topk=16)),
+                        ("dsv4-tiny-fp8", dict(csa_rate=4, fp8_weights=True)))
 }
 
 
@@ -183,19 +175,11 @@ def write_tokenizer(folder: Union[str, Path]) -> list[Path]:
 
 def available() -> list[str]:
     """The tiny DeepSeek-V4s whose checkpoints ship (HF format; load with `phaseinterp.zoo.load`)."""
-    return [name for name in RECIPES if (CHECKPOINT_DIR / name / "config.json").is_file()]
+    return catalog.available(RECIPES)
 
 
 def load(name: str, device=None):
     """A shipped tiny DeepSeek-V4 (`HookedDeepseekV4`, eval mode, evaluation task in ``.metadata``)."""
-    device = check_device(device)  # before reading any weights
     if not isinstance(name, str) or name not in RECIPES:
         raise UserInputError(f"unknown tiny DeepSeek-V4 {name!r}; known: {sorted(RECIPES)}")
-    path = CHECKPOINT_DIR / name
-    if not (path / "config.json").is_file():
-        raise MissingPathError(f"zoo model {name!r} is known but its checkpoint is not in {path}; build it with "
-                                f"`{RECIPES[name].command}`")
-    model = load_hf(path, name=name)
-    if device is not None:
-        model.to(device)
-    return model
+    return catalog.load(name, device=device)
