@@ -1,33 +1,10 @@
-"""Engines and the phase-resolved conformance check.
+"""Engines (`Engine`: ``tokens [batch, pos] -> next-token log-probs [batch, d_vocab]``), the phase-resolved
+`conformance` check against the reference forward, and `engine_profile`, the phase profile of a served model."""
 
-An engine is a callable ``tokens [batch, pos] -> next-token log-probs [batch, d_vocab]``
-(`Engine`). `conformance` runs the same phase-controlled prompts through the reference forward
-and through decoding, chunked prefill, a warm prefix cache, lower precision or any engine (an
-OpenAI-compatible server through `OpenAIEngine`), and reports agreement per phase;
-`engine_profile` is `phaseinterp.phase_profile` of the model an engine serves.
-"""
-
-from phaseinterp.engines.adapters import (
-    CacheEngine,
-    Engine,
-    TransformersEngine,
-    WarmEngine,
-    cast_copy,
-    chunked_pieces,
-    decode_pieces,
-    engine_for,
-    full_pieces,
-)
-from phaseinterp.engines.check import (
-    ConformanceSpec,
-    DEFAULT_MODES,
-    DEFAULT_TOLERANCE,
-    DTYPES,
-    MODES,
-    conformance,
-    cut_period,
-    phase_table,
-)
+from phaseinterp.engines.adapters import (CacheEngine, Engine, TransformersEngine, WarmEngine, cast_copy,
+                                          chunked_pieces, decode_pieces, engine_for, full_pieces)
+from phaseinterp.engines.check import (ConformanceSpec, DEFAULT_MODES, DEFAULT_TOLERANCE, DTYPES, MODES, conformance,
+                                       cut_period, phase_table)
 from phaseinterp.engines.llama_cpp import LlamaCppEngine  # llama_cpp itself is imported on first use
 from phaseinterp.engines.openai import OpenAIEngine
 from phaseinterp.engines.profile import engine_profile

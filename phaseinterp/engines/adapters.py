@@ -1,27 +1,11 @@
-"""Engines: anything that maps a batch of token ids to next-token log-probs, and the schedules
-that feed a prompt to an incremental cache (one forward, token by token, or in pieces).
+"""Engines: anything that maps a batch of token ids to next-token log-probs, and the schedules that
+feed a prompt to an incremental cache (one forward, token by token, or in pieces).
 
-The adapter interface (`Engine`) is one call::
-
-    engine(tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch d_vocab"]
-
-the log-probs of the token that follows each row's last token; ``NaN`` where the engine does
-not report a value (a server that returns only its top-k). Rows of one call have one length.
-In-process engines here: `CacheEngine` (phaseinterp's own `CompressedTransformer` and its
-`KVCache`) and `TransformersEngine` (a Hugging Face causal LM with its own cache classes;
-for DeepSeek-V4, transformers' ``DeepseekV4CSACache``/``DeepseekV4HCACache`` inside a
-``DynamicCache``). `phaseinterp.engines.openai.OpenAIEngine` reads an OpenAI-compatible
-server's logprobs.
-
-A warm engine (`WarmEngine`) also answers a prompt right after a *donor* prompt that shares its
-first ``prefix_len`` tokens, reusing its cache of that prefix instead of recomputing it::
-
-    engine.warm(donors, tokens, prefix_len) -> Float[Tensor, "batch d_vocab"]
-
-`CacheEngine` truncates its `KVCache` after the donor to the first ``prefix_len`` tokens (a
-prefix cache); `TransformersEngine` checkpoints its cache after the prefix and restores it once
-the donor is done.
-"""
+`Engine`: ``engine(tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch d_vocab"]``, the log-probs
+of the token after each row (``NaN`` where not reported; rows of one call share a length).
+`WarmEngine` adds ``engine.warm(donors, tokens, prefix_len)``: each prompt answered right after a donor
+sharing its first ``prefix_len`` tokens, reusing that cache. In process: `CacheEngine` (own
+`KVCache`) and `TransformersEngine` (a Hugging Face causal LM and its cache classes)."""
 
 from __future__ import annotations
 
@@ -89,14 +73,9 @@ def decode_pieces(length: int) -> list[int]:
 def chunked_pieces(length: int, cut_phase: int, period: int, chunk: int) -> list[int]:
     """Prefill in pieces whose every cut falls at ``cut_phase`` (mod ``period``), then decode.
 
-    A cut at position ``c`` means a piece ends at ``c - 1`` and the next starts at ``c``; the
-    cut phase is ``c mod period`` (0: the cut falls on a window start, every window closed). The
-    first piece ends at the first cut (``cut_phase``, or ``period`` for phase 0), later pieces are
-    ``chunk`` tokens (a multiple of ``period``), and the last prefill piece stops at the last
-    position ``e <= length - 1`` with ``e = cut_phase (mod period)``; tokens ``e .. length-1``
-    (1..period of them) are then decoded one at a time, so the prefill-to-decode switch is a cut
-    of the same phase.
-    """
+    A cut at ``c`` ends a piece at ``c - 1``. The first piece ends at the first cut, later pieces are
+    ``chunk`` tokens (a multiple of ``period``), and the last prefill piece stops at the last ``e <=
+    length - 1`` with ``e = cut_phase (mod period)``; tokens ``e .. length-1`` are decoded one at a time."""
     if chunk % period:
         raise UserInputError(f"chunk={chunk} must be a multiple of the cut period {period}")
     first = cut_phase if cut_phase > 0 else period
@@ -162,11 +141,8 @@ class CacheEngine:
 
 def truncate_cache(model: torch.nn.Module, cache: KVCache, length: int) -> KVCache:
     """``cache`` (a `CompressedTransformer`'s) cut back to its first ``length`` tokens, as a prefix
-    cache keeps it: per-token inputs ``[:, :length]`` and the compressed entries whose windows are
-    closed for every KV head at ``length``. The entries after those may have read tokens past
-    ``length``; the next ``model(tokens, cache=cache)`` recomputes them from the kept inputs (it
-    recomputes every entry from the first one not closed for every head). The tensors are views
-    of ``cache``'s; neither cache is changed in place by later forwards."""
+    cache keeps it: per-token inputs ``[:, :length]`` and the compressed entries closed for every KV head
+    at ``length`` (the next forward recomputes the rest). The tensors are views of ``cache``'s."""
     if not 0 < length <= cache.length:
         raise UserInputError(f"length={length} is out of range for a cache of {cache.length} tokens "
                              f"(1..{cache.length})")
@@ -186,11 +162,9 @@ def truncate_cache(model: torch.nn.Module, cache: KVCache, length: int) -> KVCac
 
 # ------------------------------------------------------------------------- transformers
 class TransformersEngine:
-    """A Hugging Face causal LM (``model.hf`` of a `HookedDeepseekV4`, or any ``*ForCausalLM``):
-    the reference adapter. ``schedule=None``: one forward with ``use_cache=False``; otherwise
-    transformers' own cache (``DynamicCache(config=...)``, which builds DeepSeek-V4's CSA/HCA
-    cache layers) fed in the schedule's pieces with explicit ``position_ids``, as ``generate``
-    steps it."""
+    """A Hugging Face causal LM (``model.hf`` of a `HookedDeepseekV4`, or any ``*ForCausalLM``): the
+    reference adapter. ``schedule=None``: one forward without cache; otherwise ``DynamicCache(config=...)``
+    fed in the schedule's pieces with explicit ``position_ids``."""
 
     def __init__(self, hf_model: torch.nn.Module, schedule: Optional[Schedule] = None, name: str = "reference"):
         if not hasattr(hf_model, "config") or not callable(hf_model):

@@ -1,14 +1,7 @@
-"""The answers a phase profile needs, asked of an engine: prompts as token ids cut at the answer
-position, a bounded retry with backoff per batch, and a journal of finished batches so that a
-long profile against a server resumes where it stopped (`engine_answers`).
-
-What the engine must report, per prompt: the log-probs of the token after the prompt, the whole
-vocabulary or its top-k (the others ``NaN``, as `OpenAIEngine` returns them), at least one.
-The prediction is the argmax of the reported log-probs (ties: the lowest token id, as
-``torch.argmax`` in process); a prompt is correct when that is the answer, so with top-k an
-answer outside the reported k is wrong (it cannot be the argmax) and its ``answer_logprob`` is
-``NaN``. With the whole vocabulary reported the answers equal the in-process ones.
-"""
+"""The answers a phase profile needs, asked of an engine (`engine_answers`): prompts as token ids cut at the
+answer position, bounded retries with backoff, and a journal of finished batches to resume from.
+The prediction is the argmax of the reported log-probs (whole vocabulary or top-k, the others ``NaN``;
+ties to the lowest id); with top-k an answer outside the reported k is wrong, ``answer_logprob`` ``NaN``."""
 
 from __future__ import annotations
 
@@ -96,11 +89,7 @@ def _write_batch(path: Path, rows: range, part: EngineAnswers) -> None:
 
 def _read_batch(path: Path, rows: range) -> Optional[EngineAnswers]:
     """The answers of one finished batch; ``None`` (with a warning) for a torn file, which is asked again.
-
-    Each batch file is written whole by one rename (`atomic_write`), so a stopped run leaves only its
-    hidden temporary file (`_drop_torn_writes` removes it). A file that is there but does not read
-    whole (a copy cut short, a crash on a file system that does not keep the rename after the data)
-    is torn: dropped and asked again. A whole file of other prompts is another run's: refused."""
+    A whole file of other prompts is another run's: refused."""
     try:
         with np.load(path, allow_pickle=False) as data:
             span = (int(data["start"]), int(data["stop"]))
@@ -162,11 +151,9 @@ TOP_K_SLACK = math.log(2.0)  # ... and to at least k / d_vocab over this factor'
 
 
 def check_logprob_rows(logprobs: torch.Tensor, who: str, first: int = 0) -> None:
-    """Log-probabilities a model can give: each reported value (not NaN) is +inf-free and <= 0, and each
-    row's reported probabilities sum to at most 1 (a top-k row sums to less) and to at least
-    ``k / d_vocab`` for ``k`` reported of ``d_vocab`` (the k most probable tokens of any distribution
-    carry that much; halved for rounding): a row of -inf, or of log-probs shifted far below 0, is
-    the top of no distribution. Names the first prompt and token that break it."""
+    """Log-probabilities a model can give: each reported value is +inf-free and <= 0, and each row's
+    reported probabilities sum to at most 1 and at least ``k / d_vocab`` for ``k`` reported (halved for
+    rounding). Names the first prompt and token that break it."""
     reported = ~torch.isnan(logprobs)
     bad = reported & (torch.isposinf(logprobs) | (logprobs > NORMALIZATION_SLACK))
     if bool(bad.any()):
@@ -247,22 +234,15 @@ def engine_answers(
 ) -> EngineAnswers:
     """Ask ``engine`` for every prompt of ``batch`` (a `TaskBatch`), ``batch_size`` prompts per call.
 
-    Prompt ``i`` goes as ``batch.tokens[i, :answer_pos[i] + 1]`` (token ids, no tokenizer), and
-    the engine's next-token log-probs there are the answer's: the phases are exactly the ones the
-    task laid out. A call that raises `EngineError` or an ``OSError`` (a server
-    unreachable, busy or restarting) is tried again up to ``retries`` times, waiting
-    ``retry_wait * 2**k`` seconds (at most 60) before try ``k + 1``; then an `EngineError` says
-    how many answers were kept. Any other error (a `UserInputError`: fewer choices than prompts,
-    no log-probs, ids out of range) is not retried; it is raised with the same count.
+    Prompt ``i`` goes as ``batch.tokens[i, :answer_pos[i] + 1]``. A call raising `EngineError` or
+    ``OSError`` is tried again up to ``retries`` times, waiting ``retry_wait * 2**k`` seconds (at most 60)
+    before try ``k + 1``; then an `EngineError` says how many answers were kept. Other errors are not
+    retried and are raised with the same count.
 
-    ``resume_dir``: a journal folder (``run.json`` naming the engine, the task, the prompts'
-    SHA-256 and ``batch_size``, and ``answers/batch-NNNNNNN.npz`` per finished call, each written
-    whole by one rename: the journal only grows, one batch file at a time). A rerun with the same
-    folder asks only for the batches not yet there; a torn batch file is dropped with a warning and
-    asked again (`_read_batch`). A journal of another run (engine or model name, task, prompts or
-    batch size) is refused, naming the field, as is a folder that is not a journal: answers of two
-    runs are never mixed.
-    """
+    ``resume_dir``: a journal folder (``run.json`` naming the engine, task, prompts' SHA-256 and
+    ``batch_size``; ``answers/batch-NNNNNNN.npz`` per finished call, each written atomically). A rerun
+    asks only for the missing batches; a torn batch file is asked again; a journal of another run, or a
+    folder that is not a journal, is refused naming the field."""
     name = check_engine(engine)
     batch_size = check_int("batch_size", batch_size, 1, why=" (prompts per engine call)")
     retries = check_int("retries", retries, 0, why=" (further tries of a failing batch)")

@@ -1,14 +1,8 @@
 """`conformance`: the same phase-controlled prompts through the reference forward and through
-incremental decoding, chunked prefill, a warm prefix cache, lower precision or an external
-engine, compared per phase of the answer position (and per phase of the prefill cut, or of the
-shared-prefix length a warm cache reused).
-
-Every prompt of the task is presented at each answer phase ``a`` (``answer_pos mod S``) by
-deleting its last ``d`` filler tokens (``d`` in ``0..S-1``; nothing else moves relative to
-the query), so the reference and every engine see the very same sequences. In the warm mode each
-prompt is answered right after a donor prompt that shares its first ``L`` tokens and then differs
-(`donor_prompts`), the engine reusing its cache of those ``L`` tokens.
-"""
+incremental decoding, chunked prefill, a warm prefix cache, lower precision or an external engine,
+compared per phase of the answer position (and of the prefill cut or the warm shared prefix).
+Each prompt is presented at every answer phase by deleting its last ``d`` filler tokens, so the
+reference and every engine see the very same sequences."""
 
 from __future__ import annotations
 
@@ -25,12 +19,7 @@ from tqdm.auto import tqdm
 from phaseinterp.errors import UserInputError
 from phaseinterp import stats
 from phaseinterp._checks import check_fraction, check_int, check_n_per_residue, env_flag, check_is_model
-from phaseinterp.engines.adapters import (
-    cast_copy,
-    chunked_pieces,
-    decode_pieces,
-    engine_for,
-)
+from phaseinterp.engines.adapters import cast_copy, chunked_pieces, decode_pieces, engine_for
 from phaseinterp.engines.adapters import WarmEngine
 from phaseinterp.engines.result import ConformanceResult
 from phaseinterp.models.protocol import phase_model
@@ -86,11 +75,6 @@ def answer_phase_variants(tokens: Int[Tensor, "batch pos"], filler_ids: Sequence
             removed = last.numpy()
         out[a] = (tokens[keep].reshape(tokens.shape[0], T - d), removed)
     return out
-
-
-def shortest_variant(seq_len: int, stride: int, answer_phases: Sequence[int]) -> int:
-    """The length of the shortest prompt `answer_phase_variants` makes from ``seq_len``-token prompts."""
-    return seq_len - max((seq_len - 1 - a) % stride for a in answer_phases)
 
 
 def default_prefix_lengths(length: int, period: int) -> tuple[int, ...]:
@@ -244,46 +228,29 @@ def conformance(
     cache, per phase of the shared-prefix length.
 
     Parameters:
-        model: a `CompressedTransformer` (own cache, ``model.init_cache()``) or a `HookedDeepseekV4`
-            (transformers' own cache through ``model.hf``); engines run on the model's device.
-        task: a retrieval task with ``generate`` and ``vocab.filler_ids`` (``phaseinterp.zoo.task_for(model)``).
-        modes: any of ``"decode"`` (token by token through the cache), ``"chunked_prefill"`` (pieces
-            cut at one phase of the cut period, then decoded; `chunked_pieces`), ``"warm"`` (each
-            prompt answered from the model's cache of a donor prompt that shares its first ``L``
-            tokens, for each ``L`` of ``prefix_lengths``; `CacheEngine.warm`,
-            `TransformersEngine.warm`), ``"dtype"`` (the model cast to each of ``dtypes``, full
-            forward); default `DEFAULT_MODES` (all but ``"warm"``). May be empty when ``engines`` or ``warm_engines`` is given.
-        n_per_residue: prompts per target residue (default 8; total ``n * R`` prompts, each at
-            every answer phase). Target moments are matched best-effort (the comparison is paired:
-            engine and reference see the same sequences).
-        answer_phases: answer phases to test (default all ``0..S-1``); cut_phases: cut phases
-            (default all ``0..P-1``, ``P`` = `cut_period`); chunk: tokens per prefill piece after
-            the first (a multiple of ``P``; default the smallest multiple >= 2 local windows).
-        dtypes: low-precision dtypes of the ``dtype`` mode, from ``("bfloat16", "float16")``; one
-            the device cannot run is skipped with the reason in ``result.skipped``.
+        model: a `CompressedTransformer` (own cache) or a `HookedDeepseekV4` (transformers' cache);
+            engines run on the model's device.
+        task: a retrieval task with ``generate`` and ``vocab.filler_ids``.
+        modes: any of ``"decode"`` (token by token), ``"chunked_prefill"`` (pieces cut at one phase,
+            `chunked_pieces`), ``"warm"`` (from the cache of a donor sharing the first ``L`` tokens, each
+            ``L`` of ``prefix_lengths``), ``"dtype"`` (the model cast to each of ``dtypes``); default
+            `DEFAULT_MODES`. May be empty when ``engines`` or ``warm_engines`` is given.
+        n_per_residue: prompts per target residue, each at every answer phase (moments best-effort).
+        answer_phases / cut_phases: the phases to test (default all); chunk: tokens per prefill piece
+            after the first (a multiple of `cut_period`; default the smallest >= 2 local windows).
+        dtypes: from ``("bfloat16", "float16")``; one the device cannot run is in ``result.skipped``.
         tolerance: ``{setting: bound}`` or ``{setting: (statistic, bound)}`` overriding
-            `DEFAULT_TOLERANCE` (statistic ``"max"`` or ``"mean"`` |d log p| of a phase; settings:
-            ``decode``, ``chunked_prefill``, ``warm``, the dtype names, the ``engines`` and
-            ``warm_engines`` names).
-        engines: extra `Engine` callables by name (e.g. an `OpenAIEngine`), compared like a mode.
-        prefix_lengths: the shared-prefix lengths ``L`` of the warm settings (each in
-            ``1..T-1``, ``T`` the shortest prompt); default `default_prefix_lengths`: one ``L`` per
-            phase of the cut period, so ``L mod P`` visits every phase (for DeepSeek-V4 every CSA
-            phase and an HCA boundary). The table's "cut" rows of a warm setting are ``L mod P``.
-        warm_engines: `WarmEngine` s by name (`LlamaCppEngine`, `OpenAIEngine`, ...), each answering
-            every prompt right after its donor (``engine.warm(donors, tokens, L)``); compared with
-            the reference like ``engines`` (the cold answer is the reference's: a server's prefix
-            cache may serve any of its own answers warm). An engine without ``warm`` is refused.
-        reference: the reference engine (default: the model's plain full forward in float32).
-        confidence / n_bootstrap: Wilson intervals of agreement; a paired bootstrap over prompts
-            (``n_bootstrap`` replicates, seeded by ``seed``) for the accuracy difference.
-
+            `DEFAULT_TOLERANCE` (statistic ``"max"`` or ``"mean"`` |d log p|).
+        engines: extra `Engine` callables by name, compared like a mode.
+        prefix_lengths: the warm settings' ``L`` (each in ``1..T-1``); default `default_prefix_lengths`.
+        warm_engines: `WarmEngine` s by name, each answering right after its donor
+            (``engine.warm(donors, tokens, L)``); one without ``warm`` is refused.
+        reference: the reference engine (default: the model's full forward in float32).
+        confidence / n_bootstrap: Wilson intervals of agreement; paired bootstrap of the accuracy difference.
         spec: a ready `ConformanceSpec` instead of the options above (not both).
 
-    Returns a `ConformanceResult`: ``table`` (one row per setting x phase: max and mean
-    |d log p|, top-1 agreement, accuracy difference, intervals, verdict) and ``records``
-    (``prefix_len``: the warm rows' ``L``, -1 elsewhere).
-    """
+    Returns a `ConformanceResult`: ``table`` (one row per setting x phase) and ``records``
+    (``prefix_len``: the warm rows' ``L``, -1 elsewhere)."""
     check_is_model(model)
     refuse_hooks(model, "conformance")
     modes, dtypes = spec.modes, spec.dtypes
@@ -467,13 +434,11 @@ def _records_empty() -> pd.DataFrame:
 
 def phase_table(records: pd.DataFrame, tolerance: Mapping[str, tuple[str, float]], *, confidence: float = 0.95,
                 n_bootstrap: int = 2000, seed: int = 0) -> pd.DataFrame:
-    """Per setting and phase (``kind`` "answer": the answer position's phase mod S; "cut": the
-    prefill cut's phase mod the cut period, or a warm setting's shared-prefix length mod the cut
-    period (the cut where the cached prefix ends), pooled over answer phases): prompts ``n``, ``max_abs_diff``
-    and ``mean_abs_diff`` of next-token log-probs, top-1 ``agreement`` (Wilson interval),
-    reference and engine accuracy and their paired difference ``accuracy_diff`` (percentile
-    bootstrap over prompts), the verdict's ``statistic`` ("max" or "mean" |d log p|), its
-    ``tolerance`` and ``passed`` (statistic <= tolerance)."""
+    """Per setting and phase (``kind`` "answer": ``answer_pos mod S``; "cut": the prefill cut's or warm
+    prefix's length mod the cut period, pooled over answer phases): ``n``, ``max_abs_diff`` and
+    ``mean_abs_diff`` of next-token log-probs, top-1 ``agreement`` (Wilson), reference and engine
+    accuracy, ``accuracy_diff`` (paired bootstrap), and the verdict's ``statistic``, ``tolerance`` and
+    ``passed``."""
     rng = np.random.default_rng(seed)
     rows = []
     groups = [("answer", "answer_phase")] + [("cut", "cut_phase")]
@@ -504,4 +469,4 @@ def phase_table(records: pd.DataFrame, tolerance: Mapping[str, tuple[str, float]
 
 
 __all__ = ["DEFAULT_MODES", "DEFAULT_TOLERANCE", "DTYPES", "MODES", "STATISTICS", "answer_phase_variants", "conformance", "cut_period",
-           "default_prefix_lengths", "donor_prompts", "phase_table", "shortest_variant"]
+           "default_prefix_lengths", "donor_prompts", "phase_table"]

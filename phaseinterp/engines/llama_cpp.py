@@ -1,16 +1,7 @@
-"""`LlamaCppEngine`: next-token log-probs from llama.cpp in process.
-
-Two backends run the same llama.cpp API: the prebuilt ``llama-cpp-py-sync`` wheel
-(`phaseinterp.engines.llama_prebuilt.PrebuiltLlama`, nothing compiled; ``pip install
-'phaseinterp[llama]'``) and ``llama-cpp-python`` (``llama_cpp.Llama``, built from source on install:
-``pip install 'phaseinterp[llama-source]'``). A GGUF file is loaded once; each prompt row is fed as
-token ids (no tokenizer: the phase the task laid out is the phase llama.cpp sees) into a fresh
-sequence, in the pieces of ``schedule`` (``None``: the whole prompt in one call), each piece one
-``llama_decode`` (``n_batch`` = ``n_ubatch`` must hold the largest piece, so llama.cpp adds no cut
-of its own). The last position's logits are read and turned into float32 log-probs.
-`LlamaCppEngine.warm` answers a prompt from the KV cache a donor prompt left (``reuse``: a state
-checkpoint after the shared prefix, or llama.cpp's in-place ``llama_memory_seq_rm``).
-"""
+"""`LlamaCppEngine`: next-token log-probs from llama.cpp in process, on the prebuilt ``llama-cpp-py-sync``
+wheel (`PrebuiltLlama`) or ``llama-cpp-python``. Each prompt row goes in as token ids into a fresh
+sequence, one ``llama_decode`` per piece of ``schedule``; the last position's logits become float32
+log-probs. `LlamaCppEngine.warm` answers from the KV cache a donor prompt left."""
 
 from __future__ import annotations
 
@@ -131,12 +122,10 @@ def _refuse_beside_the_prebuilt() -> None:
 
 def open_backend(backend: str, path: Path, *, n_ctx: int, n_batch: int, cache_type: str, n_threads: Optional[int],
                  flash_attn: bool, verbose: bool, library_dir: Union[str, Path, None] = None):
-    """``(name, llama)``: the backend `LlamaCppEngine` runs on. ``"prebuilt"``: `PrebuiltLlama` on
-    `compatible_library_dir` ``(library_dir)`` (the installed wheel by default, patched for an
-    older glibc); ``"llama-cpp-python"``: `SourceLlama`; ``"auto"``: the prebuilt when it is
-    installed and loads here, else llama-cpp-python, else one ImportError naming both reasons.
-    A prebuilt that cannot load here is a `PrebuiltLibraryError` (an ImportError) in one line
-    naming the library, the symbol and this machine's glibc."""
+    """``(name, llama)``: the backend `LlamaCppEngine` runs on: ``"prebuilt"`` (`PrebuiltLlama` on
+    `compatible_library_dir`), ``"llama-cpp-python"`` (`SourceLlama`) or ``"auto"`` (the prebuilt when it
+    loads here, else llama-cpp-python, else one ImportError naming both reasons). A prebuilt that cannot
+    load is a `PrebuiltLibraryError` naming the library, the symbol and this machine's glibc."""
     def prebuilt():
         folder = compatible_library_dir(library_dir)
         return PrebuiltLlama(path, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch, cache_type=cache_type,
@@ -163,36 +152,26 @@ def open_backend(backend: str, path: Path, *, n_ctx: int, n_batch: int, cache_ty
 
 
 class LlamaCppEngine:
-    """An `Engine` over a GGUF model run by llama.cpp (see module doc).
+    """An `Engine` over a GGUF model run by llama.cpp (module docstring).
 
     Parameters:
-        gguf_path: the ``.gguf`` file (llama.cpp's ``convert_hf_to_gguf.py`` output).
+        gguf_path: the ``.gguf`` file.
         n_ctx: context length llama.cpp allocates (the longest prompt must fit).
-        n_batch: tokens per ``llama_decode`` (also ``n_ubatch``): the largest piece of ``schedule``;
-            default ``n_ctx`` (a whole prompt in one call).
-        schedule: prompt length -> piece lengths (`phaseinterp.engines.chunked_pieces`, ...), or
-            ``None`` for the whole prompt at once.
-        cache_type: the KV cache's element type, ``"f16"`` (llama.cpp's default) or ``"f32"``.
+        n_batch: tokens per ``llama_decode`` (also ``n_ubatch``), at least the largest piece; default ``n_ctx``.
+        schedule: prompt length -> piece lengths (`chunked_pieces`, ...), or ``None`` for one piece.
+        cache_type: the KV cache's element type, ``"f16"`` or ``"f32"``.
         n_threads: CPU threads (default: llama.cpp's choice).
-        flash_attn: llama.cpp's flash attention (default off).
-        reuse: how `warm` keeps the donor's cache of the shared prefix: ``"checkpoint"`` (default;
-            llama.cpp's state saved after the prefix and restored after the donor, as llama-server's
-            context checkpoints do: the sequence's state, ``llama_state_seq_get_data``, on the
-            prebuilt; the context's, ``Llama.save_state``, on llama-cpp-python; a library without
-            that API refuses it by name) or ``"seq_rm"`` (the donor whole, then
-            its positions from the prefix on removed in place, ``llama_memory_seq_rm``, as
-            llama-server's prefix reuse does; a memory that cannot drop a partial sequence, such as
-            DeepSeek-V4's compressed cache, refuses it and `warm` raises).
+        flash_attn: llama.cpp's flash attention.
+        reuse: how `warm` keeps the donor's prefix cache: ``"checkpoint"`` (state saved after the prefix
+            and restored after the donor) or ``"seq_rm"`` (the donor's positions from the prefix on
+            removed in place, ``llama_memory_seq_rm``); a library or memory without that support refuses.
         name: the engine's name in results.
-        backend: ``"auto"`` (default: the prebuilt ``llama-cpp-py-sync`` when it is installed and
-            loads here, else llama-cpp-python), ``"prebuilt"`` or ``"llama-cpp-python"``
-            (`open_backend`). The two cannot share a process (same library names).
-        library_dir: the prebuilt wheel's library folder (default the installed one; made loadable
-            on an older glibc by `compatible_library_dir`); prebuilt only.
+        backend: ``"auto"``, ``"prebuilt"`` or ``"llama-cpp-python"`` (`open_backend`); the two cannot
+            share a process.
+        library_dir: the prebuilt wheel's library folder (default the installed one); prebuilt only.
         verbose: llama.cpp's log on stderr.
 
-    Attributes: ``backend`` (the one in use), ``llama`` (its `PrebuiltLlama` or `SourceLlama`).
-    """
+    Attributes: ``backend`` (the one in use), ``llama`` (its `PrebuiltLlama` or `SourceLlama`)."""
 
     def __init__(self, gguf_path: Union[str, Path], n_ctx: int = 4096, n_batch: Optional[int] = None, *,
                  schedule: Optional[Schedule] = None, cache_type: str = "f16", n_threads: Optional[int] = None,

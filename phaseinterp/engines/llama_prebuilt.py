@@ -1,28 +1,18 @@
 """Prebuilt llama.cpp without a compile: ``llama-cpp-py-sync``'s wheel, made to load on an older glibc.
 
-The wheel (``pip install llama-cpp-py-sync``, a manylinux x86_64 build of llama.cpp's libraries)
-links four C23 functions that glibc added in 2.38: ``__isoc23_strtol``, ``__isoc23_strtoul``,
-``__isoc23_strtoull`` and ``__isoc23_sscanf``. They differ from ``strtol``, ``strtoul``,
-``strtoull`` and ``sscanf`` only in also reading ``0b`` binary literals, so on an older glibc
-`compatible_library_dir` writes a copy of the libraries whose dynamic symbols name the classic
-functions instead (version ``GLIBC_2.2.5``), and drops the ``GLIBC_2.38`` requirement (ELF edit
-below). Any other symbol that needs a newer glibc than the machine's is refused by name.
-
-`PrebuiltLlama` is the small backend over that copy, through the wheel's own cffi declarations
-(``llama_cpp_py_sync._cffi_bindings.ffi``, which match its build) opened on the patched
-``libllama.so``: load a GGUF, one context, clear or trim the KV memory, save and restore a
-sequence's state, decode token ids at given positions, read the last position's logits.
-
-The ELF edit, per shared object (ELF64 little-endian; section headers required):
+The wheel links four C23 functions of glibc 2.38 (``__isoc23_strtol``, ``__isoc23_strtoul``,
+``__isoc23_strtoull``, ``__isoc23_sscanf``) that differ from the classic ones only in reading ``0b``
+literals. On an older glibc `compatible_library_dir` writes a copy whose dynamic symbols name the
+classic functions (``GLIBC_2.2.5``) and drops the ``GLIBC_2.38`` requirement; any other symbol needing
+a newer glibc is refused by name. The ELF edit, per shared object (ELF64 little-endian)::
 
     for each dynamic symbol s named "__isoc23_X", X in C23_ALIASES:
         s.st_name += len("__isoc23_")          # "X" is the tail of the same .dynstr string
         versym[s] = index of GLIBC_2.2.5 in the same .gnu.version_r file entry (libc.so.6)
     unlink every .gnu.version_r entry GLIBC_v with v > machine's glibc (now no symbol uses it)
 
-llama-cpp-python's libraries carry the same sonames (``libllama.so.0``, ``libggml-base.so.0``,
-...): the two cannot share a process, and `PrebuiltLlama` refuses to load beside the other.
-"""
+`PrebuiltLlama` is the small backend over that copy, through the wheel's own cffi declarations. It
+cannot share a process with llama-cpp-python (same sonames) and refuses to load beside it."""
 
 from __future__ import annotations
 
@@ -325,13 +315,10 @@ def _package_version(folder: Path) -> str:
 def compatible_library_dir(source: Union[str, Path, None] = None, *, cache_root: Union[str, Path, None] = None,
                            glibc: Optional[Sequence[int]] = None, verify: bool = True) -> Path:
     """A folder of llama.cpp libraries that load on this machine: ``source`` itself (default: the
-    installed ``llama_cpp_py_sync``) when no library needs a glibc newer than ``glibc`` (default:
-    the machine's), else a patched copy (`patch_elf`, every ``lib*.so*`` side by side under the same
-    names, so their ``$ORIGIN`` RUNPATH finds each other) in
-    ``cache_root / "llama-cpp-py-sync-<version>-glibc<glibc>-<sha>"``. The copy is staged in a
-    temporary folder, checked (``verify``: `check_loads` in a subprocess) and renamed into place,
-    so a folder that exists is complete; a later call returns it without rewriting. Raises
-    `PrebuiltLibraryError` with one line (a refused symbol, a library that does not load)."""
+    installed ``llama_cpp_py_sync``) when no library needs a glibc newer than ``glibc`` (default: the
+    machine's), else a patched copy (`patch_elf`, every ``lib*.so*`` side by side) in ``cache_root /
+    "llama-cpp-py-sync-<version>-glibc<glibc>-<sha>"``, staged, checked (``verify``) and renamed into
+    place; a later call returns it. Raises `PrebuiltLibraryError` with one line."""
     source = Path(source) if source is not None else installed_library_dir()
     files = library_files(source)
     if not load_order(source):
@@ -461,25 +448,22 @@ def _last_error(what: str) -> str:
 
 
 class PrebuiltLlama:
-    """One GGUF model and one context in the prebuilt llama.cpp (`compatible_library_dir`),
-    through ``llama_cpp_py_sync``'s cffi declarations.
+    """One GGUF model and one context in the prebuilt llama.cpp (`compatible_library_dir`), through
+    ``llama_cpp_py_sync``'s cffi declarations.
 
     Parameters:
         gguf_path: the model file.
-        n_ctx, n_batch, n_ubatch: llama.cpp's context size, tokens per ``llama_decode``, tokens
-            per compute step (``n_ubatch`` default ``n_batch``).
+        n_ctx, n_batch, n_ubatch: context size, tokens per ``llama_decode``, tokens per compute step
+            (``n_ubatch`` default ``n_batch``).
         cache_type: KV cache element type, ``"f16"`` or ``"f32"`` (`GGML_TYPES`).
-        n_threads: CPU threads for single tokens and batches (default ``os.cpu_count()``).
-        flash_attn: llama.cpp's flash attention (off by default: LLAMA_FLASH_ATTN_TYPE_DISABLED).
+        n_threads: CPU threads (default ``os.cpu_count()``).
+        flash_attn: llama.cpp's flash attention.
         library_dir: a folder holding ``libllama.so`` (default `compatible_library_dir()`).
-        verbose: keep llama.cpp's log on stderr (default: silenced).
+        verbose: keep llama.cpp's log on stderr.
 
-    Attributes: ``n_vocab``; ``n_ctx`` (the context llama.cpp made: it may round the request up);
-    ``n_batch``, ``n_ubatch``, ``cache_type``, ``path``, ``library_dir``; ``can_checkpoint``
-    (the library has the per-sequence state API of `save_state`).
-
-    One sequence (id 0) is used. Not thread-safe; `close` frees the context and the model.
-    """
+    Attributes: ``n_vocab``, ``n_ctx`` (as llama.cpp made it), ``n_batch``, ``n_ubatch``, ``cache_type``,
+    ``path``, ``library_dir``, ``can_checkpoint`` (the per-sequence state API of `save_state`). One
+    sequence (id 0); not thread-safe; `close` frees the context and the model."""
 
     def __init__(self, gguf_path: Union[str, Path], *, n_ctx: int, n_batch: int, n_ubatch: Optional[int] = None,
                  cache_type: str = "f16", n_threads: Optional[int] = None, flash_attn: bool = False,

@@ -1,15 +1,7 @@
-"""lm-evaluation-harness interop: a model's task as an lm-eval task folder, lm-eval's logged samples as a profile.
-
-`write_lm_eval_task` writes the prompts of ``task.generate(n_per_residue, seed)`` as a task that
-``lm_eval --include_path DIR --tasks NAME`` runs on any backend (hf, vllm, local-completions);
-`profile_from_lm_eval` (``phaseinterp.profile_from_lm_eval``) reads the samples that ``lm_eval ... --log_samples``
-logged back into a `PhaseProfile`. The scoring is phaseinterp's: lm-eval's ``loglikelihood`` request of
-the one-token answer after the prompt, whose ``acc`` is ``is_greedy`` (the answer is the argmax of the
-model's logits over its whole vocabulary at ``answer_pos``). lm-eval sends text, never token ids: each
-prompt is the task's words joined by spaces, which the vocabulary's tokenizer (`phaseinterp.tasks.hf_tokenizer`,
-shipped in the zoo's Hugging Face folders) encodes back to exactly the prompt's ids. docs/lm_eval.md has
-the commands.
-"""
+"""lm-evaluation-harness interop (docs/lm_eval.md): `write_lm_eval_task` writes a model's task as a task
+folder that ``lm_eval --include_path DIR --tasks NAME`` runs on any backend; `profile_from_lm_eval` reads
+``--log_samples`` output back into a `PhaseProfile`. Scoring is a ``loglikelihood`` request of the one-token
+answer, ``acc`` = ``is_greedy``; prompts go as text that the vocabulary's tokenizer encodes back to the ids."""
 
 from __future__ import annotations
 
@@ -127,22 +119,15 @@ def write_lm_eval_task(model: Any, out: Union[str, os.PathLike], *, n_per_residu
                        overwrite: bool = False) -> Path:
     """Write ``model``'s task as an lm-evaluation-harness task folder ``out``; returns its path.
 
-    ``model``: a zoo name, a checkpoint folder or a loaded model; it supplies the task (``task=``
-    overrides), the stride S (``stride=`` overrides) and the default task ``name``
-    (``phaseinterp_<label>``, letters, digits and ``_``). The prompts are ``task.generate(n_per_residue,
-    seed)`` (default `DEFAULT_N_PER_RESIDUE` per residue), laid out in the task's synthetic vocabulary.
+    ``model``: a zoo name, a checkpoint folder or a loaded model; it supplies the task, the stride and the
+    default ``name`` (``phaseinterp_<label>``), each overridable. The prompts are
+    ``task.generate(n_per_residue, seed)``.
 
-    The folder holds ``<name>.yaml`` (``output_type: loglikelihood``, metric ``acc`` = is_greedy),
-    ``prompts.jsonl`` (one document per prompt: the task's metadata row, ``phase``, ``prompt_index``,
-    ``answer_pos``, the answer id and word, the ids ``tokens[: answer_pos + 1]``, their text ``context``
-    and the request's continuation ``" " + word``: lm-eval scores ``context + continuation``),
-    ``prompts.py`` (the loader the YAML names with ``!function``) and ``lm_eval_task.json`` (what was
-    written, for provenance). lm-eval's ``--log_samples`` logs each document beside its
-    result, so `profile_from_lm_eval` recovers residue and phase from the samples alone.
-
-    Written whole and atomically; a folder that holds anything else is refused, a previous lm-eval task
-    folder is replaced only with ``overwrite=True`` (`phaseinterp._files.check_write_target`).
-    """
+    The folder holds ``<name>.yaml`` (``output_type: loglikelihood``, metric ``acc``), ``prompts.jsonl``
+    (one document per prompt: metadata, ``phase``, ``prompt_index``, ``answer_pos``, the answer, the ids
+    ``tokens[: answer_pos + 1]``, their text ``context`` and the continuation ``" " + word``),
+    ``prompts.py`` (the loader) and ``lm_eval_task.json`` (provenance). Written atomically; a folder
+    holding anything else is refused, a previous task folder replaced only with ``overwrite=True``."""
     target = check_write_target(out, KIND, overwrite=overwrite, name="out")
     if name is not None and (not isinstance(name, str) or not TASK_NAME.match(name)):
         raise UserInputError(f"name={name!r} is not an lm-eval task name this writes (a letter, then letters, "
@@ -294,11 +279,9 @@ def read_samples(path: Union[str, os.PathLike], *, task_name: Optional[str] = No
 def profile_from_lm_eval(path: Union[str, os.PathLike], *, task_name: Optional[str] = None,
                          label: Optional[str] = None, confidence: float = 0.95, interval: str = "auto",
                          n_bootstrap: int = 2000, n_permutations: int = 1999, seed: int = 0) -> Any:
-    """A `PhaseProfile` from lm-eval's logged samples (``lm_eval ... --log_samples --output_path PATH``) of
-    a task written by `write_lm_eval_task`: the per-prompt correctness of `read_samples` aggregated as
-    `phase_profile` does (`phaseinterp.profile.profile_from_records`: intervals, period test). ``path``:
-    the output folder (samples possibly in its model-named subfolder) or one samples file. ``label``
-    defaults to the model lm-eval reported and the task name. The other options are `phase_profile`'s."""
+    """A `PhaseProfile` from lm-eval's logged samples of a task written by `write_lm_eval_task`,
+    aggregated as `phase_profile` does. ``path``: the output folder or one samples file; ``label`` defaults
+    to lm-eval's model and the task name; the other options are `phase_profile`'s."""
     records, info = read_samples(path, task_name=task_name)
     if label is None:
         model = Path(info["model_name"]).name if info["model_name"] else info["file"].parent.name

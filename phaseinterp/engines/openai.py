@@ -1,28 +1,17 @@
-"""`OpenAIEngine`: next-token log-probs from an OpenAI-compatible completions server.
-
-The request (stdlib ``urllib``, one POST per batch, no other dependency)::
+"""`OpenAIEngine`: next-token log-probs from an OpenAI-compatible completions server (stdlib ``urllib``)::
 
     POST {base_url}/v1/completions
     {"model": MODEL, "prompt": [[ids...], ...], "max_tokens": 1, "temperature": 0,
      "logprobs": TOP_K, "return_tokens_as_token_ids": true}
 
-Token ids go in as ``prompt`` (a list of id lists: no tokenizer round trip, so the server sees
-exactly the phase-controlled sequence). ``choices[i].logprobs.top_logprobs[0]`` is the top-k
-of the first generated token; its keys are read as ``"token_id:N"`` (vLLM's
-``return_tokens_as_token_ids``), plain integers, or through ``token_to_id`` (e.g. a
-tokenizer's ``convert_tokens_to_ids``) for servers that return token strings. Entries outside
-the top-k stay ``NaN``: the conformance check then compares the reported ones only.
+Token ids go in as ``prompt``, so the server sees exactly the phase-controlled sequence. The keys of
+``choices[i].logprobs.top_logprobs[0]`` are read as ``"token_id:N"``, plain integers, or through
+``token_to_id``; entries outside the top-k stay ``NaN``. `OpenAIEngine.warm` sends the donors, then the
+prompts, leaving reuse to the server's prefix cache.
 
-`OpenAIEngine.warm` sends the donor prompts, then the prompts: the server's own prefix cache
-(vLLM's automatic prefix caching, SGLang's radix cache, llama-server's ``cache_prompt``) decides
-what it reuses; the answers are the second request's.
-
-Errors: a server that cannot be reached, times out or answers HTTP 408/429/5xx raises
-`phaseinterp.errors.EngineError` (worth retrying: `phase_profile` does, with backoff); a server
-whose schema refuses token-id prompts (any status: llama-cpp-python's server answers 500), a bad
-URL, an HTTP 4xx, an answer with fewer choices than prompts, without log-probs or with token
-ids outside ``0..d_vocab-1`` raise `phaseinterp.errors.UserInputError` naming the problem.
-"""
+Errors: unreachable, timed out or HTTP 408/429/5xx raise `EngineError` (retried by `phase_profile`);
+a schema refusing token-id prompts, a bad URL, other HTTP 4xx, too few choices, no log-probs or ids
+outside ``0..d_vocab-1`` raise `UserInputError` naming the problem."""
 
 from __future__ import annotations
 
@@ -65,12 +54,10 @@ def refuses_token_ids(body: str) -> bool:
 
 
 class OpenAIEngine:
-    """An `Engine` over an OpenAI-compatible server's ``/v1/completions`` logprobs (see module doc).
+    """An `Engine` over an OpenAI-compatible server's ``/v1/completions`` logprobs (module docstring).
 
-    ``d_vocab``: the model's vocabulary size (the width of the returned rows); ``top_logprobs``:
-    how many log-probs to ask for (servers cap it; vLLM's default cap is 20); ``headers``: extra
-    HTTP headers (e.g. ``{"Authorization": "Bearer ..."}``); ``timeout`` in seconds.
-    """
+    ``d_vocab``: the width of the returned rows; ``top_logprobs``: how many log-probs to ask for
+    (servers cap it); ``headers``: extra HTTP headers; ``timeout`` in seconds."""
 
     def __init__(self, base_url: str, model: str, d_vocab: int, *, top_logprobs: int = 20,
                  token_to_id: Optional[Callable[[str], int]] = None, headers: Optional[dict] = None,
@@ -151,10 +138,8 @@ class OpenAIEngine:
 
     def check_model_name(self, name: str = "model") -> None:
         """Refuse a model name the server does not serve, naming the ones it does and the nearest
-        (`phaseinterp._checks.check_name`), before any prompt is sent; a server that does not list its
-        models (`served_models` is None) is not refused here. ``name``: the argument named (the command
-        line's ``--model-name``: it calls this before any work). A completions request that fails with HTTP
-        4xx calls it too, so a misspelt name reads as one."""
+        (`phaseinterp._checks.check_name`); a server that lists no models is not refused. ``name``: the
+        argument named. A completions request failing with HTTP 4xx calls it too."""
         served = self.served_models()
         if served is not None:
             check_name(name, self.model, served, what=f"a model {self.models_url} serves",

@@ -38,24 +38,15 @@ def engine_profile(
     retry_wait: float = 1.0,
     spec: ProfileSpec | None = None,
 ) -> PhaseProfile | TwoAxisProfile:
-    """`phase_profile` of the model behind ``engine``: each prompt goes to it as token ids up to its
-    answer position, and the profile is built from its answers (`phaseinterp.engines.answers`: the
-    prediction is the argmax of the log-probs it reports, the whole vocabulary or its top-k, ties to
-    the lowest id; an answer outside the reported top-k is wrong and its ``answer_logprob`` is NaN).
+    """`phase_profile` of the model behind ``engine``, from its answers (`phaseinterp.engines.answers`:
+    the prediction is the argmax of the reported log-probs, ties to the lowest id; an answer outside a
+    reported top-k is wrong, its ``answer_logprob`` NaN).
 
-    The options are `phase_profile`'s (a `ProfileSpec`), with ``stride`` required (an engine does not
-    report it), ``device`` refused (it runs where it is served) and ``label`` defaulting to
-    ``engine.name``. Its own:
-        resume_dir: a folder journaling every finished batch of answers, written atomically; a rerun
-            with the same folder asks only for the rest (default: none).
-        retries: further tries of a batch that fails with a network or server error, waiting
-            ``retry_wait * 2**k`` seconds (at most 60) before try ``k + 1`` (defaults 3 and 1.0).
-        tokenizer: passed to ``task.generate(..., tokenizer=)``; its size must not exceed the engine's
-            ``d_vocab``.
-
-    An engine serving the same model gives the in-process profile's records exactly when it reports
-    the whole vocabulary's log-probs computed as there (tests/test_engine_profile.py).
-    """
+    The options are `phase_profile`'s (a `ProfileSpec`), with ``stride`` required, ``device`` refused and
+    ``label`` defaulting to ``engine.name``. Its own: ``resume_dir`` (a journal of finished batches; a
+    rerun asks only for the rest), ``retries`` / ``retry_wait`` (further tries of a failing batch, waiting
+    ``retry_wait * 2**k`` seconds, at most 60) and ``tokenizer`` (passed to ``task.generate``; its size
+    must not exceed the engine's ``d_vocab``)."""
     name = check_engine(engine)
     if task is None:
         raise UserInputError("engine_profile(engine, task) needs task=: an engine stores no evaluation task "

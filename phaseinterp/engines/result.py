@@ -17,18 +17,11 @@ class ConformanceResult(Result):
     """What `phaseinterp.conformance` measured: one ``table`` row per setting x phase, one ``records``
     row per (setting, cut phase, answer phase, prompt).
 
-    ``table`` columns: ``mode`` (decode / chunked_prefill / dtype / engine), ``setting`` (the mode,
-    a dtype name or an engine name), ``kind`` ("answer": phase of the answer position mod
-    ``stride``; "cut": phase of the prefill cuts mod ``cut_period``, pooled over answer phases),
-    ``phase``, ``n`` prompts, ``max_abs_diff`` / ``mean_abs_diff`` (|difference of next-token
-    log-probs| over the vocabulary, max over prompts / mean over prompts and vocabulary; log-probs
-    are logits up to a per-row constant), top-1 ``agreement`` with its Wilson interval, ``ref_accuracy``,
-    ``accuracy``, the paired ``accuracy_diff`` (engine minus reference, fractions) with a bootstrap
-    interval, the verdict's ``statistic`` ("max" or "mean" |d log p|), ``tolerance`` and ``passed``
-    (statistic <= tolerance; `phaseinterp.engines.check.DEFAULT_TOLERANCE` says why each). A verdict rests on
-    ``n`` prompts of one phase; a fault that touches fewer prompts than that still fails the
-    phase (the max), while the accuracy difference needs many prompts to move.
-    """
+    ``table`` columns: ``mode``, ``setting`` (the mode, a dtype or an engine name), ``kind`` ("answer":
+    ``answer_pos mod stride``; "cut": the cut's phase mod ``cut_period``), ``phase``, ``n``,
+    ``max_abs_diff`` / ``mean_abs_diff`` (|difference of next-token log-probs|), top-1 ``agreement`` with
+    its Wilson interval, ``ref_accuracy``, ``accuracy``, the paired ``accuracy_diff`` with a bootstrap
+    interval, and the verdict's ``statistic``, ``tolerance`` and ``passed`` (`DEFAULT_TOLERANCE`)."""
 
     label: str
     stride: int
