@@ -1,12 +1,6 @@
-"""Controlled pretraining on CPU: curricula, task mixtures, exact resume, phase-resolved curves.
-
-``train(config, task, steps=...)`` trains a `CompressedTransformer` from scratch with
-AdamW, linear warm-up + cosine decay and gradient clipping. Every batch is drawn from a
-generator seeded by ``(seed, step)``, so a run resumed from a checkpoint reproduces the
-uninterrupted run exactly on CPU. Curricula (`CurriculumStage`) change the task's
-training knobs over the run; a task mixture adds "periodic rows" (a random block
-repeated to fill the sequence, plain next-token loss) that teach the copy circuit.
-"""
+"""Controlled pretraining on CPU: ``train(config, task, steps=...)`` trains a `CompressedTransformer` from
+scratch (AdamW, warm-up + cosine decay, clipping), every batch seeded by ``(seed, step)`` so a resumed run
+reproduces the uninterrupted one; curricula (`CurriculumStage`) and task mixtures (periodic rows)."""
 
 from __future__ import annotations
 
@@ -213,26 +207,17 @@ def train(
     metadata: Optional[dict] = None,
     init_from: Optional[Union[str, Path]] = None,
 ) -> TrainResult:
-    """Train ``config`` from scratch on ``task`` (see the module docstring).
+    """Train ``config`` from scratch on ``task`` (module docstring).
 
-    ``train_config`` holds every setting; ``steps``, ``batch_size``, ``lr`` and ``seed``
-    override it. With ``out_dir`` the run writes ``checkpoints/step_N/`` (model, optimizer, state)
-    every ``checkpoint_every`` steps, ``snapshot_<step>/`` at ``snapshot_steps``,
-    ``log.csv`` and ``curves.csv``; ``resume=True`` continues from the latest one, and starts a
-    fresh run when ``out_dir`` holds none yet (re-running a sweep resumes the runs it has); the
-    CLI's ``train --resume`` refuses a folder with nothing to resume.
-    ``stop_after`` ends the run early after that many steps (for tests of resume).
-    ``init_from`` (a saved model folder, e.g. a zoo checkpoint) starts from its weights instead of
-    ``config``'s random initialisation, with a fresh optimizer and ``train_config``'s schedule: a
-    post-training run. Its architecture must equal ``config``'s (refused otherwise, naming the fields);
-    the folder is recorded in the run's metadata as ``init_from``.
+    ``train_config`` holds every setting; ``steps``, ``batch_size``, ``lr`` and ``seed`` override it. With
+    ``out_dir`` the run writes ``checkpoints/step_N/`` every ``checkpoint_every`` steps, ``snapshot_<step>/``
+    at ``snapshot_steps``, ``log.csv`` and ``curves.csv``; ``resume=True`` continues from the latest (or
+    starts fresh when there is none). ``stop_after`` ends early. ``init_from`` (a saved model folder of the
+    same architecture, recorded in the metadata) starts from its weights with a fresh optimizer.
 
-    Refused before any step (ValueError naming the value): a ``config.stride`` that does not
-    divide the task's residue modulus R (the model could not be profiled by phase; the zoo task
-    has R = 24, so strides 1, 2, 3, 4, 6, 8, 12, 24), a vocabulary or context too small for the
-    task, a device this machine lacks, and a resume whose architecture, recipe (``steps``
-    included: a run's learning-rate schedule depends on it) or task differs from the run's.
-    """
+    Refused before any step (ValueError naming the value): a ``config.stride`` not dividing the task's
+    residue modulus R, a vocabulary or context too small for the task, a device this machine lacks, and a
+    resume whose architecture, recipe (``steps`` included) or task differs."""
     tc = train_config or TrainConfig()
     overrides = {k: v for k, v in dict(steps=steps, batch_size=batch_size, lr=lr, seed=seed).items() if v is not None}
     tc = dataclasses.replace(tc, **overrides)

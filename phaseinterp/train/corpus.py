@@ -1,12 +1,6 @@
-"""Natural-text corpora for pretraining: documents streamed from disk, tokenized once into a
-memory-mapped token file, sampled as packed fixed-length windows whose order is a function of
-``(seed, step)`` alone.
-
-Accepted sources (`documents`): a text file (``.txt``, ``.md``, ``.rst`` or anything UTF-8), a JSONL
-file (one ``{"text": ...}`` object per line), a parquet file with a ``text`` column, a Hugging Face
-``datasets`` dataset saved with ``save_to_disk`` (its ``text`` column), or a folder of any of these
-(walked in sorted order). Documents are never all held in memory.
-"""
+"""Natural-text corpora for pretraining: documents streamed from disk (text, JSONL ``{"text": ...}``, parquet
+or a saved ``datasets`` dataset with a ``text`` column, or a folder of these, in sorted order), tokenized
+once into a memory-mapped token file, sampled as packed windows whose order is a function of ``(seed, step)``."""
 
 from __future__ import annotations
 
@@ -212,15 +206,12 @@ class TokenizedCorpus:
 
 def tokenize_corpus(data: Union[str, Path], tokenizer, folder: Union[str, Path], *, heldout_fraction: float = 0.02,
                     progress: bool = True) -> TokenizedCorpus:
-    """Tokenize ``data`` once into ``folder``, reused while the source's content and the tokenizer are
-    the same: the cache is keyed on `content_fingerprint` and the tokenizer's sha256, so a corpus and its
-    cache copied to another machine or path are reused, not re-tokenized. (The source's paths, sizes and
-    mtimes, `fingerprint`, only skip re-reading the content when nothing moved; a cache written before
-    the content key, keyed on those alone, is adopted when they still match.)
+    """Tokenize ``data`` once into ``folder``, reused while the source's content (`content_fingerprint`)
+    and the tokenizer's sha256 are the same (`fingerprint` skips re-reading unmoved files).
 
     Documents are separated by the tokenizer's end-of-text token when it has one; each goes to the
-    held-out split with probability ``heldout_fraction`` (`is_held_out`). Files are written beside
-    their final names and renamed into place, the manifest last."""
+    held-out split with probability ``heldout_fraction`` (`is_held_out`). Files are renamed into place,
+    the manifest last."""
     folder, data = Path(expand_user(folder)), expand_user(data)
     quick = {"source": str(Path(data).resolve()), "fingerprint": fingerprint(data)}
     same = {"tokenizer_sha256": tokenizer.sha256, "heldout_fraction": heldout_fraction,

@@ -1,17 +1,10 @@
-"""Training loop of the tiny Hugging Face DeepSeek-V4s (`phaseinterp.zoo.deepseek_v4` holds their recipes).
+"""Training loop of the tiny Hugging Face DeepSeek-V4s (recipes in `phaseinterp.zoo.deepseek_v4`).
 
-`train_tiny(recipe, out_dir)` trains ``DeepseekV4ForCausalLM`` from scratch on CPU with the zoo's
-task and batch mixture (periodic rows, the easy-stage curriculum). The Lightning Indexer gets no
-gradient through top-k in HF's forward; as in DeepSeek's recipe it is trained by a KL loss to the
-main attention's mass on the compressed entries (summed over heads, detached), with every closed
-entry kept during the first ``dense_fraction`` of the run, then ``index_topk`` entries.
-
-``recipe.fp8_weights``: FP8-native training, as a DeepSeek-V4 release is. Exactly the weights the
-release stores in FP8 (`phaseinterp.models.hf.export.fp8_parameter_parts`) go through fake
-quantization in every forward, ``w + (fp8_roundtrip(w) - w).detach()`` (straight-through; the
-exporter's own quantizer, e4m3 with power-of-two scales per 128 x 128 block), and are snapped onto
-that grid at the end, so the saved weights are exactly what an FP8 export stores.
-"""
+`train_tiny(recipe, out_dir)` trains ``DeepseekV4ForCausalLM`` on CPU with the zoo's task mixture. The
+Lightning Indexer is trained by a KL loss to the main attention's mass on the compressed entries
+(detached), every closed entry kept for the first ``dense_fraction`` of the run, then ``index_topk``.
+``recipe.fp8_weights``: the weights a release stores in FP8 go through straight-through fake
+quantization (the exporter's quantizer) and are snapped onto that grid at the end."""
 
 from __future__ import annotations
 

@@ -1,31 +1,18 @@
 """Will a pretraining run fit its devices? Per-device memory of `phaseinterp.train.pretrain` before any
-data, tokenizer or GPU (`plan_memory`; the CLI's ``phaseinterp pretrain --plan``).
+data, tokenizer or GPU (`plan_memory`; ``phaseinterp pretrain --plan``).
 
-Parts, in bytes per device, for ``N`` parameters over ``P`` processes (FSDP2 shards parameters, gradients
-and AdamW's state over the processes; one process keeps them whole):
+Bytes per device for ``N`` parameters over ``P`` processes (FSDP2 shards; one process keeps all):
 
-- **parameters** ``4 N / P`` (fp32 master weights), **gradients** ``4 N / P``, **optimizer** ``8 N / P``
-  (AdamW's two moments);
-- **working copies**: with bf16 on several processes, FSDP2's all-gathered bf16 parameters of the root
-  (embedding) and of two blocks (the one running and the one prefetched) plus two blocks' unsharded fp32
-  gradients before their reduce-scatter; on one process, autocast's bf16 copy of every weight (``2 N``);
-- **activations**: what the forward saves for the backward, per row, times the rows of a micro-batch.
-  Measured, not modelled: one block of the run's architecture (its widths, compression and precision)
-  runs real forwards on this CPU of 1 and 2 rows at two lengths up to 512 tokens, every tensor it saves
-  counted once (`torch.autograd.graph.saved_tensors_hooks`, storages deduplicated); what grows with the
-  rows is extrapolated in the length as ``a T + c T^2`` through the two points (the quadratic part is
-  the compressed attention's per-block mask, which grows with the entries a query sees), times the
-  layers. With activation checkpointing a
-  block keeps only its input (``T d_model`` fp32) and one block's activations live again during its
-  backward;
-- **logits** per row: ``T V`` times the log-probabilities the loss keeps (fp32), their gradient (fp32) and
-  the logits themselves (the compute dtype).
+- **parameters** ``4 N / P``, **gradients** ``4 N / P``, **optimizer** ``8 N / P`` (AdamW);
+- **working copies**: with bf16 on several processes FSDP2's all-gathered bf16 parameters of the root
+  and two blocks plus two blocks' unsharded fp32 gradients; on one process autocast's copy (``2 N``);
+- **activations** per row times the micro-batch: measured on one block of the run's architecture
+  (saved tensors of real CPU forwards at two lengths up to 512, extrapolated as ``a T + c T^2``),
+  times the layers; with activation checkpointing a block keeps only its input plus one block's;
+- **logits** per row: ``T V`` for the log-probs and their gradient (fp32) and the logits.
 
-A run fits when the sum is at most ``usable`` (90%) of the device's memory: the rest is the CUDA context,
-kernel workspaces and the caching allocator's fragmentation. `MemoryPlan.advice` names the micro-batch
-(gradient accumulation: the same global batch) and/or activation checkpointing that would fit.
-Tested against the saved tensors of real full-depth forwards at small scale (`tests/test_pretrain.py`).
-"""
+A run fits when the sum is at most ``usable`` of the device's memory; `MemoryPlan.advice` names the
+micro-batch and/or activation checkpointing that would fit."""
 
 from __future__ import annotations
 
@@ -44,10 +31,6 @@ GIB = 2**30
 USABLE = 0.9
 DEFAULT_GPU_GIB = 80.0  # planning for a GPU from a machine without CUDA: an 80 GB H100 / A100
 MEASURE_LEN = 512  # the longest sequence a block is measured at (longer runs extrapolate)
-
-
-def _dtype_bytes(dtype: Optional[torch.dtype]) -> int:
-    return 2 if dtype == torch.bfloat16 else 4
 
 
 def block_activation_bytes(config: CompressedConfig, seq_len: int, *, dtype: Optional[torch.dtype] = None,
@@ -90,16 +73,12 @@ def block_activation_bytes(config: CompressedConfig, seq_len: int, *, dtype: Opt
     return sum(seen.values())
 
 
-def _unit(config: CompressedConfig) -> int:
-    return math.lcm(config.stride if config.is_compressed else 1, 8)
-
-
 def block_bytes_per_row(config: CompressedConfig, seq_len: int, *, dtype: Optional[torch.dtype] = None) -> float:
     """One block's saved activations per row of ``seq_len`` tokens: measured (`block_activation_bytes`)
     with 2 rows minus 1 row (what grows with the rows), at two lengths up to `MEASURE_LEN`, then
     ``a T + c T^2`` through both (c >= 0: the compressed attention's per-block masks grow with the
     entries a query sees)."""
-    unit = _unit(config)
+    unit = math.lcm(config.stride if config.is_compressed else 1, 8)
     t1 = max(2 * unit, min(seq_len, MEASURE_LEN) // unit * unit)
     t0 = max(unit, t1 // 2 // unit * unit)
 
@@ -127,7 +106,7 @@ def activation_bytes_per_row(config: CompressedConfig, seq_len: int, *, dtype: O
     else:
         layers = config.n_layers * per_block
     head = 3 * seq_len * config.d_model * 4  # the final norm's input and output, the unembedding's input
-    logits = seq_len * config.d_vocab * (4 + 4 + _dtype_bytes(dtype))
+    logits = seq_len * config.d_vocab * (4 + 4 + (2 if dtype == torch.bfloat16 else 4))
     return {"layers": int(layers), "head": int(head), "logits": int(logits)}
 
 

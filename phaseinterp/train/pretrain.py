@@ -1,20 +1,14 @@
 """Next-token pretraining of `CompressedTransformer` (or its full twin) on natural text, on one process
 or many (``torchrun``; FSDP2 ``fully_shard`` per block, ``torch.distributed.checkpoint``).
 
-The batch of step ``s`` is a pure function of ``(seed, s)``: global row ``i`` is the packed window
-`corpus.window_starts` draws from ``(seed, s, i)`` (or, for the first ``needle_fraction`` of the
-rows, a natural-text needle prompt seeded the same way), and each process takes its contiguous
-share of the rows. The loss of a step is the mean next-token cross-entropy over every token of the
-global batch, however the rows are split into processes and micro-batches, so one process and
-several train the same model to float tolerance and a resumed run equals an uninterrupted one.
+The batch of step ``s`` is a pure function of ``(seed, s)`` (row ``i``: the window `corpus.window_starts`
+draws from ``(seed, s, i)``, or a natural-text needle prompt for the first ``needle_fraction`` of rows),
+and the loss is the mean over every token of the global batch, so any process count or micro-batching
+trains the same model to float tolerance and a resumed run equals an uninterrupted one.
 
-A run folder (``out_dir``) holds ``pretrain.json`` (the recipe), ``data/`` (the tokenized corpus),
-``checkpoints/step_N/`` (distributed checkpoints, loadable on any process count; ``LATEST`` names
-the newest complete one), ``curves.csv`` (step, tokens, loss, lr, tokens/s and, every
-``probe_every`` steps, the held-out needle probe's mean, worst and best phase accuracy and gap),
-``probe.csv`` (the probe per residue) and, at the end, ``config.json`` + ``model.safetensors``: the
-folder then loads with ``phaseinterp.load(out_dir)`` and profiles on its stored `TextNeedle` task.
-"""
+A run folder holds ``pretrain.json`` (the recipe), ``data/`` (the tokenized corpus), ``checkpoints/step_N/``
+(``LATEST`` names the newest complete one), ``curves.csv``, ``probe.csv`` and, at the end, ``config.json``
++ ``model.safetensors`` (``phaseinterp.load(out_dir)``, profiled on its stored `TextNeedle` task)."""
 
 from __future__ import annotations
 
@@ -35,12 +29,8 @@ import pandas as pd
 import torch
 import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_state_dict,
-    set_state_dict,
-)
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
+                                                     set_state_dict)
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from phaseinterp._checks import check_int
@@ -71,24 +61,16 @@ EXECUTION_FIELDS = ("micro_batch", "activation_checkpointing", "compile", "max_m
 class PretrainConfig:
     """The recipe of a pretraining run (everything but the architecture, the data and the tokenizer).
 
-    ``global_batch`` sequences of ``seq_len`` tokens per optimizer step, over all processes;
-    ``micro_batch`` sequences per forward on each process (default: the process's whole share), the
-    rest by gradient accumulation. AdamW, linear warm-up over ``warmup_steps`` then cosine decay to
-    ``min_lr_ratio * lr`` at ``steps``, gradient clipping at ``grad_clip``. ``needle_fraction`` of each
-    batch's rows are natural-text needle prompts (`TextNeedle.training_rows`; 0 = pure text).
-    ``bf16``: bfloat16 mixed precision on CUDA (autocast to bfloat16 and, on several processes, FSDP2's
-    ``MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)``; the sharded parameters, the
-    gradients' reduction and AdamW stay fp32); on CPU only with ``cpu_bf16`` too (the CLI's ``--bf16``
-    sets both): the GPU recipe's numerics, run on CPU (autocast on CPU, the same FSDP2 policy over gloo).
-    ``cpu_bf16`` is off by default so that every run recorded before it (``bf16=True`` was ignored on CPU)
-    resumes with the fp32 steps it took; `compute_dtype` resolves the pair on a device. ``force_fsdp``
-    wraps the model in FSDP2 on one process too (a world-size-1 group): the sharded path (its
-    mixed-precision policy, DTensor checkpoints) on one device. ``max_minutes`` ends the run early after
-    that much wall time (checkpointed, resumable). ``weight_decay`` applies to the matrices but the
-    embedding and the compressor's gate parameters (`Compressor.GATE_PARAMETERS`: decay would pull every
-    gate toward uniform, the very parameters that make a gate phase-specific). Checkpoints are written
-    every ``checkpoint_every`` steps; the newest two are kept, and with ``keep_every`` also every
-    checkpoint whose step is a multiple of it (snapshots for matched-step comparisons)."""
+    ``global_batch`` sequences of ``seq_len`` tokens per optimizer step over all processes; ``micro_batch``
+    per forward on each process (default: its whole share), the rest by gradient accumulation. AdamW,
+    linear warm-up over ``warmup_steps`` then cosine decay to ``min_lr_ratio * lr`` at ``steps``, clipping
+    at ``grad_clip``. ``needle_fraction`` of each batch's rows are needle prompts
+    (`TextNeedle.training_rows`). ``bf16``: bfloat16 mixed precision on CUDA (autocast; on several
+    processes FSDP2's ``MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)``); on CPU only
+    with ``cpu_bf16`` too (`compute_dtype` resolves the pair). ``force_fsdp``: FSDP2 on one process too.
+    ``max_minutes``: end early (checkpointed, resumable). ``weight_decay`` applies to the matrices except
+    the embedding and the gate parameters (`Compressor.GATE_PARAMETERS`). Checkpoints every
+    ``checkpoint_every`` steps; the newest two are kept, plus every multiple of ``keep_every``."""
 
     seq_len: int = 512
     global_batch: int = 16
@@ -513,9 +495,8 @@ def pretrain(config: CompressedConfig, data: Union[str, Path], tokenizer: Union[
              train_config: Optional[PretrainConfig] = None, *, out_dir: Union[str, Path], resume: bool = False,
              progress: bool = True, stop_after: Optional[int] = None, **overrides: Any) -> PretrainResult:
     """Pretrain ``config`` on ``data`` with ``tokenizer`` (module docstring); ``overrides`` replace fields
-    of ``train_config``. Run it as is for one process, or under ``torchrun`` (``phaseinterp pretrain
-    --nproc K``) for several: each process joins the group, FSDP2 shards every block. ``stop_after``
-    ends after that many steps (checkpointed; for tests of resume).
+    of ``train_config``. One process as is, several under ``torchrun`` (``phaseinterp pretrain --nproc
+    K``). ``stop_after`` ends after that many steps (checkpointed).
 
     Refused before any step, one line each: a data path with no text, a tokenizer folder without
     tokenizer.json, a vocabulary larger than ``d_vocab`` or too small for the needle probe, a
