@@ -18,14 +18,9 @@ from phaseinterp.errors import UserInputError, applies_only, when_given
 from phaseinterp._checks import check_device, check_fraction, check_n_per_residue, check_name, check_prompt_batch
 from phaseinterp._files import progress_bar
 from phaseinterp.phase import check_residue_modulus
-from phaseinterp.interventions._common import (
-    check_calibrated_sweep,
-    check_calibration_size,
-    check_layers,
-    fixed_answer_position,
-    paired_bootstrap_relative_change,
-    phase_model_note,
-)
+from phaseinterp.interventions._common import (check_calibrated_sweep, check_calibration_size, check_layers,
+                                               fixed_answer_position, paired_bootstrap_relative_change,
+                                               phase_model_note)
 from phaseinterp.interventions.knockout import calibration_mean_z, knockout_measures
 from phaseinterp.models.protocol import phase_model
 from phaseinterp.tasks import resolve_task

@@ -71,9 +71,7 @@ def _permutation_p(acc0: np.ndarray, observed: dict[int, np.ndarray], n_permutat
     keep = np.arange(S - 1)
     shifts = list(observed)
     rng = np.random.default_rng(seed)
-    exact_each = math.factorial(S - 1) <= n_permutations
-    rows = (np.array(list(itertools.permutations(range(S - 1)))) if exact_each
-            else np.stack([rng.permutation(S - 1) for _ in range(n_permutations)]))
+    rows, exact_each = _permutations(S - 1, n_permutations, rng)  # the joint draws below continue ``rng``
     null_by_shift, per_p, stats = {}, {}, {}
     for d in shifts:
         acc = observed[d]
@@ -233,9 +231,9 @@ def strictly_identified(ss_hyp: np.ndarray, shifts) -> np.ndarray:
     return own < others - 1e-12 * np.maximum(1.0, np.abs(others))
 
 
-def _permutations(S: int, limit: int, seed: int) -> tuple[np.ndarray, bool]:
+def _permutations(S: int, limit: int, seed) -> tuple[np.ndarray, bool]:
     """Every arrangement of S phases when there are at most ``limit`` (exact), else ``limit``
-    seeded random ones (Monte Carlo)."""
+    random ones drawn with ``seed`` (an int or a `numpy.random.Generator`, then advanced)."""
     if math.factorial(S) <= limit:
         return np.array(list(itertools.permutations(range(S)))), True
     rng = np.random.default_rng(seed)

@@ -18,13 +18,8 @@ from phaseinterp._checks import DEFAULT_N_PER_RESIDUE, check_n_per_residue
 from phaseinterp._files import progress_bar
 from phaseinterp.errors import UserInputError, applies_only, when_given
 from phaseinterp.interventions._common import cycling_note, fixed_answer_position, model_device
-from phaseinterp.interventions.cycling_stats import (
-    attainable_note,
-    cycling_scores,
-    movement_scores,
-    phase_means_bootstrap,
-    profile_displacements,
-)
+from phaseinterp.interventions.cycling_stats import (attainable_note, cycling_scores, movement_scores,
+                                                     phase_means_bootstrap, profile_displacements)
 from phaseinterp.interventions.gate_shifts import gate_shift, mean_gate_logits
 from phaseinterp import stats
 from phaseinterp.results import Result, plotting, premise_entries
@@ -101,12 +96,6 @@ class CyclingResult(Result):
         ``identification_p``, and ``movement_r2`` / ``movement_corr2`` (`movement`)."""
         return self._scores_for(n_permutations=9999)
 
-    def _bootstrap_accuracy(self) -> np.ndarray:
-        """Phase accuracies of ``n_boot`` resamples of the prompts (within residue groups, the same
-        draw for every shift): ``[B, shift, S]``."""
-        return phase_means_bootstrap(self.correct.astype(float), self.residue, self.residue_modulus, self.stride,
-                                     self.n_boot, np.random.default_rng(self.seed))
-
     def movement(self, confidence: float = 0.95) -> dict:
         """Movement R² (docs/science.md, "Movement R²"): did the weak spot move by the applied shift?
 
@@ -118,7 +107,8 @@ class CyclingResult(Result):
         scored shifts."""
         scored = list(self.scored_shifts)
         point = self.scores["per_shift"].set_index("shift").loc[scored, "displacement"].to_numpy(int)
-        acc = self._bootstrap_accuracy()
+        acc = phase_means_bootstrap(self.correct.astype(float), self.residue, self.residue_modulus, self.stride,
+                                    self.n_boot, np.random.default_rng(self.seed))  # [B, shift, S]
         order = list(self.shifts)
         boot = profile_displacements(acc[:, order.index(0)], acc[:, [order.index(d) for d in scored]])
         return movement_scores(point, scored, self.stride, bootstrap=boot, confidence=confidence)

@@ -24,29 +24,16 @@ from phaseinterp import stats
 from phaseinterp.interventions._common import (check_calibrated_sweep, check_calibration_size, check_layers,
                                                cycling_note, fixed_answer_position, model_device)
 from phaseinterp.interventions.ablation import ablate
-from phaseinterp.interventions.cycling_stats import (
-    contribution_displacements,
-    movement_point,
-    movement_scores,
-    phase_means_bootstrap,
-    strictly_identified,
-    unit_permutation_tests,
-    unit_score_arrays,
-)
+from phaseinterp.interventions.cycling_stats import (contribution_displacements, movement_point, movement_scores,
+                                                     phase_means_bootstrap, strictly_identified, unit_permutation_tests,
+                                                     unit_score_arrays)
 from phaseinterp.interventions.knockout import calibration_mean_z, mean_replacement_hook, shifted_knockouts
 from phaseinterp.errors import UserInputError, applies_only, when_given
 from phaseinterp.results import Result, plotting, premise_entries
 from phaseinterp.tasks import resolve_task
 from phaseinterp.models.protocol import model_label as label_of, phase_model
-from phaseinterp.interventions.gate_shifts import (
-    check_kv_heads,
-    check_shift,
-    check_shifts,
-    gate_shift,
-    mean_gate_logits,
-    shift_targets,
-    static_targets,
-)
+from phaseinterp.interventions.gate_shifts import (check_kv_heads, check_shift, check_shifts, gate_shift,
+                                                   mean_gate_logits, shift_targets, static_targets)
 
 SELECTION_SEED = 1000  # the selection split's prompt seed; held-out scoring uses seed 0 by default
 
@@ -326,16 +313,12 @@ def _layer_units(model, layers: list[int], kv_heads: Optional[list[int]]) -> pd.
     return pd.DataFrame(rows)
 
 
-def _joint_hooks(model, units: pd.DataFrame, mean_z, answer_pos: int) -> list:
-    return [mean_replacement_hook(model, unit.layer, unit.heads, mean_z, answer_pos) for unit in units.itertuples()]
-
-
 @torch.inference_mode()
 def _joint_knockout(model, tokens, answer_pos, answer, units: pd.DataFrame, mean_z, batch_size):
     """Knock out every row of ``units`` at once (a unit spanning several layers): two forwards per
     batch. Returns (clean log-prob, clean correct, knocked log-prob, knocked correct) per prompt."""
     device = model_device(model)
-    hooks = _joint_hooks(model, units, mean_z, answer_pos)
+    hooks = [mean_replacement_hook(model, unit.layer, unit.heads, mean_z, answer_pos) for unit in units.itertuples()]
     answer = torch.as_tensor(answer)
     out: list[list[torch.Tensor]] = [[], [], [], []]
     for i in range(0, tokens.shape[0], batch_size):
