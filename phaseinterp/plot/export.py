@@ -53,15 +53,11 @@ def static_export_available() -> bool:
 
 def save(fig: go.Figure, path: Union[str, Path], formats: Iterable[str] | None = None, scale: float = 2.0, *,
          overwrite: bool = False) -> list[Path]:
-    """Write ``fig`` to ``path``; the suffix picks the format (``.html``, ``.png``, ``.svg``,
-    ``.pdf``). With ``formats`` the stem of ``path`` is written once per format.
-    Returns the written paths. Static formats need ``pip install phaseinterp[export]``
-    and a Chromium (Debian: ``apt-get install chromium``); without them an
-    `ExportError` says so.
-
-    An existing file is replaced only with ``overwrite=True``; every target is checked before the
-    first is written, and each is written whole or not at all (`phaseinterp._files.write_file_atomically`).
-    """
+    """Write ``fig`` to ``path``; the suffix picks the format (``.html``, ``.png``, ``.svg``, ``.pdf``).
+    With ``formats`` the stem of ``path`` is written once per format. Returns the written paths. Static
+    formats need ``phaseinterp[export]`` and a Chromium, else an `ExportError` says so. An existing file
+    is replaced only with ``overwrite=True``; every target is checked first and each is written whole or
+    not at all."""
     if not isinstance(fig, go.Figure):
         raise UserInputError(f"fig={type(fig).__name__} is not a plotly Figure (a result's .plot() returns one)")
     check_file_target(path, overwrite=True, name="path")  # a path at all (existing targets: per format below)
@@ -95,13 +91,10 @@ def _write_one(fig: go.Figure, kind: str, scale: float, tmp) -> None:
 
 def save_static(figures: Mapping[Union[str, Path], go.Figure], scale: float = 2.0, *,
                 overwrite: bool = False) -> list[Path]:
-    """Write every ``{path: figure}`` as a static image (format from each suffix: png, svg, pdf)
-    in ONE kaleido session: one Chromium start for all of them instead of one per figure.
-    Returns the paths; `ExportError` (nothing promised written) when kaleido or Chromium is
-    missing or fails. An existing file is replaced only with ``overwrite=True`` (all are checked
-    first); each image goes to a temporary file beside it and is moved into place once all are
-    drawn, so a failure leaves no partial image. A path that is a symbolic link stays one: the file
-    it points to is the one written (`phaseinterp._files.through_links`)."""
+    """Write every ``{path: figure}`` as a static image (png, svg, pdf by suffix) in ONE kaleido
+    session. Returns the paths; `ExportError` when kaleido or Chromium is missing or fails. Existing
+    files are replaced only with ``overwrite=True`` (all checked first); images are moved into place once
+    all are drawn, so a failure leaves none partial; a link stays a link (`through_links`)."""
     given = [check_file_target(p, overwrite=overwrite, name="figures") for p in figures]
     kinds = [t.suffix.lstrip(".").lower() for t in given]
     targets = [through_links(t) for t in given]  # a link stays: the file it points to is written
@@ -205,13 +198,9 @@ def _while_server_lives(write: Callable[[], Any], poll: float = 0.2) -> Any:
 
 @contextmanager
 def static_session(enabled: bool = True) -> Iterator[None]:
-    """Start kaleido's browser now, in a background thread, and stop it on exit: a `save_static`
-    inside the block finds it running (or waits for it to finish starting) instead of starting
-    Chromium itself, so the start overlaps whatever the block computes first (`build_report`
-    uses it: its PNGs come last). The browser gets the same plotly.js/MathJax options plotly
-    passes per call. Nothing happens when ``enabled`` is false or static export is unavailable;
-    when the start fails, `save_static` starts its own browser as before (and reports its error).
-    """
+    """Start kaleido's browser now, in a background thread, and stop it on exit, so a `save_static`
+    inside the block finds it running. Nothing happens when ``enabled`` is false or static export is
+    unavailable; when the start fails, `save_static` starts its own browser."""
     global _warming
     if not enabled or _warming is not None or not static_export_available():
         yield

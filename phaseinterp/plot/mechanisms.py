@@ -45,14 +45,9 @@ def specialization_heatmap(result, level: str = "phase", zmax: float | None = No
                            value: str = "auto", min_clean: float = 0.10) -> go.Figure:
     """Knockout change of accuracy per (layer, KV head) x phase; diverging, centred on 0.
 
-    ``value``: ``"pp"`` (absolute change, percentage points), ``"relative"`` (percent of the
-    clean accuracy) or ``"auto"`` (default): percentage points when any phase's clean accuracy
-    is below ``min_clean`` (on a 2% baseline a 1 pp change would read -50% relative), else
-    relative. Buttons above the figure switch between the two. At ``level="phase"`` cells
-    marked * are significant after Holm's correction over units x phases
-    (``result.phase_tests()``). KV heads are labelled with the query heads that read them; a
-    gap separates layers; the boundary phase S-1 is marked.
-    """
+    ``value``: ``"pp"``, ``"relative"`` or ``"auto"`` (pp when any phase's clean accuracy is below
+    ``min_clean``, else relative); buttons switch between the two. At ``level="phase"`` cells marked *
+    are significant after Holm's correction (``result.phase_tests()``); the boundary phase S-1 is marked."""
     check_name("value", value, ("auto", "pp", "relative"))
     check_name("level", level, ("phase", "residue"))
     rel = result.relative_change if level == "phase" else result.relative_change_residue

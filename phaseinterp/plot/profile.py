@@ -8,83 +8,38 @@ from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
 
-def _phase_colors(stride: int) -> list[str]:
-    palette = qualitative.Plotly
-    return [palette[s % len(palette)] for s in range(stride)]
+def _error_y(frame) -> dict:
+    """Asymmetric error bars from a frame's ``lower`` / ``accuracy`` / ``upper`` columns."""
+    return {"type": "data", "symmetric": False, "array": frame["upper"] - frame["accuracy"],
+            "arrayminus": frame["accuracy"] - frame["lower"]}
 
 
 def plot_profile(profile: Any) -> go.Figure:
     """Left: accuracy per residue with intervals, coloured by phase. Right: per phase, worst phase(s) outlined."""
     residues, phases = profile.residue_frame(), profile.phase_frame()
-    colors = _phase_colors(profile.stride)
-    fig = make_subplots(
-        rows=1,
-        cols=2,
-        column_widths=[0.7, 0.3],
-        subplot_titles=(f"by residue (mod {profile.modulus})", f"by phase (mod {profile.stride})"),
-    )
+    colors = [qualitative.Plotly[s % len(qualitative.Plotly)] for s in range(profile.stride)]
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.7, 0.3],
+                        subplot_titles=(f"by residue (mod {profile.modulus})", f"by phase (mod {profile.stride})"))
     for s in range(profile.stride):
         part = residues[residues["phase"] == s]
-        fig.add_trace(
-            go.Scatter(
-                x=part["residue"],
-                y=part["accuracy"],
-                mode="markers",
-                name=f"phase {s}",
-                legendgroup=f"phase {s}",
-                marker={"color": colors[s], "size": 9},
-                error_y={
-                    "type": "data",
-                    "symmetric": False,
-                    "array": part["upper"] - part["accuracy"],
-                    "arrayminus": part["accuracy"] - part["lower"],
-                },
-            ),
-            row=1,
-            col=1,
-        )
-    fig.add_trace(
-        go.Scatter(
-            x=residues["residue"], y=residues["accuracy"], mode="lines", line={"color": "lightgray"}, showlegend=False
-        ),
-        row=1,
-        col=1,
-    )
+        fig.add_trace(go.Scatter(x=part["residue"], y=part["accuracy"], mode="markers", name=f"phase {s}",
+                                 legendgroup=f"phase {s}", marker={"color": colors[s], "size": 9},
+                                 error_y=_error_y(part)), row=1, col=1)
+    fig.add_trace(go.Scatter(x=residues["residue"], y=residues["accuracy"], mode="lines",
+                             line={"color": "lightgray"}, showlegend=False), row=1, col=1)
     fig.add_hline(y=profile.mean, line_dash="dot", line_color="gray", row=1, col=1)
-    fig.add_trace(
-        go.Bar(
-            x=phases["phase"],
-            y=phases["accuracy"],
-            marker={
-                "color": colors,
-                "line": {"color": ["black" if w else "rgba(0,0,0,0)" for w in phases["worst"]], "width": 3},
-            },
-            error_y={
-                "type": "data",
-                "symmetric": False,
-                "array": phases["upper"] - phases["accuracy"],
-                "arrayminus": phases["accuracy"] - phases["lower"],
-            },
-            showlegend=False,
-        ),
-        row=1,
-        col=2,
-    )
-    period = ("undetermined at this design" if getattr(profile, "period_undetermined", False)
-              else "none" if profile.period is None else str(profile.period))
+    outline = ["black" if w else "rgba(0,0,0,0)" for w in phases["worst"]]
+    fig.add_trace(go.Bar(x=phases["phase"], y=phases["accuracy"],
+                         marker={"color": colors, "line": {"color": outline, "width": 3}},
+                         error_y=_error_y(phases), showlegend=False), row=1, col=2)
     fig.update_layout(
-        title=(
-            f"{profile.label}: mean {profile.mean:.1%}, worst phase(s) {list(profile.worst_phases)} "
-            f"at {np.nanmin(profile.phase_accuracy):.1%}, gap {profile.gap:.1%} (residues) / "
-            f"{profile.phase_gap:.1%} (phases), period {period} (p = {profile.period_p_value:.3g})"
-        ),
-        yaxis={"title": "top-1 accuracy", "range": [0, 1.02]},
-        yaxis2={"range": [0, 1.02]},
+        title=(f"{profile.label}: mean {profile.mean:.1%}, worst phase(s) {list(profile.worst_phases)} "
+               f"at {np.nanmin(profile.phase_accuracy):.1%}, gap {profile.gap:.1%} (residues) / "
+               f"{profile.phase_gap:.1%} (phases), period {_period_words(profile)} (p = {profile.period_p_value:.3g})"),
+        yaxis={"title": "top-1 accuracy", "range": [0, 1.02]}, yaxis2={"range": [0, 1.02]},
         xaxis={"title": "prompt-length residue" if getattr(profile, "axis", "target") == "length" else "target residue",
                "dtick": profile.stride},
-        xaxis2={"title": "phase", "dtick": 1},
-        template="plotly_white",
-    )
+        xaxis2={"title": "phase", "dtick": 1}, template="plotly_white")
     return fig
 
 
@@ -113,12 +68,9 @@ def plot_docstring(result: Any) -> go.Figure:
     for family, part in frame.groupby("family", sort=False):
         fig.add_trace(go.Scatter(x=part["length"], y=part["margin"], mode="lines+markers", name=str(family)))
     fig.add_hline(y=0, line_color="gray", line_dash="dot")
-    fig.update_layout(
-        title=f"{result.label}: log p({result.right!r}) - log p({result.wrong!r}) vs docstring length",
-        xaxis={"title": "docstring length (tokens)", "dtick": 1},
-        yaxis={"title": "margin (nats)"},
-        template="plotly_white",
-    )
+    fig.update_layout(title=f"{result.label}: log p({result.right!r}) - log p({result.wrong!r}) vs docstring length",
+                      xaxis={"title": "docstring length (tokens)", "dtick": 1}, yaxis={"title": "margin (nats)"},
+                      template="plotly_white")
     return fig
 
 

@@ -33,13 +33,9 @@ SECTIONS = (PhaseProfiles(), TrainingControls(), PromptLength(), BesideThePaper(
 
 @dataclass
 class ReportSettings:
-    """Prompt counts of each report section (per residue; the zoo task has R = 24 residues),
-    calibration prompts, gate shifts (None: every distinct shift mod S) and PNG export.
-
-    The default profiles and cycles 72 prompts per residue (1,728 prompts): the report says for
-    each phase profile whether its worst- and best-phase intervals are separated at that size
-    (`resolution`); `full()` is the paper's 250 per residue (``--full``), `quick()` also cuts the
-    shifts to +-1 and the calibration prompts."""
+    """Prompt counts of each report section (per residue), calibration prompts, gate shifts (None:
+    every distinct shift mod S) and PNG export. `full()` is the paper's 250 per residue (``--full``),
+    `quick()` also cuts the shifts to +-1 and the calibration prompts."""
 
     n_per_residue: int = 72
     ablation_per_residue: int = 72
@@ -111,11 +107,9 @@ class Report:
 
 
 def check_report_dir(out_dir: Union[str, Path], overwrite: bool = False) -> Path:
-    """``out_dir`` as a Path if a report can be written there: it does not exist or is empty, or
-    (with ``overwrite=True``, CLI ``--overwrite``) holds a previous report (index.html + summary.json
-    of `build_report`), which the new report replaces whole. Anything else is a UserInputError
-    naming it (nothing of the user's is mixed with or deleted by a report): the shared rule of
-    `phaseinterp._files.check_write_target`. Creates nothing."""
+    """``out_dir`` as a Path if a report can be written there: absent, empty, or (``overwrite=True``)
+    holding a previous report, which is replaced whole; anything else is a UserInputError
+    (`phaseinterp._files.check_write_target`). Creates nothing."""
     return check_write_target(out_dir, "report", overwrite=overwrite, name="out_dir")
 
 
@@ -124,24 +118,15 @@ def build_report(model, out_dir: Union[str, Path], *, twin=None, settings: Optio
                  remedy=None, overwrite: bool = False) -> Report:
     """Run every experiment on ``model`` (and the phase profile on ``twin``) and write the folder.
 
-    ``model`` / ``twin``: model objects, shipped zoo names or checkpoint directories (``twin``
-    default None: no twin; never ``model`` itself). ``out_dir``: a path that does not exist yet,
-    an empty folder, or (``overwrite=True``) the folder of a previous report, which is replaced whole: the new report
-    is built in a hidden folder beside it and renamed into place at the end, so no file of the
-    previous run survives and an interrupted run leaves the previous report as it was. Any other
-    non-empty folder is refused. It is checked, and both models are loaded, before anything is
-    computed or written. ``settings``
-    (default `ReportSettings()`; `ReportSettings.quick()` for a one-minute run) sets the prompt
-    counts. ``task`` default: the model's stored task. ``device``: as in `phaseinterp.load`.
-    ``deepseek_v4`` (default None): a wrapped Hugging Face DeepSeek-V4 (`phaseinterp.from_hf`) or the
-    name of a shipped HF-format zoo model (``dsv4-tiny``): adds its phase profile, the wrapper's
-    logit check against plain transformers, its layer schedule and phase through the indexer.
-    ``remedy`` (default None): the zoo name of a staggered-window model (``w4s4-staggered``):
-    adds the remedy section (its phase profile beside its shared-grid twin's, each KV head's
-    boundary phase, measured KV memory per token; `phaseinterp.report.sections.remedy`).
-    Returns a `Report`; the folder holds index.html, data/*.csv, summary.json (strict JSON) and,
-    when kaleido and a Chromium are present, one PNG per figure (the HTML says when and why not).
-    """
+    ``model`` / ``twin``: model objects, zoo names or checkpoint directories (``twin`` never ``model``).
+    ``out_dir``: absent, empty, or with ``overwrite=True`` a previous report, replaced whole in one rename
+    at the end; anything else is refused. Inputs are checked and models loaded before anything is
+    computed or written. ``settings``: `ReportSettings` (`ReportSettings.quick()` for a short run).
+    ``task``: default the model's stored one. ``device``: as in `phaseinterp.load`. ``deepseek_v4``: a
+    wrapped HF DeepSeek-V4 or a zoo name (``dsv4-tiny``), adding its section. ``remedy``: the zoo name of a
+    staggered-window model (``w4s4-staggered``), adding the remedy section.
+    Returns a `Report`; the folder holds index.html, data/*.csv, summary.json and, when kaleido and a
+    Chromium are present, one PNG per figure."""
     final = check_report_dir(out_dir, overwrite)
     check_twin(model, twin)
     staging: list[Path] = []

@@ -1,17 +1,7 @@
-"""The report as a browser sees it: render ``index.html`` in headless Chromium and check it.
-
-`check_page` answers, for one page at a given window width: which figures drew plot elements
-(lines, markers, bars, heatmap images inside the plot area: a figure whose traces are all
-missing or NaN draws none), which elements stick out of the page (no scrolling box of their own
-around them), and which texts say ``None``, ``nan``, ``[]`` where a value belongs.
-`first_screen_png` writes the first screen of a report as a PNG (README's picture)::
-
-    phaseinterp screenshot REPORT_DIR docs/report_first_screen.png [--overwrite]
-    phaseinterp check-report REPORT_DIR
-
-Needs a Chromium (``chromium``, ``chromium-browser``, ``google-chrome`` or ``BROWSER_PATH``);
-the page is loaded from disk with networking off.
-"""
+"""The report as a browser sees it: `check_page` renders ``index.html`` in headless Chromium (networking
+off) and lists figures that drew no plot elements, elements sticking out of the page, and ``None`` /
+``nan`` / ``[]`` where a value belongs; `first_screen_png` writes the first screen as a PNG.
+Needs a Chromium (``chromium``, ``chromium-browser``, ``google-chrome`` or ``BROWSER_PATH``)."""
 
 from __future__ import annotations
 

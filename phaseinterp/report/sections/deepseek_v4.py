@@ -1,14 +1,7 @@
-"""The DeepSeek-V4 report section: what only a wrapped HF DeepSeek-V4 has (`build_report(deepseek_v4=...)`).
-
-``section = deepseek_v4_section(model, task, out_dir)`` returns ``{"summary": ..., "figures": ...,
-"tables": ...}`` in the shapes `build_report` collects (JSON-safe summary; plotly figures; HTML
-tables) and writes its CSVs under ``out_dir/data``. It adds, for a model from `phaseinterp.from_hf`:
-
-1. the wrapper check: max |wrapped logits - plain HF logits| on the section's prompts
-   (the numerics claim, measured on this model, not only in the tests);
-2. the layer schedule (CSA / HCA / sliding, rates, indexer top-k);
-3. phase through the indexer (`indexer_phase`): selection rate of the target's entry by phase.
-"""
+"""The DeepSeek-V4 report section (`build_report(deepseek_v4=...)`): for a model from `phaseinterp.from_hf`,
+the wrapper check (max |wrapped - plain HF logits|), the layer schedule, and phase through the indexer
+(`indexer_phase`). ``deepseek_v4_section(model, task, out_dir)`` returns ``{"summary", "figures",
+"tables"}`` and writes its CSVs under ``out_dir/data``."""
 
 from __future__ import annotations
 

@@ -9,14 +9,8 @@ from typing import Any, Optional
 
 from phaseinterp import zoo
 from phaseinterp._files import atomic_write_text
-from phaseinterp.interventions import (
-    ablate,
-    cycling_fitness,
-    gate_cycling_profile,
-    gate_cycling_unit,
-    gate_profile,
-    specialized_units,
-)
+from phaseinterp.interventions import (ablate, cycling_fitness, gate_cycling_profile, gate_cycling_unit, gate_profile,
+                                       specialized_units)
 from phaseinterp.report.models import as_model, model_label
 from phaseinterp.report.page import fmt, frame_html
 from phaseinterp.report.section import PromptSets, ReportContext, Section

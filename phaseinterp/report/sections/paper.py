@@ -1,12 +1,6 @@
-"""The "beside the paper" section: the model's phase profile beside the published runs of its geometry.
-
-The runs are picked by `phaseinterp.paper.counterparts` (window W, stride S and KV heads; for a
-full-attention model the full-attention baselines with its KV heads) and each is set beside the
-report's own profile by `phaseinterp.paper.compare` (both folded to the common phases on the common
-residues). When no published run has the model's geometry the section says so and sets the model
-beside the nearest runs instead; when none of those shares a fold with its profile, it shows each
-profile on its own phases and says that the numbers are not the same statistic.
-"""
+"""The "beside the paper" section: the model's phase profile beside the published runs of its geometry
+(`phaseinterp.paper.counterparts`, each set beside it by `phaseinterp.paper.compare`); without a run of
+its geometry, beside the nearest ones, and without a common fold, each on its own phases, saying so."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""The remedy report section: staggered compression windows against the shared grid.
-
-The `Remedy` section profiles a staggered-window zoo model (``w4s4-staggered``)
-and its baseline twin (``zoo.entry(name).baseline``: the same backbone, recipe, seed and step,
-every KV head on the shared grid), and adds to the report: both phase profiles (phases of the
-shared stride ``t mod S``), each KV head's boundary phase per layer, and the measured KV-cache
-memory per token of both (equal compression is the point of the remedy).
-"""
+"""The remedy report section: a staggered-window zoo model (``w4s4-staggered``) beside its shared-grid twin
+(``zoo.entry(name).baseline``): both phase profiles, each KV head's boundary phase per layer, and the
+measured KV-cache memory per token of both."""
 
 from __future__ import annotations
 
