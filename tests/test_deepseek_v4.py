@@ -591,12 +591,15 @@ def test_last_logits_equal_the_full_forward(layer_types):
             torch.testing.assert_close(model.last_logits(tokens[:, :length]), full, rtol=0, atol=1e-5)
             if length > 1:  # a wrong position is caught
                 assert not torch.allclose(model(tokens[:, :length])[:, -2], full, atol=1e-3)
-        seen = []
-        with model.hooks(fwd_hooks=[("blocks.2.hook_resid_post", lambda t, hook: seen.append(t.shape) or 3 * t)]):
-            edited = model.last_logits(tokens)
-        assert seen == [torch.Size([3, 39, 2, 32]), torch.Size([3, 1, 2, 32])]  # the prefill, then the step
-        torch.testing.assert_close(edited, model.run_with_hooks(
-            tokens, fwd_hooks=[("blocks.2.hook_resid_post", lambda t, hook: 3 * t)])[:, -1], rtol=0, atol=1e-5)
+        for layer, calls in ((1, [(3, 39, 2, 32), (3, 1, 2, 32)]),  # the prefill, then the step
+                             (2, [(3, 1, 2, 32)])):  # the last layer: the prefill stops at its cache
+            seen = []
+            name = f"blocks.{layer}.hook_resid_post"
+            with model.hooks(fwd_hooks=[(name, lambda t, hook: seen.append(tuple(t.shape)) or 3 * t)]):
+                edited = model.last_logits(tokens)
+            assert seen == calls, layer
+            torch.testing.assert_close(edited, model.run_with_hooks(
+                tokens, fwd_hooks=[(name, lambda t, hook: 3 * t)])[:, -1], rtol=0, atol=1e-5)
 
 
 def test_last_logits_keep_the_caller_s_grad_mode(model, tokens):
