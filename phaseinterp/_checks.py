@@ -26,12 +26,8 @@ from phaseinterp.errors import UserInputError
 
 MAX_PROMPTS = 500_000  # per call: n_per_residue * R; more would allocate gigabytes of prompts on a laptop
 
-# The one default size, prompts per residue group, of every function that measures accuracy by phase
-# (`phase_profile`, `ablate`, `gate_cycling_profile`, `gate_cycling_unit`, `specialized_units`,
-# `confirm`, `indexer_phase`, ...): the smallest size the zoo task (T = 128, R = 24) moment-matches,
-# 1,728 prompts. One default, so an experiment's clean profile is the profile `phase_profile(model)`
-# gives and ``baseline=phase_profile(model)`` fits every experiment. The paper's 128K-token headline
-# used 256 per group: pass ``n_per_residue=256`` to match it.
+# The one default size, prompts per residue group, of every experiment that measures accuracy by phase: the
+# smallest the zoo task (T = 128, R = 24) moment-matches, so ``baseline=phase_profile(model)`` fits every one.
 DEFAULT_N_PER_RESIDUE = 72
 
 

@@ -28,11 +28,9 @@ from phaseinterp._checks import CONFORMANCE_MODES as MODES
 from phaseinterp._checks import DEFAULT_CONFORMANCE_MODES as DEFAULT_MODES
 from phaseinterp._checks import DTYPES, ConformanceOptions, experiment
 
-# The verdict per phase: a statistic of |difference of next-token log-probs| against a tolerance.
-# float32 engines only reorder sums (~1e-5 measured), so one prompt beyond 1e-3 is a fault: the
-# statistic is the max. Low precision rounds every op, and its max grows with the number of
-# prompts; its scale is the mean, allowed 32 units of the dtype's unit roundoff (2^-8 bfloat16,
-# 2^-11 float16). Override per setting: ``tolerance={"bfloat16": ("max", 1.0), "decode": 1e-4}``.
+# The verdict per phase: a statistic of |difference of next-token log-probs| against a tolerance. float32
+# engines only reorder sums, so the max (one prompt beyond 1e-3 is a fault); low precision: the mean, within
+# 32 units of the dtype's roundoff. Override per setting: ``tolerance={"bfloat16": ("max", 1.0), "decode": 1e-4}``.
 DEFAULT_TOLERANCE = {"decode": ("max", 1e-3), "chunked_prefill": ("max", 1e-3), "warm": ("max", 1e-3),
                      "bfloat16": ("mean", 32 * 2.0**-8), "float16": ("mean", 32 * 2.0**-11)}
 STATISTICS = ("max", "mean")

@@ -153,18 +153,9 @@ class PretrainConfig:
         return cls(**d)
 
 
-# Per-preset recipes: the fields a preset's run takes when the user gives no value (`preset_recipe`; the
-# CLI applies them, a --config file or a flag wins). The defaults of `PretrainConfig` are CPU-scale
-# (lr 3e-3, 50 warm-up steps, 16 x 512 tokens): right for `tiny` and `cpu-small`, far too hot for 0.6B.
-# The published-scale settings: GPT-3 (Brown et al. 2020, Table 2.1) trained 350M at lr 3e-4, 760M at
-# 2.5e-4 and 125M at 6e-4; Pythia (Biderman et al. 2023) 410M at 3e-4 and 160M at 6e-4, both with
-# AdamW (0.9, 0.95), weight decay 0.1 and cosine decay to 10%. The public reproduction of the paper's
-# controlled runs trained W = S = 8, 1 KV head on 2,048-token FineWeb-Edu sequences for 500M tokens
-# on 2 x H100 (its learning rate is not published): here 64 sequences of 2,048 tokens per step
-# (131,072 tokens; GPT-3 used 0.5M at 350M parameters, halved to keep 500M tokens at 3,815 optimizer
-# steps), 3,815 steps = 500M tokens, and a warm-up of 380 steps (10% of the run, 50M tokens: GPT-3's
-# 375M-token warm-up and Pythia's 1% of 143k steps both assume far longer runs). `phaseinterp
-# pretrain --plan` names the micro-batch that fits a device.
+# Per-preset recipes: the fields a preset's run takes when the user gives no value (`preset_recipe`; a
+# --config file or a flag wins). `PretrainConfig`'s own defaults are CPU-scale (`tiny`, `cpu-small`); the
+# GPU presets take GPT-3's and Pythia's settings for their size and 500M tokens (64 x 2,048 x 3,815 steps).
 PRESET_RECIPES: dict[str, dict[str, Any]] = {
     "qwen3-0.6b": dict(seq_len=2048, global_batch=64, steps=3815, lr=3e-4, warmup_steps=380, min_lr_ratio=0.1,
                        weight_decay=0.1, betas=(0.9, 0.95)),
