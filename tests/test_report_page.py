@@ -39,13 +39,18 @@ def _settings(shifts=None):
 
 
 @pytest.fixture(scope="module")
-def report(checkpoint, tmp_path_factory):
-    """A quick report of the tiny model (every shift mod S: settings.shifts=None)."""
+def built(checkpoint, tmp_path_factory):
+    """A quick report of the tiny model (every shift mod S: settings.shifts=None): (the `Report`, its folder)."""
     from phaseinterp.report import build_report
 
     out = tmp_path_factory.mktemp("page_report") / "r"
-    build_report(str(checkpoint), out, settings=_settings(), progress=False, log=lambda *_: None)
-    return out
+    return build_report(str(checkpoint), out, settings=_settings(), progress=False, log=lambda *_: None), out
+
+
+@pytest.fixture(scope="module")
+def report(built):
+    """The folder of `built`'s report."""
+    return built[1]
 
 
 def _chromium_or_skip():
@@ -180,16 +185,18 @@ def test_identical_logits_are_called_identical():
     assert "beyond exact ties in 1 of 96 rows" in _logit_check_words(summary(0.0, tied=2, apart=1))
 
 
-def test_report_figures_have_integer_phase_ticks_and_distinct_series(checkpoint, tmp_path):
+def test_report_figures_have_integer_phase_ticks_and_distinct_series(checkpoint, built):
+    import plotly.graph_objects as go
+
     from phaseinterp.plot import profiles_figure
     from phaseinterp.profile import phase_profile
-    from phaseinterp.report import build_report
     from phaseinterp.report.page import tidy_figure
 
-    rep = build_report(str(checkpoint), tmp_path / "r", settings=_settings(), progress=False, log=lambda *_: None)
+    rep = built[0]  # the module's report (built once), its figures copied: tidy_figure edits them in place
     model = CompressedTransformer.from_pretrained(checkpoint)
     p = phase_profile(model, TASK, n_per_residue=23, progress=False, n_permutations=19)
-    figures = dict(rep.figures, twins=profiles_figure([p, p]))  # two identical profiles: one would hide the other
+    figures = {name: go.Figure(fig) for name, fig in rep.figures.items()}
+    figures["twins"] = profiles_figure([p, p])  # two identical profiles: one would hide the other
     for name, fig in figures.items():
         tidy_figure(fig)
         for key in [k for k in fig.layout if k.startswith(("xaxis", "yaxis"))]:
