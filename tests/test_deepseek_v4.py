@@ -595,7 +595,7 @@ def test_last_logits_equal_the_full_forward(layer_types):
                              (2, [(3, 1, 2, 32)])):  # the last layer: the prefill stops at its cache
             seen = []
             name = f"blocks.{layer}.hook_resid_post"
-            with model.hooks(fwd_hooks=[(name, lambda t, hook: seen.append(tuple(t.shape)) or 3 * t)]):
+            with model.hooks(fwd_hooks=[(name, lambda t, hook, seen=seen: seen.append(tuple(t.shape)) or 3 * t)]):
                 edited = model.last_logits(tokens)
             assert seen == calls, layer
             torch.testing.assert_close(edited, model.run_with_hooks(
