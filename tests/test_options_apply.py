@@ -70,7 +70,9 @@ def test_engine_only_options_are_not_phase_profile_s(w4s4):
 
 
 def test_a_precomputed_sweep_takes_no_sweep_options(w4s4):
-    ablation = pi.ablate(w4s4, n_per_residue=72, progress=False)
+    # a sweep of every layer on 48 prompts: the refusals and the selection need a sweep, not its size
+    prompts = pi.zoo.task_for(w4s4).generate(2, seed=0, strict=False)
+    ablation = pi.ablate(w4s4, prompts=prompts, n_calibration=48, progress=False)
     for option, value in (("n_per_residue", 96), ("seed", 3), ("n_calibration", 300), ("layers", [0])):
         with pytest.raises(UserInputError, match=f"{option}=.* does not apply here: ablation= is the sweep"):
             pi.specialized_units(w4s4, ablation=ablation, **{option: value})
