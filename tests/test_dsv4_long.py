@@ -393,15 +393,25 @@ def test_memory_estimate_of_the_chunked_forward_is_within_15_percent_of_the_meas
 
 
 def test_memory_plan_names_devices_for_a_profile_and_an_ablation():
+    """At 128K tokens (the fast tier: `_chunked_terms` walks the query chunks one by one in Python, about
+    ten times as many at 1M tokens; the default plan with its 1M rows is the slow test below)."""
+    from phaseinterp.models.hf.memory import memory_plan
+
+    rows = memory_plan(lengths=(131072,))
+    assert [(r["tokens"], r["experiment"]) for r in rows] == [(131072, "phase profile"), (131072, "one-layer ablation")]
+    at_128k = rows[0]
+    assert at_128k["devices_80gb"] >= at_128k["devices_141gb"] >= 2
+    assert rows[1]["state_gb"] > 0 and rows[1]["devices_80gb"] >= at_128k["devices_80gb"]
+
+
+@pytest.mark.slow  # the 1M-token estimate alone takes about 20 s (the Python loop over its query chunks)
+def test_the_default_memory_plan_reaches_1m_tokens_where_one_layer_exceeds_a_device():
     from phaseinterp.models.hf.memory import memory_plan
 
     rows = memory_plan()
     assert [(r["tokens"], r["experiment"]) for r in rows] == [
         (131072, "phase profile"), (131072, "one-layer ablation"),
         (1048576, "phase profile"), (1048576, "one-layer ablation")]
-    at_128k = rows[0]
-    assert at_128k["devices_80gb"] >= at_128k["devices_141gb"] >= 2
-    assert rows[1]["state_gb"] > 0 and rows[1]["devices_80gb"] >= at_128k["devices_80gb"]
     assert rows[2]["devices_80gb"] is None  # one layer's activations exceed a device at 1M tokens
 
 
