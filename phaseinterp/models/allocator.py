@@ -1,23 +1,11 @@
 """The C allocator under CPU forwards: keep freed memory in the process instead of handing it
 back to the kernel (glibc on Linux only).
 
-Why: a forward allocates and frees the same few-MiB intermediates (scores, MLP activations)
-layer after layer. glibc serves blocks above its mmap threshold (dynamic, from 128 KiB) with a
-fresh ``mmap`` and gives them back on free, and trims the heap top above the trim threshold, so
-every such intermediate is page-faulted in and zeroed again by the kernel. On the 2-core machine
-keeping freed memory made zoo models' forwards 1.05-1.21x faster at 64 prompts per batch and up to
-1.7x at 256 (`benchmarks/allocator.py`: minor page faults, system time and wall time with and
-without). The numbers do not change: only where the memory comes from.
-
-`keep_freed_memory` raises both thresholds for this process (``mallopt``). The command line calls
-it before every command; the test suite calls it too (and sets the equivalent environment
-variables for the processes it starts). In your own session, call it once before heavy work::
-
-    import phaseinterp as pi
-    pi.keep_freed_memory()
-
-The cost: memory freed after a peak stays mapped to the process (reused by later allocations)
-instead of returning to the system, as with a GPU caching allocator.
+`keep_freed_memory` raises glibc's mmap and trim thresholds for this process (``mallopt``), so the
+few-MiB intermediates a forward allocates and frees layer after layer are reused instead of being
+page-faulted in and zeroed again. The numbers do not change, only where the memory comes from; the
+cost is that memory freed after a peak stays mapped to the process. `ENVIRONMENT` holds the same
+settings for a process not yet started. Speed-ups: benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations

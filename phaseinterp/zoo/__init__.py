@@ -1,27 +1,13 @@
-"""The model zoo: small compressed models and their full-attention twin, trained here, shipped here.
+"""The model zoo: small compressed models and their full-attention twin, trained and shipped here.
 
-``phaseinterp.zoo.available()`` lists them, ``phaseinterp.zoo.load(name)`` loads one
-(safetensors + JSON config inside the package; no download; both from the zoo's catalog,
-`phaseinterp.models.catalog`, which names every model), and ``phaseinterp zoo build NAME``
-(or `build`) regenerates one from its recipe, here. Every entry
-uses ONE training recipe (`RECIPE`): the same backbone, task, curriculum, periodic-row
-mixture, optimiser and step count; only the attention's compression changes. A zoo
-entry is a documented snapshot of that run (``snapshot_step``), chosen so the phase
-weakness is measurable rather than trained into saturation (see README / RESULTS.md).
-
-The recipe's choices: no QK-norm (with d_head = 16, RMS-normalised queries and keys cap every
-attention logit at sqrt(16) = 4, too flat for induction over 128 positions); periodic rows of
-4-48 tokens (short blocks can be solved by position offsets, without induction); a curriculum
-whose easy stage (4-24 records, the query section filled with queries that repeat keys) gives
-short-range induction examples before the real task.
-
-Which snapshot ships (rules in code, fixed before training):
+``available()`` lists them, ``load(name)`` loads one (from the package, `phaseinterp.models.catalog`),
+``build(name)`` (``phaseinterp zoo build NAME``) retrains one. Every entry uses ONE recipe (`recipe()`:
+backbone, task, curriculum, periodic-row mixture, optimiser, steps); only the attention's compression
+changes. Which snapshot ships (rules fixed before training):
 - a compressed model ships its final step (``snapshot_step=None``);
 - an equal-training pair (``snapshot_step=EQUAL_TRAINING``, ``pair=`` the other model) ships
-  `equal_training_step` of the two runs' held-out probe curves (``curves.csv``): the first
-  snapshot at which BOTH models have learned the task (probe mean >= ``LEARNED_MEAN``).
-  ``w4s4-equal`` and ``full`` ship that step, ``w4s4`` and ``full-final`` the final step, so the
-  report can show both pairs (benchmarks/RESULTS.md has the steps and accuracies).
+  `equal_training_step` of the two runs' held-out probe curves: the first snapshot at which BOTH
+  models have learned the task (probe mean >= ``LEARNED_MEAN``).
 """
 
 from __future__ import annotations
@@ -64,17 +50,11 @@ TRAIN: dict[str, Any] = dict(
 )
 
 
-# The paper-depth recipe: the shared recipe with a doubled schedule (the same stages, learning rate,
-# batch and mixture, stretched: the easy stage lasts to step 1800). Both deep runs use it, so the pair
-# is still one recipe (`test_zoo.py` checks that every 2-layer model shares TRAIN, and the deep pair
-# DEEP_TRAIN). Why 3000 steps: benchmarks/RESULTS.md, "The deep models and why their recipe is 3000 steps".
+# The paper-depth recipe: the shared recipe with a doubled schedule (the same stages, stretched).
 DEEP_TRAIN: dict[str, Any] = dict(steps=3000, snapshot_steps=tuple(range(100, 3001, 100)))
 
-# Post-training: continue a shipped compressed model on another data mixture. The pretraining
-# mixture is half periodic rows (the copy circuit) and a curriculum; post-training drops both: every
-# row is a retrieval prompt of the final task (8 queries), at a third of the peak learning rate with a
-# short warm-up and the same cosine decay, for a third of the pretraining steps. The evaluation task
-# is the zoo task, unchanged, so the post-trained profile is measured on exactly the base's prompts.
+# Post-training: continue a shipped model with no periodic rows and no curriculum (every row a
+# retrieval prompt of the final task), a third of the peak learning rate and of the steps.
 POST_TRAIN: dict[str, Any] = dict(steps=500, lr=1e-3, warmup_steps=50, periodic_fraction=0.0,
                                   curriculum=({"until": 1.0, "task": {"n_queries": 8}},),
                                   snapshot_steps=tuple(range(100, 501, 100)))
@@ -146,17 +126,13 @@ ENTRIES: dict[str, ZooEntry] = {
         _entry("w6s6", dict(compression="gated", window=6, stride=6, gate="scalar")),
         _entry("w6s6-4kv", dict(compression="gated", window=6, stride=6, gate="scalar"), backbone=dict(n_kv_heads=4)),
         _entry("w8s8-4kv", dict(compression="gated", window=8, stride=8, gate="scalar"), backbone=dict(n_kv_heads=4)),
-        # The remedy pair: w4s4 is the baseline twin; this one staggers the two KV
-        # heads' window grids (offsets 0 and 2) at equal compression.
+        # The remedy: the two KV heads' window grids staggered (offsets 0 and 2); w4s4 its baseline.
         _entry("w4s4-staggered", dict(compression="gated", window=4, stride=4, gate="scalar",
                                       window_offsets="staggered"), baseline="w4s4"),
         _entry("w4s4-1kv", dict(compression="gated", window=4, stride=4, gate="scalar"), backbone=dict(n_kv_heads=1)),
         _entry("w4s4-1kv-shared", dict(compression="gated", window=4, stride=4, gate="scalar", payload="shared"),
                backbone=dict(n_kv_heads=1)),
-        # Paper-depth pairs: 12 layers, one KV head per layer, the shared recipe with DEEP_TRAIN's
-        # 3000-step schedule (see DEEP_TRAIN for why).
-        # Snapshot rules (fixed before training): the final-step pair (both runs' step 1500) and the
-        # equal-training pair (zoo.equal_training_step of the two runs' curves), as for w4s4 / full.
+        # Paper-depth pairs (12 layers, one KV head, DEEP_TRAIN): final-step and equal-training.
         _entry("deep12-w8s8-1kv-shared", dict(compression="gated", window=8, stride=8, gate="scalar", payload="shared"),
                backbone=dict(n_layers=12, n_kv_heads=1), train=DEEP_TRAIN),
         _entry("deep12-full", dict(compression=None, window=8, stride=8), backbone=dict(n_layers=12, n_kv_heads=1),
@@ -168,18 +144,11 @@ ENTRIES: dict[str, ZooEntry] = {
         _entry("deep12-full-equal", dict(compression=None, window=8, stride=8),
                backbone=dict(n_layers=12, n_kv_heads=1), train=DEEP_TRAIN, snapshot_step=EQUAL_TRAINING,
                run="deep12-full", pair="deep12-w8s8-1kv-shared-equal"),
-        # A second seed of the equal-training pair (for the cycling table): the same recipe with
-        # model and data seed 1; the same snapshot rule.
+        # Seed replicates of the deep equal-training pair (model and data seed 1, 2, 3).
         *_deep_seed_pair(1),
-        # Seeds 2 and 3 of the equal-training pair: the identical recipe with model and data
-        # seed 2 or 3, the same snapshot rule; added after seeds 0 and 1 were analysed, so the unit rule
-        # of `specialized_units` (fixed before they existed) is tested on them, not tuned to them.
         *_deep_seed_pair(2),
         *_deep_seed_pair(3),
-        # Stride 12: the paper's fourth stride. Four KV heads as for w8s8-4kv (two learned 2 of
-        # 8 phases at stride 8); the zoo task's residue modulus 24 is a multiple of 12, so every phase is
-        # measured with the same moment matching. Its twin is the full-attention run with stride 12 as
-        # the folding reference, both at the final step.
+        # Stride 12 (the task's residue modulus 24 is a multiple of 12), and its full-attention twin.
         _entry("w12s12-4kv", dict(compression="gated", window=12, stride=12, gate="scalar"),
                backbone=dict(n_kv_heads=4)),
         _entry("w4s4-post", dict(compression="gated", window=4, stride=4, gate="scalar"), train=POST_TRAIN,
@@ -191,9 +160,8 @@ ENTRIES: dict[str, ZooEntry] = {
 
 @dataclass(frozen=True)
 class TextEntry:
-    """A zoo model pretrained on natural text, not trained by the zoo's recipe: a kept snapshot of one arm
-    of `benchmarks/pretrain_python_code.py` (2 layers at ``cpu-small`` widths, 256-token Python source,
-    benchmarks/RESULTS.md "Natural text"), installed with its tokenizer (``tokenizer/``) and its
+    """A zoo model pretrained on natural text (a kept snapshot of one arm of
+    `benchmarks/pretrain_python_code.py`), installed with its tokenizer (``tokenizer/``) and its
     evaluation task, `IdentifierRecall` on the run's held-out code (``metadata["task"]``)."""
 
     name: str
@@ -214,9 +182,7 @@ def equal_training_step(curves_a, curves_b, min_mean: float = LEARNED_MEAN) -> i
     """The equal-training snapshot of two runs: the first step at which BOTH have learned the task.
 
     ``curves_a``/``curves_b`` are runs' ``curves.csv`` frames (step, residue, phase, accuracy, n:
-    the held-out probe, 8 prompts per residue, evaluated every 100 steps); "learned" = the probe's
-    mean accuracy over residues ``>= min_mean``. The rule reads only the training curves (no
-    phase profile), so it cannot be tuned toward a phase result."""
+    the held-out probe); "learned" = the probe's mean accuracy over residues ``>= min_mean``."""
     if not 0 < min_mean <= 1:
         raise UserInputError(f"min_mean={min_mean} is out of range (0, 1]")
     mean_a = curves_a.groupby("step").accuracy.mean()
@@ -314,10 +280,9 @@ def build(name: str, out_dir: Union[str, Path, None] = None, *, device=None, pro
           resume: bool = True, install: bool = True, threads: Optional[int] = 1) -> Path:
     """Train ``name`` with the zoo recipe and (``install=True``) copy its snapshot into the package.
 
-    The run (checkpoints, snapshots, logs, phase-resolved curves) lives in
-    ``out_dir`` (default ``runs/zoo/<name>``); rerunning resumes it. The shipped
-    checkpoints were trained on CPU with one thread (``threads=1``): CPU matmuls sum in a
-    thread-count-dependent order, so other settings train an equivalent, not bit-identical, model.
+    The run (checkpoints, snapshots, logs, curves) lives in ``out_dir`` (default
+    ``runs/zoo/<name>``); rerunning resumes it. The shipped checkpoints were trained on CPU with
+    ``threads=1``; other thread counts train an equivalent, not bit-identical, model.
     """
     if threads is not None:
         torch.set_num_threads(threads)
@@ -385,7 +350,7 @@ def install_text(name: str, run_dir: Union[str, Path], tokenizer: Union[str, Pat
     if manifest.get("tokenizer_sha256") != tok.sha256:
         raise UserInputError(f"tokenizer={str(tokenizer)!r} is not the tokenizer run_dir={str(run_dir)!r} was trained "
                              "with (its sha256 differs from the run's token cache)")
-    # the benchmark's probe 2, as RESULTS scores it: 256-token prompts (the training length), the defaults
+    # 256-token prompts (the training length), the defaults
     task = IdentifierRecall.from_tokenizer(tok, TokenizedCorpus(run / "data", manifest).tokens("heldout"))
     model.metadata.update({"task": task.to_dict(), "task_type": "IdentifierRecall", "zoo_name": name,
                            "description": e.description, "command": e.command, "arm": e.arm})

@@ -14,18 +14,12 @@ in a batch of 512, and a block's memory grows with the batch. Above AUTO_CHUNK_A
 
 from __future__ import annotations
 
-from phaseinterp._checks import check_query_chunk as _check_query_chunk
+from phaseinterp._checks import check_query_chunk  # shared with `CompressedTransformer`
 
 AUTO_CHUNK_ABOVE = 2048
 SCORE_BLOCK = 1 << 24
 LONG_SCORE_BLOCK = 1 << 21
 TOKEN_BLOCK = 4096
-
-
-def check_query_chunk(query_chunk):
-    """Refuse a ``query_chunk`` other than "auto", None or an integer >= 1, naming it; the value as the
-    model keeps it (`phaseinterp._checks.check_query_chunk`, shared with `CompressedTransformer`)."""
-    return _check_query_chunk(query_chunk)
 
 
 def is_chunked(query_chunk, T: int) -> bool:

@@ -2,9 +2,8 @@
 
 The model is instantiated on PyTorch's ``meta`` device (shapes only), so the count is exact
 for the architecture transformers builds from that config. Weight bytes = parameters x bytes
-per parameter; the routed experts can be counted at a different width (the released
-DeepSeek-V4 checkpoints ship MXFP4 experts, `FP4_EXPERT_BYTES`; FP8 is the older V3-style width). ``phaseinterp memory-plan [config.json|DIR]``
-prints the table (no argument: transformers' default ``DeepseekV4Config``, the V4-Flash shape).
+per parameter; the routed experts can be counted at another width (MXFP4 as released,
+`FP4_EXPERT_BYTES`; FP8). ``phaseinterp memory-plan [config.json|DIR]`` prints the table (no argument: transformers' default ``DeepseekV4Config``, the V4-Flash shape).
 """
 
 from __future__ import annotations
@@ -60,18 +59,11 @@ def format_estimate(estimate: MemoryEstimate) -> str:
 
 
 def estimate_memory(config: Union[str, Path, Any, None] = None) -> MemoryEstimate:
-    """Count the parameters of a ``DeepseekV4Config``, a ``config.json`` path or a checkpoint directory."""
-    transformers = transformers_v4()
-    if config is None:
-        config = transformers.DeepseekV4Config()
-    elif isinstance(config, (str, Path)):
-        path = Path(config)
-        path = path / "config.json" if path.is_dir() else path
-        if not path.is_file():
-            raise MissingPathError(f"{path} does not exist (pass a config.json or a checkpoint directory)")
-        config = config_from_dict(json.loads(path.read_text()))
+    """Count the parameters of a ``DeepseekV4Config`` (or its dict), a ``config.json`` path or a checkpoint
+    directory (None: transformers' default config)."""
+    config = _as_config(config)
     with torch.device("meta"):
-        model = transformers.DeepseekV4ForCausalLM(config)
+        model = transformers_v4().DeepseekV4ForCausalLM(config)
     total = sum(p.numel() for p in model.parameters())
     experts = sum(p.numel() for n, p in model.named_parameters() if ".mlp.experts." in n)
     return MemoryEstimate(n_params=int(total), n_expert_params=int(experts), n_layers=int(config.num_hidden_layers))
@@ -89,8 +81,7 @@ class ForwardMemory:
     keeps) + the largest transient: the indexer's scores of one query chunk, the attention of one
     query chunk (`_chunked_terms`: the forward's attention is `attention.attend` per chunk, one chunk
     of every query where it is not chunked), the routed experts' intermediates of one token block, or
-    the final logits ``[batch, T, vocab]``. Counted from
-    reading the forward (`phaseinterp.models.hf.attention`), not fitted to measurements.
+    the final logits ``[batch, T, vocab]``. Counted from reading the forward, not fitted.
     """
 
     seq_len: int
@@ -153,7 +144,7 @@ def _kv_cache(cfg: Any, T: int, B: int, a: int) -> int:
 def _chunked_terms(cfg: Any, T: int, B: int, a: int, query_chunk: Any = "auto") -> tuple[int, int, int]:
     """(persistent, attention phase, indexer phase) bytes of the chunked forward's largest layer, counted
     from reading `attention.AttentionHooks._attend` and `attention.attend`, `compressor.IndexerHooks.select` and
-    `attention.BlockHooks.forward` (not fitted; `benchmarks/dsv4_long.py` compares it with measured peaks).
+    `attention.BlockHooks.forward` (not fitted).
 
     Alive through a layer, per token: the streams entering it and those it builds (``2 hc D``), the mHC
     weights of the token blocks (``post``, ``comb``, float32), the collapsed input and its normed copy
@@ -228,12 +219,8 @@ def _as_config(config: Union[str, Path, Any, None]) -> Any:
 
 
 def measure_forward_peak(model: Any, tokens: Any) -> int:
-    """Measured peak bytes of tensors alive during ``model(tokens)`` plus the model's weights.
-
-    CUDA: ``torch.cuda.max_memory_allocated`` (reset before). CPU (no allocator statistics): every
-    tensor storage an op creates is counted from its creation until Python frees it (a
-    ``TorchDispatchMode`` with weak-reference finalizers), the same quantity the CUDA counter reports.
-    """
+    """Measured peak bytes of tensors alive during ``model(tokens)`` plus the model's weights: CUDA's
+    ``max_memory_allocated`` (reset before), on CPU `measure_call_peak`."""
     weights = sum(p.numel() * p.element_size() for p in model.parameters() if p.device.type != "meta")
     device = next(model.parameters()).device
     if device.type == "cuda":
@@ -283,15 +270,15 @@ def measure_call_peak(fn) -> int:
 DEVICE_SIZES_GB = (80, 141)  # H100/A100 80 GB, H200 141 GB (decimal GB, as sold)
 
 
-def devices_needed(fm: ForwardMemory, device_gb: int) -> Optional[int]:
-    """Devices of ``device_gb`` GB for one forward: whole decoder layers per device (accelerate does not
-    split one), so the activation peak must fit on one device beside that device's share of the
-    weights. None when one layer's activations alone exceed a device."""
+def devices_needed(fm: ForwardMemory, device_gb: int, state: int = 0) -> Optional[int]:
+    """Devices of ``device_gb`` GB for one forward keeping ``state`` bytes: whole decoder layers per
+    device (accelerate does not split one), so the activation peak must fit on one device beside that
+    device's share of the weights and the state. None when one layer's activations alone exceed a device."""
     cap = device_gb * 10**9
     act = fm.peak - fm.weights
     if act >= cap:
         return None
-    return max(1, -(-fm.weights // (cap - act)))
+    return max(1, -(-(fm.weights + state) // (cap - act)))
 
 
 def ablation_state_bytes(config: Any, seq_len: int, batch: int = 1, act_bytes: int = 2) -> int:
@@ -334,7 +321,6 @@ def memory_plan(config: Union[str, Path, Any, None] = None, lengths: tuple[int, 
             row = {"tokens": T, "experiment": experiment, "weights_gb": fm.weights / 1e9, "activations_gb": act / 1e9,
                    "state_gb": state / 1e9, "kv_cache_gb": fm.kv_cache / 1e9}
             for size in DEVICE_SIZES_GB:
-                cap = size * 10**9
-                row[f"devices_{size}gb"] = None if act >= cap else max(1, -(-(fm.weights + state) // (cap - act)))
+                row[f"devices_{size}gb"] = devices_needed(fm, size, state)
             rows.append(row)
     return rows
