@@ -9,6 +9,9 @@ from jaxtyping import install_import_hook  # noqa: E402
 # Must run before anything imports phaseinterp: every annotated function is then checked.
 # `import phaseinterp` is lazy (the CLI's --help must not wait for torch), so import the core
 # modules here, inside the hook: the ones `import phaseinterp` used to load eagerly.
+# Test files add no hook of their own on a phaseinterp package: one instruments only modules not yet
+# imported, so which file pytest collects first would decide for every later file (phaseinterp.engines
+# was checked or not by collection order: test_bad_inputs_fuzz's column doors failed after test_engine_profile).
 with install_import_hook("phaseinterp", "typecheck.typecheck"):
     import importlib
 

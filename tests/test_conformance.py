@@ -10,13 +10,10 @@ import types
 import numpy as np
 import pytest
 import torch
-from jaxtyping import install_import_hook
-
-with install_import_hook("phaseinterp.engines", "typecheck.typecheck"):
-    from phaseinterp import engines
-    from phaseinterp.engines import CacheEngine, ConformanceResult, OpenAIEngine, chunked_pieces, conformance
 
 import phaseinterp as pi
+from phaseinterp import engines
+from phaseinterp.engines import CacheEngine, ConformanceResult, OpenAIEngine, chunked_pieces, conformance
 
 
 def tiny_task():

@@ -12,13 +12,10 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from jaxtyping import install_import_hook
-
-with install_import_hook("phaseinterp.engines", "typecheck.typecheck"):
-    from phaseinterp.engines import CacheEngine, OpenAIEngine, engine_profile
-    from phaseinterp.engines.answers import JOURNAL_FILE, engine_answers
 
 import phaseinterp as pi
+from phaseinterp.engines import CacheEngine, OpenAIEngine, engine_profile
+from phaseinterp.engines.answers import JOURNAL_FILE, engine_answers
 from phaseinterp.errors import EngineError, UserInputError
 from phaseinterp.profile import PhaseProfile, phase_profile
 
