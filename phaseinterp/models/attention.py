@@ -25,8 +25,7 @@ Positions: queries and band keys are rotated at their own position; compressed k
 S-block; equals ``j`` when W = S = 1). QK-norm, when on, normalises queries, band keys
 and compressed keys alike. Values are never rotated.
 
-The specification this file is tested against, one query at a time and readable beside
-docs/science.md: `phaseinterp.models.reference`. One forward (`CompressedAttention.forward`): the
+The specification, one query at a time: `phaseinterp.models.reference`. One forward (`CompressedAttention.forward`): the
 new tokens' K/V appended to the cache, then one softmax per query, evaluated by torch's fused
 kernel unless a hook reads the scores or the pattern (docs/models.md, "One forward").
 """
@@ -88,8 +87,8 @@ class BlockBand:
     ``block + B - 1`` positions (an `unfold` view: no copy), so each block's scores are one dense
     ``[block, block + B - 1]`` matmul whose skewed diagonal ``[block, B]`` is the band (a strided
     view), and the pattern goes back through the same view. The same slots and numbers as
-    gathering every query's keys (`GatheredBand`, tested to 1e-5), in matmuls instead of a
-    ``[query, B, d_head]`` copy per query. Positions before 0 read zeros (their slots are masked)."""
+    `GatheredBand` (to 1e-5), without a ``[query, B, d_head]`` copy per query. Positions before 0 read
+    zeros (their slots are masked)."""
 
     def __init__(self, k: Tensor, v: Tensor, p0: int, n: int, width: int, block: Optional[int] = None):
         self.width = width
@@ -486,7 +485,7 @@ class CompressedAttention(nn.Module):
         per block of queries (`query_ranges`). A block of queries at ``first .. last`` takes as keys the
         tokens it can see (compressed: ``first - B + 1 .. last``, its bands, and the entries visible to
         ``last``; full attention: ``0 .. last``) under a mask (`_band_allowed` & ``key > query - B`` /
-        `_entry_allowed`). Equal to the explicit softmax to 1e-5 (summed in another order; tested)."""
+        `_entry_allowed`). Equal to the explicit softmax to 1e-5."""
         cfg = self.cfg
         device = q_rot.device
         n, p0 = q_rot.shape[1], int(positions[0])

@@ -103,6 +103,13 @@ class KVCache:
             raise UserInputError(f"tokens batch {rows} does not match the cache's batch {want}"
                                  + (f" ({self.batch_size} rows x {variants} variants)" if variants else ""))
 
+    def after_call(self, variants: Optional[int], ran_last_layer: bool, length: int) -> None:
+        """A call over this cache has run: a fork is spent; else, once its last layer ran, ``length`` tokens."""
+        if variants is not None:
+            self.spent = True
+        elif ran_last_layer:
+            self.length = length
+
     @property
     def batch_size(self) -> int:
         """Rows of the cached prefix (0 while nothing is cached)."""
@@ -127,3 +134,16 @@ def check_return_type(return_type: Any, cache: Optional[KVCache], stop_at_layer:
     if stop_at_layer is not None:
         raise UserInputError("return_type='cache' runs every layer; stop_at_layer returns the residual instead: "
                              "pass one of them")
+
+
+def check_forward(cache: Optional[KVCache], return_type: Any, n_layers: int, start_at_layer: Optional[int],
+                  stop_at_layer: Optional[int]) -> tuple[int, int, int, Optional[int]]:
+    """The checks of a family's forward: ``return_type`` (`check_return_type`), ``start_at_layer`` /
+    ``stop_at_layer`` (TransformerLens's; ``"loss"`` takes neither) and ``cache`` (`KVCache.check`).
+    Returns (first layer, last layer + 1, the start position, the fork's variants or None)."""
+    check_return_type(return_type, cache, stop_at_layer)
+    first = 0 if start_at_layer is None else check_int("start_at_layer", start_at_layer, 0, n_layers - 1)
+    last = n_layers if stop_at_layer is None else check_int("stop_at_layer", stop_at_layer, first + 1, n_layers)
+    if return_type == "loss" and (start_at_layer is not None or stop_at_layer is not None):
+        raise UserInputError("return_type='loss' needs the tokens: it takes no start_at_layer / stop_at_layer")
+    return (first, last, *KVCache.check(cache, n_layers, first, last))

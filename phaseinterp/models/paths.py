@@ -16,9 +16,10 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Union
 
 import torch
+from transformer_lens.ActivationCache import ActivationCache
 from transformer_lens.HookedRootModule import HookedRootModule
 
-from phaseinterp._checks import check_name
+from phaseinterp._checks import check_layer, check_name
 from phaseinterp.errors import UserInputError
 
 
@@ -75,7 +76,19 @@ class CheckedHooks(HookedRootModule):
     is one of the model's hook points (a misspelt name, or a filter that matches none, is one error
     naming the closest names instead of a ``KeyError`` or a silent no-op), and what the hook returns
     has the shape of what it was given (else one error naming the hook point and both shapes,
-    instead of a broadcasting error deep in the forward)."""
+    instead of a broadcasting error deep in the forward). Also what both families share: an
+    ``ActivationCache`` from ``run_with_cache`` and the layer check."""
+
+    def run_with_cache(self, *model_args: Any, return_cache_object: bool = True, **kwargs: Any):
+        """TransformerLens's ``run_with_cache``; wraps the activations in an ``ActivationCache``
+        (``return_cache_object=False`` gives the plain dict)."""
+        out, cache_dict = super().run_with_cache(*model_args, **kwargs)
+        if not return_cache_object:
+            return out, cache_dict
+        return out, ActivationCache(cache_dict, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
+
+    def _check_layer(self, layer: int) -> None:
+        check_layer(layer, self.cfg.n_layers)
 
     def _hook_names(self, name: Union[str, Callable[[str], bool]]) -> list[str]:
         if isinstance(name, str):

@@ -143,11 +143,6 @@ class PhaseModel(Protocol):
         """Whether gate cycling is a meaningful experiment on this model, and why (one sentence)."""
 
 
-def _check_branch(branch: str) -> None:
-    if branch not in ("both", "k", "v"):
-        raise UserInputError(f"branch={branch!r} is not one of ('both', 'k', 'v')")
-
-
 class _Family:
     """Shared by every family: the layer check and the knockout point (``hook_z`` of the query heads)."""
 
@@ -214,6 +209,17 @@ class _Family:
                                  f"{self.compressed_layers}")
         comp = self.model.blocks[layer].attn.compressor
         return f"blocks.{layer}.attn.compressor.{comp.gate_hook(branch, logits)}"
+
+    def _check_gate_shift(self, layer: int, branch: str, one_gate: bool) -> None:
+        """Refuse a gate shift of an uncompressed model, an unknown ``branch``, a bad ``layer``, and (a
+        kernel with ``one_gate`` for K and V) a branch other than ``"both"``."""
+        if not self.cfg.is_compressed:
+            raise UserInputError("shift_gates: the full-attention model (compression=None) has no gates to shift")
+        if branch not in ("both", "k", "v"):
+            raise UserInputError(f"branch={branch!r} is not one of ('both', 'k', 'v')")
+        self._check_layer(layer)
+        if one_gate and branch != "both":
+            raise UserInputError("shift_gates: the deepseek kernel has one gate for K and V; use branch='both'")
 
     def knockout_point(self, layer: int, kv_head: int) -> KnockoutPoint:
         groups = self.kv_heads(layer)
@@ -291,16 +297,10 @@ class CompressedFamily(_Family):
 
     def gate_targets(self, layer: int, branch: str = "both") -> list[GateTarget]:
         cfg = self.cfg
-        if not cfg.is_compressed:
-            raise UserInputError("shift_gates: the full-attention model (compression=None) has no gates to shift")
-        _check_branch(branch)
-        self._check_layer(layer)
+        self._check_gate_shift(layer, branch, one_gate=cfg.compression == "deepseek")
         comp = self.model.blocks[layer].attn.compressor
         prefix = f"blocks.{layer}.attn.compressor"
-        if cfg.compression == "deepseek":
-            if branch != "both":
-                raise UserInputError("shift_gates: the deepseek kernel has one gate for K and V; use branch='both'")
-            # position_bias [S, half, kv_head, d_head]
+        if cfg.compression == "deepseek":  # position_bias [S, half, kv_head, d_head]
             return [GateTarget(comp.position_bias, 0, 2, f"{prefix}.hook_gate_logits", "own_deepseek")]
         if cfg.window != cfg.stride:
             raise UserInputError(
@@ -355,13 +355,7 @@ class DeepseekV4Family(_Family):
         return self.model.key_slot_sources(layer, query_pos, n_key_slots)
 
     def gate_targets(self, layer: int, branch: str = "both") -> list[GateTarget]:
-        cfg = self.cfg
-        if not cfg.is_compressed:
-            raise UserInputError("shift_gates: the full-attention model (compression=None) has no gates to shift")
-        _check_branch(branch)
-        if branch != "both":
-            raise UserInputError("shift_gates: the deepseek kernel has one gate for K and V; use branch='both'")
-        self._check_layer(layer)
+        self._check_gate_shift(layer, branch, one_gate=True)
         if self.layer_stride(layer) is None:
             raise UserInputError(f"shift_gates: layer {layer} is a sliding-window-only layer (no compressor); "
                                  f"compressed layers: {self.compressed_layers}")

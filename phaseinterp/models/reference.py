@@ -2,11 +2,8 @@
 
 This file is the readable statement of what `phaseinterp.models.attention` computes, written
 straight from docs/science.md section 2 ("Compressor", "Attention"). It shares no code with the
-vectorized model beyond reading its parameters: the one forward (the full sequence, query
-blocks, the incremental cache and its forks, the band layouts, torch's fused kernel and the
-explicit softmax; docs/models.md, "One forward") is tested against it to 1e-5
-(tests/test_model.py). It is slow (Python loops over positions, heads and slots): use it to read
-or to check, never to run experiments.
+vectorized model beyond reading its parameters; every evaluation of the one forward (docs/models.md,
+"One forward") equals it to 1e-5. It is slow (Python loops): use it to read or to check.
 
 For one sequence ``x`` ``[pos, d_model]`` (the attention input, after the pre-norm) and query
 ``t``, per query head (reading KV head ``head // (n_heads / n_kv_heads)``):

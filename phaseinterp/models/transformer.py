@@ -47,15 +47,14 @@ import torch.utils.checkpoint
 from jaxtyping import Float, Int
 from safetensors.torch import load as load_bytes, save as save_bytes
 from torch import Tensor
-from transformer_lens.ActivationCache import ActivationCache
 from transformer_lens.hook_points import HookPoint
 
-from phaseinterp._checks import check_device, check_int, check_layer, check_query_chunk
+from phaseinterp._checks import check_device, check_query_chunk
 from phaseinterp.errors import UserInputError
 from phaseinterp._files import (atomic_write, check_metadata, check_read_path, check_write_target, write_dir_atomically)
 from phaseinterp.config import CompressedConfig
 from phaseinterp.models.attention import CompressedAttention
-from phaseinterp.models.cache import KVCache, check_return_type
+from phaseinterp.models.cache import KVCache, check_forward
 from phaseinterp.models.compressor import GateParameters, RMSNorm
 from phaseinterp.models.paths import CheckedHooks, has_hooks, hooked_points, query_context
 from phaseinterp.models.protocol import CompressedFamily, register_family
@@ -92,8 +91,7 @@ class CheckpointError(UserInputError, RuntimeError):
     (one line, exit 2 on the command line); still a RuntimeError for callers that catch that."""
 
 
-# Tokens per block of the MLP's rows while its hooks are idle (`SwiGLU.forward`): 512 x d_mlp floats
-# stay in a core's cache (2 MiB of L2 here) where the whole batch's [rows, d_mlp] would not.
+# Tokens per block of the MLP's rows while its hooks are idle (`SwiGLU.forward`): cache-sized blocks.
 MLP_ROWS = 512
 
 
@@ -110,8 +108,7 @@ class SwiGLU(nn.Module):
         """``(silu(x W_gate) * (x W_in)) W_out``.
 
         While no hook is attached to ``hook_pre``/``hook_post`` the rows run in blocks of `MLP_ROWS`
-        tokens, so the ``[rows, d_mlp]`` intermediates stay in cache (the same numbers: every row's
-        maths is its own; tested bit for bit)."""
+        tokens (bit for bit the same numbers: every row's maths is its own)."""
         if not (has_hooks(self.hook_pre) or has_hooks(self.hook_post)):
             flat = x.reshape(-1, x.shape[-1])
             if flat.shape[0] > MLP_ROWS:
@@ -228,7 +225,7 @@ class CompressedTransformer(CheckedHooks):
         `attention.SCORE_BLOCK` elements; shorter inputs run in one pass. ``None``: every
         forward runs all queries at once (the whole ``[pos, key_slot]`` score matrix; memory
         quadratic in T). An integer: chunks of that many queries. Chunked outputs equal the
-        unchunked ones (to 1e-5; tests/test_long_context.py) and peak memory grows linearly in
+        unchunked ones (to 1e-5) and peak memory grows linearly in
         T. Every hook keeps its full shape: while a hook is attached to ``hook_attn_scores`` or
         ``hook_pattern`` (``run_with_cache`` without a ``names_filter`` attaches them) that
         layer runs unchunked, as those activations are ``[pos, key_slot]`` by nature. Not part
@@ -270,13 +267,8 @@ class CompressedTransformer(CheckedHooks):
         stop_at_layer - 1`` run (their caches extended) and with ``stop_at_layer`` the residual leaving
         them is returned.
         """
-        check_return_type(return_type, cache, stop_at_layer)
         n_layers = self.cfg.n_layers
-        first = 0 if start_at_layer is None else check_int("start_at_layer", start_at_layer, 0, n_layers - 1)
-        last = n_layers if stop_at_layer is None else check_int("stop_at_layer", stop_at_layer, first + 1, n_layers)
-        if return_type == "loss" and (start_at_layer is not None or stop_at_layer is not None):
-            raise UserInputError("return_type='loss' needs the tokens: it takes no start_at_layer / stop_at_layer")
-        start, variants = KVCache.check(cache, n_layers, first, last)
+        first, last, start, variants = check_forward(cache, return_type, n_layers, start_at_layer, stop_at_layer)
         if start_at_layer is None:
             self._check_tokens(tokens, start)
             tokens = tokens.to(self.W_E.device).long()
@@ -300,10 +292,7 @@ class CompressedTransformer(CheckedHooks):
                 if cache is not None and variants is None:
                     cache.layers[layer] = new_layer_cache
         if cache is not None:
-            if variants is not None:
-                cache.spent = True
-            elif last == n_layers:
-                cache.length = start + n
+            cache.after_call(variants, last == n_layers, start + n)
         if stop_at_layer is not None:
             return resid
         if return_type in (None, "cache"):
@@ -335,15 +324,6 @@ class CompressedTransformer(CheckedHooks):
         self(tokens[:, :-1], cache=cache, return_type="cache")
         return self(tokens[:, -1:], cache=cache.fork())[:, -1]
 
-    def run_with_cache(self, *model_args: Any, return_cache_object: bool = True, **kwargs: Any):
-        """TransformerLens's ``run_with_cache``; wraps the activations in an ``ActivationCache``
-        (``return_cache_object=False`` gives the plain dict)."""
-        out, cache_dict = super().run_with_cache(*model_args, **kwargs)
-        if not return_cache_object:
-            return out, cache_dict
-
-        return out, ActivationCache(cache_dict, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
-
     def unembed(self, resid: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_vocab"]:
         """Final norm + unembedding (no hooks)."""
         return self.ln_final.unhooked(resid) @ self.W_U
@@ -372,9 +352,6 @@ class CompressedTransformer(CheckedHooks):
         if not self.cfg.is_compressed:
             raise UserInputError("the full-attention model (compression=None) has no gates")
         return self.blocks[layer].attn.compressor.gate_parameters(branch)
-
-    def _check_layer(self, layer: int) -> None:
-        check_layer(layer, self.cfg.n_layers)
 
     def key_slot_sources(self, layer: int, query_pos: int, n_key_slots: Optional[int] = None, kv_head: int = 0):
         """``(kind, source positions)`` of each key slot of ``hook_pattern`` for one query reading

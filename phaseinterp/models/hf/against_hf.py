@@ -3,8 +3,7 @@
 The Lightning Indexer's score ``sum_h w_h relu(q_h . k)`` is exactly 0.0 for an entry every index
 head scores negative, so entries tie, and a query's top-k may have to choose among them. Such ties
 are not part of the model: transformers breaks them with ``torch.topk``, whose choice depends on the
-row's length (a decoding step and a full forward choose differently: benchmarks/dsv4_decode_topk_ties.py)
-and on the device; phaseinterp gives them to the lowest entry indices (`compressor.top_k_set`), the
+row's length and the device; phaseinterp gives them to the lowest entry indices (`compressor.top_k_set`), the
 same in every call layout. So the two are compared as a reader of the model would: with
 transformers' selection put in place of phaseinterp's at every CSA layer (``indexer.hook_selected``),
 the logits must agree to float precision; and at every query of every CSA layer, the two selections

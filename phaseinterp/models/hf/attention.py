@@ -216,8 +216,7 @@ class AttentionHooks(nn.Module):
                 selected: Optional[Tensor], cos: Tensor, sin: Tensor, start: int) -> Tensor:
         """`attend` over the call's queries (positions ``start ..``), in the query chunks of
         `chunking.chunk_ranges` (``query_chunk`` None: one chunk): ``z`` ``[batch, n, head, d_head]``
-        before ``hook_z``, equal to transformers' eager forward (tests/test_dsv4_long.py,
-        tests/test_deepseek_v4.py).
+        before ``hook_z``, equal to transformers' eager forward.
 
         ``q`` ``[batch, head, n, d]`` and ``kv`` ``[batch, L, d]`` (one K = V head, positions ``kv_offset
         ..``) are rotated; ``entries`` the compressor's entries closed by the call's last query;

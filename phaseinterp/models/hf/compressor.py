@@ -178,8 +178,7 @@ class IndexerHooks(_CompressionHooks):
         entry a column, those not closed yet at a query -inf) once per query chunk with
         ``ctx["query_range"]``. The choice is a function of each row's scores alone (`top_k_set`): exact
         ties at the ``k``-th score go to the lowest entry indices, so a query selects the same entries
-        in a full forward, a chunked one and a decoding step (transformers' ``torch.topk`` breaks such
-        ties by the row's length: benchmarks/dsv4_decode_topk_ties.py)."""
+        in a full forward, a chunked one and a decoding step (transformers' ``torch.topk`` does not)."""
         hf = self.hf
         mod = _hf()
         batch, n, _ = x.shape
@@ -272,14 +271,13 @@ def _kept_indices(keep: Tensor, k: int) -> Tensor:
 
 def index_scores(scorer: nn.Module, q: Tensor, entries: Tensor, x: Tensor) -> Tensor:
     """transformers' ``DeepseekV4IndexerScorer.forward`` (``sum_h w_{t,h} relu(q_{t,h} . K_s)``), op for op
-    but the score matmul's batching, bit for bit the same scores (tests/test_dsv4_long.py); without
-    autograd its elementwise steps run in place (no new ``[batch, C, head, entry]`` block per step). ``q`` ``[batch, C, head, d]``, ``entries`` ``[batch, E, d]``,
-    ``x`` ``[batch, C, d_model]``; returns ``[batch, C, E]``."""
+    but the score matmul's batching, bit for bit the same scores; without autograd its elementwise steps
+    run in place. ``q`` ``[batch, C, head, d]``, ``entries`` ``[batch, E, d]``, ``x`` ``[batch, C,
+    d_model]``; returns ``[batch, C, E]``."""
     if torch.is_grad_enabled():
         return scorer(q, entries, x)
     batch, C, H, d = q.shape
-    # one [C * head, d] x [d, E] product per prompt row, not transformers' broadcast of the entries to C
-    # batches of [head, d] x [d, E] (the same dot products of d terms: bit-identical, about 6x faster)
+    # one [C * head, d] x [d, E] product per prompt row (the same dot products as transformers' C batches)
     scores = torch.matmul(q.float().reshape(batch, C * H, d), entries.transpose(-1, -2).float())
     scores = scores.view(batch, C, H, -1)  # [batch, C, head, E]
     scores.relu_().mul_(scorer.softmax_scale)

@@ -3,8 +3,7 @@
 The wrapper owns no weights: every parameter is the HF module's own. Its forward is a
 line-by-line re-implementation of `transformers.models.deepseek_v4` (5.24, eager
 attention, no KV cache) that calls the same submodules and parameters, with HookPoints
-where the paper's quantities appear; tests/test_deepseek_v4.py checks it against the plain
-HF forward to 1e-6. Hook names, shapes and the key layout of ``hook_pattern`` are phaseinterp's
+where the paper's quantities appear; it equals the plain HF forward to 1e-6. Hook names, shapes and the key layout of ``hook_pattern`` are phaseinterp's
 one vocabulary (docs/hooks.md; TransformerLens's names where the concept matches): the
 residual hooks carry the mHC ``hc_stream`` axis, K = V is one tensor (``attn.hook_kv``,
 ``compressor.hook_kv_compressed``; no ``hook_k``/``hook_v``), and the one compression gate per
@@ -33,10 +32,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
-from transformer_lens.ActivationCache import ActivationCache
 from transformer_lens.hook_points import HookPoint
 
-from phaseinterp._checks import check_int, check_layer
+from phaseinterp._checks import check_int
 from phaseinterp._files import atomic_write, check_metadata, check_write_target, json_default, write_dir_atomically
 from phaseinterp.errors import UserInputError
 from phaseinterp.models.compressor import GateParameters
@@ -45,7 +43,7 @@ from phaseinterp.models.hf.chunking import check_query_chunk
 from phaseinterp.models.hf.compressor import CompressorHooks
 from phaseinterp.models.hf.config import DeepseekV4HookedConfig
 from phaseinterp.models.hf.offload import execution_device, materialized
-from phaseinterp.models.cache import KVCache, check_return_type
+from phaseinterp.models.cache import KVCache, check_forward
 from phaseinterp.models.paths import CheckedHooks, hooked_points, query_context
 from phaseinterp.models.protocol import DeepseekV4Family, register_family
 from phaseinterp.models.transformer import check_tokens
@@ -98,7 +96,7 @@ class HookedDeepseekV4(CheckedHooks):
         `chunking.AUTO_CHUNK_ABOVE` (2,048) tokens the MLP/MoE and hyper-connections
         in blocks of `chunking.TOKEN_BLOCK` tokens: peak memory grows linearly in T. None: one chunk of
         every query (memory quadratic in T). An integer: chunks of that many queries. Every setting
-        equals transformers' eager forward (tests/test_dsv4_long.py). Per-token hooks fire once with
+        equals transformers' eager forward. Per-token hooks fire once with
         their full shapes; the per-query ``[pos, key_slot]`` hooks (``hook_attn_scores``,
         ``hook_pattern``, ``indexer.hook_scores``) fire once per chunk with ``ctx["query_range"]``
         (docs/deepseek_v4.md, "Long prompts on real checkpoints"). Returns the model."""
@@ -163,15 +161,10 @@ class HookedDeepseekV4(CheckedHooks):
         d_model]`` entering ``start_at_layer`` (``hook_resid_pre``'s shape), and with ``stop_at_layer``
         the residual leaving ``stop_at_layer - 1`` is returned. ``input_ids``: with ``start_at_layer``,
         the token ids the hash-routed MoE layers among those run read (`layer_inputs`)."""
-        check_return_type(return_type, cache, stop_at_layer)
         n_layers = self.cfg.n_layers
-        first = 0 if start_at_layer is None else check_int("start_at_layer", start_at_layer, 0, n_layers - 1)
-        last = n_layers if stop_at_layer is None else check_int("stop_at_layer", stop_at_layer, first + 1, n_layers)
+        first, last, start, variants = check_forward(cache, return_type, n_layers, start_at_layer, stop_at_layer)
         if start_at_layer is None and input_ids is not None:
             raise UserInputError("input_ids= goes with start_at_layer (the tokens are the input otherwise); drop it")
-        if return_type == "loss" and (start_at_layer is not None or stop_at_layer is not None):
-            raise UserInputError("return_type='loss' needs the tokens: it takes no start_at_layer / stop_at_layer")
-        start, variants = KVCache.check(cache, n_layers, first, last)
         hf = self.hf.model
         if start_at_layer is None:
             self._check_tokens(tokens, start)
@@ -203,10 +196,8 @@ class HookedDeepseekV4(CheckedHooks):
                                                  cache_only=return_type == "cache" and layer == n_layers - 1)
                 if cache is not None and variants is None:
                     cache.layers[layer] = layer_cache
-        if cache is not None and variants is not None:
-            cache.spent = True
-        elif cache is not None and last == n_layers:
-            cache.length = start + n
+        if cache is not None:
+            cache.after_call(variants, last == n_layers, start + n)
         if stop_at_layer is not None:
             return streams
         if return_type in (None, "cache"):
@@ -253,18 +244,7 @@ class HookedDeepseekV4(CheckedHooks):
             self(tokens[:, :-1], cache=cache, return_type="cache")
         return self(tokens[:, -1:], cache=cache.fork())[:, -1]
 
-    def run_with_cache(self, *model_args: Any, return_cache_object: bool = True, **kwargs: Any):
-        """TransformerLens's ``run_with_cache`` (an ``ActivationCache`` unless ``return_cache_object=False``)."""
-        out, cache_dict = super().run_with_cache(*model_args, **kwargs)
-        if not return_cache_object:
-            return out, cache_dict
-
-        return out, ActivationCache(cache_dict, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
-
     # --------------------------------------------------------------- metadata
-    def _check_layer(self, layer: int) -> None:
-        check_layer(layer, self.cfg.n_layers)
-
     def _compressor(self, layer: int) -> CompressorHooks:
         self._check_layer(layer)
         comp = self.blocks[layer].attn.compressor

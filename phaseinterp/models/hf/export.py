@@ -113,7 +113,7 @@ def fp8_roundtrip(weight, scales: str = DEFAULT_FP8_SCALES):
     """``dequantize(quantize(weight))`` in float32: the weight an FP8 export of ``weight`` loads as.
 
     With power-of-two scales (the default) this is a projection: a weight already on the grid comes
-    back bit for bit (`tests/test_hf_release.py::test_fp8_roundtrip_is_idempotent`). Why: a block's
+    back bit for bit. Why: a block's
     scale ``s`` is the smallest power of two with ``amax / s <= 448``, so ``amax / s`` is in
     ``(224, 448]``; e4m3 rounds that to ``m`` in ``[224, 448]``. Quantizing again, the new block max
     ``m * s`` gives ``s' = s`` (then ``q' = q``) or, when ``m = 224`` (``amax / s`` rounded down),
