@@ -561,9 +561,10 @@ def test_last_logits_equal_the_full_forward(name, length):
 
 def test_last_logits_is_a_prefill_and_one_step_under_any_hook():
     """`last_logits` is the cached forward, with or without hooks: a hook fires on the prefill (every
-    position but the last) and on the step (the last), ``hook.ctx["query_range"]`` saying which, and an
-    edit written to that rule gives the hooked full forward's logits (docs/hooks.md, "The rule")."""
-    model = make(0, window=4, stride=4)
+    position but the last; in the last layer only up to its cache, ``return_type="cache"``) and on the
+    step (the last), ``hook.ctx["query_range"]`` saying which, and an edit written to that rule gives
+    the hooked full forward's logits (docs/hooks.md, "The rule")."""
+    model = make(0, window=4, stride=4)  # 2 layers: blocks.1 is the last
     tokens = torch.randint(0, 32, (2, 30), generator=torch.Generator().manual_seed(0))
     seen = []
 
@@ -571,17 +572,22 @@ def test_last_logits_is_a_prefill_and_one_step_under_any_hook():
         seen.append((tuple(t.shape), hook.ctx["query_range"]))
         return 50 * t
 
+    prefill_and_step, step_only = [(0, 29), (29, 30)], [(29, 30)]
     with torch.no_grad():
-        for name, shape in (("blocks.0.hook_resid_post", (2, 30, 32)), ("blocks.1.attn.hook_z", (2, 30, 4, 8)),
-                            ("blocks.1.attn.hook_pattern", None)):
+        for name, shape, calls in (("blocks.0.hook_resid_post", (2, 30, 32), prefill_and_step),
+                                   ("blocks.0.attn.hook_z", (2, 30, 4, 8), prefill_and_step),
+                                   ("blocks.1.attn.hook_k", (2, 30, 2, 8), prefill_and_step),
+                                   ("blocks.1.attn.hook_z", (2, 30, 4, 8), step_only),
+                                   ("blocks.1.attn.hook_pattern", None, step_only)):
             edited = model.run_with_hooks(tokens, fwd_hooks=[(name, scale)])[:, -1]
             seen.clear()
             with model.hooks(fwd_hooks=[(name, scale)]):
                 got = model.last_logits(tokens)
+            assert [r for _, r in seen] == calls, name
             if shape is not None:
-                assert seen == [((2, 29) + shape[2:], (0, 29)), ((2, 1) + shape[2:], (29, 30))]
+                assert [s for s, _ in seen] == [(2, b - a) + shape[2:] for a, b in calls], name
             else:
-                assert [r for _, r in seen] == [(0, 29), (29, 30)] and seen[1][0][2] == 1
+                assert seen[-1][0][2] == 1
             torch.testing.assert_close(got, edited, rtol=1e-5, atol=1e-5)
         clean = model.last_logits(tokens)
         assert not torch.allclose(clean, edited, atol=1e-3)
