@@ -7,7 +7,7 @@ field or value, before any model work (a time budget per case shows it), or a co
 
 Hypothesis draws the values; the fast tier runs a fixed-seed sample (``PHASEINTERP_FUZZ58_EXAMPLES``,
 default 25 per test), the slow tier (``-m slow``) every declared case and 300 draws per test. The counts
-(``COUNTS``) are printed by `test_report_counts` (RESULTS, "Bad inputs", quotes them):
+(``COUNTS``) are printed after the file's tests by the `report_counts` fixture (RESULTS, "Bad inputs", quotes them):
 
     python -m pytest tests/test_bad_inputs_fuzz.py -n 0 -s -p no:randomly
 """
@@ -902,8 +902,12 @@ def test_every_reader_judges_every_path_case_at_the_door(reader, case, tmp_path,
     COUNTS[f"paths x cases (readers): refused ({'CLI' if not callable(call) else 'Python'})"] += 1
 
 
-def test_report_counts():
-    """The counts RESULTS quotes (``-s`` prints them)."""
-    print("\nissue-58 fuzzer counts:")
-    for key in sorted(COUNTS):
-        print(f"  {key}: {COUNTS[key]}")
+@pytest.fixture(scope="module", autouse=True)
+def report_counts(request):
+    """The counts RESULTS quotes, printed after the file's tests, capture or not (a fixture's teardown, not
+    a test: it checks nothing)."""
+    yield
+    with request.config.pluginmanager.getplugin("capturemanager").global_and_fixture_disabled():
+        print("\nissue-58 fuzzer counts:")
+        for key in sorted(COUNTS):
+            print(f"  {key}: {COUNTS[key]}")

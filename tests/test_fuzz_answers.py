@@ -427,9 +427,12 @@ def test_cli_refuses_a_drawn_answer_in_one_line_and_saves_nothing(name, first_go
         shutil.rmtree(out, ignore_errors=True)
 
 
-def test_report_counts(capsys):
-    """Prints how many answers of each kind this process drew (run the whole file to see them all)."""
-    with capsys.disabled():
+@pytest.fixture(scope="module", autouse=True)
+def report_counts(request):
+    """Prints how many answers of each kind this process drew after the file's tests, captured or not (run the whole
+    file to see them all). A fixture's teardown, not a test: it checks nothing."""
+    yield
+    with request.config.pluginmanager.getplugin("capturemanager").global_and_fixture_disabled():
         print(f"\nengine answers drawn: {sum(v for k, v in COUNTS.items() if not k.startswith('cli'))} over "
               f"{len({k for k in COUNTS if not k.startswith('cli')})} kinds; through the CLI: "
               f"{sum(v for k, v in COUNTS.items() if k.startswith('cli'))}", dict(sorted(COUNTS.items())))

@@ -651,7 +651,10 @@ def test_fuzz_cli(verb, places, tmp_path, monkeypatch, capsys):
     run()
 
 
-def test_report_counts(capsys):
-    """Prints how many inputs each class got in this process (run the whole file to see them all)."""
-    with capsys.disabled():
+@pytest.fixture(scope="module", autouse=True)
+def report_counts(request):
+    """Prints how many inputs each class got in this process after the file's tests, captured or not (run the whole
+    file to see them all). A fixture's teardown, not a test: it checks nothing."""
+    yield
+    with request.config.pluginmanager.getplugin("capturemanager").global_and_fixture_disabled():
         print("\nfuzz inputs per class:", dict(sorted(COUNTS.items())))

@@ -496,7 +496,10 @@ def test_an_impossible_config_without_its_hash_is_refused(checkpoint, data, tmp_
     _load_refused(folder, rf"{field}|does not fit the model")
 
 
-def test_report_counts(capsys):
-    """Prints how many edits of each kind this process drew (run the whole file to see them all)."""
-    with capsys.disabled():
+@pytest.fixture(scope="module", autouse=True)
+def report_counts(request):
+    """Prints how many edits of each kind this process drew after the file's tests, captured or not (run the whole
+    file to see them all). A fixture's teardown, not a test: it checks nothing."""
+    yield
+    with request.config.pluginmanager.getplugin("capturemanager").global_and_fixture_disabled():
         print(f"\nedits drawn: {sum(COUNTS.values())}", dict(sorted(COUNTS.items())))
