@@ -245,9 +245,12 @@ def test_demo_quick_on_the_shipped_models(tmp_path, capsys):
         assert (tmp_path / "demo" / "data" / "remedy_heads.csv").is_file()
 
 
+@pytest.mark.slow  # a 1,728-prompt profile of a shipped checkpoint; the fast tier holds its parts (below)
 @pytest.mark.zoo("dsv4-tiny")
 def test_cli_accepts_the_hf_deepseek_v4_zoo_names(tmp_path, capsys):
-    """`phaseinterp profile dsv4-tiny` loads the HF-format zoo model like any other zoo name."""
+    """`phaseinterp profile dsv4-tiny` loads the HF-format zoo model like any other zoo name. Fast: the name
+    through the experiments' one loader (`gates dsv4-tiny`, the next test), `profile` on the family (a
+    release folder of it, tests/test_load.py); dsv4-tiny's period 4: tests/test_deepseek_v4.py (slow)."""
     from phaseinterp.profile import PhaseProfile
 
     pytest.importorskip("transformers")
@@ -260,7 +263,8 @@ def test_cli_accepts_the_hf_deepseek_v4_zoo_names(tmp_path, capsys):
 def test_the_cli_takes_a_deepseek_v4_zoo_model(tmp_path, capsys, monkeypatch):
     """One zoo, both families: `zoo list` names `dsv4-tiny` as shipped, `gates` runs on it, and
     `demo --model dsv4-tiny` / `report dsv4-tiny` reach `build_report` with it (the report itself:
-    test_report_page; profile: the test above; ablate and cycle: the slow test below)."""
+    test_report_page; profile: test_load's release folder, and the slow test above; ablate and cycle: the
+    slow test below)."""
     from types import SimpleNamespace
 
     from phaseinterp import report as report_module
