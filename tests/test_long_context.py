@@ -157,8 +157,8 @@ def test_bad_query_chunk_raises(value):
 
 
 def test_the_ablation_sweep_is_one_prefill_then_steps_over_forks(monkeypatch):
-    """`ablate`'s sweep is the cached forward: per prompt batch one prefill of the prefix (``answer_pos``
-    tokens) through every layer, one step of the answer position over a fork (every layer), then per
+    """`ablate`'s sweep is the cached forward: per prompt batch (calibration prompts too) one prefill of
+    the prefix (``answer_pos`` tokens) through every layer, one step of the answer position over a fork (every layer), then per
     layer ``L`` one step from ``L`` on of its V units as V variants of a fork; the prefix is never run
     twice. With query chunks it equals the unchunked sweep."""
     from phaseinterp.interventions import ablate
@@ -172,9 +172,9 @@ def test_the_ablation_sweep_is_one_prefill_then_steps_over_forks(monkeypatch):
     calls = []
     forward = CompressedAttention.forward
 
-    def spy(self, x, cache=None, start=0, variants=None):
-        calls.append((self.layer, x.shape[1], start, variants))
-        return forward(self, x, cache, start, variants)
+    def spy(self, x, cache=None, start=0, variants=None, cache_only=False):
+        calls.append((self.layer, x.shape[1], start, variants, cache_only))
+        return forward(self, x, cache, start, variants, cache_only)
 
     monkeypatch.setattr(CompressedAttention, "forward", spy)
     chunked = ablate(model, task, prompts=prompts, n_calibration=8, batch_size=4, progress=False)
@@ -184,10 +184,11 @@ def test_the_ablation_sweep_is_one_prefill_then_steps_over_forks(monkeypatch):
                                torch.as_tensor(reference.knockout_logit_answer), rtol=0, atol=1e-5)
     L, V = model.cfg.n_layers, model.cfg.n_kv_heads
     n_batches = -(-len(prompts) // 4)
-    calibration = [(layer, answer_pos + 1, 0, None) for layer in range(L)] * 2  # 8 prompts in batches of 4
-    per_batch = ([(layer, answer_pos, 0, None) for layer in range(L)]
-                 + [(layer, 1, answer_pos, 1) for layer in range(L)]
-                 + [(later, 1, answer_pos, V) for layer in range(L) for later in range(layer, L)])
+    # a prefill (the last layer's cache only: return_type="cache"), then the answer position's step
+    prefill_and_step = ([(layer, answer_pos, 0, None, layer == L - 1) for layer in range(L)]
+                        + [(layer, 1, answer_pos, 1, False) for layer in range(L)])
+    calibration = prefill_and_step * 2  # 8 prompts in batches of 4
+    per_batch = prefill_and_step + [(later, 1, answer_pos, V, False) for layer in range(L) for later in range(layer, L)]
     assert calls == calibration + per_batch * n_batches
     assert len(reference.units) == V * L
 

@@ -14,7 +14,6 @@ in a batch of 512, and a block's memory grows with the batch. Above AUTO_CHUNK_A
 
 from __future__ import annotations
 
-from phaseinterp._checks import check_query_chunk  # shared with `CompressedTransformer`
 
 AUTO_CHUNK_ABOVE = 2048
 SCORE_BLOCK = 1 << 24
@@ -46,5 +45,5 @@ def chunk_ranges(T: int, per_query: int, query_chunk) -> list[tuple[int, int]]:
     return [(a, min(a + size, T)) for a in range(0, T, size)]
 
 
-__all__ = ["AUTO_CHUNK_ABOVE", "LONG_SCORE_BLOCK", "SCORE_BLOCK", "TOKEN_BLOCK", "check_query_chunk", "chunk_ranges",
+__all__ = ["AUTO_CHUNK_ABOVE", "LONG_SCORE_BLOCK", "SCORE_BLOCK", "TOKEN_BLOCK", "chunk_ranges",
            "chunk_size", "is_chunked"]

@@ -34,12 +34,11 @@ import torch.nn.functional as F
 from torch import Tensor
 from transformer_lens.hook_points import HookPoint
 
-from phaseinterp._checks import check_int
+from phaseinterp._checks import check_int, check_query_chunk
 from phaseinterp._files import atomic_write, check_metadata, check_write_target, json_default, write_dir_atomically
 from phaseinterp.errors import UserInputError
 from phaseinterp.models.compressor import GateParameters
 from phaseinterp.models.hf.attention import BlockHooks, NormHooks
-from phaseinterp.models.hf.chunking import check_query_chunk
 from phaseinterp.models.hf.compressor import CompressorHooks
 from phaseinterp.models.hf.config import DeepseekV4HookedConfig
 from phaseinterp.models.hf.offload import execution_device, materialized
