@@ -35,6 +35,9 @@ def _settings(shifts=None):
 
     settings = ReportSettings.quick()
     settings.shifts, settings.export_static = shifts, False
+    # the page's structure, not its statistics: 24 prompts per residue (R = 8) where quick() has 72
+    settings.n_per_residue = settings.ablation_per_residue = settings.cycling_per_residue = 24
+    settings.n_calibration = 32
     return settings
 
 
