@@ -94,7 +94,7 @@ def saved(tmp_path_factory, zoo_model):
     search = theory.global_search(induction, n_random=2, n_refine_best=1, steps=20)
     results = [
         pi.phase_profile(model, batch, progress=False, n_permutations=19),
-        pi.phase_profile(model, TASK, n_per_residue=64, axis="both", progress=False, n_permutations=19),
+        pi.phase_profile(model, TASK, n_per_residue=24, axis="both", progress=False, n_permutations=19),
         ablation,
         pi.gate_cycling_profile(model, TASK, shifts=(1, -1), prompts=batch, progress=False, n_boot=10),
         pi.gate_profile(model, TASK, prompts=batch),
