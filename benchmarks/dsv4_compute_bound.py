@@ -19,6 +19,11 @@ FLOPs are the useful multiply-adds (2 per MAC), counted per layer kind:
 and the bound is FLOPs / the machine's float32 GEMM rate, measured in the same process (the median of
 5 square matmuls of side 1,024 on the same threads). Elementwise work (softmax, RoPE, norms, gathers,
 Sinkhorn) is not counted: a ratio above 1 is that work plus the small matmuls' inefficiency.
+
+The indexer's selection is not a matmul either: ``torch.topk`` over each query's closed CSA entries
+(about T^2 / 8 scores per CSA layer). The "topk s" column is that operator's own time in one more forward
+under ``torch.profiler``; "topk / bound" above the bar (3) says the bar is out of reach of any forward
+that selects with ``torch.topk``, whatever the rest costs.
 """
 
 from __future__ import annotations
@@ -106,6 +111,16 @@ def counted_rest(model, tokens, cfg) -> tuple[int, int]:
     return int(counter.get_total_flops()), score_flops[0] + indexer
 
 
+def topk_seconds(model, tokens) -> float:
+    """Self time of ``aten::topk`` in one forward under ``torch.profiler``: the indexer's selection (and the
+    MoE router's top-k over a few experts, small beside it)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        model(tokens, return_type=None)
+    return sum(e.self_cpu_time_total for e in prof.key_averages() if e.key == "aten::topk") / 1e6
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[8192, 32768])
@@ -124,8 +139,9 @@ def main() -> None:
     if max(args.lengths) > cfg.max_position_embeddings:
         parser.error(f"--lengths {max(args.lengths)} exceeds max_position_embeddings={cfg.max_position_embeddings}")
     print(f"# dsv4_compute_bound: {model!r}; float32; {args.threads} thread(s); median of {args.repeats}")
-    print("| T | seconds | attention GFLOP | indexer GFLOP | rest GFLOP | GEMM GFLOP/s | bound s | measured / bound |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| T | seconds | attention GFLOP | indexer GFLOP | rest GFLOP | GEMM GFLOP/s | bound s | measured / bound "
+          "| topk s | topk / bound |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for T in args.lengths:
         tokens = torch.randint(0, model.cfg.d_vocab, (1, T), generator=torch.Generator().manual_seed(T))
         times = []
@@ -141,8 +157,9 @@ def main() -> None:
         rest = total - scores
         rate = gemm_rate()
         bound = (attn + idx + rest) / rate
+        topk = topk_seconds(model, tokens)
         print(f"| {T:,} | {seconds:.1f} | {attn / 1e9:.2f} | {idx / 1e9:.2f} | {rest / 1e9:.2f} | {rate / 1e9:.1f} | "
-              f"{bound:.2f} | {seconds / bound:.1f} |", flush=True)
+              f"{bound:.2f} | {seconds / bound:.1f} | {topk:.2f} | {topk / bound:.1f} |", flush=True)
 
 
 if __name__ == "__main__":
