@@ -118,43 +118,71 @@ def specialization_heatmap(result, level: str = "phase", zmax: float | None = No
 
 
 def gate_cycling_figure(result, title: str | None = None) -> go.Figure:
-    """Left: accuracy per phase for every gate shift. Right: predicted vs observed change (the
-    dashed diagonal is the parameter-free prediction), with the headline R² (1 - SS_res/SS_tot,
-    no fitted slope or intercept), the squared correlation and how many shifts the
-    identification test recovers (see `phaseinterp.interventions.gate_cycling.cycling_scores`)."""
-    acc = result.phase_accuracy()
-    tidy = result.to_frame()
+    """`cycling_panels` of a `GateCyclingResult`, titled with the headline R² (1 - SS_res/SS_tot, no fitted
+    slope or intercept), the squared correlation and how many shifts the identification test recovers
+    (see `phaseinterp.interventions.gate_cycling.cycling_scores`)."""
     scores = result.scores
+    frame = result.to_frame().rename(columns={"accuracy": "observed"})
+    base = frame.loc[frame["shift"] == 0].set_index("phase")["observed"]
+    frame["observed_change"] = frame["observed"] - frame["phase"].map(base)
+    frame["predicted_change"] = frame["predicted"] - frame["phase"].map(base)
+    words = (f"R² {scores['r2_pooled']:.2f} (no fit, boundary excl.), r² {scores['corr2_pooled']:.2f} (fitted line), "
+             + (f"{scores['n_identified']}/{scores['n_shifts']} shifts identified" if result.premise_holds
+                else "PREMISE FAILS: not evidence"))
+    return cycling_panels(frame, list(result.phase_accuracy().index), result.stride, words,
+                          title or f"Gate cycling: {result.model_label}")
+
+
+def interval_band(fig, x, lower, upper, color, row=None, col=None) -> None:
+    """A shaded interval band (skipped where the interval is not known)."""
+    lower, upper = np.asarray(lower, float), np.asarray(upper, float)
+    if not np.isfinite(lower).any():
+        return
+    kw = dict(row=row, col=col) if row else {}
+    fig.add_trace(go.Scatter(x=np.r_[x, x[::-1]], y=np.r_[upper, lower[::-1]], fill="toself", line=dict(width=0),
+                             fillcolor=color, opacity=0.18, hoverinfo="skip", showlegend=False), **kw)
+
+
+def cycling_panels(frame: pd.DataFrame, shifts, stride: int, scores: str, title: str, *,
+                   percent: bool = False) -> go.Figure:
+    """Gate cycling in two panels, one colour per shift d of ``shifts`` (0: unshifted). ``frame``: a row
+    per shift and phase with the ``observed`` accuracy, the ``predicted`` A₀((r−d) mod S), their changes
+    from A₀(r) (``observed_change``, ``predicted_change``) and, where known, an interval (``lower``,
+    ``upper``); fractions, or % and pp with ``percent``. Left: accuracy per phase, observed (solid, its
+    interval shaded) and predicted (dashed). Right, ``scores`` in its title: observed against predicted
+    change (x: the boundary phase S−1), the dotted diagonal being the parameter-free prediction."""
+    scale, pp = (100, " (pp)") if percent else (1, "")
     fig = make_subplots(rows=1, cols=2, subplot_titles=(
-        "accuracy by phase per shift",
-        f"predicted vs observed change (boundary excl.)<br>R² {scores['r2_pooled']:.2f} (no fit), "
-        f"r² {scores['corr2_pooled']:.2f} (fitted line), "
-        + (f"{scores['n_identified']}/{scores['n_shifts']} shifts identified" if result.premise_holds
-           else "PREMISE FAILS: not evidence")))
-    for i, d in enumerate(acc.index):
-        fig.add_trace(go.Scatter(x=list(acc.columns), y=acc.loc[d].to_numpy(), mode="lines+markers",
-                                 name=f"shift {d:+d}" if d else "unshifted",
-                                 line=dict(color=PALETTE[i % len(PALETTE)], width=3 if d == 0 else 1.5)),
-                      row=1, col=1)
-    base = tidy[tidy["shift"] == 0].set_index("phase")["accuracy"]
-    other = tidy[tidy["shift"] != 0].copy()
-    other["observed"] = other["accuracy"] - other["phase"].map(base)
-    other["pred_change"] = other["predicted"] - other["phase"].map(base)
-    boundary = result.stride - 1
-    for is_boundary, name, symbol in ((False, "non-boundary phases", "circle"), (True, "boundary phase", "x")):
-        sub = other[(other["phase"] == boundary) == is_boundary]
-        fig.add_trace(go.Scatter(x=sub["pred_change"], y=sub["observed"], mode="markers", name=name,
-                                 marker=dict(symbol=symbol, size=8, color="#444" if is_boundary else "#1f77b4"),
-                                 text=[f"shift {d:+d}, phase {r}" for d, r in zip(sub["shift"], sub["phase"])]),
-                      row=1, col=2)
-    lim = float(np.nanmax(np.abs(np.r_[other["observed"], other["pred_change"], 0.05]))) * 1.1
-    fig.add_trace(go.Scatter(x=[-lim, lim], y=[-lim, lim], mode="lines", line=dict(dash="dash", color="grey"),
+        "accuracy per phase<br>observed (solid), predicted (dashed)",
+        "observed vs predicted change (x: boundary phase)<br>" + scores))
+    for i, d in enumerate(shifts):
+        sub = frame[frame["shift"] == d].sort_values("phase")
+        color, name = PALETTE[i % len(PALETTE)], f"shift {d:+d}" if d else "unshifted"
+        if {"lower", "upper"} <= set(sub):
+            interval_band(fig, sub.phase.to_numpy(), sub.lower, sub.upper, color, 1, 1)
+        if d:  # drawn before the observed line: the legend entry and the report's series style are the observed
+            fig.add_trace(go.Scatter(x=sub.phase, y=sub.predicted, mode="lines", name=f"{name} predicted",
+                                     legendgroup=name, showlegend=False, line=dict(color=color, dash="dash", width=1)),
+                          row=1, col=1)
+            for boundary, symbol in ((False, "circle"), (True, "x")):
+                part = sub[(sub.phase == stride - 1) == boundary]
+                fig.add_trace(go.Scatter(x=part.predicted_change, y=part.observed_change, mode="markers",
+                                         marker=dict(color=color, symbol=symbol, size=8), legendgroup=name,
+                                         showlegend=False, text=[f"{name}, phase {r}" for r in part.phase]),
+                              row=1, col=2)
+        fig.add_trace(go.Scatter(x=sub.phase, y=sub.observed, mode="lines+markers", name=name, legendgroup=name,
+                                 line=dict(color=color, dash="solid", width=3 if d == 0 else 1.5)), row=1, col=1)
+    changes = frame[frame["shift"] != 0]
+    lim = float(np.nanmax(np.abs(np.r_[changes.observed_change, changes.predicted_change, 0.05 * scale]))) * 1.1
+    fig.add_trace(go.Scatter(x=[-lim, lim], y=[-lim, lim], mode="lines", line=dict(dash="dot", color="grey"),
                              showlegend=False), row=1, col=2)
     fig.update_xaxes(title_text="phase", dtick=1, row=1, col=1)
-    fig.update_yaxes(title_text="accuracy", range=[0, 1.02], row=1, col=1)
-    fig.update_xaxes(title_text="predicted change A₀((r−d) mod S) − A₀(r)", row=1, col=2)
-    fig.update_yaxes(title_text="observed change", row=1, col=2)
-    return style(fig, title or f"Gate cycling: {result.model_label}", width=1100, height=460)
+    fig.update_yaxes(title_text="accuracy" + (" (%)" if percent else ""), range=[0, 1.02 * scale], row=1, col=1)
+    fig.update_xaxes(title_text="predicted change A₀((r−d) mod S) − A₀(r)" + pp, row=1, col=2)
+    fig.update_yaxes(title_text="observed change" + pp, row=1, col=2)
+    style(fig, title, width=1100, height=480)
+    fig.layout.margin.t += 25  # the panels' titles take two lines
+    return fig
 
 
 def unit_cycling_figure(result, title: str | None = None) -> go.Figure:

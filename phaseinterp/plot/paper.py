@@ -9,17 +9,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from phaseinterp.plot.compare import DASHES, SYMBOLS, profiles_figure
-from phaseinterp.plot.mechanisms import PALETTE, style
-
-
-def _band(fig, x, lower, upper, color, row=None, col=None):
-    """A shaded interval band (skipped where the interval is not published)."""
-    lower, upper = np.asarray(lower, float), np.asarray(upper, float)
-    if not np.isfinite(lower).any():
-        return
-    kw = dict(row=row, col=col) if row else {}
-    fig.add_trace(go.Scatter(x=np.r_[x, x[::-1]], y=np.r_[upper, lower[::-1]], fill="toself", line=dict(width=0),
-                             fillcolor=color, opacity=0.18, hoverinfo="skip", showlegend=False), **kw)
+from phaseinterp.plot.mechanisms import PALETTE, cycling_panels, interval_band, style
 
 
 # ------------------------------------------------------------------ one result each
@@ -70,7 +60,7 @@ def runs_figure(groups: dict, baselines, padding: str, title: str | None = None)
         for i, p in enumerate(groups[name]):
             color = PALETTE[i % len(PALETTE)]
             label = p.label.split(" (paper")[0]
-            _band(fig, r, 100 * p.residue_lower, 100 * p.residue_upper, color, row, col)
+            interval_band(fig, r, 100 * p.residue_lower, 100 * p.residue_upper, color, row, col)
             fig.add_trace(go.Scatter(x=r, y=100 * p.residue_accuracy, mode="lines+markers", name=label,
                                      line=dict(color=color, width=1.6), marker=dict(size=4, symbol=SYMBOLS[i]),
                                      legendgroup=name, legendgrouptitle_text=name if i == 0 else None,
@@ -117,43 +107,15 @@ def gates_figure(gates, layers=None, title: str | None = None) -> go.Figure:
 
 
 def cycling_figure(cycling, title: str | None = None) -> go.Figure:
-    """Left: observed (solid, 95% band) and predicted (dashed) accuracy per phase for each shift.
-    Right: observed against predicted change per phase (boundary phases marked x); the panel title
-    gives the paper's R² range over shifts (squared correlation without the last phase), computed here."""
+    """`cycling_panels` of a `PublishedCycling` in % (95% bands as published), titled with the paper's R²
+    range over shifts (squared correlation without the last phase), computed here."""
     frame = cycling.to_frame()
-    fig = make_subplots(rows=1, cols=2, column_widths=[0.55, 0.45], subplot_titles=(
-        "accuracy per phase: observed (solid) and predicted A₀((r−d) mod S) (dashed)",
-        f"observed vs predicted change: paper R² {frame.corr2.min():.2f}..{frame.corr2.max():.2f} "
-        f"(published {frame.paper_r2.min():.2f}..{frame.paper_r2.max():.2f})"))
-    prof = cycling.profiles
-    s = np.arange(cycling.stride)
-    for i, d in enumerate(cycling.shifts):
-        sub = prof[prof["shift"] == d].sort_values("phase")
-        color = "#000" if d == 0 else PALETTE[i % len(PALETTE)]
-        name = "unshifted" if d == 0 else f"shift {d:+d}"
-        _band(fig, s, 100 * sub.lower, 100 * sub.upper, color, 1, 1)
-        fig.add_trace(go.Scatter(x=s, y=100 * sub.observed, mode="lines+markers", name=name, legendgroup=name,
-                                 line=dict(color=color, width=3 if d == 0 else 1.5)), row=1, col=1)
-        if d:
-            fig.add_trace(go.Scatter(x=s, y=100 * sub.predicted, mode="lines", name=f"{name} predicted",
-                                     legendgroup=name, showlegend=False, line=dict(color=color, dash="dash", width=1)),
-                          row=1, col=1)
-            last = sub.phase == cycling.stride - 1
-            for is_last, symbol in ((False, "circle"), (True, "x")):
-                part = sub[last == is_last]
-                fig.add_trace(go.Scatter(x=part.predicted_change, y=part.observed_change, mode="markers",
-                                         marker=dict(color=color, symbol=symbol, size=8 if is_last else 6),
-                                         legendgroup=name, showlegend=False,
-                                         text=[f"shift {d:+d}, phase {r}" for r in part.phase]), row=1, col=2)
-    changes = prof[prof["shift"] != 0]
-    lim = float(np.nanmax(np.abs(np.r_[changes.predicted_change, changes.observed_change, 1]))) * 1.08
-    fig.add_trace(go.Scatter(x=[-lim, lim], y=[-lim, lim], mode="lines", line=dict(dash="dot", color="grey"),
-                             showlegend=False), row=1, col=2)
-    fig.update_xaxes(title_text="phase", dtick=1, row=1, col=1)
-    fig.update_yaxes(title_text="accuracy (%)", range=[0, 100], row=1, col=1)
-    fig.update_xaxes(title_text="predicted change (pp)", row=1, col=2)
-    fig.update_yaxes(title_text="observed change (pp); x = last phase S−1", row=1, col=2)
-    return style(fig, title or f"Gate cycling: {cycling.model_label}", width=1200, height=480)
+    profiles = cycling.profiles.copy()
+    profiles[["observed", "predicted", "lower", "upper"]] *= 100
+    scores = (f"paper R² {frame.corr2.min():.2f}..{frame.corr2.max():.2f} "
+              f"(published {frame.paper_r2.min():.2f}..{frame.paper_r2.max():.2f})")
+    return cycling_panels(profiles, cycling.shifts, cycling.stride, scores,
+                          title or f"Gate cycling: {cycling.model_label}", percent=True)
 
 
 def concentration_figure(points: pd.DataFrame, trajectory: pd.DataFrame | None = None,
