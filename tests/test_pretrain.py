@@ -234,7 +234,8 @@ def test_tied_embeddings_unembed_with_the_embedding():
 # ------------------------------------------------------------------ runs
 def test_micro_batches_and_activation_checkpointing_compute_the_same_step():
     from phaseinterp.models import CompressedTransformer
-    from phaseinterp.train.pretrain import PretrainConfig, _optimizer, autocast_for, train_step
+    from phaseinterp.train.pretrain import PretrainConfig, autocast_for, train_step
+    from phaseinterp.train.recipe import adamw
 
     rows = torch.randint(0, 512, (4, 33), generator=torch.Generator().manual_seed(1))
     cpu = autocast_for(torch.device("cpu"))
@@ -242,7 +243,7 @@ def test_micro_batches_and_activation_checkpointing_compute_the_same_step():
     for micro, recompute in ((4, False), (1, False), (2, True)):
         model = CompressedTransformer(preset("tiny")).train()
         model.activation_checkpointing = recompute
-        optimizer = _optimizer(model, PretrainConfig())
+        optimizer = adamw(model, PretrainConfig())
         losses.append(train_step(model, optimizer, rows, micro=micro, grad_clip=1.0, autocast=cpu).item())
         states.append(model.state_dict())
     assert losses[0] == pytest.approx(losses[1], rel=1e-6) == pytest.approx(losses[2], rel=1e-6)
@@ -566,9 +567,11 @@ def test_presets_carry_their_own_recipe():
 # ------------------------------------------------------------------ gates and snapshots (issue 57)
 def test_gate_parameters_and_the_embedding_are_not_weight_decayed():
     """AdamW decays the matrices but the embedding and every gate parameter (own kernel: Z_k, Z_v, b_k, b_v;
-    DeepSeek's: gate_proj, position_bias): decay would pull each gate toward uniform."""
+    DeepSeek's: gate_proj, position_bias): decay would pull each gate toward uniform. The synthetic-task
+    recipe (`train`, which trained the zoo) decays them too."""
     from phaseinterp.models import CompressedTransformer
-    from phaseinterp.train.pretrain import PretrainConfig, _optimizer, decayed_parameter_names
+    from phaseinterp.train.pretrain import PretrainConfig
+    from phaseinterp.train.recipe import adamw, decayed_parameter_names
 
     for config, gates in ((preset("tiny"), {"Z_k", "Z_v", "b_k", "b_v"}),
                           (preset("tiny", compression="deepseek", gate="vector"), {"gate_proj", "position_bias"})):
@@ -581,14 +584,16 @@ def test_gate_parameters_and_the_embedding_are_not_weight_decayed():
         assert all(names[n].ndim >= 2 for n in decayed)
         if config.compression == "deepseek":
             assert "blocks.0.attn.compressor.kv_proj" in decayed  # the payload map is a matrix like the others
-        groups = _optimizer(model, PretrainConfig(weight_decay=0.1)).param_groups
+        groups = adamw(model, PretrainConfig(weight_decay=0.1)).param_groups
         assert [g["weight_decay"] for g in groups] == [0.1, 0.0]
         assert {id(p) for p in groups[0]["params"]} == {id(names[n]) for n in decayed}
+        with_gates = set(decayed_parameter_names(model, decay_gates=True))
+        assert with_gates - decayed == {n for n in names if n.split(".")[-1] in gates and names[n].ndim >= 2}
 
 
 def test_keep_every_keeps_the_snapshots_at_its_multiples(tmp_path):
     """Checkpoints every 100 steps with keep_every=300: the newest two and every multiple of 300 survive."""
-    from phaseinterp.train.compressed import publish_checkpoint
+    from phaseinterp.train.checkpoints import publish_checkpoint
 
     for keep_every, expected in ((300, [300, 600, 900, 1000]), (None, [900, 1000])):
         root = tmp_path / f"checkpoints-{keep_every}"

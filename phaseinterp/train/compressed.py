@@ -7,9 +7,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
-import math
 import os
-import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -29,8 +27,9 @@ from phaseinterp.errors import UserInputError
 from phaseinterp.models.transformer import CompressedTransformer
 from phaseinterp.phase import check_residue_modulus
 from phaseinterp.results import plotting
+from phaseinterp.train.checkpoints import STATE_FILE, changed_fields, latest_checkpoint, publish_checkpoint
+from phaseinterp.train.recipe import Recipe, adamw
 
-STATE_FILE = "train_state.json"
 OPTIMIZER_FILE = "optimizer.pt"
 CURVES_FILE = "curves.csv"
 LOG_FILE = "log.csv"
@@ -53,7 +52,7 @@ class CurriculumStage:
 
 
 @dataclass(frozen=True)
-class TrainConfig:
+class TrainConfig(Recipe):
     """Everything that defines a training run besides the model and the task."""
 
     steps: int = 1500
@@ -76,10 +75,9 @@ class TrainConfig:
     snapshot_steps: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "eval_every", "checkpoint_every", "probe_per_residue"):
+        self._check_optimizer()
+        for name in ("batch_size", "eval_every", "checkpoint_every", "probe_per_residue"):
             check_int(name, getattr(self, name), 1)
-        if not (self.lr > 0):
-            raise UserInputError(f"lr={self.lr} must be > 0")
         if self.loss_on not in ("answer", "values"):
             raise UserInputError(f"loss_on={self.loss_on!r} is not one of ('answer', 'values')")
         if not (0 <= self.periodic_fraction < 1):
@@ -89,24 +87,13 @@ class TrainConfig:
             raise UserInputError(f"periodic_block={self.periodic_block} must satisfy 1 <= min <= max")
         stages = [CurriculumStage(**s) if isinstance(s, dict) else s for s in self.curriculum]
         object.__setattr__(self, "curriculum", tuple(stages))
-        object.__setattr__(self, "betas", tuple(self.betas))
         object.__setattr__(self, "periodic_block", tuple(self.periodic_block))
         object.__setattr__(self, "snapshot_steps", tuple(self.snapshot_steps))
         if any(b.until <= a.until for a, b in zip(stages, stages[1:])):
             raise UserInputError("curriculum stages must have strictly increasing `until`")
-        if not (0 <= self.warmup_steps):
-            raise UserInputError(f"warmup_steps={self.warmup_steps} must be >= 0")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "TrainConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise UserInputError(f"unknown TrainConfig fields {sorted(unknown)}")
-        return cls(**d)
 
     def stage_at(self, step: int) -> dict[str, Any]:
         """Task knobs at ``step`` (the first stage whose ``until`` lies beyond it; {} after)."""
@@ -115,13 +102,6 @@ class TrainConfig:
             if frac < stage.until:
                 return dict(stage.task)
         return {}
-
-    def lr_at(self, step: int) -> float:
-        if step < self.warmup_steps:
-            return self.lr * (step + 1) / self.warmup_steps
-        progress = (step - self.warmup_steps) / max(1, self.steps - self.warmup_steps)
-        cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-        return self.lr * (self.min_lr_ratio + (1 - self.min_lr_ratio) * cosine)
 
 
 @dataclass(frozen=True)
@@ -156,21 +136,30 @@ def periodic_rows(
     return tokens, targets, mask
 
 
-def _batch(task, train_cfg: TrainConfig, step: int, seq_len: int, vocab_size: int):
-    """The batch of ``step``: a pure function of (seed, step), which makes resume exact."""
-    step_seed = train_cfg.seed * 1_000_003 + step
+def training_batch(task, recipe, step: int, stage: dict[str, Any], loss_on: str = "answer"):
+    """The batch of ``step``, a pure function of ``(recipe.seed, step)`` (which makes a resume exact):
+    ``recipe.batch_size`` rows, the last ``periodic_fraction`` of them `periodic_rows`, the others the task's
+    training rows with the task knobs ``stage``. Returns ``(tokens, targets, loss mask, number of task rows)``."""
+    step_seed = recipe.seed * 1_000_003 + step
     gen = torch.Generator().manual_seed(step_seed)
-    n_periodic = int(round(train_cfg.periodic_fraction * train_cfg.batch_size))
-    n_task = train_cfg.batch_size - n_periodic
-    rows = task.sample_train(n_task, step_seed, **train_cfg.stage_at(step))
-    mask = rows.value_mask if train_cfg.loss_on == "values" else rows.answer_mask
+    n_periodic = int(round(recipe.periodic_fraction * recipe.batch_size))
+    n_task = recipe.batch_size - n_periodic
+    rows = task.sample_train(n_task, step_seed, **stage)
+    mask = rows.value_mask if loss_on == "values" else rows.answer_mask
     tokens, targets = rows.tokens, rows.targets
     if n_periodic:
-        p_tok, p_tgt, p_mask = periodic_rows(
-            n_periodic, seq_len, vocab_size, train_cfg.periodic_block, gen, low=len(task.vocab.specials)
-        )
+        p_tok, p_tgt, p_mask = periodic_rows(n_periodic, task.seq_len, task.vocab.size, recipe.periodic_block, gen,
+                                             low=len(task.vocab.specials))
         tokens, targets, mask = torch.cat([tokens, p_tok]), torch.cat([targets, p_tgt]), torch.cat([mask, p_mask])
     return tokens, targets, mask, n_task
+
+
+def residue_rows(residues, correct, stride: int, **columns) -> list[dict]:
+    """One row per residue of a probe: ``columns`` (the step, ...), residue, phase (residue mod ``stride``),
+    accuracy (the mean of ``correct`` over its prompts) and n (their count)."""
+    frame = pd.DataFrame({"residue": residues, "correct": correct})
+    return [dict(**columns, residue=int(r), phase=int(r) % stride, accuracy=float(g.correct.mean()), n=int(len(g)))
+            for r, g in frame.groupby("residue")]
 
 
 def _probe_curves(model, probe, device, stride: int, step: int) -> list[dict]:
@@ -182,12 +171,7 @@ def _probe_curves(model, probe, device, stride: int, step: int) -> list[dict]:
             logits = model(probe.tokens[i : i + 256].to(device))
             pred = logits[torch.arange(logits.shape[0]), probe.answer_pos[i : i + 256].to(device)].argmax(-1)
             correct.append((pred.cpu() == probe.answer[i : i + 256]))
-    correct = torch.cat(correct).float()
-    frame = pd.DataFrame({"residue": probe.meta["residue"].to_numpy(), "correct": correct.numpy()})
-    rows = []
-    for r, grp in frame.groupby("residue"):
-        rows.append(dict(step=step, residue=int(r), phase=int(r) % stride, accuracy=float(grp.correct.mean()), n=int(len(grp))))
-    return rows
+    return residue_rows(probe.meta["residue"].to_numpy(), torch.cat(correct).float().numpy(), stride, step=step)
 
 
 def train(
@@ -267,7 +251,7 @@ def train(
     try:
         for step in range(start, end):
             model.train()
-            tokens, targets, mask, n_task = _batch(task, tc, step, task.seq_len, task.vocab.size)
+            tokens, targets, mask, n_task = training_batch(task, tc, step, tc.stage_at(step), tc.loss_on)
             tokens, targets, mask = tokens.to(device), targets.to(device), mask.to(device)
             for group in optimizer.param_groups:
                 group["lr"] = tc.lr_at(step)
@@ -325,31 +309,20 @@ def _init_weights(model: CompressedTransformer, folder: Path) -> None:
     if not (folder / "config.json").is_file():
         raise UserInputError(f"init_from={str(folder)!r} is not a saved model folder (no config.json there)")
     source = CompressedTransformer.from_pretrained(folder)
-    ignore = {"seed"}
-    was = {k: v for k, v in source.cfg.to_dict().items() if k not in ignore}
-    now = {k: v for k, v in model.cfg.to_dict().items() if k not in ignore}
-    diff = sorted(k for k in set(was) | set(now) if was.get(k) != now.get(k))
-    if diff:
-        raise UserInputError(f"init_from={str(folder)!r} has "
-                             + ", ".join(f"{k}={was.get(k)!r}" for k in diff)
-                             + " but the config asks for " + ", ".join(f"{k}={now.get(k)!r}" for k in diff))
+    shown = changed_fields(source.cfg.to_dict(), model.cfg.to_dict(), ignore=("seed",))
+    if shown:
+        raise UserInputError(f"init_from={str(folder)!r} has another architecture than the config asks for ({shown})")
     with torch.no_grad():
         model.load_state_dict(source.state_dict())
 
 
 def _make_optimizer(model, tc: TrainConfig) -> torch.optim.Optimizer:
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "W_E" not in n]
-    no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "W_E" not in n)]
-    return torch.optim.AdamW(
-        [{"params": decay, "weight_decay": tc.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=tc.lr, betas=tc.betas,
-    )
+    return adamw(model, tc, decay_gates=True)  # unlike pretrain's: the zoo was trained so
 
 
 def _save_checkpoint(root: Path, model, optimizer, step: int, log_rows, curve_rows) -> None:
-    """Write ``root/step_<step>/`` (model, optimizer, state) into a temporary directory, rename
-    it into place, then point ``root/LATEST`` at it (atomic write). A crash at any moment
-    leaves ``LATEST`` naming a complete checkpoint. The previous checkpoint is kept."""
+    """Write ``root/step_<step>/`` (model, optimizer, state) into a temporary directory, then
+    `publish_checkpoint` it. The previous checkpoint is kept."""
     root.mkdir(parents=True, exist_ok=True)
     name = f"step_{step:06d}"
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{name}."))
@@ -365,55 +338,17 @@ def _save_checkpoint(root: Path, model, optimizer, step: int, log_rows, curve_ro
     publish_checkpoint(root, tmp, name)
 
 
-def publish_checkpoint(root: Path, tmp: Path, name: str, *, keep_every: Optional[int] = None) -> None:
-    """Rename the complete checkpoint folder ``tmp`` to ``root/name``, point ``root/LATEST`` at it
-    (atomic write) and delete every older ``step_*`` but the previous one and, with ``keep_every``, those
-    whose step is a multiple of it."""
-    final = root / name
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    previous = (root / "LATEST").read_text().strip() if (root / "LATEST").is_file() else None
-    atomic_write(root / "LATEST", name.encode())
-    for old in root.glob("step_*"):
-        kept = keep_every is not None and old.name[5:].isdigit() and int(old.name[5:]) % keep_every == 0
-        if old.name not in (name, previous) and not kept:
-            shutil.rmtree(old, ignore_errors=True)
-
-
-def latest_checkpoint(root: Union[str, Path]) -> Optional[Path]:
-    """The checkpoint directory ``root/LATEST`` names, or None if there is none yet."""
-    pointer = Path(root) / "LATEST"
-    if not pointer.is_file():
-        return None
-    path = Path(root) / pointer.read_text().strip()
-    if not (path / STATE_FILE).is_file():
-        raise RuntimeError(f"{pointer} names {path}, which is not a complete checkpoint")
-    return path
-
-
 def _check_same_run(model, config: CompressedConfig, tc: TrainConfig, task, start: int, ckpt: Path) -> None:
     """A resume continues the same run: refuse a changed architecture, recipe or task, naming the field."""
-    def differences(old: dict, new: dict) -> tuple[str, str]:
-        old, new = json.loads(json.dumps(old, default=list)), json.loads(json.dumps(new, default=list))
-        keys = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
-        return (", ".join(f"{k}={old.get(k)!r}" for k in keys), ", ".join(f"{k}={new.get(k)!r}" for k in keys))
-
-    was, now = differences(model.cfg.to_dict(), config.to_dict())
-    if was:
-        raise UserInputError(f"resume: the run in {ckpt.parent} has {was} but this call asks for {now}; a resume must "
-                         "keep the architecture (start a new out_dir instead)")
-    recorded = model.metadata.get("train_config")
-    if isinstance(recorded, dict):
-        was, now = differences(recorded, tc.to_dict())
-        if was:
-            raise UserInputError(f"resume: the run in {ckpt.parent} (at step {start}) was trained with {was} but this "
-                             f"call asks for {now}; a resume must keep the recipe, including steps")
-    stored_task = model.metadata.get("task")
-    if isinstance(stored_task, dict) and hasattr(task, "to_dict"):
-        was, now = differences(stored_task, task.to_dict())
-        if was:
-            raise UserInputError(f"resume: the run in {ckpt.parent} trained on a task with {was}; this call passes {now}")
+    asked = {"architecture": config.to_dict(), "recipe": tc.to_dict(),
+             "task": task.to_dict() if hasattr(task, "to_dict") else None}
+    recorded = {"architecture": model.cfg.to_dict(), "recipe": model.metadata.get("train_config"),
+                "task": model.metadata.get("task")}
+    for part, was in recorded.items():
+        if isinstance(was, dict) and isinstance(asked[part], dict) and (shown := changed_fields(was, asked[part])):
+            raise UserInputError(f"resume: the run in {ckpt.parent} (at step {start}) has another {part} ({shown}); a "
+                                 "resume keeps the architecture, the recipe (steps included) and the task (start a new "
+                                 "out_dir instead)")
     if start > tc.steps:
         raise UserInputError(f"resume: the run is at step {start}, beyond steps={tc.steps}")
 
@@ -424,4 +359,3 @@ def _load_checkpoint(ckpt: Path, tc: TrainConfig, device):
     optimizer = _make_optimizer(model, tc)
     optimizer.load_state_dict(torch.load(ckpt / OPTIMIZER_FILE, map_location=device, weights_only=True))
     return model, optimizer, state["step"], state["log"], state["curves"]
-

@@ -24,7 +24,8 @@ from phaseinterp._files import atomic_write_text
 from phaseinterp.models.hf import from_hf
 from phaseinterp.models.hf.config import CSA, transformers_v4
 from phaseinterp.models.hf.export import fp8_parameter_parts, fp8_roundtrip_parts
-from phaseinterp.train.compressed import periodic_rows
+from phaseinterp.train.compressed import residue_rows, training_batch
+from phaseinterp.train.recipe import adamw
 
 
 def _set_index_topk(hf_model, k: int) -> None:
@@ -101,10 +102,7 @@ def train_tiny(recipe, out_dir: Union[str, Path], *, progress: bool = True, log_
     fp8 = _fp8_parametrize(hf_model) if getattr(recipe, "fp8_weights", False) else []
     model = from_hf(hf_model, name=recipe.name)
     dense_k = task.seq_len  # more than any number of closed entries: the indexer keeps all
-    decay = [p for n, p in hf_model.named_parameters() if p.ndim >= 2 and "embed" not in n]
-    no_decay = [p for n, p in hf_model.named_parameters() if not (p.ndim >= 2 and "embed" not in n)]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": recipe.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=recipe.lr, betas=(0.9, 0.95))
+    opt = adamw(hf_model, recipe, embedding="embed")
     store: dict[str, dict] = {"pattern": {}, "scores": {}}
     hooks = []
     for layer, kind in enumerate(hf_model.config.layer_types):
@@ -120,20 +118,12 @@ def train_tiny(recipe, out_dir: Union[str, Path], *, progress: bool = True, log_
     probe = task.generate(recipe.probe_per_residue, seed=12345, strict=False)
     rows, curves = [], []
     t0 = time.time()
-    n_periodic = int(round(recipe.periodic_fraction * recipe.batch_size))
     for step in range(recipe.steps):
         dense = step < recipe.dense_fraction * recipe.steps
         _set_index_topk(hf_model, dense_k if dense else recipe.index_topk)
-        step_seed = recipe.seed * 1_000_003 + step
         stage = ({"n_records": (4, 24), "n_queries": None} if step < recipe.easy_until * recipe.steps
                  else {"n_queries": 8})
-        batch = task.sample_train(recipe.batch_size - n_periodic, step_seed, **stage)
-        gen = torch.Generator().manual_seed(step_seed)
-        p_tok, p_tgt, p_mask = periodic_rows(n_periodic, task.seq_len, vocab, recipe.periodic_block, gen,
-                                             low=len(task.vocab.specials))
-        tokens = torch.cat([batch.tokens, p_tok])
-        targets = torch.cat([batch.targets, p_tgt])
-        mask = torch.cat([batch.answer_mask, p_mask])
+        tokens, targets, mask, n_task = training_batch(task, recipe, step, stage)
         for group in opt.param_groups:
             group["lr"] = recipe.lr_at(step)
         model.train()
@@ -150,7 +140,6 @@ def train_tiny(recipe, out_dir: Union[str, Path], *, progress: bool = True, log_
         opt.step()
         store["pattern"].clear()
         store["scores"].clear()
-        n_task = recipe.batch_size - n_periodic
         with torch.no_grad():
             m = mask[:n_task]
             acc = (logits[:n_task].argmax(-1)[m] == targets[:n_task][m]).float().mean().item()
@@ -162,12 +151,10 @@ def train_tiny(recipe, out_dir: Union[str, Path], *, progress: bool = True, log_
             with torch.inference_mode():
                 lg = model(probe.tokens)
                 pred = lg[torch.arange(lg.shape[0]), probe.answer_pos].argmax(-1)
-            correct = (pred == probe.answer).numpy()
-            frame = pd.DataFrame({"residue": probe.meta["residue"].to_numpy(), "correct": correct})
-            for r, grp in frame.groupby("residue"):
-                curves.append(dict(step=done, residue=int(r), phase=int(r) % recipe.csa_rate,
-                                   accuracy=float(grp.correct.mean()), n=int(len(grp))))
-            by_phase = frame.assign(phase=frame.residue % recipe.csa_rate).groupby("phase").correct.mean()
+            new = residue_rows(probe.meta["residue"].to_numpy(), (pred == probe.answer).numpy(), recipe.csa_rate,
+                               step=done)
+            curves.extend(new)
+            by_phase = pd.DataFrame(new).groupby("phase").accuracy.mean()
             if progress:
                 print(f"step {done} probe by phase {np.round(by_phase.to_numpy(), 2).tolist()} "
                       f"({time.time() - t0:.0f}s)", flush=True)

@@ -37,19 +37,19 @@ from phaseinterp._checks import check_int
 from phaseinterp._files import atomic_write, check_read_path, check_write_target, progress_bar
 from phaseinterp.config import CompressedConfig
 from phaseinterp.errors import UserInputError
-from phaseinterp.models.compressor import Compressor
 from phaseinterp.models.transformer import CONFIG_FILE, WEIGHTS_FILE, CompressedTransformer
 from phaseinterp.parallel.launch import Launch, all_gather, init_distributed, launch_info, raise_any, rank_device
 from phaseinterp.phase import check_residue_modulus
 from phaseinterp.tasks.text_needle import TextNeedle
-from phaseinterp.train.compressed import publish_checkpoint
+from phaseinterp.train.checkpoints import STATE_FILE, changed_fields, latest_checkpoint, publish_checkpoint
+from phaseinterp.train.compressed import residue_rows
 from phaseinterp.train.corpus import content_fingerprint, fingerprint, packed_rows, source_files, tokenize_corpus
+from phaseinterp.train.recipe import Recipe, adamw
 from phaseinterp.train.tokenizer import TextTokenizer
 
 RUN_FILE = "pretrain.json"
 CURVES_FILE = "curves.csv"
 PROBE_FILE = "probe.csv"
-STATE_FILE = "train_state.json"
 KIND = "pretraining run"
 # Execution settings: they change speed or memory, not the numbers a step computes (beyond float
 # summation order), so a resume may change them.
@@ -58,7 +58,7 @@ EXECUTION_FIELDS = ("micro_batch", "activation_checkpointing", "compile", "max_m
 
 
 @dataclass(frozen=True)
-class PretrainConfig:
+class PretrainConfig(Recipe):
     """The recipe of a pretraining run (everything but the architecture, the data and the tokenizer).
 
     ``global_batch`` sequences of ``seq_len`` tokens per optimizer step over all processes; ``micro_batch``
@@ -99,26 +99,17 @@ class PretrainConfig:
     force_fsdp: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("seq_len", "global_batch", "steps", "probe_every", "probe_per_residue", "checkpoint_every",
+        self._check_optimizer()
+        for name in ("seq_len", "global_batch", "probe_every", "probe_per_residue", "checkpoint_every",
                      "progress_every"):
             check_int(name, getattr(self, name), 1)
-        check_int("seed", self.seed, 0)
-        check_int("warmup_steps", self.warmup_steps, 0)
         for name in ("micro_batch", "keep_every"):
             if getattr(self, name) is not None:
                 check_int(name, getattr(self, name), 1)
-        object.__setattr__(self, "betas", tuple(self.betas))
-        for name, lo, hi in (("needle_fraction", 0.0, 1.0), ("min_lr_ratio", 0.0, 1.0),
-                             ("heldout_fraction", 1e-6, 0.5)):
+        for name, lo, hi in (("needle_fraction", 0.0, 1.0), ("heldout_fraction", 1e-6, 0.5)):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not (lo <= value <= hi):
                 raise UserInputError(f"{name}={value!r} is out of range [{lo}, {hi}]")
-        for name in ("lr", "grad_clip"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not (value > 0 and math.isfinite(value)):
-                raise UserInputError(f"{name}={value!r} must be a finite number > 0")
-        if not (isinstance(self.weight_decay, (int, float)) and self.weight_decay >= 0):
-            raise UserInputError(f"weight_decay={self.weight_decay!r} must be >= 0")
         if self.max_minutes is not None and not (isinstance(self.max_minutes, (int, float)) and self.max_minutes > 0):
             raise UserInputError(f"max_minutes={self.max_minutes!r} must be > 0 (or None: run every step)")
         for name in ("bf16", "cpu_bf16", "activation_checkpointing", "compile", "force_fsdp"):
@@ -135,22 +126,8 @@ class PretrainConfig:
             return torch.bfloat16
         return None
 
-    def lr_at(self, step: int) -> float:
-        if step < self.warmup_steps:
-            return self.lr * (step + 1) / self.warmup_steps
-        progress = (step - self.warmup_steps) / max(1, self.steps - self.warmup_steps)
-        return self.lr * (self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
-
     def to_dict(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "PretrainConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise UserInputError(f"unknown PretrainConfig fields {unknown}; valid fields: {sorted(known)}")
-        return cls(**d)
 
 
 # Per-preset recipes: the fields a preset's run takes when the user gives no value (`preset_recipe`; a
@@ -205,11 +182,6 @@ def check_nproc(nproc: Any) -> int:
     return nproc
 
 
-def _differences(old: dict, new: dict, ignore=()) -> list[str]:
-    old, new = json.loads(json.dumps(old)), json.loads(json.dumps(new))
-    return [k for k in sorted(set(old) | set(new)) if k not in ignore and old.get(k) != new.get(k)]
-
-
 def check_resume(out: Path, record: dict) -> None:
     """A resume continues the same run: architecture, recipe (execution settings aside), data and tokenizer."""
     was = json.loads((out / RUN_FILE).read_text())
@@ -221,9 +193,8 @@ def check_resume(out: Path, record: dict) -> None:
     data_ignore = ("source", "fingerprint") if "content_sha256" in was.get("data", {}) else ("content_sha256",)
     for part, ignore in (("model", ("seed",)), ("train", EXECUTION_FIELDS), ("data", data_ignore),
                          ("tokenizer", ("folder",))):
-        keys = _differences(was.get(part, {}), record[part], ignore)
-        if keys:
-            shown = ", ".join(f"{k}: {was.get(part, {}).get(k)!r} -> {record[part].get(k)!r}" for k in keys)
+        shown = changed_fields(was.get(part, {}), record[part], ignore)
+        if shown:
             raise UserInputError(f"--resume: the run in {out} has another {part} ({shown}); a resume keeps the "
                                  "run's settings (start a new --out instead)")
 
@@ -320,20 +291,7 @@ def _wrap(model: CompressedTransformer, tc: PretrainConfig, launch: Launch, devi
     return model
 
 
-def decayed_parameter_names(model) -> list[str]:
-    """The parameters AdamW decays: matrices, but the embedding and the compressor's gate parameters."""
-    gates = {f"{prefix}.{name}" if prefix else name
-             for prefix, module in model.named_modules() if isinstance(module, Compressor)
-             for name in Compressor.GATE_PARAMETERS}
-    return [n for n, p in model.named_parameters() if p.ndim >= 2 and "W_E" not in n and n not in gates]
-
-
-def _optimizer(model, tc: PretrainConfig) -> torch.optim.Optimizer:
-    names = set(decayed_parameter_names(model))
-    decay = [p for n, p in model.named_parameters() if n in names]
-    rest = [p for n, p in model.named_parameters() if n not in names]
-    return torch.optim.AdamW([{"params": decay, "weight_decay": tc.weight_decay},
-                              {"params": rest, "weight_decay": 0.0}], lr=tc.lr, betas=tc.betas)
+_optimizer = adamw  # the name benchmarks/pretrain_speed.py imports
 
 
 @contextlib.contextmanager
@@ -351,16 +309,6 @@ def _process_group_for(tc: PretrainConfig, launch: Launch):
         yield
     finally:
         torch.distributed.destroy_process_group()
-
-
-def _latest(root: Path) -> Optional[Path]:
-    pointer = root / "LATEST"
-    if not pointer.is_file():
-        return None
-    path = root / pointer.read_text().strip()
-    if not (path / STATE_FILE).is_file():
-        raise UserInputError(f"{pointer} names {path}, which is not a complete checkpoint")
-    return path
 
 
 def _barrier(launch: Launch) -> None:
@@ -439,9 +387,8 @@ def _probe(model, batch, stride: int, step: int, tokens_seen: int, launch: Launc
             model(batch.tokens[:1].to(device))
     model.train(was)
     gathered = [c for part in all_gather(correct, launch) for c in part]
-    frame = pd.DataFrame({"residue": batch.meta["residue"].to_numpy(), "correct": np.asarray(gathered, dtype=float)})
-    return [dict(step=step, tokens=tokens_seen, residue=int(r), phase=int(r) % stride,
-                 accuracy=float(g.correct.mean()), n=int(len(g))) for r, g in frame.groupby("residue")]
+    return residue_rows(batch.meta["residue"].to_numpy(), np.asarray(gathered, dtype=float), stride, step=step,
+                        tokens=tokens_seen)
 
 
 def _probe_summary(rows: list[dict]) -> dict:
@@ -523,10 +470,10 @@ def pretrain(config: CompressedConfig, data: Union[str, Path], tokenizer: Union[
         model = CompressedTransformer(config).to(device)
         model.train()
         model = _wrap(model, tc, launch, device)
-        optimizer = _optimizer(model, tc)
+        optimizer = adamw(model, tc)
         ckpt_root = out / "checkpoints"
         start, rows, probe_rows = 0, [], []
-        latest = _latest(ckpt_root) if resume else None
+        latest = latest_checkpoint(ckpt_root) if resume else None
         if latest is not None:
             start, rows, probe_rows = _load(latest, model, optimizer)
         if start > tc.steps:
@@ -622,7 +569,7 @@ def load_snapshot(run_dir: Union[str, Path], step: Optional[int] = None) -> Comp
     record = json.loads((out / RUN_FILE).read_text())
     kept = snapshot_steps(out)
     if step is None:
-        ckpt = _latest(out / "checkpoints")
+        ckpt = latest_checkpoint(out / "checkpoints")
         if ckpt is None:
             raise UserInputError(f"run_dir={str(run_dir)!r} has no checkpoint yet")
     else:

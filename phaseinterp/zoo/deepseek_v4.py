@@ -21,11 +21,10 @@ What differs from the real models, and why:
 from __future__ import annotations
 
 import json
-import math
 import shutil
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, ClassVar, Optional, Union
 
 import torch
 
@@ -36,13 +35,14 @@ from phaseinterp.models.hf.config import transformers_v4
 from phaseinterp.tasks import KeyValueRetrieval, task_from_dict
 from phaseinterp.tasks.hf_tokenizer import write_vocab_tokenizer
 from phaseinterp.train.deepseek_v4 import train_tiny
+from phaseinterp.train.recipe import Recipe
 from phaseinterp.zoo.task import TASK
 
 CSA, HCA = "compressed_sparse_attention", "heavily_compressed_attention"
 
 
 @dataclass(frozen=True)
-class TinyRecipe:
+class TinyRecipe(Recipe):
     """One tiny HF DeepSeek-V4 zoo model: architecture knobs and training settings."""
 
     name: str
@@ -84,6 +84,7 @@ class TinyRecipe:
     # FP8-native (as a DeepSeek-V4 release): the weights the release stores in FP8 are fake-quantized
     # in training (straight-through, the exporter's quantizer) and saved on the FP8 grid
     fp8_weights: bool = False
+    betas: ClassVar[tuple[float, float]] = (0.9, 0.95)  # AdamW's; not a field, so not in the shipped records
 
     @property
     def command(self) -> str:
@@ -107,12 +108,6 @@ class TinyRecipe:
 
     def task_object(self):
         return KeyValueRetrieval(**{**TASK, **self.task})
-
-    def lr_at(self, step: int) -> float:
-        if step < self.warmup_steps:
-            return self.lr * (step + 1) / self.warmup_steps
-        progress = min(1.0, (step - self.warmup_steps) / max(1, self.steps - self.warmup_steps))
-        return self.lr * (self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 RECIPES: dict[str, TinyRecipe] = {  # descriptions: the catalog's (`phaseinterp.models.catalog.HF_MODELS`)
