@@ -109,7 +109,7 @@ def test_environment_switches_read_false_as_off(monkeypatch, text, on):
 ENV_READS = {
     "PHASEINTERP_NO_PROGRESS": "switch",
     "PHASEINTERP_PLOTLYJS": "a mode: 'inline' or 'cdn' (results._plotly_js; anything else refused by name)",
-    "BROWSER_PATH": "a path to a Chromium (plot.export.find_browser, report.check.find_chromium)",
+    "BROWSER_PATH": "a path to a Chromium (plot.export.find_browser)",
     "XDG_CACHE_HOME": "a folder (engines.llama_prebuilt's cache)",
     "RANK": "an integer set by torchrun (parallel.launch._env_int refuses anything else by name)",
     "WORLD_SIZE": "an integer set by torchrun (_env_int); its presence means a torchrun launch (cli)",

@@ -57,9 +57,9 @@ def report(built):
 
 
 def _chromium_or_skip():
-    from phaseinterp.report.check import find_chromium
+    from phaseinterp.plot.export import find_browser
 
-    if find_chromium() is None:
+    if find_browser() is None:
         if os.environ.get("CI"):
             pytest.fail("CI must provide chromium")
         pytest.skip("chromium not installed")

@@ -8,7 +8,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from phaseinterp.plot.mechanisms import PALETTE, style
+from phaseinterp.plot.mechanisms import PALETTE, error_bars, style
 
 DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
 SYMBOLS = ("circle", "square", "diamond", "triangle-up", "x", "cross", "star", "triangle-down")
@@ -31,15 +31,13 @@ def profiles_figure(profiles: Sequence, title: str | None = None) -> go.Figure:
         fig.add_trace(go.Scatter(
             x=r, y=p.residue_accuracy, mode="lines+markers", name=name, legendgroup=str(i), line=line,
             marker=marker,
-            error_y=dict(type="data", symmetric=False, array=p.residue_upper - p.residue_accuracy,
-                         arrayminus=p.residue_accuracy - p.residue_lower, thickness=1),
+            error_y=error_bars(p.residue_accuracy, p.residue_lower, p.residue_upper),
         ), row=1, col=1)
         s = np.arange(p.stride)
         fig.add_trace(go.Scatter(
             x=s, y=p.phase_accuracy, mode="lines+markers", name=name, legendgroup=str(i), showlegend=False,
             line=line, marker=marker,
-            error_y=dict(type="data", symmetric=False, array=p.phase_upper - p.phase_accuracy,
-                         arrayminus=p.phase_accuracy - p.phase_lower, thickness=1),
+            error_y=error_bars(p.phase_accuracy, p.phase_lower, p.phase_upper),
         ), row=1, col=2)
     fig.update_xaxes(title_text="target residue", dtick=2, row=1, col=1)
     fig.update_xaxes(title_text="target phase", dtick=1, row=1, col=2)

@@ -25,6 +25,11 @@ def style(fig: go.Figure, title: str | None = None, width: int = 760, height: in
     return fig
 
 
+def error_bars(value, lower, upper) -> dict:
+    """Plotly's asymmetric error bars for ``value``, from ``lower`` to ``upper``."""
+    return dict(type="data", symmetric=False, array=upper - value, arrayminus=value - lower, thickness=1)
+
+
 def wrap_title(title: str, width: int, font_size: float = 17) -> list[str]:
     """``title`` split at spaces into lines that fit a figure ``width`` px wide (a title's font is
     larger than the body's: plotly's default 17 px at body 13 px), by a conservative 0.6 em per
@@ -212,8 +217,7 @@ def unit_cycling_figure(result, title: str | None = None) -> go.Figure:
         first = i == 0
         fig.add_trace(go.Scatter(x=sub.phase, y=sub.contribution, mode="lines+markers", name="observed C_d(r)",
                                  legendgroup="obs", showlegend=first, line=dict(color=PALETTE[0], width=2),
-                                 error_y=dict(type="data", symmetric=False, array=sub.high - sub.contribution,
-                                              arrayminus=sub.contribution - sub.low, thickness=1)),
+                                 error_y=error_bars(sub.contribution, sub.low, sub.high)),
                       row=row, col=col)
         if d != 0:
             fig.add_trace(go.Scatter(x=sub.phase, y=sub.predicted, mode="lines+markers", name="predicted C₀((r−d) mod S)",

@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from phaseinterp.plot.compare import DASHES, SYMBOLS, profiles_figure
-from phaseinterp.plot.mechanisms import PALETTE, cycling_panels, interval_band, style
+from phaseinterp.plot.mechanisms import PALETTE, cycling_panels, error_bars, interval_band, style
 
 
 # ------------------------------------------------------------------ one result each
@@ -24,10 +24,8 @@ def needles_figure(profiles, title: str | None = None) -> go.Figure:
         r = np.arange(p.modulus)
         boundary = r % p.stride == p.stride - 1
         colors = ["#d62728" if b else "#1f77b4" for b in boundary]
-        fig.add_trace(go.Bar(x=r, y=100 * p.residue_accuracy, marker_color=colors, showlegend=False,
-                             error_y=dict(type="data", symmetric=False, array=100 * (p.residue_upper - p.residue_accuracy),
-                                          arrayminus=100 * (p.residue_accuracy - p.residue_lower), thickness=1)),
-                      row=1, col=i + 1)
+        fig.add_trace(go.Bar(x=r, y=100 * p.residue_accuracy, marker_color=colors, showlegend=False, error_y=error_bars(
+            100 * p.residue_accuracy, 100 * p.residue_lower, 100 * p.residue_upper)), row=1, col=i + 1)
         fig.update_xaxes(title_text="residue mod 8" if i == cols // 2 else None, dtick=1, row=1, col=i + 1)
     fig.update_yaxes(title_text="needle accuracy (%)", range=[0, 102], row=1, col=1)
     fig.add_annotation(text="red: residues of the boundary phase S - 1", xref="paper", yref="paper", x=0, y=-0.28,

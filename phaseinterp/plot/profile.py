@@ -7,11 +7,7 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
-
-def _error_y(frame) -> dict:
-    """Asymmetric error bars from a frame's ``lower`` / ``accuracy`` / ``upper`` columns."""
-    return {"type": "data", "symmetric": False, "array": frame["upper"] - frame["accuracy"],
-            "arrayminus": frame["accuracy"] - frame["lower"]}
+from phaseinterp.plot.mechanisms import error_bars
 
 
 def plot_profile(profile: Any) -> go.Figure:
@@ -24,14 +20,15 @@ def plot_profile(profile: Any) -> go.Figure:
         part = residues[residues["phase"] == s]
         fig.add_trace(go.Scatter(x=part["residue"], y=part["accuracy"], mode="markers", name=f"phase {s}",
                                  legendgroup=f"phase {s}", marker={"color": colors[s], "size": 9},
-                                 error_y=_error_y(part)), row=1, col=1)
+                                 error_y=error_bars(part["accuracy"], part["lower"], part["upper"])), row=1, col=1)
     fig.add_trace(go.Scatter(x=residues["residue"], y=residues["accuracy"], mode="lines",
                              line={"color": "lightgray"}, showlegend=False), row=1, col=1)
     fig.add_hline(y=profile.mean, line_dash="dot", line_color="gray", row=1, col=1)
     outline = ["black" if w else "rgba(0,0,0,0)" for w in phases["worst"]]
     fig.add_trace(go.Bar(x=phases["phase"], y=phases["accuracy"],
                          marker={"color": colors, "line": {"color": outline, "width": 3}},
-                         error_y=_error_y(phases), showlegend=False), row=1, col=2)
+                         error_y=error_bars(phases["accuracy"], phases["lower"], phases["upper"]), showlegend=False),
+                  row=1, col=2)
     fig.update_layout(
         title=(f"{profile.label}: mean {profile.mean:.1%}, worst phase(s) {list(profile.worst_phases)} "
                f"at {np.nanmin(profile.phase_accuracy):.1%}, gap {profile.gap:.1%} (residues) / "

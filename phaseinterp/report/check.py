@@ -1,7 +1,7 @@
 """The report as a browser sees it: `check_page` renders ``index.html`` in headless Chromium (networking
 off) and lists figures that drew no plot elements, elements sticking out of the page, and ``None`` /
 ``nan`` / ``[]`` where a value belongs; `first_screen_png` writes the first screen as a PNG.
-Needs a Chromium (``chromium``, ``chromium-browser``, ``google-chrome`` or ``BROWSER_PATH``)."""
+Needs a Chromium (`phaseinterp.plot.export.find_browser`)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ import html
 import json
 import os
 import re
-import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Optional, Union
+from typing import Union
 
 from phaseinterp._files import check_file_target, expand_user, is_path, write_file_atomically
 from phaseinterp.errors import MissingPathError, UserInputError
+from phaseinterp.plot.export import find_browser
 
 MARKER = "phaseinterp-check"
 
@@ -89,19 +89,8 @@ window.addEventListener('load', function () { setTimeout(function () {
 """
 
 
-def find_chromium() -> Optional[str]:
-    """The Chromium to use: ``BROWSER_PATH`` if set, else the first on PATH; None if there is none."""
-    if os.environ.get("BROWSER_PATH") and Path(os.environ["BROWSER_PATH"]).is_file():
-        return os.environ["BROWSER_PATH"]
-    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
-        found = shutil.which(name)
-        if found:
-            return found
-    return None
-
-
 def _chromium(args: list[str], profile: Path, timeout: float) -> subprocess.CompletedProcess:
-    browser = find_chromium()
+    browser = find_browser()
     if browser is None:
         raise MissingPathError("no Chromium found (install chromium, or set BROWSER_PATH)")
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
