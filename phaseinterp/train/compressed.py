@@ -246,7 +246,6 @@ def train(
     end = tc.steps if stop_after is None else min(tc.steps, start + stop_after)
     bar = progress_bar(progress, tc.steps, "train", initial=start, leave=True)
     t0 = time.time()
-    step = start
     updating = False  # True while parameters may be half-updated
     try:
         for step in range(start, end):

@@ -1,8 +1,8 @@
 """Training loop of the tiny Hugging Face DeepSeek-V4s (recipes in `phaseinterp.zoo.deepseek_v4`).
 
 `train_tiny(recipe, out_dir)` trains ``DeepseekV4ForCausalLM`` on CPU with the zoo's task mixture. The
-Lightning Indexer is trained by a KL loss to the main attention's mass on the compressed entries
-(detached), every closed entry kept for the first ``dense_fraction`` of the run, then ``index_topk``.
+Lightning Indexer is trained by a KL loss to the main attention's mass on the compressed entries (summed
+over heads, detached), every closed entry kept for the first ``dense_fraction`` of the run, then ``index_topk``.
 ``recipe.fp8_weights``: the weights a release stores in FP8 go through straight-through fake
 quantization (the exporter's quantizer) and are snapped onto that grid at the end."""
 
@@ -24,7 +24,7 @@ from phaseinterp._files import atomic_write_text
 from phaseinterp.models.hf import from_hf
 from phaseinterp.models.hf.config import CSA, transformers_v4
 from phaseinterp.models.hf.export import fp8_parameter_parts, fp8_roundtrip_parts
-from phaseinterp.train.compressed import residue_rows, training_batch
+from phaseinterp.train.compressed import TrainingDiverged, residue_rows, training_batch
 from phaseinterp.train.recipe import adamw
 
 
@@ -104,17 +104,9 @@ def train_tiny(recipe, out_dir: Union[str, Path], *, progress: bool = True, log_
     dense_k = task.seq_len  # more than any number of closed entries: the indexer keeps all
     opt = adamw(hf_model, recipe, embedding="embed")
     store: dict[str, dict] = {"pattern": {}, "scores": {}}
-    hooks = []
-    for layer, kind in enumerate(hf_model.config.layer_types):
-        if kind != CSA:
-            continue
-
-        def keep(t, hook, layer=layer, key="pattern"):
-            store[key][layer] = t
-
-        hooks.append((f"blocks.{layer}.attn.hook_pattern", keep))
-        hooks.append((f"blocks.{layer}.attn.compressor.indexer.hook_scores",
-                      lambda t, hook, layer=layer: store["scores"].__setitem__(layer, t)))
+    hooks = [(f"blocks.{layer}.attn.{name}", lambda t, hook, layer=layer, key=key: store[key].__setitem__(layer, t))
+             for layer, kind in enumerate(hf_model.config.layer_types) if kind == CSA
+             for key, name in (("pattern", "hook_pattern"), ("scores", "compressor.indexer.hook_scores"))]
     probe = task.generate(recipe.probe_per_residue, seed=12345, strict=False)
     rows, curves = [], []
     t0 = time.time()
@@ -133,7 +125,7 @@ def train_tiny(recipe, out_dir: Union[str, Path], *, progress: bool = True, log_
         kl = _indexer_kl(store)
         total = loss if kl is None else loss + recipe.indexer_loss_weight * kl
         if not torch.isfinite(total):
-            raise RuntimeError(f"loss became {total.item()} at step {step}")
+            raise TrainingDiverged(f"loss became {total.item()} at step {step}")
         opt.zero_grad(set_to_none=True)
         total.backward()
         torch.nn.utils.clip_grad_norm_(hf_model.parameters(), recipe.grad_clip)

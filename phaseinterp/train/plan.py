@@ -17,12 +17,14 @@ micro-batch and/or activation checkpointing that would fit."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
 
+from phaseinterp._checks import check_int
 from phaseinterp.config import CompressedConfig
 from phaseinterp.errors import UserInputError
 from phaseinterp.models.transformer import CompressedTransformer, parameter_count
@@ -162,16 +164,12 @@ def _parts(config: CompressedConfig, n_params: int, nproc: int, sharded: bool, d
     shard = nproc if sharded else 1
     parts = {"parameters": 4 * n_params // shard, "gradients": 4 * n_params // shard,
              "optimizer": 8 * n_params // shard}
-    if dtype is not None:
-        if sharded:
-            block = (n_params - config.d_vocab * config.d_model) / max(1, config.n_layers)
-            root = config.d_vocab * config.d_model
-            parts["working copies"] = int(2 * (root + 2 * block) + 4 * 2 * block)
-        else:
-            parts["working copies"] = 2 * n_params
-    elif sharded and nproc > 1:
-        block = (n_params - config.d_vocab * config.d_model) / max(1, config.n_layers)
-        parts["working copies"] = int(4 * (config.d_vocab * config.d_model + 2 * block) + 4 * 2 * block)
+    if sharded and (dtype is not None or nproc > 1):  # the root's and two blocks' gathered parameters
+        root = config.d_vocab * config.d_model
+        block = (n_params - root) / max(1, config.n_layers)
+        parts["working copies"] = int((2 if dtype is not None else 4) * (root + 2 * block) + 4 * 2 * block)
+    elif dtype is not None:
+        parts["working copies"] = 2 * n_params
     parts["activations"] = micro * (per_row["layers"] + per_row["head"])
     parts["logits"] = micro * per_row["logits"]
     return parts
@@ -183,19 +181,13 @@ def plan_memory(config: CompressedConfig, tc, *, nproc: int = 1, device_gib: Opt
     processes, against ``device_gib`` GiB per device (default: this machine's CUDA device, else
     `DEFAULT_GPU_GIB`), in the precision ``tc`` gives ``device_type``; with `MemoryPlan.advice` naming the
     micro-batch and/or activation checkpointing that fits when the run as asked does not."""
-    if not isinstance(nproc, int) or nproc < 1:
-        raise UserInputError(f"nproc={nproc!r} must be an integer >= 1")
-    if tc.global_batch % nproc:
-        raise UserInputError(f"global_batch={tc.global_batch} is not divisible by nproc={nproc}")
+    check_int("nproc", nproc, 1)
+    share, micro = tc.rows_per_forward(nproc)
     if device_gib is None:
         device_gib = (torch.cuda.get_device_properties(0).total_memory / GIB if torch.cuda.is_available()
                       else DEFAULT_GPU_GIB)
     if not (isinstance(device_gib, (int, float)) and device_gib > 0 and math.isfinite(device_gib)):
         raise UserInputError(f"device memory {device_gib!r} GiB must be a number > 0")
-    share = tc.global_batch // nproc
-    micro = tc.micro_batch or share
-    if share % micro:
-        raise UserInputError(f"micro_batch={micro} does not divide each process's {share} rows")
     dtype = tc.compute_dtype(device_type)
     sharded = nproc > 1 or tc.force_fsdp
     n_params = parameter_count(config)
@@ -224,5 +216,4 @@ def plan_memory(config: CompressedConfig, tc, *, nproc: int = 1, device_gib: Opt
     else:
         advice = ("even one row per forward with activation checkpointing does not fit: more processes "
                   "(--nproc) shard the weights and optimizer state, a shorter --seq-len shrinks the activations")
-    return MemoryPlan(n_params, nproc, sharded, share, micro, tc.seq_len, "bf16" if dtype else "fp32",
-                      tc.activation_checkpointing, device_bytes, parts, rows[tc.activation_checkpointing], advice)
+    return dataclasses.replace(plan, advice=advice)

@@ -42,7 +42,7 @@ from phaseinterp.parallel.launch import Launch, all_gather, init_distributed, la
 from phaseinterp.phase import check_residue_modulus
 from phaseinterp.tasks.text_needle import TextNeedle
 from phaseinterp.train.checkpoints import STATE_FILE, changed_fields, latest_checkpoint, publish_checkpoint
-from phaseinterp.train.compressed import residue_rows
+from phaseinterp.train.compressed import TrainingDiverged, residue_rows
 from phaseinterp.train.corpus import content_fingerprint, fingerprint, packed_rows, source_files, tokenize_corpus
 from phaseinterp.train.recipe import Recipe, adamw
 from phaseinterp.train.tokenizer import TextTokenizer
@@ -62,15 +62,14 @@ class PretrainConfig(Recipe):
     """The recipe of a pretraining run (everything but the architecture, the data and the tokenizer).
 
     ``global_batch`` sequences of ``seq_len`` tokens per optimizer step over all processes; ``micro_batch``
-    per forward on each process (default: its whole share), the rest by gradient accumulation. AdamW,
-    linear warm-up over ``warmup_steps`` then cosine decay to ``min_lr_ratio * lr`` at ``steps``, clipping
-    at ``grad_clip``. ``needle_fraction`` of each batch's rows are needle prompts
-    (`TextNeedle.training_rows`). ``bf16``: bfloat16 mixed precision on CUDA (autocast; on several
-    processes FSDP2's ``MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)``); on CPU only
-    with ``cpu_bf16`` too (`compute_dtype` resolves the pair). ``force_fsdp``: FSDP2 on one process too.
-    ``max_minutes``: end early (checkpointed, resumable). ``weight_decay`` applies to the matrices except
-    the embedding and the gate parameters (`Compressor.GATE_PARAMETERS`). Checkpoints every
-    ``checkpoint_every`` steps; the newest two are kept, plus every multiple of ``keep_every``."""
+    per forward on each process (default: its whole share), the rest by gradient accumulation. `adamw`
+    (no decay on the embedding and the gate parameters) on the schedule `Recipe.lr_at`, clipping at
+    ``grad_clip``. ``needle_fraction`` of each batch's rows are needle prompts (`TextNeedle.training_rows`).
+    ``bf16``: bfloat16 mixed precision on CUDA (autocast; on several processes FSDP2's
+    ``MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)``); on CPU only with ``cpu_bf16`` too
+    (`compute_dtype` resolves the pair). ``force_fsdp``: FSDP2 on one process too. ``max_minutes``: end
+    early (checkpointed, resumable). Checkpoints every ``checkpoint_every`` steps; the newest two are kept,
+    plus every multiple of ``keep_every``."""
 
     seq_len: int = 512
     global_batch: int = 16
@@ -125,6 +124,18 @@ class PretrainConfig(Recipe):
         if self.bf16 and (device_type == "cuda" or self.cpu_bf16):
             return torch.bfloat16
         return None
+
+    def rows_per_forward(self, nproc: int) -> tuple[int, int]:
+        """Each of ``nproc`` processes' rows per step and per forward (``micro_batch``, default all of
+        them), or a one-line refusal when they do not divide."""
+        if self.global_batch % nproc:
+            raise UserInputError(f"global_batch={self.global_batch} is not divisible by nproc={nproc}")
+        share = self.global_batch // nproc
+        micro = self.micro_batch or share
+        if share % micro:
+            raise UserInputError(f"micro_batch={micro} does not divide each process's {share} rows (global_batch="
+                                 f"{self.global_batch} over {nproc} processes)")
+        return share, micro
 
     def to_dict(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
@@ -327,9 +338,7 @@ def _single_process_quiet(launch: Launch):
 
 def _save(root: Path, model, optimizer, step: int, rows: list, probe_rows: list, launch: Launch,
           keep_every: Optional[int] = None) -> None:
-    """A distributed checkpoint written into a temporary folder, renamed to ``step_N`` and named by
-    ``LATEST`` (atomic): a crash leaves ``LATEST`` naming a complete checkpoint. Older checkpoints go
-    but the previous one and, with ``keep_every``, those at multiples of it."""
+    """A distributed checkpoint (DCP) written into a temporary folder, then `publish_checkpoint`."""
     name = f"step_{step:06d}"
     tmp = root / f".{name}.tmp"
     if launch.is_main:
@@ -442,22 +451,14 @@ def pretrain(config: CompressedConfig, data: Union[str, Path], tokenizer: Union[
     the process count (times ``micro_batch``), and a resume whose settings differ (naming the field)."""
     tc = dataclasses.replace(train_config or PretrainConfig(), **overrides)
     launch = init_distributed()
-    share = tc.global_batch // launch.world_size
-    if tc.global_batch % launch.world_size:
-        raise UserInputError(f"global_batch={tc.global_batch} is not divisible by the {launch.world_size} processes")
-    micro = tc.micro_batch or share
-    if share % micro:
-        raise UserInputError(f"micro_batch={micro} does not divide each process's {share} rows (global_batch="
-                             f"{tc.global_batch} over {launch.world_size} processes)")
+    _, micro = tc.rows_per_forward(launch.world_size)
     out = Path(out_dir)
+    error = None
     if launch.is_main:
-        error = None
         try:
             prepare(config, data, tokenizer, tc, out, resume=resume, progress=progress)
         except UserInputError as err:
             error = str(err)
-    else:
-        error = None
     raise_any(error, launch)
     tok = TextTokenizer(tokenizer)
     corpus = tokenize_corpus(data, tok, out / "data", heldout_fraction=tc.heldout_fraction, progress=False)
@@ -484,7 +485,6 @@ def pretrain(config: CompressedConfig, data: Union[str, Path], tokenizer: Union[
         tokens_per_step = tc.global_batch * tc.seq_len
         bar = progress_bar(progress and launch.is_main, tc.steps, "pretrain", initial=start, leave=True)
         t_start = time.time()
-        step = start
         try:
             for step in range(start, end):
                 t0 = time.time()
@@ -496,7 +496,7 @@ def pretrain(config: CompressedConfig, data: Union[str, Path], tokenizer: Union[
                     torch.distributed.all_reduce(loss_sum)
                 mean_loss = loss_sum.item() / tokens_per_step
                 if not math.isfinite(mean_loss):
-                    raise RuntimeError(f"loss became {mean_loss} at step {step}; the last good checkpoint is in {ckpt_root}")
+                    raise TrainingDiverged(f"loss became {mean_loss} at step {step}; the last good checkpoint is in {ckpt_root}")
                 done = step + 1
                 seconds = time.time() - t0
                 row = dict(step=done, tokens=done * tokens_per_step, loss=mean_loss, lr=tc.lr_at(step),

@@ -12,10 +12,8 @@ What differs from the real models, and why:
 - scaled down: d_model 64, 4 query heads of 16 dims (8 rotary), 3 layers (CSA, CSA, HCA),
   2 routed experts (top-1) + a shared one, ``hc_mult`` 2, sliding window 16 (the zoo's local
   window) instead of 128, HCA rate 32 instead of 128 (the prompts have 128 tokens);
-- the Lightning Indexer gets no gradient through top-k in HF's forward. As in DeepSeek's
-  recipe it is trained by a KL loss to the main attention's mass on the compressed entries
-  (summed over heads, detached), with every closed entry kept during the first
-  ``dense_fraction`` of the run, then ``index_topk`` entries.
+- the Lightning Indexer, which gets no gradient through top-k in HF's forward, is trained as in
+  DeepSeek's recipe by a KL loss (`phaseinterp.train.deepseek_v4`).
 """
 
 from __future__ import annotations
@@ -28,6 +26,8 @@ from typing import Any, ClassVar, Optional, Union
 
 import torch
 
+from phaseinterp._checks import check_int
+from phaseinterp._files import move_into_place
 from phaseinterp.errors import MissingPathError, UserInputError
 from phaseinterp.models import catalog
 from phaseinterp.models.catalog import CHECKPOINT_DIR, HF_MODELS
@@ -123,8 +123,8 @@ def build(name: str, out_dir: Union[str, Path, None] = None, *, install: bool = 
     ``steps``: train that many steps instead of the recipe's (a quick check, not the shipped model)."""
     if name not in RECIPES:
         raise UserInputError(f"unknown tiny DeepSeek-V4 recipe {name!r}; known: {sorted(RECIPES)}")
-    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
-        raise UserInputError(f"steps={steps!r} must be an integer >= 1 (or None: the recipe's {RECIPES[name].steps})")
+    if steps is not None:
+        check_int("steps", steps, 1, why=f" (or None: the recipe's {RECIPES[name].steps})")
     if threads is not None:
         torch.set_num_threads(threads)
     run_dir = Path(out_dir) if out_dir is not None else Path("runs") / "zoo" / name
@@ -147,9 +147,7 @@ def install_run(name: str, run_dir: Union[str, Path]) -> Path:
     shutil.copytree(source, tmp)
     shutil.copy(run_dir / "curves.csv", tmp / "curves.csv")
     write_tokenizer(tmp)
-    if target.exists():
-        shutil.rmtree(target)
-    tmp.rename(target)
+    move_into_place(tmp, target)
     return target
 
 
