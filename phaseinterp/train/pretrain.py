@@ -268,11 +268,6 @@ def prepare(config: CompressedConfig, data: Union[str, Path], tokenizer: Union[s
     return record
 
 
-def _rows_of(launch: Launch, global_batch: int) -> range:
-    share = global_batch // launch.world_size
-    return range(launch.rank * share, (launch.rank + 1) * share)
-
-
 def _batch(rows: range, step: int, tc: PretrainConfig, train_tokens: np.ndarray,
            needle: TextNeedle) -> torch.Tensor:
     """The rows ``rows`` of step ``step``'s global batch, ``[len(rows), seq_len + 1]``."""
@@ -451,7 +446,7 @@ def pretrain(config: CompressedConfig, data: Union[str, Path], tokenizer: Union[
     the process count (times ``micro_batch``), and a resume whose settings differ (naming the field)."""
     tc = dataclasses.replace(train_config or PretrainConfig(), **overrides)
     launch = init_distributed()
-    _, micro = tc.rows_per_forward(launch.world_size)
+    share, micro = tc.rows_per_forward(launch.world_size)
     out = Path(out_dir)
     error = None
     if launch.is_main:
@@ -481,7 +476,7 @@ def pretrain(config: CompressedConfig, data: Union[str, Path], tokenizer: Union[
             raise UserInputError(f"--resume: the run is at step {start}, beyond steps={tc.steps}")
         end = tc.steps if stop_after is None else min(tc.steps, start + stop_after)
         autocast = autocast_for(device, tc.bf16, tc.cpu_bf16)
-        my_rows = _rows_of(launch, tc.global_batch)
+        my_rows = range(launch.rank * share, (launch.rank + 1) * share)
         tokens_per_step = tc.global_batch * tc.seq_len
         bar = progress_bar(progress and launch.is_main, tc.steps, "pretrain", initial=start, leave=True)
         t_start = time.time()
