@@ -184,12 +184,8 @@ class TransformersEngine:
         if self.schedule is None:
             return _last_logprobs(self.hf(input_ids=tokens, use_cache=False).logits)
         cache, pos, logits = DynamicCache(config=self.hf.config), 0, None
-        batch = tokens.shape[0]
         for n in _check_pieces(self.schedule(tokens.shape[1]), tokens.shape[1]):
-            position_ids = torch.arange(pos, pos + n, device=tokens.device).expand(batch, -1)
-            out = self.hf(input_ids=tokens[:, pos:pos + n], position_ids=position_ids, use_cache=True,
-                          **{self._cache_arg: cache})
-            logits = out.logits
+            logits = self._extend(cache, tokens[:, pos:pos + n], pos)
             pos += n
         return _last_logprobs(logits)
 

@@ -178,14 +178,20 @@ def check_logprob_rows(logprobs: torch.Tensor, who: str, first: int = 0) -> None
                              "top log-probs")
 
 
+def check_logprobs(out: Any, n: int, name: Any) -> torch.Tensor:
+    """``out`` as float32 log-probs on the CPU if it is a ``[n, d_vocab]`` tensor; else a `UserInputError`
+    naming engine ``name``."""
+    if not isinstance(out, torch.Tensor) or out.ndim != 2 or out.shape[0] != n:
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise UserInputError(f"engine {name!r} returned {shape} for {n} prompts; expected next-token log-probs "
+                             f"[{n}, d_vocab]")
+    return out.detach().float().cpu()
+
+
 def _read_answers(logprobs: Any, answer: torch.Tensor, d_vocab: Optional[int], name: str,
                   first: int) -> EngineAnswers:
     """One call's log-probs -> the per-prompt answers (checked: shape, at least one reported value)."""
-    if not isinstance(logprobs, torch.Tensor) or logprobs.ndim != 2 or logprobs.shape[0] != len(answer):
-        shape = tuple(logprobs.shape) if isinstance(logprobs, torch.Tensor) else type(logprobs).__name__
-        raise UserInputError(f"engine {name!r} returned {shape} for {len(answer)} prompts; expected log-probs "
-                             "[batch, d_vocab]")
-    logprobs = logprobs.detach().float().cpu()
+    logprobs = check_logprobs(logprobs, len(answer), name)
     width = logprobs.shape[1]
     if d_vocab is not None and width != d_vocab:
         raise UserInputError(f"engine {name!r} returned rows of {width} log-probs; its d_vocab is {d_vocab}")

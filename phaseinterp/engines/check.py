@@ -21,6 +21,7 @@ from phaseinterp import stats
 from phaseinterp._checks import check_fraction, check_int, check_n_per_residue, env_flag, check_is_model
 from phaseinterp.engines.adapters import cast_copy, chunked_pieces, decode_pieces, engine_for
 from phaseinterp.engines.adapters import WarmEngine
+from phaseinterp.engines.answers import check_logprobs
 from phaseinterp.engines.result import ConformanceResult
 from phaseinterp.models.protocol import phase_model
 from phaseinterp.models.paths import refuse_hooks
@@ -88,19 +89,6 @@ def default_prefix_lengths(length: int, period: int) -> tuple[int, ...]:
     return tuple(range(base, base + period))
 
 
-def _check_prefix_lengths(values: Any, length: int) -> tuple[int, ...]:
-    valid = f"shared-prefix lengths are 1..{length - 1} for the shortest prompt of {length} tokens"
-    values = tuple(values) if isinstance(values, (list, tuple, range)) else (values,)
-    if not values:
-        raise UserInputError(f"prefix_lengths=() is empty: {valid}")
-    for value in values:
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= length - 1:
-            raise UserInputError(f"prefix_lengths: {value!r} is out of range ({valid})")
-    if len(set(values)) != len(values):
-        raise UserInputError(f"prefix_lengths={values} repeats a length")
-    return tuple(int(v) for v in values)
-
-
 def donor_prompts(tokens: Int[Tensor, "batch pos"], prefix_len: int,
                   filler_ids: Sequence[int]) -> Int[Tensor, "batch pos"]:
     """Donors for the warm mode: each row equal to ``tokens``'s row on the first ``prefix_len``
@@ -116,27 +104,36 @@ def donor_prompts(tokens: Int[Tensor, "batch pos"], prefix_len: int,
     return donors
 
 
+def _distinct(name: str, values: Any, low: int, high: int, valid: str, unit: str) -> tuple[int, ...]:
+    """``values`` (one int or a list of them) as a tuple of distinct ints in ``low..high``; else a
+    `UserInputError` naming ``name`` and what is ``valid``."""
+    values = tuple(values) if isinstance(values, (list, tuple, range)) else (values,)
+    if not values:
+        raise UserInputError(f"{name}=() is empty: {valid}")
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not low <= value <= high:
+            raise UserInputError(f"{name}: {value!r} is out of range ({valid})")
+    if len(set(values)) != len(values):
+        raise UserInputError(f"{name}={values} repeats a {unit}")
+    return tuple(int(v) for v in values)
+
+
 def _check_phases(name: str, phases: Any, period: int) -> tuple[int, ...]:
     if phases is None:
         return tuple(range(period))
-    values = tuple(phases) if isinstance(phases, (list, tuple, range)) else (phases,)
-    if not values:
-        raise UserInputError(f"{name}=() is empty: give phases in 0..{period - 1}")
-    for p in values:
-        if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or not 0 <= p < period:
-            raise UserInputError(f"{name}: {p!r} is out of range (phases are 0..{period - 1})")
-    if len(set(values)) != len(values):
-        raise UserInputError(f"{name}={values} repeats a phase")
-    return tuple(int(p) for p in values)
+    return _distinct(name, phases, 0, period - 1, f"phases are 0..{period - 1}", "phase")
 
 
 def _names(name: str, value: Any, options: tuple) -> tuple:
-    """``value`` (one name, or a list or tuple of names) as a tuple; a `UserInputError` naming ``name`` else."""
-    if isinstance(value, str):
-        return (value,)
-    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+    """``value`` (one of ``options``, or a list or tuple of them) as a tuple; a `UserInputError` naming
+    ``name`` else."""
+    names = (value,) if isinstance(value, str) else value
+    if not isinstance(names, (list, tuple)) or not all(isinstance(v, str) for v in names):
         raise UserInputError(f"{name}={value!r} must be a list of names from {options}")
-    return tuple(value)
+    for one in names:
+        if one not in options:
+            raise UserInputError(f"{name}={value!r}: {name[:-1]} {one!r} is not one of {options}")
+    return tuple(names)
 
 
 @no_type_check  # validate() checks each option and names it; a runtime type checker would preempt it
@@ -145,16 +142,9 @@ class ConformanceSpec(ConformanceOptions):
     are kept as tuples."""
 
     def validate(self) -> None:
-        modes = _names("modes", self.modes, MODES)
-        for m in modes:
-            if m not in MODES:
-                raise UserInputError(f"modes={self.modes!r}: mode {m!r} is not one of {MODES}")
+        modes, dtypes = _names("modes", self.modes, MODES), _names("dtypes", self.dtypes, DTYPES)
         if len(set(modes)) != len(modes):
             raise UserInputError(f"modes={modes} repeats a mode")
-        dtypes = _names("dtypes", self.dtypes, DTYPES)
-        for dt in dtypes:
-            if dt not in DTYPES:
-                raise UserInputError(f"dtypes={self.dtypes!r}: dtype {dt!r} is not one of {DTYPES}")
         if "dtype" in modes and not dtypes:
             raise UserInputError(f"mode 'dtype' needs dtypes from {DTYPES}")
         self._set("modes", modes)
@@ -251,18 +241,15 @@ def conformance(
     (``prefix_len``: the warm rows' ``L``, -1 elsewhere)."""
     check_is_model(model)
     refuse_hooks(model, "conformance")
-    modes, dtypes = spec.modes, spec.dtypes
-    if engines is not None and not isinstance(engines, Mapping):
-        raise UserInputError(f"engines={type(engines).__name__} must be a dict {{name: engine}}")
-    if warm_engines is not None and not isinstance(warm_engines, Mapping):
-        raise UserInputError(f"warm_engines={type(warm_engines).__name__} must be a dict {{name: engine}}")
-    engines, warm_engines = dict(engines or {}), dict(warm_engines or {})
     for argument, given in (("engines", engines), ("warm_engines", warm_engines)):
-        for name, engine in given.items():
+        if given is not None and not isinstance(given, Mapping):
+            raise UserInputError(f"{argument}={type(given).__name__} must be a dict {{name: engine}}")
+        for name, engine in dict(given or {}).items():
             if not isinstance(name, str) or not name or name in MODES or name in DTYPES:
                 raise UserInputError(f"engine name {name!r} must be a non-empty string other than {MODES + DTYPES}")
             if not callable(engine):
                 raise UserInputError(f"{argument}[{name!r}] is a {type(engine).__name__}, not a callable engine")
+    engines, warm_engines = dict(engines or {}), dict(warm_engines or {})
     for name, engine in warm_engines.items():
         if name in engines:
             raise UserInputError(f"engine name {name!r} is in both engines and warm_engines: name them apart "
@@ -274,14 +261,13 @@ def conformance(
     if not modes and not engines and not warm_engines:
         raise UserInputError(f"nothing to check: give modes from {MODES}, engines or warm_engines")
     is_warm = "warm" in modes or bool(warm_engines)
-    prefix_lengths = spec.prefix_lengths
     if prefix_lengths is not None and not is_warm:
         raise UserInputError(f"prefix_lengths={prefix_lengths!r} is for the warm mode: add 'warm' to modes or give "
                              "warm_engines")
     settings = ([m for m in modes if m != "dtype"] + (list(dtypes) if "dtype" in modes else []) + list(engines)
                 + list(warm_engines))
     tol = {s: DEFAULT_TOLERANCE.get(s, ENGINE_TOLERANCE) for s in settings}
-    for key, value in dict(spec.tolerance or {}).items():
+    for key, value in dict(tolerance or {}).items():
         if key not in tol:
             raise UserInputError(f"tolerance for {key!r}: not a setting of this check (settings: {settings})")
         tol[key] = _tolerance_entry(key, value, tol[key][0])
@@ -290,22 +276,20 @@ def conformance(
     ref_engine = reference if reference is not None else engine_for(model)  # ValueError for other families
     cfg = model.cfg
     stride, period = int(cfg.stride), cut_period(model)
-    answer_phases = _check_phases("answer_phases", spec.answer_phases, stride)
-    cut_phases = _check_phases("cut_phases", spec.cut_phases, period)
-    chunk = spec.chunk
+    answer_phases = _check_phases("answer_phases", answer_phases, stride)
+    cut_phases = _check_phases("cut_phases", cut_phases, period)
     if chunk is None:
         chunk = period * max(1, math.ceil(2 * int(getattr(cfg, "local_window", period)) / period))
     if getattr(task, "seq_len", 0) > getattr(cfg, "n_ctx", math.inf):
         raise UserInputError(f"the task's prompts have {task.seq_len} tokens but the model's n_ctx is {cfg.n_ctx}")
-    n_per_residue, seed, batch_size, progress = spec.n_per_residue, spec.seed, spec.batch_size, spec.progress
-    confidence, n_bootstrap, label = spec.confidence, spec.n_bootstrap, spec.label
 
     batch = task.generate(n_per_residue, seed=seed, strict=False)
     variants = answer_phase_variants(batch.tokens, task.vocab.filler_ids, stride, answer_phases)
     shortest = min(t.shape[1] for t, _ in variants.values())
     if is_warm:
         prefix_lengths = (default_prefix_lengths(shortest, period) if prefix_lengths is None
-                          else _check_prefix_lengths(prefix_lengths, shortest))
+                          else _distinct("prefix_lengths", prefix_lengths, 1, shortest - 1, f"shared-prefix lengths "
+                                         f"are 1..{shortest - 1} for the shortest prompt of {shortest} tokens", "length"))
     runs, skipped = _runs(model, modes, dtypes, cut_phases, period, chunk, engines, warm_engines, shortest,
                           batch.tokens[:1])
     records = conformance_records(ref_engine, runs, batch, variants, task.vocab.filler_ids, prefix_lengths, period,
@@ -389,11 +373,7 @@ def _run(engine: Any, tokens: Tensor, batch_size: int, donors: Optional[Tensor] 
     for start in range(0, tokens.shape[0], batch_size):
         chunk = tokens[start:start + batch_size]
         out = engine(chunk) if donors is None else engine.warm(donors[start:start + batch_size], chunk, prefix_len)
-        if not isinstance(out, Tensor) or out.ndim != 2 or out.shape[0] != chunk.shape[0]:
-            shape = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
-            raise UserInputError(f"engine {getattr(engine, 'name', engine)!r} returned {shape}; expected "
-                             f"[{chunk.shape[0]}, d_vocab] next-token log-probs")
-        parts.append(out.detach().float().cpu())
+        parts.append(check_logprobs(out, chunk.shape[0], getattr(engine, "name", engine)))
     return torch.cat(parts)
 
 

@@ -6,8 +6,6 @@ log-probs. `LlamaCppEngine.warm` answers from the KV cache a donor prompt left."
 from __future__ import annotations
 
 import importlib.util
-import os
-import platform
 import re
 import sys
 from pathlib import Path
@@ -21,8 +19,9 @@ from torch import Tensor
 from phaseinterp._checks import check_int
 from phaseinterp._files import check_read_path
 from phaseinterp.engines.adapters import Schedule, _check_pieces, check_warm_rows
-from phaseinterp.engines.llama_prebuilt import (PrebuiltLibraryError, PrebuiltLlama, _loaded_elsewhere,
-                                                compatible_library_dir)
+from phaseinterp.engines.llama_prebuilt import (GGML_TYPES, PrebuiltLibraryError, PrebuiltLlama, _loaded_elsewhere,
+                                                _version_text, check_supported, compatible_library_dir,
+                                                machine_glibc)
 from phaseinterp.errors import UserInputError
 
 EXTRA = "llama"  # pyproject's optional extra: the prebuilt llama.cpp
@@ -42,7 +41,7 @@ def import_llama_cpp():
         needed = re.search(r"GLIBC_(\d+(?:\.\d+)+)", str(err))
         if needed:
             raise ImportError(f"llama_cpp's prebuilt library needs glibc {needed.group(1)} but this machine has glibc "
-                              f"{_libc_version()}: build llama-cpp-python from source instead (pip install --force-reinstall "
+                              f"{_version_text(machine_glibc())}: build llama-cpp-python from source instead (pip install --force-reinstall "
                               f"--no-binary llama-cpp-python llama-cpp-python, as pip install 'phaseinterp[{SOURCE_EXTRA}]' "
                               "does)") from None
         if not isinstance(err, ImportError):
@@ -51,14 +50,6 @@ def import_llama_cpp():
                           f"support): pip install 'phaseinterp[{SOURCE_EXTRA}]' (it builds llama.cpp from source; "
                           f"{err})") from None
     return llama_cpp
-
-
-def _libc_version() -> str:
-    """This machine's glibc version (``"2.36"``), or ``"unknown"``."""
-    try:
-        return os.confstr("CS_GNU_LIBC_VERSION").split()[-1]
-    except (AttributeError, ValueError, OSError, IndexError):
-        return platform.libc_ver()[1] or "unknown"
 
 
 class SourceLlama:
@@ -75,7 +66,7 @@ class SourceLlama:
             _refuse_beside_the_prebuilt()
         llama_cpp = import_llama_cpp()
         self._llama_cpp = llama_cpp
-        ggml_type = {"f16": llama_cpp.GGML_TYPE_F16, "f32": llama_cpp.GGML_TYPE_F32}[cache_type]
+        ggml_type = GGML_TYPES[cache_type]  # the values of llama.cpp's enum ggml_type
         self.llama = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch,
                                      n_threads=n_threads, n_threads_batch=n_threads, logits_all=False,
                                      type_k=ggml_type, type_v=ggml_type, flash_attn=flash_attn, verbose=verbose)
@@ -184,14 +175,11 @@ class LlamaCppEngine:
         check_int("n_batch", n_batch, 1)
         if n_batch > n_ctx:
             raise UserInputError(f"n_batch={n_batch} is larger than n_ctx={n_ctx} (valid: 1..{n_ctx})")
-        if cache_type not in CACHE_TYPES:
-            raise UserInputError(f"cache_type={cache_type!r} is not supported (valid: {', '.join(CACHE_TYPES)})")
+        check_supported("cache_type", cache_type, CACHE_TYPES)
         if n_threads is not None:
             check_int("n_threads", n_threads, 1)
-        if reuse not in REUSE:
-            raise UserInputError(f"reuse={reuse!r} is not supported (valid: {', '.join(REUSE)})")
-        if backend not in BACKENDS:
-            raise UserInputError(f"backend={backend!r} is not supported (valid: {', '.join(BACKENDS)})")
+        check_supported("reuse", reuse, REUSE)
+        check_supported("backend", backend, BACKENDS)
         if library_dir is not None and backend == "llama-cpp-python":
             raise UserInputError("library_dir= is the prebuilt wheel's folder: it does not apply to "
                                  "backend='llama-cpp-python'")
@@ -211,8 +199,8 @@ class LlamaCppEngine:
     def with_schedule(self, schedule: Optional[Schedule], name: str, *, reuse: Optional[str] = None) -> "LlamaCppEngine":
         """The same loaded model fed in another schedule (and ``reuse``, when given; a view sharing
         ``self.llama``; not thread-safe)."""
-        if reuse is not None and reuse not in REUSE:
-            raise UserInputError(f"reuse={reuse!r} is not supported (valid: {', '.join(REUSE)})")
+        if reuse is not None:
+            check_supported("reuse", reuse, REUSE)
         view = object.__new__(LlamaCppEngine)
         view.__dict__.update(self.__dict__)
         view.schedule, view.name, view.reuse = schedule, name, reuse or self.reuse
@@ -277,16 +265,14 @@ class LlamaCppEngine:
     def __call__(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch d_vocab"]:
         if tokens.ndim != 2:
             raise UserInputError(f"tokens must be [batch, pos], got shape {tuple(tokens.shape)}")
-        rows = [torch.from_numpy(self.logits(row)) for row in tokens.cpu()]
-        return torch.log_softmax(torch.stack(rows).float(), dim=-1)
+        return _logprobs([self.logits(row) for row in tokens.cpu()])
 
     def warm(self, donors: Int[Tensor, "batch pos"], tokens: Int[Tensor, "batch pos"],
              prefix_len: int) -> Float[Tensor, "batch d_vocab"]:
         """Log-probs after each row of ``tokens``, answered right after its donor row (`WarmEngine`;
         `warm_logits`)."""
         check_warm_rows(donors, tokens, prefix_len)
-        rows = [torch.from_numpy(self.warm_logits(d, t, prefix_len)) for d, t in zip(donors.cpu(), tokens.cpu())]
-        return torch.log_softmax(torch.stack(rows).float(), dim=-1)
+        return _logprobs([self.warm_logits(d, t, prefix_len) for d, t in zip(donors.cpu(), tokens.cpu())])
 
     def close(self) -> None:
         """Free llama.cpp's model and context now (also done when the engine is garbage-collected)."""
@@ -295,6 +281,10 @@ class LlamaCppEngine:
     def __repr__(self) -> str:
         return (f"LlamaCppEngine({str(self.path)!r}, n_ctx={self.n_ctx}, n_batch={self.n_batch}, "
                 f"cache_type={self.cache_type!r}, reuse={self.reuse!r}, backend={self.backend!r}, d_vocab={self.d_vocab})")
+
+
+def _logprobs(rows: list[np.ndarray]) -> Float[Tensor, "batch d_vocab"]:
+    return torch.log_softmax(torch.from_numpy(np.stack(rows)).float(), dim=-1)
 
 
 __all__ = ["BACKENDS", "CACHE_TYPES", "REUSE", "LlamaCppEngine", "SourceLlama", "import_llama_cpp", "open_backend"]

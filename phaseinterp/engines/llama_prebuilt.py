@@ -26,14 +26,16 @@ import shutil
 import struct
 import subprocess
 import sys
-from phaseinterp._files import check_read_path
-from phaseinterp.errors import UserInputError
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Optional, Union
 
 import numpy as np
+
+from phaseinterp._checks import check_int
+from phaseinterp._files import check_read_path
+from phaseinterp.errors import UserInputError
 
 PACKAGE = "llama_cpp_py_sync"
 DISTRIBUTION = "llama-cpp-py-sync"
@@ -56,6 +58,12 @@ class PrebuiltLibraryError(ImportError):
     ImportError, so code that treats a missing optional backend as absent keeps working."""
 
 
+def check_supported(name: str, value, valid) -> None:
+    """A `UserInputError` unless ``value`` is one of ``valid``: ``name='x' is not supported (valid: a, b)``."""
+    if value not in valid:
+        raise UserInputError(f"{name}={value!r} is not supported (valid: {', '.join(valid)})")
+
+
 # ------------------------------------------------------------------ glibc versions
 def parse_version(text: str) -> Optional[tuple[int, ...]]:
     """``"GLIBC_2.3.4"`` or ``"glibc 2.36"`` -> ``(2, 3, 4)`` / ``(2, 36)``; None if not numeric
@@ -76,8 +84,9 @@ def machine_glibc() -> Optional[tuple[int, ...]]:
     return parse_version(text) if text else None
 
 
-def _version_text(version: Sequence[int]) -> str:
-    return ".".join(map(str, version))
+def _version_text(version: Optional[Sequence[int]]) -> str:
+    """``(2, 36)`` -> ``"2.36"``; ``"unknown"`` for None (not glibc)."""
+    return ".".join(map(str, version)) if version else "unknown"
 
 
 # ------------------------------------------------------------------ ELF reading
@@ -176,6 +185,10 @@ class ElfImage:
         """The `VersionNeed` a symbol's ``.gnu.version`` entry names (None: local, global or defined here)."""
         return next((n for n in self.needs if n.index == symbol.version_index), None)
 
+    def newer_glibc_needs(self, glibc: Sequence[int]) -> list[VersionNeed]:
+        """The ``GLIBC_x.y`` needs above ``glibc``."""
+        return [n for n in self.needs if n.name.startswith("GLIBC_") and (parse_version(n.name) or (0,)) > tuple(glibc)]
+
     def glibc_requirements(self) -> dict[str, list[str]]:
         """``{"GLIBC_2.38": ["__isoc23_strtol", ...], ...}``: the undefined symbols per glibc version."""
         out: dict[str, list[str]] = {}
@@ -220,7 +233,7 @@ def patch_elf(data: bytes, glibc: Sequence[int], name: str = "<elf>") -> tuple[b
     when another symbol needs a newer glibc, or libc's ``GLIBC_2.2.5`` is not among its needs."""
     image = ElfImage(data, name)
     glibc = tuple(glibc)
-    newer = [n for n in image.needs if n.name.startswith("GLIBC_") and (parse_version(n.name) or (0,)) > glibc]
+    newer = image.newer_glibc_needs(glibc)
     if not newer:
         return data, []
     bad = too_new_symbols(image.glibc_requirements(), glibc)
@@ -332,9 +345,7 @@ def compatible_library_dir(source: Union[str, Path, None] = None, *, cache_root:
         data = path.read_bytes()
         digest.update(path.name.encode() + b"\0" + hashlib.sha256(data).digest())
         if not path.is_symlink():
-            image = ElfImage(data, path.name)
-            needs_patch |= any((parse_version(n.name) or (0,)) > glibc for n in image.needs
-                               if n.name.startswith("GLIBC_"))
+            needs_patch |= bool(ElfImage(data, path.name).newer_glibc_needs(glibc))
     if not needs_patch:
         return source
     root = Path(cache_root) if cache_root is not None else default_cache_root()
@@ -383,7 +394,7 @@ def check_loads(folder: Union[str, Path], timeout: float = 120.0) -> None:
         lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
         last = lines[-1] if lines else f"exit code {done.returncode}"
         raise PrebuiltLibraryError(f"the llama.cpp libraries in {folder} do not load on this machine "
-                                   f"(glibc {os.confstr('CS_GNU_LIBC_VERSION') if hasattr(os, 'confstr') else '?'}): "
+                                   f"(glibc {_version_text(machine_glibc())}): "
                                    f"{last}")
 
 
@@ -469,12 +480,10 @@ class PrebuiltLlama:
                  cache_type: str = "f16", n_threads: Optional[int] = None, flash_attn: bool = False,
                  library_dir: Union[str, Path, None] = None, verbose: bool = False):
         path = check_read_path(gguf_path, "a GGUF model file", name="gguf_path", expect="file")
-        if cache_type not in GGML_TYPES:
-            raise UserInputError(f"cache_type={cache_type!r} is not supported (valid: {', '.join(GGML_TYPES)})")
+        check_supported("cache_type", cache_type, GGML_TYPES)
         n_ubatch = n_batch if n_ubatch is None else n_ubatch
-        for label, value in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_ubatch", n_ubatch)):
-            if not isinstance(value, int) or value < 1:
-                raise UserInputError(f"{label}={value!r} must be a positive int")
+        n_ctx, n_batch, n_ubatch = (check_int(label, value, 1) for label, value in
+                                    (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_ubatch", n_ubatch)))
         folder = Path(library_dir) if library_dir is not None else compatible_library_dir()
         other = _loaded_elsewhere(folder)
         if other is not None:
