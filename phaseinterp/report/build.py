@@ -15,7 +15,7 @@ from phaseinterp._files import atomic_write_text, check_write_target, move_into_
 from phaseinterp.models.protocol import model_label
 from phaseinterp.plot import export
 from phaseinterp.report.models import as_model, check_twin
-from phaseinterp.report.page import num, page_html, tidy_figure
+from phaseinterp.report.page import num, page_html, period_words, tidy_figure
 from phaseinterp.report.section import ReportContext, SectionClock, run_sections
 from phaseinterp.report.sections.conformance import Conformance
 from phaseinterp.report.sections.deepseek_v4 import DeepseekV4, load_deepseek_v4
@@ -67,11 +67,9 @@ class Report:
         """The short summary table printed by ``phaseinterp demo``."""
         lines = ["| model | mean | worst phase (acc) | phase gap | residue gap | period |", "|---|---|---|---|---|---|"]
         for p in self.summary["profiles"]:
-            period = p["period"] if p["period"] is not None else (
-                "undetermined" if str(p.get("period_verdict", "")).startswith("undetermined") else "none")
             lines.append(f"| {p['label']} | {p['mean']:.3f} | {','.join(map(str, p['worst_phases']))} "
                          f"({p['worst_phase_accuracy']:.3f}) | {100 * p['phase_gap']:.1f} pp | "
-                         f"{100 * p['gap']:.1f} pp | {period} (p={p['period_p_value']:.3f}) |")
+                         f"{100 * p['gap']:.1f} pp | {period_words(p, 'undetermined')} (p={p['period_p_value']:.3f}) |")
         res = self.summary.get("resolution") or []
         if res:
             sizes = sorted({r["n_per_residue"] for r in res})

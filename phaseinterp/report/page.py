@@ -28,6 +28,21 @@ def fmt(value: float) -> str:
     return f"{value:.3g}"
 
 
+def period_words(profile: dict, undetermined: str = "undetermined at this design") -> str:
+    """A profile's (`PhaseProfile.to_dict`) period: the number, ``undetermined`` or "none"."""
+    if profile["period"] is not None:
+        return profile["period"]
+    return undetermined if str(profile.get("period_verdict", "")).startswith("undetermined") else "none"
+
+
+def table_html(header, rows, left=(0,)) -> str:
+    """A product table: ``header``, then one ``<tr>`` per row of ``rows`` (cells as given: escape text first),
+    the columns ``left`` aligned left (names, words), the others right (numbers)."""
+    body = "".join("<tr>" + "".join(f"<td style='text-align:left'>{c}</td>" if i in left else f"<td>{c}</td>"
+                                    for i, c in enumerate(row)) + "</tr>" for row in rows)
+    return "<table><tr>" + "".join(f"<th>{h}</th>" for h in header) + f"</tr>{body}</table>"
+
+
 # One line per statistic the report shows (a table column or row label): the report prints the
 # meaning of each one that appears in a section, right under that section's tables.
 MEANINGS: dict[str, str] = {
@@ -262,20 +277,16 @@ def page_html(summary: dict, figures: dict, tables: dict, static: dict) -> str:
     if static.get("skipped"):
         parts.append(f"<p class='note'>PNG figures were not written: {html.escape(static['skipped'])}. "
                      "The interactive figures below and the CSVs hold everything.</p>")
-    summary_table = ["<h2>Summary</h2><table><tr><th>model</th><th>mean</th><th>worst phase</th><th>phase gap</th>"
-                     "<th>residue gap</th><th>period (p)</th></tr>"]
+    rows = []
     for p in summary["profiles"]:
-        worst = p["worst_phase_accuracy"]
-        period = p["period"] if p["period"] is not None else (
-            "undetermined at this design" if str(p.get("period_verdict", "")).startswith("undetermined") else "none")
         p_value = p["period_p_value"]
-        summary_table.append(
-            f"<tr><td style='text-align:left'>{html.escape(p['label'])}</td><td>{p['mean']:.3f}</td>"
-            f"<td>{','.join(map(str, p['worst_phases']))} ({worst:.3f})</td>"
-            f"<td>{100 * p['phase_gap']:.1f} pp</td><td>{100 * p['gap']:.1f} pp</td>"
-            f"<td>{period} ({'n/a' if p_value is None or p_value != p_value else f'{p_value:.3f}'})</td></tr>")
-    summary_table.append("</table>")
-    parts.append("".join(summary_table) + meanings_html("".join(summary_table)))
+        rows.append((html.escape(p["label"]), f"{p['mean']:.3f}",
+                     f"{','.join(map(str, p['worst_phases']))} ({p['worst_phase_accuracy']:.3f})",
+                     f"{100 * p['phase_gap']:.1f} pp", f"{100 * p['gap']:.1f} pp",
+                     f"{period_words(p)} ({'n/a' if p_value is None or p_value != p_value else f'{p_value:.3f}'})"))
+    summary_table = "<h2>Summary</h2>" + table_html(
+        ("model", "mean", "worst phase", "phase gap", "residue gap", "period (p)"), rows)
+    parts.append(summary_table + meanings_html(summary_table))
     parts.append(resolution_html(summary))
     parts.append(settings_html(summary))
     parts.append(timing_html(summary))
@@ -314,15 +325,12 @@ def resolution_html(summary: dict) -> str:
     def interval(v):
         return f"[{100 * v[0]:.1f}%, {100 * v[1]:.1f}%]"
 
-    body = "".join(
-        f"<tr><td style='text-align:left'>{html.escape(r['model'])}</td><td>{r['n_per_residue']}</td>"
-        f"<td>{r['worst_phase']}</td><td>{interval(r['worst_interval'])}</td><td>{r['best_phase']}</td>"
-        f"<td>{interval(r['best_interval'])}</td><td style='text-align:left'>{r['verdict']}</td></tr>" for r in rows)
     verdict = ("<p>A model with overlapping intervals shows no phase gap this many prompts can resolve; "
                "<code>--full</code> reruns at 250 prompts per residue.</p>")
-    table = ("<h3>Are the intervals separated at this size?</h3><table><tr><th>model</th><th>prompts per residue</th>"
-             "<th>worst phase</th><th>worst-phase interval</th><th>best phase</th><th>best-phase interval</th>"
-             f"<th>verdict</th></tr>{body}</table>")
+    table = "<h3>Are the intervals separated at this size?</h3>" + table_html(
+        ("model", "prompts per residue", "worst phase", "worst-phase interval", "best phase", "best-phase interval",
+         "verdict"), [(html.escape(r["model"]), r["n_per_residue"], r["worst_phase"], interval(r["worst_interval"]),
+                       r["best_phase"], interval(r["best_interval"]), r["verdict"]) for r in rows], left=(0, 6))
     return table + verdict + meanings_html(table)
 
 
@@ -331,11 +339,9 @@ def timing_html(summary: dict) -> str:
     if "seconds" not in summary:
         return ""
     sections = summary.get("section_seconds", {})
-    body = "".join(f"<tr><td style='text-align:left'>{html.escape(name)}</td><td>{sec:.1f}</td></tr>"
-                   for name, sec in sections.items())
     return (f"<h3>Run time</h3><p>This report took {summary['seconds']:.1f} s to build ({os.cpu_count()} CPU "
             f"cores visible, {torch.get_num_threads()} torch threads).</p>"
-            f"<table><tr><th>section</th><th>seconds</th></tr>{body}</table>")
+            + table_html(("section", "seconds"), [(html.escape(name), f"{sec:.1f}") for name, sec in sections.items()]))
 
 
 def settings_html(summary: dict) -> str:
@@ -362,6 +368,6 @@ def settings_html(summary: dict) -> str:
             else:
                 value = "gate cycling not run (full-attention model)"
         rows.append(("run", key, value))
-    body = "".join(f"<tr><td style='text-align:left'>{a}</td><td style='text-align:left'>{html.escape(str(b))}</td>"
-                   f"<td style='text-align:left'>{html.escape(str(c))}</td></tr>" for a, b, c in rows)
-    return f"<h3>Settings</h3><table><tr><th>what</th><th>setting</th><th>value</th></tr>{body}</table>"
+    return "<h3>Settings</h3>" + table_html(("what", "setting", "value"),
+                                            [(a, html.escape(str(b)), html.escape(str(c))) for a, b, c in rows],
+                                            left=(0, 1, 2))

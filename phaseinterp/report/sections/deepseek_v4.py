@@ -50,20 +50,18 @@ def deepseek_v4_section(model, task=None, out_dir: Union[str, Path, None] = None
                                "index_topk": cfg.index_topk, "sliding_window": cfg.sliding_window}
     figures: dict[str, Any] = {}
     tables = {"dsv4_layers": layers.to_html(index=False, border=0)}
+    csvs = {"dsv4_layers": layers}
     if "compressed_sparse_attention" in cfg.layer_types:
         idx = indexer_phase(model, task, prompts=batch, batch_size=batch_size)
         summary["indexer"] = idx.to_dict()
         figures["indexer_phase"] = idx.plot()
         tables["indexer_phase"] = idx.to_frame().to_html(index=False, border=0, float_format="%.3f")
-        if out_dir is not None:
-            data = Path(out_dir) / "data"
-            data.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(data / "indexer_phase.csv", idx.to_frame().to_csv(index=False))
-            atomic_write_text(data / "indexer_records.csv", idx.records.to_csv(index=False))
+        csvs.update(indexer_phase=idx.to_frame(), indexer_records=idx.records)
     if out_dir is not None:
         data = Path(out_dir) / "data"
         data.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(data / "dsv4_layers.csv", layers.to_csv(index=False))
+        for name, frame in csvs.items():
+            atomic_write_text(data / f"{name}.csv", frame.to_csv(index=False))
     return {"summary": summary, "figures": figures, "tables": tables}
 
 

@@ -14,6 +14,7 @@ from phaseinterp import paper
 from phaseinterp._files import atomic_write_text
 from phaseinterp.plot import profiles_figure
 from phaseinterp.report.models import model_label
+from phaseinterp.report.page import table_html
 from phaseinterp.report.section import ReportContext, Section
 
 # published evaluation the model is compared with: the paper's headline (and the only one of the baselines)
@@ -173,7 +174,7 @@ def _known(*values) -> bool:
 def _html(result: dict[str, Any]) -> str:
     """The statement, one row per model (accuracies as fractions, gaps in pp, published 95% intervals in
     brackets where the comparison is on the published residues) and the comparisons' notes."""
-    body = []
+    rows = []
     for r in result["table"].to_dict(orient="records"):
         name = f"{r['paper_run']}: {r['model']}" if r["paper_run"] else r["model"]
         lower, upper = r.get("mean_pct_lower"), r.get("mean_pct_upper")
@@ -181,17 +182,13 @@ def _html(result: dict[str, Any]) -> str:
         lower, upper = r.get("gap_pp_lower"), r.get("gap_pp_upper")
         gap = f"{r['gap_pp']:.1f} pp" + (f" [{lower:.1f}, {upper:.1f}]" if _known(lower, upper) else "")
         period = str(int(r["period"])) if _known(r["period"]) else "none"
-        body.append(
-            f"<tr><td style='text-align:left'>{html.escape(name)}</td><td style='text-align:left'>{r['source']}</td>"
-            f"<td style='text-align:left'>{html.escape(r['geometry'])}</td>"
-            f"<td style='text-align:left'>{html.escape(r['variant'])}</td><td>{html.escape(r['compared_on'])}</td>"
-            f"<td>{mean}</td><td>{r['worst_phase']} ({r['worst_phase_pct'] / 100:.3f})</td>"
-            f"<td>{r['phase_gap_pp']:.1f} pp</td><td>{gap}</td><td>{period}</td></tr>")
+        rows.append((html.escape(name), r["source"], html.escape(r["geometry"]), html.escape(r["variant"]),
+                     html.escape(r["compared_on"]), mean, f"{r['worst_phase']} ({r['worst_phase_pct'] / 100:.3f})",
+                     f"{r['phase_gap_pp']:.1f} pp", gap, period))
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in result["notes"])
     return (f"<p>{html.escape(result['statement'])}</p>"
-            "<table><tr><th>model</th><th>source</th><th>geometry</th><th>variant</th><th>compared on</th>"
-            "<th>mean</th><th>worst phase</th><th>phase gap</th><th>residue gap</th><th>period</th></tr>"
-            + "".join(body) + "</table>"
+            + table_html(("model", "source", "geometry", "variant", "compared on", "mean", "worst phase", "phase gap",
+                          "residue gap", "period"), rows, left=(0, 1, 2, 3))
             + (f"<ul>{notes}</ul>" if notes else "")
             + "<p>Every number is in <code>data/paper_comparison.csv</code> (one row per model and fold) and "
               "<code>data/paper_comparison_phases.csv</code> (per phase); every published run considered, nearest "

@@ -11,6 +11,7 @@ from phaseinterp._files import atomic_write_text
 from phaseinterp.plot import profiles_figure
 from phaseinterp.profile import phase_profile
 from phaseinterp.report.models import as_model, data_name, model_label
+from phaseinterp.report.page import table_html
 from phaseinterp.report.section import ReportContext, Section, write_profile_csvs
 
 
@@ -100,17 +101,15 @@ def _controls_html(rows: list[dict]) -> str:
     def pct(v):
         return f"{100 * v:.1f}%"
 
-    body = "".join(
-        f"<tr><td style='text-align:left'>{html.escape(r['pair'])}</td><td>{r['compressed_step']}</td>"
-        f"<td style='text-align:left'>{html.escape(r['compressed'])}</td><td>{pct(r['compressed_mean'])}</td>"
-        f"<td>{pct(r['compressed_worst_phase_accuracy'])}</td><td style='text-align:left'>{html.escape(r['twin'])}</td>"
-        f"<td>{pct(r['twin_mean'])}</td><td>{pct(r['twin_worst_phase_accuracy'])}</td>"
-        f"<td>{100 * r['twin_phase_gap']:.1f} pp</td></tr>" for r in rows)
     return ("<h3>Equal-training controls</h3><p>The compressed model and its full-attention twin at the SAME "
             "training step: the step at which both have first learned the task (held-out probe mean >= 60%, "
             "computed from the training curves by <code>phaseinterp.zoo.equal_training_step</code>), and the "
-            "final step.</p><table><tr><th>pair</th><th>step</th><th>compressed</th><th>mean</th><th>worst phase"
-            "</th><th>twin</th><th>mean</th><th>worst phase</th><th>twin phase gap</th></tr>" + body + "</table>")
+            "final step.</p>" + table_html(
+                ("pair", "step", "compressed", "mean", "worst phase", "twin", "mean", "worst phase", "twin phase gap"),
+                [(html.escape(r["pair"]), r["compressed_step"], html.escape(r["compressed"]), pct(r["compressed_mean"]),
+                  pct(r["compressed_worst_phase_accuracy"]), html.escape(r["twin"]), pct(r["twin_mean"]),
+                  pct(r["twin_worst_phase_accuracy"]), f"{100 * r['twin_phase_gap']:.1f} pp") for r in rows],
+                left=(0, 2, 5)))
 
 
 class PromptLength(Section):
@@ -135,9 +134,7 @@ class PromptLength(Section):
         atomic_write_text(ctx.out / "data" / f"prompt_length_{data_name(ctx.model)}.csv", result.table().to_csv())
         ctx.summary["prompt_length"] = result.to_dict()
         ctx.figures["prompt_length"] = result.plot()
-        rows = "".join(
-            f"<tr><td style='text-align:left'>{axis}</td><td>{100 * p.phase_gap:.1f} pp</td>"
-            f"<td>{p.period_verdict}</td><td>{p.homogeneity_p_value:.3g}</td></tr>"
-            for axis, p in (("target phase", result.target), ("prompt-length phase", result.length)))
-        ctx.tables["prompt_length"] = ("<table><tr><th>axis</th><th>phase gap</th><th>period</th>"
-                                       f"<th>homogeneity p</th></tr>{rows}</table>")
+        ctx.tables["prompt_length"] = table_html(
+            ("axis", "phase gap", "period", "homogeneity p"),
+            [(axis, f"{100 * p.phase_gap:.1f} pp", p.period_verdict, f"{p.homogeneity_p_value:.3g}")
+             for axis, p in (("target phase", result.target), ("prompt-length phase", result.length))])
