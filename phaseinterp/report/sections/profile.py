@@ -39,8 +39,8 @@ class PhaseProfiles(Section):
 
 
 class TrainingControls(Section):
-    """The zoo run's equal-step and final-step pairs, profiled on the same prompts (reusing the
-    profiles already measured); their profiles join the phase-profile figure."""
+    """The zoo run's equal-step and final-step pairs (`zoo.training_controls`), profiled on the same prompts
+    (reusing the profiles already measured); their profiles join the phase-profile figure."""
 
     name = "training controls"
     inputs = ("phase profiles",)
@@ -52,12 +52,27 @@ class TrainingControls(Section):
         return None
 
     def compute(self, ctx: ReportContext) -> dict[str, Any]:
-        profiles = list(ctx.results["phase profiles"])
-        names = [data_name(ctx.model)] + ([data_name(ctx.twin)] if ctx.twin is not None else [])
-        known = len(profiles)
-        rows = _training_controls(ctx.model, ctx.twin, ctx.task, ctx.settings, ctx.device, ctx.progress, profiles,
-                                  names, ctx.prompts)
-        return {"rows": rows, "profiles": profiles[known:], "names": names[known:], "all": profiles}
+        """One row per pair; the profiles of the pairs' models not measured yet, with their `data_name`s."""
+        by_name = {m.metadata["zoo_name"]: p for m, p in zip((ctx.model, ctx.twin), ctx.results["phase profiles"])
+                   if getattr(m, "metadata", {}).get("zoo_name")}
+        rows, profiles, names = [], [], []
+        for kind, pair in zoo.training_controls(ctx.model.metadata["zoo_name"]).items():
+            row: dict[str, Any] = {"pair": kind}
+            for role, name in zip(("compressed", "twin"), pair):
+                if name not in by_name:
+                    m = as_model(name, ctx.device)
+                    by_name[name] = phase_profile(m, ctx.prompts.get(ctx.task, ctx.settings.n_per_residue),
+                                                  stride=ctx.model.cfg.stride, progress=ctx.progress,
+                                                  label=f"{name} (step {m.metadata.get('step')})")
+                    profiles.append(by_name[name])
+                    names.append(data_name(m))
+                p = by_name[name]
+                row.update({role: name, f"{role}_step": zoo.snapshot_step(name), f"{role}_mean": p.mean,
+                            f"{role}_worst_phase_accuracy": float(min(p.phase_accuracy)),
+                            f"{role}_phase_gap": p.phase_gap, f"{role}_period": p.period})
+            rows.append(row)
+        return {"rows": rows, "profiles": profiles, "names": names,
+                "all": list(ctx.results["phase profiles"]) + profiles}
 
     def render(self, ctx: ReportContext, result: dict[str, Any]) -> None:
         for p, name in zip(result["profiles"], result["names"]):
@@ -66,35 +81,6 @@ class TrainingControls(Section):
         ctx.figures["phase_profile"] = profiles_figure(result["all"])
         ctx.summary["training_controls"] = result["rows"]
         ctx.tables["phase_profile"] = _controls_html(result["rows"])
-
-
-def _training_controls(model, twin, task, settings, device, progress, profiles, data_names, prompts) -> list[dict]:
-    """Profile the equal-step and final-step pairs of ``model``'s zoo run (`zoo.training_controls`),
-    reusing ``profiles`` already measured (``data_names``: their `data_name`s, extended in step with
-    ``profiles``); returns one row per pair for the report."""
-    pairs = zoo.training_controls(getattr(model, "metadata", {}).get("zoo_name", ""))
-    if not pairs or not all(n in zoo.available() for pair in pairs.values() for n in pair):
-        return []
-    by_name = {}
-    for m, p in ((model, profiles[0]), (twin, profiles[1] if twin is not None else None)):
-        if m is not None and getattr(m, "metadata", {}).get("zoo_name"):
-            by_name[m.metadata["zoo_name"]] = p
-    rows = []
-    for kind, names in pairs.items():
-        row: dict[str, Any] = {"pair": kind}
-        for role, name in zip(("compressed", "twin"), names):
-            if name not in by_name:
-                m = as_model(name, device)
-                by_name[name] = phase_profile(m, prompts.get(task, settings.n_per_residue), stride=model.cfg.stride,
-                                              label=f"{name} (step {m.metadata.get('step')})", progress=progress)
-                profiles.append(by_name[name])
-                data_names.append(data_name(m))
-            p = by_name[name]
-            row.update({role: name, f"{role}_step": zoo.snapshot_step(name), f"{role}_mean": p.mean,
-                        f"{role}_worst_phase_accuracy": float(min(p.phase_accuracy)),
-                        f"{role}_phase_gap": p.phase_gap, f"{role}_period": p.period})
-        rows.append(row)
-    return rows
 
 
 def _controls_html(rows: list[dict]) -> str:

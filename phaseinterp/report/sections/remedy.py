@@ -51,81 +51,70 @@ class Remedy(Section):
         return None if ctx.remedy is not None else ""
 
     def compute(self, ctx: ReportContext) -> dict[str, Any]:
-        """Profile the remedy pair at ``settings.n_per_residue`` on the report's shared prompt sets; the
-        report's own profile is reused when it is the same zoo model on its stored task (same prompts)."""
+        """Both models' profiles (on the report's shared prompt sets), KV memory and boundary phases, baseline
+        first; the report's own profile is reused when it is the same zoo model on its stored task."""
+        staggered_name, baseline_name = check_remedy(ctx.remedy)
         zoo_name = getattr(ctx.model, "metadata", {}).get("zoo_name")
-        profiles = ctx.results.get("phase profiles")
-        reuse = {zoo_name: profiles[0]} if zoo_name and ctx.own_task and profiles else {}
-        return _measure_pair(ctx.remedy, ctx.settings, ctx.progress, ctx.log, reuse, ctx.device, ctx.prompts)
+        measured = ctx.results.get("phase profiles")
+        reuse = {zoo_name: measured[0]} if zoo_name and ctx.own_task and measured else {}
+        rows, profiles, heads = [], [], []
+        for role, name in (("baseline", baseline_name), ("staggered", staggered_name)):
+            model = zoo.load(name, device=ctx.device)
+            task = resolve_task(model)
+            if name in reuse:
+                profile = reuse[name]
+            else:
+                ctx.log(f"[remedy] {name}: phase profile, {ctx.settings.n_per_residue} prompts x "
+                        f"{task.residue_modulus} residues")
+                profile = phase_profile(model, ctx.prompts.get(task, ctx.settings.n_per_residue),
+                                        label=f"{name} ({role})", progress=ctx.progress)
+            profiles.append(profile)
+            memory = memory_per_token(model)
+            boundaries = sorted({int(b) for layer in range(model.cfg.n_layers) for b in model.boundary_phases(layer)})
+            heads.append(_heads(model).assign(model=name))
+            rows.append({"role": role, "model": name, "step": model.metadata.get("step"), "mean": profile.mean,
+                         "worst_phase": int(profile.worst_phases[0]) if len(profile.worst_phases) else None,
+                         "worst_phase_accuracy": float(min(profile.phase_accuracy)), "phase_gap": profile.phase_gap,
+                         "period": profile.period, "boundary_phases": boundaries,
+                         "boundary_accuracy": [float(profile.phase_accuracy[b]) for b in boundaries],
+                         "stored_bytes_per_token": memory["stored_bytes_per_token"],
+                         "closed_bytes_per_token": memory["closed_bytes_per_token"]})
+        return {"names": (baseline_name, staggered_name), "rows": rows, "profiles": profiles, "heads": heads,
+                "reuse": reuse}
 
     def render(self, ctx: ReportContext, result: dict[str, Any]) -> None:
-        _render(ctx, **result)
-
-
-def _measure_pair(name: str, settings, progress, log, reuse, device, prompts) -> dict[str, Any]:
-    """Both models' profiles, KV memory and boundary phases (baseline first)."""
-    staggered_name, baseline_name = check_remedy(name)
-    reuse = reuse or {}
-    rows, profiles, heads = [], [], []
-    for role, zoo_name in (("baseline", baseline_name), ("staggered", staggered_name)):
-        model = zoo.load(zoo_name, device=device)
-        task = resolve_task(model)
-        if zoo_name in reuse:
-            profile = reuse[zoo_name]
-        else:
-            log(f"[remedy] {zoo_name}: phase profile, {settings.n_per_residue} prompts x {task.residue_modulus} residues")
-            if prompts is not None:
-                profile = phase_profile(model, prompts.get(task, settings.n_per_residue), label=f"{zoo_name} ({role})",
-                                        progress=progress)
-            else:
-                profile = phase_profile(model, task, n_per_residue=settings.n_per_residue, label=f"{zoo_name} ({role})",
-                                        progress=progress)
-        profiles.append(profile)
-        memory = memory_per_token(model)
-        boundaries = sorted({int(b) for layer in range(model.cfg.n_layers) for b in model.boundary_phases(layer)})
-        heads.append(_heads(model).assign(model=zoo_name))
-        rows.append({"role": role, "model": zoo_name, "step": model.metadata.get("step"), "mean": profile.mean,
-                     "worst_phase": int(profile.worst_phases[0]) if len(profile.worst_phases) else None,
-                     "worst_phase_accuracy": float(min(profile.phase_accuracy)), "phase_gap": profile.phase_gap,
-                     "period": profile.period, "boundary_phases": boundaries,
-                     "boundary_accuracy": [float(profile.phase_accuracy[b]) for b in boundaries],
-                     "stored_bytes_per_token": memory["stored_bytes_per_token"],
-                     "closed_bytes_per_token": memory["closed_bytes_per_token"]})
-    return {"names": (baseline_name, staggered_name), "rows": rows, "profiles": profiles, "heads": heads,
-            "reuse": reuse}
-
-
-def _render(ctx: ReportContext, names, rows, profiles, heads, reuse) -> None:
-    out, summary = ctx.out, ctx.summary
-    baseline_name, staggered_name = names
-    table = pd.DataFrame(rows)
-    head_table = pd.concat(heads, ignore_index=True)
-    atomic_write_text(out / "data" / "remedy.csv", table.to_csv(index=False))
-    atomic_write_text(out / "data" / "remedy_heads.csv", head_table.to_csv(index=False))
-    for p, row in zip(profiles, rows):
-        if row["model"] in reuse:  # the report wrote it under the same name
-            continue
-        name = data_name(SimpleNamespace(metadata={"zoo_name": row["model"]}))
-        if (out / "data" / f"profile_{name}_phases.csv").exists():  # that model's profile on another task
-            name += "_own_task"
-        write_profile_csvs(out, name, p, parts=("residues", "phases"))
-    summary["remedy"] = {"pair": [baseline_name, staggered_name], "rows": table.to_dict(orient="records"),
-                         "profiles": [p.to_dict() for p in profiles]}
-    ctx.figures["remedy_profile"] = profiles_figure(profiles)
-    gap_ratio = rows[1]["phase_gap"] / rows[0]["phase_gap"] if rows[0]["phase_gap"] > 0 else float("nan")
-    shown = table.assign(mean=lambda t: (100 * t["mean"]).round(1), phase_gap=lambda t: (100 * t.phase_gap).round(1),
-                         worst_phase_accuracy=lambda t: (100 * t.worst_phase_accuracy).round(1),
-                         boundary_accuracy=lambda t: t.boundary_accuracy.map(lambda v: [round(100 * x, 1) for x in v]))
-    ctx.tables["remedy_profile"] = (
-        f"<p>A remedy beyond the paper: <b>{html.escape(staggered_name)}</b> gives each KV head its own window grid "
-        f"(KV head h compresses windows starting at j*S + o_h), so a record that straddles one head's window "
-        f"boundary is interior for another; <b>{html.escape(baseline_name)}</b> is its twin on the shared grid "
-        f"(same backbone, recipe, seed and step). Phases are those of the shared stride. Accuracies in %, "
-        f"phase gap in pp; memory is the KV cache measured after {summary.get('config', {}).get('n_ctx', 'n_ctx')} "
-        f"tokens. Staggered / baseline phase gap: {gap_ratio:.2f}. One seed per model here; the three-seed "
-        f"comparison is <code>phaseinterp.experiments.compare_remedy</code> (benchmarks/RESULTS.md).</p>"
-        + shown.to_html(index=False, border=0)
-        + "<h3>Boundary phase of each KV head</h3>" + head_table.to_html(index=False, border=0))
+        out, summary, rows, profiles = ctx.out, ctx.summary, result["rows"], result["profiles"]
+        baseline_name, staggered_name = result["names"]
+        table = pd.DataFrame(rows)
+        head_table = pd.concat(result["heads"], ignore_index=True)
+        atomic_write_text(out / "data" / "remedy.csv", table.to_csv(index=False))
+        atomic_write_text(out / "data" / "remedy_heads.csv", head_table.to_csv(index=False))
+        for p, row in zip(profiles, rows):
+            if row["model"] in result["reuse"]:  # the report wrote it under the same name
+                continue
+            name = data_name(SimpleNamespace(metadata={"zoo_name": row["model"]}))
+            if (out / "data" / f"profile_{name}_phases.csv").exists():  # that model's profile on another task
+                name += "_own_task"
+            write_profile_csvs(out, name, p, parts=("residues", "phases"))
+        summary["remedy"] = {"pair": [baseline_name, staggered_name], "rows": table.to_dict(orient="records"),
+                             "profiles": [p.to_dict() for p in profiles]}
+        ctx.figures["remedy_profile"] = profiles_figure(profiles)
+        gap_ratio = rows[1]["phase_gap"] / rows[0]["phase_gap"] if rows[0]["phase_gap"] > 0 else float("nan")
+        shown = table.assign(mean=lambda t: (100 * t["mean"]).round(1),
+                             phase_gap=lambda t: (100 * t.phase_gap).round(1),
+                             worst_phase_accuracy=lambda t: (100 * t.worst_phase_accuracy).round(1),
+                             boundary_accuracy=lambda t: t.boundary_accuracy.map(
+                                 lambda v: [round(100 * x, 1) for x in v]))
+        ctx.tables["remedy_profile"] = (
+            f"<p>A remedy beyond the paper: <b>{html.escape(staggered_name)}</b> gives each KV head its own window grid "
+            f"(KV head h compresses windows starting at j*S + o_h), so a record that straddles one head's window "
+            f"boundary is interior for another; <b>{html.escape(baseline_name)}</b> is its twin on the shared grid "
+            f"(same backbone, recipe, seed and step). Phases are those of the shared stride. Accuracies in %, "
+            f"phase gap in pp; memory is the KV cache measured after {summary.get('config', {}).get('n_ctx', 'n_ctx')} "
+            f"tokens. Staggered / baseline phase gap: {gap_ratio:.2f}. One seed per model here; the three-seed "
+            f"comparison is <code>phaseinterp.experiments.compare_remedy</code> (benchmarks/RESULTS.md).</p>"
+            + shown.to_html(index=False, border=0)
+            + "<h3>Boundary phase of each KV head</h3>" + head_table.to_html(index=False, border=0))
 
 
 __all__ = ["Remedy", "check_remedy"]
