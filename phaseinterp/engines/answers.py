@@ -132,7 +132,7 @@ def _open_journal(directory: Union[str, Path], header: dict[str, Any]) -> Path:
         except (OSError, ValueError) as err:
             raise UserInputError(f"{run} is not a readable answers journal ({err})") from None
         mine = json.loads(json.dumps(header, default=json_default))
-        for key in ("format", "engine", "n_prompts", "batch_size", "prompts_sha256", "task"):
+        for key in header:
             if not isinstance(old, dict) or old.get(key) != mine.get(key):
                 theirs = old.get(key, "<missing>") if isinstance(old, dict) else "<not a journal>"
                 raise UserInputError(
