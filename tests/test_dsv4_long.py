@@ -392,19 +392,6 @@ def test_memory_estimate_of_the_chunked_forward_is_within_15_percent_of_the_meas
     assert 0.85 <= ratio <= 1.15, f"estimate / measured = {ratio:.3f}"
 
 
-def test_memory_plan_names_devices_for_a_profile_and_an_ablation():
-    """At 128K tokens (the fast tier: `_chunked_terms` walks the query chunks one by one in Python, about
-    ten times as many at 1M tokens; the default plan with its 1M rows is the slow test below)."""
-    from phaseinterp.models.hf.memory import memory_plan
-
-    rows = memory_plan(lengths=(131072,))
-    assert [(r["tokens"], r["experiment"]) for r in rows] == [(131072, "phase profile"), (131072, "one-layer ablation")]
-    at_128k = rows[0]
-    assert at_128k["devices_80gb"] >= at_128k["devices_141gb"] >= 2
-    assert rows[1]["state_gb"] > 0 and rows[1]["devices_80gb"] >= at_128k["devices_80gb"]
-
-
-@pytest.mark.slow  # the 1M-token estimate alone takes about 20 s (the Python loop over its query chunks)
 def test_the_default_memory_plan_reaches_1m_tokens_where_one_layer_exceeds_a_device():
     from phaseinterp.models.hf.memory import memory_plan
 
@@ -412,7 +399,30 @@ def test_the_default_memory_plan_reaches_1m_tokens_where_one_layer_exceeds_a_dev
     assert [(r["tokens"], r["experiment"]) for r in rows] == [
         (131072, "phase profile"), (131072, "one-layer ablation"),
         (1048576, "phase profile"), (1048576, "one-layer ablation")]
+    at_128k = rows[0]
+    assert at_128k["devices_80gb"] >= at_128k["devices_141gb"] >= 2
+    assert rows[1]["state_gb"] > 0 and rows[1]["devices_80gb"] >= at_128k["devices_80gb"]
     assert rows[2]["devices_80gb"] is None  # one layer's activations exceed a device at 1M tokens
+
+
+@pytest.mark.parametrize("T", [1, 2049, 5000, 131_072])
+@pytest.mark.parametrize("query_chunk", ["auto", None, 7])
+@pytest.mark.parametrize("published", [True, False])
+def test_the_memory_estimate_reads_two_chunks_and_equals_the_walk_over_every_chunk(T, query_chunk, published,
+                                                                                   monkeypatch):
+    """`_chunked_terms` evaluates the last full chunk and the final one; walking every chunk (the
+    oracle, patched in) gives the same bytes, on the published config and on a small one whose CSA
+    chunks cross from shared entries to a gathered top-k."""
+    from phaseinterp.models.hf import memory
+
+    cfg = DeepseekV4Config() if published else DeepseekV4Config(
+        hidden_size=64, num_attention_heads=4, head_dim=32, q_lora_rank=32, num_hidden_layers=3, sliding_window=16,
+        compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 32}, index_topk=8,
+        layer_types=["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"],
+        index_n_heads=2, index_head_dim=16)
+    terms = memory._chunked_terms(cfg, T, 3, 2, query_chunk)
+    monkeypatch.setattr(memory, "_largest_chunks", lambda T, C: range(0, T, C))
+    assert memory._chunked_terms(cfg, T, 3, 2, query_chunk) == terms
 
 
 def test_the_gpu_script_refuses_a_machine_without_cuda(capsys, monkeypatch):

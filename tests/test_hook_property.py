@@ -49,10 +49,6 @@ SELECTION = re.compile(r"\.indexer\.hook_selected$")  # [batch, pos, top_k] int6
 # the compressor's per-entry points: [batch, entry, ...], hook.ctx["entry_range"] names the entries
 ENTRIES = re.compile(r"\.compressor\.(indexer\.)?hook_(gate|gate_logits)(_k|_v)?$"
                      r"|\.compressor\.(indexer\.)?hook_(kv|normed_kv|rot_kv|k|v|rot_k)_compressed$")
-# Fire outside the layers' query context: no hook.ctx["query_range"] (a bug: see
-# test_every_hook_point_is_told_its_positions below); a position-aware edit cannot be written there, so
-# "zero a slice of positions" zeroes a slice of channels instead.
-NO_RANGE = ("hook_embed", "ln_final.hook_normalized")
 # Points where a positive scale cancels, so "scale" multiplies by a NEGATIVE factor there (a sign
 # flip survives an RMS norm, and reverses the indexer's ranking): (families, pattern, why a positive
 # scale is a no-op). These are all of them for w4s4 and dsv4-tiny (a scale by 0.5 and 2 at every other
@@ -120,12 +116,11 @@ class Edit:
     def __call__(self, x: torch.Tensor, hook) -> torch.Tensor:
         name, ctx = self.name, hook.ctx
         span = ctx.get("entry_range") if ENTRIES.search(name) else ctx.get("query_range")
-        if name not in NO_RANGE:
-            assert span is not None, f"{name}: no range in hook.ctx {dict(ctx)}"
-            axis = 2 if QUERY_ROWS.search(name) else 1
-            assert x.shape[axis] == span[1] - span[0], (name, tuple(x.shape), span)
+        assert span is not None, f"{name}: no range in hook.ctx {dict(ctx)}"
+        axis = 2 if QUERY_ROWS.search(name) else 1
+        assert x.shape[axis] == span[1] - span[0], (name, tuple(x.shape), span)
         self.calls.append((name, span, tuple(x.shape[1:])))
-        kind = "zero_channels" if self.kind == "zero_positions" and name in NO_RANGE else self.kind
+        kind = self.kind
         if SELECTION.search(name):  # entry indices: zero means "select nothing" (-1); no scale of an index
             if kind == "zero_positions":
                 x = x.clone()
@@ -179,10 +174,12 @@ def _family(name: str) -> Family:
     if name == "dsv4-tiny":
         from phaseinterp.models.hf import chunking
 
+        from phaseinterp.models.hf import attention as hf_attention
+
         # "auto" chunks above 96 tokens (2,048 unpatched: past dsv4-tiny's 256-token context), blocks of
-        # one prompt row within 16,384 elements there. The MoE/mHC token blocks (TOKEN_BLOCK) keep their
-        # 4,096 tokens: smaller ones fail at batch >= 2 (test_dsv4_token_blocks_run_at_every_batch_size)
-        return Family(name, 40, ((chunking, "AUTO_CHUNK_ABOVE", 96), (chunking, "LONG_SCORE_BLOCK", 16_384)))
+        # one prompt row within 16,384 elements there, and the MoE/mHC token blocks hold 64 tokens (4,096)
+        return Family(name, 40, ((chunking, "AUTO_CHUNK_ABOVE", 96), (chunking, "LONG_SCORE_BLOCK", 16_384),
+                                 (hf_attention, "TOKEN_BLOCK", 64)))
     from phaseinterp.models import attention
 
     # the own compressed attention runs "auto" in blocks of at most FUSED_BLOCK queries (128 unpatched:
@@ -329,9 +326,6 @@ def test_every_drawn_hook_point_fires_and_the_others_never_do(zoo_model, name):
     assert fired == set(drawable(model))
 
 
-@pytest.mark.xfail(strict=True, reason="hook_embed and ln_final.hook_normalized fire outside the layers' "
-                                       "query context: their hook.ctx has no query_range, in a full forward "
-                                       "or a step (docs/hooks.md: every call says its positions)")
 @pytest.mark.parametrize("name", FAMILIES)
 def test_every_hook_point_is_told_its_positions(zoo_model, name):
     """A prefill of 12 tokens and a step of 8: every hook point that fires is told (0, 12), then (12, 20)."""
@@ -349,10 +343,6 @@ def test_every_hook_point_is_told_its_positions(zoo_model, name):
 
 
 @pytest.mark.zoo("dsv4-tiny")
-@pytest.mark.xfail(strict=True, raises=RuntimeError,
-                   reason="HookedDeepseekV4's MoE token blocks (chunked forwards above AUTO_CHUNK_ABOVE tokens, "
-                          "blocks of TOKEN_BLOCK) pass a non-contiguous x[:, a:b] to transformers' MoE, whose "
-                          ".view(-1, hidden) raises at batch >= 2 (batch 1 runs): models/hf/attention.py")
 def test_dsv4_token_blocks_run_at_every_batch_size(zoo_model):
     """The MoE/mHC token blocks, lowered to dsv4-tiny's context (2,048 and 4,096 tokens unpatched): two
     prompts together give what each gives alone, and what one block gives (``set_query_chunk(None)``)."""

@@ -271,15 +271,19 @@ class CompressedTransformer(CheckedHooks):
         first, last, start, variants = check_forward(cache, return_type, n_layers, start_at_layer, stop_at_layer)
         if start_at_layer is None:
             self._check_tokens(tokens, start)
-            tokens = tokens.to(self.W_E.device).long()
-            resid = self.hook_embed(self.W_E[tokens])
         else:
-            resid = self._check_resid(tokens)
-        n = resid.shape[1]
+            tokens = self._check_resid(tokens)
+        n = tokens.shape[1]
         if cache is not None:
-            cache.check_rows(resid.shape[0], variants)
-        recompute = self.activation_checkpointing and cache is None and torch.is_grad_enabled()
+            cache.check_rows(tokens.shape[0], variants)
+        # every hook of the call, the embedding and the final norm included, is told its positions
         with query_context(hooked_points(self).values(), start, start + n):
+            if start_at_layer is None:
+                tokens = tokens.to(self.W_E.device).long()
+                resid = self.hook_embed(self.W_E[tokens])
+            else:
+                resid = tokens
+            recompute = self.activation_checkpointing and cache is None and torch.is_grad_enabled()
             for layer in range(first, last):
                 block = self.blocks[layer]
                 layer_cache = cache.layers[layer] if cache is not None else None
@@ -291,13 +295,13 @@ class CompressedTransformer(CheckedHooks):
                     resid, new_layer_cache = block(resid, layer_cache, start, variants, cache_only)
                 if cache is not None and variants is None:
                     cache.layers[layer] = new_layer_cache
-        if cache is not None:
-            cache.after_call(variants, last == n_layers, start + n)
-        if stop_at_layer is not None:
-            return resid
-        if return_type in (None, "cache"):
-            return None
-        logits = self.ln_final(resid) @ self.W_U
+            if cache is not None:
+                cache.after_call(variants, last == n_layers, start + n)
+            if stop_at_layer is not None:
+                return resid
+            if return_type in (None, "cache"):
+                return None
+            logits = self.ln_final(resid) @ self.W_U
         if return_type == "logits":
             return logits
         return F.cross_entropy(

@@ -279,8 +279,9 @@ class BlockHooks(nn.Module):
         parts = [hf.ffn_hc(streams[:, a:b]) for a, b in blocks]
         x = self.ln2(torch.cat([c for _, _, c in parts], dim=1) if len(parts) > 1 else parts[0][2])
         # the MoE acts per token: in token blocks, its routing and expert intermediates stay bounded
-        ids = (lambda a, b: None) if input_ids is None else (lambda a, b: input_ids[:, a:b])
-        mlp_out = [hf.mlp(x[:, a:b], input_ids=ids(a, b)) for a, b in blocks]
+        # (contiguous: transformers' MoE views its input flat, which a block of a batch > 1 is not)
+        ids = (lambda a, b: None) if input_ids is None else (lambda a, b: input_ids[:, a:b].contiguous())
+        mlp_out = [hf.mlp(x[:, a:b].contiguous(), input_ids=ids(a, b)) for a, b in blocks]
         del x
         mlp_out = self.hook_mlp_out(torch.cat(mlp_out, dim=1) if len(mlp_out) > 1 else mlp_out[0])
         streams = self._mix(parts, mlp_out, streams, blocks)

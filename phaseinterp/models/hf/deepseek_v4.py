@@ -167,21 +167,25 @@ class HookedDeepseekV4(CheckedHooks):
         hf = self.hf.model
         if start_at_layer is None:
             self._check_tokens(tokens, start)
-            input_ids = tokens = tokens.to(self.device).long()
-            embeds = self.hook_embed(hf.embed_tokens(tokens))
-            streams = embeds.unsqueeze(2).expand(-1, -1, self.cfg.hc_mult, -1).contiguous()
+            n = tokens.shape[1]
         else:
             streams = self._check_resid(tokens)
             input_ids = self._check_input_ids(input_ids, streams, first, last)
-        n = streams.shape[1]
+            n = streams.shape[1]
         if start + n > self.cfg.n_ctx:
             raise UserInputError(f"positions {start}..{start + n - 1} exceed the model's max_position_embeddings="
                                  f"{self.cfg.n_ctx}")
         if cache is not None:
-            cache.check_rows(streams.shape[0], variants)
-        position_ids = torch.arange(start, start + n, device=streams.device).unsqueeze(0)
-        rope = {kind: hf.rotary_emb(streams, position_ids=position_ids, layer_type=kind) for kind in ("main", "compress")}
+            cache.check_rows(tokens.shape[0], variants)
+        # every hook of the call, the embedding and the final norm included, is told its positions
         with query_context(hooked_points(self).values(), start, start + n):
+            if start_at_layer is None:
+                input_ids = tokens = tokens.to(self.device).long()
+                embeds = self.hook_embed(hf.embed_tokens(tokens))
+                streams = embeds.unsqueeze(2).expand(-1, -1, self.cfg.hc_mult, -1).contiguous()
+            position_ids = torch.arange(start, start + n, device=streams.device).unsqueeze(0)
+            rope = {kind: hf.rotary_emb(streams, position_ids=position_ids, layer_type=kind)
+                    for kind in ("main", "compress")}
             for layer in range(first, last):
                 block = self.blocks[layer]
                 device = execution_device(block.hf.input_layernorm)  # device_map: a decoder layer runs on one device
@@ -195,15 +199,15 @@ class HookedDeepseekV4(CheckedHooks):
                                                  cache_only=return_type == "cache" and layer == n_layers - 1)
                 if cache is not None and variants is None:
                     cache.layers[layer] = layer_cache
-        if cache is not None:
-            cache.after_call(variants, last == n_layers, start + n)
-        if stop_at_layer is not None:
-            return streams
-        if return_type in (None, "cache"):
-            return None
-        streams = streams.to(execution_device(hf.norm))
-        with materialized(hf.norm):  # ln_final reads the norm's weight directly
-            final = self.ln_final(hf.hc_head(streams))
+            if cache is not None:
+                cache.after_call(variants, last == n_layers, start + n)
+            if stop_at_layer is not None:
+                return streams
+            if return_type in (None, "cache"):
+                return None
+            streams = streams.to(execution_device(hf.norm))
+            with materialized(hf.norm):  # ln_final reads the norm's weight directly
+                final = self.ln_final(hf.hc_head(streams))
         logits = self.hf.lm_head(final.to(execution_device(self.hf.lm_head)))
         if return_type == "logits":
             return logits

@@ -191,7 +191,7 @@ def _chunked_terms(cfg: Any, T: int, B: int, a: int, query_chunk: Any = "auto") 
     C = chunk(max(H * (slots + 1), slots * d))
     S_csa = cfg.compress_rates["compressed_sparse_attention"] if csa else None
     biggest = 0
-    for lo in range(0, T, C):
+    for lo in _largest_chunks(T, C):
         hi = min(lo + C, T)
         n = hi - lo
         for kind_slots, entries_n, gathered in (
@@ -202,6 +202,13 @@ def _chunked_terms(cfg: Any, T: int, B: int, a: int, query_chunk: Any = "auto") 
         biggest = max(biggest, n * (W * d + 2 * H * (W + 1)))  # a sliding-window layer
     attention = B * biggest * a + B * T * H * d * a
     return persistent, attention, indexer
+
+
+def _largest_chunks(T: int, C: int) -> list[int]:
+    """The starts of the chunks of ``C`` queries over ``T`` among which `_chunked_terms`' largest block is:
+    a chunk's blocks grow with its size and, at one size, with its end (a CSA chunk's closed entries,
+    then its gathered top-k), so the last full chunk and the final one (two, not ``T / C``)."""
+    return sorted({max(0, (T // C - 1) * C), (T - 1) // C * C})
 
 
 def _as_config(config: Union[str, Path, Any, None]) -> Any:
