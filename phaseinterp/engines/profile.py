@@ -2,35 +2,42 @@
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
 import os
 from typing import Any
 
-from phaseinterp._checks import experiment
+import torch
+
+from phaseinterp._checks import DEFAULT_N_PER_RESIDUE, experiment
 from phaseinterp.engines.answers import check_engine, check_ids_fit, engine_answers
 from phaseinterp.errors import UserInputError
 from phaseinterp.profile import PhaseProfile, ProfileSpec, TwoAxisProfile, records_frame
 
 
-def _takes_options(fn):
-    """``fn`` whose ``**options`` are `ProfileSpec`'s fields, keyword-only with their declared defaults
-    (``fn.__signature__``, which `experiment`, ``help()`` and the sharded runs read): the options are
-    declared once, on `phaseinterp._checks.ProfileOptions`."""
-    signature = inspect.signature(fn)
-    own = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
-    first = next(i for i, p in enumerate(own) if p.kind is p.KEYWORD_ONLY)
-    options = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.type)
-               for f in dataclasses.fields(ProfileSpec)]
-    fn.__signature__ = signature.replace(parameters=own[:first] + options + own[first:])
-    return fn
-
-
 @experiment(ProfileSpec)
-@_takes_options
-def engine_profile(engine: Any, task: Any, *, tokenizer: Any = None, resume_dir: str | os.PathLike | None = None,
-                   retries: int = 3, retry_wait: float = 1.0, spec: ProfileSpec | None = None,
-                   **options: Any) -> PhaseProfile | TwoAxisProfile:
+def engine_profile(
+    engine: Any,
+    task: Any,
+    *,
+    n_per_residue: int = DEFAULT_N_PER_RESIDUE,
+    seed: int = 0,
+    batch_size: int = 64,
+    device: str | torch.device | None = None,
+    stride: int | None = None,
+    label: str | None = None,
+    confidence: float = 0.95,
+    interval: str = "auto",
+    n_bootstrap: int = 2000,
+    n_permutations: int = 1999,
+    progress: bool = True,
+    axis: str = "target",
+    hold: int | None = None,
+    length_modulus: int | None = None,
+    tokenizer: Any = None,
+    resume_dir: str | os.PathLike | None = None,
+    retries: int = 3,
+    retry_wait: float = 1.0,
+    spec: ProfileSpec | None = None,
+) -> PhaseProfile | TwoAxisProfile:
     """`phase_profile` of the model behind ``engine``, from its answers (`phaseinterp.engines.answers`:
     the prediction is the argmax of the reported log-probs, ties to the lowest id; an answer outside a
     reported top-k is wrong, its ``answer_logprob`` NaN).
