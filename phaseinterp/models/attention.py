@@ -310,8 +310,8 @@ class CompressedAttention(nn.Module):
         self,
         q: Float[Tensor, "batch query head d_head"],
         band: Union["GatheredBand", "BlockBand"],
-        k_shared: Float[Tensor, "batch shared kv_head d_head"],
-        v_shared: Float[Tensor, "batch shared kv_head d_head"],
+        k_shared: Float[Tensor, "batch kv_head shared d_head"],
+        v_shared: Float[Tensor, "batch kv_head shared d_head"],
         allowed: Bool[Tensor, "kv_head _query slot"],
     ) -> Float[Tensor, "batch query head d_head"]:
         """``z = pattern V``, ``pattern`` = the scores ``q.k / sqrt(d_head)`` of the allowed key
@@ -321,7 +321,7 @@ class CompressedAttention(nn.Module):
         (entries, or all tokens for full attention)."""
         cfg = self.cfg
         qg = einops.rearrange(q, "b t (k g) d -> b t k g d", k=cfg.n_kv_heads)
-        scores = torch.cat([band.scores(qg), einops.einsum(qg, k_shared, "b t k g d, b j k d -> b k g t j")], dim=-1)
+        scores = torch.cat([band.scores(qg), einops.einsum(qg, k_shared, "b t k g d, b k j d -> b k g t j")], dim=-1)
         scores.mul_(cfg.d_head**-0.5)
         scores.masked_fill_(~allowed[:, None], float("-inf"))  # [kv_head, 1 (group), query, slot]
         scores = self.hook_attn_scores(einops.rearrange(scores, "b k g t s -> b (k g) t s"))
@@ -329,7 +329,7 @@ class CompressedAttention(nn.Module):
         pattern = einops.rearrange(pattern, "b (k g) t s -> b k g t s", k=cfg.n_kv_heads)
         n_own = band.width
         z = band.mix(pattern[..., :n_own])
-        z = z + einops.einsum(pattern[..., n_own:], v_shared, "b k g t j, b j k d -> b t k g d")
+        z = z + einops.einsum(pattern[..., n_own:], v_shared, "b k g t j, b k j d -> b t k g d")
         return einops.rearrange(z, "b t k g d -> b t (k g) d")
 
     def _output(self, z: Float[Tensor, "batch pos head d_head"]) -> Float[Tensor, "batch pos d_model"]:
@@ -466,14 +466,14 @@ class CompressedAttention(nn.Module):
         if not cfg.is_compressed:
             empty = q_rot.new_zeros(q_rot.shape[0], q_rot.shape[1], 0, cfg.n_kv_heads, cfg.d_head)
             keys = torch.arange(cache.k_rot.shape[1], device=device)
-            return self._attend(q_rot, GatheredBand(empty, empty), cache.k_rot, cache.v,
-                                self._band_allowed(positions, keys))
+            return self._attend(q_rot, GatheredBand(empty, empty), cache.k_rot.transpose(1, 2),
+                                cache.v.transpose(1, 2), self._band_allowed(positions, keys))
         B = self.band_width
         band_pos = positions[:, None] - B + 1 + torch.arange(B, device=device)
         band = BlockBand(cache.k_rot, cache.v, int(positions[0]), q_rot.shape[1], B)
         entries = torch.arange(cache.k_comp.shape[1], device=device)
         allowed = torch.cat([self._band_allowed(positions, band_pos), self._entry_allowed(positions, entries)], -1)
-        return self._attend(q_rot, band, cache.k_comp, cache.v_comp, allowed)
+        return self._attend(q_rot, band, cache.k_comp.transpose(1, 2), cache.v_comp.transpose(1, 2), allowed)
 
     def _attend_sdpa(
         self,
@@ -559,8 +559,8 @@ class CompressedAttention(nn.Module):
         k_own, v_own = per_variant(k_rot), per_variant(v)
         allowed = [self._band_allowed(query, query[None])]
         lo = max(pos - self.band_width + 1, 0) if cfg.is_compressed else 0
-        k_shared, v_shared = cache.k_rot[:, lo:pos], cache.v[:, lo:pos]  # the prefix's band
-        allowed.append(self._band_allowed(query, torch.arange(lo, pos, device=x.device)))
+        allowed.append(self._band_allowed(query, torch.arange(lo, pos, device=x.device)))  # the prefix's band
+        first = 0
         if cfg.is_compressed:
             first, last = self._entry_range(pos, pos + 1)
             if last > first:  # entries that read the new token: one set per variant
@@ -571,9 +571,8 @@ class CompressedAttention(nn.Module):
                 k_new, v_new = self._compress(*tokens, lo_win, j)
                 k_own, v_own = torch.cat([k_own, per_variant(k_new)], 2), torch.cat([v_own, per_variant(v_new)], 2)
                 allowed.insert(1, self._entry_allowed(query, j))
-            k_shared = torch.cat([k_shared, cache.k_comp[:, :first]], 1)
-            v_shared = torch.cat([v_shared, cache.v_comp[:, :first]], 1)
             allowed.append(self._entry_allowed(query, torch.arange(first, device=x.device)))
+        k_shared, v_shared = cache.shared(lo, pos, first)
         z = self._attend(q_rot, GatheredBand(k_own, v_own), k_shared, v_shared, torch.cat(allowed, -1))
         return z.reshape(batch * n_var, 1, cfg.n_heads, cfg.d_head)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+import torch
 from torch import Tensor
 
 from phaseinterp._checks import check_int
@@ -29,9 +30,23 @@ class LayerCache:
     k_rot: Tensor  # [batch, pos, kv_head, d_head]  after QK-norm and RoPE
     k_comp: Tensor  # [batch, entry, kv_head, d_head]  normalised + rotated compressed keys
     v_comp: Tensor  # [batch, entry, kv_head, d_head]
+    _shared: dict = field(default_factory=dict, repr=False, compare=False)
 
     def map(self, fn) -> "LayerCache":
         return LayerCache(*(fn(t) for t in (self.h, self.k, self.v, self.k_rot, self.k_comp, self.v_comp)))
+
+    def shared(self, lo: int, end: int, n_entries: int) -> tuple[Tensor, Tensor]:
+        """Keys and values ``[batch, kv_head, slot, d_head]`` of tokens ``lo .. end - 1`` then the first
+        ``n_entries`` entries: what every variant of a step at ``end`` shares. Kept while gradients are
+        off, so the steps of many forks of one prefix (an ablation sweep's) gather it once."""
+        key = (lo, end, n_entries, torch.is_inference_mode_enabled())
+        if key in self._shared:
+            return self._shared[key]
+        k, v = (torch.cat([tok[:, lo:end], ent[:, :n_entries]], 1).transpose(1, 2).contiguous()
+                for tok, ent in ((self.k_rot, self.k_comp), (self.v, self.v_comp)))
+        if not torch.is_grad_enabled():
+            self._shared[key] = (k, v)
+        return k, v
 
     @property
     def n_tokens(self) -> int:
