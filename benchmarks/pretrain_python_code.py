@@ -257,6 +257,31 @@ def probe(args) -> int:
     return 0
 
 
+def curves(args) -> int:
+    """The probes' curves against tokens, one markdown row per (arm, step) of ``--summary`` (the
+    ``OUT-summary.csv`` that ``probe`` writes): each probe's mean, phase gap and period test."""
+    import pandas as pd
+
+    summary = pd.read_csv(Path(os.path.expanduser(args.summary)))
+    probes = [p for p in args.probes.split(",") if p]
+    missing = sorted(set(probes) - set(summary.probe))
+    if missing:
+        print(f"--probes: {missing} not in {args.summary} (it holds {sorted(set(summary.probe))})", file=sys.stderr)
+        return 2
+
+    def cell(row) -> str:
+        period = f"**period {int(row.period)}**" if row.period == row.period else "no period"
+        return f"{row['mean']:.1%}, gap {100 * row.phase_gap:.1f} pp, {period} (p = {row.period_p_value:.2g})"
+
+    print("| model | step | tokens | " + " | ".join(probes) + " |")
+    print("|---|---|---|" + "---|" * len(probes))
+    for (arm, step), rows in summary.groupby(["arm", "step"], sort=False):
+        by_probe = {row.probe: row for _, row in rows.iterrows()}
+        cells = [cell(by_probe[p]) if p in by_probe else "" for p in probes]
+        print(f"| {arm} | {step:,} | {rows.tokens.iloc[0] / 1e6:.1f}M | " + " | ".join(cells) + " |")
+    return 0
+
+
 def _steps(text: str) -> list[int]:
     try:
         steps = [int(part) for part in text.split(",") if part.strip()]
@@ -310,6 +335,9 @@ def main(argv=None) -> int:
     p.add_argument("--tokenizer", default="~/phaseinterp-runs/tokenizer-py-4k")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--threads", type=int, default=1)
+    c = sub.add_parser("curves", help="the probes against tokens, a markdown table from probe's OUT-summary.csv")
+    c.add_argument("--summary", required=True, help="probe's OUT-summary.csv")
+    c.add_argument("--probes", default="copy,identifier", help="comma-separated columns (default copy,identifier)")
     i = sub.add_parser("install", help="install a natural-text zoo model (phaseinterp.zoo.TEXT_ENTRIES) from its arm's run")
     i.add_argument("--root", required=True, help="the runs' folder (read only)")
     i.add_argument("--name", required=True, help="the zoo name (py-w4s4, py-full)")
@@ -325,6 +353,8 @@ def main(argv=None) -> int:
         root = Path(os.path.expanduser(args.root))
         print(zoo.install_text(args.name, root / entry.arm, os.path.expanduser(args.tokenizer)))
         return 0
+    if args.verb == "curves":
+        return curves(args)
     if args.verb == "train":
         torch.set_num_threads(args.threads)
         return train(args)
