@@ -68,6 +68,53 @@ def check_layer(layer: Any, n_layers: int, name: str = "layer") -> int:
     return int(layer)
 
 
+def listed(value: Any) -> Any:
+    """``value`` as a list where it is one number (a numpy or 0-d tensor one too) or a list, tuple, range,
+    1-D numpy array or 1-D tensor of them; anything else unchanged, for the caller's check to name."""
+    if hasattr(value, "tolist") and getattr(value, "ndim", 0) <= 1:
+        value = value.tolist()
+    if isinstance(value, numbers.Number):
+        return [value]
+    return list(value) if isinstance(value, (list, tuple, range)) else value
+
+
+def check_indices(name: str, values: Any, low: int, high: int | None = None, *, unit: str, why: str = "",
+                  each: Callable[[Any], int] | None = None) -> list[int]:
+    """``values`` (one integer or several, as `listed` takes them) as a non-empty list of distinct ints,
+    each checked by ``each`` (default: `check_int` in ``low..high`` with ``why``); else a `UserInputError`
+    naming ``name``. The one check of the package's lists of indices (layers, KV heads, phases, lengths)."""
+    items = listed(values)
+    span = f">= {low}" if high is None else f"in {low}..{high}"
+    if not isinstance(items, list):
+        raise UserInputError(f"{name}={values!r} must be one {unit} ({span}) or a list of them")
+    if not items:
+        raise UserInputError(f"{name}={values!r} is empty: pass at least one {unit} ({span})")
+    out = [each(v) if each else check_int(name, v, low, high, why) for v in items]
+    repeated = sorted({v for v in out if out.count(v) > 1})
+    if repeated:
+        raise UserInputError(f"{name}={out} repeats a {unit} ({', '.join(map(str, repeated))}); list each once")
+    return out
+
+
+def check_tensor(name: str, value: Any, shape: tuple, dtype: Any = None) -> Any:
+    """``value`` if it is a floating tensor of ``shape`` (an int: that size; a name: any size >= 1), of
+    ``dtype`` where given, every entry finite; else a `UserInputError` naming ``name``, what it must be and
+    what came. The one check of a tensor a user hands in (a residual stream, a calibration mean)."""
+    import torch
+
+    want = f"a floating tensor [{', '.join(map(str, shape))}]"
+    if not isinstance(value, torch.Tensor) or not value.is_floating_point() or value.ndim != len(shape) or any(
+            value.shape[i] != s if isinstance(s, int) else value.shape[i] == 0 for i, s in enumerate(shape)):
+        got = f"{value.dtype} {list(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
+        raise UserInputError(f"{name} must be {want}, got {got}")
+    if dtype is not None and value.dtype != dtype:
+        raise UserInputError(f"{name} has dtype {value.dtype}, the model's is {dtype}: pass it .to({dtype})")
+    bad = int((~torch.isfinite(value)).sum())
+    if bad:
+        raise UserInputError(f"{name} holds {bad} non-finite entries (NaN or inf) of {value.numel()}")
+    return value
+
+
 def check_query_chunk(query_chunk: Any) -> Any:
     """``query_chunk`` as the models take it: ``"auto"``, None (no chunking) or an int >= 1 (a numpy
     integer too, as every integer check); else a `UserInputError` naming it. The one check of both
@@ -160,14 +207,15 @@ def check_every_residue(residues: Any, modulus: int, name: str = "prompts") -> N
             "n_per_residue")
 
 
-def check_prompt_batch(batch: Any, name: str = "prompts") -> Any:
-    """``batch`` if it is a prompt batch (``task.generate(...)``) with at least one prompt of every residue
-    (`check_every_residue`); else a `UserInputError` naming ``name``."""
+def check_prompt_batch(batch: Any, name: str = "prompts", every_residue: bool = True) -> Any:
+    """``batch`` if it is a non-empty prompt batch (``task.generate(...)``), with at least one prompt of
+    every residue where ``every_residue`` (`check_every_residue`); else a `UserInputError` naming ``name``."""
     if not (hasattr(batch, "tokens") and hasattr(batch, "answer_pos") and hasattr(batch, "meta")):
         raise UserInputError(f"{name}={type(batch).__name__} is not a prompt batch (task.generate(n_per_residue))")
     if len(batch) == 0:
         raise UserInputError(f"{name} holds 0 prompts; generate at least one per residue")
-    check_every_residue(batch.meta["residue"].to_numpy(), int(batch.residue_modulus), name)
+    if every_residue:
+        check_every_residue(batch.meta["residue"].to_numpy(), int(batch.residue_modulus), name)
     return batch
 
 

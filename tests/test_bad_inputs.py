@@ -8,6 +8,7 @@ that the file is unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import json
@@ -1326,3 +1327,128 @@ def test_an_edited_saved_result_is_refused_and_impossible_values_too(model, tmp_
     (saved / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(UserInputError, match="residue_correct exceeds residue_n"):
         PhaseProfile.load(saved)
+
+
+# ------------------------------------------------------------------ lists of indices (`check_indices`)
+@contextlib.contextmanager
+def _as_a_user_calls():
+    """No test-suite type hook (conftest's jaxtyping) before the package's own checks, as a user calls."""
+    from jaxtyping import config as jaxtyping_config
+
+    jaxtyping_config.update("jaxtyping_disable", True)
+    try:
+        yield
+    finally:
+        jaxtyping_config.update("jaxtyping_disable", False)
+
+
+def _index_doors(model):
+    """Each public list-of-indices argument -> the normalized value it keeps (its checker), on ``model``
+    (2 layers, 1 KV head, 2 query heads, S = 4)."""
+    from phaseinterp import IndexerSpec
+    from phaseinterp.engines.check import _check_phases
+    from phaseinterp.interventions._common import check_layers
+    from phaseinterp.interventions.ablation import _head_groups
+    from phaseinterp.interventions.gate_shifts import check_kv_heads, check_shifts
+
+    return {
+        "layer": lambda v: check_layers(model, v),  # ablate, shift_gates, gate_cycling_*, specialized_units
+        "kv_heads": lambda v: check_kv_heads(model, v),
+        "answer_phases": lambda v: list(_check_phases("answer_phases", v, 4)),  # conformance
+        "indexer layers": lambda v: list(IndexerSpec(layers=v).layers),
+        "heads group": lambda v: list(_head_groups([v], 2)[0]),  # ablate(heads=[group])
+        "shifts": lambda v: list(check_shifts(v, 4)[1:]),  # gate_cycling_*: the unshifted 0 first
+    }
+
+
+DOORS = ["layer", "kv_heads", "answer_phases", "indexer layers", "heads group", "shifts"]
+
+
+@pytest.mark.parametrize("door", DOORS)
+@pytest.mark.parametrize("form", ["list", "tuple", "numpy array", "tensor", "numpy ints"])
+def test_every_index_list_takes_numpy_and_torch_forms_as_the_list(door, form, model):
+    """A valid list given as a numpy array, a tensor or numpy integers means what the list means
+    (arrays were refused as 'out of range' by some arguments and taken by others)."""
+    check = _index_doors(model)[door]
+    value = [1] if door == "shifts" else [0]
+    given = {"list": value, "tuple": tuple(value), "numpy array": np.array(value), "tensor": torch.tensor(value),
+             "numpy ints": [np.int64(v) for v in value]}[form]
+    with _as_a_user_calls():
+        got = check(given)
+    assert got == check(value) and all(type(v) is int for v in got)
+
+
+@pytest.mark.parametrize("door", [d for d in DOORS if d != "shifts"])  # shifts equal mod S: measured, scored once
+@pytest.mark.parametrize("bad, words", [([0, 0], "repeats|twice"), ([], r"empty|got \(\)"), ([0.0], "0.0"),
+                                        ([True], "True"), ([-1], "-1"), ("0", "'0'"), ({0: 1}, "{0: 1}"),
+                                        (np.zeros((1, 1), int), r"\[\[0")])
+def test_every_index_list_refuses_the_same_bad_values(door, bad, words, model):
+    from phaseinterp.errors import UserInputError
+
+    with _as_a_user_calls(), pytest.raises(UserInputError, match=words):
+        _index_doors(model)[door](bad)
+
+
+# ------------------------------------------------------------------ tensors handed in (`check_tensor`)
+def _tensor_doors(model):
+    """Each public tensor argument -> (a call with that tensor, a valid tensor)."""
+    import phaseinterp as pi
+
+    resid = model(TASK.generate(2, strict=False).tokens[:2], stop_at_layer=1)
+    mean = torch.zeros(model.cfg.n_layers, model.cfg.n_heads, model.cfg.d_head)
+    tokens = TASK.generate(2, strict=False).tokens[:4]
+    logits = pi.mean_gate_logits(model, tokens)
+    name = sorted(logits)[0]
+
+    def static(mu):
+        with pi.shift_static_gates(model, 1, layers=None, mean_logits={**logits, name: mu}):
+            raise AssertionError("a bad mean_logits entry was taken")
+
+    return {  # door -> (the name its message gives, a call with the tensor, a valid tensor)
+        "start_at_layer residual": ("residual", lambda t: model(t, start_at_layer=1), resid),
+        "ablate calibration_mean": ("calibration_mean", lambda t: pi.ablate(
+            model, TASK, prompts=TASK.generate(23), calibration_mean=t, n_calibration=8, progress=False), mean),
+        "shift_static_gates mean_logits": ("mean_logits", static, logits[name]),
+    }
+
+
+TENSOR_CASES = [(door, bad) for door in ["start_at_layer residual", "ablate calibration_mean",
+                                         "shift_static_gates mean_logits"]
+                for bad in ["nan", "inf", "one size off", "no rows", "integers", "a list"]]
+TENSOR_CASES.append(("start_at_layer residual", "float64"))  # a mean is cast where it is used
+
+
+@pytest.mark.parametrize("door, bad", TENSOR_CASES)
+def test_every_tensor_argument_is_checked_before_any_work(door, bad, model):
+    """A tensor a user hands in is refused, naming it, when it is not finite, has another shape (a
+    mean of another model broadcast silently) or dtype, or is no tensor; the model is unchanged."""
+    from phaseinterp.errors import UserInputError
+
+    name, call, good = _tensor_doors(model)[door]
+    value = {"nan": good.clone().fill_(float("nan")), "inf": good.clone().fill_(float("inf")),
+             "one size off": good[..., :-1], "float64": good.double(), "no rows": good[:0],
+             "integers": good.long(), "a list": good.tolist()}[bad]
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    with _as_a_user_calls(), pytest.raises(UserInputError, match=name):  # were torch errors, NaN / broadcast answers
+        call(value)
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items()), "the model was changed"
+
+
+def test_a_residual_past_the_context_is_refused(model):
+    from phaseinterp.errors import UserInputError
+
+    with pytest.raises(UserInputError, match=r"positions 0\.\.64 exceed the model's n_ctx=64"):
+        model(torch.zeros(1, 65, model.cfg.d_model), start_at_layer=1)  # was torch's IndexError
+
+
+# ------------------------------------------------------------------ other things handed in
+@pytest.mark.parametrize("call, words", [
+    (lambda m: __import__("phaseinterp").gate_profile(m, TASK, prompts=5), "prompts=int is not a prompt batch"),
+    (lambda m: __import__("phaseinterp").specialized_units(m, TASK, ablation=5), "ablation must be an AblationResult"),
+    (lambda m: __import__("phaseinterp").ConformanceSpec(dtypes=["float16", "float16"]), "repeats a dtype"),
+], ids=["gate_profile prompts", "specialized_units ablation", "conformance dtypes"])
+def test_a_prepared_input_of_the_wrong_kind_is_named(call, words, model):
+    from phaseinterp.errors import UserInputError
+
+    with pytest.raises(UserInputError, match=words):  # were AttributeError / a repeated dtype run twice
+        call(model)

@@ -145,7 +145,7 @@ def test_answer_phase_variants_delete_fillers_only(w4s4):
 @pytest.mark.parametrize("kwargs, match", [
     (dict(modes=("decode", "prefill")), "mode 'prefill' is not one of"),
     (dict(modes=()), "nothing to check"),
-    (dict(answer_phases=(4,)), r"4 is out of range \(phases are 0..3\)"),
+    (dict(answer_phases=(4,)), r"answer_phases=4 is out of range \(valid: 0..3\)"),
     (dict(cut_phases=(0, 0)), "repeats a phase"),
     (dict(chunk=6), "chunk=6 must be a multiple of the cut period 4"),
     (dict(modes=("dtype",), dtypes=("float8",)), "dtype 'float8' is not one of"),
@@ -236,10 +236,10 @@ class ColdOnly:
 
 @pytest.mark.parametrize("kwargs, match", [
     (dict(warm_engines={"plain": ColdOnly()}), "warm_engines['plain']: a ColdOnly cannot reuse a cached prefix"),
-    (dict(prefix_lengths=(0,)), "prefix_lengths: 0 is out of range (shared-prefix lengths are 1..28 for the "
+    (dict(prefix_lengths=(0,)), "prefix_lengths=0 is out of range (valid: 1..28) (shared-prefix lengths for the "
                                 "shortest prompt of 29 tokens)"),
-    (dict(prefix_lengths=(12, 29)), "prefix_lengths: 29 is out of range (shared-prefix lengths are 1..28"),
-    (dict(prefix_lengths=(1.5,)), "prefix_lengths: 1.5 is out of range"),
+    (dict(prefix_lengths=(12, 29)), "prefix_lengths=29 is out of range (valid: 1..28)"),
+    (dict(prefix_lengths=(1.5,)), "prefix_lengths=1.5 must be an integer in 1..28"),
     (dict(prefix_lengths=(12, 12)), "repeats a length"),
     (dict(modes=("decode",), prefix_lengths=(12,)), "prefix_lengths=(12,) is for the warm mode"),
     (dict(engines={"x": ColdOnly()}, warm_engines={"x": CacheEngine.__new__(CacheEngine)}), "in both engines and"),

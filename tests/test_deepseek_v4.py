@@ -623,9 +623,9 @@ def test_indexer_experiments_generate_their_own_prompts(model):
 
 
 @pytest.mark.parametrize("bad, match", [
-    (dict(layers=[]), "names no layer"),  # was pandas' 'No objects to concatenate'
+    (dict(layers=[]), "layers=[] is empty"),  # was pandas' 'No objects to concatenate'
     (dict(layers=False), "layers=False"),  # False == 0: was accepted as layer 0
-    (dict(layers=[True]), "layer=True"),
+    (dict(layers=[True]), "layers=True"),
     (dict(layers=[0, 0]), "repeats a layer"),
     (dict(layers=0.0), "layers=0.0"),  # was TypeError: 'float' object is not iterable
     (dict(batch_size=0), "batch_size=0"),  # was range()'s ValueError

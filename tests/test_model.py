@@ -618,7 +618,7 @@ def test_a_fork_takes_one_call_and_layers_are_checked():
             model(torch.zeros(2, 3, 32), start_at_layer=2)
         with pytest.raises(ValueError, match=r"stop_at_layer=0 "):
             model(tokens, stop_at_layer=0)
-        with pytest.raises(ValueError, match=r"the residual stream \[batch, pos, d_model=32\]"):
+        with pytest.raises(ValueError, match=r"the residual stream \(start_at_layer's input\) must be a floating tensor \[batch, pos, 32\]"):
             model(tokens, start_at_layer=1)
         resid = model(tokens, stop_at_layer=1)
         torch.testing.assert_close(model(resid, start_at_layer=1), model(tokens), rtol=0, atol=0)

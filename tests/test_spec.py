@@ -220,7 +220,7 @@ def test_a_bad_profile_option_is_refused_by_the_spec_before_a_forward(w4s4, opti
     (pi.interventions.ConfirmSpec, dict(correction="bonferroni"), "correction='bonferroni' is not one of"),
     (pi.interventions.ReplacementSpec, dict(method="zero"), "method='zero' is not one of"),
     (pi.IndexerSpec, dict(layers=[1, 1]), "layers=[1, 1] repeats a layer"),
-    (pi.IndexerSpec, dict(layers=[1.0]), "layer=1.0 is not a layer index"),
+    (pi.IndexerSpec, dict(layers=[1.0]), "layers=1.0 must be an integer"),
     (pi.IndexerSpec, dict(confidence=True), "confidence=True must be a number in (0, 1)"),
 ])
 def test_each_spec_names_the_bad_option(spec_type, options, match):

@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 from phaseinterp.errors import UserInputError
 from phaseinterp import stats
-from phaseinterp._checks import check_fraction, check_int, check_n_per_residue, env_flag, check_is_model
+from phaseinterp._checks import check_fraction, check_indices, check_int, check_n_per_residue, env_flag, check_is_model
 from phaseinterp.engines.adapters import cast_copy, chunked_pieces, decode_pieces, engine_for
 from phaseinterp.engines.adapters import WarmEngine
 from phaseinterp.engines.answers import check_logprobs
@@ -104,35 +104,23 @@ def donor_prompts(tokens: Int[Tensor, "batch pos"], prefix_len: int,
     return donors
 
 
-def _distinct(name: str, values: Any, low: int, high: int, valid: str, unit: str) -> tuple[int, ...]:
-    """``values`` (one int or a list of them) as a tuple of distinct ints in ``low..high``; else a
-    `UserInputError` naming ``name`` and what is ``valid``."""
-    values = tuple(values) if isinstance(values, (list, tuple, range)) else (values,)
-    if not values:
-        raise UserInputError(f"{name}=() is empty: {valid}")
-    for value in values:
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not low <= value <= high:
-            raise UserInputError(f"{name}: {value!r} is out of range ({valid})")
-    if len(set(values)) != len(values):
-        raise UserInputError(f"{name}={values} repeats a {unit}")
-    return tuple(int(v) for v in values)
-
-
 def _check_phases(name: str, phases: Any, period: int) -> tuple[int, ...]:
     if phases is None:
         return tuple(range(period))
-    return _distinct(name, phases, 0, period - 1, f"phases are 0..{period - 1}", "phase")
+    return tuple(check_indices(name, phases, 0, period - 1, unit="phase"))
 
 
 def _names(name: str, value: Any, options: tuple) -> tuple:
-    """``value`` (one of ``options``, or a list or tuple of them) as a tuple; a `UserInputError` naming
-    ``name`` else."""
+    """``value`` (one of ``options``, or a list or tuple of distinct ones) as a tuple; a `UserInputError`
+    naming ``name`` else."""
     names = (value,) if isinstance(value, str) else value
     if not isinstance(names, (list, tuple)) or not all(isinstance(v, str) for v in names):
         raise UserInputError(f"{name}={value!r} must be a list of names from {options}")
     for one in names:
         if one not in options:
             raise UserInputError(f"{name}={value!r}: {name[:-1]} {one!r} is not one of {options}")
+    if len(set(names)) != len(names):
+        raise UserInputError(f"{name}={tuple(names)} repeats a {name[:-1]}")
     return tuple(names)
 
 
@@ -143,8 +131,6 @@ class ConformanceSpec(ConformanceOptions):
 
     def validate(self) -> None:
         modes, dtypes = _names("modes", self.modes, MODES), _names("dtypes", self.dtypes, DTYPES)
-        if len(set(modes)) != len(modes):
-            raise UserInputError(f"modes={modes} repeats a mode")
         if "dtype" in modes and not dtypes:
             raise UserInputError(f"mode 'dtype' needs dtypes from {DTYPES}")
         self._set("modes", modes)
@@ -288,8 +274,9 @@ def conformance(
     shortest = min(t.shape[1] for t, _ in variants.values())
     if is_warm:
         prefix_lengths = (default_prefix_lengths(shortest, period) if prefix_lengths is None
-                          else _distinct("prefix_lengths", prefix_lengths, 1, shortest - 1, f"shared-prefix lengths "
-                                         f"are 1..{shortest - 1} for the shortest prompt of {shortest} tokens", "length"))
+                          else tuple(check_indices("prefix_lengths", prefix_lengths, 1, shortest - 1, unit="length",
+                                                   why=f" (shared-prefix lengths for the shortest prompt of {shortest} "
+                                                   "tokens)")))
     runs, skipped = _runs(model, modes, dtypes, cut_phases, period, chunk, engines, warm_engines, shortest,
                           batch.tokens[:1])
     records = conformance_records(ref_engine, runs, batch, variants, task.vocab.filler_ids, prefix_lengths, period,

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import numbers
 from typing import Optional
 
 import numpy as np
 import torch
 
-from phaseinterp._checks import MAX_PROMPTS, check_int, check_layer, check_n_per_residue
+from phaseinterp._checks import MAX_PROMPTS, check_indices, check_int, check_layer, check_n_per_residue
 from phaseinterp.errors import UserInputError
 from phaseinterp.models.protocol import phase_model
 
@@ -21,24 +20,11 @@ def model_device(model, device=None) -> torch.device:
 
 def check_layers(model, layer, name: str = "layer") -> list[int]:
     """``None`` (every layer), one layer index, or a non-empty sequence of distinct indices
-    in ``0..n_layers-1``; anything else is a ValueError naming the value."""
+    in ``0..n_layers-1`` (`check_indices`); anything else is a `UserInputError` naming the value."""
     n = model.cfg.n_layers
     if layer is None:
         return list(range(n))
-    if isinstance(layer, numbers.Integral) and not isinstance(layer, bool):
-        layers = [layer]
-    elif isinstance(layer, (list, tuple, range, np.ndarray, torch.Tensor)):
-        layers = list(layer.tolist() if hasattr(layer, "tolist") else layer)
-        if not layers:
-            raise UserInputError(f"{name}={layer!r} is empty; pass layer indices in 0..{n - 1} or None for every layer")
-    else:
-        raise UserInputError(f"{name}={layer!r} must be an integer layer index in 0..{n - 1}, a list of them, or None")
-    for value in layers:
-        check_layer(value, n, name)
-    repeated = sorted({int(v) for v in layers if layers.count(v) > 1})
-    if repeated:
-        raise UserInputError(f"{name}={list(layer)!r} repeats layer(s) {repeated}; list each layer once")
-    return [int(v) for v in layers]
+    return check_indices(name, layer, 0, n - 1, unit="layer", each=lambda v: check_layer(v, n, name))
 
 
 def check_calibration_size(n_calibration, modulus: int) -> int:

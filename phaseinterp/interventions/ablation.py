@@ -5,6 +5,7 @@ equals the naive one (a hooked full forward per unit, ``method="naive"``) to 1e-
 
 from __future__ import annotations
 
+import numbers
 import warnings
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union, no_type_check
@@ -15,7 +16,8 @@ import pandas as pd
 from phaseinterp._checks import DEFAULT_N_PER_RESIDUE
 from phaseinterp.models.protocol import model_label as label_of
 from phaseinterp.errors import UserInputError, applies_only, when_given
-from phaseinterp._checks import check_device, check_fraction, check_n_per_residue, check_name, check_prompt_batch
+from phaseinterp._checks import (check_device, check_fraction, check_n_per_residue, check_name, check_prompt_batch,
+                                 check_tensor, listed)
 from phaseinterp._files import progress_bar
 from phaseinterp.phase import check_residue_modulus
 from phaseinterp.interventions._common import (check_calibrated_sweep, check_calibration_size, check_layers,
@@ -310,11 +312,12 @@ def _head_groups(heads: Sequence[Sequence[int]], n_heads: int) -> list[tuple[int
         raise UserInputError(f"heads={heads!r} must be a non-empty list of query-head groups, e.g. [[0, 1], [2]] "
                              f"(ids in 0..{n_heads - 1})")
     groups = []
-    for group in heads:
-        if not isinstance(group, (list, tuple, range)) or any(
-                isinstance(h, bool) or not isinstance(h, (int, np.integer)) for h in group):
+    for given in heads:
+        group = listed(given)
+        if isinstance(given, numbers.Number) or not isinstance(group, list) or any(
+                isinstance(h, bool) or not isinstance(h, numbers.Integral) for h in group):
             raise UserInputError(f"heads={list(heads)!r}: each group must be a list of query head ids in "
-                                 f"0..{n_heads - 1}, got {group!r}")
+                                 f"0..{n_heads - 1}, got {given!r}")
         group = tuple(int(h) for h in group)
         bad = [h for h in group if not (0 <= h < n_heads)]
         if bad or not group:
@@ -430,6 +433,9 @@ def ablate(
     else:
         check_prompt_batch(prompts)
         check_calibration_size(spec.n_calibration, modulus)
+    if calibration_mean is not None:  # calibration_mean_z's shape
+        check_tensor("calibration_mean", calibration_mean, (phase_model(model).n_layers, model.cfg.n_heads,
+                                                            model.cfg.d_head))
     device = check_device(spec.device)
     if device is not None:
         model = model.to(device)

@@ -409,6 +409,8 @@ def confirm(model, task=None, *, n_per_residue: int = DEFAULT_N_PER_RESIDUE, n_c
     check_calibration_size(spec.n_calibration, modulus)
     if nomination_prompts is None:
         check_n_per_residue(spec.nominate_per_residue, modulus, name="nominate_per_residue")
+    else:
+        check_prompt_batch(nomination_prompts, "nomination_prompts", every_residue=False)
     seed, correction, alpha, methods, batch_size, progress = (spec.seed, spec.correction, spec.alpha, spec.methods,
                                                               spec.batch_size, spec.progress)
     batch = prompts if prompts is not None else task.generate(spec.n_per_residue, seed=seed)

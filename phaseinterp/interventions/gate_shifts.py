@@ -7,7 +7,6 @@ mean gate logit; `cycling_fitness` says whether a model is fit for the experimen
 from __future__ import annotations
 
 import copy
-import numbers
 from contextlib import contextmanager, nullcontext
 from typing import Iterator, Optional, Sequence, Union
 
@@ -16,7 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from phaseinterp._checks import check_int, check_is_model
+from phaseinterp._checks import check_indices, check_int, check_is_model, check_tensor, listed
 from phaseinterp.errors import UserInputError
 from phaseinterp.interventions._common import check_layers, model_device
 from phaseinterp.models.protocol import phase_model
@@ -66,22 +65,12 @@ def check_nonzero_shift(shift: int, S: int) -> None:
 
 def check_kv_heads(model, kv_heads) -> Optional[list[int]]:
     """``None`` (every KV head), one index or a non-empty list of distinct indices in
-    ``0..n_kv_heads-1``; anything else is a ValueError naming the value."""
+    ``0..n_kv_heads-1`` (`check_indices`); anything else is a `UserInputError` naming the value."""
     if kv_heads is None:
         return None
     n = model.cfg.n_kv_heads
-    values = [kv_heads] if isinstance(kv_heads, numbers.Integral) and not isinstance(kv_heads, bool) else kv_heads
-    if not isinstance(values, (list, tuple, range, np.ndarray)) or len(values) == 0:
-        raise UserInputError(f"kv_heads={kv_heads!r} must be a KV-head index in 0..{n - 1}, a non-empty list of them, "
-                         "or None for every KV head")
-    out = []
-    for v in values:
-        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not (0 <= v < n):
-            raise UserInputError(f"kv_heads={v!r} is out of range for a model with {n} KV head(s) per layer (0..{n - 1})")
-        if int(v) in out:
-            raise UserInputError(f"kv_heads={list(values)!r} repeats KV head {int(v)}; list each once")
-        out.append(int(v))
-    return out
+    return check_indices("kv_heads", kv_heads, 0, n - 1, unit="KV head",
+                         why=f" for a model with {n} KV head(s) per layer")
 
 
 def _rolled(original: Tensor, shift: int, axis: int, kv_axis: Optional[int], kv_heads: Optional[list[int]]) -> Tensor:
@@ -214,11 +203,23 @@ def shift_static_gates(model, shift: int, *, layers: Union[int, Sequence[int], N
     shift = check_shift(shift, model, layers)
     heads = check_kv_heads(model, kv_heads)
     pairs = []
+    if not isinstance(mean_logits, dict):
+        raise UserInputError(f"mean_logits={type(mean_logits).__name__} must be the dict mean_gate_logits(model, tokens) "
+                             "returns")
     for layer, name, bias, layout, kv_axis in static_targets(model, check_layers(model, layers)):
         if name not in mean_logits:
             raise UserInputError(f"mean_logits has no entry for {name!r}: compute it with mean_gate_logits(model, "
                              f"tokens, layers={layer})")
-        delta = _static_delta(mean_logits[name], shift, layout, bias)
+        mu = mean_logits[name]
+        check_tensor(f"mean_logits[{name!r}]", mu, tuple(getattr(mu, "shape", ("slot", "kv_head"))))
+        try:
+            delta = _static_delta(mu, shift, layout, bias)
+        except einops.EinopsError:
+            delta = None
+        if delta is None or delta.shape != bias.shape:  # a mean of another model would broadcast silently
+            raise UserInputError(f"mean_logits[{name!r}] has shape {list(mu.shape)}, which does not fit this layer's "
+                                 f"gate bias {list(bias.shape)}: compute it with mean_gate_logits(model, tokens, "
+                                 f"layers={layer}) of this model")
         if heads is not None and kv_axis is not None:
             keep = torch.zeros(bias.shape[kv_axis], dtype=torch.bool, device=bias.device)
             keep[heads] = True
@@ -267,11 +268,9 @@ def check_shifts(shifts, S: int) -> tuple[int, ...]:
     """``(0, *requested)``: the unshifted model first, then each requested shift once (validated)."""
     if shifts is None:
         shifts = canonical_shifts(range(1, S), S)
-    if isinstance(shifts, (int, np.integer)) and not isinstance(shifts, bool):
-        shifts = [shifts]
-    if isinstance(shifts, (str, bytes, dict, set, frozenset)) or not hasattr(shifts, "__iter__"):
+    if not isinstance(listed(shifts), list):
         raise UserInputError(f"shifts={shifts!r} must be a list of non-zero integer shifts")
-    shifts = list(shifts)
+    shifts = listed(shifts)
     requested = [check_shift(d) for d in shifts]
     if not requested:
         raise UserInputError(f"shifts={list(shifts)!r} is empty; pass at least one shift in 1..{S - 1} (mod S={S})")

@@ -12,7 +12,8 @@ import pandas as pd
 import torch
 
 from phaseinterp.errors import UserInputError, applies_only, when_given
-from phaseinterp._checks import MAX_PROMPTS, GateProfileOptions, check_int, check_is_model, check_n_per_residue, experiment
+from phaseinterp._checks import (MAX_PROMPTS, GateProfileOptions, check_int, check_is_model, check_n_per_residue,
+                                 check_prompt_batch, experiment)
 from phaseinterp.models.protocol import phase_model
 from phaseinterp.interventions._common import model_device
 from phaseinterp.results import Result, plotting, premise_entries
@@ -133,6 +134,7 @@ def gate_profile(model, task=None, *, n_per_residue: int = 8, seed: int = 0, bat
         spec.check_task(task)
     else:
         spec.refuse_changed(("n_per_residue",), "prompts= gives the prompts, so their count is fixed")
+        check_prompt_batch(prompts, every_residue=False)  # statistics over windows: any residues will do
     batch_size = spec.batch_size
     # Gate statistics average over windows, not over targets: no moment matching needed.
     batch = prompts if prompts is not None else task.generate(spec.n_per_residue, seed=spec.seed, strict=False)

@@ -11,8 +11,6 @@ the top k). Aggregated by ``target_pos mod S`` with Wilson intervals and a chi-s
 
 from __future__ import annotations
 
-import numbers
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence, Union, no_type_check
 
@@ -20,7 +18,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from phaseinterp._checks import (DEFAULT_N_PER_RESIDUE, Spec, check_fraction, check_int, check_is_model, check_layer,
+from phaseinterp._checks import (DEFAULT_N_PER_RESIDUE, Spec, check_fraction, check_indices, check_int, check_is_model, check_layer,
                                  check_n_per_residue, check_name, check_prompt_batch, experiment)
 from phaseinterp.errors import UserInputError, applies_only, when_given
 from phaseinterp import stats
@@ -127,21 +125,8 @@ class IndexerSpec(Spec):
     confidence: float = 0.95
 
     def validate(self) -> None:
-        layers = self.layers
-        if layers is not None:
-            if isinstance(layers, numbers.Integral) and not isinstance(layers, bool):
-                layers = [layers]
-            if isinstance(layers, (str, bytes, dict)) or not isinstance(layers, Iterable):
-                raise UserInputError(f"layers={layers!r} must be a CSA layer or a list of them")
-            layers = tuple(layers)
-            if not layers:
-                raise UserInputError("layers=[] names no layer; pass CSA layers, or None for all of them")
-            for layer in layers:  # True == 1 and 1.0 == 1: only integers name a layer
-                if isinstance(layer, bool) or not isinstance(layer, numbers.Integral):
-                    raise UserInputError(f"layer={layer!r} is not a layer index (an integer)")
-            if len(set(layers)) != len(layers):
-                raise UserInputError(f"layers={list(layers)} repeats a layer")
-            self._set("layers", tuple(int(layer) for layer in layers))
+        if self.layers is not None:  # their range needs the model (csa_layers)
+            self._set("layers", tuple(check_indices("layers", self.layers, 0, unit="layer")))
         check_n_per_residue(self.n_per_residue)
         check_int("seed", self.seed, 0)
         check_int("batch_size", self.batch_size, 1)

@@ -18,12 +18,12 @@ import pandas as pd
 import torch
 
 from phaseinterp._checks import (DEFAULT_N_PER_RESIDUE, Spec, UnitCyclingOptions, check_fraction, check_int,
-                                 check_is_model, check_n_per_residue, check_prompt_batch, experiment)
+                                 check_is_model, check_n_per_residue, check_prompt_batch, experiment, listed)
 from phaseinterp._files import progress_bar
 from phaseinterp import stats
 from phaseinterp.interventions._common import (check_calibrated_sweep, check_calibration_size, check_layers,
                                                cycling_note, fixed_answer_position, model_device)
-from phaseinterp.interventions.ablation import ablate
+from phaseinterp.interventions.ablation import AblationResult, ablate
 from phaseinterp.interventions.cycling_stats import (contribution_displacements, movement_point, movement_scores,
                                                      phase_means_bootstrap, strictly_identified, unit_permutation_tests,
                                                      unit_score_arrays)
@@ -339,9 +339,8 @@ class GateCyclingChecks:
     def validate(self) -> None:
         """Shifts and the size; mode, seed, batch_size ...: their declarations (GateCyclingOptions)."""
         if self.shifts is not None:
-            shifts = [self.shifts] if isinstance(self.shifts, (int, np.integer)) and not isinstance(self.shifts, bool) \
-                else self.shifts
-            if isinstance(shifts, (str, bytes)) or not hasattr(shifts, "__iter__") or not list(shifts):
+            shifts = listed(self.shifts)
+            if not isinstance(shifts, list) or not shifts:
                 raise UserInputError(f"shifts={self.shifts!r} must be a non-empty list of non-zero integer shifts")
             for d in shifts:
                 check_shift(d)
@@ -611,6 +610,12 @@ def specialized_units(
                           batch_size=spec.batch_size, progress=spec.progress)
     else:
         spec.refuse_changed(SelectionSpec.SWEEP, "ablation= is the sweep already run on its own prompts")
+        if not isinstance(ablation, AblationResult):
+            raise UserInputError(f"ablation must be an AblationResult (ablate(model, ...)), got {type(ablation).__name__}")
+        if ablation.stride != phase_model(model).stride:  # another model's sweep
+            raise UserInputError(f"ablation= was measured at stride S={ablation.stride}, this model's is "
+                                 f"S={phase_model(model).stride}: pass ablate(model, ...) of this model")
+        check_layers(model, sorted(set(ablation.units.layer.tolist())), "ablation's layer")
     max_phases, seed = spec.max_phases, spec.seed
     specialization = ablation.specialization()
     absolute = ablation.absolute_change

@@ -49,7 +49,7 @@ from safetensors.torch import load as load_bytes, save as save_bytes
 from torch import Tensor
 from transformer_lens.hook_points import HookPoint
 
-from phaseinterp._checks import check_device, check_query_chunk
+from phaseinterp._checks import check_device, check_query_chunk, check_tensor
 from phaseinterp.errors import UserInputError
 from phaseinterp._files import (atomic_write, check_metadata, check_read_path, check_write_target, write_dir_atomically)
 from phaseinterp.config import CompressedConfig
@@ -274,6 +274,8 @@ class CompressedTransformer(CheckedHooks):
         else:
             tokens = self._check_resid(tokens)
         n = tokens.shape[1]
+        if start + n > self.cfg.n_ctx:
+            raise UserInputError(f"positions {start}..{start + n - 1} exceed the model's n_ctx={self.cfg.n_ctx}")
         if cache is not None:
             cache.check_rows(tokens.shape[0], variants)
         # every hook of the call, the embedding and the final norm included, is told its positions
@@ -309,11 +311,8 @@ class CompressedTransformer(CheckedHooks):
         )
 
     def _check_resid(self, resid: Any) -> Tensor:
-        if not isinstance(resid, Tensor) or resid.ndim != 3 or resid.shape[-1] != self.cfg.d_model \
-                or not resid.is_floating_point():
-            shape = tuple(resid.shape) if isinstance(resid, Tensor) else type(resid).__name__
-            raise UserInputError(f"with start_at_layer the input is the residual stream [batch, pos, "
-                                 f"d_model={self.cfg.d_model}] (floating point), got {shape}")
+        check_tensor("the residual stream (start_at_layer's input)", resid, ("batch", "pos", self.cfg.d_model),
+                     self.W_E.dtype)
         return resid.to(self.W_E.device)
 
     def last_logits(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch d_vocab"]:

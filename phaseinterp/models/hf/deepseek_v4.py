@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from transformer_lens.hook_points import HookPoint
 
-from phaseinterp._checks import check_int, check_query_chunk
+from phaseinterp._checks import check_int, check_query_chunk, check_tensor
 from phaseinterp._files import atomic_write, check_metadata, check_write_target, json_default, write_dir_atomically
 from phaseinterp.errors import UserInputError
 from phaseinterp.models.compressor import GateParameters
@@ -214,12 +214,8 @@ class HookedDeepseekV4(CheckedHooks):
         return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), tokens[:, 1:].flatten().to(logits.device))
 
     def _check_resid(self, resid: Any) -> Tensor:
-        shape = (self.cfg.hc_mult, self.cfg.d_model)
-        if not isinstance(resid, Tensor) or resid.ndim != 4 or tuple(resid.shape[2:]) != shape \
-                or not resid.is_floating_point():
-            got = tuple(resid.shape) if isinstance(resid, Tensor) else type(resid).__name__
-            raise UserInputError(f"with start_at_layer the input is the mHC residual [batch, pos, hc_mult={shape[0]}, "
-                                 f"d_model={shape[1]}] (floating point, hook_resid_pre's shape), got {got}")
+        check_tensor("the mHC residual (start_at_layer's input, hook_resid_pre's shape)", resid,
+                     ("batch", "pos", self.cfg.hc_mult, self.cfg.d_model), self.hf.model.embed_tokens.weight.dtype)
         return resid.to(self.device)
 
     def _check_input_ids(self, input_ids: Any, streams: Tensor, first: int, last: int) -> Optional[Tensor]:
