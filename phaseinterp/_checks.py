@@ -115,6 +115,14 @@ def check_tensor(name: str, value: Any, shape: tuple, dtype: Any = None) -> Any:
     return value
 
 
+def plain_number(value: Any) -> Any:
+    """A numpy (or other) number as the Python bool, int or float it equals; anything else unchanged. What
+    a config or task stores, so it saves as JSON and hashes as the same value given as a Python number."""
+    if isinstance(value, numbers.Number) and not isinstance(value, (bool, int, float)) and hasattr(value, "item"):
+        return value.item()
+    return value
+
+
 def check_query_chunk(query_chunk: Any) -> Any:
     """``query_chunk`` as the models take it: ``"auto"``, None (no chunking) or an int >= 1 (a numpy
     integer too, as every integer check); else a `UserInputError` naming it. The one check of both

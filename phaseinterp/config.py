@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from phaseinterp._checks import check_int, check_name
+from phaseinterp._checks import check_int, check_name, plain_number
 from phaseinterp.errors import UserInputError
 
 COMPRESSION_KERNELS = ("gated", "deepseek")
@@ -94,6 +94,8 @@ class CompressedConfig:
     device: Optional[str] = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):  # numpy numbers are taken, and stored as the Python ones they equal
+            setattr(self, f.name, plain_number(getattr(self, f.name)))
         for name in ("d_vocab", "n_ctx", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_head", "d_mlp"):
             check_int(name, getattr(self, name), 1)
         if self.n_heads % self.n_kv_heads != 0:

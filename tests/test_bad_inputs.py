@@ -1452,3 +1452,18 @@ def test_a_prepared_input_of_the_wrong_kind_is_named(call, words, model):
 
     with pytest.raises(UserInputError, match=words):  # were AttributeError / a repeated dtype run twice
         call(model)
+
+
+@pytest.mark.parametrize("number", [np.int64, np.int32])
+def test_numpy_numbers_in_a_config_and_a_task_are_taken_and_saved_as_python_ones(number, tmp_path):
+    """Valid numpy numbers are accepted, and stored as the Python numbers they equal: the config's
+    hash and the checkpoint's JSON were a TypeError (after any training) with numpy ints."""
+    with _as_a_user_calls():
+        cfg = CFG.replace(n_ctx=number(64), d_model=number(32), rope_dims=number(8))
+        task = KeyValueRetrieval(seq_len=number(64), n_records=number(8), n_demos=2, min_distance=20,
+                                 residue_modulus=number(8))
+    assert cfg.to_dict() == CFG.replace(rope_dims=8).to_dict() and json.dumps(task.to_dict()) == json.dumps(
+        TASK.to_dict())
+    model = CompressedTransformer(cfg)
+    model.metadata.update(task=task.to_dict(), task_type="KeyValueRetrieval")
+    assert CompressedTransformer.from_pretrained(model.save_pretrained(tmp_path / "m")).cfg == cfg

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from phaseinterp._checks import plain_number
 from phaseinterp.errors import UserInputError
 from phaseinterp.results import settings_repr, settings_repr_html
 from phaseinterp.tasks.vocab import Vocab
@@ -67,7 +68,8 @@ class TaskSettings:
 
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        d = {name: list(value) if isinstance(value, tuple) else value for name, value in d.items()}
+        d = {name: [plain_number(v) for v in value] if isinstance(value, tuple) else plain_number(value)
+             for name, value in d.items()}
         d["vocab"] = self.vocab.to_dict()
         return {"kind": type(self).__name__, **d}
 
