@@ -1467,3 +1467,24 @@ def test_numpy_numbers_in_a_config_and_a_task_are_taken_and_saved_as_python_ones
     model = CompressedTransformer(cfg)
     model.metadata.update(task=task.to_dict(), task_type="KeyValueRetrieval")
     assert CompressedTransformer.from_pretrained(model.save_pretrained(tmp_path / "m")).cfg == cfg
+
+
+# ------------------------------------------------------------------ caches
+def test_a_cache_of_another_geometry_is_refused_and_one_of_the_same_geometry_is_read():
+    """A cache made by a model whose cache holds other shapes (another stride, width or KV heads) is
+    refused naming both geometries, before any layer runs; another model of the same geometry (other
+    weights: cross-model patching) reads it. ``repeat_batch`` takes a count >= 1."""
+    tokens = torch.randint(0, CFG.d_vocab, (2, 12), generator=torch.Generator().manual_seed(0))
+    model = CompressedTransformer(CFG)
+    for other in (CFG.replace(window=6, stride=6), CFG.replace(d_head=8), CFG.replace(compression=None)):
+        cache = CompressedTransformer(other).init_cache()
+        CompressedTransformer(other)(tokens[:, :11], cache=cache, return_type=None)
+        with pytest.raises(ValueError, match=r"cache was made by a model of another geometry \(.*\) than this one"):
+            model(tokens[:, 11:], cache=cache)
+    twin = CompressedTransformer(CFG.replace(seed=1))
+    cache = twin.init_cache()
+    twin(tokens[:, :11], cache=cache, return_type=None)
+    assert model(tokens[:, 11:], cache=cache).shape == (2, 1, CFG.d_vocab)
+    for n in (0, -1, 1.5, True):
+        with _as_a_user_calls(), pytest.raises(ValueError, match="n=.* must be an integer >= 1"):
+            model.init_cache().repeat_batch(n)

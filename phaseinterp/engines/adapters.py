@@ -157,7 +157,7 @@ def truncate_cache(model: torch.nn.Module, cache: KVCache, length: int) -> KVCac
             closed = block.attn._entry_range(length, length)[0]  # the first entry open for some head
             kept.k_comp, kept.v_comp = layer.k_comp[:, :closed], layer.v_comp[:, :closed]
         layers.append(kept)
-    return KVCache(layers, length)
+    return KVCache(layers, length, layout=cache.layout)
 
 
 # ------------------------------------------------------------------------- transformers

@@ -71,19 +71,21 @@ class KVCache:
     length: int = 0
     variants: Optional[int] = None
     spent: bool = False
+    layout: Optional[str] = None  # the geometry of the model whose init_cache made it (None: any)
 
     def clone(self) -> "KVCache":
-        return KVCache([lc.map(lambda t: t.clone()) if lc else None for lc in self.layers], self.length)
+        return KVCache([lc.map(lambda t: t.clone()) if lc else None for lc in self.layers], self.length,
+                       layout=self.layout)
 
     def copy(self) -> "KVCache":
         """A new cache over the same layer caches (nothing copied): extending one leaves the other as it was."""
-        return KVCache(list(self.layers), self.length)
+        return KVCache(list(self.layers), self.length, layout=self.layout)
 
     def repeat_batch(self, n: int) -> "KVCache":
-        """Each batch row repeated ``n`` times, interleaved (row b -> rows b*n .. b*n+n-1)."""
-        return KVCache(
-            [lc.map(lambda t: t.repeat_interleave(n, dim=0)) if lc else None for lc in self.layers], self.length
-        )
+        """Each batch row repeated ``n`` (>= 1) times, interleaved (row b -> rows b*n .. b*n+n-1)."""
+        n = check_int("n", n, 1)
+        return KVCache([lc.map(lambda t: t.repeat_interleave(n, dim=0)) if lc else None for lc in self.layers],
+                       self.length, layout=self.layout)
 
     def fork(self, variants: int = 1) -> "KVCache":
         """A view of this cache for ONE more call with ``variants`` rows per cached row (row ``r``
@@ -91,18 +93,24 @@ class KVCache:
         is copied and this cache is not extended. A one-token step over a fork shares the prefix
         between the variants; a longer call repeats the prefix's rows first."""
         variants = check_int("variants", variants, 1)
-        return KVCache(list(self.layers), self.length, variants=variants)
+        return KVCache(list(self.layers), self.length, variants=variants, layout=self.layout)
 
     @staticmethod
-    def check(cache: Optional["KVCache"], n_layers: int, first: int, last: int) -> tuple[int, Optional[int]]:
+    def check(cache: Optional["KVCache"], n_layers: int, first: int, last: int,
+              layout: Optional[str] = None) -> tuple[int, Optional[int]]:
         """(the position a call over layers ``first .. last - 1`` starts at, the fork's variants or
         None) of ``cache`` (None: a call without a cache, at position 0); refuses anything but a
-        `KVCache` of ``n_layers`` layers, a spent fork, and layers that hold different lengths."""
+        `KVCache` of ``n_layers`` layers made for a model of ``layout`` (another model of the same
+        geometry may read it, as in cross-model patching), a spent fork, and layers that hold
+        different lengths."""
         if cache is None:
             return 0, None
         if not isinstance(cache, KVCache) or len(cache.layers) != n_layers:
             raise UserInputError(f"cache={type(cache).__name__} is not a KVCache of this model's "
                                  f"{n_layers} layers (model.init_cache())")
+        if None not in (layout, cache.layout) and layout != cache.layout:
+            raise UserInputError(f"cache was made by a model of another geometry ({cache.layout}) than this one "
+                                 f"({layout}): start it with this model's init_cache()")
         if cache.spent:
             raise UserInputError("this fork of a cache (KVCache.fork) has taken its one call; fork the cache again")
         lengths = {0 if lc is None else lc.n_tokens for lc in cache.layers[first:last]}
@@ -152,7 +160,7 @@ def check_return_type(return_type: Any, cache: Optional[KVCache], stop_at_layer:
 
 
 def check_forward(cache: Optional[KVCache], return_type: Any, n_layers: int, start_at_layer: Optional[int],
-                  stop_at_layer: Optional[int]) -> tuple[int, int, int, Optional[int]]:
+                  stop_at_layer: Optional[int], layout: Optional[str] = None) -> tuple[int, int, int, Optional[int]]:
     """The checks of a family's forward: ``return_type`` (`check_return_type`), ``start_at_layer`` /
     ``stop_at_layer`` (TransformerLens's; ``"loss"`` takes neither) and ``cache`` (`KVCache.check`).
     Returns (first layer, last layer + 1, the start position, the fork's variants or None)."""
@@ -161,4 +169,4 @@ def check_forward(cache: Optional[KVCache], return_type: Any, n_layers: int, sta
     last = n_layers if stop_at_layer is None else check_int("stop_at_layer", stop_at_layer, first + 1, n_layers)
     if return_type == "loss" and (start_at_layer is not None or stop_at_layer is not None):
         raise UserInputError("return_type='loss' needs the tokens: it takes no start_at_layer / stop_at_layer")
-    return (first, last, *KVCache.check(cache, n_layers, first, last))
+    return (first, last, *KVCache.check(cache, n_layers, first, last, layout))

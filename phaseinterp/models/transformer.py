@@ -215,7 +215,14 @@ class CompressedTransformer(CheckedHooks):
 
     def init_cache(self) -> KVCache:
         """An empty incremental-decoding cache."""
-        return KVCache(layers=[None] * self.cfg.n_layers, length=0)
+        return KVCache(layers=[None] * self.cfg.n_layers, length=0, layout=self.cache_layout)
+
+    @property
+    def cache_layout(self) -> str:
+        """What shapes this model's cache (`KVCache.check` refuses a cache made for another)."""
+        c = self.cfg
+        return (f"d_model {c.d_model}, {c.n_kv_heads} KV heads of {c.d_head}, compression {c.compression}, "
+                f"W {c.window}, S {c.stride}, offsets {c.window_offsets}")
 
     def set_query_chunk(self, query_chunk: Any) -> "CompressedTransformer":
         """How attention runs its queries: ``"auto"`` (the default), None or an integer >= 1.
@@ -268,7 +275,8 @@ class CompressedTransformer(CheckedHooks):
         them is returned.
         """
         n_layers = self.cfg.n_layers
-        first, last, start, variants = check_forward(cache, return_type, n_layers, start_at_layer, stop_at_layer)
+        first, last, start, variants = check_forward(cache, return_type, n_layers, start_at_layer, stop_at_layer,
+                                                     self.cache_layout)
         if start_at_layer is None:
             self._check_tokens(tokens, start)
         else:

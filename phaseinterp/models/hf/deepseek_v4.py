@@ -142,7 +142,14 @@ class HookedDeepseekV4(CheckedHooks):
 
     def init_cache(self) -> KVCache:
         """An empty cache for `forward` (prefill, then steps)."""
-        return KVCache([None] * self.cfg.n_layers)
+        return KVCache([None] * self.cfg.n_layers, layout=self.cache_layout)
+
+    @property
+    def cache_layout(self) -> str:
+        """What shapes this model's cache (`KVCache.check` refuses a cache made for another)."""
+        c = self.cfg
+        return (f"d_model {c.d_model}, head dim {c.d_head}, window {c.sliding_window}, layers {c.layer_types}, "
+                f"rates {c.compress_rates}, hc {c.hc_mult}")
 
     def forward(self, tokens: Tensor, *, cache: Optional[KVCache] = None, return_type: Optional[str] = "logits",
                 start_at_layer: Optional[int] = None, stop_at_layer: Optional[int] = None,
@@ -161,7 +168,8 @@ class HookedDeepseekV4(CheckedHooks):
         the residual leaving ``stop_at_layer - 1`` is returned. ``input_ids``: with ``start_at_layer``,
         the token ids the hash-routed MoE layers among those run read (`layer_inputs`)."""
         n_layers = self.cfg.n_layers
-        first, last, start, variants = check_forward(cache, return_type, n_layers, start_at_layer, stop_at_layer)
+        first, last, start, variants = check_forward(cache, return_type, n_layers, start_at_layer, stop_at_layer,
+                                                     self.cache_layout)
         if start_at_layer is None and input_ids is not None:
             raise UserInputError("input_ids= goes with start_at_layer (the tokens are the input otherwise); drop it")
         hf = self.hf.model
