@@ -244,6 +244,7 @@ class ColdOnly:
     (dict(modes=("decode",), prefix_lengths=(12,)), "prefix_lengths=(12,) is for the warm mode"),
     (dict(engines={"x": ColdOnly()}, warm_engines={"x": CacheEngine.__new__(CacheEngine)}), "in both engines and"),
     (dict(warm_engines=[1]), "warm_engines=list must be a dict"),
+    (dict(reference=5), "reference is a int, not a callable engine"),
 ])
 def test_warm_bad_input_is_one_clear_line(w4s4, kwargs, match):
     from phaseinterp.errors import UserInputError

@@ -284,7 +284,9 @@ def test_specialized_units_rule_on_a_known_ablation():
     everywhere = pi.AblationResult(units=units.iloc[:1], residue=residue, clean_correct=clean,
                                    knockout_correct=np.zeros((residue.size, 1), bool), residue_modulus=8, stride=4,
                                    scope="kv_head")
-    assert pi.specialized_units(model, ablation=everywhere, max_phases=4).table.role.tolist() == [""]
+    wide = pi.specialized_units(model, ablation=everywhere, max_phases=4)
+    assert wide.table.role.tolist() == [""]
+    assert wide.rule.startswith("specialized: knockout hurts 1..3 adjacent phases of 4")  # the rule as applied
 
 
 # ------------------------------------------------------------ the shipped deep model

@@ -235,6 +235,9 @@ def conformance(
                 raise UserInputError(f"engine name {name!r} must be a non-empty string other than {MODES + DTYPES}")
             if not callable(engine):
                 raise UserInputError(f"{argument}[{name!r}] is a {type(engine).__name__}, not a callable engine")
+    if reference is not None and not callable(reference):
+        raise UserInputError(f"reference is a {type(reference).__name__}, not a callable engine (default: the "
+                             "model's full forward)")
     engines, warm_engines = dict(engines or {}), dict(warm_engines or {})
     for name, engine in warm_engines.items():
         if name in engines:

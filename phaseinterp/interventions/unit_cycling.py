@@ -636,14 +636,15 @@ def specialized_units(
     table = pd.DataFrame(rows)
     S = model.cfg.stride
     # a unit hurt at every phase serves all of them (at S <= max_phases "1..3 adjacent" would admit it)
-    special = (table.n_hurt >= 1) & (table.n_hurt <= min(max_phases, S - 1)) & table.contiguous & table.cyclable
+    most = min(max_phases, S - 1)  # the rule as applied: never every phase
+    special = (table.n_hurt >= 1) & (table.n_hurt <= most) & table.contiguous & table.cyclable
     table.loc[special, "role"] = "specialized"
     quiet = table[(table.n_hurt == 0) & table.cyclable]
     if len(quiet):
         pick = quiet.sort_values(["largest_change_pp", "layer", "kv_head"]).index[0]
         table.loc[pick, "role"] = "control"
-    rule = (f"specialized: knockout hurts 1..{max_phases} adjacent phases (Holm-significant, <= -50% relative, "
-            f"clean >= 10%), not every phase, and nowhere else; control: a cyclable unit hurt on no phase with the smallest largest "
+    rule = (f"specialized: knockout hurts 1..{most} adjacent phases of {S} (Holm-significant, <= -50% relative, "
+            f"clean >= 10%), and nowhere else; control: a cyclable unit hurt on no phase with the smallest largest "
             f"|change| (pp)")
     return UnitSelection(table=table, rule=rule, model_label=label_of(model), selection_seed=seed,
                          n_per_residue=int(ablation.residue.size // ablation.residue_modulus), max_phases=max_phases)
