@@ -340,7 +340,7 @@ def main(argv=None) -> int:
     c.add_argument("--probes", default="copy,identifier", help="comma-separated columns (default copy,identifier)")
     i = sub.add_parser("install", help="install a natural-text zoo model (phaseinterp.zoo.TEXT_ENTRIES) from its arm's run")
     i.add_argument("--root", required=True, help="the runs' folder (read only)")
-    i.add_argument("--name", required=True, help="the zoo name (py-w4s4, py-full)")
+    i.add_argument("--name", required=True, help="the zoo name (py-w4s4, py-full, py-w8s8)")
     i.add_argument("--tokenizer", default="~/phaseinterp-runs/tokenizer-py-4k")
     args = parser.parse_args(argv)
     if args.verb == "install":

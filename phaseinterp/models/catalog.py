@@ -74,6 +74,8 @@ TEXT_MODELS: dict[str, str] = {
     "py-w4s4": "natural text: 2 layers, W = S = 4, pretrained on Python source (49.2M tokens, seed 0); task: "
         "identifier recall in held-out code",
     "py-full": "natural text: py-w4s4's full-attention twin (same backbone, recipe and seed, no compression)",
+    "py-w8s8": "natural text: py-w4s4 with W = S = 8 (same backbone, recipe and seed); task: identifier recall in "
+        "held-out code",
 }
 
 # Hugging Face DeepSeek-V4s (`phaseinterp.zoo.deepseek_v4.RECIPES`), loaded with `load_hf`.

@@ -175,7 +175,8 @@ class TextEntry:
 
 
 TEXT_ENTRIES: dict[str, TextEntry] = {name: TextEntry(name, MODELS[name], arm, 24000)
-                                      for name, arm in (("py-w4s4", "w4s4-s0"), ("py-full", "full-s0"))}
+                                      for name, arm in (("py-w4s4", "w4s4-s0"), ("py-full", "full-s0"),
+                                                        ("py-w8s8", "w8s8-s0"))}
 
 
 def equal_training_step(curves_a, curves_b, min_mean: float = LEARNED_MEAN) -> int:
