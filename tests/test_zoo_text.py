@@ -103,13 +103,14 @@ def test_the_w8s8_arm_does_not_show_its_stride(zoo_profile):
 
 
 @pytest.mark.slow
-@pytest.mark.zoo("py-w4s4")
-def test_every_experiment_runs_on_a_natural_text_model(zoo_model, zoo_profile):
-    model = zoo_model("py-w4s4")
+@pytest.mark.zoo("py-w4s4", "py-w8s8")
+@pytest.mark.parametrize("name", ["py-w4s4", "py-w8s8"])
+def test_every_experiment_runs_on_a_natural_text_model(zoo_model, zoo_profile, name):
+    model = zoo_model(name)
     ablation = pi.ablate(model, layer=1, n_per_residue=72, progress=False)
     assert not ablation.premise_notes and len(ablation.to_frame())
     gates = pi.gate_profile(model, n_per_residue=8)
     assert not gates.premise_notes
     cycling = pi.gate_cycling_profile(model, layers=1, n_per_residue=72, progress=False,
-                                      baseline=zoo_profile("py-w4s4", 72))
+                                      baseline=zoo_profile(name, 72))
     assert np.isfinite(cycling.summary()["value"]["corr2_pooled"])
