@@ -8,7 +8,6 @@ that the file is unchanged.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 
 import json
@@ -25,6 +24,7 @@ from phaseinterp import CheckpointError, CompressedConfig, CompressedTransformer
 from phaseinterp._checks import experiment
 from phaseinterp.cli import main
 from phaseinterp.tasks import KeyValueRetrieval
+from typecheck import as_user
 
 TASK = KeyValueRetrieval(seq_len=64, n_records=8, n_demos=2, min_distance=20, residue_modulus=8)
 CFG = CompressedConfig(d_vocab=TASK.vocab.size, n_ctx=64, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1,
@@ -1330,16 +1330,6 @@ def test_an_edited_saved_result_is_refused_and_impossible_values_too(model, tmp_
 
 
 # ------------------------------------------------------------------ lists of indices (`check_indices`)
-@contextlib.contextmanager
-def _as_a_user_calls():
-    """No test-suite type hook (conftest's jaxtyping) before the package's own checks, as a user calls."""
-    from jaxtyping import config as jaxtyping_config
-
-    jaxtyping_config.update("jaxtyping_disable", True)
-    try:
-        yield
-    finally:
-        jaxtyping_config.update("jaxtyping_disable", False)
 
 
 def _index_doors(model):
@@ -1373,7 +1363,7 @@ def test_every_index_list_takes_numpy_and_torch_forms_as_the_list(door, form, mo
     value = [1] if door == "shifts" else [0]
     given = {"list": value, "tuple": tuple(value), "numpy array": np.array(value), "tensor": torch.tensor(value),
              "numpy ints": [np.int64(v) for v in value]}[form]
-    with _as_a_user_calls():
+    with as_user():
         got = check(given)
     assert got == check(value) and all(type(v) is int for v in got)
 
@@ -1385,7 +1375,7 @@ def test_every_index_list_takes_numpy_and_torch_forms_as_the_list(door, form, mo
 def test_every_index_list_refuses_the_same_bad_values(door, bad, words, model):
     from phaseinterp.errors import UserInputError
 
-    with _as_a_user_calls(), pytest.raises(UserInputError, match=words):
+    with as_user(), pytest.raises(UserInputError, match=words):
         _index_doors(model)[door](bad)
 
 
@@ -1429,7 +1419,7 @@ def test_every_tensor_argument_is_checked_before_any_work(door, bad, model):
              "one size off": good[..., :-1], "float64": good.double(), "no rows": good[:0],
              "integers": good.long(), "a list": good.tolist()}[bad]
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    with _as_a_user_calls(), pytest.raises(UserInputError, match=name):  # were torch errors, NaN / broadcast answers
+    with as_user(), pytest.raises(UserInputError, match=name):  # were torch errors, NaN / broadcast answers
         call(value)
     assert all(torch.equal(state[k], v) for k, v in model.state_dict().items()), "the model was changed"
 
@@ -1458,7 +1448,7 @@ def test_a_prepared_input_of_the_wrong_kind_is_named(call, words, model):
 def test_numpy_numbers_in_a_config_and_a_task_are_taken_and_saved_as_python_ones(number, tmp_path):
     """Valid numpy numbers are accepted, and stored as the Python numbers they equal: the config's
     hash and the checkpoint's JSON were a TypeError (after any training) with numpy ints."""
-    with _as_a_user_calls():
+    with as_user():
         cfg = CFG.replace(n_ctx=number(64), d_model=number(32), rope_dims=number(8))
         task = KeyValueRetrieval(seq_len=number(64), n_records=number(8), n_demos=2, min_distance=20,
                                  residue_modulus=number(8))
@@ -1486,5 +1476,5 @@ def test_a_cache_of_another_geometry_is_refused_and_one_of_the_same_geometry_is_
     twin(tokens[:, :11], cache=cache, return_type=None)
     assert model(tokens[:, 11:], cache=cache).shape == (2, 1, CFG.d_vocab)
     for n in (0, -1, 1.5, True):
-        with _as_a_user_calls(), pytest.raises(ValueError, match="n=.* must be an integer >= 1"):
+        with as_user(), pytest.raises(ValueError, match="n=.* must be an integer >= 1"):
             model.init_cache().repeat_batch(n)

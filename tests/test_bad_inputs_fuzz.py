@@ -20,14 +20,12 @@ import dataclasses
 import math
 import os
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from jaxtyping import config as jaxtyping_config
 
 import phaseinterp as pi
 from phaseinterp.cli import main
@@ -43,6 +41,7 @@ from phaseinterp.interventions.indexer import IndexerSpec
 from phaseinterp.interventions.unit_cycling import SelectionSpec, UnitCyclingSpec
 from phaseinterp.models.loading import peek
 from phaseinterp.profile import ProfileSpec
+from typecheck import as_user
 
 EXAMPLES = int(os.environ.get("PHASEINTERP_FUZZ58_EXAMPLES", "25"))
 FAST = settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None,
@@ -74,14 +73,6 @@ values = st.one_of(st.sampled_from(list(CASES.values())), st.integers(-10**13, 1
                    st.integers(-3, 30).map(np.int64), st.floats(-2, 2).map(np.float64))
 
 
-@contextmanager
-def as_user():
-    """Calls as a user makes them: without the test suite's runtime type hook (conftest)."""
-    jaxtyping_config.update("jaxtyping_disable", True)
-    try:
-        yield
-    finally:
-        jaxtyping_config.update("jaxtyping_disable", False)
 
 
 @pytest.fixture(scope="module")

@@ -6,16 +6,15 @@ says when its design cannot reach significance."""
 from __future__ import annotations
 
 import json
-from contextlib import contextmanager
 
 import numpy as np
 import pytest
 import torch
-from jaxtyping import config as jaxtyping_config
 
 import phaseinterp as pi
 from phaseinterp.cli import main
 from phaseinterp.errors import UserInputError
+from typecheck import as_user
 
 
 @pytest.fixture(scope="module")
@@ -23,15 +22,6 @@ def w4s4():
     return pi.load("w4s4")
 
 
-@contextmanager
-def as_user():
-    """Calls as a user makes them: without the test suite's runtime type hook (jaxtyping + beartype,
-    conftest), whose own TypeCheckError would stand in front of the function's checks."""
-    jaxtyping_config.update("jaxtyping_disable", True)
-    try:
-        yield
-    finally:
-        jaxtyping_config.update("jaxtyping_disable", False)
 
 
 def _cli(capsys, argv):

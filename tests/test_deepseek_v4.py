@@ -13,6 +13,7 @@ import torch
 
 pytest.importorskip("transformers")
 from dsv4_random import randomized  # noqa: E402
+from typecheck import as_user  # noqa: E402
 from transformers import DeepseekV4Config, DeepseekV4ForCausalLM  # noqa: E402
 
 import phaseinterp as pi  # noqa: E402
@@ -635,16 +636,11 @@ def test_indexer_experiments_generate_their_own_prompts(model):
     (dict(prompts=None, n_per_residue=10**12), "n_per_residue"),
 ])
 def test_indexer_experiments_refuse_bad_arguments(model, bad, match):
-    from jaxtyping import config as jaxtyping_config
-
     from phaseinterp.errors import UserInputError
     from phaseinterp.interventions.indexer import force_target_selection, indexer_phase
 
     args = {"prompts": TASK.generate(3, seed=0, strict=False), **bad}
-    jaxtyping_config.update("jaxtyping_disable", True)  # as a user calls them: no test-suite type hook first
-    try:
+    with as_user():  # as a user calls them: no test-suite type hook first
         for experiment in (indexer_phase, force_target_selection):
             with pytest.raises(UserInputError, match=re.escape(match)):
                 experiment(model, TASK, **args)
-    finally:
-        jaxtyping_config.update("jaxtyping_disable", False)

@@ -35,13 +35,13 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jaxtyping import AbstractArray
-from jaxtyping import config as jaxtyping_config
 
 import phaseinterp as pi
 from phaseinterp import CompressedConfig, CompressedTransformer
 from phaseinterp._checks import experiment
 from phaseinterp.errors import UserInputError
 from phaseinterp.tasks import KeyValueRetrieval
+from typecheck import as_user
 
 EXAMPLES = int(os.environ.get("PHASEINTERP_FUZZ_EXAMPLES", "12"))
 FUZZ = settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None,
@@ -141,15 +141,6 @@ def drawn_values(target, arg: str) -> st.SearchStrategy:
     return st.integers(0, WRONG_TYPE_SHARE - 1).flatmap(lambda i: values if i == 0 else typed)
 
 
-@contextmanager
-def _as_user():
-    """The call as a user makes it: without the test suite's runtime type hook (conftest), which
-    would stop a wrong-type draw before our own checks run. The other test files keep the hook."""
-    jaxtyping_config.update("jaxtyping_disable", True)
-    try:
-        yield
-    finally:
-        jaxtyping_config.update("jaxtyping_disable", False)
 
 
 PATH_KINDS = ["missing", "relative-missing", "file", "empty-folder", "user-folder", "unwritable", "result", "checkpoint",
@@ -248,7 +239,7 @@ def _call(fn, names: tuple[str, ...], value, kind: str, target=None):
     """Run ``fn()``; success or a UserInputError naming the argument; anything else fails the test."""
     _count(kind)
     try:
-        with _as_user():
+        with as_user():
             if target is None:
                 result = fn()
             else:

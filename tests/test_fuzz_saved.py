@@ -22,7 +22,6 @@ import os
 import re
 import shutil
 import typing
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -30,13 +29,13 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from jaxtyping import AbstractArray
-from jaxtyping import config as jaxtyping_config
 
 from phaseinterp import CheckpointError, CompressedConfig, CompressedTransformer
 from phaseinterp.errors import UserInputError
 from phaseinterp.results import _range_of
 from phaseinterp.tasks import KeyValueRetrieval
 from conftest import CI
+from typecheck import as_user
 
 EXAMPLES = int(os.environ.get("PHASEINTERP_FUZZ_EXAMPLES", "12"))
 FUZZ = settings(max_examples=EXAMPLES * 8, derandomize=True, deadline=None, database=None,
@@ -51,15 +50,6 @@ def _count(key):
     COUNTS[key] = COUNTS.get(key, 0) + 1
 
 
-@contextmanager
-def _as_user():
-    """The load as a user makes it: without the test suite's runtime type hook (conftest; as
-    test_fuzz_inputs does), which would stop an edited value before the loader's own checks."""
-    jaxtyping_config.update("jaxtyping_disable", True)
-    try:
-        yield
-    finally:
-        jaxtyping_config.update("jaxtyping_disable", False)
 
 
 def _dsv4_results(zoo_model):
@@ -345,14 +335,14 @@ def _edit_and_load(cls, pristine, folder, edit, target, draw, sub=Path(".")):
     assert recorded is not None
     meta["content_sha256"] = recorded
     _write(edited, meta, arrays)
-    with _as_user(), pytest.raises(UserInputError,
+    with as_user(), pytest.raises(UserInputError,
                                    match="was changed after it was saved|does not hold a|unsupported format"):
         cls.load(folder)
     if words is None:
         return
     meta.pop("content_sha256")  # the same edit in a save without the record (0.3): the field's own check
     _write(edited, meta, arrays)
-    with _as_user(), pytest.raises(UserInputError) as caught:
+    with as_user(), pytest.raises(UserInputError) as caught:
         cls.load(folder)
     text = str(caught.value)
     assert "\n" not in text and re.search(words, text), (cls.__name__, edit, target, text)
@@ -431,7 +421,7 @@ def _load_refused(folder, words):
     from phaseinterp import load
 
     for loader in (CompressedTransformer.from_pretrained, load):
-        with _as_user(), pytest.raises((CheckpointError, UserInputError)) as caught:
+        with as_user(), pytest.raises((CheckpointError, UserInputError)) as caught:
             loader(folder)
         text = str(caught.value)
         assert "\n" not in text and re.search(words, text), text
