@@ -594,6 +594,26 @@ def test_last_logits_is_a_prefill_and_one_step_under_any_hook():
         torch.testing.assert_close(clean, model(tokens)[:, -1], rtol=0, atol=1e-5)
 
 
+def test_a_fork_reads_an_in_place_edit_of_the_cache_unless_frozen():
+    """Two forks of one prefix, the cache's values edited in place between them: the second fork's step
+    reads the edit (cross-model or activation patching of a cache), unless the cache was frozen first
+    (`KVCache.freeze`: the caller declares no such edits, and the shared prefix is gathered once)."""
+    model = make(0, window=4, stride=4)
+    tokens = torch.randint(0, 32, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        for frozen in (False, True):
+            cache = model.init_cache()
+            model(tokens[:, :11], cache=cache, return_type=None)
+            if frozen:
+                cache.freeze()
+            before = model(tokens[:, 11:], cache=cache.fork())
+            for lc in cache.layers:
+                lc.v.mul_(3.0)
+                lc.v_comp.mul_(3.0)
+            after = model(tokens[:, 11:], cache=cache.fork())
+            assert torch.equal(before, after) == frozen
+
+
 def test_a_fork_takes_one_call_and_layers_are_checked():
     """A fork (`KVCache.fork`) is a view for one call, not extended; a second call, a batch that is
     not rows x variants, a cache of another model, layers out of range or a residual of the wrong

@@ -139,6 +139,7 @@ def _prefill_and_step(model, chunk: torch.Tensor, layers, cache=None, start_at_l
                   **phase_model(model).layer_inputs(chunk[:, :p]))
         else:
             model(chunk[:, :p], cache=cache, return_type="cache")
+    cache.freeze()  # internal, never edited in place: the variant steps share one gather of the prefix
     kept: dict = {}
     family = phase_model(model)
     names = {layer: family.resid_pre_hook(layer) for layer in layers}

@@ -30,6 +30,7 @@ class LayerCache:
     k_rot: Tensor  # [batch, pos, kv_head, d_head]  after QK-norm and RoPE
     k_comp: Tensor  # [batch, entry, kv_head, d_head]  normalised + rotated compressed keys
     v_comp: Tensor  # [batch, entry, kv_head, d_head]
+    frozen: bool = field(default=False, repr=False, compare=False)  # KVCache.freeze: no in-place edits follow
     _shared: dict = field(default_factory=dict, repr=False, compare=False)
 
     def map(self, fn) -> "LayerCache":
@@ -37,14 +38,15 @@ class LayerCache:
 
     def shared(self, lo: int, end: int, n_entries: int) -> tuple[Tensor, Tensor]:
         """Keys and values ``[batch, kv_head, slot, d_head]`` of tokens ``lo .. end - 1`` then the first
-        ``n_entries`` entries: what every variant of a step at ``end`` shares. Kept while gradients are
-        off, so the steps of many forks of one prefix (an ablation sweep's) gather it once."""
+        ``n_entries`` entries: what every variant of a step at ``end`` shares. Once `frozen` (and
+        gradients off) it is kept, so the steps of many forks of one prefix (an ablation sweep's)
+        gather it once; otherwise it is gathered per call, so an in-place edit of the cache is read."""
         key = (lo, end, n_entries, torch.is_inference_mode_enabled())
         if key in self._shared:
             return self._shared[key]
         k, v = (torch.cat([tok[:, lo:end], ent[:, :n_entries]], 1).transpose(1, 2).contiguous()
                 for tok, ent in ((self.k_rot, self.k_comp), (self.v, self.v_comp)))
-        if not torch.is_grad_enabled():
+        if self.frozen and not torch.is_grad_enabled():
             self._shared[key] = (k, v)
         return k, v
 
@@ -86,6 +88,15 @@ class KVCache:
         n = check_int("n", n, 1)
         return KVCache([lc.map(lambda t: t.repeat_interleave(n, dim=0)) if lc else None for lc in self.layers],
                        self.length, layout=self.layout)
+
+    def freeze(self) -> "KVCache":
+        """Declare the cached prefix final: its tensors are not edited in place from now on (extending
+        the cache is still allowed: it makes new layer caches). Steps over its forks may then keep
+        what they share (`LayerCache.shared`) instead of gathering it per call. Returns this cache."""
+        for lc in self.layers:
+            if hasattr(lc, "frozen"):
+                lc.frozen = True
+        return self
 
     def fork(self, variants: int = 1) -> "KVCache":
         """A view of this cache for ONE more call with ``variants`` rows per cached row (row ``r``
