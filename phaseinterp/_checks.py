@@ -16,6 +16,7 @@ import dataclasses
 import difflib
 import functools
 import inspect
+import math
 import numbers
 import os
 import re
@@ -38,12 +39,28 @@ def check_int(name: str, value: Any, low: int = 1, high: int | None = None, why:
     ``why`` appended (`` (one chunk makes attention trivial)``). The one integer check of the package."""
     span = f">= {low}" if high is None else f"in {low}..{high}"
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise UserInputError(f"{name}={value!r} must be an integer {span}{why}")
+        raise UserInputError(f"{name}={plain_number(value)!r} must be an integer {span}{why}")
     value = int(value)
     if value < low or (high is not None and value > high):
         if high is None:
             raise UserInputError(f"{name}={value} must be an integer {span}{why}")
         raise UserInputError(f"{name}={value} is out of range (valid: {low}..{high}){why}")
+    return value
+
+
+def check_real(name: str, value: Any, low: float = -math.inf, high: float = math.inf, *, low_open: bool = False,
+               high_open: bool = True, why: str = "") -> float:
+    """``value`` as a Python float if it is a finite real number (a numpy number too, never a bool) in the
+    interval from ``low`` to ``high`` (each end closed unless ``low_open``/``high_open``); else a
+    `UserInputError` naming it and the interval, with ``why`` appended. The one real-number check."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise UserInputError(f"{name}={plain_number(value)!r} must be a finite number")
+    value = float(value)
+    if (value <= low if low_open else value < low) or (value >= high if high_open else value > high):
+        if math.isinf(high):
+            raise UserInputError(f"{name}={value:g} must be {'>' if low_open else '>='} {low:g}{why}")
+        left, right = "(" if low_open else "[", ")" if high_open else "]"
+        raise UserInputError(f"{name}={value:g} is out of range {left}{low:g}, {high:g}{right}{why}")
     return value
 
 
@@ -118,7 +135,7 @@ def check_tensor(name: str, value: Any, shape: tuple, dtype: Any = None) -> Any:
 def plain_number(value: Any) -> Any:
     """A numpy (or other) number as the Python bool, int or float it equals; anything else unchanged. What
     a config or task stores, so it saves as JSON and hashes as the same value given as a Python number."""
-    if isinstance(value, numbers.Number) and not isinstance(value, (bool, int, float)) and hasattr(value, "item"):
+    if isinstance(value, numbers.Number) and type(value) not in (bool, int, float) and hasattr(value, "item"):
         return value.item()
     return value
 

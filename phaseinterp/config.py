@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from phaseinterp._checks import check_int, check_name, plain_number
+from phaseinterp._checks import check_int, check_name, check_real, plain_number
 from phaseinterp.errors import UserInputError
 
 COMPRESSION_KERNELS = ("gated", "deepseek")
@@ -118,12 +118,10 @@ class CompressedConfig:
                 )
         if self.positional == "rope" and self.rotary_dims % 2:
             raise UserInputError(f"d_head={self.d_head} must be even for full RoPE; set rope_dims")
-        if not (isinstance(self.rope_base, (int, float)) and self.rope_base > 1):
-            raise UserInputError(f"rope_base={self.rope_base!r} must be a number > 1")
+        check_real("rope_base", self.rope_base, 1.0, low_open=True)
         if not isinstance(self.tie_embeddings, bool):
             raise UserInputError(f"tie_embeddings={self.tie_embeddings!r} must be True or False")
-        if not (isinstance(self.norm_eps, (int, float)) and self.norm_eps > 0):
-            raise UserInputError(f"norm_eps={self.norm_eps!r} must be > 0")
+        check_real("norm_eps", self.norm_eps, 0.0, low_open=True)
         if self.compression is None:
             if self.window_offsets is not None:
                 raise UserInputError(f"window_offsets={self.window_offsets!r} needs a compressed model (compression=None)")
@@ -159,7 +157,7 @@ class CompressedConfig:
         if not isinstance(offsets, (list, tuple)):
             raise UserInputError(f"window_offsets={offsets!r} must be None, one of {OFFSET_SHORTHANDS} or a sequence")
         nested = len(offsets) > 0 and all(isinstance(o, (list, tuple)) for o in offsets)
-        rows = [tuple(o) for o in offsets] if nested else [tuple(offsets)]
+        rows = [tuple(plain_number(v) for v in o) for o in offsets] if nested else [tuple(map(plain_number, offsets))]
         if nested and len(rows) != self.n_layers:
             raise UserInputError(f"window_offsets has {len(rows)} per-layer rows; the model has n_layers={self.n_layers}")
         for row in rows:

@@ -8,6 +8,7 @@ that the file is unchanged.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import json
@@ -1478,3 +1479,52 @@ def test_a_cache_of_another_geometry_is_refused_and_one_of_the_same_geometry_is_
     for n in (0, -1, 1.5, True):
         with as_user(), pytest.raises(ValueError, match="n=.* must be an integer >= 1"):
             model.init_cache().repeat_batch(n)
+
+
+def test_numpy_reals_are_taken_as_python_numbers_by_every_real_check():
+    """The real-number class (`check_real`): recipes, the memory plan, the idealized model and engine
+    options take numpy numbers as the Python numbers they equal and store those (a recipe is saved as
+    JSON); infinities, NaN and bools are refused by name everywhere."""
+    from phaseinterp.engines.answers import engine_answers
+    from phaseinterp.errors import UserInputError
+    from phaseinterp.theory import IdealizedInductionModel
+    from phaseinterp.train.compressed import TrainConfig
+    from phaseinterp.train.plan import plan_memory
+    from phaseinterp.train.pretrain import PretrainConfig
+
+    with as_user():
+        tc = TrainConfig(steps=np.int64(8), lr=np.float32(0.5), weight_decay=np.float64(0.1), min_lr_ratio=np.float32(0.5),
+                         periodic_fraction=np.float64(0.25), periodic_block=np.array([2, 4]),
+                         snapshot_steps=np.arange(1, 4))
+        pc = PretrainConfig(seq_len=np.int32(64), lr=np.float32(1e-3), needle_fraction=np.float64(0.5),
+                            max_minutes=np.float32(2.0), micro_batch=np.int64(2), global_batch=np.int64(4))
+        plan = plan_memory(CFG, pc, device_gib=np.float32(80.0))
+        theory = IdealizedInductionModel(4, 2, 2, 1, kappa=np.float64(0.1), beta=np.float32(4.0))
+    for recipe in (tc, pc):
+        saved = json.loads(json.dumps(dataclasses.asdict(recipe)))  # was a TypeError on numpy numbers
+        assert all(type(v) in (int, float, bool, str, list, dict, type(None)) for v in saved.values())
+    assert tc.lr == float(np.float32(0.5)) and tc.periodic_block == (2, 4) and tc.snapshot_steps == (1, 2, 3)
+    assert type(pc.seq_len) is int and type(pc.max_minutes) is float and plan.device_bytes == 80 * 2**30
+    assert theory.kappa == 0.1 and type(theory.beta) is float
+    for call, words in [
+        (lambda: TrainConfig(lr=np.float32("inf")), "lr=inf must be a finite number"),
+        (lambda: TrainConfig(weight_decay=True), "weight_decay=True must be a finite number"),
+        (lambda: PretrainConfig(needle_fraction=np.float64("nan")), "needle_fraction=nan must be a finite number"),
+        (lambda: PretrainConfig(max_minutes=0), r"max_minutes=0 must be > 0 \(or None"),
+        (lambda: plan_memory(CFG, PretrainConfig(), device_gib=float("inf")), "device_gib=inf must be a finite"),
+        (lambda: IdealizedInductionModel(4, 2, 2, 1, gamma=np.float64(-1.0)), "gamma=-1 must be > 0"),
+        (lambda: engine_answers(_NamedEngine(), None, retry_wait=np.float64("nan")), "retry_wait=nan must be"),
+        (lambda: CFG.replace(norm_eps=float("inf")), "norm_eps=inf must be a finite number"),
+    ]:
+        with pytest.raises(UserInputError, match=words):
+            with as_user():
+                call()
+
+
+class _NamedEngine:
+    """An engine by the protocol's shape that is never called: the options are refused first."""
+
+    name = "never-called"
+
+    def __call__(self, tokens):
+        raise AssertionError("an engine was called before its options were checked")

@@ -18,6 +18,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from transformers import DynamicCache
 
+from phaseinterp._checks import check_int
 from phaseinterp.errors import UserInputError
 from phaseinterp.models.cache import KVCache, LayerCache
 from phaseinterp.models.protocol import phase_model
@@ -52,9 +53,8 @@ def check_warm_rows(donors: Tensor, tokens: Tensor, prefix_len: int) -> None:
     if donors.shape != tokens.shape or tokens.ndim != 2:
         raise UserInputError(f"donors {tuple(donors.shape)} and tokens {tuple(tokens.shape)} must be one [batch, pos] "
                              "shape")
-    if isinstance(prefix_len, bool) or not isinstance(prefix_len, int) or not 1 <= prefix_len < tokens.shape[1]:
-        raise UserInputError(f"prefix_len={prefix_len!r} is out of range for prompts of {tokens.shape[1]} tokens "
-                             f"(1..{tokens.shape[1] - 1})")
+    prefix_len = check_int("prefix_len", prefix_len, 1, tokens.shape[1] - 1,
+                           why=f" (prompts of {tokens.shape[1]} tokens)")
     if not torch.equal(donors[:, :prefix_len].cpu(), tokens[:, :prefix_len].cpu()):
         raise UserInputError(f"donors and tokens differ within the first prefix_len={prefix_len} tokens")
 

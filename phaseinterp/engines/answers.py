@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional, Union
 import numpy as np
 import torch
 
-from phaseinterp._checks import check_int
+from phaseinterp._checks import check_int, check_real
 from phaseinterp.errors import EngineError, UserInputError
 from phaseinterp._files import atomic_write, check_output_dir, json_default, progress_bar, saved_kind
 
@@ -252,8 +252,7 @@ def engine_answers(
     name = check_engine(engine)
     batch_size = check_int("batch_size", batch_size, 1, why=" (prompts per engine call)")
     retries = check_int("retries", retries, 0, why=" (further tries of a failing batch)")
-    if isinstance(retry_wait, bool) or not isinstance(retry_wait, (int, float)) or not 0 <= retry_wait < float("inf"):
-        raise UserInputError(f"retry_wait={retry_wait!r} must be a finite number of seconds >= 0")
+    retry_wait = check_real("retry_wait", retry_wait, 0.0, why=" (seconds between tries)")
     d_vocab = getattr(engine, "d_vocab", None)
     check_ids_fit(batch, d_vocab, f"engine {name!r}")
     n = len(batch)

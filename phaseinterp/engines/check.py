@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 from phaseinterp.errors import UserInputError
 from phaseinterp import stats
-from phaseinterp._checks import check_fraction, check_indices, check_int, check_n_per_residue, env_flag, check_is_model
+from phaseinterp._checks import check_fraction, check_indices, check_int, check_is_model, check_n_per_residue, check_real, env_flag
 from phaseinterp.engines.adapters import cast_copy, chunked_pieces, decode_pieces, engine_for
 from phaseinterp.engines.adapters import WarmEngine
 from phaseinterp.engines.answers import check_logprobs
@@ -168,9 +168,7 @@ def _tolerance_entry(key: str, value: Any, statistic: str) -> tuple[str, float]:
     statistic, bound = value if isinstance(value, tuple) and len(value) == 2 else (statistic, value)
     if statistic not in STATISTICS:
         raise UserInputError(f"tolerance[{key!r}]: statistic {statistic!r} is not one of {STATISTICS}")
-    if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not bound > 0 or not math.isfinite(bound):
-        raise UserInputError(f"tolerance[{key!r}]={bound!r} must be a finite number > 0")
-    return statistic, float(bound)
+    return statistic, check_real(f"tolerance[{key!r}]", bound, 0.0, low_open=True)
 
 
 @experiment(ConformanceSpec)

@@ -18,8 +18,8 @@ from torch import Tensor
 
 from phaseinterp.errors import UserInputError
 from phaseinterp.theory.gates import gate_loss, random_gate_parameters, slot_statistics
-from phaseinterp._checks import check_int
-from phaseinterp.theory.model import IdealizedInductionModel, Population, _check_float, single_threaded
+from phaseinterp._checks import check_int, check_real
+from phaseinterp.theory.model import IdealizedInductionModel, Population, single_threaded
 from phaseinterp.theory.results import FlowResult, FlowSweep
 
 # Dormand-Prince 5(4) tableau (Dormand & Prince 1980), as in Hairer, Norsett & Wanner, Table II.5.2.
@@ -136,9 +136,9 @@ def gradient_flow(model: IdealizedInductionModel, *, rho: float = 0.01, seed: in
     is the exact enumeration where it has at most ``model.max_exact`` sequences, else a fixed
     Monte Carlo sample of ``n_samples`` (the flow is then the flow of that empirical loss).
     """
-    t_max = _check_float("t_max", t_max, 0.0, low_open=True)
+    t_max = check_real("t_max", t_max, 0.0, low_open=True)
     if stop_at is not None:
-        stop_at = _check_float("stop_at", stop_at, 0.0, 1.0, low_open=True, high_open=False)
+        stop_at = check_real("stop_at", stop_at, 0.0, 1.0, low_open=True, high_open=False)
     population = _flow_population(model, population, n_samples, seed)
     c0 = random_gate_parameters(model, rho, seed)
     rec = _Recorder(model, population, stop_at)
@@ -156,8 +156,8 @@ def gradient_descent(model: IdealizedInductionModel, *, learning_rate: float, t_
                      n_samples: int = 2048) -> FlowResult:
     """Small-step gradient descent ``c_{k+1} = c_k - eta grad L(c_k)`` from the same init as
     `gradient_flow` with the same ``rho`` and ``seed``; step k sits at time ``t = k eta``."""
-    learning_rate = _check_float("learning_rate", learning_rate, 0.0, low_open=True)
-    t_max = _check_float("t_max", t_max, 0.0, low_open=True)
+    learning_rate = check_real("learning_rate", learning_rate, 0.0, low_open=True)
+    t_max = check_real("t_max", t_max, 0.0, low_open=True)
     record_every = check_int("record_every", record_every, 1)
     population = _flow_population(model, population, n_samples, seed)
     c = c0 = random_gate_parameters(model, rho, seed)

@@ -19,24 +19,11 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from phaseinterp._checks import check_device, check_int
+from phaseinterp._checks import check_device, check_int, check_real
 from phaseinterp.errors import UserInputError  # bad arguments: one line naming the value
 
 # Float64 round-off in X X^T for the sizes used here is ~1e-15; the check allows this much.
 GRAM_ATOL = 1e-12
-
-
-def _check_float(name: str, value, low: float, high: float = math.inf, *, low_open: bool = False,
-                 high_open: bool = True, why: str = "") -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise UserInputError(f"{name}={value!r} must be a finite number")
-    value = float(value)
-    below = value <= low if low_open else value < low
-    above = value >= high if high_open else value > high
-    if below or above:
-        left, right = "(" if low_open else "[", ")" if high_open else "]"
-        raise UserInputError(f"{name}={value:g} is out of range {left}{low:g}, {high:g}{right}{why}")
-    return value
 
 
 @contextmanager
@@ -80,8 +67,8 @@ def equiangular_embeddings(n_tokens: int, kappa: float, eps: float, *, seed: int
     """
     device = check_device(device)
     n_tokens = check_int("N", n_tokens, 2)
-    kappa = _check_float("kappa", kappa, 0.0)
-    eps = _check_float("eps", eps, 0.0, 1.0 / n_tokens,
+    kappa = check_real("kappa", kappa, 0.0)
+    eps = check_real("eps", eps, 0.0, 1.0 / n_tokens,
                        why=f" (1/N for N={n_tokens}: larger perturbations can break positive definiteness)")
     gen = torch.Generator().manual_seed(seed)
     noise = torch.rand(n_tokens, n_tokens, generator=gen, dtype=torch.float64) * 2 - 1
@@ -154,10 +141,10 @@ class IdealizedInductionModel:
         self.L = check_int("L", L, 2, why=" (one chunk makes attention trivial)")
         self.N = check_int("N", N, S * L, why=f" (N >= L*S = {S * L}: each context holds L*S distinct tokens)")
         self.heads = check_int("heads", heads, 1, S - 1, why=f" (m < S = {S} heads)")
-        self.kappa = _check_float("kappa", kappa, 0.0)
-        self.eps = _check_float("eps", eps, 0.0, 1.0 / N, why=f" (1/N for N={N})")
-        self.gamma = _check_float("gamma", gamma, 0.0, low_open=True)
-        self.beta = _check_float("beta", beta, 0.0, low_open=True)
+        self.kappa = check_real("kappa", kappa, 0.0)
+        self.eps = check_real("eps", eps, 0.0, 1.0 / N, why=f" (1/N for N={N})")
+        self.gamma = check_real("gamma", gamma, 0.0, low_open=True)
+        self.beta = check_real("beta", beta, 0.0, low_open=True)
         self.seed = check_int("seed", seed, 0)
         self.max_exact = check_int("max_exact", max_exact, 1)
         self.embeddings = equiangular_embeddings(N, kappa, eps, seed=seed, device=device)

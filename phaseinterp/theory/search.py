@@ -17,8 +17,8 @@ from jaxtyping import Float
 from torch import Tensor
 
 from phaseinterp.errors import UserInputError
-from phaseinterp._checks import check_int
-from phaseinterp.theory.model import IdealizedInductionModel, Population, _check_float, single_threaded
+from phaseinterp._checks import check_int, check_real
+from phaseinterp.theory.model import IdealizedInductionModel, Population, single_threaded
 from phaseinterp.theory.results import SearchGrid, SearchResult
 
 
@@ -115,7 +115,7 @@ def global_search(model: IdealizedInductionModel, *, n_random: int = 16, n_refin
     n_random = check_int("n_random", n_random, 0)
     n_refine_best = check_int("n_refine_best", n_refine_best, 0)
     steps = check_int("steps", steps, 1)
-    tol = _check_float("tol", tol, 0.0)
+    tol = check_real("tol", tol, 0.0)
     with single_threaded():
         return _global_search(model, n_random, n_refine_best, steps, seed, tol, population)
 

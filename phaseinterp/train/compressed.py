@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Int
 from torch import Tensor
 
-from phaseinterp._checks import check_device, check_int
+from phaseinterp._checks import check_device, check_indices, check_int, check_real, listed
 from phaseinterp._files import atomic_write, check_read_path, check_write_target, normal_mode, progress_bar
 from phaseinterp.config import CompressedConfig
 from phaseinterp.errors import UserInputError
@@ -47,8 +47,8 @@ class CurriculumStage:
     task: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not (0 < self.until <= 1):
-            raise UserInputError(f"CurriculumStage.until={self.until} must be in (0, 1]")
+        object.__setattr__(self, "until", check_real("CurriculumStage.until", self.until, 0.0, 1.0, low_open=True,
+                                                     high_open=False))
 
 
 @dataclass(frozen=True)
@@ -77,18 +77,22 @@ class TrainConfig(Recipe):
     def __post_init__(self) -> None:
         self._check_optimizer()
         for name in ("batch_size", "eval_every", "checkpoint_every", "probe_per_residue"):
-            check_int(name, getattr(self, name), 1)
+            self._store(name, check_int(name, getattr(self, name), 1))
+        self._store("probe_seed", check_int("probe_seed", self.probe_seed, 0))
         if self.loss_on not in ("answer", "values"):
             raise UserInputError(f"loss_on={self.loss_on!r} is not one of ('answer', 'values')")
-        if not (0 <= self.periodic_fraction < 1):
-            raise UserInputError(f"periodic_fraction={self.periodic_fraction} must be in [0, 1)")
-        lo, hi = self.periodic_block
-        if not (1 <= lo <= hi):
+        self._store("periodic_fraction", check_real("periodic_fraction", self.periodic_fraction, 0.0, 1.0))
+        block = listed(self.periodic_block)
+        if not isinstance(block, list) or len(block) != 2:
+            raise UserInputError(f"periodic_block={self.periodic_block!r} must be a (min, max) pair of block lengths")
+        lo, hi = (check_int("periodic_block", v, 1) for v in block)
+        if lo > hi:
             raise UserInputError(f"periodic_block={self.periodic_block} must satisfy 1 <= min <= max")
+        steps = listed(self.snapshot_steps)
+        self._store("snapshot_steps", tuple(check_indices("snapshot_steps", steps, 1, unit="step")) if steps else ())
         stages = [CurriculumStage(**s) if isinstance(s, dict) else s for s in self.curriculum]
         object.__setattr__(self, "curriculum", tuple(stages))
-        object.__setattr__(self, "periodic_block", tuple(self.periodic_block))
-        object.__setattr__(self, "snapshot_steps", tuple(self.snapshot_steps))
+        object.__setattr__(self, "periodic_block", (lo, hi))
         if any(b.until <= a.until for a, b in zip(stages, stages[1:])):
             raise UserInputError("curriculum stages must have strictly increasing `until`")
 

@@ -24,9 +24,8 @@ from typing import Optional
 
 import torch
 
-from phaseinterp._checks import check_int
+from phaseinterp._checks import check_int, check_real
 from phaseinterp.config import CompressedConfig
-from phaseinterp.errors import UserInputError
 from phaseinterp.models.transformer import CompressedTransformer, parameter_count
 
 GIB = 2**30
@@ -186,8 +185,7 @@ def plan_memory(config: CompressedConfig, tc, *, nproc: int = 1, device_gib: Opt
     if device_gib is None:
         device_gib = (torch.cuda.get_device_properties(0).total_memory / GIB if torch.cuda.is_available()
                       else DEFAULT_GPU_GIB)
-    if not (isinstance(device_gib, (int, float)) and device_gib > 0 and math.isfinite(device_gib)):
-        raise UserInputError(f"device memory {device_gib!r} GiB must be a number > 0")
+    device_gib = check_real("device_gib", device_gib, 0.0, low_open=True, why=" (GiB per device)")
     dtype = tc.compute_dtype(device_type)
     sharded = nproc > 1 or tc.force_fsdp
     n_params = parameter_count(config)

@@ -33,7 +33,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      set_state_dict)
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from phaseinterp._checks import check_int
+from phaseinterp._checks import check_int, check_real
 from phaseinterp._files import atomic_write, check_read_path, check_write_target, progress_bar
 from phaseinterp.config import CompressedConfig
 from phaseinterp.errors import UserInputError
@@ -100,17 +100,14 @@ class PretrainConfig(Recipe):
     def __post_init__(self) -> None:
         self._check_optimizer()
         for name in ("seq_len", "global_batch", "probe_every", "probe_per_residue", "checkpoint_every",
-                     "progress_every"):
-            check_int(name, getattr(self, name), 1)
-        for name in ("micro_batch", "keep_every"):
-            if getattr(self, name) is not None:
-                check_int(name, getattr(self, name), 1)
+                     "progress_every", "micro_batch", "keep_every"):
+            if getattr(self, name) is not None or name not in ("micro_batch", "keep_every"):  # those two: None too
+                self._store(name, check_int(name, getattr(self, name), 1))
         for name, lo, hi in (("needle_fraction", 0.0, 1.0), ("heldout_fraction", 1e-6, 0.5)):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not (lo <= value <= hi):
-                raise UserInputError(f"{name}={value!r} is out of range [{lo}, {hi}]")
-        if self.max_minutes is not None and not (isinstance(self.max_minutes, (int, float)) and self.max_minutes > 0):
-            raise UserInputError(f"max_minutes={self.max_minutes!r} must be > 0 (or None: run every step)")
+            self._store(name, check_real(name, getattr(self, name), lo, hi, high_open=False))
+        if self.max_minutes is not None:
+            self._store("max_minutes", check_real("max_minutes", self.max_minutes, 0.0, low_open=True,
+                                                  why=" (or None: run every step)"))
         for name in ("bf16", "cpu_bf16", "activation_checkpointing", "compile", "force_fsdp"):
             if not isinstance(getattr(self, name), bool):
                 raise UserInputError(f"{name}={getattr(self, name)!r} must be True or False")

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from phaseinterp._checks import check_int
+from phaseinterp._checks import check_int, check_real
 from phaseinterp.errors import UserInputError
 from phaseinterp.models.compressor import Compressor
 
@@ -36,19 +36,18 @@ class Recipe:
         return cls(**d)
 
     def _check_optimizer(self) -> None:
-        """The shared fields in range (a one-line refusal naming the field), ``betas`` as a tuple."""
-        check_int("steps", self.steps, 1)
-        check_int("seed", self.seed, 0)
-        check_int("warmup_steps", self.warmup_steps, 0)
+        """The shared fields in range (a one-line refusal naming the field), each stored as the Python
+        number it equals (numpy numbers too: a manifest is JSON), ``betas`` as a tuple."""
+        for name, low in (("steps", 1), ("seed", 0), ("warmup_steps", 0)):
+            self._store(name, check_int(name, getattr(self, name), low))
         for name in ("lr", "grad_clip"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not (value > 0 and math.isfinite(value)):
-                raise UserInputError(f"{name}={value!r} must be a finite number > 0")
-        if not (isinstance(self.min_lr_ratio, (int, float)) and 0 <= self.min_lr_ratio <= 1):
-            raise UserInputError(f"min_lr_ratio={self.min_lr_ratio!r} is out of range [0.0, 1.0]")
-        if not (isinstance(self.weight_decay, (int, float)) and self.weight_decay >= 0):
-            raise UserInputError(f"weight_decay={self.weight_decay!r} must be >= 0")
+            self._store(name, check_real(name, getattr(self, name), 0.0, low_open=True))
+        self._store("min_lr_ratio", check_real("min_lr_ratio", self.min_lr_ratio, 0.0, 1.0, high_open=False))
+        self._store("weight_decay", check_real("weight_decay", self.weight_decay, 0.0))
         object.__setattr__(self, "betas", tuple(self.betas))
+
+    def _store(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)  # the recipes are frozen dataclasses
 
 
 def decayed_parameter_names(model, *, embedding: str = "W_E", decay_gates: bool = False) -> list[str]:
