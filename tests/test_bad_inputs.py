@@ -1432,6 +1432,19 @@ def test_a_residual_past_the_context_is_refused(model):
         model(torch.zeros(1, 65, model.cfg.d_model), start_at_layer=1)  # was torch's IndexError
 
 
+def test_a_deepseek_v4_residual_past_the_context_is_named_as_positions_with_or_without_input_ids():
+    """Too long a DeepSeek-V4 residual is refused by the length check, before its ``input_ids`` (whose
+    token check used to answer first, in words about tokens)."""
+    from phaseinterp.errors import UserInputError
+
+    model = _dsv4()
+    n, cfg = model.cfg.n_ctx + 1, model.cfg
+    resid = torch.zeros(1, n, cfg.hc_mult, cfg.d_model)
+    for input_ids in (None, torch.zeros(1, n, dtype=torch.long)):
+        with pytest.raises(UserInputError, match=rf"positions 0\.\.{n - 1} exceed the model's max_position_embeddings"):
+            model(resid, start_at_layer=1, input_ids=input_ids)
+
+
 # ------------------------------------------------------------------ other things handed in
 @pytest.mark.parametrize("call, words", [
     (lambda m: __import__("phaseinterp").gate_profile(m, TASK, prompts=5), "prompts=int is not a prompt batch"),

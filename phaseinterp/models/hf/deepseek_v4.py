@@ -178,11 +178,12 @@ class HookedDeepseekV4(CheckedHooks):
             n = tokens.shape[1]
         else:
             streams = self._check_resid(tokens)
-            input_ids = self._check_input_ids(input_ids, streams, first, last)
             n = streams.shape[1]
         if start + n > self.cfg.n_ctx:
             raise UserInputError(f"positions {start}..{start + n - 1} exceed the model's max_position_embeddings="
                                  f"{self.cfg.n_ctx}")
+        if start_at_layer is not None:  # after the length: a too-long residual is named as one, not as tokens
+            input_ids = self._check_input_ids(input_ids, streams, first, last)
         if cache is not None:
             cache.check_rows(tokens.shape[0], variants)
         # every hook of the call, the embedding and the final norm included, is told its positions
