@@ -122,6 +122,7 @@ class CompressedConfig:
         if not isinstance(self.tie_embeddings, bool):
             raise UserInputError(f"tie_embeddings={self.tie_embeddings!r} must be True or False")
         check_real("norm_eps", self.norm_eps, 0.0, low_open=True)
+        check_real("init_std", self.init_std, 0.0, low_open=True, why=" (the std of the initial weights)")
         if self.compression is None:
             if self.window_offsets is not None:
                 raise UserInputError(f"window_offsets={self.window_offsets!r} needs a compressed model (compression=None)")

@@ -11,7 +11,7 @@ from einops import reduce
 from jaxtyping import Float
 from scipy import stats as scipy_stats
 
-from phaseinterp._checks import check_fraction
+from phaseinterp._checks import check_fraction, check_real
 from phaseinterp.errors import UserInputError
 from phaseinterp.phase import check_residue_modulus
 
@@ -230,9 +230,9 @@ def detect_period(
     for P in periods:
         if P < 2 or P >= R or R % P:
             raise UserInputError(f"candidate period {P} must divide R={R} and lie in 2..{R - 1}")
-    check_fraction("alpha", alpha)
-    if not 0 < min_share <= 1:
-        raise UserInputError(f"min_share={min_share} is out of range (0, 1]")
+    alpha = check_fraction("alpha", alpha)
+    min_share = check_real("min_share", min_share, 0.0, 1.0, low_open=True, high_open=False,
+                           why=" (the share of the best period's harmonic power a divisor must carry)")
     power = np.abs(np.fft.rfft(x)) ** 2 / R
     if not periods or np.ptp(x) <= 1e-12 * max(1.0, np.abs(x).max()):
         return PeriodTest(None, None, 1.0, 0.0, {P: 0.0 for P in periods}, power, alpha,

@@ -33,7 +33,7 @@ from typing import Optional, Union
 
 import numpy as np
 
-from phaseinterp._checks import check_int
+from phaseinterp._checks import check_int, check_real
 from phaseinterp._files import check_read_path
 from phaseinterp.errors import UserInputError
 
@@ -387,6 +387,7 @@ def check_loads(folder: Union[str, Path], timeout: float = 120.0) -> None:
     """``ctypes.CDLL`` of each library of `load_order` in a fresh Python process (so a library
     that fails or crashes leaves this one clean); raises `PrebuiltLibraryError` with the loader's
     message (``version `GLIBC_2.38' not found ...``) in one line."""
+    timeout = check_real("timeout", timeout, 0.0, low_open=True, why=" (seconds)")
     paths = [str(p) for p in load_order(Path(folder))]
     code = "import ctypes, sys\nfor p in sys.argv[1:]:\n    ctypes.CDLL(p)\n"
     done = subprocess.run([sys.executable, "-c", code, *paths], capture_output=True, text=True, timeout=timeout)

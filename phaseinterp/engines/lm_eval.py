@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from phaseinterp import __version__
-from phaseinterp._checks import DEFAULT_N_PER_RESIDUE, check_int, check_n_per_residue
+from phaseinterp._checks import DEFAULT_N_PER_RESIDUE, check_fraction, check_int, check_n_per_residue
 from phaseinterp._files import atomic_write_text, check_read_path, check_write_target, write_dir_atomically
 from phaseinterp.errors import UserInputError
 from phaseinterp.models import loading
@@ -282,6 +282,7 @@ def profile_from_lm_eval(path: Union[str, os.PathLike], *, task_name: Optional[s
     """A `PhaseProfile` from lm-eval's logged samples of a task written by `write_lm_eval_task`,
     aggregated as `phase_profile` does. ``path``: the output folder or one samples file; ``label`` defaults
     to lm-eval's model and the task name; the other options are `phase_profile`'s."""
+    confidence = check_fraction("confidence", confidence)  # before the samples are read
     records, info = read_samples(path, task_name=task_name)
     if label is None:
         model = Path(info["model_name"]).name if info["model_name"] else info["file"].parent.name

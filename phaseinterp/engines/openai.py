@@ -30,7 +30,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from phaseinterp._checks import check_int, check_name
+from phaseinterp._checks import check_int, check_name, check_real
 from phaseinterp.engines.adapters import check_warm_rows
 from phaseinterp.engines.answers import NORMALIZATION_SLACK, check_logprob_rows
 from phaseinterp.errors import EngineError, UserInputError
@@ -76,6 +76,7 @@ class OpenAIEngine:
             raise UserInputError(f"model={model!r} must be the served model's name (a non-empty str: its /v1/models id)")
         d_vocab = check_int("d_vocab", d_vocab, 1)
         top_logprobs = check_int("top_logprobs", top_logprobs, 1)
+        timeout = check_real("timeout", timeout, 0.0, low_open=True, why=" (seconds per request)")
         base = base_url.rstrip("/")
         self.url = base + ("/completions" if base.endswith("/v1") else "/v1/completions")
         self.models_url = base + ("/models" if base.endswith("/v1") else "/v1/models")
@@ -124,6 +125,7 @@ class OpenAIEngine:
     def served_models(self, timeout: float = 10.0) -> Optional[list[str]]:
         """The model names the server serves (the ids of OpenAI's ``GET /v1/models`` list), or None when it
         does not say (no such endpoint, not reachable, not the list's format): then nothing is checked."""
+        timeout = check_real("timeout", timeout, 0.0, low_open=True, why=" (seconds)")
         request = urllib.request.Request(self.models_url, method="GET", headers=dict(self.headers))
         try:
             with urllib.request.urlopen(request, timeout=min(timeout, self.timeout)) as response:

@@ -20,7 +20,7 @@ import pandas as pd
 import torch
 
 from phaseinterp import stats, zoo
-from phaseinterp._checks import DEFAULT_N_PER_RESIDUE
+from phaseinterp._checks import DEFAULT_N_PER_RESIDUE, check_real
 from phaseinterp._files import atomic_write
 from phaseinterp.config import CompressedConfig
 from phaseinterp.errors import UserInputError
@@ -131,6 +131,10 @@ class RemedyResult(Result):
     eval_every: int
     threshold: float = LEARNED
     label: str = "staggered vs shared compression windows"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "threshold", check_real("threshold", self.threshold, 0.0, 1.0, high_open=False,
+                                                         why=" (a probe accuracy)"))
 
     @property
     def premise_notes(self) -> tuple[str, ...]:

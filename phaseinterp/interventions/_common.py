@@ -7,7 +7,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from phaseinterp._checks import MAX_PROMPTS, check_indices, check_int, check_layer, check_n_per_residue
+from phaseinterp._checks import MAX_PROMPTS, check_fraction, check_indices, check_int, check_layer, check_n_per_residue
 from phaseinterp.errors import UserInputError
 from phaseinterp.models.protocol import phase_model
 
@@ -64,6 +64,7 @@ def paired_bootstrap_relative_change(
     the residue groups are pooled by ``group % fold`` (phases). Returns
     ``(estimate, low, high)``, each ``[unit, group]``; NaN where clean accuracy is 0.
     """
+    confidence = check_fraction("confidence", confidence)
     rng = np.random.default_rng(seed)
     n_units = knocked.shape[1]
     out_groups = fold if fold else n_groups

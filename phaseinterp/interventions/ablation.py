@@ -17,7 +17,7 @@ from phaseinterp._checks import DEFAULT_N_PER_RESIDUE
 from phaseinterp.models.protocol import model_label as label_of
 from phaseinterp.errors import UserInputError, applies_only, when_given
 from phaseinterp._checks import (check_device, check_fraction, check_n_per_residue, check_name, check_prompt_batch,
-                                 check_tensor, listed)
+                                 check_real, check_tensor, listed)
 from phaseinterp._files import progress_bar
 from phaseinterp.phase import check_residue_modulus
 from phaseinterp.interventions._common import (check_calibrated_sweep, check_calibration_size, check_layers,
@@ -229,6 +229,10 @@ class AblationResult(Result):
         lies in the run), ``concentration`` (share of the relative loss on the run), ``worst_change`` (%),
         ``worst_change_pp``, ``hurt_phases``. A published map is judged on the threshold and ``min_clean``
         alone."""
+        threshold = check_real("threshold", threshold, -100.0, 0.0, high_open=False,
+                               why=" (a relative change in percent: a knockout lowers accuracy by at most 100%)")
+        min_clean = check_real("min_clean", min_clean, 0.0, 1.0, high_open=False, why=" (a clean accuracy)")
+        alpha = check_fraction("alpha", alpha)
         U, S = len(self.units), self.stride
         if self.published:
             rel = self.relative_change.to_numpy(dtype=float)

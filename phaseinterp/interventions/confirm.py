@@ -22,7 +22,7 @@ import torch
 from scipy import stats as scipy_stats
 
 from phaseinterp._checks import (DEFAULT_N_PER_RESIDUE, MAX_PROMPTS, Spec, check_fraction, check_int,
-                                 check_is_model, check_n_per_residue, check_prompt_batch, experiment)
+                                 check_is_model, check_n_per_residue, check_prompt_batch, check_real, experiment)
 from phaseinterp.errors import UserInputError, applies_only, when_given
 from phaseinterp._files import progress_bar
 from phaseinterp.interventions._common import (check_calibrated_sweep, check_calibration_size, check_layers,
@@ -195,12 +195,18 @@ def _poisson_binomial_tail(probabilities: np.ndarray, k: int) -> float:
     return float(dist[k:].sum()) if k < len(dist) else 0.0
 
 
+def check_max_concentration(value) -> float:
+    """``max_concentration`` as a Python float >= 1 (an effective number of slots); else a `UserInputError`."""
+    return check_real("max_concentration", value, 1.0,
+                      why=" or None (W/2): an effective number of slots, 1 = one-hot .. W = uniform")
+
+
 def nominate_heads(gates, max_concentration: Optional[float] = None, branch: str = "k") -> pd.DataFrame:
     """Gate-nominated (unit, phase) claims from a `GateProfile`: for every (layer, KV head) whose
     gate is concentrated (effective number of slots ``exp(H(E[alpha])) <= max_concentration``,
     default W/2), the phase its E[alpha] prefers (slots folded to phases). The claim to confirm
     elsewhere: knocking the unit out hurts that phase."""
-    limit = gates.window / 2 if max_concentration is None else float(max_concentration)
+    limit = gates.window / 2 if max_concentration is None else check_max_concentration(max_concentration)
     heads = gates.heads[gates.heads.branch == branch]
     slots = gates.slots[gates.slots.branch == branch]
     rows = []

@@ -176,6 +176,7 @@ def cycling_scores(acc0: np.ndarray, observed: dict[int, np.ndarray], *, n_permu
 def attainable_note(name: str, min_p: float, alpha: float = 0.05, design: str = "") -> str | None:
     """Words for a test that cannot say yes at this design: None when ``min_p <= alpha``, else
     ``"<name> undetermined at this design: p >= min_p > alpha (design); ..."``."""
+    alpha = check_fraction("alpha", alpha)
     if not min_p > alpha:
         return None
     return (f"{name} undetermined at this design: its p cannot go below {min_p:.3g} > {alpha:g}"

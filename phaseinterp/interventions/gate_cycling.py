@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from phaseinterp._checks import DEFAULT_N_PER_RESIDUE, check_n_per_residue
+from phaseinterp._checks import DEFAULT_N_PER_RESIDUE, check_fraction, check_n_per_residue
 from phaseinterp._files import progress_bar
 from phaseinterp.errors import UserInputError, applies_only, when_given
 from phaseinterp.interventions._common import cycling_note, fixed_answer_position, model_device
@@ -105,6 +105,7 @@ class CyclingResult(Result):
         shifts: ``movement_r2 = 1 - sum (delta - d)^2 / sum (delta - mean delta)^2``, ``movement_r2_ci`` and
         ``movement_corr2``; `movement_scores` has every column. Raises `UserInputError` with fewer than 2
         scored shifts."""
+        confidence = check_fraction("confidence", confidence)  # before the bootstrap
         scored = list(self.scored_shifts)
         point = self.scores["per_shift"].set_index("shift").loc[scored, "displacement"].to_numpy(int)
         acc = phase_means_bootstrap(self.correct.astype(float), self.residue, self.residue_modulus, self.stride,
@@ -130,6 +131,7 @@ class CyclingResult(Result):
 
     def intervals(self, confidence: float = 0.95) -> pd.DataFrame:
         """Bootstrap intervals (prompts resampled within residue groups, paired across shifts)."""
+        confidence = check_fraction("confidence", confidence)  # before the bootstrap
         rng = np.random.default_rng(self.seed)
         groups = [np.flatnonzero(self.residue == r) for r in range(self.residue_modulus)]
         samples = []

@@ -179,6 +179,7 @@ class UnitCyclingResult(Result):
         bootstrap interval from the resamples of `intervals`. Over the shifts: ``movement_r2 = 1 - sum (delta -
         d)^2 / sum (delta - mean delta)^2``, ``movement_r2_ci``, ``movement_corr2``; `movement_scores` has every
         column. Raises `UserInputError` with fewer than 2 scored shifts."""
+        confidence = check_fraction("confidence", confidence)  # before the bootstrap
         scored = list(self.scored_shifts)
         point = self.scores["per_shift"].set_index("shift").loc[scored, "best"].to_numpy(int)
         return movement_scores(point, scored, self.stride, bootstrap=self._boot["displacement"],
@@ -239,6 +240,7 @@ class UnitCyclingResult(Result):
     def profile_frame(self, confidence: float = 0.95) -> pd.DataFrame:
         """Per shift x phase: the observed contribution with its bootstrap interval and the
         prediction ``C_0((r - d) mod S)`` (what ``.plot()`` draws)."""
+        confidence = check_fraction("confidence", confidence)
         c = self.contribution()
         c0 = c.loc[0].to_numpy()
         boot, a = self._boot["contribution"], (1 - confidence) / 2

@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Union
 import plotly.graph_objects as go
 import plotly.io as pio
 
+from phaseinterp._checks import check_real
 from phaseinterp._files import (check_file_target, move_file_into_place, temporary_file_beside, through_links,
                                 write_file_atomically)
 from phaseinterp.errors import UserInputError
@@ -60,6 +61,7 @@ def save(fig: go.Figure, path: Union[str, Path], formats: Iterable[str] | None =
     not at all."""
     if not isinstance(fig, go.Figure):
         raise UserInputError(f"fig={type(fig).__name__} is not a plotly Figure (a result's .plot() returns one)")
+    scale = _check_scale(scale)
     check_file_target(path, overwrite=True, name="path")  # a path at all (existing targets: per format below)
     path = Path(path)
     kinds = list(formats) if formats is not None else [path.suffix.lstrip(".").lower() or "html"]
@@ -74,6 +76,11 @@ def save(fig: go.Figure, path: Union[str, Path], formats: Iterable[str] | None =
         written.append(write_file_atomically(target, functools.partial(_write_one, fig, kind, scale),
                                              overwrite=overwrite, name="path"))
     return written
+
+
+def _check_scale(scale: float) -> float:
+    """``scale`` as a Python float > 0: the static image's size factor (2 = twice the figure's pixels)."""
+    return check_real("scale", scale, 0.0, low_open=True, why=" (the static image's size factor)")
 
 
 def html_fragment(fig: go.Figure, include_plotlyjs: Union[bool, str] = True) -> str:
@@ -95,6 +102,7 @@ def save_static(figures: Mapping[Union[str, Path], go.Figure], scale: float = 2.
     session. Returns the paths; `ExportError` when kaleido or Chromium is missing or fails. Existing
     files are replaced only with ``overwrite=True`` (all checked first); images are moved into place once
     all are drawn, so a failure leaves none partial; a link stays a link (`through_links`)."""
+    scale = _check_scale(scale)
     given = [check_file_target(p, overwrite=overwrite, name="figures") for p in figures]
     kinds = [t.suffix.lstrip(".").lower() for t in given]
     targets = [through_links(t) for t in given]  # a link stays: the file it points to is written

@@ -7,7 +7,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from phaseinterp._checks import check_name
+from phaseinterp._checks import check_name, check_real
 
 FONT = dict(family="Helvetica, Arial, sans-serif", size=13)
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2"]
@@ -34,6 +34,7 @@ def wrap_title(title: str, width: int, font_size: float = 17) -> list[str]:
     """``title`` split at spaces into lines that fit a figure ``width`` px wide (a title's font is
     larger than the body's: plotly's default 17 px at body 13 px), by a conservative 0.6 em per
     character; a title that already holds ``<br>`` breaks is kept as its author split it."""
+    font_size = check_real("font_size", font_size, 0.0, low_open=True, why=" (px)")
     if "<br>" in title:
         return title.split("<br>")
     per_line = max(int((width * 0.96 - 20) / (0.6 * font_size)), 20)
@@ -55,6 +56,9 @@ def specialization_heatmap(result, level: str = "phase", zmax: float | None = No
     are significant after Holm's correction (``result.phase_tests()``); the boundary phase S-1 is marked."""
     check_name("value", value, ("auto", "pp", "relative"))
     check_name("level", level, ("phase", "residue"))
+    if zmax is not None:
+        zmax = check_real("zmax", zmax, 0.0, low_open=True, why=" or None (the data's largest change)")
+    min_clean = check_real("min_clean", min_clean, 0.0, 1.0, high_open=False, why=" (a clean accuracy)")
     rel = result.relative_change if level == "phase" else result.relative_change_residue
     published = getattr(result, "published", False)  # a published map: no prompts, so no tests to mark
     if level == "phase":

@@ -29,7 +29,7 @@ from phaseinterp.phase import check_residue_modulus
 from phaseinterp.tasks._serialize import TaskSettings, pack_tokens, task_from_fields, unpack_tokens
 from phaseinterp.tasks.batches import TaskBatch, observed_moments, residue_groups
 from phaseinterp.tasks.copying import special_ids
-from phaseinterp.tasks.placement import MEAN_TOLERANCE, STD_TOLERANCE
+from phaseinterp.tasks.placement import MEAN_TOLERANCE, STD_TOLERANCE, check_tolerances
 from phaseinterp.tasks.splits import split_rng
 
 SOURCES = ("definitions", "any")
@@ -364,6 +364,7 @@ def select_matched(positions: list[np.ndarray], n: int, modulus: int, *, mean_to
     ``positions[r]``: the available positions of residue ``r`` (repeats allowed). Returns the counts per
     position of each group and a moments frame like `TargetPlacement.moments` (``within_tolerance``: mean
     spread <= ``mean_tolerance`` tokens, std spread <= ``std_tolerance`` of the target std)."""
+    mean_tolerance, std_tolerance = check_tolerances(mean_tolerance, std_tolerance)
     grids = []
     for r, p in enumerate(positions):
         values, available = np.unique(np.asarray(p, dtype=np.int64), return_counts=True)

@@ -10,11 +10,19 @@ import pandas as pd
 from jaxtyping import Int
 
 from phaseinterp.errors import UserInputError
-from phaseinterp._checks import check_int
+from phaseinterp._checks import check_int, check_real
 
 # Tolerances when exact matching is impossible: spread across residue groups.
 MEAN_TOLERANCE = 0.5  # max_r mean_r - min_r mean_r, in tokens
 STD_TOLERANCE = 0.01  # (max_r std_r - min_r std_r) / target std
+
+
+def check_tolerances(mean_tolerance: float, std_tolerance: float) -> tuple[float, float]:
+    """The moment-matching tolerances as Python floats, each a finite number > 0 (the spreads are
+    measured in units of them); else a `UserInputError` naming the one that is not."""
+    return (check_real("mean_tolerance", mean_tolerance, 0.0, low_open=True, why=" (tokens of mean spread)"),
+            check_real("std_tolerance", std_tolerance, 0.0, low_open=True,
+                       why=" (std spread relative to the target std)"))
 
 
 @dataclass(frozen=True, eq=False)
@@ -288,6 +296,7 @@ def match_target_moments(
     Deterministic."""
     check_int("modulus", modulus, 1)
     check_int("n", n, 1)
+    mean_tolerance, std_tolerance = check_tolerances(mean_tolerance, std_tolerance)
     if hi - lo + 1 < modulus:
         raise UserInputError(
             f"target positions {lo}..{hi} ({max(hi - lo + 1, 0)} positions) cannot realize every residue "

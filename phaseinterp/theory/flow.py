@@ -10,6 +10,7 @@ at every accepted step; `gradient_descent` is the small-step Euler discretisatio
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -36,6 +37,17 @@ _B5 = (35 / 384, 0.0, 500 / 1113, 125 / 192, -2187 / 6784, 11 / 84, 0.0)
 _B4 = (5179 / 57600, 0.0, 7571 / 16695, 393 / 640, -92097 / 339200, 187 / 2100, 1 / 40)
 
 
+def _check_tolerances(rtol: float, atol: float) -> tuple[float, float]:
+    """The step control's tolerances as Python floats: each a finite number >= 0, not both 0 (the error
+    is measured in units of ``atol + rtol |y|``); else a `UserInputError` naming the one at fault."""
+    rtol = check_real("rtol", rtol, 0.0, why=" (relative tolerance)")
+    atol = check_real("atol", atol, 0.0, why=" (absolute tolerance)")
+    if rtol == 0 and atol == 0:
+        raise UserInputError("rtol=0 and atol=0: at least one tolerance must be > 0 (the error is measured in "
+                             "units of atol + rtol |y|)")
+    return rtol, atol
+
+
 def integrate(f: Callable[[Tensor], Tensor], y0: Tensor, t_max: float, *, rtol: float = 1e-6, atol: float = 1e-9,
               first_step: float = 1e-2, max_step: float = math.inf, t_eval: Optional[Sequence[float]] = None,
               callback: Optional[Callable[[float, Tensor], bool]] = None, max_steps: int = 100_000):
@@ -46,6 +58,11 @@ def integrate(f: Callable[[Tensor], Tensor], y0: Tensor, t_max: float, *, rtol: 
     time in ``t_eval``. ``callback(t, y)`` runs after every accepted step (and at t = 0);
     returning True stops the integration. Returns ``(t, y, n_accepted, n_rejected)``.
     """
+    t_max = check_real("t_max", t_max, 0.0)
+    rtol, atol = _check_tolerances(rtol, atol)
+    first_step = check_real("first_step", first_step, 0.0, low_open=True)
+    if not (isinstance(max_step, numbers.Real) and not isinstance(max_step, bool) and max_step == math.inf):
+        max_step = check_real("max_step", max_step, 0.0, low_open=True, why=" (or math.inf: no limit)")
     evals = sorted(float(t) for t in (() if t_eval is None else t_eval))
     t, y, h = 0.0, y0, first_step
     k1 = f(y)
@@ -139,6 +156,8 @@ def gradient_flow(model: IdealizedInductionModel, *, rho: float = 0.01, seed: in
     t_max = check_real("t_max", t_max, 0.0, low_open=True)
     if stop_at is not None:
         stop_at = check_real("stop_at", stop_at, 0.0, 1.0, low_open=True, high_open=False)
+    rho = check_real("rho", rho, 0.0, low_open=True)  # before the population is drawn
+    rtol, atol = _check_tolerances(rtol, atol)
     population = _flow_population(model, population, n_samples, seed)
     c0 = random_gate_parameters(model, rho, seed)
     rec = _Recorder(model, population, stop_at)
@@ -159,6 +178,7 @@ def gradient_descent(model: IdealizedInductionModel, *, learning_rate: float, t_
     learning_rate = check_real("learning_rate", learning_rate, 0.0, low_open=True)
     t_max = check_real("t_max", t_max, 0.0, low_open=True)
     record_every = check_int("record_every", record_every, 1)
+    rho = check_real("rho", rho, 0.0, low_open=True)  # before the population is drawn
     population = _flow_population(model, population, n_samples, seed)
     c = c0 = random_gate_parameters(model, rho, seed)
     f = _negative_gradient(model, population)
@@ -178,6 +198,7 @@ def gradient_descent(model: IdealizedInductionModel, *, learning_rate: float, t_
 def flow_seeds(model: IdealizedInductionModel, seeds: Sequence[int] = range(20), *, threshold: float = 0.95,
                **flow_kwargs) -> FlowSweep:
     """`gradient_flow` from every seed in ``seeds`` (one population shared by all runs)."""
+    threshold = check_real("threshold", threshold, 0.0, 1.0, high_open=False, why=" (a slot probability)")
     seeds = [int(s) for s in seeds]
     if not seeds:
         raise UserInputError("seeds is empty; give at least one seed")

@@ -41,6 +41,7 @@ def single_threaded() -> Iterator[None]:
 
 def gram_deviation(embeddings: Float[Tensor, "vocab dim"], kappa: float) -> float:
     """``max_{x, x'} |x.x' - kappa - 1{x = x'}|`` of the rows of ``embeddings``."""
+    kappa = check_real("kappa", kappa, 0.0)
     gram = embeddings @ embeddings.T
     target = kappa + torch.eye(gram.shape[0], dtype=gram.dtype, device=gram.device)
     return float((gram - target).abs().max())
@@ -49,6 +50,7 @@ def gram_deviation(embeddings: Float[Tensor, "vocab dim"], kappa: float) -> floa
 def check_equiangular(embeddings: Float[Tensor, "vocab dim"], kappa: float, eps: float) -> float:
     """Raise ValueError unless ``|x.x' - kappa - 1{x = x'}| <= eps`` (+1e-12 round-off) for every
     pair of rows; return the largest deviation."""
+    eps = check_real("eps", eps, 0.0)
     dev = gram_deviation(embeddings, kappa)
     if dev > eps + GRAM_ATOL:
         raise UserInputError(f"embeddings are not {eps:g}-nearly equiangular with kappa={kappa:g}: "

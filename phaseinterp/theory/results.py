@@ -10,9 +10,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from phaseinterp._checks import check_real
 from phaseinterp.results import Result, plotting, premise_entries
 
 KEY, VALUE = 0, 1
+
+
+def _probability(name: str, value: Any, high_open: bool = False) -> float:
+    """``value`` as a Python float in [0, 1] (``high_open``: [0, 1)): a slot probability to compare with."""
+    return check_real(name, value, 0.0, 1.0, high_open=high_open, why=" (a slot probability)")
 
 
 def _shape(config: dict) -> str:
@@ -72,11 +78,13 @@ class FlowResult(Result):
 
     def reached(self, threshold: float = 0.95) -> bool:
         """Every head has ``p^K(r_h) >= threshold`` and ``p^V(r_h+1) >= threshold`` in the worst chunk."""
+        threshold = _probability("threshold", threshold)
         f = self.final()
         return bool(((f.p_key >= threshold) & (f.p_value >= threshold)).all())
 
     def time_to(self, threshold: float = 0.95) -> float:
         """First recorded time at which every head reaches ``threshold`` on its final slot; nan if never."""
+        threshold = _probability("threshold", threshold)
         slots = self.slots()
         paired = self._paired(self.min_p)  # [T, head, S-1]
         ok = np.stack([paired[:, h, r] >= threshold for h, r in enumerate(slots)], -1).all(-1)
@@ -85,6 +93,7 @@ class FlowResult(Result):
     def choice_times(self, choose_at: float = 0.5) -> list[float]:
         """Per head, the first time its population-mean ``min(p^K(r), p^V(r+1))`` exceeds
         ``choose_at`` for some r (a slot is *chosen*); nan if never."""
+        choose_at = _probability("choose_at", choose_at, high_open=True)
         paired = self._paired(self.mean_p).max(-1)  # [T, head]
         return [float(self.t[(paired[:, h] > choose_at).argmax()]) if (paired[:, h] > choose_at).any() else math.nan
                 for h in range(self.heads)]
@@ -92,6 +101,7 @@ class FlowResult(Result):
     def slot_fixed(self, choose_at: float = 0.5) -> bool:
         """Once chosen (`choice_times`), every head's leading key slot and leading value slot stay
         r_h and r_h+1 at every later recorded time (and a head that never chose is not fixed)."""
+        choose_at = _probability("choose_at", choose_at, high_open=True)
         slots = self.slots()
         for h, t0 in enumerate(self.choice_times(choose_at)):
             if math.isnan(t0):

@@ -70,6 +70,7 @@ def refine(model: IdealizedInductionModel, p_key: Float[Tensor, "start head slot
            step_size: float = 1.0) -> tuple[Tensor, Tensor, Tensor]:
     """Projected gradient descent with per-start Armijo backtracking from every start at once;
     returns the refined ``(p_key, p_value, loss)``."""
+    step_size = check_real("step_size", step_size, 0.0, low_open=True)
     x = torch.stack([p_key, p_value], dim=1).clone()  # [start, branch, head, slot]
     lr = torch.full((x.shape[0],), step_size, dtype=x.dtype, device=x.device)
 

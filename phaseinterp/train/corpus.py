@@ -16,6 +16,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from phaseinterp._checks import check_real
 from phaseinterp._files import atomic_write, check_read_path, expand_user, progress_bar
 from phaseinterp.errors import UserInputError
 
@@ -212,6 +213,8 @@ def tokenize_corpus(data: Union[str, Path], tokenizer, folder: Union[str, Path],
     Documents are separated by the tokenizer's end-of-text token when it has one; each goes to the
     held-out split with probability ``heldout_fraction`` (`is_held_out`). Files are renamed into place,
     the manifest last."""
+    heldout_fraction = check_real("heldout_fraction", heldout_fraction, 0.0, 1.0, high_open=False,
+                                  why=" (the share of documents held out)")
     folder, data = Path(expand_user(folder)), expand_user(data)
     quick = {"source": str(Path(data).resolve()), "fingerprint": fingerprint(data)}
     same = {"tokenizer_sha256": tokenizer.sha256, "heldout_fraction": heldout_fraction,

@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional, Union
 import pandas as pd
 import torch
 
-from phaseinterp._checks import check_name
+from phaseinterp._checks import check_name, check_real
 from phaseinterp._files import atomic_write_text, check_read_path, move_into_place
 from phaseinterp.config import CompressedConfig
 from phaseinterp.errors import MissingPathError, UserInputError  # the user's paths and names: one line, exit 2
@@ -184,8 +184,8 @@ def equal_training_step(curves_a, curves_b, min_mean: float = LEARNED_MEAN) -> i
 
     ``curves_a``/``curves_b`` are runs' ``curves.csv`` frames (step, residue, phase, accuracy, n:
     the held-out probe); "learned" = the probe's mean accuracy over residues ``>= min_mean``."""
-    if not 0 < min_mean <= 1:
-        raise UserInputError(f"min_mean={min_mean} is out of range (0, 1]")
+    min_mean = check_real("min_mean", min_mean, 0.0, 1.0, low_open=True, high_open=False,
+                          why=" (a probe accuracy)")
     mean_a = curves_a.groupby("step").accuracy.mean()
     mean_b = curves_b.groupby("step").accuracy.mean()
     for step in sorted(set(mean_a.index) & set(mean_b.index)):

@@ -26,7 +26,7 @@ from typing import Any, ClassVar, Optional, Union
 
 import torch
 
-from phaseinterp._checks import check_int
+from phaseinterp._checks import check_int, check_real
 from phaseinterp._files import move_into_place
 from phaseinterp.errors import MissingPathError, UserInputError
 from phaseinterp.models import catalog
@@ -85,6 +85,19 @@ class TinyRecipe(Recipe):
     # in training (straight-through, the exporter's quantizer) and saved on the FP8 grid
     fp8_weights: bool = False
     betas: ClassVar[tuple[float, float]] = (0.9, 0.95)  # AdamW's; not a field, so not in the shipped records
+
+    def __post_init__(self) -> None:
+        """The optimizer fields (`Recipe._check_optimizer`) and the real-number knobs in range, each stored
+        as the Python number it equals (the recipe is written to the shipped ``phaseinterp.json``)."""
+        self._check_optimizer()
+        for name, low, high, low_open, high_open, why in (
+                ("partial_rotary_factor", 0.0, 1.0, True, False, " (the share of head_dim that is rotary)"),
+                ("periodic_fraction", 0.0, 1.0, False, True, " (the share of periodic rows per batch)"),
+                ("easy_until", 0.0, 1.0, False, False, " (the share of the steps in the easy stage)"),
+                ("dense_fraction", 0.0, 1.0, False, False, " (the share of the steps with a dense indexer)"),
+                ("indexer_loss_weight", 0.0, float("inf"), False, True, "")):
+            self._store(name, check_real(name, getattr(self, name), low, high, low_open=low_open,
+                                         high_open=high_open, why=why))
 
     @property
     def command(self) -> str:

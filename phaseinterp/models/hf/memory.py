@@ -17,7 +17,7 @@ from typing import Any, Optional, Union
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from phaseinterp._checks import check_int
+from phaseinterp._checks import check_int, check_real
 from phaseinterp.errors import MissingPathError  # a missing path the user gave: one line, exit 2
 from phaseinterp.models.hf.chunking import TOKEN_BLOCK, chunk_size, is_chunked
 from phaseinterp.models.hf.config import config_from_dict, transformers_v4
@@ -41,6 +41,8 @@ class MemoryEstimate:
 
     def weight_gib(self, bytes_per_param: float = 2.0, expert_bytes_per_param: float | None = None) -> float:
         """Weights in GiB: ``bytes_per_param`` for everything, experts at ``expert_bytes_per_param`` if given."""
+        bytes_per_param, expert_bytes_per_param = _check_widths(("bytes_per_param", bytes_per_param),
+                                                                ("expert_bytes_per_param", expert_bytes_per_param))
         experts = self.n_expert_params * (bytes_per_param if expert_bytes_per_param is None else expert_bytes_per_param)
         return (self.n_other_params * bytes_per_param + experts) / 2**30
 
@@ -50,6 +52,12 @@ class MemoryEstimate:
                 "bf16_gib": round(self.weight_gib(2.0), 1), "fp8_experts_bf16_rest_gib": round(self.weight_gib(2.0, 1.0), 1),
                 "fp4_experts_bf16_rest_gib": round(self.weight_gib(2.0, FP4_EXPERT_BYTES), 1),
                 "fp32_gib": round(self.weight_gib(4.0), 1)}
+
+
+def _check_widths(*named: tuple[str, Any]) -> list[Any]:
+    """Each ``(name, bytes per parameter)`` as a Python float > 0 (None kept: not given)."""
+    return [None if value is None else check_real(name, value, 0.0, low_open=True, why=" (bytes per parameter)")
+            for name, value in named]
 
 
 def format_estimate(estimate: MemoryEstimate) -> str:
@@ -119,6 +127,8 @@ def estimate_forward_memory(config: Union[str, Path, Any, None], seq_len: int, b
     are not counted (`last_logits`, what `phase_profile` and the knockouts read)."""
     seq_len = check_int("seq_len", seq_len, 1)
     batch = check_int("batch", batch, 1)
+    weight_bytes, expert_weight_bytes = _check_widths(("weight_bytes", weight_bytes),
+                                                      ("expert_weight_bytes", expert_weight_bytes))
     cfg = _as_config(config)
     est = estimate_memory(cfg)
     weights = int(est.weight_gib(weight_bytes, expert_weight_bytes) * 2**30)
@@ -319,6 +329,7 @@ def memory_plan(config: Union[str, Path, Any, None] = None, lengths: tuple[int, 
     rest), the chunked forward's activation peak, the state, and the 80 GB / 141 GB devices needed
     (None: one layer's activations exceed a device). The weights and the state spread over the
     devices layer by layer; every device must also hold one layer's activation peak."""
+    (expert_weight_bytes,) = _check_widths(("expert_weight_bytes", expert_weight_bytes))
     rows = []
     for T in lengths:
         fm = estimate_forward_memory(config, T, act_bytes=2, weight_bytes=2.0, expert_weight_bytes=expert_weight_bytes,
