@@ -378,7 +378,7 @@ class CompressedAttention(nn.Module):
             if variants > 1:
                 cache = cache.map(lambda t: t.repeat_interleave(variants, 0))
         cache = self._extend(cache, x, k, v, k_rot, start)
-        z = self._attend_slots(q_rot, cache, positions) if hooked else self._attend_sdpa(q_rot, cache, positions)
+        z = (self._attend_slots if hooked else self._attend_sdpa)(q_rot, cache, positions, start)
         return self._output(self._hook_z(z, start, n)), cache
 
     def _hook_z(self, z: Tensor, start: int, n: int) -> Tensor:
@@ -456,8 +456,9 @@ class CompressedAttention(nn.Module):
         q_rot: Float[Tensor, "batch query head d_head"],
         cache: LayerCache,
         positions: Int[Tensor, " query"],
+        start: int,
     ) -> Float[Tensor, "batch query head d_head"]:
-        """z of the queries at ``positions`` over ``cache`` by the explicit softmax over the key-slot
+        """z of the queries at ``positions`` (``start ..``) over ``cache`` by the explicit softmax over the key-slot
         layout (module docstring): (a) the band, gathered per query; (b) the entries, shared (every
         earlier token for full attention). ``hook_attn_scores`` and ``hook_pattern`` see
         ``[batch, head, query, key_slot]`` with every key slot of the layer."""
@@ -470,7 +471,7 @@ class CompressedAttention(nn.Module):
                                 cache.v.transpose(1, 2), self._band_allowed(positions, keys))
         B = self.band_width
         band_pos = positions[:, None] - B + 1 + torch.arange(B, device=device)
-        band = BlockBand(cache.k_rot, cache.v, int(positions[0]), q_rot.shape[1], B)
+        band = BlockBand(cache.k_rot, cache.v, start, q_rot.shape[1], B)
         entries = torch.arange(cache.k_comp.shape[1], device=device)
         allowed = torch.cat([self._band_allowed(positions, band_pos), self._entry_allowed(positions, entries)], -1)
         return self._attend(q_rot, band, cache.k_comp.transpose(1, 2), cache.v_comp.transpose(1, 2), allowed)
@@ -480,6 +481,7 @@ class CompressedAttention(nn.Module):
         q_rot: Float[Tensor, "batch query head d_head"],
         cache: LayerCache,
         positions: Int[Tensor, " query"],
+        start: int,
     ) -> Float[Tensor, "batch query head d_head"]:
         """The same joint softmax as `_attend_slots` by torch's fused ``scaled_dot_product_attention``,
         per block of queries (`query_ranges`). A block of queries at ``first .. last`` takes as keys the
@@ -488,7 +490,7 @@ class CompressedAttention(nn.Module):
         `_entry_allowed`). Equal to the explicit softmax to 1e-5."""
         cfg = self.cfg
         device = q_rot.device
-        n, p0 = q_rot.shape[1], int(positions[0])
+        n, p0 = q_rot.shape[1], start
         B = self.band_width
         out = []
         for a, b in self.query_ranges(p0, n) or [(0, n)]:

@@ -7,7 +7,8 @@ Bytes per device for ``N`` parameters over ``P`` processes (FSDP2 shards; one pr
 - **working copies**: with bf16 on several processes FSDP2's all-gathered bf16 parameters of the root
   and two blocks plus two blocks' unsharded fp32 gradients; on one process autocast's copy (``2 N``);
 - **activations** per row times the micro-batch: measured on one block of the run's architecture
-  (saved tensors of real CPU forwards at two lengths up to 512, extrapolated as ``a T + c T^2``),
+  (saved tensors of the block's CPU forward on fake tensors, shapes only, at two lengths up to 512,
+  extrapolated as ``a T + c T^2``),
   times the layers; with activation checkpointing a block keeps only its input plus one block's;
 - **logits** per row: ``T V`` for the log-probs and their gradient (fp32) and the logits.
 
@@ -19,10 +20,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import weakref
 from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode  # torch's shape-only tensors (torch.compile's)
 
 from phaseinterp._checks import check_int, check_real
 from phaseinterp.config import CompressedConfig
@@ -36,42 +39,38 @@ MEASURE_LEN = 512  # the longest sequence a block is measured at (longer runs ex
 
 def block_activation_bytes(config: CompressedConfig, seq_len: int, *, dtype: Optional[torch.dtype] = None,
                            rows: int = 1) -> int:
-    """Bytes one block saves for the backward over ``rows`` rows of ``seq_len`` tokens: a real forward of a
-    1-layer model with the architecture's widths on this CPU (``dtype`` bfloat16: under CPU autocast, as
-    the GPU's autocast computes), each saved tensor's storage counted once, the parameters left out (their
+    """Bytes one block saves for the backward over ``rows`` rows of ``seq_len`` tokens: the block's forward
+    in a 1-layer model with the architecture's widths, run on torch's fake CPU tensors (the CPU forward's
+    dispatch, CPU autocast included when ``dtype`` is bfloat16, as the GPU's autocast computes; shapes and
+    dtypes only, no arithmetic), each saved tensor's storage counted once, the parameters left out (their
     bf16 copies under autocast are counted: they do not grow with the rows)."""
     offsets = config.window_offsets
     if isinstance(offsets, tuple) and offsets and isinstance(offsets[0], tuple):  # per layer: the first
         offsets = offsets[:1]
     small = config.replace(n_layers=1, d_vocab=min(config.d_vocab, 512), n_ctx=max(config.n_ctx, seq_len),
                            window_offsets=offsets)
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
+    fake = FakeTensorMode()
+    with fake:
         model = CompressedTransformer(small).train()
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen: dict[int, int] = {}
-    inside = [False]
+    params = {p.untyped_storage()._cdata for p in model.parameters()}  # _cdata: the storage itself
+    saved: list[weakref.ref] = []
 
     def pack(t):
-        if inside[0]:
-            storage = t.untyped_storage()
-            if storage.data_ptr() not in params:
-                seen.setdefault(storage.data_ptr(), storage.nbytes())
+        saved.append(weakref.ref(t))
         return t
 
-    block = model.blocks[0]
-    hooks = [block.register_forward_pre_hook(lambda *a: inside.__setitem__(0, True)),
-             block.register_forward_hook(lambda *a: inside.__setitem__(0, False))]
     autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if dtype == torch.bfloat16
                 else contextlib.nullcontext())
-    tokens = torch.randint(0, small.d_vocab, (rows, seq_len), generator=torch.Generator().manual_seed(0))
-    try:
+    with fake:
+        resid = model.W_E[torch.zeros(rows, seq_len, dtype=torch.long)]  # the embedding: outside the hooks
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
-            model(tokens)
-    finally:
-        for h in hooks:
-            h.remove()
-    return sum(seen.values())
+            out = model.blocks[0](resid, None, 0, None, False)  # kept: its graph holds what the backward reads
+        storages = {}  # what the graph still holds (a branch dropped, as the layer cache is, frees its own)
+        for ref in saved:
+            if (t := ref()) is not None and t.untyped_storage()._cdata not in params:
+                storages.setdefault(t.untyped_storage()._cdata, t.untyped_storage().nbytes())
+    del out
+    return sum(storages.values())
 
 
 def block_bytes_per_row(config: CompressedConfig, seq_len: int, *, dtype: Optional[torch.dtype] = None) -> float:
