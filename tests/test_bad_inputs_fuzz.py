@@ -429,11 +429,16 @@ def _trained(inputs, dest, out):
 
 
 def _differs(a, b) -> bool:
-    """Whether two runs' weights differ beyond float summation order (micro-batches add in another order)."""
+    """Whether two runs' weights differ beyond float summation order. Micro-batches add the gradient in
+    another order; AdamW divides each update by the gradient's own scale, so where a gradient is near zero
+    that order moves the weight by up to the step size: isolated weights (1 of 40,160 on an AVX2 CPU),
+    never most of them. A real change moves nearly every weight (over 98% for --lr or --global-batch)."""
     import torch
 
-    return a.keys() != b.keys() or any(a[k].shape != b[k].shape or not torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-6)
-                                       for k in a)
+    if a.keys() != b.keys() or any(a[k].shape != b[k].shape for k in a):
+        return True
+    moved = sum(int((~torch.isclose(a[k], b[k], rtol=1e-4, atol=1e-6)).sum()) for k in a)
+    return moved > 0.01 * sum(a[k].numel() for k in a)
 
 
 @pytest.fixture(scope="module")

@@ -102,7 +102,7 @@ def test_learning_rate_schedule_and_stages():
 @pytest.mark.parametrize("kwargs, match", [
     (dict(steps=0), "steps=0 must be an integer >= 1"),
     (dict(loss_on="all"), "loss_on='all' is not one of"),
-    (dict(periodic_fraction=1.0), "periodic_fraction=1.0 must be in"),
+    (dict(periodic_fraction=1.0), r"periodic_fraction=1 is out of range \[0, 1\)"),
     (dict(curriculum=({"until": 0.6}, {"until": 0.5})), "strictly increasing"),
 ])
 def test_bad_train_configs(kwargs, match):
