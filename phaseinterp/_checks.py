@@ -69,7 +69,7 @@ def check_fraction(name: str, value: Any) -> float:
     level, a significance level); else a `UserInputError` naming it and the valid range. The one such
     check of the package."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < float(value) < 1:
-        raise UserInputError(f"{name}={value!r} must be a number in (0, 1)")
+        raise UserInputError(f"{name}={plain_number(value)!r} must be a number in (0, 1)")
     return float(value)
 
 
@@ -488,6 +488,8 @@ class Spec:
     spec refuses it, naming both; the command line reads the same declarations."""
 
     def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):  # a numpy number as the Python one it equals (results are JSON)
+            object.__setattr__(self, field.name, plain_number(getattr(self, field.name)))
         self.check_needs()
         self.validate()
         self.check_declared()

@@ -1541,3 +1541,17 @@ class _NamedEngine:
 
     def __call__(self, tokens):
         raise AssertionError("an engine was called before its options were checked")
+
+
+def test_an_experiments_options_hold_numpy_numbers_as_python_ones():
+    """Every options dataclass stores a numpy number as the Python number it equals (a result's spec is
+    saved as JSON), and still refuses a numpy value out of range by name."""
+    import phaseinterp as pi
+    from phaseinterp.errors import UserInputError
+
+    with as_user():
+        spec = pi.ProfileSpec(confidence=np.float32(0.9), n_per_residue=np.int64(8), seed=np.int32(3))
+        assert (type(spec.confidence), type(spec.n_per_residue), type(spec.seed)) == (float, int, int)
+        assert json.loads(json.dumps(spec.options()))["n_per_residue"] == 8
+        with pytest.raises(UserInputError, match=r"confidence=1\.5 must be a number in \(0, 1\)"):
+            pi.ProfileSpec(confidence=np.float64(1.5))
