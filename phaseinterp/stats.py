@@ -11,7 +11,7 @@ from einops import reduce
 from jaxtyping import Float
 from scipy import stats as scipy_stats
 
-from phaseinterp._checks import check_fraction, check_real
+from phaseinterp._checks import check_fraction, check_int, check_real
 from phaseinterp.errors import UserInputError
 from phaseinterp.phase import check_residue_modulus
 
@@ -81,11 +81,11 @@ def cluster_bootstrap(
         raise UserInputError(f"values ({len(x)}), clusters ({len(cluster_idx)}) and groups ({len(g)}) must have equal lengths")
     if len(x) == 0:
         raise UserInputError("cluster_bootstrap needs at least one observation")
-    n_groups = int(g.max()) + 1 if n_groups is None else n_groups
+    n_groups = int(g.max()) + 1 if n_groups is None else check_int("n_groups", n_groups, 1)
     if g.min() < 0 or g.max() >= n_groups:
         raise UserInputError(f"group labels must lie in 0..{n_groups - 1} (got {g.min()}..{g.max()})")
-    if n_replicates < 1:
-        raise UserInputError(f"n_replicates={n_replicates} must be >= 1")
+    n_replicates = check_int("n_replicates", n_replicates, 1)
+    seed = check_int("seed", seed, 0)
     z_alpha = (1 - check_fraction("confidence", confidence)) / 2
     n_clusters = int(cluster_idx.max()) + 1
     sums = np.zeros((n_clusters, n_groups))
@@ -226,13 +226,15 @@ def detect_period(
         raise UserInputError("profile contains NaN (a residue without prompts?)")
     if periods is None:
         periods = [P for P in range(2, R // 2 + 1) if R % P == 0]
-    periods = sorted(int(P) for P in periods)
+    periods = sorted(check_int("periods", P, 2, why=" (a candidate period)") for P in periods)
     for P in periods:
         if P < 2 or P >= R or R % P:
             raise UserInputError(f"candidate period {P} must divide R={R} and lie in 2..{R - 1}")
     alpha = check_fraction("alpha", alpha)
     min_share = check_real("min_share", min_share, 0.0, 1.0, low_open=True, high_open=False,
                            why=" (the share of the best period's harmonic power a divisor must carry)")
+    n_permutations = check_int("n_permutations", n_permutations, 1, why=" (permutations of the permutation test)")
+    seed = check_int("seed", seed, 0)
     power = np.abs(np.fft.rfft(x)) ** 2 / R
     if not periods or np.ptp(x) <= 1e-12 * max(1.0, np.abs(x).max()):
         return PeriodTest(None, None, 1.0, 0.0, {P: 0.0 for P in periods}, power, alpha,

@@ -65,6 +65,10 @@ def paired_bootstrap_relative_change(
     ``(estimate, low, high)``, each ``[unit, group]``; NaN where clean accuracy is 0.
     """
     confidence = check_fraction("confidence", confidence)
+    n_groups = check_int("n_groups", n_groups, 1, why=" (residue groups)")
+    fold = None if fold is None else check_int("fold", fold, 1, why=" (phases to pool the groups into; None: no pooling)")
+    n_boot = check_int("n_boot", n_boot, 1, why=" (bootstrap replicates)")
+    seed = check_int("seed", seed, 0)
     rng = np.random.default_rng(seed)
     n_units = knocked.shape[1]
     out_groups = fold if fold else n_groups

@@ -115,6 +115,8 @@ def cycling_scores(acc0: np.ndarray, observed: dict[int, np.ndarray], *, n_permu
     Pooled: ``r2_pooled`` and ``corr2_pooled`` on every non-boundary point; ``n_identified`` of
     ``n_shifts``; ``identification_p``, the joint permutation p; ``movement_r2`` / ``movement_corr2``
     (`movement_scores`; NaN with fewer than 2 shifts)."""
+    n_permutations = check_int("n_permutations", n_permutations, 0, why=" (0: no permutation test)")
+    seed = check_int("seed", seed, 0)
     acc0 = np.asarray(acc0, float)
     S = len(acc0)
     boundary = S - 1
@@ -258,6 +260,8 @@ def unit_permutation_tests(c0: np.ndarray, c: np.ndarray, shifts, *, limit: int 
     share whose R² is >= the observed (identity included, so ``p >= 1/S!``), and
     ``identification_null``, the share in which the applied shift is strictly best (about 1/S).
     Jointly: ``identification_p = P(at least n_identified identified)``, exact (Poisson-binomial)."""
+    limit = check_int("limit", limit, 1, why=" (permutations per shift at most)")
+    seed = check_int("seed", seed, 0)
     c0, c = np.asarray(c0, float), np.asarray(c, float)
     S = c0.size
     shifts = np.asarray(shifts, int)

@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Union
 
-from phaseinterp._checks import check_real
+from phaseinterp._checks import check_int, check_real
 from phaseinterp._files import check_file_target, expand_user, is_path, write_file_atomically
 from phaseinterp.errors import MissingPathError, UserInputError
 from phaseinterp.plot.export import find_browser
@@ -131,6 +131,8 @@ def check_page(page: Union[str, Path], width: int = 1400, height: int = 1000, ti
     ``drawn`` counts plot elements with geometry inside each figure's plot area; ``cut_titles`` the
     figure's title and subplot titles that reach past its edge (plotly cuts them there)."""
     timeout = check_real("timeout", timeout, 0.0, low_open=True, why=" (seconds for Chromium)")
+    width, height = (check_int(name, value, 1, why=" (px of Chromium's window)")
+                     for name, value in (("width", width), ("height", height)))
     page = report_page(page)
     with tempfile.TemporaryDirectory(prefix="phaseinterp-check-") as tmp:
         text = page.read_text()
@@ -172,6 +174,8 @@ def first_screen_png(page: Union[str, Path], png: Union[str, Path], width: int =
     ``png``. An existing ``png`` is replaced only with ``overwrite=True`` (checked before Chromium
     starts); the file is written whole or not at all (`phaseinterp._files.write_file_atomically`)."""
     timeout = check_real("timeout", timeout, 0.0, low_open=True, why=" (seconds for Chromium)")
+    width, height = (check_int(name, value, 1, why=" (px of Chromium's window)")
+                     for name, value in (("width", width), ("height", height)))
     page = report_page(page)
     if isinstance(png, (bytes, bool)) or not isinstance(png, (str, os.PathLike)) or Path(png).suffix.lower() != ".png":
         raise UserInputError(f"png={png!r} must be a path ending in .png")

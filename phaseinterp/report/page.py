@@ -11,6 +11,7 @@ import plotly.io as pio
 import torch
 from plotly.offline import get_plotlyjs
 
+from phaseinterp._checks import check_int
 from phaseinterp.plot.compare import DASHES, SYMBOLS
 
 
@@ -19,6 +20,7 @@ def num(value) -> str:
 
 
 def frame_html(frame, caption: str, max_rows: int = 40) -> str:
+    max_rows = check_int("max_rows", max_rows, 1, why=" (rows shown; the rest are in the CSV)")
     shown = frame.head(max_rows)
     more = f"<p>... {len(frame) - max_rows} more rows in the CSV</p>" if len(frame) > max_rows else ""
     return f"<h3>{html.escape(caption)}</h3>" + shown.to_html(index=False, border=0, float_format=fmt) + more

@@ -6,7 +6,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from phaseinterp._checks import check_device
+from phaseinterp._checks import check_device, check_int, listed
 from phaseinterp.errors import UserInputError
 from phaseinterp.results import Result, plotting, settings_repr, settings_repr_html
 from phaseinterp.tasks.needle import encode_piece
@@ -58,9 +58,11 @@ class DocstringProbe:
     def __post_init__(self) -> None:
         if self.template.count("{docstring}") != 1:
             raise UserInputError(f"template must contain '{{docstring}}' exactly once (found {self.template.count('{docstring}')})")
-        object.__setattr__(self, "lengths", tuple(int(n) for n in self.lengths))
-        if not self.lengths or min(self.lengths) < 0:
-            raise UserInputError(f"lengths={self.lengths} must be a non-empty set of integers >= 0")
+        lengths = listed(self.lengths)
+        if not isinstance(lengths, list) or not lengths:
+            raise UserInputError(f"lengths={self.lengths!r} must be a non-empty set of integers >= 0")
+        object.__setattr__(self, "lengths", tuple(check_int("lengths", n, 0, why=" (docstring tokens)")
+                                                  for n in lengths))
         if not self.families:
             raise UserInputError("families must name at least one filler text")
         if self.right == self.wrong:

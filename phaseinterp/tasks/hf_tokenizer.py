@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any, Sequence, Union
 
+from phaseinterp._checks import check_int
 from phaseinterp._files import atomic_write_text
 from phaseinterp.errors import UserInputError
 from phaseinterp.tasks.vocab import Vocab
@@ -53,7 +54,7 @@ def tokenizer_config(vocab: Vocab, model_max_length: int) -> dict[str, Any]:
     """``tokenizer_config.json`` for `vocab_tokenizer`: the fast tokenizer class, ``<bos>`` / ``<pad>`` /
     ``<sep>`` as BOS / padding / separator (no EOS: the vocabulary has none)."""
     return {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<bos>", "pad_token": "<pad>",
-            "sep_token": "<sep>", "model_max_length": int(model_max_length), "clean_up_tokenization_spaces": False,
+            "sep_token": "<sep>", "model_max_length": check_int("model_max_length", model_max_length, 1), "clean_up_tokenization_spaces": False,
             "add_bos_token": False, "add_eos_token": False}
 
 

@@ -364,6 +364,9 @@ def select_matched(positions: list[np.ndarray], n: int, modulus: int, *, mean_to
     ``positions[r]``: the available positions of residue ``r`` (repeats allowed). Returns the counts per
     position of each group and a moments frame like `TargetPlacement.moments` (``within_tolerance``: mean
     spread <= ``mean_tolerance`` tokens, std spread <= ``std_tolerance`` of the target std)."""
+    n, modulus = check_int("n", n, 1, why=" (positions per residue)"), check_int("modulus", modulus, 1)
+    if len(positions) != modulus:
+        raise UserInputError(f"positions has {len(positions)} residue groups; modulus={modulus} needs one per residue")
     mean_tolerance, std_tolerance = check_tolerances(mean_tolerance, std_tolerance)
     grids = []
     for r, p in enumerate(positions):

@@ -296,6 +296,7 @@ def match_target_moments(
     Deterministic."""
     check_int("modulus", modulus, 1)
     check_int("n", n, 1)
+    lo, hi = check_int("lo", lo, 0, why=" (the first target position)"), check_int("hi", hi, 0, why=" (the last target position)")
     mean_tolerance, std_tolerance = check_tolerances(mean_tolerance, std_tolerance)
     if hi - lo + 1 < modulus:
         raise UserInputError(

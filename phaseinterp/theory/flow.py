@@ -63,6 +63,7 @@ def integrate(f: Callable[[Tensor], Tensor], y0: Tensor, t_max: float, *, rtol: 
     first_step = check_real("first_step", first_step, 0.0, low_open=True)
     if not (isinstance(max_step, numbers.Real) and not isinstance(max_step, bool) and max_step == math.inf):
         max_step = check_real("max_step", max_step, 0.0, low_open=True, why=" (or math.inf: no limit)")
+    max_steps = check_int("max_steps", max_steps, 1, why=" (accepted steps at most)")
     evals = sorted(float(t) for t in (() if t_eval is None else t_eval))
     t, y, h = 0.0, y0, first_step
     k1 = f(y)
@@ -199,7 +200,7 @@ def flow_seeds(model: IdealizedInductionModel, seeds: Sequence[int] = range(20),
                **flow_kwargs) -> FlowSweep:
     """`gradient_flow` from every seed in ``seeds`` (one population shared by all runs)."""
     threshold = check_real("threshold", threshold, 0.0, 1.0, high_open=False, why=" (a slot probability)")
-    seeds = [int(s) for s in seeds]
+    seeds = [check_int("seeds", s, 0, why=" (each a seed)") for s in seeds]
     if not seeds:
         raise UserInputError("seeds is empty; give at least one seed")
     if "population" not in flow_kwargs or flow_kwargs["population"] is None:

@@ -72,6 +72,7 @@ def equiangular_embeddings(n_tokens: int, kappa: float, eps: float, *, seed: int
     kappa = check_real("kappa", kappa, 0.0)
     eps = check_real("eps", eps, 0.0, 1.0 / n_tokens,
                        why=f" (1/N for N={n_tokens}: larger perturbations can break positive definiteness)")
+    seed = check_int("seed", seed, 0)
     gen = torch.Generator().manual_seed(seed)
     noise = torch.rand(n_tokens, n_tokens, generator=gen, dtype=torch.float64) * 2 - 1
     noise = (noise + noise.T) / 2
@@ -183,6 +184,7 @@ class IdealizedInductionModel:
         ``n_samples`` uniform draws (seeded), a Monte Carlo estimate.
         """
         S, L = self.S, self.L
+        seed = check_int("seed", seed, 0)
         slots = torch.arange(S - 1)
         if symmetric:
             if self.eps != 0:

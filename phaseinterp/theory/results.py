@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from phaseinterp._checks import check_real
+from phaseinterp._checks import check_int, check_real
 from phaseinterp.results import Result, plotting, premise_entries
 
 KEY, VALUE = 0, 1
@@ -171,6 +171,7 @@ class FlowResult(Result):
 
 def chance_collision(heads: int, slots: int) -> float:
     """Probability that ``heads`` independent uniform choices among ``slots`` slots are not all distinct."""
+    heads, slots = check_int("heads", heads, 1), check_int("slots", slots, 1)
     distinct = 1.0
     for i in range(heads):
         distinct *= max(0.0, 1 - i / slots)

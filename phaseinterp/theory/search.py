@@ -71,6 +71,7 @@ def refine(model: IdealizedInductionModel, p_key: Float[Tensor, "start head slot
     """Projected gradient descent with per-start Armijo backtracking from every start at once;
     returns the refined ``(p_key, p_value, loss)``."""
     step_size = check_real("step_size", step_size, 0.0, low_open=True)
+    steps = check_int("steps", steps, 0, why=" (0: only the loss of every start)")
     x = torch.stack([p_key, p_value], dim=1).clone()  # [start, branch, head, slot]
     lr = torch.full((x.shape[0],), step_size, dtype=x.dtype, device=x.device)
 
@@ -116,6 +117,7 @@ def global_search(model: IdealizedInductionModel, *, n_random: int = 16, n_refin
     n_random = check_int("n_random", n_random, 0)
     n_refine_best = check_int("n_refine_best", n_refine_best, 0)
     steps = check_int("steps", steps, 1)
+    seed = check_int("seed", seed, 0)
     tol = check_real("tol", tol, 0.0)
     with single_threaded():
         return _global_search(model, n_random, n_refine_best, steps, seed, tol, population)

@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional, Union
 import pandas as pd
 import torch
 
-from phaseinterp._checks import check_name, check_real
+from phaseinterp._checks import check_int, check_name, check_real
 from phaseinterp._files import atomic_write_text, check_read_path, move_into_place
 from phaseinterp.config import CompressedConfig
 from phaseinterp.errors import MissingPathError, UserInputError  # the user's paths and names: one line, exit 2
@@ -250,6 +250,7 @@ def cycling_model_for(stride: int) -> Optional[str]:
     """The shipped zoo model on which gate cycling is meaningful at ``stride``: W = S, gated,
     non-uniform gates, payload shared across slots (`cycling_fitness`); the shallowest first.
     None when none ships."""
+    stride = check_int("stride", stride, 1)
     shipped = set(available())
     fits = [e for e in ENTRIES.values()
             if e.name in shipped and e.compression.get("compression") == "gated"
@@ -286,7 +287,7 @@ def build(name: str, out_dir: Union[str, Path, None] = None, *, device=None, pro
     ``threads=1``; other thread counts train an equivalent, not bit-identical, model.
     """
     if threads is not None:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(check_int("threads", threads, 1, why=" (or None: torch's default)"))
 
     e = entry(name)
     task = e.task_object()

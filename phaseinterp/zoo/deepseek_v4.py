@@ -26,7 +26,7 @@ from typing import Any, ClassVar, Optional, Union
 
 import torch
 
-from phaseinterp._checks import check_int, check_real
+from phaseinterp._checks import check_int, check_real, listed
 from phaseinterp._files import move_into_place
 from phaseinterp.errors import MissingPathError, UserInputError
 from phaseinterp.models import catalog
@@ -87,9 +87,22 @@ class TinyRecipe(Recipe):
     betas: ClassVar[tuple[float, float]] = (0.9, 0.95)  # AdamW's; not a field, so not in the shipped records
 
     def __post_init__(self) -> None:
-        """The optimizer fields (`Recipe._check_optimizer`) and the real-number knobs in range, each stored
-        as the Python number it equals (the recipe is written to the shipped ``phaseinterp.json``)."""
+        """The optimizer fields (`Recipe._check_optimizer`), the architecture and training integers and the
+        real-number knobs in range, each stored as the Python number it equals (the recipe is written to the
+        shipped ``phaseinterp.json``)."""
         self._check_optimizer()
+        for name in ("csa_rate", "hca_rate", "hidden_size", "num_attention_heads", "head_dim", "q_lora_rank",
+                     "o_groups", "o_lora_rank", "moe_intermediate_size", "n_routed_experts", "hc_mult",
+                     "hc_sinkhorn_iters", "sliding_window", "index_n_heads", "index_head_dim", "index_topk",
+                     "batch_size", "eval_every", "probe_per_residue"):
+            self._store(name, check_int(name, getattr(self, name), 1))
+        block = listed(self.periodic_block)
+        if not isinstance(block, list) or len(block) != 2:
+            raise UserInputError(f"periodic_block={self.periodic_block!r} must be a (min, max) pair of block lengths")
+        low, high = (check_int("periodic_block", v, 1, why=" (a block length)") for v in block)
+        if low > high:
+            raise UserInputError(f"periodic_block={self.periodic_block} must satisfy 1 <= min <= max")
+        self._store("periodic_block", (low, high))
         for name, low, high, low_open, high_open, why in (
                 ("partial_rotary_factor", 0.0, 1.0, True, False, " (the share of head_dim that is rotary)"),
                 ("periodic_fraction", 0.0, 1.0, False, True, " (the share of periodic rows per batch)"),
@@ -139,7 +152,7 @@ def build(name: str, out_dir: Union[str, Path, None] = None, *, install: bool = 
     if steps is not None:
         check_int("steps", steps, 1, why=f" (or None: the recipe's {RECIPES[name].steps})")
     if threads is not None:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(check_int("threads", threads, 1, why=" (or None: torch's default)"))
     run_dir = Path(out_dir) if out_dir is not None else Path("runs") / "zoo" / name
     recipe = RECIPES[name] if steps is None else replace(RECIPES[name], steps=steps)
     train_tiny(recipe, run_dir, progress=progress)

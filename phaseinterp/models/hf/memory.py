@@ -127,6 +127,7 @@ def estimate_forward_memory(config: Union[str, Path, Any, None], seq_len: int, b
     are not counted (`last_logits`, what `phase_profile` and the knockouts read)."""
     seq_len = check_int("seq_len", seq_len, 1)
     batch = check_int("batch", batch, 1)
+    act_bytes = check_int("act_bytes", act_bytes, 1, why=" (bytes per activation value)")
     weight_bytes, expert_weight_bytes = _check_widths(("weight_bytes", weight_bytes),
                                                       ("expert_weight_bytes", expert_weight_bytes))
     cfg = _as_config(config)
@@ -291,6 +292,8 @@ def devices_needed(fm: ForwardMemory, device_gb: int, state: int = 0) -> Optiona
     """Devices of ``device_gb`` GB for one forward keeping ``state`` bytes: whole decoder layers per
     device (accelerate does not split one), so the activation peak must fit on one device beside that
     device's share of the weights and the state. None when one layer's activations alone exceed a device."""
+    device_gb = check_int("device_gb", device_gb, 1, why=" (decimal GB per device)")
+    state = check_int("state", state, 0, why=" (bytes)")
     cap = device_gb * 10**9
     act = fm.peak - fm.weights
     if act >= cap:
@@ -304,8 +307,9 @@ def ablation_state_bytes(config: Any, seq_len: int, batch: int = 1, act_bytes: i
     compressor's per-token K = V and gate logits of the windows still open, CSA also the indexer's)
     and the answer position's streams entering each layer; plus the calibration means ``[layer, head,
     d_head]`` (float32). Linear in T through the entries only (T/4 per CSA layer)."""
+    T, B = check_int("seq_len", seq_len, 1), check_int("batch", batch, 1)
+    a = check_int("act_bytes", act_bytes, 1, why=" (bytes per activation value)")
     cfg = _as_config(config)
-    T, B, a = seq_len, batch, act_bytes
     total = 0
     for kind in cfg.layer_types:
         rate = cfg.compress_rates.get(kind) if kind != "sliding_attention" else None
