@@ -29,7 +29,7 @@ import phaseinterp.theory.search
 import phaseinterp.zoo.deepseek_v4
 from phaseinterp import stats, theory
 from phaseinterp.errors import UserInputError
-from phaseinterp.interventions import AblationResult
+from test_real_numbers import _ablation  # the same small ablation result
 from typecheck import as_user
 
 PROFILE = np.tile([0.9, 0.2, 0.8, 0.7], 6)  # R = 24, period 4
@@ -42,16 +42,6 @@ def _tiny_theory():
 
 def _tiny_recipe(**knobs):
     return pi.zoo.deepseek_v4.TinyRecipe("probe", "a recipe that is never trained", **knobs)
-
-
-def _ablation() -> AblationResult:
-    S, U, n = 4, 2, 20
-    residue = np.repeat(np.arange(S), n)
-    knocked = np.ones((residue.size, U), dtype=bool)
-    knocked[residue == 1, 0] = False
-    units = pd.DataFrame({"layer": [0, 1], "kv_head": [0, 0], "heads": [(0,), (0,)]})
-    return AblationResult(units=units, residue=residue, clean_correct=np.ones(residue.size, dtype=bool),
-                          knockout_correct=knocked, residue_modulus=S, stride=S, scope="kv_head")
 
 
 def _paired(**kwargs):
