@@ -82,17 +82,11 @@ class TrainConfig(Recipe):
         if self.loss_on not in ("answer", "values"):
             raise UserInputError(f"loss_on={self.loss_on!r} is not one of ('answer', 'values')")
         self._store("periodic_fraction", check_real("periodic_fraction", self.periodic_fraction, 0.0, 1.0))
-        block = listed(self.periodic_block)
-        if not isinstance(block, list) or len(block) != 2:
-            raise UserInputError(f"periodic_block={self.periodic_block!r} must be a (min, max) pair of block lengths")
-        lo, hi = (check_int("periodic_block", v, 1) for v in block)
-        if lo > hi:
-            raise UserInputError(f"periodic_block={self.periodic_block} must satisfy 1 <= min <= max")
+        self._check_periodic_block()
         steps = listed(self.snapshot_steps)
         self._store("snapshot_steps", tuple(check_indices("snapshot_steps", steps, 1, unit="step")) if steps else ())
         stages = [CurriculumStage(**s) if isinstance(s, dict) else s for s in self.curriculum]
         object.__setattr__(self, "curriculum", tuple(stages))
-        object.__setattr__(self, "periodic_block", (lo, hi))
         if any(b.until <= a.until for a, b in zip(stages, stages[1:])):
             raise UserInputError("curriculum stages must have strictly increasing `until`")
 

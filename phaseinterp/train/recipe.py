@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from phaseinterp._checks import check_int, check_real
+from phaseinterp._checks import check_int, check_real, listed
 from phaseinterp.errors import UserInputError
 from phaseinterp.models.compressor import Compressor
 
@@ -45,6 +45,16 @@ class Recipe:
         self._store("min_lr_ratio", check_real("min_lr_ratio", self.min_lr_ratio, 0.0, 1.0, high_open=False))
         self._store("weight_decay", check_real("weight_decay", self.weight_decay, 0.0))
         object.__setattr__(self, "betas", tuple(self.betas))
+
+    def _check_periodic_block(self) -> None:
+        """``periodic_block``, the (min, max) lengths of the periodic rows' blocks, stored as a pair of ints."""
+        block = listed(self.periodic_block)
+        if not isinstance(block, list) or len(block) != 2:
+            raise UserInputError(f"periodic_block={self.periodic_block!r} must be a (min, max) pair of block lengths")
+        low, high = (check_int("periodic_block", v, 1, why=" (a block length)") for v in block)
+        if low > high:
+            raise UserInputError(f"periodic_block={self.periodic_block} must satisfy 1 <= min <= max")
+        self._store("periodic_block", (low, high))
 
     def _store(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)  # the recipes are frozen dataclasses

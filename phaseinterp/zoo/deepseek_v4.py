@@ -26,7 +26,7 @@ from typing import Any, ClassVar, Optional, Union
 
 import torch
 
-from phaseinterp._checks import check_int, check_real, listed
+from phaseinterp._checks import check_int, check_real
 from phaseinterp._files import move_into_place
 from phaseinterp.errors import MissingPathError, UserInputError
 from phaseinterp.models import catalog
@@ -96,13 +96,7 @@ class TinyRecipe(Recipe):
                      "hc_sinkhorn_iters", "sliding_window", "index_n_heads", "index_head_dim", "index_topk",
                      "batch_size", "eval_every", "probe_per_residue"):
             self._store(name, check_int(name, getattr(self, name), 1))
-        block = listed(self.periodic_block)
-        if not isinstance(block, list) or len(block) != 2:
-            raise UserInputError(f"periodic_block={self.periodic_block!r} must be a (min, max) pair of block lengths")
-        low, high = (check_int("periodic_block", v, 1, why=" (a block length)") for v in block)
-        if low > high:
-            raise UserInputError(f"periodic_block={self.periodic_block} must satisfy 1 <= min <= max")
-        self._store("periodic_block", (low, high))
+        self._check_periodic_block()
         for name, low, high, low_open, high_open, why in (
                 ("partial_rotary_factor", 0.0, 1.0, True, False, " (the share of head_dim that is rotary)"),
                 ("periodic_fraction", 0.0, 1.0, False, True, " (the share of periodic rows per batch)"),
