@@ -489,6 +489,13 @@ def records_frame(batch: Any, stride: int, predicted: np.ndarray, answer_logprob
     return records
 
 
+def check_resampling(n_bootstrap: Any, n_permutations: Any, seed: Any) -> None:
+    """The resampling options of a profile made from records, before any record is read."""
+    check_int("n_bootstrap", n_bootstrap, 1, why=" (bootstrap replicates)")
+    check_int("n_permutations", n_permutations, 1, why=" (permutations of the period test)")
+    check_int("seed", seed, 0)
+
+
 def profile_from_records(
     records: pd.DataFrame,
     modulus: int,
@@ -508,6 +515,7 @@ def profile_from_records(
         raise UserInputError(f"axis={axis!r}: a PhaseProfile's residues are of 'target' or 'length'")
     if interval not in INTERVALS:
         raise UserInputError(f"interval={interval!r} is not one of {INTERVALS}")
+    check_resampling(n_bootstrap, n_permutations, seed)
     check_residue_modulus(modulus, stride)
     residues = records["residue"].to_numpy().astype(np.int64)
     check_every_residue(residues, modulus, "the records")

@@ -208,3 +208,24 @@ def test_numpy_integers_are_taken_as_the_python_ints_they_equal():
     assert saved["csa_rate"] == 4 and saved["periodic_block"] == [4, 48]
     assert recipe.periodic_block == (4, 48) and type(recipe.hidden_size) is int and type(recipe.batch_size) is int
     assert recipe == _tiny_recipe()
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda: __import__("phaseinterp.paper.compare", fromlist=["x"]).counterparts(pi.load("w4s4").cfg, residues=-1),
+     r"residues=-1 must be an integer >= 1"),
+    (lambda: __import__("phaseinterp.paper.compare", fromlist=["x"]).counterparts(pi.load("w4s4").cfg, stride=1.5),
+     r"stride=1\.5 must be an integer >= 1"),
+    (lambda: __import__("phaseinterp.engines.lm_eval", fromlist=["x"]).profile_from_lm_eval("/nonexistent",
+                                                                                         n_bootstrap=True),
+     r"n_bootstrap=True must be an integer >= 1"),
+    (lambda: __import__("phaseinterp.profile", fromlist=["x"]).profile_from_records(
+        pd.DataFrame({"residue": [0, 1], "correct": [True, False]}), 2, 2, seed=-1), r"seed=-1 must be an integer >= 0"),
+    (lambda: __import__("phaseinterp.train.pretrain", fromlist=["x"]).load_snapshot("/nonexistent", step=1.5),
+     r"step=1\.5 must be an integer >= 0"),
+])
+def test_the_paper_lm_eval_records_and_snapshot_doors_refuse_bad_integers_first(call, words):
+    """Checked before any file is read or any run is compared (counterparts took residues=-1 and
+    stride=1.5; the records' resampling counts reached numpy; load_snapshot took step=True as 1)."""
+    with pytest.raises(UserInputError, match=words):
+        with as_user():
+            call()

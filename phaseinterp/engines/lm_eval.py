@@ -21,7 +21,7 @@ from phaseinterp.errors import UserInputError
 from phaseinterp.models import loading
 from phaseinterp.models.loading import check_source, peek
 from phaseinterp.phase import check_residue_modulus
-from phaseinterp.profile import profile_from_records
+from phaseinterp.profile import check_resampling, profile_from_records
 from phaseinterp.tasks import resolve_task
 from phaseinterp.tasks.hf_tokenizer import vocab_text
 
@@ -283,6 +283,7 @@ def profile_from_lm_eval(path: Union[str, os.PathLike], *, task_name: Optional[s
     aggregated as `phase_profile` does. ``path``: the output folder or one samples file; ``label`` defaults
     to lm-eval's model and the task name; the other options are `phase_profile`'s."""
     confidence = check_fraction("confidence", confidence)  # before the samples are read
+    check_resampling(n_bootstrap, n_permutations, seed)
     records, info = read_samples(path, task_name=task_name)
     if label is None:
         model = Path(info["model_name"]).name if info["model_name"] else info["file"].parent.name

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from phaseinterp import stats
+from phaseinterp._checks import check_int
 from phaseinterp.errors import UserInputError
 from phaseinterp.interventions.ablation import AblationResult
 from phaseinterp.interventions.gate_cycling import CyclingResult
@@ -73,8 +74,9 @@ def counterparts(config, residues: int = 24, stride: Optional[int] = None) -> pd
         if not hasattr(config, attr):
             raise UserInputError(f"config={type(config).__name__} has no {attr!r}; valid: a model config with window, "
                                  "stride, n_kv_heads and is_compressed (e.g. model.cfg)")
+    residues = check_int("residues", residues, 1, why=" (the model's residue count, as compare takes it)")
+    stride = int(config.stride) if stride is None else check_int("stride", stride, 1)
     kind = "controlled" if config.is_compressed else "full attention"
-    stride = int(config.stride) if stride is None else int(stride)
     window = getattr(config, "window", None) if config.is_compressed else None
     mine = (window, int(config.stride), int(config.n_kv_heads))
     rows = []

@@ -555,6 +555,7 @@ def load_snapshot(run_dir: Union[str, Path], step: Optional[int] = None) -> Comp
     (default: the newest, the one ``LATEST`` names), built from ``pretrain.json``'s model config, on the
     CPU in fp32 and eval mode. ``model.metadata`` records ``step``, ``tokens`` (seen by then), the
     ``pretrain`` recipe and the ``tokenizer`` folder. Reads only: the run may be training meanwhile."""
+    step = None if step is None else check_int("step", step, 0, why=" (a kept checkpoint's step)")
     out = check_read_path(run_dir, f"a pretraining run folder ({RUN_FILE}, checkpoints/)", name="run_dir")
     if not (out / RUN_FILE).is_file():
         raise UserInputError(f"run_dir={str(run_dir)!r} is not a pretraining run folder (it has no {RUN_FILE})")
