@@ -222,6 +222,10 @@ def test_numpy_integers_are_taken_as_the_python_ints_they_equal():
         pd.DataFrame({"residue": [0, 1], "correct": [True, False]}), 2, 2, seed=-1), r"seed=-1 must be an integer >= 0"),
     (lambda: __import__("phaseinterp.train.pretrain", fromlist=["x"]).load_snapshot("/nonexistent", step=1.5),
      r"step=1\.5 must be an integer >= 0"),
+    (lambda: __import__("phaseinterp.experiments.remedy", fromlist=["x"]).train_share("/nonexistent", True, 0, 1),
+     r"stop_at=True must be an integer >= 1"),  # trained all six twins to step 1
+    (lambda: __import__("phaseinterp.experiments.remedy", fromlist=["x"]).train_share("/nonexistent", 10, 1.5, 2),
+     r"worker=1\.5 must be an integer"),  # trained nothing, silently
 ])
 def test_the_paper_lm_eval_records_and_snapshot_doors_refuse_bad_integers_first(call, words):
     """Checked before any file is read or any run is compared (counterparts took residues=-1 and

@@ -117,7 +117,7 @@ def test_remedy_bad_requests(tmp_path):
         compare_remedy(tmp_path, seeds=())
     with pytest.raises(ValueError, match="variant='shifted' is not one of"):
         twin_run("shifted", 0, tmp_path)
-    with pytest.raises(ValueError, match=r"stop_at=0 is out of range 1..1500"):
+    with pytest.raises(ValueError, match=r"stop_at=0 is out of range \(valid: 1..1500\)"):
         twin_run("baseline", 0, tmp_path, stop_at=0)
 
 
@@ -125,7 +125,7 @@ def test_train_share_checks_the_worker_and_the_command_line(tmp_path):
     from phaseinterp.cli import main
     from phaseinterp.experiments.remedy import train_share
 
-    with pytest.raises(ValueError, match="worker=2 is out of range 0..1"):
+    with pytest.raises(ValueError, match=r"worker=2 is out of range \(valid: 0..1\)"):
         train_share(tmp_path, 10, 2, 2)
     for argv in ([str(tmp_path), "ten", "0/1"], [str(tmp_path)], [str(tmp_path), "10", "2/2"]):
         with pytest.raises(SystemExit) as exit_info:  # argparse: one line, exit 2

@@ -20,7 +20,7 @@ import pandas as pd
 import torch
 
 from phaseinterp import stats, zoo
-from phaseinterp._checks import DEFAULT_N_PER_RESIDUE, check_real
+from phaseinterp._checks import DEFAULT_N_PER_RESIDUE, check_int, check_real
 from phaseinterp._files import atomic_write
 from phaseinterp.config import CompressedConfig
 from phaseinterp.errors import UserInputError
@@ -72,9 +72,7 @@ def twin_run(
     task, model_config, tc = _zoo_defaults(window, stride, architecture)
     tc = dataclasses.replace(tc, seed=seed, eval_every=eval_every, checkpoint_every=eval_every,
                              probe_per_residue=probe_per_residue, snapshot_steps=())
-    stop_at = tc.steps if stop_at is None else stop_at
-    if not (1 <= stop_at <= tc.steps):
-        raise UserInputError(f"stop_at={stop_at} is out of range 1..{tc.steps} (the recipe's steps)")
+    stop_at = tc.steps if stop_at is None else check_int("stop_at", stop_at, 1, tc.steps, why=" (the recipe's steps)")
     config = model_config(task.vocab.size).replace(seed=seed, window_offsets=offsets if variant == "staggered" else None)
     run_dir = Path(out_dir) / f"{variant}_seed{seed}"
     ckpt = latest_checkpoint(run_dir / "checkpoints")
@@ -296,8 +294,9 @@ def train_share(out_dir: Union[str, Path], stop_at: int, worker: int, n_workers:
     """Train worker ``worker`` of ``n_workers``'s share of the twin runs (variant x seed, round
     robin), each to ``stop_at`` steps, so `compare_remedy` later only evaluates. Command line:
     ``phaseinterp experiments remedy RUNS STOP W/N``."""
-    if not 0 <= worker < n_workers:
-        raise UserInputError(f"worker={worker} is out of range 0..{n_workers - 1}")
+    n_workers = check_int("n_workers", n_workers, 1)
+    worker = check_int("worker", worker, 0, n_workers - 1)
+    check_int("stop_at", stop_at, 1)  # here too: a bad value is refused before the first run trains
     runs = [(v, s) for s in seeds for v in VARIANTS]
     for i, (variant, seed) in enumerate(runs):
         if i % n_workers == worker:
