@@ -156,7 +156,7 @@ def test_confirm_checks_every_split_before_a_forward(prompts):
              "nominate_per_residue=3 does not apply here: nomination_prompts= gives the nomination prompts"),
             (dict(n_calibration=8, nominate_per_residue=10**6), "nominate_per_residue=1000000"),
             (dict(n_calibration=8, alpha=0.0), "alpha=0.0 must be a number in (0, 1)"),
-            (dict(n_calibration=8, max_concentration=float("inf")), "max_concentration=inf must be None (W/2)"),
+            (dict(n_calibration=8, max_concentration=float("inf")), "max_concentration=inf must be a finite number"),
         ]
         for options, match in cases:
             with pytest.raises(UserInputError) as info:

@@ -215,7 +215,7 @@ def test_a_bad_profile_option_is_refused_by_the_spec_before_a_forward(w4s4, opti
     (pi.interventions.ConfirmSpec, dict(alpha="0.05"), "alpha='0.05' must be a number in (0, 1)"),
     (pi.interventions.ConfirmSpec, dict(methods=["resample"]), "must include 'mean'"),
     (pi.interventions.ConfirmSpec, dict(methods=["mean", "mean"]), "each once"),
-    (pi.interventions.ConfirmSpec, dict(max_concentration=0.5), "max_concentration=0.5 must be None (W/2) or a number >= 1"),
+    (pi.interventions.ConfirmSpec, dict(max_concentration=0.5), "max_concentration=0.5 must be >= 1 or None (W/2)"),
     (pi.interventions.ConfirmSpec, dict(nomination_seed=0), "seed=0 and nomination_seed=0 must differ"),
     (pi.interventions.ConfirmSpec, dict(correction="bonferroni"), "correction='bonferroni' is not one of"),
     (pi.interventions.ReplacementSpec, dict(method="zero"), "method='zero' is not one of"),

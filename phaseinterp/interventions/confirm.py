@@ -11,8 +11,6 @@
 
 from __future__ import annotations
 
-import math
-import numbers
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union, no_type_check
 
@@ -358,11 +356,8 @@ class ConfirmSpec(Spec):
                                  "each once")
         self._set("methods", methods)
         check_fraction("alpha", self.alpha)
-        if self.max_concentration is not None and (
-                isinstance(self.max_concentration, bool) or not isinstance(self.max_concentration, numbers.Real)
-                or not math.isfinite(self.max_concentration) or self.max_concentration < 1):
-            raise UserInputError(f"max_concentration={self.max_concentration!r} must be None (W/2) or a number >= 1 "
-                                 "(an effective number of slots, 1 = one-hot .. W = uniform)")
+        if self.max_concentration is not None:
+            self._set("max_concentration", check_max_concentration(self.max_concentration))
         check_calibrated_sweep(self)
         check_int("nominate_per_residue", self.nominate_per_residue, 1, MAX_PROMPTS)
         check_int("nomination_seed", self.nomination_seed, 0)
