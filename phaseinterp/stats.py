@@ -228,7 +228,7 @@ def detect_period(
         periods = [P for P in range(2, R // 2 + 1) if R % P == 0]
     periods = sorted(check_int("periods", P, 2, why=" (a candidate period)") for P in periods)
     for P in periods:
-        if P < 2 or P >= R or R % P:
+        if P >= R or R % P:  # P >= 2: checked above
             raise UserInputError(f"candidate period {P} must divide R={R} and lie in 2..{R - 1}")
     alpha = check_fraction("alpha", alpha)
     min_share = check_real("min_share", min_share, 0.0, 1.0, low_open=True, high_open=False,

@@ -125,14 +125,19 @@ def report_page(page: Union[str, os.PathLike], name: str = "page") -> Path:
     return path
 
 
+def _chromium_window(width, height, timeout) -> tuple[int, int, float]:
+    """Chromium's window (px, each >= 1) and time limit (seconds > 0), checked before a page is read."""
+    width, height = (check_int(name, value, 1, why=" (px of Chromium's window)")
+                     for name, value in (("width", width), ("height", height)))
+    return width, height, check_real("timeout", timeout, 0.0, low_open=True, why=" (seconds for Chromium)")
+
+
 def check_page(page: Union[str, Path], width: int = 1400, height: int = 1000, timeout: float = 120) -> dict:
     """Render ``page`` (an HTML file, or a report folder's index.html) at ``width`` px and return
     ``{"width", "scroll_width", "figures": [{"id", "drawn", "cut_titles"}], "overflow": [...], "bad_text": [...]}``.
     ``drawn`` counts plot elements with geometry inside each figure's plot area; ``cut_titles`` the
     figure's title and subplot titles that reach past its edge (plotly cuts them there)."""
-    timeout = check_real("timeout", timeout, 0.0, low_open=True, why=" (seconds for Chromium)")
-    width, height = (check_int(name, value, 1, why=" (px of Chromium's window)")
-                     for name, value in (("width", width), ("height", height)))
+    width, height, timeout = _chromium_window(width, height, timeout)
     page = report_page(page)
     with tempfile.TemporaryDirectory(prefix="phaseinterp-check-") as tmp:
         text = page.read_text()
@@ -173,9 +178,7 @@ def first_screen_png(page: Union[str, Path], png: Union[str, Path], width: int =
     """Write the first ``width`` x ``height`` px of ``page`` (a report's index.html or its folder) to
     ``png``. An existing ``png`` is replaced only with ``overwrite=True`` (checked before Chromium
     starts); the file is written whole or not at all (`phaseinterp._files.write_file_atomically`)."""
-    timeout = check_real("timeout", timeout, 0.0, low_open=True, why=" (seconds for Chromium)")
-    width, height = (check_int(name, value, 1, why=" (px of Chromium's window)")
-                     for name, value in (("width", width), ("height", height)))
+    width, height, timeout = _chromium_window(width, height, timeout)
     page = report_page(page)
     if isinstance(png, (bytes, bool)) or not isinstance(png, (str, os.PathLike)) or Path(png).suffix.lower() != ".png":
         raise UserInputError(f"png={png!r} must be a path ending in .png")

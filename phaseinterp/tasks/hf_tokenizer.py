@@ -53,8 +53,9 @@ def vocab_tokenizer(vocab: Vocab) -> Any:
 def tokenizer_config(vocab: Vocab, model_max_length: int) -> dict[str, Any]:
     """``tokenizer_config.json`` for `vocab_tokenizer`: the fast tokenizer class, ``<bos>`` / ``<pad>`` /
     ``<sep>`` as BOS / padding / separator (no EOS: the vocabulary has none)."""
+    model_max_length = check_int("model_max_length", model_max_length, 1)
     return {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<bos>", "pad_token": "<pad>",
-            "sep_token": "<sep>", "model_max_length": check_int("model_max_length", model_max_length, 1), "clean_up_tokenization_spaces": False,
+            "sep_token": "<sep>", "model_max_length": model_max_length, "clean_up_tokenization_spaces": False,
             "add_bos_token": False, "add_eos_token": False}
 
 

@@ -10,7 +10,6 @@ at every accepted step; `gradient_descent` is the small-step Euler discretisatio
 from __future__ import annotations
 
 import math
-import numbers
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -61,7 +60,7 @@ def integrate(f: Callable[[Tensor], Tensor], y0: Tensor, t_max: float, *, rtol: 
     t_max = check_real("t_max", t_max, 0.0)
     rtol, atol = _check_tolerances(rtol, atol)
     first_step = check_real("first_step", first_step, 0.0, low_open=True)
-    if not (isinstance(max_step, numbers.Real) and not isinstance(max_step, bool) and max_step == math.inf):
+    if max_step != math.inf:
         max_step = check_real("max_step", max_step, 0.0, low_open=True, why=" (or math.inf: no limit)")
     max_steps = check_int("max_steps", max_steps, 1, why=" (accepted steps at most)")
     evals = sorted(float(t) for t in (() if t_eval is None else t_eval))

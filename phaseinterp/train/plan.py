@@ -66,9 +66,9 @@ def block_activation_bytes(config: CompressedConfig, seq_len: int, *, dtype: Opt
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
             out = model.blocks[0](resid, None, 0, None, False)  # kept: its graph holds what the backward reads
         storages = {}  # what the graph still holds (a branch dropped, as the layer cache is, frees its own)
-        for ref in saved:
-            if (t := ref()) is not None and t.untyped_storage()._cdata not in params:
-                storages.setdefault(t.untyped_storage()._cdata, t.untyped_storage().nbytes())
+        for storage in (t.untyped_storage() for ref in saved if (t := ref()) is not None):
+            if storage._cdata not in params:
+                storages.setdefault(storage._cdata, storage.nbytes())
     del out
     return sum(storages.values())
 
