@@ -105,11 +105,13 @@ def test_a_published_profile_is_a_phase_profile_every_tool_accepts(tmp_path):
     assert "re-folded by S=4" in refolded.label and refolded.phase_accuracy.shape == (4,)
 
 
-def test_the_published_profiles_read_their_strides_as_the_paper_says():
-    """The period test gives each controlled run's stride, except W8/S4 (overlapping windows): see
-    docs/science.md on why its profile reads period 2."""
-    periods = {r.id: pi.paper.profile(r.id).period for r in pi.paper.runs().itertuples() if r.kind == "controlled"}
-    assert {k: v for k, v in periods.items() if v != pi.paper.runs().set_index("id").loc[k, "S"]} == {"kvc_w8s4": 2}
+@pytest.mark.parametrize("padding", ["prefix", "in-sequence"])
+def test_the_published_profiles_read_their_strides_as_the_paper_says(padding):
+    """The period test gives each controlled run's stride under both paddings, W8/S4 (overlapping windows,
+    a dominant even/odd alternation) included: see docs/science.md."""
+    runs = pi.paper.runs().set_index("id")
+    periods = {r: pi.paper.profile(r, padding).period for r in runs.index[runs.kind == "controlled"]}
+    assert len(periods) == 23 and {k: v for k, v in periods.items() if v != runs.loc[k, "S"]} == {}
 
 
 # ------------------------------------------------------------------ knockouts and gates

@@ -111,18 +111,49 @@ def test_detect_period_prefers_the_fundamental_over_a_harmonic():
 
 
 def test_detect_period_with_strong_12_harmonics_and_a_true_12_period():
+    """A 4-periodic profile with a 12-periodic wiggle reads 12 when the wiggle stands above the noise
+    (the 4-periodic harmonics carry over 90% of the power, but the rest is real), and 4 when the same
+    wiggle is buried in noise of its own size."""
     arange = np.arange(24)
     wiggle = 0.03 * (np.sin(2 * np.pi * arange / 12) + np.cos(2 * np.pi * 5 * arange / 12))  # 12-periodic
-    profile = np.tile([0.9, 0.9, 0.9, 0.1], 6) + wiggle + np.random.default_rng(0).normal(0, 0.002, 24)
-    result = stats.detect_period(profile)
+    base = np.tile([0.9, 0.9, 0.9, 0.1], 6) + wiggle
+    result = stats.detect_period(base + np.random.default_rng(0).normal(0, 0.002, 24))
     assert result.best_period == 12 and result.f_statistics[12] > 10 * result.f_statistics[4]
-    assert result.period == 4
+    assert result.harmonic_share[4] >= 0.9 * result.harmonic_share[12] and result.period == 12
+    noisy = [stats.detect_period(base + np.random.default_rng(s).normal(0, 0.03, 24), n_permutations=999).period
+             for s in range(10)]
+    assert noisy.count(4) >= 8
     # A profile whose weak residue repeats every 12 (not every 4) keeps 12: its 4-periodic
     # harmonics carry a small share of the variance.
     twelve = stats.detect_period(np.tile([0.7] * 5 + [0.2, 0.45] + [0.7] * 5, 2))
     assert twelve.period == 12 and twelve.harmonic_share[4] < 0.5 * twelve.harmonic_share[12]
     with pytest.raises(ValueError, match="min_share=0"):
-        stats.detect_period(profile, min_share=0)
+        stats.detect_period(base, min_share=0)
+
+
+def test_a_significant_structure_beyond_a_dominant_divisor_keeps_the_longer_period():
+    """W8/S4-like: phases 48/85/54/81% (an even/odd alternation carries over 90% of the variance) with
+    phase 2 above phase 0 in every repeat: the period is 4, not 2. Each phase's repeats shuffled among
+    themselves is the null, so noise that is larger on one phase (issue 10's profiles) does not count."""
+    rng = np.random.default_rng(0)
+    profile = np.tile([0.48, 0.85, 0.54, 0.81], 6) + rng.normal(0, 0.01, 24)
+    result = stats.detect_period(profile)
+    assert result.harmonic_share[2] >= 0.9 * result.harmonic_share[4]
+    assert result.best_period == 4 and result.period == 4
+    alternation = np.tile([0.5, 0.83], 12) + rng.normal(0, 0.01, 24)  # no phase-0/phase-2 difference
+    assert stats.detect_period(alternation).period == 2
+
+
+def test_a_p_value_counts_the_arrangements_tied_with_the_observed_one():
+    """p = (1 + #{null >= observed}) / (1 + n) counts permuted copies whose F equals the observed one up to
+    round-off: a 6-residue alternation has 10 arrangements, 1 as extreme (exact p 0.1), and its p is never
+    below the floor it reports."""
+    rng = np.random.default_rng(1)
+    for _ in range(50):
+        hi, lo = rng.uniform(0.6, 1, 3), rng.uniform(0, 0.4, 3)
+        profile = np.array([hi[0], lo[0], hi[1], lo[1], hi[2], lo[2]])
+        result = stats.detect_period(profile, seed=int(rng.integers(1000)))
+        assert result.p_value >= result.min_attainable_p and result.p_value > 0.05 and result.period is None
 
 
 def test_detect_period_is_deterministic():
