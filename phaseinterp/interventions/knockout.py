@@ -143,8 +143,12 @@ def _prefill_and_step(model, chunk: torch.Tensor, layers, cache=None, start_at_l
     kept: dict = {}
     family = phase_model(model)
     names = {layer: family.resid_pre_hook(layer) for layer in layers}
-    keep = [(name, lambda t, hook: kept.__setitem__(hook.name, t)) for name in names.values()]
-    with model.hooks(fwd_hooks=keep):
+    with model.hooks():
+        # the residual as it enters each layer, before a user's hooks on that point (prepended, and a copy
+        # an in-place hook cannot reach): the variant steps restart there and run those hooks themselves
+        for name in names.values():
+            model.hook_dict[name].add_hook(lambda t, hook: kept.__setitem__(hook.name, t.clone()),
+                                           level=model.context_level, prepend=True)
         if start_at_layer:
             logits = model(resid_p, cache=cache.fork(), start_at_layer=start_at_layer,
                            **family.layer_inputs(chunk[:, p:]))
