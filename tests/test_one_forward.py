@@ -189,3 +189,34 @@ def test_a_hook_on_the_knocked_layer_s_input_fires_once_in_the_fast_sweep(zoo_mo
     assert float(np.abs(fast.knockout_logit_answer - naive.knockout_logit_answer).max()) <= 1e-4 * scale
     assert float(np.abs(unhooked.knockout_logit_answer - naive.knockout_logit_answer).max()) > 1e-2 * scale
     assert (fast.clean_correct == naive.clean_correct).all()
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_a_per_prompt_hook_finds_its_prompt_in_the_variant_steps(zoo_model, name):
+    """The sweep's variant steps hold each prompt V times (prompt-major) and say so in
+    ``hook.ctx["variants"]``: a hook editing prompt 0 only, written with it, gives the naive sweep's
+    knockout logits, and leaves the other prompts' alone."""
+    model = zoo_model(name)
+    task = pi.zoo.task_for(model)
+    prompts = task.generate(1, seed=0, strict=False)
+    last = model.cfg.n_layers - 1
+    seen = set()
+
+    def zero_prompt_0(x, hook):
+        V = hook.ctx.get("variants", 1)
+        seen.add(V)
+        x = x.clone()
+        x[:V, -1] = 0.0
+        return x
+
+    layer = 0
+    with model.hooks(fwd_hooks=[(f"blocks.{last}.hook_resid_post", zero_prompt_0)]):
+        fast, naive = (pi.ablate(model, task, layer=layer, prompts=prompts, n_calibration=24, method=m, progress=False)
+                       for m in ("fast", "naive"))
+    V = model.cfg.n_key_value_heads if name == "w4s4" else 1  # the units of one layer (DeepSeek-V4: one KV head)
+    assert fast.knockout_logit_answer.shape[1] == V and V in seen and (V > 1 or name != "w4s4")
+    unhooked = pi.ablate(model, task, layer=layer, prompts=prompts, n_calibration=24, method="naive", progress=False)
+    scale = float(np.abs(naive.knockout_logit_answer).max())
+    np.testing.assert_allclose(fast.knockout_logit_answer, naive.knockout_logit_answer, atol=1e-4 * scale, rtol=0)
+    moved = np.abs(unhooked.knockout_logit_answer - naive.knockout_logit_answer).max(axis=1) > 1e-3 * scale
+    assert moved[0] and not moved[1:].any()

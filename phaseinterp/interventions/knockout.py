@@ -16,6 +16,7 @@ import torch
 
 from phaseinterp.errors import UserInputError
 from phaseinterp.interventions._common import model_device
+from phaseinterp.models.paths import hook_context
 from phaseinterp.models.protocol import phase_model
 
 
@@ -164,7 +165,8 @@ def _step_variants(model, step: _Step):
 
     def variants(layer: int, V: int, hook) -> torch.Tensor:
         inputs = {k: v.repeat_interleave(V, 0) for k, v in step.inputs.items()}
-        with model.hooks(fwd_hooks=[hook]):
+        # rows are prompt-major, V per prompt: a per-prompt hook finds its prompt as row // V
+        with model.hooks(fwd_hooks=[hook]), hook_context(model.hook_dict.values(), "variants", V):
             logits = model(step.resid_pre[layer].repeat_interleave(V, 0), cache=step.cache.fork(V),
                            start_at_layer=layer, **inputs)
         return logits[:, -1].reshape(-1, V, logits.shape[-1])

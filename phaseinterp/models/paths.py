@@ -49,7 +49,6 @@ def refuse_hooks(model, what: str) -> None:
                              "of the model as stored; remove them first (model.reset_hooks(including_permanent=True))")
 
 
-@contextmanager
 def query_context(hooks: Iterable, a: int, b: int, key: str = "query_range"):
     """Tell ``hooks`` which positions the activation they are about to see covers: a hook function
     reads ``hook.ctx["query_range"] == (a, b)``, positions ``a .. b - 1`` (each call of the forward
@@ -57,10 +56,17 @@ def query_context(hooks: Iterable, a: int, b: int, key: str = "query_range"):
     key_slot]`` hooks once per query chunk, with that chunk's range). ``key="entry_range"``: the
     compressed entries ``a .. b - 1`` a compressor's per-entry hooks see. The previous value is put
     back afterwards."""
+    return hook_context(hooks, key, (a, b))
+
+
+@contextmanager
+def hook_context(hooks: Iterable, key: str, value: Any):
+    """``hook.ctx[key] = value`` for each of ``hooks`` inside the block, the previous value (or none)
+    put back afterwards."""
     hooks = list(hooks)
     saved = [hook.ctx.get(key) for hook in hooks]
     for hook in hooks:
-        hook.ctx[key] = (a, b)
+        hook.ctx[key] = value
     try:
         yield
     finally:
@@ -154,5 +160,5 @@ def shape_checked(name: str, hook: Callable) -> Callable:
     return checked
 
 
-__all__ = ["CheckedHooks", "attached_hooks", "has_hooks", "hooked_points", "query_context", "refuse_hooks",
+__all__ = ["CheckedHooks", "attached_hooks", "has_hooks", "hook_context", "hooked_points", "query_context", "refuse_hooks",
            "shape_checked"]
