@@ -220,3 +220,24 @@ def test_a_per_prompt_hook_finds_its_prompt_in_the_variant_steps(zoo_model, name
     np.testing.assert_allclose(fast.knockout_logit_answer, naive.knockout_logit_answer, atol=1e-4 * scale, rtol=0)
     moved = np.abs(unhooked.knockout_logit_answer - naive.knockout_logit_answer).max(axis=1) > 1e-3 * scale
     assert moved[0] and not moved[1:].any()
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_an_in_process_engine_runs_the_hooks_or_refuses_them(zoo_model, name):
+    """`engine_for(model)` under a hook: the own family's reference engine is the hooked forward;
+    a cached schedule, and DeepSeek-V4's engine (transformers' own forward, which the wrapper's hooks
+    never reach), refuse naming the hook instead of answering as if it were not there."""
+    from phaseinterp.engines.adapters import decode_pieces, engine_for
+
+    model = zoo_model(name)
+    tokens = pi.zoo.task_for(model).generate(1, seed=0, strict=False).tokens[:2]
+    hook = ("blocks.0.hook_resid_post", lambda x, hook: 0.5 * x)
+    with model.hooks(fwd_hooks=[hook]):
+        hooked = torch.log_softmax(model(tokens)[:, -1].float(), -1)
+        engines = [engine_for(model), engine_for(model, decode_pieces)]
+        for engine in engines[name == "w4s4":]:
+            with pytest.raises(ValueError, match="cannot honour the hooks attached at blocks.0.hook_resid_post"):
+                engine(tokens)
+        if name == "w4s4":
+            torch.testing.assert_close(engines[0](tokens), hooked)
+    assert (engines[0](tokens) - hooked).abs().max() > 1e-2  # the hook moved the answer

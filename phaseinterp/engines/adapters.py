@@ -167,6 +167,9 @@ class TransformersEngine:
     fed in the schedule's pieces with explicit ``position_ids``."""
 
     def __init__(self, hf_model: torch.nn.Module, schedule: Optional[Schedule] = None, name: str = "reference"):
+        # a wrapper (`HookedDeepseekV4`) is kept to refuse its hooks, which transformers' forward never runs
+        self.wrapper = hf_model if is_hf_wrapper(hf_model) else None
+        hf_model = hf_model.hf if self.wrapper is not None else hf_model
         if not hasattr(hf_model, "config") or not callable(hf_model):
             raise UserInputError(f"TransformersEngine needs a transformers model, got {type(hf_model).__name__}")
         self.hf, self.schedule, self.name = hf_model, schedule, name
@@ -180,6 +183,7 @@ class TransformersEngine:
 
     @torch.inference_mode()
     def __call__(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch d_vocab"]:
+        self._refuse_hooks()
         tokens = tokens.to(self.device)
         if self.schedule is None:
             return _last_logprobs(self.hf(input_ids=tokens, use_cache=False).logits)
@@ -196,12 +200,17 @@ class TransformersEngine:
         tokens (``copy.deepcopy`` of the ``DynamicCache``, its CSA/HCA compressor states included),
         restored after the rest of the donors ran; only ``tokens[:, prefix_len:]`` are computed."""
         check_warm_rows(donors, tokens, prefix_len)
+        self._refuse_hooks()
         donors, tokens = donors.to(self.device), tokens.to(self.device)
         cache = DynamicCache(config=self.hf.config)
         self._extend(cache, donors[:, :prefix_len], 0)
         checkpoint = copy.deepcopy(cache)
         self._extend(cache, donors[:, prefix_len:], prefix_len)  # the donor's own continuation, then dropped
         return _last_logprobs(self._extend(checkpoint, tokens[:, prefix_len:], prefix_len))
+
+    def _refuse_hooks(self) -> None:
+        if self.wrapper is not None:
+            refuse_hooks(self.wrapper, f"TransformersEngine {self.name!r} (transformers' own forward, model.hf)")
 
     def _extend(self, cache, tokens: Tensor, start: int) -> Tensor:
         """Logits of ``tokens`` at positions ``start..``, ``cache`` extended by them."""
@@ -225,7 +234,7 @@ def engine_for(model: torch.nn.Module, schedule: Optional[Schedule] = None, name
     if family == "compressed":
         return CacheEngine(model, schedule, name)
     if family == "deepseek_v4":
-        return TransformersEngine(model.hf, schedule, name)
+        return TransformersEngine(model, schedule, name)
     if hasattr(model, "config") and hasattr(model, "generate"):
         return TransformersEngine(model, schedule, name)
     raise UserInputError(f"no in-process engine for {type(model).__name__}: pass a CompressedTransformer, a "
