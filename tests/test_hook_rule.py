@@ -233,3 +233,23 @@ def test_own_an_editing_hook_gives_the_same_logits_at_every_batch_size_and_in_la
     assert _relative(one, clean) > 1e-3, f"the edit at {hook_name} changes nothing: the test could not fail"
     assert _relative(mid, one) < 1e-4 and _relative(big, one) < 1e-4
     assert _relative(last, one[:, -1]) < 1e-4
+
+
+def test_dsv4_add_caching_hooks_joins_the_query_chunks_and_checks_names(dsv4):
+    """``add_caching_hooks`` is ``run_with_cache``'s caching: a per-query point of a chunked forward is
+    cached whole (it kept the last chunk), and a misspelt name is refused (it cached nothing)."""
+    tokens = _prompts(dsv4, 1, 0)[:1, :64]
+    name = "blocks.0.attn.hook_pattern"
+    try:
+        dsv4.set_query_chunk(16)
+        _, want = dsv4.run_with_cache(tokens, names_filter=[name])
+        cache = dsv4.add_caching_hooks([name])
+        dsv4(tokens)
+    finally:
+        dsv4.reset_hooks()
+        dsv4.set_query_chunk("auto")
+    assert cache[name].shape == want[name].shape and cache[name].shape[2] == tokens.shape[1]
+    torch.testing.assert_close(cache[name], want[name], rtol=0, atol=0)
+    with pytest.raises(ValueError, match="hook_patern' is not a hook point"):
+        dsv4.add_caching_hooks(["blocks.0.attn.hook_patern"])
+    assert not any(point.has_hooks() for point in dsv4.hook_dict.values())

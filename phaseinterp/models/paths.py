@@ -135,6 +135,16 @@ class CheckedHooks(HookedRootModule):
         self.check_names_filter(names_filter)
         return super().get_caching_hooks(names_filter, *args, **kwargs)
 
+    def add_caching_hooks(self, names_filter=None, incl_bwd: bool = False, device=None, remove_batch_dim: bool = False,
+                          cache: dict | None = None) -> dict:
+        """TransformerLens's ``add_caching_hooks`` made of this model's `get_caching_hooks`: the same
+        names check and (DeepSeek-V4) the same joining of query chunks as ``run_with_cache``."""
+        cache, fwd, bwd = self.get_caching_hooks(names_filter, incl_bwd, device, remove_batch_dim, cache)
+        for hooks, direction in ((fwd, "fwd"), (bwd, "bwd")):
+            for name, fn in hooks:
+                self.hook_dict[name].add_hook(fn, direction)
+        return cache
+
     def _enable_hook(self, name, hook, dir="fwd"):  # hooks(), run_with_hooks
         for point in self._hook_names(name):
             self.hook_dict[point].add_hook(shape_checked(point, hook), dir=dir, level=self.context_level)
