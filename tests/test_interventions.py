@@ -114,6 +114,32 @@ def test_relative_change_folding_and_specialization():
     assert row.relative_change == -100 and row.ci_low == -100 and row.ci_high == -100
 
 
+def test_a_phase_s_relative_change_is_the_mean_of_its_residues_as_the_paper_folds():
+    """Residue 0 goes 10/10 -> 0/10 and residue 4 (the same phase) 1/10 -> 1/10: the paper's fold (each
+    residue's relative change, then the phase's mean) gives -50%, in `relative_change`, `phase_tests`,
+    `to_frame` and `specialization` alike; pooling the prompts would give -90.9%. A residue with no clean
+    answer right has no relative change and is left out of its phase's mean."""
+    residue = np.repeat(np.arange(8), 10)
+    clean = np.ones(residue.size, dtype=bool)
+    clean[(residue == 4) & (np.arange(residue.size) % 10 > 0)] = False  # residue 4: 1 of 10 right
+    knocked = clean[:, None].copy()
+    knocked[residue == 0, 0] = False
+    units = pd.DataFrame({"layer": [0], "kv_head": [0], "heads": [(0,)]})
+    res = AblationResult(units=units, residue=residue, clean_correct=clean, knockout_correct=knocked,
+                         residue_modulus=8, stride=4, scope="kv_head")
+    assert res.relative_change.loc[(0, 0), 0] == pytest.approx(-50.0)
+    assert res.phase_tests().set_index("phase").loc[0, "relative_change"] == pytest.approx(-50.0)
+    row = res.to_frame(n_boot=200).set_index("phase").loc[0]
+    assert row.relative_change == pytest.approx(-50.0) and row.clean_accuracy == pytest.approx(0.55)
+    assert row.change_pp == pytest.approx(-50.0) and row.ci_low <= -50.0 <= row.ci_high
+    assert res.clean.loc[0] == pytest.approx(0.55) and res.absolute_change.loc[(0, 0), 0] == pytest.approx(-50.0)
+    assert res.specialization(threshold=-50).iloc[0].worst_change == pytest.approx(-50.0)
+    clean[residue == 4] = False  # residue 4 never right: phase 0's change is residue 0's alone
+    res = AblationResult(units=units, residue=residue, clean_correct=clean, knockout_correct=clean[:, None] & knocked,
+                         residue_modulus=8, stride=4, scope="kv_head")
+    assert res.relative_change.loc[(0, 0), 0] == pytest.approx(-100.0)
+
+
 def test_specialization_needs_a_change_that_survives_the_multiplicity_correction():
     """Unit 1 loses 7 of 60 prompts at phase 1 (-11.7%, 7 discordant pairs all one way): p = 0.016
     alone, 0.16 after Holm over 3 units x 4 phases. With threshold -10% it is hurt only without

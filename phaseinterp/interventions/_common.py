@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Optional
 
 import numpy as np
@@ -60,39 +61,44 @@ def paired_bootstrap_relative_change(
     """Relative change ``100 (knockout - clean) / clean`` per group with percentile intervals.
 
     ``clean`` ``[prompt]`` and ``knocked`` ``[prompt, unit]`` are 0/1 correctness; prompts
-    are resampled within each residue group, pairing clean and knockout. With ``fold``
-    the residue groups are pooled by ``group % fold`` (phases). Returns
-    ``(estimate, low, high)``, each ``[unit, group]``; NaN where clean accuracy is 0.
+    are resampled within each residue group, pairing clean and knockout. With ``fold`` each
+    phase ``group % fold`` is the mean of its residue groups' relative changes (the paper's
+    fold), in the estimate and in every replicate; a residue whose clean accuracy is 0 has no
+    relative change and is left out of its phase's mean. Returns ``(estimate, low, high)``,
+    each ``[unit, group]``; NaN where no residue of the group has a clean answer right.
     """
     confidence = check_fraction("confidence", confidence)
     n_groups = check_int("n_groups", n_groups, 1, why=" (residue groups)")
-    fold = None if fold is None else check_int("fold", fold, 1, why=" (phases to pool the groups into; None: no pooling)")
+    fold = None if fold is None else check_int("fold", fold, 1, why=" (phases to fold the groups into; None: no folding)")
+    if fold and n_groups % fold:
+        raise UserInputError(f"fold={fold} must divide n_groups={n_groups} (residue groups fold into phases)")
     n_boot = check_int("n_boot", n_boot, 1, why=" (bootstrap replicates)")
     seed = check_int("seed", seed, 0)
     rng = np.random.default_rng(seed)
     n_units = knocked.shape[1]
-    out_groups = fold if fold else n_groups
-    clean_sum = np.zeros((n_boot, out_groups))
-    ko_sum = np.zeros((n_boot, n_units, out_groups))
-    clean_pt = np.zeros(out_groups)
-    ko_pt = np.zeros((n_units, out_groups))
+    clean_sum = np.zeros((n_boot, n_groups))
+    ko_sum = np.zeros((n_boot, n_units, n_groups))
+    clean_pt = np.zeros(n_groups)
+    ko_pt = np.zeros((n_units, n_groups))
     for g in range(n_groups):
         idx = np.flatnonzero(groups == g)
         if idx.size == 0:
             continue
-        target = g % fold if fold else g
-        clean_pt[target] += clean[idx].sum()
-        ko_pt[:, target] += knocked[idx].sum(0)
+        clean_pt[g] = clean[idx].sum()
+        ko_pt[:, g] = knocked[idx].sum(0)
         draw = idx[rng.integers(0, idx.size, size=(n_boot, idx.size))]
-        clean_sum[:, target] += clean[draw].sum(1)
-        ko_sum[:, :, target] += knocked[draw].sum(1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        estimate = 100 * (ko_pt - clean_pt[None]) / clean_pt[None]
-        boot = 100 * (ko_sum - clean_sum[:, None]) / clean_sum[:, None]
-    alpha = (1 - confidence) / 2
-    low = np.nanquantile(boot, alpha, axis=0) if np.isfinite(boot).any() else np.full_like(estimate, np.nan)
-    high = np.nanquantile(boot, 1 - alpha, axis=0) if np.isfinite(boot).any() else np.full_like(estimate, np.nan)
-    estimate = np.where(clean_pt[None] > 0, estimate, np.nan)
+        clean_sum[:, g] = clean[draw].sum(1)
+        ko_sum[:, :, g] = knocked[draw].sum(1)
+    with np.errstate(divide="ignore", invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a phase none of whose residues has a clean answer right
+        estimate = np.where(clean_pt[None] > 0, 100 * (ko_pt - clean_pt[None]) / clean_pt[None], np.nan)
+        boot = np.where(clean_sum[:, None] > 0, 100 * (ko_sum - clean_sum[:, None]) / clean_sum[:, None], np.nan)
+        if fold:
+            estimate = np.nanmean(estimate.reshape(n_units, -1, fold), axis=1)
+            boot = np.nanmean(boot.reshape(n_boot, n_units, -1, fold), axis=2)
+        alpha = (1 - confidence) / 2
+        low = np.nanquantile(boot, alpha, axis=0) if np.isfinite(boot).any() else np.full_like(estimate, np.nan)
+        high = np.nanquantile(boot, 1 - alpha, axis=0) if np.isfinite(boot).any() else np.full_like(estimate, np.nan)
     return estimate, low, high
 
 

@@ -86,8 +86,16 @@ class AblationResult(Result):
             clean = np.full(self.residue_modulus, np.nan) if self.published_clean is None else self.published_clean
             return pd.Series(stats.fold_residues(clean, self.stride), index=pd.Index(range(self.stride), name="phase"),
                              name="correct")
-        frame = pd.DataFrame({"phase": self.residue % self.stride, "correct": self.clean_correct})
-        return frame.groupby("phase").correct.mean()
+        return pd.Series(self._phase_mean(self.clean_correct), index=pd.Index(range(self.stride), name="phase"),
+                         name="correct")
+
+    def _phase_mean(self, values: np.ndarray) -> np.ndarray:
+        """Per-prompt ``values`` (``[prompt]`` or ``[prompt, unit]``) by phase, as the paper folds: each
+        residue's mean, then each phase's mean over its residues (those with prompts); ``[(unit,) phase]``."""
+        by_residue = self._residue_mean(values)  # [(unit,) residue]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a phase without prompts stays NaN
+            return np.nanmean(by_residue.reshape(*by_residue.shape[:-1], -1, self.stride), axis=-2)
 
     def _published_values(self, fold: bool, absolute: bool = False) -> np.ndarray:
         """A published map per unit x residue (or phase: the mean of its residues, the paper's fold):
@@ -117,7 +125,8 @@ class AblationResult(Result):
 
     @property
     def relative_change(self) -> pd.DataFrame:
-        """``100 (knockout - clean) / clean`` per (layer, kv_head) x phase (pooled over residues)."""
+        """``100 (knockout - clean) / clean`` per (layer, kv_head) x phase: the mean of the phase's residues'
+        relative changes (the paper's fold; a residue whose clean accuracy is 0 has none and is left out)."""
         est, _, _ = self._relative(fold=True, n_boot=1)
         return self._grid(est, "phase")
 
@@ -137,19 +146,28 @@ class AblationResult(Result):
             return self._published_frame(level, est)
         groups = self.residue % self.stride if fold else self.residue
         n_groups = self.stride if fold else self.residue_modulus
+        if fold:  # accuracies as the paper folds them: the mean of the phase's residues
+            clean, knocked = self._phase_mean(self.clean_correct), self._phase_mean(self.knockout_correct)
+        else:
+            clean, knocked = self._residue_mean(self.clean_correct), self._residue_mean(self.knockout_correct)
         rows = []
         for u, unit in self.units.reset_index(drop=True).iterrows():
             for g in range(n_groups):
-                sel = groups == g
                 rows.append(dict(
                     layer=int(unit.layer), kv_head=int(unit.kv_head), heads=unit.heads, **{level: g},
-                    n=int(sel.sum()), clean_accuracy=float(self.clean_correct[sel].mean()) if sel.any() else np.nan,
-                    knockout_accuracy=float(self.knockout_correct[sel, u].mean()) if sel.any() else np.nan,
-                    change_pp=100 * float(self.knockout_correct[sel, u].mean() - self.clean_correct[sel].mean())
-                    if sel.any() else np.nan,
+                    n=int((groups == g).sum()), clean_accuracy=float(clean[g]), knockout_accuracy=float(knocked[u, g]),
+                    change_pp=100 * float(knocked[u, g] - clean[g]),
                     relative_change=est[u, g], ci_low=low[u, g], ci_high=high[u, g],
                 ))
         return pd.DataFrame(rows)
+
+    def _residue_mean(self, values: np.ndarray) -> np.ndarray:
+        """Per-prompt ``values`` by residue, ``[(unit,) residue]`` (NaN for a residue without prompts)."""
+        values = np.asarray(values, dtype=float)
+        out = np.full((self.residue_modulus,) + values.shape[1:], np.nan)
+        for r in np.unique(self.residue):
+            out[r] = values[self.residue == r].mean(0)
+        return out.T
 
     def _published_frame(self, level: str, est: np.ndarray) -> pd.DataFrame:
         """`to_frame` of a published map: no prompts (``n`` 0), no intervals (NaN)."""
@@ -171,12 +189,7 @@ class AblationResult(Result):
         """``100 (knockout - clean)`` accuracy in percentage points per (layer, kv_head) x phase."""
         if self.published:
             return self._grid(self._published_values(True, absolute=True), "phase")
-        phases = self.residue % self.stride
-        values = np.full((len(self.units), self.stride), np.nan)
-        for g in range(self.stride):
-            sel = phases == g
-            if sel.any():
-                values[:, g] = 100 * (self.knockout_correct[sel].mean(0) - self.clean_correct[sel].mean())
+        values = 100 * (self._phase_mean(self.knockout_correct) - self._phase_mean(self.clean_correct)[None])
         return self._grid(values, "phase")
 
     def phase_tests(self, correction: str = "holm", alpha: float = 0.05) -> pd.DataFrame:
@@ -186,7 +199,10 @@ class AblationResult(Result):
         units x phases are adjusted together (``correction``: ``"holm"`` or ``"bh"``,
         `phaseinterp.stats.adjust_p_values`). ``ci_low_pp``/``ci_high_pp`` bound the change (pp) at level
         ``1 - alpha_effective`` (``alpha * p / p_adjusted``), so the interval excludes zero exactly when
-        ``significant`` (``p_adjusted <= alpha``). ``change_pp`` is absolute, ``relative_change`` relative."""
+        ``significant`` (``p_adjusted <= alpha``). ``change_pp`` is absolute and, with the test, its interval
+        and ``clean_accuracy``, on the phase's prompts pooled; ``relative_change`` is the paper's fold
+        (`relative_change`: the mean of the residues' relative changes). The two folds agree on ``change_pp``
+        when every residue has the same number of prompts."""
         check_fraction("alpha", alpha)
         if self.published:
             raise UserInputError(f"phase_tests needs per-prompt records; {self.model_label!r} is a published map "
@@ -202,6 +218,7 @@ class AblationResult(Result):
         with np.errstate(divide="ignore", invalid="ignore"):
             alpha_eff = np.where(p_adj > 0, alpha * p / p_adj, alpha / p.size)
         alpha_eff = np.clip(np.nan_to_num(alpha_eff, nan=alpha / p.size), 1e-300, alpha)
+        folded, _, _ = self._relative(fold=True, n_boot=1)
         rows = []
         for g in range(S):
             sel = phases == g
@@ -214,8 +231,7 @@ class AblationResult(Result):
                     layer=int(unit.layer), kv_head=int(unit.kv_head), phase=g, n=int(sel.sum()),
                     clean_accuracy=clean, knockout_accuracy=clean + change / 100, change_pp=change,
                     ci_low_pp=100 * float(ci.lower[u]), ci_high_pp=100 * float(ci.upper[u]),
-                    relative_change=100 * change / (100 * clean) if clean > 0 else np.nan,
-                    p_value=float(p[u, g]), p_adjusted=float(p_adj[u, g]), alpha_effective=float(alpha_eff[u, g]),
+                    relative_change=float(folded[u, g]), p_value=float(p[u, g]), p_adjusted=float(p_adj[u, g]), alpha_effective=float(alpha_eff[u, g]),
                     significant=bool(p_adj[u, g] <= alpha),
                 ))
         return pd.DataFrame(rows)
