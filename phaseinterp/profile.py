@@ -529,6 +529,11 @@ def profile_from_records(
         residue_acc = residue_k / residue_n
     phase_acc = stats.fold_residues(residue_acc, stride)
 
+    # A phase's accuracy is the mean of its residues' (the paper's fold). Where its residues hold unequal
+    # numbers of prompts that is not the pooled share, so its interval weighs each prompt 1 / (its
+    # residue's prompts): the cluster bootstrap's weighted mean, Wilson's at the effective sample size.
+    per_phase = [n[n > 0] for n in (residue_n[s::stride] for s in range(stride))]
+    unequal = any(n.size and np.ptp(n) > 0 for n in per_phase)
     shared = "mapping_id" in records and records["mapping_id"].duplicated().any()
     method = ("cluster_bootstrap" if shared else "wilson") if interval == "auto" else interval
     if method == "cluster_bootstrap":
@@ -539,13 +544,18 @@ def profile_from_records(
             correct, clusters, residues, modulus, n_replicates=n_bootstrap, confidence=confidence, seed=seed
         )
         by_phase = stats.cluster_bootstrap(
-            correct, clusters, phases, stride, n_replicates=n_bootstrap, confidence=confidence, seed=seed
+            correct, clusters, phases, stride, n_replicates=n_bootstrap, confidence=confidence, seed=seed,
+            weights=1.0 / residue_n[residues] if unequal else None,
         )
         residue_lo, residue_hi = by_residue.lower, by_residue.upper
         phase_lo, phase_hi = by_phase.lower, by_phase.upper
     else:
         residue_lo, residue_hi = stats.wilson_interval(residue_k, residue_n, confidence)
-        phase_lo, phase_hi = stats.wilson_interval(phase_k, phase_n, confidence)
+        if unequal:  # Kish's effective size of the phase's residue mean: m^2 / sum(1 / n_r) over its m residues
+            n_eff = np.array([n.size**2 / np.sum(1.0 / n) if n.size else 0.0 for n in per_phase])
+            phase_lo, phase_hi = stats.wilson_interval(np.nan_to_num(phase_acc) * n_eff, n_eff, confidence)
+        else:
+            phase_lo, phase_hi = stats.wilson_interval(phase_k, phase_n, confidence)
 
     if (residue_n > 0).all():
         test = stats.detect_period(residue_acc, n_permutations=n_permutations, seed=seed)

@@ -68,12 +68,14 @@ def cluster_bootstrap(
     n_replicates: int = 2000,
     confidence: float = 0.95,
     seed: int = 0,
+    weights: ArrayLike | None = None,
 ) -> BootstrapInterval:
     """Percentile intervals for per-group means when observations share clusters.
 
     Each replicate draws the clusters with replacement and recomputes every group's mean from all
     observations of the drawn clusters. ``groups`` are labels ``0..n_groups-1`` (default: one group);
-    groups left empty by a replicate are ignored for it."""
+    groups left empty by a replicate are ignored for it. ``weights`` (one per observation, default 1)
+    make each group's mean a weighted one."""
     x = np.asarray(values, dtype=np.float64).reshape(-1)
     _, cluster_idx = np.unique(np.asarray(clusters).reshape(-1), return_inverse=True)
     g = np.zeros(len(x), dtype=np.int64) if groups is None else np.asarray(groups, dtype=np.int64).reshape(-1)
@@ -88,10 +90,13 @@ def cluster_bootstrap(
     seed = check_int("seed", seed, 0)
     z_alpha = (1 - check_fraction("confidence", confidence)) / 2
     n_clusters = int(cluster_idx.max()) + 1
+    w = np.ones(len(x)) if weights is None else np.asarray(weights, dtype=np.float64).reshape(-1)
+    if len(w) != len(x) or not (np.isfinite(w).all() and (w > 0).all()):
+        raise UserInputError(f"weights must be {len(x)} finite positive numbers, one per observation")
     sums = np.zeros((n_clusters, n_groups))
     counts = np.zeros((n_clusters, n_groups))
-    np.add.at(sums, (cluster_idx, g), x)
-    np.add.at(counts, (cluster_idx, g), 1.0)
+    np.add.at(sums, (cluster_idx, g), x * w if weights is not None else x)
+    np.add.at(counts, (cluster_idx, g), w)
     with np.errstate(invalid="ignore"):
         estimate = sums.sum(0) / counts.sum(0)
     rng = np.random.default_rng(seed)

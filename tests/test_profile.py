@@ -167,3 +167,32 @@ def test_documented_workable_sizes_of_the_zoo_task():
             continue
         workable.append(n)
     assert workable == [72, 77, 80, *range(86, 201)]
+
+
+@pytest.mark.parametrize("interval", ["wilson", "cluster_bootstrap"])
+def test_a_phase_s_interval_holds_its_residue_mean_when_residues_hold_unequal_prompts(interval):
+    """A phase's accuracy is its residues' mean (the paper's fold); with 100 and 2 prompts in its two
+    residues (all right, none right) that is 0.5 where the pooled share is 0.98, and its interval is the
+    mean's (it was the pooled share's, [0.93, 0.995], which left the estimate outside). Residues of equal
+    size keep the pooled Wilson interval exactly."""
+    import pandas as pd
+
+    from phaseinterp import stats
+    from phaseinterp.profile import profile_from_records
+
+    sizes = [100, 20, 20, 20, 2, 20, 20, 20]
+    residue = np.repeat(np.arange(8), sizes)
+    correct = np.ones(residue.size, dtype=bool)
+    correct[residue == 4] = False
+    for r in (1, 2, 3, 5, 6, 7):
+        correct[np.flatnonzero(residue == r)[:10]] = False
+    records = pd.DataFrame({"residue": residue, "correct": correct, "mapping_id": np.arange(residue.size) // 2})
+    p = profile_from_records(records, 8, 4, interval=interval, n_bootstrap=400, n_permutations=99)
+    assert p.phase_accuracy[0] == pytest.approx(0.5)
+    assert (p.phase_lower <= p.phase_accuracy).all() and (p.phase_accuracy <= p.phase_upper).all()
+    assert p.phase_upper[0] - p.phase_lower[0] > 0.3  # about 8 prompts' worth of evidence, not 102
+    balanced = records[records.groupby("residue").cumcount() < 2]
+    q = profile_from_records(balanced.reset_index(drop=True), 8, 4, interval="wilson", n_permutations=99)
+    lo, hi = stats.wilson_interval(q.phase_correct, q.phase_n)
+    np.testing.assert_array_equal(q.phase_lower, lo)
+    np.testing.assert_array_equal(q.phase_upper, hi)
