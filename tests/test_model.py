@@ -614,6 +614,25 @@ def test_a_fork_reads_an_in_place_edit_of_the_cache_unless_frozen():
             assert torch.equal(before, after) == frozen
 
 
+def test_freezing_a_copy_leaves_the_cache_it_was_copied_from_unfrozen():
+    """`KVCache.copy` shares the layer caches; freezing the copy must not freeze the original, whose
+    forks still read an in-place edit (a review found them reading the stale gather)."""
+    model = make(0, window=4, stride=4)
+    tokens = torch.randint(0, 32, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        cache = model.init_cache()
+        model(tokens[:, :11], cache=cache, return_type=None)
+        frozen = cache.copy().freeze()
+        model(tokens[:, 11:], cache=frozen.fork())  # the frozen copy keeps its gather
+        assert not any(lc.frozen for lc in cache.layers) and all(lc.frozen for lc in frozen.layers)
+        before = model(tokens[:, 11:], cache=cache.fork())
+        for lc in cache.layers:
+            lc.v.mul_(3.0)
+        after = model(tokens[:, 11:], cache=cache.fork())
+        plain = model(tokens[:, 11:], cache=cache.copy())
+        assert not torch.equal(before, after) and torch.allclose(after, plain, atol=1e-5)
+
+
 def test_a_fork_takes_one_call_and_layers_are_checked():
     """A fork (`KVCache.fork`) is a view for one call, not extended; a second call, a batch that is
     not rows x variants, a cache of another model, layers out of range or a residual of the wrong

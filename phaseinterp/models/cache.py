@@ -6,6 +6,7 @@ to every tensor), ``n_tokens`` and ``batch_size``; `KVCache` (fork, copy, the on
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -92,10 +93,11 @@ class KVCache:
     def freeze(self) -> "KVCache":
         """Declare the cached prefix final: its tensors are not edited in place from now on (extending
         the cache is still allowed: it makes new layer caches). Steps over its forks may then keep
-        what they share (`LayerCache.shared`) instead of gathering it per call. Returns this cache."""
-        for lc in self.layers:
-            if hasattr(lc, "frozen"):
-                lc.frozen = True
+        what they share (`LayerCache.shared`) instead of gathering it per call. Only this cache (and
+        the forks and copies made from it afterwards) is frozen: its layer caches become new ones over
+        the same tensors, so a cache it was copied from is not. Returns this cache."""
+        self.layers = [dataclasses.replace(lc, frozen=True, _shared={}) if isinstance(lc, LayerCache) else lc
+                       for lc in self.layers]
         return self
 
     def fork(self, variants: int = 1) -> "KVCache":
