@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 
 from phaseinterp.errors import UserInputError, applies_only
 from phaseinterp import stats
-from phaseinterp.models.protocol import phase_model
+from phaseinterp.models.protocol import eval_mode, phase_model
 from phaseinterp._checks import (DEFAULT_N_PER_RESIDUE, INTERVALS, ProfileOptions, check_device, check_every_residue, check_fraction,
                                  check_int, check_n_per_residue, check_prompt_batch, env_flag, experiment)
 from phaseinterp.phase import check_residue_modulus
@@ -447,29 +447,24 @@ def profile_records(model: Any, batch: Any, spec: ProfileSpec, stride: int) -> p
     answer_logprob = torch.empty(n, dtype=torch.float32)
     # both families read the answer's logits without running their last layer at every position
     last_only = family.has_answer_logits
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode():
-            starts = range(0, n, batch_size)
-            quiet = not spec.progress or len(starts) < 2 or env_flag("PHASEINTERP_NO_PROGRESS")
-            for start in tqdm(starts, desc="phase profile", disable=quiet):
-                stop = min(start + batch_size, n)
-                pos = batch.answer_pos[start:stop]
-                if last_only and bool((pos == pos[0]).all()):  # one answer position: the last-position path
-                    last = family.answer_logits(batch.tokens[start:stop, : int(pos[0]) + 1].to(device)).float()
-                else:
-                    logits = _logits(model(batch.tokens[start:stop].to(device)))
-                    if logits.ndim != 3 or logits.shape[:2] != (stop - start, batch.seq_len):
-                        raise UserInputError(f"model returned logits of shape {tuple(logits.shape)}; "
-                                             "expected [batch, pos, d_vocab]")
-                    last = logits[torch.arange(stop - start, device=logits.device), pos.to(logits.device)].float()
-                rows = torch.arange(stop - start, device=last.device)
-                predicted[start:stop] = last.argmax(dim=-1).cpu()
-                answer = batch.answer[start:stop].to(last.device)
-                answer_logprob[start:stop] = torch.log_softmax(last, dim=-1)[rows, answer].cpu()
-    finally:
-        model.train(was_training)
+    with eval_mode(model), torch.inference_mode():
+        starts = range(0, n, batch_size)
+        quiet = not spec.progress or len(starts) < 2 or env_flag("PHASEINTERP_NO_PROGRESS")
+        for start in tqdm(starts, desc="phase profile", disable=quiet):
+            stop = min(start + batch_size, n)
+            pos = batch.answer_pos[start:stop]
+            if last_only and bool((pos == pos[0]).all()):  # one answer position: the last-position path
+                last = family.answer_logits(batch.tokens[start:stop, : int(pos[0]) + 1].to(device)).float()
+            else:
+                logits = _logits(model(batch.tokens[start:stop].to(device)))
+                if logits.ndim != 3 or logits.shape[:2] != (stop - start, batch.seq_len):
+                    raise UserInputError(f"model returned logits of shape {tuple(logits.shape)}; "
+                                         "expected [batch, pos, d_vocab]")
+                last = logits[torch.arange(stop - start, device=logits.device), pos.to(logits.device)].float()
+            rows = torch.arange(stop - start, device=last.device)
+            predicted[start:stop] = last.argmax(dim=-1).cpu()
+            answer = batch.answer[start:stop].to(last.device)
+            answer_logprob[start:stop] = torch.log_softmax(last, dim=-1)[rows, answer].cpu()
     return records_frame(batch, stride, predicted.numpy(), answer_logprob.numpy())
 
 

@@ -111,6 +111,26 @@ def test_batching_and_training_mode_do_not_change_results():
     assert a.to_frame().equals(b.to_frame()) and a.to_dict() == b.to_dict() and a == b
 
 
+def test_each_module_s_training_flag_is_restored_also_after_an_interrupt():
+    """A model in training with one submodule frozen in eval keeps each module's own flag after
+    `phase_profile`, and after a KeyboardInterrupt inside it (``model.train(was)`` made them uniform)."""
+    from test_model import make
+
+    model = make(0, window=4, stride=4, n_ctx=TASK.seq_len, d_vocab=TASK.vocab.size).train()
+    model.blocks[0].eval()
+    flags = [m.training for m in model.modules()]
+    batch = TASK.generate(1, seed=4, strict=False)
+    phase_profile(model, batch, progress=False, n_bootstrap=10, n_permutations=9)
+    assert [m.training for m in model.modules()] == flags
+
+    def interrupt(x, hook):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt), model.hooks(fwd_hooks=[("blocks.1.hook_resid_post", interrupt)]):
+        phase_profile(model, batch, progress=False)
+    assert [m.training for m in model.modules()] == flags
+
+
 def test_bad_requests_raise_clear_errors():
     model = PhaseOracle(TASK.vocab, good={0})
     with pytest.raises(ValueError, match=r"R=24 is not a multiple of stride=5"):

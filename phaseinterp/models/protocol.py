@@ -15,7 +15,8 @@ KV head's mean replacement happens (`KnockoutPoint`), which parameters a gate sh
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional, Protocol, runtime_checkable
+from contextlib import contextmanager
+from typing import Any, Iterator, NamedTuple, Optional, Protocol, runtime_checkable
 from pathlib import Path
 
 import torch
@@ -458,5 +459,18 @@ def phase_model(model) -> PhaseModel:
     return GenericModel(model)
 
 
-__all__ = ["CompressedFamily", "DeepseekV4Family", "GateTarget", "GenericModel", "KnockoutPoint", "PhaseModel",
+@contextmanager
+def eval_mode(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """``model`` in eval mode inside the block; afterwards (also after an exception) each submodule's
+    own training flag as it was, so a model trained with some modules frozen in eval keeps them so."""
+    flags = [(module, module.training) for module in model.modules()]
+    model.eval()
+    try:
+        yield model
+    finally:
+        for module, training in flags:
+            module.training = training
+
+
+__all__ = ["CompressedFamily", "DeepseekV4Family", "GateTarget", "eval_mode", "GenericModel", "KnockoutPoint", "PhaseModel",
            "phase_model", "register_family"]

@@ -8,6 +8,7 @@ import torch
 
 from phaseinterp._checks import check_device, check_int, listed
 from phaseinterp.errors import UserInputError
+from phaseinterp.models.protocol import eval_mode
 from phaseinterp.results import Result, plotting, settings_repr, settings_repr_html
 from phaseinterp.tasks.needle import encode_piece
 from phaseinterp.tasks.vocab import Tokenizer, Vocab
@@ -133,19 +134,14 @@ class DocstringProbe:
         for i, s in enumerate(seqs):
             tokens[i, : len(s)] = torch.tensor(s)
         scores = torch.empty(len(seqs), dtype=torch.float64)
-        was_training = model.training
-        model.eval()
-        try:
-            with torch.inference_mode():
-                for start in range(0, len(seqs), batch_size):
-                    chunk = tokens[start : start + batch_size].to(device)
-                    logprobs = torch.log_softmax(model(chunk).float(), dim=-1).cpu()
-                    for j in range(chunk.shape[0]):
-                        i = start + j
-                        pos = torch.arange(offsets[i] - 1, offsets[i] - 1 + len(cands[i]))
-                        scores[i] = logprobs[j, pos, torch.tensor(cands[i])].sum().double()
-        finally:
-            model.train(was_training)
+        with eval_mode(model), torch.inference_mode():
+            for start in range(0, len(seqs), batch_size):
+                chunk = tokens[start : start + batch_size].to(device)
+                logprobs = torch.log_softmax(model(chunk).float(), dim=-1).cpu()
+                for j in range(chunk.shape[0]):
+                    i = start + j
+                    pos = torch.arange(offsets[i] - 1, offsets[i] - 1 + len(cands[i]))
+                    scores[i] = logprobs[j, pos, torch.tensor(cands[i])].sum().double()
         frame["logprob_right"] = scores[0::2].numpy()
         frame["logprob_wrong"] = scores[1::2].numpy()
         frame["margin"] = frame["logprob_right"] - frame["logprob_wrong"]
