@@ -114,6 +114,9 @@ def check_output_dir(path: Union[str, os.PathLike], name: str = "output director
         raise UserInputError(f"{name}={str(path)!r} is an existing file, not a directory")
     probe = path
     while not probe.exists():
+        if probe.is_symlink():  # a link on the way to a folder to be made
+            raise UserInputError(f"{name}={str(path)!r} cannot be created: {str(probe)!r} is a dangling link or a "
+                                 "link loop")
         if probe.parent == probe:
             break
         probe = probe.parent
@@ -221,8 +224,8 @@ def check_path_roles(outputs: dict[str, Any], inputs: Optional[dict[str, Any]] =
 def through_links(path: Union[str, os.PathLike]) -> Path:
     """``path`` with a symbolic link at its end followed (to the file or folder it points to): writers
     replace what the link names, never the link itself, so a user's link stays a link."""
-    path = Path(path)
-    return Path(os.path.realpath(path)) if path.is_symlink() else path
+    path = Path(path)  # absolute, so "." names the current folder by its place in its parent
+    return Path(os.path.realpath(path)) if path.is_symlink() else Path(os.path.abspath(path))
 
 
 # ------------------------------------------------------------ saved objects
@@ -285,8 +288,30 @@ def _only_token_cache(folder: Path) -> bool:
     return bool(names) and names <= _TOKEN_CACHE
 
 
+_RESULT_FILES = {"meta.json", "arrays.npz"}  # what `Result.save` writes
+
+
+def _check_staging_place(target: Path, shown: str, kind: str) -> None:
+    """A staged writer makes its new folder beside an existing ``target`` and moves it into place: the
+    folder holding ``target`` must take a new folder (refused before any work, not after)."""
+    final = through_links(target)
+    here = Path(os.path.realpath(os.getcwd()))
+    if os.path.realpath(final) in (str(here), *map(str, here.parents)):
+        raise UserInputError(f"{shown} is the current folder or holds it: the {kind} is written beside it and moved "
+                             "into place, which would leave this process (and your shell) in a deleted folder; pass "
+                             "a new folder, e.g. a subfolder of this one")
+    parent = final.parent
+    try:
+        os.rmdir(tempfile.mkdtemp(dir=parent, prefix=".phaseinterp-write-test-"))
+    except OSError as err:
+        raise UserInputError(f"{shown} exists, and the {kind} is written beside it and moved into place, but "
+                             f"{str(parent)!r} takes no new folder ({err.strerror}); pass a folder that does not "
+                             "exist yet in a writable place") from None
+
+
 def check_write_target(path: Union[str, os.PathLike], kind: str, *, overwrite: bool = False,
-                       name: str = "directory", flag: str = "overwrite=True (CLI: --overwrite) to replace it") -> Path:
+                       name: str = "directory", flag: str = "overwrite=True (CLI: --overwrite) to replace it",
+                       staged: bool = True) -> Path:
     """The one rule for every writer: may ``kind`` be written to the folder ``path``?
 
     Yes when ``path`` does not exist or is an empty folder (and a folder can be made there:
@@ -294,8 +319,10 @@ def check_write_target(path: Union[str, os.PathLike], kind: str, *, overwrite: b
     with ``overwrite=True`` (CLI ``--overwrite``), and the writer then replaces it whole and
     atomically (`write_dir_atomically`). Anything else there (a file, another kind of saved object,
     other files) is never replaced: a `UserInputError` naming the argument, the path, what it holds
-    and what would be accepted (``flag`` names the switch that allows the same kind). Creates
-    nothing, so a refusal leaves no trace.
+    and what would be accepted (``flag`` names the switch that allows the same kind). A saved result
+    (`Result.save`: two files) is replaced only when the folder holds nothing else. A ``staged`` writer
+    (`write_dir_atomically`) makes its folder beside an existing ``path``, so that place must take a
+    new folder. Creates nothing, so a refusal leaves no trace.
 
     Writers that use it (``tests/test_bad_inputs.py::WRITERS`` walks each one):
     `Result.save` (every result object, `PhaseProfile` included), `CompressedTransformer.save_pretrained`,
@@ -311,14 +338,23 @@ def check_write_target(path: Union[str, os.PathLike], kind: str, *, overwrite: b
     target = check_output_dir(path, name)
     held = saved_kind(target)
     if held is None:
+        if staged and target.exists():
+            _check_staging_place(target, f"{name}={str(path)!r}", kind)
         return target
     shown = f"{name}={str(path)!r}"
     if held == "file":
         raise UserInputError(f"{shown} is an existing file, not a folder; pass a new folder for the {kind}")
     if held == kind:
-        if overwrite:
-            return target
-        raise UserInputError(f"{shown} already holds a {held}; pass {flag}, or a new or empty folder")
+        if not overwrite:
+            raise UserInputError(f"{shown} already holds a {held}; pass {flag}, or a new or empty folder")
+        extra = sorted(p.name for p in target.iterdir() if p.name not in _RESULT_FILES) if held.endswith(" result") else []
+        if extra:  # a saved result is two files: anything else there is the user's, which a replacement would take
+            listed = ", ".join(extra[:3]) + (", ..." if len(extra) > 3 else "")
+            raise UserInputError(f"{shown} holds a {held} and also {listed}, which replacing it would delete; move "
+                                 "them out first, or pass a new or empty folder")
+        if staged:
+            _check_staging_place(target, shown, kind)
+        return target
     if held == "other files":
         entries = sorted(p.name for p in target.iterdir())
         listed = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")

@@ -720,6 +720,11 @@ def test_a_writer_replaces_its_own_kind_only_with_overwrite(writer, model, tmp_p
     with pytest.raises(UserInputError, match="already holds a"):
         write(model, target)
     assert (target / "marker.txt").is_file()
+    if kind.endswith(" result"):  # a saved result is two files: the user's third is never taken with it
+        with pytest.raises(UserInputError, match="and also marker.txt, which replacing it would delete"):
+            write(model, target, overwrite=True)
+        assert (target / "marker.txt").read_text() == "from the first write"
+        (target / "marker.txt").unlink()
     write(model, target, overwrite=True)
     assert saved_kind(target) == kind
     if kind not in ("training run", "pretraining run"):  # a resumed run continues in its folder; the others are
@@ -841,6 +846,7 @@ def _device_calls():
         "phaseinterp.zoo:build": lambda m, t: pi.zoo.build("w4s4", t / "z", device=BAD_DEVICE),
         "phaseinterp.zoo.deepseek_v4:load": lambda m, t: pi.zoo.deepseek_v4.load("dsv4-tiny", device=BAD_DEVICE),
         "phaseinterp.models.catalog:load": lambda m, t: pi.zoo.load("w4s4", device=BAD_DEVICE),  # zoo.load
+        "phaseinterp.models.paths:CheckedHooks.add_caching_hooks": lambda m, t: m.add_caching_hooks(device=BAD_DEVICE),
     }
 
 
@@ -913,7 +919,7 @@ DEVICE_IDS = ["phaseinterp.interventions.ablation:ablate",
               "phaseinterp.report.sections.deepseek_v4:load_deepseek_v4", "phaseinterp.tasks.docstring:DocstringProbe.run",
               "phaseinterp.theory.model:IdealizedInductionModel.__init__", "phaseinterp.theory.model:equiangular_embeddings",
               "phaseinterp.train.compressed:train", "phaseinterp.zoo:build", "phaseinterp.zoo.deepseek_v4:load",
-              "phaseinterp.models.catalog:load"]
+              "phaseinterp.models.catalog:load", "phaseinterp.models.paths:CheckedHooks.add_caching_hooks"]
 
 
 @pytest.mark.parametrize("name", DEVICE_IDS)

@@ -6,6 +6,7 @@ says when its design cannot reach significance."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -403,3 +404,46 @@ def test_pretrain_resume_with_no_run_is_refused(tmp_path, capsys):
     code, err = _cli(capsys, ["pretrain", "--preset", "tiny", "--data", tmp_path / "text.txt", "--tokenizer",
                               tmp_path / "tok", "--out", tmp_path / "new", "--resume"])
     assert code == 2 and "holds no run to resume (no pretrain.json)" in err, err
+
+
+def test_an_output_folder_that_cannot_take_the_staged_write_is_refused_before_any_work(tmp_path, monkeypatch):
+    """A staged writer makes its folder beside an existing output folder and moves it into place. The
+    current folder (``--out .``) would leave the process in a deleted folder, and a folder under a
+    dangling link or in a place that takes no new folder would fail only after the work: each is refused
+    by the check that runs first, and nothing is written."""
+    profile = pi.paper.profile("kvc_w8s8_1kv_baseline")
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    for path in (".", "./", str(here)):
+        with pytest.raises(UserInputError, match="is the current folder or holds it"):
+            profile.save(path)
+    previous = profile.save(tmp_path / "previous")
+    monkeypatch.chdir(previous)  # inside a previous result, replacing it
+    with pytest.raises(UserInputError, match="is the current folder or holds it"):
+        profile.save(".", overwrite=True)
+    monkeypatch.chdir(here)
+    (tmp_path / "dangling").symlink_to(tmp_path / "gone")
+    with pytest.raises(UserInputError, match="'.*dangling' is a dangling link or a link loop"):
+        profile.save(tmp_path / "dangling" / "sub")
+    assert list(here.iterdir()) == [] and not (tmp_path / "gone").exists()
+    saved = profile.save("sub")  # a folder below the current one is fine
+    assert pi.PhaseProfile.load(saved) == profile and Path.cwd() == here
+
+
+def test_overwrite_never_takes_a_user_s_files_from_a_result_folder(tmp_path):
+    profile = pi.paper.profile("kvc_w8s8_1kv_baseline")
+    folder = profile.save(tmp_path / "p")
+    (folder / "notes.txt").write_text("mine")
+    with pytest.raises(UserInputError, match="and also notes.txt, which replacing it would delete"):
+        profile.save(folder, overwrite=True)
+    assert (folder / "notes.txt").read_text() == "mine" and pi.PhaseProfile.load(folder) == profile
+
+
+def test_the_remedy_s_runs_never_go_into_a_saved_object_s_folder(tmp_path):
+    from phaseinterp.experiments.remedy import train_share
+
+    folder = pi.paper.profile("kvc_w8s8_1kv_baseline").save(tmp_path / "p")
+    with pytest.raises(UserInputError, match="holds a PhaseProfile result: the twin runs go in a folder of their own"):
+        train_share(folder, 10, 0, 2)
+    assert sorted(p.name for p in folder.iterdir()) == ["arrays.npz", "meta.json"]

@@ -36,8 +36,9 @@ class DeviceOptions:
 class OutputOptions:
     out: Optional[str] = option(None, "directory to write {what} to; must not exist yet or be empty{default}",
                                 excludes=("list", "--list prints the published runs and writes nothing"))
-    overwrite: bool = option(False, "replace a previous output of the same kind in --out (whole and atomically); "
-                             "anything else there is never replaced", needs=(("out", GIVEN), ("paper_figure", GIVEN)))
+    overwrite: bool = option(False, "replace a previous output of the same kind in --out (whole and atomically; a saved "
+                             "result's folder that also holds other files is refused); anything else there is never "
+                             "replaced", needs=(("out", GIVEN), ("paper_figure", GIVEN)))
 
 
 @_declared

@@ -408,7 +408,7 @@ def _load_for_experiment(args):
                              "(each process writes its prompts' results there; process 0 merges them)")
         if args.shard_dir is not None:
             check_write_target(args.shard_dir, "shard folder", overwrite=True, name="--shard-dir",
-                               flag="the same run's shard folder")  # a previous run is resumed, nothing else touched
+                               flag="the same run's shard folder", staged=False)  # a previous run is resumed
         if launch.world_size > 1 and args.device in (None, "cuda"):
             args.device = str(parallel.rank_device(launch))  # one GPU per process
     model = loading.load(args.model, device=args.device)

@@ -21,7 +21,7 @@ import torch
 
 from phaseinterp import stats, zoo
 from phaseinterp._checks import DEFAULT_N_PER_RESIDUE, check_int, check_real
-from phaseinterp._files import atomic_write
+from phaseinterp._files import atomic_write, check_output_dir, saved_kind
 from phaseinterp.config import CompressedConfig
 from phaseinterp.errors import UserInputError
 from phaseinterp.phase import boundary_phase, n_closed_windows
@@ -297,6 +297,10 @@ def train_share(out_dir: Union[str, Path], stop_at: int, worker: int, n_workers:
     n_workers = check_int("n_workers", n_workers, 1)
     worker = check_int("worker", worker, 0, n_workers - 1)
     check_int("stop_at", stop_at, 1)  # here too: a bad value is refused before the first run trains
+    held = saved_kind(check_output_dir(out_dir, "out_dir"))
+    if held not in (None, "other files"):  # a saved object's folder is never written into
+        raise UserInputError(f"out_dir={str(out_dir)!r} holds a {held}: the twin runs go in a folder of their own "
+                             "(new, empty, or one holding earlier twin runs)")
     runs = [(v, s) for s in seeds for v in VARIANTS]
     for i, (variant, seed) in enumerate(runs):
         if i % n_workers == worker:

@@ -19,7 +19,7 @@ import torch
 from transformer_lens.ActivationCache import ActivationCache
 from transformer_lens.HookedRootModule import HookedRootModule
 
-from phaseinterp._checks import check_layer, check_name
+from phaseinterp._checks import check_device, check_layer, check_name
 from phaseinterp.errors import UserInputError
 
 
@@ -138,7 +138,9 @@ class CheckedHooks(HookedRootModule):
     def add_caching_hooks(self, names_filter=None, incl_bwd: bool = False, device=None, remove_batch_dim: bool = False,
                           cache: dict | None = None) -> dict:
         """TransformerLens's ``add_caching_hooks`` made of this model's `get_caching_hooks`: the same
-        names check and (DeepSeek-V4) the same joining of query chunks as ``run_with_cache``."""
+        names check and (DeepSeek-V4) the same joining of query chunks as ``run_with_cache``; ``device``
+        (where the activations are kept) is checked before a hook is added."""
+        device = None if device is None else check_device(device)
         cache, fwd, bwd = self.get_caching_hooks(names_filter, incl_bwd, device, remove_batch_dim, cache)
         for hooks, direction in ((fwd, "fwd"), (bwd, "bwd")):
             for name, fn in hooks:

@@ -47,7 +47,7 @@ def _run(plan: _Plan, batch, out_dir, launch: Launch, progress: bool):
     # the shared write rule: a shard folder (of this run: its run.json is checked below) is resumed,
     # anything else there is refused
     directory = check_write_target(out_dir, "shard folder", overwrite=True, name="out_dir",
-                                   flag="the same run's shard folder")
+                                   flag="the same run's shard folder", staged=False)
     (directory / SHARD_DIR).mkdir(parents=True, exist_ok=True)
     ranks = all_gather(header, launch)
     diff = next(((r, d) for r, h in enumerate(ranks) if (d := first_difference(h, ranks[0]))), None)

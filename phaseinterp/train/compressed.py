@@ -218,7 +218,7 @@ def train(
     out = Path(out_dir) if out_dir is not None else None
     if out is not None:  # a previous run is continued only with resume=True; nothing else is written over
         out = check_write_target(out, "training run", overwrite=resume, name="out_dir",
-                                 flag="resume=True (CLI: --resume) to continue it")
+                                 flag="resume=True (CLI: --resume) to continue it", staged=False)
     ckpt = out / "checkpoints" if out is not None else None
 
     model = CompressedTransformer(config.replace(seed=tc.seed)).to(device)

@@ -244,7 +244,8 @@ def prepare(config: CompressedConfig, data: Union[str, Path], tokenizer: Union[s
     tok = TextTokenizer(tokenizer)
     check_model_for_text(config, tok, tc.seq_len)
     _probe_task(tok, None, config, tc)  # a vocabulary or length that cannot hold the probe, before any reading
-    out = check_write_target(out_dir, KIND, overwrite=resume, name="out", flag="--resume (resume=True) to continue it")
+    out = check_write_target(out_dir, KIND, overwrite=resume, name="out", flag="--resume (resume=True) to continue it",
+                             staged=False)
     source_files(data)  # a path with no text is refused before anything is written
     record = {"model": config.to_dict(), "train": tc.to_dict(),
               "data": {"source": str(Path(data).resolve()), "fingerprint": fingerprint(data),
