@@ -468,3 +468,15 @@ def test_a_user_s_hook_z_ablation_equals_the_built_in_fast_ablation(zoo_model, n
         assert seen == [(shape[0], n) + shape[1:] for n in (answer_pos, 1)]
         user = logits.float().gather(-1, answer[:, None].to(logits.device))[:, 0].cpu()
         torch.testing.assert_close(user, torch.as_tensor(batched.knockout_logit_answer[:, u]), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["roll", "static"])
+def test_a_shift_beyond_a_machine_integer_is_its_residue_mod_the_window(prompts, mode):
+    """A shift rolls W slots, so 4 * 10**20 + 1 on a W = 4 model is shift 1 (it overflowed torch.roll
+    after the unshifted pass)."""
+    model = make(window=4, stride=4)
+    big, one = (gate_cycling_profile(model, TASK, shifts=(d,), prompts=prompts, mode=mode, n_calibration=8, n_boot=10,
+                                     progress=False) for d in (4 * 10**20 + 1, 1))
+    assert big.shifts == (0, 4 * 10**20 + 1)
+    np.testing.assert_array_equal(big.to_frame().drop(columns="shift").to_numpy(),
+                                  one.to_frame().drop(columns="shift").to_numpy())
