@@ -48,6 +48,14 @@ def check_int(name: str, value: Any, low: int = 1, high: int | None = None, why:
     return value
 
 
+SEED_MAX = 2**64 - 1  # torch's generators take a seed in 0..2**64 - 1
+
+
+def check_seed(name: str, value: Any) -> int:
+    """``value`` as an int seed in ``0..SEED_MAX`` (what torch's generators take); else a `UserInputError`."""
+    return check_int(name, value, 0, SEED_MAX, why=" (a seed: torch's generators take 0..2**64 - 1)")
+
+
 def check_real(name: str, value: Any, low: float = -math.inf, high: float = math.inf, *, low_open: bool = False,
                high_open: bool = True, why: str = "") -> float:
     """``value`` as a Python float if it is a finite real number (a numpy number too, never a bool) in the
@@ -454,7 +462,7 @@ def option(default: Any = None, help: str | None = None, *, parse: str | None = 
            many: bool = False, flag: str | None = None, metavar: str | None = None, needs: tuple = (),
            excludes: tuple | None = None, selects: dict | None = None) -> Any:
     """One option of an options dataclass, declared once: its default and, for the command line, its
-    ``help`` (none: Python-only), ``parse`` ("positive", "non_negative", "positive_float", "ints"; else a
+    ``help`` (none: Python-only), ``parse`` ("positive", "non_negative", "seed", "positive_float", "ints"; else a
     string), ``choices``, ``many``, ``flag`` (default ``--name``), ``needs`` (``(other, value)`` pairs of
     which one must hold; `Contains`, `OneOf`, `GIVEN`), ``excludes`` (``(other, why)``; ``(other,)``: it
     replaces the other) and ``selects``. Read by `Spec.check_needs` and `phaseinterp.cli.args`."""
@@ -525,6 +533,8 @@ class Spec:
                 raise UserInputError(f"{name}={value!r} is not one of {meta['choices']}")
             if meta.get("parse") in ("positive", "non_negative") and not (value is None and field.default is None):
                 check_int(name, value, int(meta["parse"] == "positive"))
+            if meta.get("parse") == "seed" and not (value is None and field.default is None):
+                check_seed(name, value)
 
     def validate(self) -> None:
         """Check every option against the others and where its declaration (`check_declared`) does not
@@ -662,7 +672,7 @@ class ProfileOptions(Spec):
     """`phase_profile`'s options (`ProfileSpec` checks them)."""
 
     n_per_residue: int = option(DEFAULT_N_PER_RESIDUE, _N_HELP, parse="positive")
-    seed: int = option(0, _SEED_HELP, parse="non_negative")
+    seed: int = option(0, _SEED_HELP, parse="seed")
     batch_size: int = option(64, parse="positive")
     device: Any = None
     stride: int | None = option(None, "fold residues to phases with this stride; must divide R, and for a compressed "
@@ -721,9 +731,9 @@ class GateCyclingOptions(Spec):
     mode: str = option("roll", "roll the gate parameters, or shift only the prompt-independent part of each slot's "
                        "gate logit (default: roll)", choices=CYCLING_MODES)
     n_per_residue: int | None = DEFAULT_N_PER_RESIDUE
-    seed: int = option(0, parse="non_negative")
+    seed: int = option(0, parse="seed")
     n_calibration: int = option(256, parse="positive")
-    calibration_seed: int = option(1, parse="non_negative")
+    calibration_seed: int = option(1, parse="seed")
     batch_size: int = option(64, parse="positive")
     n_boot: int = option(1000, parse="positive")
     progress: bool = True
@@ -757,7 +767,7 @@ class GateProfileOptions(Spec):
 
     n_per_residue: int = option(8, "prompts per residue; any size works here (no moment matching) (default: 8)",
                                 parse="positive")
-    seed: int = option(0, parse="non_negative")
+    seed: int = option(0, parse="seed")
     batch_size: int = option(64, parse="positive")
 
 
@@ -771,7 +781,7 @@ class ConformanceOptions(Spec):
                                   "its prefix, one length per cut phase)", choices=CONFORMANCE_MODES, many=True)
     n_per_residue: int = option(8, "prompts per residue (x R = 24), each shown at every answer phase; target moments "
                                 "are matched best-effort (default: 8)", parse="positive")
-    seed: int = option(0, _SEED_HELP, parse="non_negative")
+    seed: int = option(0, _SEED_HELP, parse="seed")
     answer_phases: Sequence[int] | None = None
     cut_phases: Sequence[int] | None = None
     chunk: int | None = option(None, "tokens per prefill piece after the first; a multiple of the cut period (the "

@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from phaseinterp._checks import check_int, check_name, check_real, plain_number
+from phaseinterp._checks import check_int, check_name, check_real, check_seed, plain_number
 from phaseinterp.errors import UserInputError
 
 COMPRESSION_KERNELS = ("gated", "deepseek")
@@ -98,6 +98,8 @@ class CompressedConfig:
             setattr(self, f.name, plain_number(getattr(self, f.name)))
         for name in ("d_vocab", "n_ctx", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_head", "d_mlp"):
             check_int(name, getattr(self, name), 1)
+        if self.seed is not None:
+            check_seed("seed", self.seed)
         if self.n_heads % self.n_kv_heads != 0:
             raise UserInputError(
                 f"n_heads={self.n_heads} must be divisible by n_kv_heads={self.n_kv_heads} "

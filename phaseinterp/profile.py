@@ -15,7 +15,7 @@ from phaseinterp.errors import UserInputError, applies_only
 from phaseinterp import stats
 from phaseinterp.models.protocol import eval_mode, phase_model
 from phaseinterp._checks import (DEFAULT_N_PER_RESIDUE, INTERVALS, ProfileOptions, check_device, check_every_residue, check_fraction,
-                                 check_int, check_n_per_residue, check_prompt_batch, env_flag, experiment)
+                                 check_int, check_n_per_residue, check_prompt_batch, check_seed, env_flag, experiment)
 from phaseinterp.phase import check_residue_modulus
 from phaseinterp.results import Result, plotting
 from phaseinterp.tasks import resolve_task
@@ -488,7 +488,7 @@ def check_resampling(n_bootstrap: Any, n_permutations: Any, seed: Any) -> None:
     """The resampling options of a profile made from records, before any record is read."""
     check_int("n_bootstrap", n_bootstrap, 1, why=" (bootstrap replicates)")
     check_int("n_permutations", n_permutations, 1, why=" (permutations of the period test)")
-    check_int("seed", seed, 0)
+    check_seed("seed", seed)
 
 
 def profile_from_records(

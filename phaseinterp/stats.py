@@ -11,7 +11,7 @@ from einops import reduce
 from jaxtyping import Float
 from scipy import stats as scipy_stats
 
-from phaseinterp._checks import check_fraction, check_int, check_real
+from phaseinterp._checks import check_fraction, check_int, check_seed, check_real
 from phaseinterp.errors import UserInputError
 from phaseinterp.phase import check_residue_modulus
 
@@ -87,7 +87,7 @@ def cluster_bootstrap(
     if g.min() < 0 or g.max() >= n_groups:
         raise UserInputError(f"group labels must lie in 0..{n_groups - 1} (got {g.min()}..{g.max()})")
     n_replicates = check_int("n_replicates", n_replicates, 1)
-    seed = check_int("seed", seed, 0)
+    seed = check_seed("seed", seed)
     z_alpha = (1 - check_fraction("confidence", confidence)) / 2
     n_clusters = int(cluster_idx.max()) + 1
     w = np.ones(len(x)) if weights is None else np.asarray(weights, dtype=np.float64).reshape(-1)
@@ -258,7 +258,7 @@ def detect_period(
     min_share = check_real("min_share", min_share, 0.0, 1.0, low_open=True, high_open=False,
                            why=" (the share of the best period's harmonic power a divisor must carry)")
     n_permutations = check_int("n_permutations", n_permutations, 1, why=" (permutations of the permutation test)")
-    seed = check_int("seed", seed, 0)
+    seed = check_seed("seed", seed)
     power = np.abs(np.fft.rfft(x)) ** 2 / R
     if not periods or np.ptp(x) <= 1e-12 * max(1.0, np.abs(x).max()):
         return PeriodTest(None, None, 1.0, 0.0, {P: 0.0 for P in periods}, power, alpha,

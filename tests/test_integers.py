@@ -233,3 +233,31 @@ def test_the_paper_lm_eval_records_and_snapshot_doors_refuse_bad_integers_first(
     with pytest.raises(UserInputError, match=words):
         with as_user():
             call()
+
+
+SEED_DOORS = {
+    "CompressedConfig": lambda s: pi.CompressedConfig(d_vocab=32, n_ctx=16, d_model=16, n_layers=1, n_heads=2,
+                                                      n_kv_heads=1, d_head=8, d_mlp=16, window=4, stride=4, seed=s),
+    "detect_period": lambda s: pi.stats.detect_period([0.0, 1.0] * 12, seed=s, n_permutations=9),
+    "ProfileSpec": lambda s: pi.ProfileSpec(seed=s),
+    "AblationSpec.calibration_seed": lambda s: pi.AblationSpec(calibration_seed=s),
+    "TrainConfig": lambda s: pi.train.TrainConfig(seed=s),
+}
+
+
+@pytest.mark.parametrize("door", sorted(SEED_DOORS))
+def test_a_seed_is_what_torch_s_generators_take(door):
+    """A seed is an integer in 0..2**64 - 1 everywhere (torch's generators overflowed past it, deep in
+    the work); the largest one is taken."""
+    with pytest.raises(ValueError, match=r"seed=18446744073709551616 is out of range \(valid: 0..18446744073709551615\)"):
+        SEED_DOORS[door](2**64)
+    SEED_DOORS[door](2**64 - 1)
+
+
+def test_the_cli_s_seeds_are_checked_by_the_parser(capsys):
+    from phaseinterp.cli import main
+
+    for argv in (["train", "--seed", str(2**64), "--steps", "1"], ["profile", "w4s4", "--seed", str(2**64)]):
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert "must be in 0..2**64 - 1 (a seed)" in capsys.readouterr().err

@@ -11,7 +11,7 @@ from typing import Optional
 
 from phaseinterp._checks import (DEFAULT_N_PER_RESIDUE, GIVEN, N_PER_RESIDUE_HELP, AblationOptions, Contains, ConformanceOptions,
                                  CyclingOptions, GateProfileOptions, OneOf, ProfileOptions, UnitCyclingOptions,
-                                 cli_fields, dest_of, flag_of, option)  # standard library only, like this module
+                                 SEED_MAX, cli_fields, dest_of, flag_of, option)  # standard library only, like this module
 from phaseinterp.errors import UserInputError
 
 
@@ -278,6 +278,10 @@ def _non_negative(text: str) -> int:
     return _parse_number(text, int, lambda v: v >= 0, ">= 0")
 
 
+def _seed(text: str) -> int:
+    return _parse_number(text, int, lambda v: 0 <= v <= SEED_MAX, "in 0..2**64 - 1 (a seed)")
+
+
 def _positive_float(text: str) -> float:
     return _parse_number(text, float, lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
 
@@ -295,7 +299,7 @@ def _share(text: str) -> tuple[int, int]:
     return worker, n_workers
 
 
-PARSERS = {"positive": _positive, "non_negative": _non_negative, "positive_float": _positive_float}
+PARSERS = {"positive": _positive, "non_negative": _non_negative, "seed": _seed, "positive_float": _positive_float}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -406,7 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
                                  "task, stride and name")
     p.add_argument("--n-per-residue", type=_positive, default=DEFAULT_N_PER_RESIDUE,
                    help=N_PER_RESIDUE_HELP + f" (default: {DEFAULT_N_PER_RESIDUE}, as every experiment)")
-    p.add_argument("--seed", type=_non_negative, default=0, help="prompt seed, >= 0 (default: 0)")
+    p.add_argument("--seed", type=_seed, default=0, help="prompt seed, >= 0 (default: 0)")
     p.add_argument("--name", default=None,
                    help="the lm-eval task name: a letter, then letters, digits and _ (default: phaseinterp_<model>)")
     _out_arg(p, required=True, what="the task (NAME.yaml, prompts.jsonl, prompts.py, lm_eval_task.json)")
@@ -467,7 +471,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=_positive, default=None, help="training steps (default: the recipe's, 1500)")
     p.add_argument("--batch-size", type=_positive, default=None, help="sequences per step (default: the recipe's)")
     p.add_argument("--lr", type=_positive_float, default=None, help="peak learning rate > 0 (default: the recipe's)")
-    p.add_argument("--seed", type=_non_negative, default=None, help="training seed >= 0 (default: the recipe's)")
+    p.add_argument("--seed", type=_seed, default=None, help="training seed >= 0 (default: the recipe's)")
     p.add_argument("--resume", action="store_true",
                    help="continue the run in --out; refuses a changed architecture, recipe or step count")
     add_options(p, DeviceOptions)
@@ -499,7 +503,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--micro-batch", type=_positive, default=None,
                    help="sequences per forward on each process; the rest by gradient accumulation (default: all)")
     p.add_argument("--steps", type=_positive, default=None, help="optimizer steps (default: 1000)")
-    p.add_argument("--seed", type=_non_negative, default=None, help="model and data-order seed (default: 0)")
+    p.add_argument("--seed", type=_seed, default=None, help="model and data-order seed (default: 0)")
     p.add_argument("--lr", type=_positive_float, default=None, help="peak learning rate (default: 3e-3)")
     p.add_argument("--needle-fraction", type=float, default=None,
                    help="share of each batch's rows that are natural-text needle prompts, 0..1 (default: 0)")
@@ -583,7 +587,7 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("runs", metavar="RUNS", help="folder of the twin runs (made if missing; its runs resume)")
     x.add_argument("stop", metavar="STOP", type=_positive, help="train each run to this step (at most the recipe's)")
     x.add_argument("share", metavar="W/N", type=_share, help="worker W (0-based) of N workers, e.g. 0/2")
-    x.add_argument("seeds", metavar="SEED", type=_non_negative, nargs="*", default=[0, 1, 2],
+    x.add_argument("seeds", metavar="SEED", type=_seed, nargs="*", default=[0, 1, 2],
                    help="training seeds of the twins (default: 0 1 2)")
     x.add_argument("--offsets", default="staggered", choices=["staggered", "staggered_layers"],
                    help="the staggered twin's window offsets; staggered_layers for one-KV-head models "

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from phaseinterp import __version__
-from phaseinterp._checks import DEFAULT_N_PER_RESIDUE, check_fraction, check_int, check_n_per_residue
+from phaseinterp._checks import DEFAULT_N_PER_RESIDUE, check_fraction, check_int, check_seed, check_n_per_residue
 from phaseinterp._files import atomic_write_text, check_read_path, check_write_target, write_dir_atomically
 from phaseinterp.errors import UserInputError
 from phaseinterp.models import loading
@@ -133,7 +133,7 @@ def write_lm_eval_task(model: Any, out: Union[str, os.PathLike], *, n_per_residu
         raise UserInputError(f"name={name!r} is not an lm-eval task name this writes (a letter, then letters, "
                              "digits and '_')")
     n_per_residue = DEFAULT_N_PER_RESIDUE if n_per_residue is None else n_per_residue
-    seed = check_int("seed", seed, 0)
+    seed = check_seed("seed", seed)
     task, stride, label = _model_task(model, task, stride)
     stride = check_int("stride", stride, 1)
     if not hasattr(task, "generate"):

@@ -8,7 +8,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from phaseinterp._checks import MAX_PROMPTS, check_fraction, check_indices, check_int, check_layer, check_n_per_residue
+from phaseinterp._checks import MAX_PROMPTS, check_fraction, check_indices, check_int, check_seed, check_layer, check_n_per_residue
 from phaseinterp.errors import UserInputError
 from phaseinterp.models.protocol import phase_model
 
@@ -40,8 +40,8 @@ def check_calibrated_sweep(spec) -> None:
     ``seed`` and ``calibration_seed`` (>= 0) and ``batch_size`` (>= 1)."""
     check_n_per_residue(spec.n_per_residue)
     check_int("n_calibration", spec.n_calibration, 1, MAX_PROMPTS)
-    check_int("seed", spec.seed, 0)
-    check_int("calibration_seed", spec.calibration_seed, 0)
+    check_seed("seed", spec.seed)
+    check_seed("calibration_seed", spec.calibration_seed)
     check_int("batch_size", spec.batch_size, 1)
 
 
@@ -73,7 +73,7 @@ def paired_bootstrap_relative_change(
     if fold and n_groups % fold:
         raise UserInputError(f"fold={fold} must divide n_groups={n_groups} (residue groups fold into phases)")
     n_boot = check_int("n_boot", n_boot, 1, why=" (bootstrap replicates)")
-    seed = check_int("seed", seed, 0)
+    seed = check_seed("seed", seed)
     rng = np.random.default_rng(seed)
     n_units = knocked.shape[1]
     clean_sum = np.zeros((n_boot, n_groups))

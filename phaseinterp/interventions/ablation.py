@@ -17,7 +17,7 @@ from phaseinterp._checks import DEFAULT_N_PER_RESIDUE
 from phaseinterp.models.protocol import model_label as label_of
 from phaseinterp.errors import UserInputError, applies_only, when_given
 from phaseinterp._checks import (check_device, check_fraction, check_int, check_n_per_residue, check_name, check_prompt_batch,
-                                 check_real, check_tensor, listed)
+                                 check_real, check_seed, check_tensor, listed)
 from phaseinterp._files import progress_bar
 from phaseinterp.phase import check_residue_modulus
 from phaseinterp.interventions._common import (check_calibrated_sweep, check_calibration_size, check_layers,
@@ -139,7 +139,7 @@ class AblationResult(Result):
     def to_frame(self, level: str = "phase", n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
         """Tidy rows per (layer, kv_head, phase|residue): accuracies, relative change, 95% CI."""
         check_name("level", level, ("phase", "residue"))
-        n_boot, seed = check_int("n_boot", n_boot, 1, why=" (bootstrap replicates)"), check_int("seed", seed, 0)
+        n_boot, seed = check_int("n_boot", n_boot, 1, why=" (bootstrap replicates)"), check_seed("seed", seed)
         fold = level == "phase"
         est, low, high = self._relative(fold=fold, n_boot=n_boot, seed=seed)
         if self.published:

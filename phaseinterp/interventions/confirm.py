@@ -19,7 +19,7 @@ import pandas as pd
 import torch
 from scipy import stats as scipy_stats
 
-from phaseinterp._checks import (DEFAULT_N_PER_RESIDUE, MAX_PROMPTS, Spec, check_fraction, check_int,
+from phaseinterp._checks import (DEFAULT_N_PER_RESIDUE, MAX_PROMPTS, Spec, check_fraction, check_int, check_seed,
                                  check_is_model, check_n_per_residue, check_prompt_batch, check_real, experiment)
 from phaseinterp.errors import UserInputError, applies_only, when_given
 from phaseinterp._files import progress_bar
@@ -360,7 +360,7 @@ class ConfirmSpec(Spec):
             self._set("max_concentration", check_max_concentration(self.max_concentration))
         check_calibrated_sweep(self)
         check_int("nominate_per_residue", self.nominate_per_residue, 1, MAX_PROMPTS)
-        check_int("nomination_seed", self.nomination_seed, 0)
+        check_seed("nomination_seed", self.nomination_seed)
         if self.seed == self.nomination_seed:
             raise UserInputError(f"seed={self.seed} and nomination_seed={self.nomination_seed} must differ "
                                  "(disjoint splits)")

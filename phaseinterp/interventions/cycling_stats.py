@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from phaseinterp._checks import check_fraction, check_int
+from phaseinterp._checks import check_fraction, check_int, check_seed
 from phaseinterp.errors import UserInputError
 
 
@@ -116,7 +116,7 @@ def cycling_scores(acc0: np.ndarray, observed: dict[int, np.ndarray], *, n_permu
     ``n_shifts``; ``identification_p``, the joint permutation p; ``movement_r2`` / ``movement_corr2``
     (`movement_scores`; NaN with fewer than 2 shifts)."""
     n_permutations = check_int("n_permutations", n_permutations, 0, why=" (0: no permutation test)")
-    seed = check_int("seed", seed, 0)
+    seed = check_seed("seed", seed)
     acc0 = np.asarray(acc0, float)
     S = len(acc0)
     boundary = S - 1
@@ -261,7 +261,7 @@ def unit_permutation_tests(c0: np.ndarray, c: np.ndarray, shifts, *, limit: int 
     ``identification_null``, the share in which the applied shift is strictly best (about 1/S).
     Jointly: ``identification_p = P(at least n_identified identified)``, exact (Poisson-binomial)."""
     limit = check_int("limit", limit, 1, why=" (permutations per shift at most)")
-    seed = check_int("seed", seed, 0)
+    seed = check_seed("seed", seed)
     c0, c = np.asarray(c0, float), np.asarray(c, float)
     S = c0.size
     shifts = np.asarray(shifts, int)

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from phaseinterp._checks import (DEFAULT_N_PER_RESIDUE, Spec, check_fraction, check_indices, check_int, check_is_model, check_layer,
+from phaseinterp._checks import (DEFAULT_N_PER_RESIDUE, Spec, check_fraction, check_indices, check_int, check_seed, check_is_model, check_layer,
                                  check_n_per_residue, check_name, check_prompt_batch, experiment)
 from phaseinterp.errors import UserInputError, applies_only, when_given
 from phaseinterp import stats
@@ -128,7 +128,7 @@ class IndexerSpec(Spec):
         if self.layers is not None:  # their range needs the model (csa_layers)
             self._set("layers", tuple(check_indices("layers", self.layers, 0, unit="layer")))
         check_n_per_residue(self.n_per_residue)
-        check_int("seed", self.seed, 0)
+        check_seed("seed", self.seed)
         check_int("batch_size", self.batch_size, 1)
         check_fraction("confidence", self.confidence)
 

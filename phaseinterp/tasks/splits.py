@@ -10,7 +10,7 @@ from functools import lru_cache
 import numpy as np
 from jaxtyping import Int
 
-from phaseinterp._checks import check_int
+from phaseinterp._checks import check_seed
 
 # Seed-space separation: each split draws from its own SeedSequence spawn key.
 SPLIT_CODES = {"eval": 0, "calibration": 1, "train": 2}
@@ -21,7 +21,7 @@ PAIR_BITS_SEED = 20260101  # fixes the table, never the caller's seed
 
 def split_rng(seed: int, split: str, *extra: int) -> np.random.Generator:
     """The random stream of ``split`` (and optional sub-streams ``extra``, e.g. a residue group)."""
-    check_int("seed", seed, 0)
+    check_seed("seed", seed)
     return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(SPLIT_CODES[split], *extra)))
 
 

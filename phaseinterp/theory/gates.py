@@ -11,7 +11,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from phaseinterp._checks import check_int, check_real
+from phaseinterp._checks import check_seed, check_real
 from phaseinterp.theory.model import IdealizedInductionModel, Population
 
 
@@ -19,7 +19,7 @@ def random_gate_parameters(model: IdealizedInductionModel, rho: float,
                            seed: int) -> Float[Tensor, "head branch slot dim"]:
     """Initial gate vectors: each ``c_{h,b,r}`` uniform on the sphere of radius ``rho`` (seeded)."""
     rho = check_real("rho", rho, 0.0, low_open=True)
-    seed = check_int("seed", seed, 0)
+    seed = check_seed("seed", seed)
     gen = torch.Generator().manual_seed(seed)
     c = torch.randn(model.heads, 2, model.S, model.dim, generator=gen, dtype=torch.float64)
     c = rho * c / c.norm(dim=-1, keepdim=True)

@@ -19,7 +19,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from phaseinterp._checks import check_device, check_int, check_real
+from phaseinterp._checks import check_device, check_int, check_seed, check_real
 from phaseinterp.errors import UserInputError  # bad arguments: one line naming the value
 
 # Float64 round-off in X X^T for the sizes used here is ~1e-15; the check allows this much.
@@ -72,7 +72,7 @@ def equiangular_embeddings(n_tokens: int, kappa: float, eps: float, *, seed: int
     kappa = check_real("kappa", kappa, 0.0)
     eps = check_real("eps", eps, 0.0, 1.0 / n_tokens,
                        why=f" (1/N for N={n_tokens}: larger perturbations can break positive definiteness)")
-    seed = check_int("seed", seed, 0)
+    seed = check_seed("seed", seed)
     gen = torch.Generator().manual_seed(seed)
     noise = torch.rand(n_tokens, n_tokens, generator=gen, dtype=torch.float64) * 2 - 1
     noise = (noise + noise.T) / 2
@@ -148,7 +148,7 @@ class IdealizedInductionModel:
         self.eps = check_real("eps", eps, 0.0, 1.0 / N, why=f" (1/N for N={N})")
         self.gamma = check_real("gamma", gamma, 0.0, low_open=True)
         self.beta = check_real("beta", beta, 0.0, low_open=True)
-        self.seed = check_int("seed", seed, 0)
+        self.seed = check_seed("seed", seed)
         self.max_exact = check_int("max_exact", max_exact, 1)
         self.embeddings = equiangular_embeddings(N, kappa, eps, seed=seed, device=device)
         self.gram = self.embeddings @ self.embeddings.T
@@ -184,7 +184,7 @@ class IdealizedInductionModel:
         ``n_samples`` uniform draws (seeded), a Monte Carlo estimate.
         """
         S, L = self.S, self.L
-        seed = check_int("seed", seed, 0)
+        seed = check_seed("seed", seed)
         slots = torch.arange(S - 1)
         if symmetric:
             if self.eps != 0:

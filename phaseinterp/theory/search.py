@@ -17,7 +17,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from phaseinterp.errors import UserInputError
-from phaseinterp._checks import check_int, check_real
+from phaseinterp._checks import check_int, check_seed, check_real
 from phaseinterp.theory.model import IdealizedInductionModel, Population, single_threaded
 from phaseinterp.theory.results import SearchGrid, SearchResult
 
@@ -117,7 +117,7 @@ def global_search(model: IdealizedInductionModel, *, n_random: int = 16, n_refin
     n_random = check_int("n_random", n_random, 0)
     n_refine_best = check_int("n_refine_best", n_refine_best, 0)
     steps = check_int("steps", steps, 1)
-    seed = check_int("seed", seed, 0)
+    seed = check_seed("seed", seed)
     tol = check_real("tol", tol, 0.0)
     with single_threaded():
         return _global_search(model, n_random, n_refine_best, steps, seed, tol, population)

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Int
 from torch import Tensor
 
-from phaseinterp._checks import check_device, check_indices, check_int, check_real, listed
+from phaseinterp._checks import check_device, check_indices, check_int, check_seed, check_real, listed
 from phaseinterp._files import atomic_write, check_read_path, check_write_target, normal_mode, progress_bar
 from phaseinterp.config import CompressedConfig
 from phaseinterp.errors import UserInputError
@@ -78,7 +78,7 @@ class TrainConfig(Recipe):
         self._check_optimizer()
         for name in ("batch_size", "eval_every", "checkpoint_every", "probe_per_residue"):
             self._store(name, check_int(name, getattr(self, name), 1))
-        self._store("probe_seed", check_int("probe_seed", self.probe_seed, 0))
+        self._store("probe_seed", check_seed("probe_seed", self.probe_seed))
         if self.loss_on not in ("answer", "values"):
             raise UserInputError(f"loss_on={self.loss_on!r} is not one of ('answer', 'values')")
         self._store("periodic_fraction", check_real("periodic_fraction", self.periodic_fraction, 0.0, 1.0))

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from phaseinterp._checks import check_int, check_real, listed
+from phaseinterp._checks import check_int, check_real, check_seed, listed
 from phaseinterp.errors import UserInputError
 from phaseinterp.models.compressor import Compressor
 
@@ -38,8 +38,9 @@ class Recipe:
     def _check_optimizer(self) -> None:
         """The shared fields in range (a one-line refusal naming the field), each stored as the Python
         number it equals (numpy numbers too: a manifest is JSON), ``betas`` as a tuple."""
-        for name, low in (("steps", 1), ("seed", 0), ("warmup_steps", 0)):
+        for name, low in (("steps", 1), ("warmup_steps", 0)):
             self._store(name, check_int(name, getattr(self, name), low))
+        self._store("seed", check_seed("seed", self.seed))
         for name in ("lr", "grad_clip"):
             self._store(name, check_real(name, getattr(self, name), 0.0, low_open=True))
         self._store("min_lr_ratio", check_real("min_lr_ratio", self.min_lr_ratio, 0.0, 1.0, high_open=False))
