@@ -255,7 +255,11 @@ def check_prompt_batch(batch: Any, name: str = "prompts", every_residue: bool = 
 def check_n_per_residue(value: Any, modulus: int | None = None, name: str = "n_per_residue") -> int:
     """An integer >= 1 whose prompt count ``value * modulus`` stays within `MAX_PROMPTS`."""
     value = check_int(name, value, 1)
-    modulus = modulus or 1
+    if modulus is None:  # the task (so R) is not known yet: the bound any R allows
+        if value > MAX_PROMPTS:
+            raise UserInputError(f"{name}={value:,} asks for more than the {MAX_PROMPTS:,} prompts a call may ask for, "
+                                 f"whatever the task's residues R ({name} <= {MAX_PROMPTS:,} / R)")
+        return value
     limit = MAX_PROMPTS // modulus
     if value > limit:
         raise UserInputError(

@@ -314,8 +314,10 @@ def _model_arg(p, *options):
 
 
 def _out_arg(p, default: Optional[str] = None, required: bool = False, what: str = "the result",
-             overwrite: bool = True):
-    default_text = f" (default: {default})" if default else (" (required)" if required else " (default: print only)")
+             overwrite: bool = True, when: str = ""):
+    """``--out`` (and ``--overwrite``); ``when`` says when it is needed where that is neither always nor never."""
+    default_text = (f" (default: {default})" if default else " (required)" if required else
+                    f" ({when})" if when else " (default: print only)")
     add_options(p, OutputOptions, skip=() if overwrite else ("overwrite",), what=what, default=default_text,
                 out={"default": default, "required": required or None})
 
@@ -338,7 +340,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="full-attention twin: zoo name or checkpoint directory, 'none' to skip (default: full)")
     _out_arg(p, default="phaseinterp-report", what="the report (index.html, PNGs, CSVs, summary.json)")
     size = p.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="also only shifts +-1 and fewer calibration prompts")
+    size.add_argument("--quick", action="store_true", help="shifts +-1 only, 128 calibration prompts and 4 gate "
+                                                           "prompts per residue")
     size.add_argument("--full", action="store_true", help="250 prompts per residue for the profiles and gate cycling "
                                                           "(default 72: the report checks its intervals separate)")
     p.add_argument("--no-static", action="store_true", help="skip PNG export even if kaleido and Chromium exist")
@@ -356,7 +359,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--twin", default=None, help="a full-attention twin to profile beside it (default: none)")
     _out_arg(p, required=True, what="the report (index.html, PNGs, CSVs, summary.json)")
     size = p.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="also only shifts +-1 and fewer calibration prompts")
+    size.add_argument("--quick", action="store_true", help="shifts +-1 only, 128 calibration prompts and 4 gate "
+                                                           "prompts per residue")
     size.add_argument("--full", action="store_true", help="250 prompts per residue for the profiles and gate cycling "
                                                           "(default 72: the report checks its intervals separate)")
     p.add_argument("--no-static", action="store_true", help="skip PNG export even if kaleido and Chromium exist")
@@ -386,7 +390,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "and offline PNG, all on DIR/index.html (check it with `phaseinterp check-report DIR`). "
                        "--list prints the published runs instead.")
     add_options(p, PaperOptions)
-    _out_arg(p, what="the figures (index.html, one .html and .png per figure, summary.json)")
+    _out_arg(p, what="the figures (index.html, one .html and .png per figure, summary.json)", when="needed but with "
+             "--list")
 
     p = sub.add_parser("profile", help="accuracy by residue and phase (phaseinterp.phase_profile)",
                        description="Top-1 retrieval accuracy by target residue (mod R) and phase (mod S), of a "
@@ -523,7 +528,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="processes (torchrun): at most the CUDA devices, or the CPU cores without CUDA (default: 1)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out; refuses changed settings")
     add_options(p, PlanOptions)
-    _out_arg(p, what="the run (checkpoints, curves, the final model); required but with --plan", overwrite=False)
+    _out_arg(p, what="the run (checkpoints, curves, the final model)", overwrite=False, when="needed but with --plan")
 
     p = sub.add_parser("tokenizer", help="train a byte-level BPE tokenizer on local text")
     tsub = p.add_subparsers(dest="tokenizer_command", required=True, parser_class=_Parser, metavar="TOKENIZER_COMMAND")
@@ -548,10 +553,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="HF DeepSeek-V4 recipes only (dsv4-tiny ...): train this many steps instead of the "
                         "recipe's, e.g. for a quick check (default: the recipe's)")
     e = zsub.add_parser("export", help="write a shipped HF DeepSeek-V4 zoo model in DeepSeek's released layout",
-                        description="Write a shipped tiny DeepSeek-V4 (dsv4-tiny, dsv4.1-tiny) with DeepSeek's own "
+                        description="Write a shipped tiny DeepSeek-V4 (dsv4-tiny, dsv4.1-tiny, dsv4-tiny-fp8) with DeepSeek's own "
                         "tensor names, sharded safetensors + index, the release's config fields and (--fp8) FP8 e4m3 "
                         "weights with 128x128 block scales: a fixture for loading real checkpoints with load_hf.")
-    e.add_argument("name", help="a shipped HF DeepSeek-V4 zoo name (dsv4-tiny, dsv4.1-tiny)")
+    e.add_argument("name", help="a shipped HF DeepSeek-V4 zoo name (dsv4-tiny, dsv4.1-tiny, dsv4-tiny-fp8)")
     e.add_argument("--layout", required=True, help="tensor layout to write (valid: deepseek)")
     e.add_argument("--fp8", action="store_true", help="FP8 e4m3 + block scales where the release quantizes")
     e.add_argument("--fp8-scales", default=None,

@@ -67,7 +67,7 @@ def train_tokenizer(data: Union[str, Path], vocab_size: int, out: Union[str, Pat
     (any source `corpus.documents` reads) and write ``tokenizer.json`` + ``tokenizer_config.json``
     into ``out``, a folder transformers' ``AutoTokenizer`` and `TextTokenizer` both load. ``out`` must be
     new or empty; a previous tokenizer there is replaced (whole, atomically) only with ``overwrite``."""
-    check_int("vocab_size", vocab_size, 260, 1 << 20, why="byte-level BPE needs the 256 bytes and the special token")
+    check_int("vocab_size", vocab_size, 260, 1 << 20, why=": byte-level BPE needs the 256 bytes and the special token")
     out = check_write_target(out, "tokenizer", overwrite=overwrite, name="out")
     source_files(data)  # refuses a source with nothing in it before training
     tokenizers = load_tokenizers("pretraining")
