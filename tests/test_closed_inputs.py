@@ -6,6 +6,7 @@ says when its design cannot reach significance."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -447,3 +448,16 @@ def test_the_remedy_s_runs_never_go_into_a_saved_object_s_folder(tmp_path):
     with pytest.raises(UserInputError, match="holds a PhaseProfile result: the twin runs go in a folder of their own"):
         train_share(folder, 10, 0, 2)
     assert sorted(p.name for p in folder.iterdir()) == ["arrays.npz", "meta.json"]
+
+
+@pytest.mark.parametrize("name, says", [("fig.txt", r"format\(s\) \['txt'\] not supported"),
+                                        ("fig", r"--paper-figure='.*fig.html' already exists")])
+def test_a_paper_figure_path_is_judged_before_the_profile_runs(name, says, tmp_path, capsys):
+    """The path is judged as `save` will write it (no suffix: .html) and before the work: a format that
+    cannot be written, or the user's own fig.html, is refused without a profile run."""
+    (tmp_path / "fig.html").write_text("mine")
+    with pytest.raises(SystemExit):
+        main(["profile", "w4s4", "--paper", "kvc_w8s8_1kv_baseline", "--paper-figure", str(tmp_path / name)])
+    captured = capsys.readouterr()
+    assert re.search(says, captured.err) and "beside the paper" not in captured.out
+    assert (tmp_path / "fig.html").read_text() == "mine"

@@ -91,8 +91,9 @@ class CompareOptions:
                                   "(phaseinterp.paper.compare), {runs} (default: none)", metavar="RUN")
     paper_padding: Optional[str] = option(None, "with --paper: the published evaluation to compare with (default: "
                                           "prefix)", choices=("prefix", "in-sequence"), needs=("paper", GIVEN))
-    paper_figure: Optional[str] = option(None, "with --paper: also write the comparison's figure here (.html, or .png "
-                                         "with kaleido and Chromium) (default: none)", metavar="PATH",
+    paper_figure: Optional[str] = option(None, "with --paper: also write the comparison's figure here (.html, the default "
+                                         "without a suffix; .png, .svg or .pdf with kaleido and Chromium) (default: "
+                                         "none)", metavar="PATH",
                                          needs=("paper", GIVEN))
 
 

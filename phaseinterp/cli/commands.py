@@ -47,11 +47,11 @@ from phaseinterp.models.hf.export import DEFAULT_FP8_SCALES, EXPERT_FORMATS, EXP
 from phaseinterp.models.loading import check_source, peek
 from phaseinterp.parallel import merge, sharded_ablate, sharded_gate_cycling_profile, sharded_profile
 from phaseinterp.plot import pretrain_curves, save
+from phaseinterp.plot.export import figure_targets
 from phaseinterp.profile import PhaseProfile, ProfileSpec, phase_profile
 from phaseinterp.report import check as report_check
 from phaseinterp.report.paper import write_paper_figures
 from phaseinterp import paper as paper_module
-from phaseinterp._files import check_file_target
 from phaseinterp.report.sections.remedy import check_remedy
 from phaseinterp.tasks import resolve_task
 from phaseinterp.train.plan import plan_memory
@@ -289,7 +289,7 @@ def _check_paper(args) -> None:
         else:
             paper_module.profile(run, args.paper_padding, n_permutations=1)
     if args.paper_figure is not None:
-        check_file_target(args.paper_figure, overwrite=args.overwrite, name="--paper-figure")
+        figure_targets(args.paper_figure, overwrite=args.overwrite, name="--paper-figure")
 
 
 def _print_paper(args, result) -> None:
@@ -303,7 +303,7 @@ def _print_paper(args, result) -> None:
     for note in comparison.notes:
         print(f"  note: {note}")
     if args.paper_figure is not None:
-        for path in save(comparison.plot(), args.paper_figure, overwrite=args.overwrite):
+        for path in save(comparison.plot(), args.paper_figure, overwrite=args.overwrite, name="--paper-figure"):
             print(f"wrote {path}")
 
 

@@ -53,29 +53,36 @@ def static_export_available() -> bool:
 
 
 def save(fig: go.Figure, path: Union[str, Path], formats: Iterable[str] | None = None, scale: float = 2.0, *,
-         overwrite: bool = False) -> list[Path]:
-    """Write ``fig`` to ``path``; the suffix picks the format (``.html``, ``.png``, ``.svg``, ``.pdf``).
-    With ``formats`` the stem of ``path`` is written once per format. Returns the written paths. Static
-    formats need ``phaseinterp[export]`` and a Chromium, else an `ExportError` says so. An existing file
-    is replaced only with ``overwrite=True``; every target is checked first and each is written whole or
-    not at all."""
+         overwrite: bool = False, name: str = "path") -> list[Path]:
+    """Write ``fig`` to ``path``; the suffix picks the format (``.html``, ``.png``, ``.svg``, ``.pdf``; none:
+    ``.html``). With ``formats`` the stem of ``path`` is written once per format. Returns the written
+    paths. Static formats need ``phaseinterp[export]`` and a Chromium, else an `ExportError` says so. An
+    existing file is replaced only with ``overwrite=True``; every target is checked first
+    (`figure_targets`) and each is written whole or not at all. ``name``: the argument errors name."""
     if not isinstance(fig, go.Figure):
         raise UserInputError(f"fig={type(fig).__name__} is not a plotly Figure (a result's .plot() returns one)")
     scale = _check_scale(scale)
-    check_file_target(path, overwrite=True, name="path")  # a path at all (existing targets: per format below)
+    written = []
+    for kind, target in figure_targets(path, formats, overwrite=overwrite, name=name):
+        written.append(write_file_atomically(target, functools.partial(_write_one, fig, kind, scale),
+                                             overwrite=overwrite, name=name))
+    return written
+
+
+def figure_targets(path: Union[str, Path], formats: Iterable[str] | None = None, *, overwrite: bool = False,
+                   name: str = "path") -> list[tuple[str, Path]]:
+    """The (format, file) pairs `save` would write for ``path`` and ``formats``, each checked by the write
+    rule (and a static format's Chromium), so a caller can refuse a bad target before the work."""
+    check_file_target(path, overwrite=True, name=name)  # a path at all (existing targets: per format below)
     path = Path(path)
     kinds = list(formats) if formats is not None else [path.suffix.lstrip(".").lower() or "html"]
     bad = [k for k in kinds if k not in ("html",) + STATIC_FORMATS]
     if bad:
-        raise UserInputError(f"formats={bad} not supported; use html, png, svg or pdf")
-    targets = [check_file_target(path.with_suffix(f".{kind}"), overwrite=overwrite, name="path") for kind in kinds]
+        raise UserInputError(f"{name}={str(path)!r}: format(s) {bad} not supported; use .html, .png, .svg or .pdf")
+    targets = [check_file_target(path.with_suffix(f".{kind}"), overwrite=overwrite, name=name) for kind in kinds]
     if any(kind != "html" for kind in kinds):
         _check_static(path.name)
-    written = []
-    for kind, target in zip(kinds, targets):
-        written.append(write_file_atomically(target, functools.partial(_write_one, fig, kind, scale),
-                                             overwrite=overwrite, name="path"))
-    return written
+    return list(zip(kinds, targets))
 
 
 def _check_scale(scale: float) -> float:
