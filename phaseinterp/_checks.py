@@ -53,7 +53,10 @@ SEED_MAX = 2**64 - 1  # torch's generators take a seed in 0..2**64 - 1
 
 def check_seed(name: str, value: Any) -> int:
     """``value`` as an int seed in ``0..SEED_MAX`` (what torch's generators take); else a `UserInputError`."""
-    return check_int(name, value, 0, SEED_MAX, why=" (a seed: torch's generators take 0..2**64 - 1)")
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= int(value) <= SEED_MAX:
+        raise UserInputError(f"{name}={plain_number(value)!r} must be an integer in 0..2**64 - 1 (a seed, as torch's "
+                             "generators take)")
+    return int(value)
 
 
 def check_real(name: str, value: Any, low: float = -math.inf, high: float = math.inf, *, low_open: bool = False,
@@ -257,7 +260,7 @@ def check_n_per_residue(value: Any, modulus: int | None = None, name: str = "n_p
     value = check_int(name, value, 1)
     if modulus is None:  # the task (so R) is not known yet: the bound any R allows
         if value > MAX_PROMPTS:
-            raise UserInputError(f"{name}={value:,} asks for more than the {MAX_PROMPTS:,} prompts a call may ask for, "
+            raise UserInputError(f"{name}={value} asks for more than the {MAX_PROMPTS:,} prompts a call may ask for, "
                                  f"whatever the task's residues R ({name} <= {MAX_PROMPTS:,} / R)")
         return value
     limit = MAX_PROMPTS // modulus

@@ -371,7 +371,8 @@ def check_file_target(path: Union[str, os.PathLike], *, overwrite: bool = False,
     a folder never. Otherwise a `UserInputError` naming the argument and the path. Creates nothing.
 
     Single-file writers that use it (``tests/test_bad_inputs.py::FILE_WRITERS`` walks each one):
-    `phaseinterp.plot.export.save`, `phaseinterp.plot.export.save_static` and
+    `phaseinterp.plot.export.save` (through `phaseinterp.plot.export.figure_targets`),
+    `phaseinterp.plot.export.save_static` and
     `phaseinterp.report.check.first_screen_png`, each through `write_file_atomically`."""
     if not is_path(path):
         raise UserInputError(f"{name}={path!r} must be a non-empty path (a str or pathlib.Path, no NUL)")

@@ -75,7 +75,7 @@ def check_kv_heads(model, kv_heads) -> Optional[list[int]]:
 
 def _rolled(original: Tensor, shift: int, axis: int, kv_axis: Optional[int], kv_heads: Optional[list[int]]) -> Tensor:
     """``original`` rolled by ``shift`` along its slot axis, for the listed KV heads only (all when None)."""
-    rolled = torch.roll(original, shifts=shift % original.shape[axis], dims=axis)  # any int: the roll's period
+    rolled = torch.roll(original, shifts=shift % max(original.shape[axis], 1), dims=axis)  # any int: its period
     if kv_heads is None or kv_axis is None:
         return rolled
     index = torch.as_tensor(kv_heads, device=original.device)
@@ -188,7 +188,7 @@ def _static_delta(mean_logit: Tensor, shift: int, layout: str, bias: Tensor) -> 
     else:
         mu = einops.rearrange(mean_logit, "(half s) 1 d -> s (half d)", s=S)
     mu = mu.to(bias.dtype).to(bias.device)
-    return torch.roll(mu, shifts=shift % mu.shape[0], dims=0) - mu
+    return torch.roll(mu, shifts=shift % max(mu.shape[0], 1), dims=0) - mu
 
 
 @contextmanager
