@@ -126,19 +126,23 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=[8192, 32768])
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--index-heads", type=int, default=4,
+                        help="the indexer's heads (4; DeepSeek-V4's published config: 64)")
+    parser.add_argument("--index-head-dim", type=int, default=16,
+                        help="the indexer's head width (16; DeepSeek-V4's published config: 128)")
     args = parser.parse_args()
-    for name in ("repeats", "threads"):
+    for name in ("repeats", "threads", "index_heads", "index_head_dim"):
         if getattr(args, name) < 1:
-            parser.error(f"--{name}={getattr(args, name)} must be >= 1")
+            parser.error(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")
     if min(args.lengths) <= 2048:
         parser.error(f"--lengths must be > 2048 (got {min(args.lengths)}): shorter prompts take the dense "
                      "forward, not the chunked one this measures")
     torch.set_num_threads(args.threads)
-    model = build()
+    model = build(index_n_heads=args.index_heads, index_head_dim=args.index_head_dim)
     cfg = model.hf.config
     if max(args.lengths) > cfg.max_position_embeddings:
         parser.error(f"--lengths {max(args.lengths)} exceeds max_position_embeddings={cfg.max_position_embeddings}")
-    print(f"# dsv4_compute_bound: {model!r}; float32; {args.threads} thread(s); median of {args.repeats}")
+    print(f"# dsv4_compute_bound: {model!r}; indexer {args.index_heads} heads x {args.index_head_dim}; float32; {args.threads} thread(s); median of {args.repeats}")
     print("| T | seconds | attention GFLOP | indexer GFLOP | rest GFLOP | GEMM GFLOP/s | bound s | measured / bound "
           "| topk s | topk / bound |")
     print("|---|---|---|---|---|---|---|---|---|---|")

@@ -24,7 +24,8 @@ import torch
 CSA, HCA = "compressed_sparse_attention", "heavily_compressed_attention"
 
 
-def model_config(vocab: int = 512):
+def model_config(vocab: int = 512, index_n_heads: int = 4, index_head_dim: int = 16):
+    """The benchmark model's config; the indexer's width is a parameter (published: 64 heads of 128)."""
     from transformers import DeepseekV4Config
 
     return DeepseekV4Config(
@@ -32,17 +33,17 @@ def model_config(vocab: int = 512):
         head_dim=32, q_lora_rank=32, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
         layer_types=[CSA, HCA, CSA, HCA], compress_rates={CSA: 4, HCA: 128}, hc_mult=4, hc_sinkhorn_iters=3,
         mlp_layer_types=["hash_moe", "moe", "moe", "moe"], sliding_window=128, o_groups=2, o_lora_rank=32,
-        index_n_heads=4, index_head_dim=16, index_topk=512, partial_rotary_factor=0.5,
+        index_n_heads=index_n_heads, index_head_dim=index_head_dim, index_topk=512, partial_rotary_factor=0.5,
         max_position_embeddings=1 << 20, attn_implementation="eager", bos_token_id=None, eos_token_id=None)
 
 
-def build(seed: int = 0):
+def build(seed: int = 0, **indexer):
     from transformers import DeepseekV4ForCausalLM
 
     from phaseinterp.models.hf import from_hf
 
     torch.manual_seed(seed)
-    hf = DeepseekV4ForCausalLM(model_config()).eval()
+    hf = DeepseekV4ForCausalLM(model_config(**indexer)).eval()
     with torch.no_grad():
         for name, p in hf.named_parameters():
             if name.endswith(("position_bias", "sinks")):
