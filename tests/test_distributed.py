@@ -4,6 +4,7 @@ run are refused, naming the field."""
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import shutil
@@ -238,6 +239,38 @@ def test_merge_refuses_a_foreign_or_broken_directory(tmp_path):
         parallel.merge(tmp_path / "a")
     with pytest.raises(ValueError, match=r"chunk_size=0 must be an integer >= 1"):
         parallel.sharded_ablate(_model(), _task(), out_dir=tmp_path / "c", prompts=_prompts(), chunk_size=0)
+
+
+def test_a_damaged_or_edited_shard_is_named_never_merged(tmp_path):
+    """A truncated shard, a stray empty one, a flipped byte and a rewritten array (a valid file whose
+    correctness was inverted: it merged into other accuracies, silently) are each one error naming the
+    shard; a run description with chunk_size 0 is named too (it divided by zero)."""
+    import json
+
+    import numpy as np
+
+    _run_alone(tmp_path / "a")
+    shard = tmp_path / "a" / "shards" / "chunk-000001.npz"
+    good = shard.read_bytes()
+    for damage, says in ((good[:100], "is not a readable phaseinterp shard"), (b"", "is not a readable phaseinterp shard")):
+        shard.write_bytes(damage)
+        with pytest.raises(ValueError, match=rf"chunk-000001\.npz {says}"):
+            parallel.merge(tmp_path / "a")
+    with np.load(io.BytesIO(good), allow_pickle=False) as data:
+        stored = {name: data[name] for name in data.files}
+    key = next(k for k in stored if k.startswith("a/") and stored[k].dtype == bool)
+    stored[key] = ~stored[key]
+    buffer = io.BytesIO()
+    np.savez(buffer, **stored)
+    shard.write_bytes(buffer.getvalue())
+    with pytest.raises(ValueError, match=r"chunk-000001\.npz was changed after it was written"):
+        parallel.merge(tmp_path / "a")
+    shard.write_bytes(good)
+    parallel.merge(tmp_path / "a")
+    run = tmp_path / "a" / "run.json"
+    run.write_text(json.dumps({**json.loads(run.read_text()), "chunk_size": 0}))
+    with pytest.raises(ValueError, match="chunk_size=0 must be an integer >= 1"):
+        parallel.merge(tmp_path / "a")
 
 
 def test_cli_merge(tmp_path, capsys):

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import re
+import zipfile
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -17,6 +18,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from phaseinterp._checks import check_int
 from phaseinterp._files import atomic_write, check_read_path, json_default
 from phaseinterp.errors import UserInputError
 from phaseinterp.interventions.ablation import AblationResult
@@ -109,20 +111,37 @@ def write_shard(path: Path, header: dict, chunk: int, index: np.ndarray, arrays:
             value = value.astype(str)
         payload[f"a/{name}"] = value
     payload["dtypes"] = np.array(json.dumps(dtypes))
+    payload["sha256"] = np.array(_digest(payload))
     buffer = io.BytesIO()
     np.savez(buffer, **payload)
     atomic_write(path, buffer.getvalue())
 
 
+def _digest(payload: dict[str, np.ndarray]) -> str:
+    """SHA-256 of a shard's stored arrays (names, dtypes, shapes and bytes; its own ``sha256`` left out)."""
+    h = hashlib.sha256()
+    for name in sorted(k for k in payload if k != "sha256"):
+        value = np.ascontiguousarray(payload[name])
+        h.update(f"{name}|{value.dtype.str}|{value.shape}|".encode())
+        h.update(value.tobytes())
+    return h.hexdigest()
+
+
 def read_shard(path: Path) -> tuple[dict, int, np.ndarray, dict[str, np.ndarray]]:
+    """A shard's header, chunk, prompt indices and arrays; an unreadable shard, or one whose arrays no
+    longer match the SHA-256 written with them (edited, or damaged), is a `UserInputError` naming it."""
     try:
         with np.load(path, allow_pickle=False) as data:
-            header = json.loads(str(data["header"]))
-            chunk, index = int(data["chunk"]), data["index"]
-            dtypes = json.loads(str(data["dtypes"]))
-            arrays = {name: data[f"a/{name}"] for name in dtypes}
-    except (OSError, ValueError, KeyError) as err:
+            stored = {name: data[name] for name in data.files}
+        header = json.loads(str(stored["header"]))
+        chunk, index = int(stored["chunk"]), stored["index"]
+        dtypes = json.loads(str(stored["dtypes"]))
+        arrays = {name: stored[f"a/{name}"] for name in dtypes}
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
         raise UserInputError(f"{path} is not a readable phaseinterp shard ({err}); delete it to recompute") from None
+    if "sha256" in stored and str(stored["sha256"]) != _digest(stored):  # (a shard written before 0.4 has none)
+        raise UserInputError(f"{path} was changed after it was written (its arrays no longer match their SHA-256); "
+                             "delete it to recompute")
     for name, dtype in dtypes.items():
         if dtype == "object":
             arrays[name] = arrays[name].astype(object)
@@ -140,6 +159,8 @@ def read_run(path: Path) -> dict:
         raise UserInputError(f"{path} is not a readable run description ({err})") from None
     if not isinstance(header, dict) or header.get("kind") not in KINDS:
         raise UserInputError(f"{path} is not a phaseinterp run description (kind must be one of {KINDS})")
+    for name in ("n_prompts", "chunk_size"):
+        check_int(f"{path}: {name}", header.get(name), 1)
     return header
 
 
