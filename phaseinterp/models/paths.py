@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable, Union
 
 import torch
 from transformer_lens.ActivationCache import ActivationCache
-from transformer_lens.HookedRootModule import HookedRootModule
+from transformer_lens.HookedRootModule import HookedRootModule, Slice
 
 from phaseinterp._checks import check_device, check_layer, check_name
 from phaseinterp.errors import UserInputError
@@ -132,7 +132,15 @@ class CheckedHooks(HookedRootModule):
                                  "filter on names or None")
 
     def get_caching_hooks(self, names_filter=None, *args, **kwargs):  # run_with_cache
+        """TransformerLens's, with the names check. ``pos_slice`` is refused: TransformerLens picks the
+        position axis by the hook's name, and many of these hooks lay their axes out otherwise (docs/hooks.md),
+        so it would slice heads, slots or streams without a word."""
         self.check_names_filter(names_filter)
+        pos_slice = kwargs.get("pos_slice", args[4] if len(args) > 4 else None)
+        if pos_slice is not None and Slice.unwrap(pos_slice).mode != "identity":
+            raise UserInputError("run_with_cache's pos_slice is refused here: TransformerLens looks for the position "
+                                 "axis by the hook's name, and many of these hooks lay it out elsewhere (docs/hooks.md "
+                                 "gives each layout); cache whole and slice the positions you need")
         return super().get_caching_hooks(names_filter, *args, **kwargs)
 
     def add_caching_hooks(self, names_filter=None, incl_bwd: bool = False, device=None, remove_batch_dim: bool = False,
