@@ -460,3 +460,16 @@ def test_a_paper_figure_path_is_judged_before_the_profile_runs(name, says, tmp_p
     captured = capsys.readouterr()
     assert re.search(says, captured.err) and "beside the paper" not in captured.out
     assert (tmp_path / "fig.html").read_text() == "mine"
+
+
+@pytest.mark.parametrize("seeds, says", [((1, 1), r"repeats \[1\]: pass each seed once"), ((), "non-empty list"),
+                                         ((0, 2**64), "must be an integer in 0..2")])
+def test_the_remedy_s_seeds_are_checked_before_a_run_trains(seeds, says, tmp_path):
+    """A repeated seed trained the same twin runs twice and counted them twice; refused before any run."""
+    from phaseinterp.experiments.remedy import compare_remedy, train_share
+
+    with pytest.raises(UserInputError, match=says):
+        train_share(tmp_path / "runs", 10, 0, 1, seeds=seeds)
+    with pytest.raises(UserInputError, match=says):
+        compare_remedy(tmp_path / "runs", seeds=seeds, stop_at=10)
+    assert not (tmp_path / "runs").exists()

@@ -20,7 +20,7 @@ import pandas as pd
 import torch
 
 from phaseinterp import stats, zoo
-from phaseinterp._checks import DEFAULT_N_PER_RESIDUE, check_int, check_real
+from phaseinterp._checks import DEFAULT_N_PER_RESIDUE, check_int, check_real, check_seed, listed
 from phaseinterp._files import atomic_write, check_output_dir, saved_kind
 from phaseinterp.config import CompressedConfig
 from phaseinterp.errors import UserInputError
@@ -257,8 +257,7 @@ def compare_remedy(
     every run). Runs live in ``out_dir/<variant>_seed<seed>`` and are resumed, so the twins
     can be trained in parallel processes first (``phaseinterp experiments remedy RUNS STOP W/N``).
     """
-    if len(seeds) == 0:
-        raise UserInputError("seeds=() is empty; pass at least one seed (3 or more for a result)")
+    seeds = _check_seeds(seeds)
     curves, profiles, memory, boundaries = [], [], [], {}
     steps = None
     task = _zoo_defaults(window, stride, architecture)[0]
@@ -288,6 +287,18 @@ def compare_remedy(
                         eval_every=eval_every)
 
 
+def _check_seeds(seeds: Any) -> tuple[int, ...]:
+    """The twins' seeds: at least one, each a seed, none twice (a repeated seed trains the same run twice and
+    counts it twice in the mean)."""
+    seeds = tuple(check_seed("seeds", s) for s in listed(seeds)) if isinstance(listed(seeds), list) else None
+    if not seeds:
+        raise UserInputError("seeds must be a non-empty list of seeds; pass at least one (3 or more for a result)")
+    repeated = sorted({s for s in seeds if seeds.count(s) > 1})
+    if repeated:
+        raise UserInputError(f"seeds={list(seeds)} repeats {repeated}: pass each seed once")
+    return seeds
+
+
 def train_share(out_dir: Union[str, Path], stop_at: int, worker: int, n_workers: int,
                 seeds: tuple[int, ...] = (0, 1, 2), offsets: Any = "staggered",
                 architecture: Optional[dict[str, Any]] = None) -> None:
@@ -297,6 +308,7 @@ def train_share(out_dir: Union[str, Path], stop_at: int, worker: int, n_workers:
     n_workers = check_int("n_workers", n_workers, 1)
     worker = check_int("worker", worker, 0, n_workers - 1)
     check_int("stop_at", stop_at, 1)  # here too: a bad value is refused before the first run trains
+    seeds = _check_seeds(seeds)
     held = saved_kind(check_output_dir(out_dir, "out_dir"))
     if held not in (None, "other files"):  # a saved object's folder is never written into
         raise UserInputError(f"out_dir={str(out_dir)!r} holds a {held}: the twin runs go in a folder of their own "
