@@ -320,3 +320,11 @@ def test_every_command_has_its_function():
 def test_zoo_build_steps_is_for_the_hf_recipes(capsys):
     assert main(["zoo", "build", "w4s4", "--steps", "3", "--out-dir", "/nonexistent-parent/x"]) == 2
     assert "--steps shortens an HF DeepSeek-V4 recipe" in capsys.readouterr().err
+
+
+def test_version(capsys):
+    import phaseinterp
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out.strip() == f"phaseinterp {phaseinterp.__version__}"

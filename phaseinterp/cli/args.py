@@ -12,6 +12,7 @@ from typing import Optional
 from phaseinterp._checks import (DEFAULT_N_PER_RESIDUE, GIVEN, N_PER_RESIDUE_HELP, AblationOptions, Contains, ConformanceOptions,
                                  CyclingOptions, GateProfileOptions, OneOf, ProfileOptions, UnitCyclingOptions,
                                  SEED_MAX, cli_fields, dest_of, flag_of, option)  # standard library only, like this module
+from phaseinterp import __version__
 from phaseinterp.errors import UserInputError
 
 
@@ -331,6 +332,7 @@ def _paper_args(p, what: str, runs: str = "e.g. kvc_w8s8_1kv_baseline or DeepSee
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="phaseinterp", description="Phase sensitivity of chunk-compressed attention: "
                      "accuracy by position phase, mean replacement, gate cycling, gate statistics.")
+    parser.add_argument("--version", action="version", version=f"phaseinterp {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
 
     p = sub.add_parser("demo", help="report for a shipped zoo model and its full-attention twin",
