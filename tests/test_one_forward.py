@@ -241,3 +241,29 @@ def test_an_in_process_engine_runs_the_hooks_or_refuses_them(zoo_model, name):
         if name == "w4s4":
             torch.testing.assert_close(engines[0](tokens), hooked)
     assert (engines[0](tokens) - hooked).abs().max() > 1e-2  # the hook moved the answer
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_a_call_that_raises_leaves_the_cache_as_it_was(zoo_model, name):
+    """A step interrupted by a hook (inside the layers, or at the final norm after every layer extended the
+    cache) puts the cache back: the retry feeds the tokens once and equals the full forward. At the final
+    norm the retry used to feed them twice (0.79 and 1.74 away from the full forward)."""
+    model = zoo_model(name)
+    x = torch.randint(0, model.cfg.d_vocab, (1, 41), generator=torch.Generator().manual_seed(0))
+
+    def interrupt(t, hook):
+        raise KeyboardInterrupt
+
+    with torch.no_grad():
+        full = model(x)[:, -1]
+        for point in ("blocks.1.attn.hook_z", "ln_final.hook_normalized"):
+            cache = model.init_cache()
+            model(x[:, :40], cache=cache)
+            with pytest.raises(KeyboardInterrupt), model.hooks(fwd_hooks=[(point, interrupt)]):
+                model(x[:, 40:], cache=cache)
+            assert cache.length == 40 and {lc.n_tokens for lc in cache.layers} == {40}
+            torch.testing.assert_close(model(x[:, 40:], cache=cache)[:, -1], full, atol=1e-4, rtol=1e-4)
+            fork = cache.fork()
+            with pytest.raises(KeyboardInterrupt), model.hooks(fwd_hooks=[(point, interrupt)]):
+                model(x[:, 40:], cache=fork)
+            assert not fork.spent  # a fork whose call raised can take its call again

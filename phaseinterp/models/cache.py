@@ -7,8 +7,9 @@ to every tensor), ``n_tokens`` and ``batch_size``; `KVCache` (fork, copy, the on
 from __future__ import annotations
 
 import dataclasses
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 from torch import Tensor
@@ -138,6 +139,23 @@ class KVCache:
             want = self.batch_size * (variants or 1)
             raise UserInputError(f"tokens batch {rows} does not match the cache's batch {want}"
                                  + (f" ({self.batch_size} rows x {variants} variants)" if variants else ""))
+
+    @staticmethod
+    @contextmanager
+    def transaction(cache: Optional["KVCache"]) -> Iterator[None]:
+        """One call of the forward over ``cache`` (None: nothing to do): if it raises, an interrupt or a
+        hook's error included, the cache is put back as it was before the call (its layer caches are
+        replaced, never edited, by a call), so a retry feeds the tokens once."""
+        if cache is None:
+            yield
+            return
+        saved = list(cache.layers), cache.length, cache.spent
+        try:
+            yield
+        except BaseException:
+            cache.layers[:] = saved[0]
+            cache.length, cache.spent = saved[1], saved[2]
+            raise
 
     def after_call(self, variants: Optional[int], ran_last_layer: bool, length: int) -> None:
         """A call over this cache has run: a fork is spent; else, once its last layer ran, ``length`` tokens."""

@@ -287,7 +287,7 @@ class CompressedTransformer(CheckedHooks):
         if cache is not None:
             cache.check_rows(tokens.shape[0], variants)
         # every hook of the call, the embedding and the final norm included, is told its positions
-        with query_context(hooked_points(self).values(), start, start + n):
+        with query_context(hooked_points(self).values(), start, start + n), KVCache.transaction(cache):
             if start_at_layer is None:
                 tokens = tokens.to(self.W_E.device).long()
                 resid = self.hook_embed(self.W_E[tokens])

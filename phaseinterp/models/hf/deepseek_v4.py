@@ -187,7 +187,7 @@ class HookedDeepseekV4(CheckedHooks):
         if cache is not None:
             cache.check_rows(tokens.shape[0], variants)
         # every hook of the call, the embedding and the final norm included, is told its positions
-        with query_context(hooked_points(self).values(), start, start + n):
+        with query_context(hooked_points(self).values(), start, start + n), KVCache.transaction(cache):
             if start_at_layer is None:
                 input_ids = tokens = tokens.to(self.device).long()
                 embeds = self.hook_embed(hf.embed_tokens(tokens))
