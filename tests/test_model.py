@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -710,6 +711,10 @@ def test_a_hook_on_a_name_the_model_lacks_or_that_changes_a_shape_is_one_line():
     with pytest.raises(ValueError, match=r"the hook on blocks\.0\.hook_resid_post returned shape \(2, 3, 32\) "
                                          r"for an activation of shape \(2, 12, 32\)"):
         model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.hook_resid_post", lambda z, hook: z[:, :3])])
+    for returned in ([1.0], True, np.zeros((2, 12, 32), dtype=np.float32)):  # failed deep, or (numpy) silently
+        with pytest.raises(ValueError, match=rf"the hook on blocks\.0\.hook_resid_post returned a "
+                                             rf"{type(returned).__name__}: a hook must return None or a tensor"):
+            model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.hook_resid_post", lambda z, hook, r=returned: r)])
     assert not any(point.has_hooks() for point in model.hook_dict.values())  # nothing left attached
 
 

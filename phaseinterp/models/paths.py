@@ -166,11 +166,14 @@ class CheckedHooks(HookedRootModule):
 
 
 def shape_checked(name: str, hook: Callable) -> Callable:
-    """``hook`` refusing to return a tensor of another shape than it was given."""
+    """``hook`` refusing to return anything but None or a tensor of the shape it was given."""
 
     @functools.wraps(hook)
     def checked(value, hook=None):
         out = hook_fn(value, hook=hook)
+        if out is not None and isinstance(value, torch.Tensor) and not isinstance(out, torch.Tensor):
+            raise UserInputError(f"the hook on {name} returned a {type(out).__name__}: a hook must return None or a "
+                                 f"tensor of the shape it is given ({tuple(value.shape)})")
         if isinstance(out, torch.Tensor) and isinstance(value, torch.Tensor) and out.shape != value.shape:
             raise UserInputError(f"the hook on {name} returned shape {tuple(out.shape)} for an activation of shape "
                                  f"{tuple(value.shape)}: a hook must return None or a tensor of the shape it is given")
