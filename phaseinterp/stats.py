@@ -205,21 +205,25 @@ def _period_f_statistics(profiles: np.ndarray, periods: list[int]) -> np.ndarray
     return out
 
 
-def _beyond_p(x: np.ndarray, P: int, best: int, n_permutations: int, seed: int) -> float:
-    """Permutation p that the ``best``-periodic harmonics of ``x`` add nothing to its ``P``-periodic ones
-    (``P`` divides ``best``). Each phase of ``P`` keeps its values, shuffled among its own R/P repeats
-    (so the P-periodic part, and any noise level that differs by phase, stay as they are), and the
-    statistic is ``SS_best``: ``(1 + #{shuffled >= observed}) / (1 + n_permutations)``."""
+# An arrangement whose statistic equals the observed one up to round-off counts as at least as extreme:
+# the F of a permuted copy of the same values differs from it in the last bits.
+_TIED = 1 - 1e-9
+
+
+def _beyond_p(x: np.ndarray, P: int, best: int, ss_p: float, ss_best: float, n_permutations: int, seed: int) -> float:
+    """Permutation p that the ``best``-periodic harmonics of ``x`` (sum of squares ``ss_best``) add nothing to
+    its ``P``-periodic ones (``ss_p``; ``P`` divides ``best``). Each phase of ``P`` keeps its values, shuffled
+    among its own R/P repeats (so the P-periodic part, and any noise level that differs by phase, stay as
+    they are), and the statistic is ``SS_best``: ``(1 + #{shuffled >= observed}) / (1 + n_permutations)``."""
     if P == best:
         return 1.0
     R = len(x)
-    observed = _harmonic_sums(x[None, :], [best])[0][0, 0]
-    if observed - _harmonic_sums(x[None, :], [P])[0][0, 0] <= 1e-12 * max(float(np.var(x)) * R, 1e-300):
+    if ss_best - ss_p <= 1e-12 * max(float(np.var(x)) * R, 1e-300):
         return 1.0
     rng = np.random.default_rng([seed, P, best])
     shuffled = rng.permuted(np.tile(x.reshape(R // P, P), (n_permutations, 1, 1)), axis=1)
     null = _harmonic_sums(shuffled.reshape(n_permutations, R), [best])[0][:, 0]
-    return float((1 + np.sum(null >= observed * (1 - 1e-9))) / (1 + n_permutations))
+    return float((1 + np.sum(null >= ss_best * _TIED)) / (1 + n_permutations))
 
 
 def detect_period(
@@ -242,8 +246,9 @@ def detect_period(
     The reported ``period`` is the fundamental: the smallest divisor ``P`` of ``best_period`` (the
     largest F; itself included) with ``SS_P >= min_share * SS_best``, a significant own ``F_P``
     (``p_values[P] <= alpha``), and nothing significant beyond it (``_beyond_p``: the best period's
-    harmonics against shuffles of each P-phase's repeats, ``p > alpha``), since a 4-periodic profile is also 8-, 12- and 24-periodic
-    while a 4-periodic profile whose phases 0 and 2 differ is not 2-periodic."""
+    harmonics against shuffles of each P-phase's repeats, ``p > alpha / len(periods)``), since a
+    4-periodic profile is also 8-, 12- and 24-periodic while one whose phases 0 and 2 differ is not
+    2-periodic."""
     x = np.asarray(profile, dtype=np.float64).reshape(-1)
     R = len(x)
     if np.isnan(x).any():
@@ -271,18 +276,16 @@ def detect_period(
     null_f = _period_f_statistics(rng.permuted(np.tile(x, (n_permutations, 1)), axis=1), periods)
     statistic = float(observed[best])
     null_max = null_f.max(axis=1)
-    # an arrangement tied with the observed one up to round-off counts as at least as extreme (as in
-    # min_attainable_p below): the F of a permuted copy of the same values differs from it in the last bits
-    p_value = float((1 + np.sum(null_max >= statistic * (1 - 1e-9))) / (1 + n_permutations))
+    p_value = float((1 + np.sum(null_max >= statistic * _TIED)) / (1 + n_permutations))
     # The smallest p any arrangement of these values can get: the share of permutations tied with the most
     # extreme one (8 residues holding one failing residue per 4: 4 of the 28 arrangements, p >= 0.14).
     top = max(statistic, float(null_max.max()))
-    min_attainable_p = float((1 + np.sum(null_max >= top * (1 - 1e-9))) / (1 + n_permutations))
-    p_each = (1 + (null_f >= observed[None, :] * (1 - 1e-9)).sum(axis=0)) / (1 + n_permutations)
+    min_attainable_p = float((1 + np.sum(null_max >= top * _TIED)) / (1 + n_permutations))
+    p_each = (1 + (null_f >= observed[None, :] * _TIED).sum(axis=0)) / (1 + n_permutations)
     fundamental = periods[best]
     for i, P in enumerate(periods):
         if (periods[best] % P == 0 and share[i] >= min_share * share[best] and p_each[i] <= alpha
-                and _beyond_p(x, P, periods[best], n_permutations, seed) > alpha / len(periods)):
+                and _beyond_p(x, P, periods[best], ss[0, i], ss[0, best], n_permutations, seed) > alpha / len(periods)):
             fundamental = P
             break
     return PeriodTest(

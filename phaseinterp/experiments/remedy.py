@@ -9,6 +9,7 @@ way, the final phase profiles, mean accuracy and the measured KV-cache memory pe
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 from dataclasses import dataclass
@@ -290,10 +291,11 @@ def compare_remedy(
 def _check_seeds(seeds: Any) -> tuple[int, ...]:
     """The twins' seeds: at least one, each a seed, none twice (a repeated seed trains the same run twice and
     counts it twice in the mean)."""
-    seeds = tuple(check_seed("seeds", s) for s in listed(seeds)) if isinstance(listed(seeds), list) else None
-    if not seeds:
+    items = listed(seeds)
+    if not isinstance(items, list) or not items:
         raise UserInputError("seeds must be a non-empty list of seeds; pass at least one (3 or more for a result)")
-    repeated = sorted({s for s in seeds if seeds.count(s) > 1})
+    seeds = tuple(check_seed("seeds", s) for s in items)
+    repeated = sorted(s for s, n in collections.Counter(seeds).items() if n > 1)
     if repeated:
         raise UserInputError(f"seeds={list(seeds)} repeats {repeated}: pass each seed once")
     return seeds
