@@ -149,12 +149,11 @@ class KVCache:
         if cache is None:
             yield
             return
-        saved = list(cache.layers), cache.length, cache.spent
+        layers, length, spent = list(cache.layers), cache.length, cache.spent
         try:
             yield
         except BaseException:
-            cache.layers[:] = saved[0]
-            cache.length, cache.spent = saved[1], saved[2]
+            cache.layers[:], cache.length, cache.spent = layers, length, spent
             raise
 
     def after_call(self, variants: Optional[int], ran_last_layer: bool, length: int) -> None:
